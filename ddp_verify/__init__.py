@@ -1,0 +1,41 @@
+"""ddp_verify: prove that data-parallel training computes what single-process training computes.
+
+Importing the package is cheap: torch is loaded only when a world is started.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "World": "ddp_verify.world",
+    "WorldPool": "ddp_verify.world",
+    "WorldError": "ddp_verify.world",
+    "RankError": "ddp_verify.world",
+    "WorldStartError": "ddp_verify.world",
+    "BackendUnavailable": "ddp_verify.world",
+    "JobPicklingError": "ddp_verify.world",
+}
+
+__all__ = sorted(_LAZY)
+
+if TYPE_CHECKING:
+    from .world import (
+        BackendUnavailable,
+        JobPicklingError,
+        RankError,
+        World,
+        WorldError,
+        WorldPool,
+        WorldStartError,
+    )
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'ddp_verify' has no attribute {name!r}")

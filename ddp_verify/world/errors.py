@@ -1,0 +1,166 @@
+"""What can go wrong in a world, and the reports that say so.
+
+Every failure of a job becomes one :class:`RankError` whose message leads with the rank(s) that
+failed first (their tracebacks, or how they died), then the ranks that were merely stuck behind
+them, each with the output it printed during the job.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import textwrap
+from collections.abc import Sequence
+from typing import Any
+
+DEBUG_HINT = (
+    "If the ranks may have called different collectives (or one collective with different "
+    "shapes), rerun with --ddp-debug (World(debug=True) outside pytest): it sets "
+    "TORCH_DISTRIBUTED_DEBUG=DETAIL in the ranks, and torch then names the mismatch."
+)
+
+
+class WorldError(Exception):
+    """Base class of every error the world layer raises."""
+
+
+class WorldStartError(WorldError):
+    """The rank processes could not be started or could not form a process group."""
+
+
+class BackendUnavailable(WorldError):
+    """The requested backend cannot run a world of this size here (e.g. nccl without GPUs)."""
+
+
+class JobPicklingError(WorldError, TypeError):
+    """A job, one of its arguments or one rank's result could not be pickled."""
+
+
+class FailureKind(str, enum.Enum):
+    RAISED = "raised"
+    DIED = "died"
+    TIMED_OUT = "timed out"
+    STUCK = "stuck"
+    UNPICKLABLE_RESULT = "unpicklable result"
+
+
+@dataclasses.dataclass
+class RankFailure:
+    """How one rank failed a job, with everything it left behind."""
+
+    rank: int
+    kind: FailureKind
+    summary: str
+    details: str = ""
+    stdout: str = ""
+    stderr: str = ""
+    exception: BaseException | None = None
+    exitcode: int | None = None
+    order: float = 0.0
+    # Failed only because another rank did (a collective's peer vanished, say).
+    consequence: bool = False
+
+    @property
+    def is_primary(self) -> bool:
+        """A rank that failed on its own, as opposed to one stuck or broken by another's failure."""
+        return self.kind is not FailureKind.STUCK and not self.consequence
+
+    def render(self) -> str:
+        parts = [f"━━ rank {self.rank} {self.summary}"]
+        if self.details:
+            parts.append(textwrap.indent(self.details.rstrip(), "  "))
+        for name, text in (("stdout", self.stdout), ("stderr", self.stderr)):
+            if text.strip():
+                parts.append(f"  ── rank {self.rank} {name} ──")
+                parts.append(textwrap.indent(_tail(text).rstrip(), "  "))
+        return "\n".join(parts)
+
+
+class RankError(WorldError):
+    """One or more ranks failed a job: raised, died, hung or returned something unpicklable.
+
+    ``failures`` lists them most telling first; ``world_relaunched`` says whether the world was
+    torn down (it is relaunched on its next use).
+    """
+
+    def __init__(
+        self,
+        job: str,
+        world_size: int,
+        backend: str,
+        failures: Sequence[RankFailure],
+        *,
+        world_relaunched: bool,
+        hint: str = "",
+    ) -> None:
+        self.job = job
+        self.world_size = world_size
+        self.backend = backend
+        self.failures = sorted(failures, key=lambda f: (not f.is_primary, f.order, f.rank))
+        self.world_relaunched = world_relaunched
+        self.hint = hint
+        super().__init__(self._message())
+
+    @property
+    def ranks(self) -> list[int]:
+        """The ranks that failed on their own (not those stuck behind them)."""
+        return sorted(f.rank for f in self.failures if f.is_primary)
+
+    def exceptions(self) -> list[BaseException]:
+        """The exception objects the ranks raised, where they could be sent back."""
+        return [f.exception for f in self.failures if f.exception is not None]
+
+    def _message(self) -> str:
+        primary = [f for f in self.failures if f.is_primary]
+        broken = [f for f in self.failures if f.consequence]
+        stuck = [f for f in self.failures if f.kind is FailureKind.STUCK]
+        headline = "; ".join(f"rank {f.rank} {f.summary}" for f in primary)
+        if broken:
+            headline += f"; then {_ranks(broken)} failed in a collective as a consequence"
+        if stuck:
+            headline += f"; {_ranks(stuck)} stuck waiting and killed"
+        lines = [
+            f"{self.job} failed on a world of {self.world_size} ({self.backend}): {headline}",
+        ]
+        lines.extend(f.render() for f in self.failures)
+        after = (
+            "The world was torn down and is relaunched on its next use."
+            if self.world_relaunched
+            else "The world is still up."
+        )
+        lines.append(after)
+        if self.hint:
+            lines.append(self.hint)
+        return "\n".join(lines)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (
+            _rebuild_rank_error,
+            (self.job, self.world_size, self.backend, self.failures, self.world_relaunched,
+             self.hint),
+        )
+
+
+def _rebuild_rank_error(
+    job: str,
+    world_size: int,
+    backend: str,
+    failures: list[RankFailure],
+    relaunched: bool,
+    hint: str,
+) -> RankError:
+    return RankError(job, world_size, backend, failures, world_relaunched=relaunched, hint=hint)
+
+
+def _ranks(failures: Sequence[RankFailure]) -> str:
+    ranks = sorted(f.rank for f in failures)
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    return "ranks " + ", ".join(map(str, ranks))
+
+
+def _tail(text: str, limit: int = 4000) -> str:
+    # A rank that loops on print() must not bury the traceback in megabytes of output.
+    if len(text) <= limit:
+        return text
+    return f"[... {len(text) - limit} earlier characters cut ...]\n" + text[-limit:]

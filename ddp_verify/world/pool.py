@@ -1,0 +1,43 @@
+"""Worlds by size: one warm world per (size, backend, options), all closed together."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .world import World
+
+
+class WorldPool:
+    """Keeps one running :class:`World` per configuration, so every test of a size shares it.
+
+    Example::
+
+        pool = WorldPool(timeout=30.0)
+        world = pool.get(4)          # started on first use, then reused
+        assert pool.get(4) is world
+        pool.close()
+    """
+
+    def __init__(self, **world_options: Any) -> None:
+        self._options = world_options
+        self._worlds: dict[tuple[int, str], World] = {}
+
+    def get(self, size: int, backend: str | None = None) -> World:
+        """The running world of ``size`` ranks (started, or restarted after a failure)."""
+        backend = backend or self._options.get("backend", "gloo")
+        key = (size, backend)
+        world = self._worlds.get(key)
+        if world is None:
+            options = {**self._options, "backend": backend}
+            world = self._worlds[key] = World(size, **options)
+        return world.start()
+
+    def worlds(self) -> list[World]:
+        """Every world created so far."""
+        return list(self._worlds.values())
+
+    def close(self) -> None:
+        """Stop every world's ranks."""
+        for world in self._worlds.values():
+            world.close()
+        self._worlds.clear()

@@ -1,0 +1,217 @@
+"""The messages between the controller and its ranks, and how jobs and results are pickled.
+
+Messages are small tuples pickled with the standard pickle; a job's callable and arguments are
+pickled once with cloudpickle and the same bytes go to every rank.
+
+Functions whose module the ranks cannot import (``__main__``, a test module that pytest imported
+from its own path, a module the ranks' ``sys.path`` cannot reach) are pickled *by value*, so
+closures, lambdas and test functions all work.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib.machinery
+import pickle
+import sys
+import threading
+import traceback
+import types
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import cloudpickle
+
+from .errors import JobPicklingError
+
+# Message tags.
+RUN = "run"
+EXIT = "exit"
+READY = "ready"
+START_FAILED = "start-failed"
+DONE = "done"
+
+
+@dataclasses.dataclass(frozen=True)
+class Launch:
+    """Everything a freshly started rank needs to join its world."""
+
+    rank: int
+    world_size: int
+    backend: str
+    store_host: str
+    store_port: int
+    store_prefix: str
+    collective_timeout_s: float
+    threads: int
+    stack_file: str
+    sys_path: tuple[str, ...]
+    cwd: str
+
+
+@dataclasses.dataclass
+class Outcome:
+    """What one rank sends back after a job."""
+
+    job_id: int
+    ok: bool
+    # The cloudpickled result when ok; otherwise None.
+    result: bytes | None = None
+    # When not ok: how it failed.
+    error_kind: str = ""
+    error_summary: str = ""
+    error_traceback: str = ""
+    # The exception object, cloudpickled, when it could be (pytest's skip/xfail need it).
+    exception: bytes | None = None
+    # False when the job destroyed the default process group.
+    process_group_alive: bool = True
+
+
+def encode(message: Any) -> bytes:
+    return pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def decode(data: bytes) -> Any:
+    return pickle.loads(data)
+
+
+def dump_job(
+    fn: Callable[..., Any],
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+    *,
+    by_value: Sequence[types.ModuleType] = (),
+) -> bytes:
+    """Pickle a job once for every rank; a clear :class:`JobPicklingError` names what failed."""
+    modules = [*by_value, *_modules_ranks_cannot_import(fn)]
+    with _pickled_by_value(modules):
+        try:
+            return cloudpickle.dumps((fn, tuple(args), dict(kwargs)), protocol=5)
+        except Exception as exc:
+            raise JobPicklingError(_locate_unpicklable(fn, args, kwargs, exc)) from exc
+
+
+def load_job(payload: bytes) -> tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]:
+    return pickle.loads(payload)
+
+
+def dump_result(value: Any) -> bytes:
+    return cloudpickle.dumps(value, protocol=5)
+
+
+def load_result(payload: bytes) -> Any:
+    return pickle.loads(payload)
+
+
+def dump_exception(exc: BaseException) -> bytes | None:
+    """The exception pickled, or None when it cannot be (its traceback text still travels)."""
+    try:
+        data = cloudpickle.dumps(exc, protocol=5)
+        pickle.loads(data)  # Exceptions with custom __init__ often pickle but fail to load.
+    except Exception:
+        return None
+    return data
+
+
+def load_exception(payload: bytes | None) -> BaseException | None:
+    if payload is None:
+        return None
+    try:
+        return pickle.loads(payload)
+    except Exception:
+        return None
+
+
+def format_exception(exc: BaseException, *, skip_frames: int = 0) -> str:
+    """The traceback as Python prints it, without the rank's own dispatch frames."""
+    tb = exc.__traceback__
+    for _ in range(skip_frames):
+        if tb is not None and tb.tb_next is not None:
+            tb = tb.tb_next
+    return "".join(traceback.format_exception(type(exc), exc, tb))
+
+
+def callable_name(fn: Callable[..., Any]) -> str:
+    """A short human name for a callable, looking through ``functools.partial``."""
+    target = fn.func if isinstance(fn, functools.partial) else fn
+    return getattr(target, "__qualname__", None) or type(target).__name__
+
+
+def job_name(fn: Callable[..., Any]) -> str:
+    """How reports name a job: ``world.run(test_allreduce)``."""
+    return f"world.run({callable_name(fn)})"
+
+
+_registry_lock = threading.Lock()
+_importable: dict[str, bool] = {}
+
+
+@contextmanager
+def _pickled_by_value(modules: Sequence[types.ModuleType]) -> Iterator[None]:
+    if not modules:
+        yield
+        return
+    with _registry_lock:
+        already = set(cloudpickle.list_registry_pickle_by_value())
+        added = []
+        for module in modules:
+            if module.__name__ not in already and module.__name__ in sys.modules:
+                cloudpickle.register_pickle_by_value(module)
+                added.append(module)
+                already.add(module.__name__)
+        try:
+            yield
+        finally:
+            for module in added:
+                cloudpickle.unregister_pickle_by_value(module)
+
+
+def _modules_ranks_cannot_import(fn: Callable[..., Any]) -> list[types.ModuleType]:
+    target = fn.func if isinstance(fn, functools.partial) else fn
+    name = getattr(target, "__module__", None)
+    if not name or name == "__main__" or name not in sys.modules:
+        return []  # cloudpickle already pickles these by value.
+    if name not in _importable:
+        _importable[name] = _importable_from_sys_path(sys.modules[name])
+    return [] if _importable[name] else [sys.modules[name]]
+
+
+def _importable_from_sys_path(module: types.ModuleType) -> bool:
+    """Whether importing the module by name from ``sys.path`` finds this very file."""
+    spec = getattr(module, "__spec__", None)
+    origin = getattr(spec, "origin", None)
+    if spec is None or not origin or spec.name != module.__name__:
+        return False
+    if origin in ("built-in", "frozen"):
+        return True
+    parts = module.__name__.split(".")
+    path: list[str] | None = list(sys.path)
+    found = None
+    for depth in range(len(parts)):
+        found = importlib.machinery.PathFinder.find_spec(".".join(parts[: depth + 1]), path)
+        if found is None:
+            return False
+        path = list(found.submodule_search_locations or [])
+    return found is not None and found.origin == origin
+
+
+def _locate_unpicklable(
+    fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any], exc: Exception
+) -> str:
+    culprit = "the job"
+    candidates: list[tuple[str, Any]] = [(f"the function {callable_name(fn)!r}", fn)]
+    candidates += [(f"positional argument {i}", a) for i, a in enumerate(args)]
+    candidates += [(f"argument {k!r}", v) for k, v in kwargs.items()]
+    for label, value in candidates:
+        try:
+            cloudpickle.dumps(value)
+        except Exception:
+            culprit = f"{label} ({type(value).__name__})"
+            break
+    return (
+        f"{culprit} of {job_name(fn)} cannot be pickled: {type(exc).__name__}: {exc}. "
+        "A job and its arguments are sent to every rank process, so they must be picklable; "
+        "create objects such as locks, open files or sockets inside the job instead."
+    )

@@ -1,0 +1,506 @@
+"""A world: ``size`` rank processes in one ``torch.distributed`` process group, kept warm.
+
+The controller owns a :class:`World`. Starting it spawns the ranks, which rendezvous through a
+``TCPStore`` the controller binds on port 0; every :meth:`World.run` then ships a callable to all
+ranks by value and returns their results in rank order, in milliseconds rather than the seconds
+a fresh spawn costs. Any failure (a rank raises, dies or hangs) is reported as a
+:class:`~ddp_verify.world.errors.RankError`, the ranks are torn down, and a new set is started
+in the background for the next job.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import shutil
+import sys
+import tempfile
+import time
+import uuid
+import weakref
+from collections.abc import Callable, Mapping, Sequence
+from multiprocessing import connection as mp_connection
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from . import protocol
+from .errors import (
+    DEBUG_HINT,
+    BackendUnavailable,
+    FailureKind,
+    RankError,
+    RankFailure,
+    WorldError,
+    WorldStartError,
+)
+from .processes import RankProcess, collect_stack_dumps, terminate
+
+BACKENDS = ("gloo", "nccl")
+# After one rank fails, how long the others get to report before they count as stuck.
+FAILURE_GRACE_S = 1.0
+# How long a rank that closed its pipe gets to finish exiting, so its exit code can be read.
+EXIT_WAIT_S = 2.0
+_DISTRIBUTED_ERROR_WORDS = ("gloo", "nccl", "collective", "connection reset", "connection closed")
+
+
+class World:
+    """``size`` rank processes joined in one process group, reused for every job.
+
+    Example::
+
+        import torch.distributed as dist
+        from ddp_verify.world import World
+
+        def total(x):
+            t = torch.tensor([x * (dist.get_rank() + 1)])
+            dist.all_reduce(t)
+            return t.item()
+
+        with World(4) as world:
+            assert world.run(total, 1.0) == [10.0] * 4
+
+    ``backend`` is ``"gloo"`` (CPU) or ``"nccl"`` (one GPU per rank; :class:`BackendUnavailable`
+    when fewer than ``size`` GPUs are visible). ``timeout`` bounds every job, in seconds.
+    ``debug`` sets ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` in the ranks, so torch checks that every
+    rank calls the same collectives. ``env`` adds variables to the ranks' environment.
+    """
+
+    def __init__(
+        self,
+        size: int,
+        *,
+        backend: str = "gloo",
+        timeout: float = 60.0,
+        start_timeout: float = 120.0,
+        threads_per_rank: int = 1,
+        debug: bool = False,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+            raise ValueError(f"world size must be a positive integer, got {size!r}")
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+        if not timeout > 0 or not start_timeout > 0:
+            raise ValueError(f"timeouts must be positive, got {timeout!r} and {start_timeout!r}")
+        if threads_per_rank < 1:
+            raise ValueError(f"threads_per_rank must be at least 1, got {threads_per_rank!r}")
+        self.size = size
+        self.backend = backend
+        self.timeout = float(timeout)
+        self.start_timeout = float(start_timeout)
+        self.threads_per_rank = threads_per_rank
+        self.debug = debug
+        self._extra_env = dict(env or {})
+        self._ranks: list[RankProcess] = []
+        self._ready = False
+        self._closed = False
+        self._store: Any = None
+        self._workdir: Path | None = None
+        self._generation = 0
+        self._job_ids = itertools.count(1)
+        self._sent_sys_path: list[str] = []
+        self._sent_cwd = ""
+        self.launches = 0
+        # Ranks are killed even if the world is never closed or the controller exits early.
+        self._finalizer = weakref.finalize(self, _kill_and_remove, self._ranks, None)
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> World:
+        """Start the ranks and wait until they have formed the process group."""
+        if self._closed:
+            raise WorldError("this world was closed; create a new World")
+        if self._ready:
+            return self
+        if not self._ranks:
+            self._spawn()
+        self._await_ready()
+        return self
+
+    def close(self) -> None:
+        """Stop every rank (politely, then by force) and remove the world's files."""
+        self._closed = True
+        self._shutdown()
+
+    def __enter__(self) -> World:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    @property
+    def pids(self) -> list[int]:
+        """The rank processes' ids, in rank order (empty while no ranks are running)."""
+        return [r.pid for r in self._ranks]
+
+    @property
+    def running(self) -> bool:
+        return self._ready and all(r.alive() for r in self._ranks)
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "running" if self._ready else "not started"
+        return f"<World size={self.size} backend={self.backend} {state}>"
+
+    # -- jobs --------------------------------------------------------------------------------
+
+    def run(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> list[Any]:
+        """Run ``fn(*args, **kwargs)`` on every rank; return the results in rank order.
+
+        The default process group is initialised on every rank; ``fn`` may be a closure or a
+        lambda. Raises :class:`RankError` when any rank raises, dies or outlasts the timeout.
+        """
+        __tracebackhide__ = True
+        return self.run_job(fn, args, kwargs)
+
+    def run_job(
+        self,
+        fn: Callable[..., Any],
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        *,
+        timeout: float | None = None,
+        by_value: Sequence[ModuleType] = (),
+        name: str | None = None,
+    ) -> list[Any]:
+        """:meth:`run` with options: its own ``timeout``, modules to ship ``by_value``, a ``name``
+        for reports.
+
+        Example::
+
+            world.run_job(step, (model,), timeout=5.0, name="training step")
+        """
+        __tracebackhide__ = True
+        payload = protocol.dump_job(fn, args, kwargs or {}, by_value=by_value)
+        self.start()
+        job_id = next(self._job_ids)
+        message = protocol.encode(
+            (protocol.RUN, job_id, self._generation, payload, *self._environment_changes())
+        )
+        marks = [r.output_marks() for r in self._ranks]
+        sent_at = time.monotonic()
+        unreachable: list[RankFailure] = []
+        for r in self._ranks:
+            try:
+                r.jobs.send_bytes(message)
+            except OSError:
+                unreachable.append(self._death(r, sent_at, marks[r.rank]))
+        return self._collect(
+            job_id,
+            name or protocol.job_name(fn),
+            timeout or self.timeout,
+            marks,
+            unreachable,
+        )
+
+    def take_output(self) -> list[tuple[str, str]]:
+        """Each rank's ``(stdout, stderr)`` printed since the last call, in rank order."""
+        return [(r.take_new("stdout"), r.take_new("stderr")) for r in self._ranks]
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _environment_changes(self) -> tuple[list[str] | None, str | None]:
+        # Ranks follow the controller's sys.path and working directory, so by-reference
+        # pickles resolve and relative paths mean the same thing on both sides.
+        sys_path = None
+        if sys.path != self._sent_sys_path:
+            sys_path = self._sent_sys_path = list(sys.path)
+        cwd = os.getcwd()
+        if cwd == self._sent_cwd:
+            return sys_path, None
+        self._sent_cwd = cwd
+        return sys_path, cwd
+
+    def _check_backend(self) -> None:
+        if self.backend != "nccl":
+            return
+        import torch
+
+        visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if visible < self.size:
+            raise BackendUnavailable(
+                f"nccl needs one GPU per rank: a world of {self.size} needs {self.size} GPUs, "
+                f"{visible} visible here; use --ddp-backend gloo (backend='gloo') on CPU"
+            )
+
+    def _spawn(self) -> None:
+        self._check_backend()
+        import torch.distributed as dist
+
+        self._workdir = Path(tempfile.mkdtemp(prefix=f"ddp_verify-world{self.size}-"))
+        self._finalizer.detach()
+        self._finalizer = weakref.finalize(self, _kill_and_remove, self._ranks, self._workdir)
+        self._store = dist.TCPStore(
+            "127.0.0.1", 0, is_master=True, wait_for_workers=False, use_libuv=True
+        )
+        self._generation = 0
+        self._sent_sys_path = list(sys.path)
+        self._sent_cwd = os.getcwd()
+        env = self._rank_env()
+        prefix = uuid.uuid4().hex
+        for rank in range(self.size):
+            proc = RankProcess(rank, self._workdir, env)
+            self._ranks.append(proc)
+            launch = protocol.Launch(
+                rank=rank,
+                world_size=self.size,
+                backend=self.backend,
+                store_host="127.0.0.1",
+                store_port=self._store.port,
+                store_prefix=prefix,
+                # Collectives time out well after the controller's own deadline, so the
+                # controller's report (with stack dumps) always comes first.
+                collective_timeout_s=max(self.timeout, self.start_timeout) + 60.0,
+                threads=self.threads_per_rank,
+                stack_file=str(proc.stack_path),
+                sys_path=tuple(self._sent_sys_path),
+                cwd=self._sent_cwd,
+            )
+            proc.jobs.send_bytes(protocol.encode(launch))
+        self.launches += 1
+
+    def _rank_env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        threads = str(self.threads_per_rank)
+        env.update(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads, PYTHONUNBUFFERED="1")
+        if sys.platform.startswith("linux"):
+            env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        if self.debug:
+            env["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
+        env.update(self._extra_env)
+        return env
+
+    def _await_ready(self) -> None:
+        deadline = time.monotonic() + self.start_timeout
+        waiting = {r.results: r for r in self._ranks}
+        problems: list[str] = []
+        while waiting and not problems:
+            remaining = deadline - time.monotonic()
+            ready = mp_connection.wait(list(waiting), timeout=max(0.0, remaining))
+            if not ready:
+                problems += [
+                    f"rank {r.rank} did not join within {self.start_timeout:g} s"
+                    for r in waiting.values()
+                ]
+                break
+            for conn in ready:
+                r = waiting.pop(conn)
+                try:
+                    message = protocol.decode(conn.recv_bytes())
+                except (EOFError, OSError):
+                    problems.append(f"rank {r.rank} {r.exit_description(EXIT_WAIT_S)} at start")
+                    continue
+                if message[0] == protocol.START_FAILED:
+                    problems.append(f"rank {r.rank} could not join:\n{message[1]}")
+        if problems:
+            stderr = "".join(
+                f"── rank {r.rank} stderr ──\n{r.take_new('stderr')}" for r in self._ranks
+            )
+            self._shutdown()
+            raise WorldStartError(
+                f"could not start a world of {self.size} ({self.backend}):\n"
+                + "\n".join(problems)
+                + "\n"
+                + stderr
+            )
+        self._ready = True
+
+    def _collect(
+        self,
+        job_id: int,
+        name: str,
+        timeout: float,
+        marks: list[tuple[int, int]],
+        failures: list[RankFailure],
+    ) -> list[Any]:
+        __tracebackhide__ = True
+        results: list[Any] = [None] * self.size
+        pending = {r.results: r for r in self._ranks if r.rank not in {f.rank for f in failures}}
+        deadline = time.monotonic() + timeout
+        grace_deadline = time.monotonic() + FAILURE_GRACE_S if failures else None
+        regroup = False
+        while pending:
+            until = deadline if grace_deadline is None else min(deadline, grace_deadline)
+            remaining = until - time.monotonic()
+            if remaining <= 0:
+                break
+            for conn in mp_connection.wait(list(pending), timeout=remaining):
+                r = pending.pop(conn)
+                now = time.monotonic()
+                try:
+                    outcome: protocol.Outcome = protocol.decode(conn.recv_bytes())
+                except (EOFError, OSError):
+                    failures.append(self._death(r, now, marks[r.rank]))
+                else:
+                    regroup |= not outcome.process_group_alive
+                    if outcome.ok:
+                        try:
+                            results[r.rank] = protocol.load_result(outcome.result or b"")
+                        except Exception as exc:
+                            failures.append(_unloadable_result(r.rank, exc, now))
+                    else:
+                        failure = self._raised(r, outcome, now, marks[r.rank])
+                        failure.consequence = bool(failures) and _looks_like_lost_peer(failure)
+                        failures.append(failure)
+                if failures and grace_deadline is None:
+                    grace_deadline = time.monotonic() + FAILURE_GRACE_S
+        if regroup:
+            self._generation += 1
+        if not failures and not pending:
+            return results
+        failures += self._hung(list(pending.values()), timeout, bool(failures), marks)
+        # Every rank finished its job and only a result failed to travel: the group is intact.
+        relaunch = bool(pending) or any(
+            f.kind is not FailureKind.UNPICKLABLE_RESULT for f in failures
+        )
+        if relaunch:
+            self._relaunch()
+        raise RankError(
+            name,
+            self.size,
+            self.backend,
+            failures,
+            world_relaunched=relaunch,
+            hint=self._hint(failures),
+        )
+
+    def _raised(
+        self, r: RankProcess, outcome: protocol.Outcome, at: float, marks: tuple[int, int]
+    ) -> RankFailure:
+        stdout, stderr = r.output_since(marks)
+        return RankFailure(
+            rank=r.rank,
+            kind=FailureKind(outcome.error_kind),
+            summary=outcome.error_summary,
+            details=outcome.error_traceback,
+            stdout=stdout,
+            stderr=stderr,
+            exception=protocol.load_exception(outcome.exception),
+            order=at,
+        )
+
+    def _death(self, r: RankProcess, at: float, marks: tuple[int, int]) -> RankFailure:
+        how = r.exit_description(EXIT_WAIT_S)
+        stdout, stderr = r.output_since(marks)
+        summary = f"died: {how}" if how.startswith("killed") else f"{how} without a result"
+        return RankFailure(
+            rank=r.rank,
+            kind=FailureKind.DIED,
+            summary=summary,
+            stdout=stdout,
+            stderr=stderr,
+            exitcode=r.process.returncode,
+            order=at,
+        )
+
+    def _hung(
+        self,
+        ranks: list[RankProcess],
+        timeout: float,
+        after_failure: bool,
+        marks: list[tuple[int, int]],
+    ) -> list[RankFailure]:
+        if not ranks:
+            return []
+        stacks = {rank: _user_frames(text) for rank, text in collect_stack_dumps(ranks).items()}
+        failures = []
+        for r in ranks:
+            stdout, stderr = r.output_since(marks[r.rank])
+            stack = stacks.get(r.rank, "").strip()
+            where = (
+                "where it waits (most recent call first):\n" + stack
+                if stack
+                else "(no stack dump came back)"
+            )
+            failures.append(
+                RankFailure(
+                    rank=r.rank,
+                    kind=FailureKind.STUCK if after_failure else FailureKind.TIMED_OUT,
+                    summary=(
+                        "was still running after another rank failed; killed"
+                        if after_failure
+                        else f"did not finish within the {timeout:g} s timeout; killed"
+                    ),
+                    details=where,
+                    stdout=stdout,
+                    stderr=stderr,
+                    order=float("inf"),
+                )
+            )
+        return failures
+
+    def _hint(self, failures: Sequence[RankFailure]) -> str:
+        if self.debug:
+            return ""
+        for f in failures:
+            if f.kind in (FailureKind.TIMED_OUT, FailureKind.STUCK):
+                return DEBUG_HINT
+            if f.kind is FailureKind.DIED and (f.exitcode or 0) < 0:
+                return DEBUG_HINT
+            text = f"{f.summary} {f.stderr}".lower()
+            if f.kind is FailureKind.RAISED and any(w in text for w in _DISTRIBUTED_ERROR_WORDS):
+                return DEBUG_HINT
+        return ""
+
+    def _relaunch(self) -> None:
+        # Ranks that saw a failure may be inside a collective: no polite exit for them.
+        self._shutdown(polite=False)
+        # Start the next set of ranks now: they import torch while the caller reports.
+        self._spawn()
+
+    def _shutdown(self, *, polite: bool = True) -> None:
+        ranks = list(self._ranks)
+        self._ready = False
+        if polite:
+            for r in ranks:
+                if r.alive():
+                    with contextlib.suppress(OSError):
+                        r.jobs.send_bytes(protocol.encode((protocol.EXIT,)))
+            deadline = time.monotonic() + 1.0
+            while time.monotonic() < deadline and any(r.alive() for r in ranks):
+                time.sleep(0.01)
+        terminate(ranks)
+        self._ranks.clear()
+        self._store = None
+        if self._workdir is not None:
+            shutil.rmtree(self._workdir, ignore_errors=True)
+            self._workdir = None
+
+
+def _looks_like_lost_peer(failure: RankFailure) -> bool:
+    text = failure.summary.lower()
+    return any(w in text for w in ("connection reset", "connection closed", "broken pipe"))
+
+
+def _user_frames(dump: str) -> str:
+    """A faulthandler dump without the rank's watchdog thread and its own dispatch frames."""
+    blocks = [b for b in dump.strip().split("\n\n") if b.strip()]
+    kept = []
+    for block in blocks:
+        lines = block.splitlines()
+        if any("ddp_verify/world/rank.py" in line and " in watch" in line for line in lines):
+            continue
+        kept.append(
+            "\n".join(
+                line
+                for line in lines
+                if "ddp_verify/world/rank.py" not in line and 'File "<string>"' not in line
+            )
+        )
+    return "\n\n".join(kept)
+
+
+def _unloadable_result(rank: int, exc: Exception, at: float) -> RankFailure:
+    return RankFailure(
+        rank=rank,
+        kind=FailureKind.UNPICKLABLE_RESULT,
+        summary=f"returned a result the controller cannot unpickle ({type(exc).__name__}: {exc})",
+        order=at,
+    )
+
+
+def _kill_and_remove(ranks: list[RankProcess], workdir: Path | None) -> None:
+    terminate(ranks, grace_s=0.5)
+    if workdir is not None:
+        shutil.rmtree(workdir, ignore_errors=True)
