@@ -19,7 +19,15 @@ _LAZY = {
     "JobPicklingError": "ddp_verify.world",
 }
 
-__all__ = sorted(_LAZY)
+__all__ = [
+    "BackendUnavailable",
+    "JobPicklingError",
+    "RankError",
+    "World",
+    "WorldError",
+    "WorldPool",
+    "WorldStartError",
+]
 
 if TYPE_CHECKING:
     from .world import (

@@ -136,8 +136,14 @@ class RankError(WorldError):
     def __reduce__(self) -> tuple[Any, ...]:
         return (
             _rebuild_rank_error,
-            (self.job, self.world_size, self.backend, self.failures, self.world_relaunched,
-             self.hint),
+            (
+                self.job,
+                self.world_size,
+                self.backend,
+                self.failures,
+                self.world_relaunched,
+                self.hint,
+            ),
         )
 
 

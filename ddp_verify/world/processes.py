@@ -16,10 +16,7 @@ from pathlib import Path
 import ddp_verify
 
 # The rank imports the package from wherever the controller imported it, installed or not.
-_BOOT = (
-    "import sys; sys.path.insert(0, {root!r}); "
-    "from ddp_verify.world.rank import main; main()"
-)
+_BOOT = "import sys; sys.path.insert(0, {root!r}); from ddp_verify.world.rank import main; main()"
 _PACKAGE_ROOT = str(Path(ddp_verify.__file__).resolve().parent.parent)
 
 

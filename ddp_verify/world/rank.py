@@ -7,6 +7,7 @@ It never outlives the controller: a parent-death signal and a watchdog thread bo
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import faulthandler
 import os
@@ -167,10 +168,8 @@ def _one_line(exc: BaseException) -> str:
 
 def _flush() -> None:
     for stream in (sys.stdout, sys.stderr):
-        try:
+        with contextlib.suppress(Exception):
             stream.flush()
-        except Exception:
-            pass
 
 
 def _die_with_controller(controller_pid: int, *, parent_death_signal: bool) -> None:
