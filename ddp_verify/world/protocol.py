@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib
 import importlib.machinery
+import io
 import pickle
 import sys
 import threading
@@ -108,11 +110,43 @@ def load_result(payload: bytes) -> Any:
 def dump_exception(exc: BaseException) -> bytes | None:
     """The exception pickled, or None when it cannot be (its traceback text still travels)."""
     try:
-        data = cloudpickle.dumps(exc, protocol=5)
+        buffer = io.BytesIO()
+        _ExceptionPickler(buffer, protocol=5).dump(exc)
+        data = buffer.getvalue()
         pickle.loads(data)  # Exceptions with custom __init__ often pickle but fail to load.
     except Exception:
         return None
     return data
+
+
+class _ExceptionPickler(cloudpickle.Pickler):
+    """Pickles exception classes that hide their module by reference to where they live.
+
+    pytest's Skipped and XFailed say ``__module__ = "builtins"``; cloudpickle would rebuild them
+    by value as new classes, which pytest would no longer recognise (and whose ``super()`` fails).
+    """
+
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, type) and issubclass(obj, BaseException):
+            home = _module_holding(obj)
+            if home is not None:
+                return _import_attribute, (home, obj.__qualname__)
+        return super().reducer_override(obj)
+
+
+def _module_holding(cls: type) -> str | None:
+    """The module that holds ``cls`` when its ``__module__`` does not (None if it does)."""
+    declared = sys.modules.get(cls.__module__)
+    if declared is not None and getattr(declared, cls.__qualname__, None) is cls:
+        return None
+    for name, module in list(sys.modules.items()):
+        if getattr(module, "__dict__", {}).get(cls.__qualname__) is cls:
+            return name
+    return None
+
+
+def _import_attribute(module: str, qualname: str) -> Any:
+    return getattr(importlib.import_module(module), qualname)
 
 
 def load_exception(payload: bytes | None) -> BaseException | None:
@@ -125,12 +159,21 @@ def load_exception(payload: bytes | None) -> BaseException | None:
 
 
 def format_exception(exc: BaseException, *, skip_frames: int = 0) -> str:
-    """The traceback as Python prints it, without the rank's own dispatch frames."""
+    """The traceback as Python prints it, without the rank's own dispatch frames and without
+    frames that set ``__tracebackhide__`` (pytest's convention for helper frames)."""
     tb = exc.__traceback__
     for _ in range(skip_frames):
         if tb is not None and tb.tb_next is not None:
             tb = tb.tb_next
-    return "".join(traceback.format_exception(type(exc), exc, tb))
+    frames = [
+        (frame, lineno)
+        for frame, lineno in traceback.walk_tb(tb)
+        if not frame.f_locals.get("__tracebackhide__", False)
+    ]
+    stack = traceback.StackSummary.extract(iter(frames), capture_locals=False)
+    lines = ["Traceback (most recent call last):\n", *stack.format()] if frames else []
+    lines += traceback.format_exception_only(type(exc), exc)
+    return "".join(lines)
 
 
 def callable_name(fn: Callable[..., Any]) -> str:

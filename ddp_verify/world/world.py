@@ -25,6 +25,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from ..options import BACKENDS
 from . import protocol
 from .errors import (
     DEBUG_HINT,
@@ -37,7 +38,6 @@ from .errors import (
 )
 from .processes import RankProcess, collect_stack_dumps, terminate
 
-BACKENDS = ("gloo", "nccl")
 # After one rank fails, how long the others get to report before they count as stuck.
 FAILURE_GRACE_S = 1.0
 # How long a rank that closed its pipe gets to finish exiting, so its exit code can be read.

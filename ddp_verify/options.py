@@ -1,0 +1,76 @@
+"""World options as users spell them (``--world-size 2,4``, ``--ddp-timeout 30``), validated once.
+
+Shared by every front end so that the pytest plugin and the command line accept and reject the
+same things with the same words.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+WORLD_SIZE_ENV = "DDP_VERIFY_WORLD_SIZE"
+DEFAULT_WORLD_SIZE = 2
+DEFAULT_TIMEOUT_S = 60.0
+BACKENDS = ("gloo", "nccl")
+
+
+@dataclasses.dataclass(frozen=True)
+class WorldOptions:
+    """How worlds are started: sizes to run at, backend, per-job timeout, debug mode."""
+
+    world_sizes: tuple[int, ...] = (DEFAULT_WORLD_SIZE,)
+    backend: str = "gloo"
+    timeout: float = DEFAULT_TIMEOUT_S
+    debug: bool = False
+
+    def world_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for :class:`ddp_verify.world.World` and ``WorldPool``."""
+        return {"backend": self.backend, "timeout": self.timeout, "debug": self.debug}
+
+
+def parse_world_sizes(text: str | int, *, source: str = "--world-size") -> tuple[int, ...]:
+    """``"4"`` → ``(4,)``; ``"2,3,4"`` → ``(2, 3, 4)``; anything else is a ``ValueError``.
+
+    Example::
+
+        >>> parse_world_sizes("2, 4")
+        (2, 4)
+    """
+    if isinstance(text, int) and not isinstance(text, bool):
+        items: list[str] = [str(text)]
+    else:
+        items = [part.strip() for part in str(text).split(",")]
+    sizes: list[int] = []
+    for item in items:
+        if not item.isdigit() or int(item) < 1:
+            raise ValueError(
+                f"{source} expects a positive integer or a comma-separated list such as 2,4; "
+                f"got {text!r}"
+            )
+        if int(item) not in sizes:
+            sizes.append(int(item))
+    return tuple(sizes)
+
+
+def parse_timeout(text: str | float, *, source: str = "--ddp-timeout") -> float:
+    """Seconds as a positive number; a ``ValueError`` that names ``source`` otherwise."""
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        value = -1.0
+    if not value > 0:
+        raise ValueError(f"{source} expects a positive number of seconds, got {text!r}")
+    return value
+
+
+def parse_backend(text: str, *, source: str = "--ddp-backend") -> str:
+    if text not in BACKENDS:
+        raise ValueError(f"{source} expects one of {', '.join(BACKENDS)}, got {text!r}")
+    return text
+
+
+def world_size_from_env() -> str | None:
+    """The ``DDP_VERIFY_WORLD_SIZE`` environment variable, when set and not empty."""
+    return os.environ.get(WORLD_SIZE_ENV) or None

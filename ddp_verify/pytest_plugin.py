@@ -1,0 +1,305 @@
+"""pytest front end: run tests on real multi-rank ``torch.distributed`` worlds.
+
+- ``pytest --world-size 4`` (ini ``ddp_world_size``, env ``DDP_VERIFY_WORLD_SIZE``); ``2,3,4``
+  runs every distributed test at each size;
+- ``@pytest.mark.distributed`` runs the test body on every rank, with fixtures ``rank`` and
+  ``world_size``; other fixtures are resolved once here and their values sent to the ranks;
+- the session fixture ``world`` gives the running world for ``world.run(...)``, ``@given`` too.
+
+Nothing here imports torch: a session pays for it only when a test asks for a world.
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+from collections.abc import Generator
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from . import options as opts
+
+if TYPE_CHECKING:
+    from .world import World, WorldPool
+
+_options_key = pytest.StashKey["opts.WorldOptions"]()
+_pool_key = pytest.StashKey["WorldPool"]()
+_item_world_key = pytest.StashKey["World"]()
+
+_MARKER = "distributed"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("ddp_verify", "distributed worlds (ddp_verify)")
+    group.addoption(
+        "--world-size",
+        dest="ddp_world_size",
+        metavar="N[,N...]",
+        default=None,
+        help="ranks per world; a list such as 2,3,4 runs each distributed test at every size "
+        f"(ini ddp_world_size, env {opts.WORLD_SIZE_ENV}; default {opts.DEFAULT_WORLD_SIZE})",
+    )
+    group.addoption(
+        "--ddp-backend",
+        dest="ddp_backend",
+        default=None,
+        choices=opts.BACKENDS,
+        help="process group backend: gloo (CPU) or nccl (one GPU per rank); default gloo",
+    )
+    group.addoption(
+        "--ddp-timeout",
+        dest="ddp_timeout",
+        metavar="SECONDS",
+        default=None,
+        help="seconds a job may run on the ranks before they are dumped and killed "
+        f"(default {opts.DEFAULT_TIMEOUT_S:g})",
+    )
+    group.addoption(
+        "--ddp-debug",
+        dest="ddp_debug",
+        action="store_true",
+        default=None,
+        help="set TORCH_DISTRIBUTED_DEBUG=DETAIL in the ranks, so torch names mismatched "
+        "collectives",
+    )
+    parser.addini("ddp_world_size", "ranks per world, or a comma-separated list", default=None)
+    parser.addini("ddp_backend", "process group backend: gloo or nccl", default=None)
+    parser.addini("ddp_timeout", "seconds a job may run on the ranks", default=None)
+    parser.addini("ddp_debug", "set TORCH_DISTRIBUTED_DEBUG=DETAIL in the ranks", type="bool")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        f"{_MARKER}(world_size=None, timeout=None): run the test body on every rank of a real "
+        "torch.distributed world; world_size (an int or a list) overrides --world-size for "
+        "this test, timeout (seconds) overrides --ddp-timeout.",
+    )
+    config.stash[_options_key] = _resolve_options(config)
+
+
+def _resolve_options(config: pytest.Config) -> opts.WorldOptions:
+    """Command line, then environment (world size only), then ini, then defaults."""
+
+    def first(*values: Any) -> Any:
+        return next((v for v in values if v not in (None, "")), None)
+
+    try:
+        sizes = first(
+            config.getoption("ddp_world_size"),
+            opts.world_size_from_env(),
+            config.getini("ddp_world_size"),
+        )
+        backend = first(config.getoption("ddp_backend"), config.getini("ddp_backend"))
+        timeout = first(config.getoption("ddp_timeout"), config.getini("ddp_timeout"))
+        debug = first(config.getoption("ddp_debug"), config.getini("ddp_debug"))
+        return opts.WorldOptions(
+            world_sizes=opts.parse_world_sizes(sizes) if sizes else opts.WorldOptions.world_sizes,
+            backend=opts.parse_backend(backend) if backend else "gloo",
+            timeout=opts.parse_timeout(timeout) if timeout else opts.DEFAULT_TIMEOUT_S,
+            debug=bool(debug),
+        )
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    pool = config.stash.get(_pool_key, None)
+    if pool is not None:
+        pool.close()
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    options = config.stash[_options_key]
+    try:
+        torch_version = version("torch")
+    except PackageNotFoundError:
+        torch_version = "not installed"
+    sizes = ",".join(map(str, options.world_sizes))
+    plural = "s" if len(options.world_sizes) > 1 else ""
+    debug = ", debug" if options.debug else ""
+    return (
+        f"ddp_verify: world size{plural} {sizes}, backend {options.backend}, "
+        f"timeout {options.timeout:g} s{debug}, torch {torch_version}"
+    )
+
+
+def _pool(config: pytest.Config) -> WorldPool:
+    pool = config.stash.get(_pool_key, None)
+    if pool is None:
+        from .world import WorldPool
+
+        pool = config.stash[_pool_key] = WorldPool(**config.stash[_options_key].world_kwargs())
+    return pool
+
+
+def _marker_sizes(marker: pytest.Mark | None) -> tuple[int, ...] | None:
+    if marker is None or marker.kwargs.get("world_size") is None:
+        return None
+    value = marker.kwargs["world_size"]
+    text = ",".join(map(str, value)) if isinstance(value, list | tuple) else value
+    try:
+        return opts.parse_world_sizes(text, source="@pytest.mark.distributed(world_size=...)")
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    marker = metafunc.definition.get_closest_marker(_MARKER)
+    # world_size is in every test's closure (see the autouse fixture), so ask the signature.
+    own_args = inspect.signature(metafunc.function).parameters
+    if marker is None and "world" not in metafunc.fixturenames and "world_size" not in own_args:
+        return
+    default = metafunc.config.stash[_options_key].world_sizes
+    sizes = _marker_sizes(marker) or default
+    if len(sizes) == 1 and sizes == default:
+        return  # One size, the configured one: keep test ids as they are.
+    metafunc.parametrize(
+        "world_size", sizes, indirect=True, ids=[f"ws{n}" for n in sizes], scope="session"
+    )
+
+
+@pytest.fixture(scope="session")
+def world_size(request: pytest.FixtureRequest) -> int:
+    """The number of ranks of the world this test runs on."""
+    return int(getattr(request, "param", request.config.stash[_options_key].world_sizes[0]))
+
+
+@pytest.fixture(scope="session")
+def world(request: pytest.FixtureRequest, world_size: int) -> World:
+    """The running world of ``world_size`` ranks, shared by every test of that size.
+
+    Example::
+
+        def test_sum(world):
+            import torch, torch.distributed as dist
+
+            def job():
+                t = torch.ones(1)
+                dist.all_reduce(t)
+                return t.item()
+
+            assert world.run(job) == [float(world.size)] * world.size
+    """
+    from .world import BackendUnavailable
+
+    try:
+        return _pool(request.config).get(world_size)
+    except BackendUnavailable as exc:
+        pytest.skip(str(exc))
+
+
+@pytest.fixture
+def rank(request: pytest.FixtureRequest) -> _RankPlaceholder:
+    """This rank's number, inside a ``@pytest.mark.distributed`` test."""
+    if request.node.get_closest_marker(_MARKER) is None:
+        raise pytest.UsageError(
+            f"{request.node.nodeid}: the 'rank' fixture exists only in "
+            "@pytest.mark.distributed tests; elsewhere use world.run(...) and "
+            "torch.distributed.get_rank() inside the job"
+        )
+    return _RankPlaceholder()
+
+
+class _RankPlaceholder:
+    """Stands for the rank in the controller; each rank receives its own number instead."""
+
+    def __repr__(self) -> str:
+        return "<rank: set on each rank>"
+
+
+@pytest.fixture(autouse=True)
+def _ddp_verify_distributed(request: pytest.FixtureRequest, world_size: int) -> None:
+    # Autouse so that world_size is known to every test and distributed tests can be
+    # parametrized over sizes without naming a fixture; a no-op for other tests.
+    if request.node.get_closest_marker(_MARKER) is not None:
+        request.node.stash[_item_world_key] = request.getfixturevalue("world")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
+    marker = pyfuncitem.get_closest_marker(_MARKER)
+    if marker is None:
+        return None
+    from .world import JobPicklingError, RankError
+
+    world = pyfuncitem.stash[_item_world_key]
+    argnames = pyfuncitem._fixtureinfo.argnames
+    kwargs = {name: pyfuncitem.funcargs[name] for name in argnames if name != "rank"}
+    timeout = marker.kwargs.get("timeout")
+    try:
+        world.run_job(
+            _run_test_on_rank,
+            (pyfuncitem.obj, kwargs, "rank" in argnames),
+            timeout=float(timeout) if timeout else None,
+            by_value=[pyfuncitem.module] if pyfuncitem.module else [],
+            name=pyfuncitem.name,
+        )
+    except JobPicklingError as exc:
+        message = (
+            f"{exc}\nFixture values are resolved once in the controller and sent to every "
+            "rank; a fixture that cannot travel must be created inside the test instead."
+        )
+    except RankError as exc:
+        _reraise_outcome(pyfuncitem, exc)
+        message = str(exc)
+    else:
+        return True
+    # Outside the except blocks, so the report is not doubled by exception chaining.
+    pytest.fail(message, pytrace=False)
+
+
+def _run_test_on_rank(test: Any, kwargs: dict[str, Any], wants_rank: bool) -> None:
+    __tracebackhide__ = True
+    if wants_rank:
+        import torch.distributed as dist
+
+        kwargs = {**kwargs, "rank": dist.get_rank()}
+    test(**kwargs)
+
+
+def _reraise_outcome(item: pytest.Function, error: Any) -> None:
+    """Let a skip or xfail raised on the ranks act as if raised here."""
+    primary = [f for f in error.failures if f.is_primary]
+    excs = [f.exception for f in primary]
+    if not primary or any(e is None for e in excs):
+        return
+    outcomes = (pytest.skip.Exception, pytest.xfail.Exception)
+    if all(isinstance(e, outcomes) for e in excs) and len({type(e) for e in excs}) == 1:
+        if isinstance(excs[0], pytest.skip.Exception):
+            excs[0]._use_item_location = True  # Report the test's location, not this line.
+        raise excs[0]
+    xfail = item.get_closest_marker("xfail")
+    raises = xfail.kwargs.get("raises") if xfail else None
+    if raises is not None and all(isinstance(e, raises) for e in excs):
+        raise excs[0]
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
+    pool = item.config.stash.get(_pool_key, None)
+    worlds = pool.worlds() if pool is not None else []
+    for w in worlds:
+        w.take_output()  # Output from before this test belongs to no one's report.
+    try:
+        return (yield)
+    finally:
+        _report_rank_output(item, pool.worlds() if pool is not None else [])
+
+
+def _report_rank_output(item: pytest.Item, worlds: list[World]) -> None:
+    echo = item.config.getoption("capture") == "no"
+    for w in worlds:
+        for rank_number, streams in enumerate(w.take_output()):
+            for name, text in zip(("stdout", "stderr"), streams, strict=True):
+                if not text:
+                    continue
+                label = f"{name} rank {rank_number}" + (f" of {w.size}" if len(worlds) > 1 else "")
+                item.add_report_section("call", label, text)
+                if echo:
+                    stream = sys.stdout if name == "stdout" else sys.stderr
+                    prefix = f"[rank {rank_number}] "
+                    stream.write("".join(prefix + line for line in text.splitlines(True)))
