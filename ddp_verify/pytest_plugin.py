@@ -239,10 +239,7 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
             name=pyfuncitem.name,
         )
     except JobPicklingError as exc:
-        message = (
-            f"{exc}\nFixture values are resolved once in the controller and sent to every "
-            "rank; a fixture that cannot travel must be created inside the test instead."
-        )
+        message = _unpicklable_fixture_message(pyfuncitem.name, kwargs) or str(exc)
     except RankError as exc:
         _reraise_outcome(pyfuncitem, exc)
         message = str(exc)
@@ -250,6 +247,20 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
         return True
     # Outside the except blocks, so the report is not doubled by exception chaining.
     pytest.fail(message, pytrace=False)
+
+
+def _unpicklable_fixture_message(test: str, fixtures: dict[str, Any]) -> str | None:
+    from .world.protocol import first_unpicklable
+
+    found = first_unpicklable(fixtures)
+    if found is None:
+        return None
+    name, value, error = found
+    return (
+        f"fixture {name!r} ({type(value).__name__}) of {test} cannot be sent to the ranks: "
+        f"{type(error).__name__}: {error}.\nFixture values are resolved once in the controller "
+        "and pickled to every rank; create such an object inside the test instead."
+    )
 
 
 def _run_test_on_rank(test: Any, kwargs: dict[str, Any], wants_rank: bool) -> None:

@@ -240,19 +240,24 @@ def _importable_from_sys_path(module: types.ModuleType) -> bool:
     return found is not None and found.origin == origin
 
 
+def first_unpicklable(named: Mapping[str, Any]) -> tuple[str, Any, Exception] | None:
+    """The first ``(name, value, error)`` among ``named`` that cloudpickle refuses, if any."""
+    for label, value in named.items():
+        try:
+            cloudpickle.dumps(value)
+        except Exception as exc:
+            return label, value, exc
+    return None
+
+
 def _locate_unpicklable(
     fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any], exc: Exception
 ) -> str:
-    culprit = "the job"
-    candidates: list[tuple[str, Any]] = [(f"the function {callable_name(fn)!r}", fn)]
-    candidates += [(f"positional argument {i}", a) for i, a in enumerate(args)]
-    candidates += [(f"argument {k!r}", v) for k, v in kwargs.items()]
-    for label, value in candidates:
-        try:
-            cloudpickle.dumps(value)
-        except Exception:
-            culprit = f"{label} ({type(value).__name__})"
-            break
+    named: dict[str, Any] = {f"the function {callable_name(fn)!r}": fn}
+    named.update({f"positional argument {i}": a for i, a in enumerate(args)})
+    named.update({f"argument {k!r}": v for k, v in kwargs.items()})
+    found = first_unpicklable(named)
+    culprit = f"{found[0]} ({type(found[1]).__name__})" if found else "the job"
     return (
         f"{culprit} of {job_name(fn)} cannot be pickled: {type(exc).__name__}: {exc}. "
         "A job and its arguments are sent to every rank process, so they must be picklable; "

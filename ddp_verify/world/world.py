@@ -102,6 +102,7 @@ class World:
         self._job_ids = itertools.count(1)
         self._sent_sys_path: list[str] = []
         self._sent_cwd = ""
+        self._untaken_output: list[tuple[str, str]] = []
         self.launches = 0
         # Ranks are killed even if the world is never closed or the controller exits early.
         self._finalizer = weakref.finalize(self, _kill_and_remove, self._ranks, None)
@@ -195,8 +196,19 @@ class World:
         )
 
     def take_output(self) -> list[tuple[str, str]]:
-        """Each rank's ``(stdout, stderr)`` printed since the last call, in rank order."""
-        return [(r.take_new("stdout"), r.take_new("stderr")) for r in self._ranks]
+        """Each rank's ``(stdout, stderr)`` printed since the last call, in rank order.
+
+        Output of ranks that were since torn down is included, so nothing printed is lost.
+        """
+        taken = self._untaken_output or [("", "")] * self.size
+        self._untaken_output = []
+        current = [(r.take_new("stdout"), r.take_new("stderr")) for r in self._ranks]
+        return [
+            (out + new_out, err + new_err)
+            for (out, err), (new_out, new_err) in itertools.zip_longest(
+                taken, current, fillvalue=("", "")
+            )
+        ]
 
     # -- internals ---------------------------------------------------------------------------
 
@@ -461,6 +473,8 @@ class World:
             while time.monotonic() < deadline and any(r.alive() for r in ranks):
                 time.sleep(0.01)
         terminate(ranks)
+        if ranks:
+            self._untaken_output = self.take_output()
         self._ranks.clear()
         self._store = None
         if self._workdir is not None:

@@ -1,0 +1,17 @@
+"""Test-suite configuration: hypothesis profiles and helpers shared by the layers' tests."""
+
+from __future__ import annotations
+
+import os
+
+from hypothesis import HealthCheck, settings
+
+# "ci" keeps the suite inside its time budget on 2 cores; "heavy" is for a deeper search:
+#   HYPOTHESIS_PROFILE=heavy pytest
+settings.register_profile(
+    "ci", max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.register_profile(
+    "heavy", max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))

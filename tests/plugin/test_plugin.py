@@ -1,0 +1,451 @@
+"""The pytest plugin, driven through pytester: outcomes and the words users read."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+# Imported here, before any in-process pytester run: pytester restores sys.modules after each
+# run, and torch's C extension cannot be imported a second time into one process.
+import torch  # noqa: F401
+import ddp_verify.world  # noqa: F401
+from tests.processes import descendants, wait_gone
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+QUIET = ["-p", "no:cacheprovider", "-W", "ignore::UserWarning"]
+
+
+def run(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
+    return pytester.runpytest(*QUIET, *args)
+
+
+def test_report_header_names_sizes_backend_and_torch(pytester):
+    pytester.makepyfile("def test_nothing(): pass")
+    result = run(pytester, "--world-size", "2,4")
+    result.stdout.fnmatch_lines(
+        ["ddp_verify: world sizes 2,4, backend gloo, timeout 60 s, torch 2.*"]
+    )
+
+
+def test_distributed_tests_run_on_every_rank_with_fixtures(pytester):
+    pytester.makepyfile(
+        """
+        import pytest, torch, torch.distributed as dist
+
+        @pytest.fixture
+        def base(tmp_path):
+            return {"values": torch.arange(3.0), "dir": str(tmp_path)}
+
+        @pytest.mark.distributed
+        def test_sum(rank, world_size, base):
+            assert dist.get_rank() == rank and dist.get_world_size() == world_size == 3
+            t = base["values"] * (rank + 1)
+            dist.all_reduce(t)
+            assert torch.equal(t, base["values"] * 6)
+            open(f"{base['dir']}/rank{rank}", "w").close()
+
+        def test_sum_ran_everywhere(tmp_path_factory):
+            pass
+
+        @pytest.mark.distributed
+        def test_uses_torch_directly():
+            assert dist.is_initialized() and dist.get_backend() == "gloo"
+        """
+    )
+    result = run(pytester, "--world-size", "3", "-v")
+    result.assert_outcomes(passed=3)
+
+
+def test_fixture_values_are_shipped_not_recomputed_on_ranks(pytester):
+    pytester.makepyfile(
+        """
+        import os, pytest
+
+        @pytest.fixture
+        def controller_pid():
+            return os.getpid()
+
+        @pytest.mark.distributed
+        def test_pid(controller_pid):
+            assert controller_pid != os.getpid()
+            assert os.getppid() == controller_pid
+        """
+    )
+    run(pytester, "--world-size", "2").assert_outcomes(passed=1)
+
+
+def test_a_failing_rank_is_named_with_its_assertion_and_output(pytester):
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.distributed
+        def test_only_rank_0_is_happy(rank):
+            print(f"checking rank {rank}")
+            value = rank * 10
+            assert value == 0
+        """
+    )
+    result = run(pytester, "--world-size", "2")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*test_only_rank_0_is_happy failed on a world of 2 (gloo): "
+            "rank 1 raised AssertionError: assert 10 == 0",
+            "*rank 1 raised AssertionError*",
+            "*in test_only_rank_0_is_happy",
+            "*assert value == 0",
+            "*Captured stdout rank 0 call*",
+            "checking rank 0",
+            "*Captured stdout rank 1 call*",
+            "checking rank 1",
+        ]
+    )
+    assert "During handling of the above exception" not in result.stdout.str()
+
+
+def test_world_size_list_parametrizes_and_marker_overrides(pytester):
+    pytester.makepyfile(
+        """
+        import pytest, torch.distributed as dist
+
+        @pytest.mark.distributed
+        def test_each(world_size):
+            assert dist.get_world_size() == world_size
+
+        @pytest.mark.distributed(world_size=3)
+        def test_three():
+            assert dist.get_world_size() == 3
+
+        def test_world(world):
+            assert len(world.run(dist.get_rank)) == world.size
+
+        def test_plain():
+            pass
+        """
+    )
+    result = run(pytester, "--world-size", "2,4", "-v")
+    result.assert_outcomes(passed=6)
+    result.stdout.fnmatch_lines_random(
+        [
+            "*test_each[[]ws2[]] PASSED*",
+            "*test_each[[]ws4[]] PASSED*",
+            "*test_three[[]ws3[]] PASSED*",
+            "*test_world[[]ws2[]] PASSED*",
+            "*test_world[[]ws4[]] PASSED*",
+            "*test_plain PASSED*",
+        ]
+    )
+
+
+def test_world_size_from_ini_and_env_with_command_line_first(pytester, monkeypatch):
+    pytester.makeini("[pytest]\nddp_world_size = 3\n")
+    pytester.makepyfile(
+        """
+        import pytest, torch.distributed as dist
+
+        @pytest.mark.distributed
+        def test_size(world_size):
+            assert world_size == dist.get_world_size()
+            print("SIZE", world_size)
+        """
+    )
+    run(pytester, "-rP").stdout.fnmatch_lines(["SIZE 3"])
+    monkeypatch.setenv("DDP_VERIFY_WORLD_SIZE", "2")
+    run(pytester, "-rP").stdout.fnmatch_lines(["SIZE 2"])
+    run(pytester, "-rP", "--world-size", "1").stdout.fnmatch_lines(["SIZE 1"])
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--world-size", "zero"], "--world-size expects a positive integer or a comma-separated*"),
+        (["--world-size", "2,0"], "--world-size expects*got '2,0'"),
+        (["--ddp-timeout", "-1"], "--ddp-timeout expects a positive number of seconds*"),
+    ],
+)
+def test_bad_options_are_usage_errors(pytester, args, message):
+    pytester.makepyfile("def test_nothing(): pass")
+    result = run(pytester, *args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*{message}"])
+
+
+def test_bad_marker_world_size_is_a_usage_error(pytester):
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.distributed(world_size="many")
+        def test_x():
+            pass
+        """
+    )
+    result = run(pytester)
+    result.stdout.fnmatch_lines(["*@pytest.mark.distributed(world_size=...) expects*'many'*"])
+    assert result.ret != 0
+
+
+def test_skip_and_xfail_inside_ranks(pytester):
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.distributed
+        def test_skips():
+            pytest.skip("no GPU feature here")
+
+        @pytest.mark.distributed
+        def test_imperative_xfail():
+            pytest.xfail("known gap")
+
+        @pytest.mark.distributed
+        @pytest.mark.xfail(reason="rank 1 is wrong", strict=True)
+        def test_marked_xfail(rank):
+            assert rank == 0
+
+        @pytest.mark.distributed
+        @pytest.mark.xfail(raises=ZeroDivisionError, strict=True)
+        def test_xfail_raises(rank):
+            1 / 0
+
+        @pytest.mark.distributed
+        @pytest.mark.xfail(raises=ZeroDivisionError, strict=True)
+        def test_xfail_other_error_fails(rank):
+            raise KeyError(rank)
+        """
+    )
+    result = run(pytester, "--world-size", "2", "-rsx")
+    result.assert_outcomes(skipped=1, xfailed=3, failed=1)
+    result.stdout.fnmatch_lines(["SKIPPED [[]1[]] test_skip_and_xfail_inside_ranks.py:3: no GPU*"])
+
+
+def test_a_hang_is_reported_after_the_timeout_with_stacks(pytester):
+    pytester.makepyfile(
+        """
+        import pytest, torch, torch.distributed as dist
+
+        @pytest.mark.distributed
+        def test_hangs(rank):
+            if rank == 0:
+                dist.all_reduce(torch.ones(1))
+
+        @pytest.mark.distributed
+        def test_next_one_is_fine(rank, world_size):
+            t = torch.ones(1)
+            dist.all_reduce(t)
+            assert t.item() == world_size
+        """
+    )
+    start = time.monotonic()
+    result = run(pytester, "--world-size", "2", "--ddp-timeout", "2")
+    assert time.monotonic() - start < 30
+    result.assert_outcomes(failed=1, passed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*rank 0 did not finish within the 2 s timeout; killed",
+            "*where it waits*",
+            "*all_reduce*",
+            "*in test_hangs*",
+            "*rerun with --ddp-debug*",
+        ]
+    )
+
+
+def test_marker_timeout_overrides_the_option(pytester):
+    pytester.makepyfile(
+        """
+        import time, pytest
+
+        @pytest.mark.distributed(timeout=1)
+        def test_slow():
+            time.sleep(30)
+        """
+    )
+    result = run(pytester, "--world-size", "2", "--ddp-timeout", "100")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*did not finish within the 1 s timeout*"])
+
+
+def test_ddp_debug_names_the_mismatched_collective(pytester):
+    pytester.makepyfile(
+        """
+        import pytest, torch, torch.distributed as dist
+
+        @pytest.mark.distributed
+        def test_mismatch(rank):
+            dist.all_reduce(torch.ones(4 if rank == 0 else 8))
+
+        @pytest.mark.distributed
+        def test_debug_env():
+            import os
+            assert os.environ["TORCH_DISTRIBUTED_DEBUG"] == "DETAIL"
+        """
+    )
+    plain = run(pytester, "--world-size", "2")
+    plain.assert_outcomes(failed=2)
+    plain.stdout.fnmatch_lines(["*killed by SIGABRT*", "*rerun with --ddp-debug*"])
+    debug = run(pytester, "--world-size", "2", "--ddp-debug")
+    debug.assert_outcomes(failed=1, passed=1)
+    debug.stdout.fnmatch_lines(["*Detected mismatch between collectives*Tensor shapes*"])
+
+
+def test_unpicklable_fixture_is_a_clear_error(pytester):
+    pytester.makepyfile(
+        """
+        import threading, pytest
+
+        @pytest.fixture
+        def lock():
+            return threading.Lock()
+
+        @pytest.mark.distributed
+        def test_lock(lock):
+            pass
+        """
+    )
+    start = time.monotonic()
+    result = run(pytester, "--world-size", "2")
+    assert time.monotonic() - start < 20
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "fixture 'lock' (lock) of test_lock cannot be sent to the ranks: TypeError*",
+            "Fixture values are resolved once in the controller*",
+        ]
+    )
+
+
+def test_destroy_process_group_in_a_test_is_harmless(pytester):
+    pytester.makepyfile(
+        """
+        import pytest, torch, torch.distributed as dist
+
+        @pytest.mark.distributed
+        def test_cleans_up_like_a_script():
+            dist.barrier()
+            dist.destroy_process_group()
+
+        @pytest.mark.distributed
+        def test_after(world_size):
+            t = torch.ones(1)
+            dist.all_reduce(t)
+            assert t.item() == world_size
+        """
+    )
+    run(pytester, "--world-size", "2").assert_outcomes(passed=2)
+
+
+def test_given_with_the_world_fixture_has_no_health_check_complaint(pytester):
+    pytester.makepyfile(
+        """
+        import torch, torch.distributed as dist
+        from hypothesis import given, settings, strategies as st
+
+        def total(v):
+            t = torch.tensor([float(v)])
+            dist.all_reduce(t)
+            return t.item()
+
+        @settings(max_examples=15)
+        @given(v=st.integers(-5, 5))
+        def test_sum(world, v):
+            assert world.run(total, v) == [float(v * world.size)] * world.size
+        """
+    )
+    run(pytester, "--world-size", "2").assert_outcomes(passed=1)
+
+
+def test_rank_fixture_outside_distributed_tests_says_what_to_do(pytester):
+    pytester.makepyfile("def test_x(rank): pass")
+    result = run(pytester)
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*'rank' fixture exists only in @pytest.mark.distributed*"])
+
+
+def test_nccl_without_gpus_skips_with_the_reason(pytester):
+    import torch
+
+    if torch.cuda.device_count() >= 2:
+        pytest.skip("GPUs are visible here")
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.distributed
+        def test_x():
+            pass
+        """
+    )
+    result = run(pytester, "--world-size", "2", "--ddp-backend", "nccl", "-rs")
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines(["*nccl needs one GPU per rank*needs 2 GPUs*visible*"])
+
+
+def test_capture_disabled_echoes_rank_output_with_prefixes(pytester):
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.distributed
+        def test_talk(rank):
+            print("hello")
+        """
+    )
+    result = run(pytester, "--world-size", "2", "-s")
+    result.stdout.fnmatch_lines_random(["*[[]rank 0[]] hello", "*[[]rank 1[]] hello"])
+
+
+def test_xdist_workers_each_get_their_own_worlds(pytester):
+    pytester.makepyfile(
+        """
+        import os, pytest, torch, torch.distributed as dist
+
+        @pytest.mark.parametrize("i", range(4))
+        @pytest.mark.distributed
+        def test_sum(i, rank, world_size):
+            t = torch.tensor([float(i)])
+            dist.all_reduce(t)
+            assert t.item() == i * world_size
+        """
+    )
+    result = pytester.runpytest_subprocess(*QUIET, "-n", "2", "--world-size", "2")
+    result.assert_outcomes(passed=4)
+
+
+def test_interrupting_pytest_leaves_no_rank_behind(pytester):
+    pytester.makepyfile(
+        """
+        import time, pytest
+
+        @pytest.mark.distributed
+        def test_long():
+            time.sleep(120)
+        """
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pytest", *QUIET, "--world-size", "2", "-q"],
+        cwd=pytester.path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        ranks: list[int] = []
+        deadline = time.monotonic() + 60
+        while len(ranks) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+            ranks = descendants(proc.pid)
+        assert len(ranks) >= 2, "the world never started"
+        time.sleep(1)  # let the test body start on the ranks
+        os.kill(proc.pid, signal.SIGINT)
+        proc.wait(timeout=30)
+        assert wait_gone(ranks, timeout=5) == []
+    finally:
+        proc.kill()
+        proc.wait()

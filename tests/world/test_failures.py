@@ -1,0 +1,212 @@
+"""The failure contract, with real rank processes: raise, hang, die, mismatch, controller death."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from ddp_verify.world import FailureKind, RankError, World
+from ddp_verify.world.errors import DEBUG_HINT
+from tests.processes import alive, wait_gone
+
+TIMEOUT = 3.0
+
+
+@pytest.fixture(scope="module")
+def world2():
+    with World(2, timeout=TIMEOUT) as world:
+        yield world
+
+
+def _fail(world: World, job) -> tuple[RankError, float]:
+    start = time.monotonic()
+    with pytest.raises(RankError) as info:
+        world.run(job)
+    return info.value, time.monotonic() - start
+
+
+def _assert_relaunched_and_usable(world: World, old_pids: list[int]) -> None:
+    assert wait_gone(old_pids, timeout=5) == [], "ranks of the failed world are still running"
+    assert world.run(dist.get_rank) == [0, 1]
+    assert set(world.pids).isdisjoint(old_pids)
+
+
+def raise_on_rank_1():
+    if dist.get_rank() == 1:
+        print("rank 1 about to fail")
+        raise ValueError("boom on rank 1")
+    dist.all_reduce(torch.ones(1))  # rank 0 waits here for a peer that never comes
+
+
+def test_a_raising_rank_fails_fast_names_the_rank_and_kills_the_stuck(world2):
+    old = world2.pids
+    error, elapsed = _fail(world2, raise_on_rank_1)
+    assert elapsed < 5
+    assert error.ranks == [1]
+    first, second = error.failures
+    assert (first.rank, first.kind) == (1, FailureKind.RAISED)
+    assert "ValueError: boom on rank 1" in first.details
+    assert "raise_on_rank_1" in first.details
+    assert (second.rank, second.kind) == (0, FailureKind.STUCK)
+    assert "all_reduce" in second.details  # where it waited
+    message = str(error)
+    # The failing rank's traceback and output come before the stuck rank's report.
+    assert message.index("ValueError: boom on rank 1") < message.index("rank 0 was still")
+    assert "rank 1 about to fail" in message
+    assert error.world_relaunched
+    _assert_relaunched_and_usable(world2, old)
+
+
+def hang_on_rank_0():
+    if dist.get_rank() == 0:
+        dist.all_reduce(torch.ones(1))  # rank 1 skips it: rank 0 waits forever
+    else:
+        time.sleep(60)
+
+
+def test_a_hang_times_out_with_every_ranks_stack_then_relaunches(world2):
+    old = world2.pids
+    error, elapsed = _fail(world2, hang_on_rank_0)
+    assert TIMEOUT <= elapsed < TIMEOUT + 5
+    assert {f.kind for f in error.failures} == {FailureKind.TIMED_OUT}
+    stacks = {f.rank: f.details for f in error.failures}
+    assert "all_reduce" in stacks[0] and "hang_on_rank_0" in stacks[0]
+    assert "sleep" in stacks[1] or "hang_on_rank_0" in stacks[1]
+    assert "watch" not in stacks[0]  # the rank's own watchdog thread is left out
+    assert f"did not finish within the {TIMEOUT:g} s timeout" in str(error)
+    assert DEBUG_HINT in str(error)
+    _assert_relaunched_and_usable(world2, old)
+
+
+def segfault():
+    if dist.get_rank() == 1:
+        os.kill(os.getpid(), signal.SIGSEGV)
+    dist.all_reduce(torch.ones(1))
+
+
+def hard_exit():
+    if dist.get_rank() == 1:
+        os._exit(3)
+    dist.all_reduce(torch.ones(1))
+
+
+def soft_exit():
+    if dist.get_rank() == 1:
+        sys.exit(3)
+    dist.all_reduce(torch.ones(1))
+
+
+def shape_mismatch():
+    dist.all_reduce(torch.ones(4 if dist.get_rank() == 0 else 8))
+
+
+@pytest.mark.parametrize(
+    ("job", "dead_rank", "summary"),
+    [
+        (segfault, 1, "died: killed by SIGSEGV"),
+        (hard_exit, 1, "exited with code 3 without a result"),
+        (soft_exit, 1, "exited with code 3 without a result"),
+        (shape_mismatch, 0, "died: killed by SIGABRT"),
+    ],
+    ids=["segfault", "os._exit", "sys.exit", "gloo-abort"],
+)
+def test_a_dying_rank_is_reported_with_how_it_died(world2, job, dead_rank, summary):
+    old = world2.pids
+    error, elapsed = _fail(world2, job)
+    assert elapsed < 5
+    assert error.ranks == [dead_rank]
+    assert error.failures[0].rank == dead_rank
+    assert error.failures[0].summary == summary
+    assert f"rank {dead_rank} {summary}" in str(error).splitlines()[0]
+    _assert_relaunched_and_usable(world2, old)
+
+
+def test_gloo_abort_points_to_debug_mode(world2):
+    error, _ = _fail(world2, shape_mismatch)
+    assert "--ddp-debug" in str(error) and "TORCH_DISTRIBUTED_DEBUG=DETAIL" in str(error)
+    assert "collective mismatch" in error.failures[0].stderr  # gloo's own words, kept
+
+
+def test_sys_exit_traceback_is_kept_in_stderr(world2):
+    error, _ = _fail(world2, soft_exit)
+    assert "SystemExit: 3" in error.failures[0].stderr
+
+
+def op_mismatch():
+    if dist.get_rank() == 0:
+        dist.all_reduce(torch.ones(3))
+    else:
+        dist.broadcast(torch.ones(3), src=0)
+
+
+def test_debug_mode_names_mismatched_collectives_without_hanging():
+    with World(2, timeout=20, debug=True) as world:
+        start = time.monotonic()
+        with pytest.raises(RankError, match="Detected mismatch between collectives") as info:
+            world.run(op_mismatch)
+        assert time.monotonic() - start < 10
+        assert "BROADCAST" in str(info.value) and "ALLREDUCE" in str(info.value)
+        assert DEBUG_HINT not in str(info.value)
+
+
+def test_a_rank_killed_between_jobs_is_reported_on_the_next_job(world2):
+    victim = world2.pids[1]
+    os.kill(victim, signal.SIGKILL)
+    assert wait_gone([victim]) == []
+    error, elapsed = _fail(world2, lambda: dist.barrier())
+    assert elapsed < 5
+    assert error.failures[0].rank == 1
+    assert error.failures[0].summary == "died: killed by SIGKILL"
+    assert world2.run(dist.get_rank) == [0, 1]
+
+
+def test_failure_output_is_shown_per_rank(world2):
+    def noisy():
+        print(f"stdout of {dist.get_rank()}")
+        print(f"stderr of {dist.get_rank()}", file=sys.stderr)
+        raise RuntimeError(f"failed on {dist.get_rank()}")
+
+    error, _ = _fail(world2, noisy)
+    report = str(error)
+    for r in (0, 1):
+        assert f"── rank {r} stdout ──\n  stdout of {r}" in report
+        assert f"── rank {r} stderr ──\n  stderr of {r}" in report
+        assert f"RuntimeError: failed on {r}" in report
+
+
+_CONTROLLER = textwrap.dedent(
+    """
+    import sys, time
+    from ddp_verify.world import World
+    world = World(2).start()
+    print(" ".join(map(str, world.pids)), flush=True)
+    time.sleep(120)
+    """
+)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT], ids=["SIGKILL", "SIGINT"])
+def test_killing_the_controller_leaves_no_rank_alive(sig):
+    controller = subprocess.Popen(
+        [sys.executable, "-c", _CONTROLLER],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        pids = [int(p) for p in controller.stdout.readline().split()]
+        assert len(pids) == 2 and all(alive(p) for p in pids)
+        controller.send_signal(sig)
+        controller.wait(timeout=10)
+        assert wait_gone(pids, timeout=5) == []
+    finally:
+        controller.kill()
+        controller.wait()

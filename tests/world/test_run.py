@@ -1,0 +1,162 @@
+"""World.run on real rank processes: results, shipping by value, reuse, output, options."""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+import sys
+import threading
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from ddp_verify.world import BackendUnavailable, FailureKind, JobPicklingError, RankError, World
+from tests.processes import wait_gone
+
+
+@pytest.fixture(scope="module")
+def world2():
+    with World(2, timeout=20) as world:
+        yield world
+
+
+def _rank_sum(scale: float) -> float:
+    t = torch.tensor([scale * (dist.get_rank() + 1)])
+    dist.all_reduce(t)
+    return t.item()
+
+
+def test_results_come_back_in_rank_order(world2):
+    assert world2.run(dist.get_rank) == [0, 1]
+    assert world2.run(dist.get_world_size) == [2, 2]
+
+
+def test_args_kwargs_closures_lambdas_and_partials(world2):
+    offset = 10
+
+    def closure(x, *, y):
+        return dist.get_rank() + x + y + offset
+
+    assert world2.run(closure, 1, y=2) == [13, 14]
+    assert world2.run(lambda: dist.get_rank() * 2) == [0, 2]
+    assert world2.run(functools.partial(_rank_sum, 1.0)) == [3.0, 3.0]
+
+
+def test_collectives_work_across_ranks(world2):
+    assert world2.run(_rank_sum, 2.0) == [6.0, 6.0]
+
+
+def test_tensors_travel_both_ways(world2):
+    out = world2.run(lambda t: t * (dist.get_rank() + 1), torch.arange(3.0))
+    torch.testing.assert_close(out[1], torch.tensor([0.0, 2.0, 4.0]))
+
+
+def test_world_is_reused_not_respawned(world2):
+    pids = world2.pids
+    launches = world2.launches
+    for _ in range(20):
+        world2.run(lambda: None)
+    assert world2.pids == pids
+    assert world2.launches == launches
+
+
+def test_each_rank_has_one_thread(world2):
+    assert world2.run(torch.get_num_threads) == [1, 1]
+
+
+def test_functions_from_modules_the_ranks_cannot_import(world2, tmp_path):
+    source = tmp_path / "private_helpers_xyz.py"
+    source.write_text("def triple(x):\n    return 3 * x\n")
+    spec = importlib.util.spec_from_file_location("private_helpers_xyz", source)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["private_helpers_xyz"] = module
+    try:
+        spec.loader.exec_module(module)
+        assert world2.run(module.triple, 5) == [15, 15]
+    finally:
+        del sys.modules["private_helpers_xyz"]
+
+
+def test_ranks_follow_the_controller_cwd(world2, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert world2.run(os.getcwd) == [str(tmp_path)] * 2
+
+
+def test_unpicklable_argument_fails_fast_and_names_it(world2):
+    launches = world2.launches
+    start = time.monotonic()
+    with pytest.raises(JobPicklingError, match=r"positional argument 0 \(lock\).*cannot be pickled"):
+        world2.run(lambda lock: None, threading.Lock())
+    with pytest.raises(JobPicklingError, match=r"argument 'handle'"):
+        world2.run(lambda handle: None, handle=threading.Lock())
+    assert time.monotonic() - start < 5
+    assert world2.launches == launches  # Nothing was sent: the world is untouched.
+    assert world2.run(dist.get_rank) == [0, 1]
+
+
+def test_unpicklable_result_is_a_clear_error_and_keeps_the_world(world2):
+    pids = world2.pids
+    with pytest.raises(RankError, match="cannot be pickled back to the controller") as info:
+        world2.run(threading.Lock)
+    assert {f.kind for f in info.value.failures} == {FailureKind.UNPICKLABLE_RESULT}
+    assert not info.value.world_relaunched
+    assert world2.pids == pids
+    assert world2.run(dist.get_rank) == [0, 1]
+
+
+def test_destroying_the_process_group_is_repaired_before_the_next_job(world2):
+    assert world2.run(dist.destroy_process_group) == [None, None]
+    assert world2.run(dist.is_initialized) == [True, True]
+    assert world2.run(_rank_sum, 1.0) == [3.0, 3.0]
+
+
+def test_output_is_captured_per_rank(world2):
+    world2.take_output()
+
+    def speak():
+        print(f"hello from {dist.get_rank()}")
+        print(f"warning from {dist.get_rank()}", file=sys.stderr)
+
+    world2.run(speak)
+    (out0, err0), (out1, err1) = world2.take_output()
+    assert out0 == "hello from 0\n" and out1 == "hello from 1\n"
+    assert "warning from 0" in err0 and "warning from 1" in err1
+    assert world2.take_output() == [("", ""), ("", "")]
+
+
+def test_close_leaves_no_process():
+    world = World(2).start()
+    pids = world.pids
+    world.close()
+    assert wait_gone(pids, timeout=5) == []
+    assert world.pids == []
+
+
+def test_one_rank_world():
+    with World(1) as world:
+        assert world.run(lambda: (dist.get_rank(), dist.get_world_size())) == [(0, 1)]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"size": 0}, "positive integer"),
+        ({"size": 2, "backend": "mpi"}, "backend must be one of gloo, nccl"),
+        ({"size": 2, "timeout": 0}, "timeouts must be positive"),
+        ({"size": 2, "threads_per_rank": 0}, "threads_per_rank"),
+    ],
+)
+def test_impossible_options_are_rejected(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        World(**kwargs)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() >= 2, reason="GPUs are visible here")
+def test_nccl_without_gpus_says_why():
+    world = World(2, backend="nccl")
+    with pytest.raises(BackendUnavailable, match=r"needs 2 GPUs, \d+ visible"):
+        world.start()
+    assert world.pids == []
