@@ -12,13 +12,12 @@ import pytest
 
 # Imported here, before any in-process pytester run: pytester restores sys.modules after each
 # run, and torch's C extension cannot be imported a second time into one process.
-import torch  # noqa: F401
+import torch
+
 import ddp_verify.world  # noqa: F401
 from tests.processes import descendants, wait_gone
 
-pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
-
-QUIET = ["-p", "no:cacheprovider", "-W", "ignore::UserWarning"]
+QUIET = ["-p", "no:cacheprovider", "-W", "ignore:Failed to initialize NumPy:UserWarning"]
 
 
 def run(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
@@ -370,7 +369,6 @@ def test_rank_fixture_outside_distributed_tests_says_what_to_do(pytester):
 
 
 def test_nccl_without_gpus_skips_with_the_reason(pytester):
-    import torch
 
     if torch.cuda.device_count() >= 2:
         pytest.skip("GPUs are visible here")

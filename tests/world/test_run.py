@@ -88,7 +88,8 @@ def test_ranks_follow_the_controller_cwd(world2, tmp_path, monkeypatch):
 def test_unpicklable_argument_fails_fast_and_names_it(world2):
     launches = world2.launches
     start = time.monotonic()
-    with pytest.raises(JobPicklingError, match=r"positional argument 0 \(lock\).*cannot be pickled"):
+    unpicklable = r"positional argument 0 \(lock\).*cannot be pickled"
+    with pytest.raises(JobPicklingError, match=unpicklable):
         world2.run(lambda lock: None, threading.Lock())
     with pytest.raises(JobPicklingError, match=r"argument 'handle'"):
         world2.run(lambda handle: None, handle=threading.Lock())
