@@ -82,22 +82,37 @@ def pytest_configure(config: pytest.Config) -> None:
 def _resolve_options(config: pytest.Config) -> opts.WorldOptions:
     """Command line, then environment (world size only), then ini, then defaults."""
 
-    def first(*values: Any) -> Any:
-        return next((v for v in values if v not in (None, "")), None)
+    def first(*candidates: tuple[str, Any]) -> tuple[str, Any]:
+        return next(((src, v) for src, v in candidates if v not in (None, "")), ("", None))
 
+    world_size = first(
+        ("--world-size", config.getoption("ddp_world_size")),
+        (opts.WORLD_SIZE_ENV, opts.world_size_from_env()),
+        ("ini ddp_world_size", config.getini("ddp_world_size")),
+    )
+    backend = first(
+        ("--ddp-backend", config.getoption("ddp_backend")),
+        ("ini ddp_backend", config.getini("ddp_backend")),
+    )
+    timeout = first(
+        ("--ddp-timeout", config.getoption("ddp_timeout")),
+        ("ini ddp_timeout", config.getini("ddp_timeout")),
+    )
+    debug = config.getoption("ddp_debug") or config.getini("ddp_debug")
+    defaults = opts.WorldOptions()
     try:
-        sizes = first(
-            config.getoption("ddp_world_size"),
-            opts.world_size_from_env(),
-            config.getini("ddp_world_size"),
-        )
-        backend = first(config.getoption("ddp_backend"), config.getini("ddp_backend"))
-        timeout = first(config.getoption("ddp_timeout"), config.getini("ddp_timeout"))
-        debug = first(config.getoption("ddp_debug"), config.getini("ddp_debug"))
         return opts.WorldOptions(
-            world_sizes=opts.parse_world_sizes(sizes) if sizes else opts.WorldOptions.world_sizes,
-            backend=opts.parse_backend(backend) if backend else "gloo",
-            timeout=opts.parse_timeout(timeout) if timeout else opts.DEFAULT_TIMEOUT_S,
+            world_sizes=(
+                opts.parse_world_sizes(world_size[1], source=world_size[0])
+                if world_size[1]
+                else defaults.world_sizes
+            ),
+            backend=opts.parse_backend(backend[1], source=backend[0]) if backend[1] else "gloo",
+            timeout=(
+                opts.parse_timeout(timeout[1], source=timeout[0])
+                if timeout[1]
+                else defaults.timeout
+            ),
             debug=bool(debug),
         )
     except ValueError as exc:
@@ -228,6 +243,14 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
 
     world = pyfuncitem.stash[_item_world_key]
     argnames = pyfuncitem._fixtureinfo.argnames
+    if "world" in argnames:
+        pytest.fail(
+            f"{pyfuncitem.name} is marked distributed, so its body already runs on every rank; "
+            "it cannot also take the 'world' fixture, which drives the ranks from the "
+            "controller. Use the 'rank' and 'world_size' fixtures, or drop the marker and call "
+            "world.run(...).",
+            pytrace=False,
+        )
     kwargs = {name: pyfuncitem.funcargs[name] for name in argnames if name != "rank"}
     timeout = marker.kwargs.get("timeout")
     try:
@@ -290,18 +313,33 @@ def _reraise_outcome(item: pytest.Function, error: Any) -> None:
 
 
 @pytest.hookimpl(wrapper=True)
-def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
-    pool = item.config.stash.get(_pool_key, None)
-    worlds = pool.worlds() if pool is not None else []
-    for w in worlds:
-        w.take_output()  # Output from before this test belongs to no one's report.
+def pytest_runtest_setup(item: pytest.Item) -> Generator[None, Any, Any]:
     try:
         return (yield)
     finally:
-        _report_rank_output(item, pool.worlds() if pool is not None else [])
+        _report_rank_output(item, "setup")
 
 
-def _report_rank_output(item: pytest.Item, worlds: list[World]) -> None:
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
+    try:
+        return (yield)
+    finally:
+        _report_rank_output(item, "call")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item) -> Generator[None, Any, Any]:
+    try:
+        return (yield)
+    finally:
+        _report_rank_output(item, "teardown")
+
+
+def _report_rank_output(item: pytest.Item, when: str) -> None:
+    """Attach what the ranks printed during this phase as one report section per rank."""
+    pool = item.config.stash.get(_pool_key, None)
+    worlds = pool.worlds() if pool is not None else []
     echo = item.config.getoption("capture") == "no"
     for w in worlds:
         for rank_number, streams in enumerate(w.take_output()):
@@ -309,7 +347,7 @@ def _report_rank_output(item: pytest.Item, worlds: list[World]) -> None:
                 if not text:
                     continue
                 label = f"{name} rank {rank_number}" + (f" of {w.size}" if len(worlds) > 1 else "")
-                item.add_report_section("call", label, text)
+                item.add_report_section(when, label, text)
                 if echo:
                     stream = sys.stdout if name == "stdout" else sys.stderr
                     prefix = f"[rank {rank_number}] "

@@ -92,8 +92,10 @@ class RankError(WorldError):
         *,
         world_relaunched: bool,
         hint: str = "",
+        finished: Sequence[int] = (),
     ) -> None:
         self.job = job
+        self.finished = list(finished)
         self.world_size = world_size
         self.backend = backend
         self.failures = sorted(failures, key=lambda f: (not f.is_primary, f.order, f.rank))
@@ -123,6 +125,11 @@ class RankError(WorldError):
             f"{self.job} failed on a world of {self.world_size} ({self.backend}): {headline}",
         ]
         lines.extend(f.render() for f in self.failures)
+        if self.finished:
+            ranks = ", ".join(map(str, self.finished))
+            lines.append(
+                f"Finished the job normally: rank{'s' if len(self.finished) > 1 else ''} {ranks}."
+            )
         after = (
             "The world was torn down and is relaunched on its next use."
             if self.world_relaunched
@@ -154,8 +161,17 @@ def _rebuild_rank_error(
     failures: list[RankFailure],
     relaunched: bool,
     hint: str,
+    finished: list[int],
 ) -> RankError:
-    return RankError(job, world_size, backend, failures, world_relaunched=relaunched, hint=hint)
+    return RankError(
+        job,
+        world_size,
+        backend,
+        failures,
+        world_relaunched=relaunched,
+        hint=hint,
+        finished=finished,
+    )
 
 
 def _ranks(failures: Sequence[RankFailure]) -> str:

@@ -140,6 +140,12 @@ class World:
     def running(self) -> bool:
         return self._ready and all(r.alive() for r in self._ranks)
 
+    def __reduce__(self) -> Any:
+        raise TypeError(
+            "a World cannot be sent to its ranks (or pickled at all): inside a job, use "
+            "torch.distributed directly; the job already runs on every rank"
+        )
+
     def __repr__(self) -> str:
         state = "closed" if self._closed else "running" if self._ready else "not started"
         return f"<World size={self.size} backend={self.backend} {state}>"
@@ -368,6 +374,7 @@ class World:
         )
         if relaunch:
             self._relaunch()
+        failed = {f.rank for f in failures}
         raise RankError(
             name,
             self.size,
@@ -375,6 +382,7 @@ class World:
             failures,
             world_relaunched=relaunch,
             hint=self._hint(failures),
+            finished=[r for r in range(self.size) if r not in failed],
         )
 
     def _raised(

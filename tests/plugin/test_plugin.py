@@ -100,6 +100,7 @@ def test_a_failing_rank_is_named_with_its_assertion_and_output(pytester):
             "*rank 1 raised AssertionError*",
             "*in test_only_rank_0_is_happy",
             "*assert value == 0",
+            "Finished the job normally: rank 0.",
             "*Captured stdout rank 0 call*",
             "checking rank 0",
             "*Captured stdout rank 1 call*",
@@ -174,6 +175,43 @@ def test_bad_options_are_usage_errors(pytester, args, message):
     result = run(pytester, *args)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([f"*{message}"])
+
+
+def test_bad_env_world_size_names_the_variable(pytester, monkeypatch):
+    pytester.makepyfile("def test_nothing(): pass")
+    monkeypatch.setenv("DDP_VERIFY_WORLD_SIZE", "four")
+    result = run(pytester)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*DDP_VERIFY_WORLD_SIZE expects a positive integer*'four'*"])
+
+
+def test_plain_pytest_does_not_import_torch(pytester):
+    pytester.makepyfile(
+        """
+        import sys
+
+        def test_no_torch():
+            assert "torch" not in sys.modules
+        """
+    )
+    result = pytester.runpytest_subprocess(*QUIET)
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["ddp_verify: world size 2, backend gloo*"])
+
+
+def test_distributed_test_cannot_take_the_world_fixture(pytester):
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.distributed
+        def test_confused(world):
+            pass
+        """
+    )
+    result = run(pytester)
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*cannot also take the 'world' fixture*rank*world_size*"])
 
 
 def test_bad_marker_world_size_is_a_usage_error(pytester):
@@ -417,7 +455,8 @@ def test_xdist_workers_each_get_their_own_worlds(pytester):
     result.assert_outcomes(passed=4)
 
 
-def test_interrupting_pytest_leaves_no_rank_behind(pytester):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["SIGINT", "SIGKILL"])
+def test_interrupting_pytest_leaves_no_rank_behind(pytester, sig):
     pytester.makepyfile(
         """
         import time, pytest
@@ -441,7 +480,7 @@ def test_interrupting_pytest_leaves_no_rank_behind(pytester):
             ranks = descendants(proc.pid)
         assert len(ranks) >= 2, "the world never started"
         time.sleep(1)  # let the test body start on the ranks
-        os.kill(proc.pid, signal.SIGINT)
+        os.kill(proc.pid, sig)
         proc.wait(timeout=30)
         assert wait_gone(ranks, timeout=5) == []
     finally:

@@ -98,6 +98,11 @@ def test_unpicklable_argument_fails_fast_and_names_it(world2):
     assert world2.run(dist.get_rank) == [0, 1]
 
 
+def test_a_world_cannot_be_sent_to_its_ranks(world2):
+    with pytest.raises(JobPicklingError, match="a World cannot be sent to its ranks"):
+        world2.run(lambda w: None, world2)
+
+
 def test_unpicklable_result_is_a_clear_error_and_keeps_the_world(world2):
     pids = world2.pids
     with pytest.raises(RankError, match="cannot be pickled back to the controller") as info:
