@@ -253,11 +253,16 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
         )
     kwargs = {name: pyfuncitem.funcargs[name] for name in argnames if name != "rank"}
     timeout = marker.kwargs.get("timeout")
+    if timeout is not None:
+        try:
+            timeout = opts.parse_timeout(timeout, source="@pytest.mark.distributed(timeout=...)")
+        except ValueError as exc:
+            pytest.fail(str(exc), pytrace=False)
     try:
         world.run_job(
             _run_test_on_rank,
             (pyfuncitem.obj, kwargs, "rank" in argnames),
-            timeout=float(timeout) if timeout else None,
+            timeout=timeout,
             by_value=[pyfuncitem.module] if pyfuncitem.module else [],
             name=pyfuncitem.name,
         )

@@ -255,6 +255,14 @@ class World:
         self._generation = 0
         self._sent_sys_path = list(sys.path)
         self._sent_cwd = os.getcwd()
+        try:
+            self._spawn_ranks()
+        except BaseException:
+            self._shutdown(polite=False)
+            raise
+        self.launches += 1
+
+    def _spawn_ranks(self) -> None:
         env = self._rank_env()
         prefix = uuid.uuid4().hex
         for rank in range(self.size):
@@ -276,7 +284,6 @@ class World:
                 cwd=self._sent_cwd,
             )
             proc.jobs.send_bytes(protocol.encode(launch))
-        self.launches += 1
 
     def _rank_env(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -466,8 +473,10 @@ class World:
     def _relaunch(self) -> None:
         # Ranks that saw a failure may be inside a collective: no polite exit for them.
         self._shutdown(polite=False)
-        # Start the next set of ranks now: they import torch while the caller reports.
-        self._spawn()
+        # Start the next set of ranks now: they import torch while the caller reports. If that
+        # fails, the next start() tries again and reports why.
+        with contextlib.suppress(Exception):
+            self._spawn()
 
     def _shutdown(self, *, polite: bool = True) -> None:
         ranks = list(self._ranks)
