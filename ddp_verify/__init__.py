@@ -10,6 +10,13 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 _LAZY = {
+    "EquivalenceError": "ddp_verify.equivalence",
+    "VerifyingWorld": "ddp_verify.equivalence",
+    "assert_equivalent": "ddp_verify.equivalence",
+    "check_equivalent": "ddp_verify.equivalence",
+    "Scenario": "ddp_verify.scenario",
+    "ModelSpec": "ddp_verify.scenario",
+    "OptimizerSpec": "ddp_verify.scenario",
     "World": "ddp_verify.world",
     "WorldPool": "ddp_verify.world",
     "WorldError": "ddp_verify.world",
@@ -21,15 +28,29 @@ _LAZY = {
 
 __all__ = [
     "BackendUnavailable",
+    "EquivalenceError",
     "JobPicklingError",
+    "ModelSpec",
+    "OptimizerSpec",
     "RankError",
+    "Scenario",
+    "VerifyingWorld",
     "World",
     "WorldError",
     "WorldPool",
     "WorldStartError",
+    "assert_equivalent",
+    "check_equivalent",
 ]
 
 if TYPE_CHECKING:
+    from .equivalence import (
+        EquivalenceError,
+        VerifyingWorld,
+        assert_equivalent,
+        check_equivalent,
+    )
+    from .scenario import ModelSpec, OptimizerSpec, Scenario
     from .world import (
         BackendUnavailable,
         JobPicklingError,
@@ -42,6 +63,7 @@ if TYPE_CHECKING:
 
 
 def __getattr__(name: str) -> Any:
+    # Submodules (methods, strategies, world, ...) import as usual; these names load lazily.
     if name in _LAZY:
         import importlib
 

@@ -21,7 +21,8 @@ import pytest
 from . import options as opts
 
 if TYPE_CHECKING:
-    from .world import World, WorldPool
+    from .equivalence import VerifyingWorld
+    from .world import WorldPool
 
 _options_key = pytest.StashKey["opts.WorldOptions"]()
 _pool_key = pytest.StashKey["WorldPool"]()
@@ -145,9 +146,11 @@ def pytest_report_header(config: pytest.Config) -> str:
 def _pool(config: pytest.Config) -> WorldPool:
     pool = config.stash.get(_pool_key, None)
     if pool is None:
+        from .equivalence import VerifyingWorld
         from .world import WorldPool
 
-        pool = config.stash[_pool_key] = WorldPool(**config.stash[_options_key].world_kwargs())
+        options = config.stash[_options_key].world_kwargs()
+        pool = config.stash[_pool_key] = WorldPool(VerifyingWorld, **options)
     return pool
 
 
@@ -168,6 +171,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     own_args = inspect.signature(metafunc.function).parameters
     if marker is None and "world" not in metafunc.fixturenames and "world_size" not in own_args:
         return
+    if any("world_size" in _argnames(m) for m in metafunc.definition.iter_markers("parametrize")):
+        return  # The test chose its own sizes.
     default = metafunc.config.stash[_options_key].world_sizes
     sizes = _marker_sizes(marker) or default
     if len(sizes) == 1 and sizes == default:
@@ -177,6 +182,13 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     )
 
 
+def _argnames(mark: pytest.Mark) -> list[str]:
+    names = mark.args[0] if mark.args else mark.kwargs.get("argnames", "")
+    if isinstance(names, str):
+        return [n.strip() for n in names.split(",")]
+    return list(names)
+
+
 @pytest.fixture(scope="session")
 def world_size(request: pytest.FixtureRequest) -> int:
     """The number of ranks of the world this test runs on."""
@@ -184,8 +196,10 @@ def world_size(request: pytest.FixtureRequest) -> int:
 
 
 @pytest.fixture(scope="session")
-def world(request: pytest.FixtureRequest, world_size: int) -> World:
+def world(request: pytest.FixtureRequest, world_size: int) -> VerifyingWorld:
     """The running world of ``world_size`` ranks, shared by every test of that size.
+
+    Besides ``world.run(...)`` it checks methods: ``world.assert_equivalent(method, scenario)``.
 
     Example::
 

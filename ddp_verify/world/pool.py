@@ -18,7 +18,8 @@ class WorldPool:
         pool.close()
     """
 
-    def __init__(self, **world_options: Any) -> None:
+    def __init__(self, factory: type[World] = World, **world_options: Any) -> None:
+        self._factory = factory
         self._options = world_options
         self._worlds: dict[tuple[int, str], World] = {}
 
@@ -29,7 +30,7 @@ class WorldPool:
         world = self._worlds.get(key)
         if world is None:
             options = {**self._options, "backend": backend}
-            world = self._worlds[key] = World(size, **options)
+            world = self._worlds[key] = self._factory(size, **options)
         return world.start()
 
     def worlds(self) -> list[World]:

@@ -103,6 +103,7 @@ class World:
         self._sent_sys_path: list[str] = []
         self._sent_cwd = ""
         self._untaken_output: list[tuple[str, str]] = []
+        self._pending: PendingJob | None = None
         self.launches = 0
         # Ranks are killed even if the world is never closed or the controller exits early.
         self._finalizer = weakref.finalize(self, _kill_and_remove, self._ranks, None)
@@ -179,6 +180,30 @@ class World:
             world.run_job(step, (model,), timeout=5.0, name="training step")
         """
         __tracebackhide__ = True
+        return self.submit(fn, args, kwargs, timeout=timeout, by_value=by_value, name=name).result()
+
+    def submit(
+        self,
+        fn: Callable[..., Any],
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        *,
+        timeout: float | None = None,
+        by_value: Sequence[ModuleType] = (),
+        name: str | None = None,
+    ) -> PendingJob:
+        """Send a job to every rank and return at once; ``.result()`` waits for it.
+
+        The controller is free while the ranks work (one job at a time per world).
+
+        Example::
+
+            pending = world.submit(train, (scenario,))
+            expected = train_locally(scenario)      # runs while the ranks train
+            assert pending.result() == [expected] * world.size
+        """
+        if self._pending is not None:
+            raise WorldError("a job is still running on this world: call .result() on it first")
         payload = protocol.dump_job(fn, args, kwargs or {}, by_value=by_value)
         self.start()
         job_id = next(self._job_ids)
@@ -193,13 +218,16 @@ class World:
                 r.jobs.send_bytes(message)
             except OSError:
                 unreachable.append(self._death(r, sent_at, marks[r.rank]))
-        return self._collect(
+        self._pending = PendingJob(
+            self,
             job_id,
             name or protocol.job_name(fn),
+            sent_at,
             timeout or self.timeout,
             marks,
             unreachable,
         )
+        return self._pending
 
     def take_output(self) -> list[tuple[str, str]]:
         """Each rank's ``(stdout, stderr)`` printed since the last call, in rank order.
@@ -331,18 +359,13 @@ class World:
             )
         self._ready = True
 
-    def _collect(
-        self,
-        job_id: int,
-        name: str,
-        timeout: float,
-        marks: list[tuple[int, int]],
-        failures: list[RankFailure],
-    ) -> list[Any]:
+    def _collect(self, job: PendingJob) -> list[Any]:
         __tracebackhide__ = True
+        self._pending = None
+        name, marks, failures, timeout = job.name, job.marks, job.failures, job.timeout
+        deadline = job.sent_at + timeout
         results: list[Any] = [None] * self.size
         pending = {r.results: r for r in self._ranks if r.rank not in {f.rank for f in failures}}
-        deadline = time.monotonic() + timeout
         grace_deadline = time.monotonic() + FAILURE_GRACE_S if failures else None
         regroup = False
         while pending:
@@ -497,6 +520,33 @@ class World:
         if self._workdir is not None:
             shutil.rmtree(self._workdir, ignore_errors=True)
             self._workdir = None
+
+
+class PendingJob:
+    """A job sent to every rank; :meth:`result` waits for it (see :meth:`World.submit`)."""
+
+    def __init__(
+        self,
+        world: World,
+        job_id: int,
+        name: str,
+        sent_at: float,
+        timeout: float,
+        marks: list[tuple[int, int]],
+        failures: list[RankFailure],
+    ) -> None:
+        self.world, self.job_id, self.name = world, job_id, name
+        self.sent_at, self.timeout = sent_at, timeout
+        self.marks = marks
+        self.failures = failures
+        self._results: list[Any] | None = None
+
+    def result(self) -> list[Any]:
+        """The ranks' results in rank order; raises :class:`RankError` as ``World.run`` does."""
+        __tracebackhide__ = True
+        if self._results is None:
+            self._results = self.world._collect(self)
+        return self._results
 
 
 def _looks_like_lost_peer(failure: RankFailure) -> bool:

@@ -1,0 +1,141 @@
+"""Is a method equivalent to single-process full-batch training on a scenario?
+
+``assert_equivalent(world, method, scenario)`` trains the scenario with ``method`` on the
+world while the controller trains the reference, compares the traces, and raises
+:class:`EquivalenceError` at the first divergence.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+from .compare import Float32Tolerance, Float64Tolerance, Mismatch, Tolerance, compare
+from .methods import DistributedMethod, Method, Reference
+from .methods.base import train_on_rank
+from .scenario import Scenario
+from .trace import Trace
+from .world import World
+
+
+class EquivalenceError(AssertionError):
+    """A method's training left single-process full-batch training; the message says where."""
+
+    def __init__(self, outcome: Outcome) -> None:
+        self.outcome = outcome
+        self.scenario = outcome.scenario
+        self.mismatch = outcome.mismatch
+        super().__init__(outcome.report())
+
+
+@dataclasses.dataclass
+class Outcome:
+    """A method's trace next to the reference's, and the first divergence (None if none)."""
+
+    method: str
+    scenario: Scenario
+    reference: Trace
+    got: Trace
+    mismatch: Mismatch | None
+
+    @property
+    def equivalent(self) -> bool:
+        return self.mismatch is None
+
+    def report(self) -> str:
+        if self.mismatch is None:
+            return f"{self.method} is equivalent to the reference on this scenario."
+        m = self.mismatch
+        lines = [
+            f"{self.method} is not equivalent to single-process full-batch training.",
+            m.render(),
+        ]
+        if m.note == "" and 0 <= m.step < self.reference.steps:
+            expected = self.reference.ranks[0].losses[m.step]
+            got = ", ".join(f"{r.losses[m.step]:.6g}" for r in self.got.ranks)
+            lines.append(f"Losses at step {m.step}: reference {expected:.6g}, ranks {got}")
+        lines.append("Scenario: " + self.scenario.describe())
+        lines.append(f"Reproduce with: {self.scenario!r}")
+        return "\n".join(lines)
+
+
+def check_equivalent(
+    world: World | None, method: Method, scenario: Scenario, *, tolerance: Tolerance | None = None
+) -> Outcome:
+    """Train ``scenario`` with ``method`` and with the reference; compare them.
+
+    Example::
+
+        outcome = check_equivalent(world, ddp(), scenario)
+        assert outcome.equivalent, outcome.report()
+    """
+    if world is not None and world.size != scenario.world_size:
+        raise ValueError(
+            f"the scenario is for {scenario.world_size} ranks, the world has {world.size}: draw "
+            f"scenarios with scenarios(world_size=world.size)"
+        )
+    finish = _start(world, method, scenario)
+    # The reference trains here while the ranks train there.
+    reference = Reference("float64").run(scenario)
+    if tolerance is None:
+        tolerance = (
+            Float64Tolerance()
+            if scenario.dtype == "float64"
+            else Float32Tolerance(reference, Reference("float32").run(scenario))
+        )
+    got = finish()
+    return Outcome(
+        method.name, scenario, reference, got, compare(reference, got, scenario, tolerance)
+    )
+
+
+def assert_equivalent(
+    world: World | None, method: Method, scenario: Scenario, *, tolerance: Tolerance | None = None
+) -> None:
+    """Raise :class:`EquivalenceError` unless ``method`` matches the reference on ``scenario``.
+
+    Example::
+
+        from hypothesis import given
+        from ddp_verify import assert_equivalent, methods, strategies
+
+        @given(strategies.scenarios(world_size=2))
+        def test_ddp(world, scenario):
+            assert_equivalent(world, methods.ddp(), scenario)
+    """
+    __tracebackhide__ = True
+    outcome = check_equivalent(world, method, scenario, tolerance=tolerance)
+    if not outcome.equivalent:
+        raise EquivalenceError(outcome)
+
+
+def _start(world: World | None, method: Method, scenario: Scenario) -> Callable[[], Trace]:
+    if isinstance(method, DistributedMethod):
+        if world is None:
+            raise TypeError(f"{method.name} trains on a world: pass a World")
+        pending = world.submit(train_on_rank, (method, scenario), name=method.name)
+        return lambda: method.collect(pending.result())
+    return lambda: method.run(scenario, world)
+
+
+class VerifyingWorld(World):
+    """A :class:`~ddp_verify.world.World` that can check methods against the reference.
+
+    Example::
+
+        with VerifyingWorld(2) as world:
+            world.assert_equivalent(ddp(), scenario)
+    """
+
+    def check_equivalent(
+        self, method: Method, scenario: Scenario, *, tolerance: Tolerance | None = None
+    ) -> Outcome:
+        """See :func:`check_equivalent`."""
+        return check_equivalent(self, method, scenario, tolerance=tolerance)
+
+    def assert_equivalent(
+        self, method: Method, scenario: Scenario, *, tolerance: Tolerance | None = None
+    ) -> None:
+        """See :func:`assert_equivalent`."""
+        __tracebackhide__ = True
+        assert_equivalent(self, method, scenario, tolerance=tolerance)

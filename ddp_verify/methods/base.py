@@ -1,0 +1,53 @@
+"""What a method is: something that trains a scenario and returns its trace."""
+
+from __future__ import annotations
+
+import abc
+from typing import TYPE_CHECKING, Any
+
+from ..scenario import Scenario
+from ..trace import RankTrace, Trace
+
+if TYPE_CHECKING:
+    from ..world import World
+
+
+class Method(abc.ABC):
+    """How a scenario is trained. ``name`` labels it in reports."""
+
+    name: str = "method"
+
+    @abc.abstractmethod
+    def run(self, scenario: Scenario, world: World | None = None) -> Trace:
+        """Train ``scenario`` and return the trace."""
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+class DistributedMethod(Method):
+    """A method whose training runs on every rank of a world."""
+
+    @abc.abstractmethod
+    def train_rank(self, scenario: Scenario) -> RankTrace:
+        """Runs on each rank with the default process group initialised."""
+
+    def run(self, scenario: Scenario, world: World | None = None) -> Trace:
+        if world is None:
+            raise TypeError(f"{self.name} trains on a world: pass world=World(...)")
+        return self.collect(world.run_job(train_on_rank, (self, scenario), name=self.name))
+
+    def collect(self, rank_traces: list[Any]) -> Trace:
+        return Trace(self.name, list(rank_traces))
+
+
+def train_on_rank(method: DistributedMethod, scenario: Scenario) -> RankTrace:
+    """The job every rank runs for a distributed method."""
+    import torch.distributed as dist
+
+    if dist.get_world_size() != scenario.world_size:
+        raise ValueError(
+            f"the scenario is for {scenario.world_size} ranks, the world has "
+            f"{dist.get_world_size()}"
+        )
+    return method.train_rank(scenario)

@@ -1,0 +1,82 @@
+"""Manual gradient averaging with all_reduce, as the tutorials write it and as it should be."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from ..scenario import Scenario
+from ..trace import RankTrace
+from .base import DistributedMethod
+from .loop import RankRun
+
+WEIGHTINGS = ("samples", "world")
+
+
+class ManualAllReduce(DistributedMethod):
+    """Local backward of the rank's mean loss, then one all-reduce of every gradient.
+
+    ``weighting="samples"``: each rank's gradient and loss weighted by its share of the global
+    batch, ``sum_i n_i * g_i / N``: the global mean for any split. ``weighting="world"``: the
+    plain mean over ranks of the source documents, ``sum_i g_i / world_size``: right only when
+    every rank holds as many samples as the others.
+    """
+
+    def __init__(self, weighting: str = "samples") -> None:
+        if weighting not in WEIGHTINGS:
+            raise ValueError(f"weighting must be one of {WEIGHTINGS}, got {weighting!r}")
+        self.weighting = weighting
+        self.name = f"manual_allreduce(weighting={weighting!r})"
+
+    def train_rank(self, scenario: Scenario) -> RankTrace:
+        run = RankRun(scenario)
+        optimizer = run.optimizer()
+        params = [p for p in run.model.parameters() if p.requires_grad]
+        for step in range(scenario.steps):
+            optimizer.zero_grad(set_to_none=True)
+            n = run.local_samples(step)
+            local_mean = torch.zeros((), dtype=torch.float64)
+            for inputs, targets in run.micro_batches(step):
+                loss = run.loss_fn(run.model(inputs), targets)
+                (loss * (len(inputs) / n)).backward()
+                local_mean += loss.detach().double() * (len(inputs) / n)
+            if self.weighting == "samples":
+                scale, divisor = float(n), float(run.global_samples(step))
+            else:
+                scale, divisor = 1.0, float(run.world_size)
+            global_loss = _all_reduce_weighted(params, local_mean, scale, divisor)
+            run.record_gradients()
+            optimizer.step()
+            run.record_step(global_loss)
+        return run.trace
+
+
+def _all_reduce_weighted(
+    params: list[torch.Tensor], loss: torch.Tensor, scale: float, divisor: float
+) -> float:
+    """``sum over ranks (scale * x) / divisor`` for every gradient and the loss, in one flat
+    all-reduce. Gradients that are ``None`` (unused parameters) stay ``None``."""
+    with_grad = [p for p in params if p.grad is not None]
+    dtype = with_grad[0].grad.dtype if with_grad else torch.float64
+    flat = torch.cat(
+        [p.grad.reshape(-1) for p in with_grad] + [loss.to(dtype).reshape(1)]  # type: ignore[union-attr]
+    )
+    flat.mul_(scale)
+    dist.all_reduce(flat)
+    flat.div_(divisor)
+    offset = 0
+    for p in with_grad:
+        numel = p.numel()
+        p.grad.copy_(flat[offset : offset + numel].view_as(p.grad))  # type: ignore[union-attr]
+        offset += numel
+    return flat[-1].item()
+
+
+def manual_allreduce(weighting: str = "samples") -> ManualAllReduce:
+    """Local backward, then an all-reduce of the gradients weighted by ``weighting``.
+
+    Example::
+
+        world.assert_equivalent(manual_allreduce(weighting="samples"), scenario)
+    """
+    return ManualAllReduce(weighting)

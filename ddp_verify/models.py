@@ -1,0 +1,127 @@
+"""Deterministic builders: the model, data, loss and optimizer a scenario describes.
+
+Every builder depends on the scenario alone, so the controller and every rank build
+bit-identical objects. Initial weights and data are drawn in float32 and only then cast, so a
+float32 and a float64 run of one scenario start from exactly the same numbers (which lets
+:mod:`ddp_verify.compare` measure float32's own rounding error against float64).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .scenario import ModelSpec, OptimizerSpec, Scenario
+
+# Shapes of the non-dense inputs: a short sequence of channels, or of token ids.
+CONV_CHANNELS, SEQUENCE = 2, 3
+VOCABULARY = 7
+
+_ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "gelu": nn.GELU}
+
+
+class SpecModel(nn.Module):
+    """The model a :class:`ModelSpec` describes."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.spec = spec
+        act = _ACTIVATIONS[spec.activation]
+        width = spec.in_features
+        if spec.kind == "conv":
+            self.conv = nn.Conv1d(CONV_CHANNELS, spec.in_features, kernel_size=2, padding=1)
+            width = spec.in_features * (SEQUENCE + 1)
+        elif spec.kind == "embedding":
+            self.embedding = nn.Embedding(VOCABULARY, spec.in_features)
+        if spec.buffer:
+            # A fixed per-feature scale: DDP broadcasts buffers from rank 0 at every forward.
+            self.register_buffer("scale", torch.linspace(0.5, 1.5, width))
+        layers: list[nn.Module] = []
+        for i, size in enumerate(spec.hidden):
+            layers.append(nn.Linear(width, size))
+            if spec.layernorm and i == 0:
+                layers.append(nn.LayerNorm(size))
+            layers.append(act())
+            width = size
+        self.body = nn.Sequential(*layers)
+        if spec.tied:
+            # One weight used by two layers: its gradient is the sum of both uses.
+            self.tied_a = nn.Linear(width, width)
+            self.tied_b = nn.Linear(width, width)
+            self.tied_b.weight = self.tied_a.weight
+            self.tied_act = act()
+        if spec.frozen:
+            self.frozen = nn.Linear(width, width)
+            self.frozen.requires_grad_(False)
+        if spec.unused:
+            self.unused = nn.Linear(width, 1)  # never called in forward
+        self.head = nn.Linear(width, spec.out_features)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.spec.kind == "conv":
+            x = torch.tanh(self.conv(x)).flatten(1)
+        elif self.spec.kind == "embedding":
+            x = self.embedding(x).mean(dim=1)
+        if self.spec.buffer:
+            x = x * self.scale
+        x = self.body(x)
+        if self.spec.tied:
+            x = self.tied_b(self.tied_act(self.tied_a(x)))
+        if self.spec.frozen:
+            x = self.frozen(x)
+        return self.head(x)
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    return {"float64": torch.float64, "float32": torch.float32}[name]
+
+
+def build_model(scenario: Scenario, dtype: str | None = None) -> SpecModel:
+    """The scenario's model with its seeded initial weights, in ``dtype`` (default: the
+    scenario's)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(scenario.seed)
+        model = SpecModel(scenario.model)
+    return model.to(torch_dtype(dtype or scenario.dtype))
+
+
+def build_data(
+    scenario: Scenario, dtype: str | None = None
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Each step's global batch ``(inputs, targets)``, the same on every rank and here."""
+    generator = torch.Generator().manual_seed(scenario.seed + 1)
+    spec, float_type = scenario.model, torch_dtype(dtype or scenario.dtype)
+    batches = []
+    for step in range(scenario.steps):
+        n = scenario.global_batch(step)
+        if spec.kind == "conv":
+            inputs = torch.randn(n, CONV_CHANNELS, SEQUENCE, generator=generator)
+        elif spec.kind == "embedding":
+            inputs = torch.randint(0, VOCABULARY, (n, SEQUENCE), generator=generator)
+        else:
+            inputs = torch.randn(n, spec.in_features, generator=generator)
+        if scenario.loss == "cross_entropy":
+            targets = torch.randint(0, spec.out_features, (n,), generator=generator)
+        else:
+            targets = torch.randn(n, spec.out_features, generator=generator).to(float_type)
+        if inputs.is_floating_point():
+            inputs = inputs.to(float_type)
+        batches.append((inputs, targets))
+    return batches
+
+
+def loss_function(scenario: Scenario) -> nn.Module:
+    """The scenario's loss with mean reduction."""
+    return nn.CrossEntropyLoss() if scenario.loss == "cross_entropy" else nn.MSELoss()
+
+
+def build_optimizer(spec: OptimizerSpec, params: object) -> torch.optim.Optimizer:
+    if spec.name == "sgd":
+        return torch.optim.SGD(
+            params,  # type: ignore[arg-type]
+            lr=spec.lr,
+            momentum=spec.momentum,
+            weight_decay=spec.weight_decay,
+        )
+    optimizer = torch.optim.Adam if spec.name == "adam" else torch.optim.AdamW
+    return optimizer(params, lr=spec.lr, weight_decay=spec.weight_decay)  # type: ignore[arg-type]

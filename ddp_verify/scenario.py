@@ -1,0 +1,199 @@
+"""The scenario: a frozen, picklable description that fully determines a training run.
+
+Every rank and the controller rebuild the same model, data and optimizer from it (see
+:mod:`ddp_verify.models`), so a scenario is all that travels and all a reproducer needs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+ModelKind = Literal["mlp", "conv", "embedding"]
+Activation = Literal["tanh", "relu", "gelu"]
+LossName = Literal["mse", "cross_entropy"]
+OptimizerName = Literal["sgd", "adam", "adamw"]
+DType = Literal["float64", "float32"]
+
+MODEL_KINDS: tuple[ModelKind, ...] = ("mlp", "conv", "embedding")
+ACTIVATIONS: tuple[Activation, ...] = ("tanh", "relu", "gelu")
+LOSSES: tuple[LossName, ...] = ("mse", "cross_entropy")
+OPTIMIZERS: tuple[OptimizerName, ...] = ("sgd", "adam", "adamw")
+DTYPES: tuple[DType, ...] = ("float64", "float32")
+
+# step -> rank -> micro-batch sizes
+Schedule = tuple[tuple[tuple[int, ...], ...], ...]
+
+
+def _compact_repr(obj: object) -> str:
+    """``Name(field=value, ...)`` with fields left at their defaults omitted; still eval-able."""
+    parts = []
+    for field in dataclasses.fields(obj):  # type: ignore[arg-type]
+        value = getattr(obj, field.name)
+        if field.default is not dataclasses.MISSING and value == field.default:
+            continue
+        parts.append(f"{field.name}={value!r}")
+    return f"{type(obj).__name__}({', '.join(parts)})"
+
+
+@dataclasses.dataclass(frozen=True, repr=False)
+class ModelSpec:
+    """A small model: an input stage by ``kind``, hidden layers, optional structural features.
+
+    ``kind``: ``mlp`` (dense inputs), ``conv`` (a Conv1d over a short sequence) or
+    ``embedding`` (token ids through an Embedding). The features each exercise one thing DDP
+    must get right: ``layernorm``; ``tied`` (one weight shared by two layers); ``unused`` (a
+    parameter forward never touches); ``frozen`` (a layer with ``requires_grad=False``);
+    ``buffer`` (a registered buffer used in forward).
+    """
+
+    kind: ModelKind = "mlp"
+    in_features: int = 2
+    hidden: tuple[int, ...] = (2,)
+    out_features: int = 1
+    activation: Activation = "tanh"
+    layernorm: bool = False
+    tied: bool = False
+    unused: bool = False
+    frozen: bool = False
+    buffer: bool = False
+
+    def __post_init__(self) -> None:
+        if self.kind not in MODEL_KINDS:
+            raise ValueError(f"model kind must be one of {MODEL_KINDS}, got {self.kind!r}")
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {ACTIVATIONS}, got {self.activation!r}")
+        if self.in_features < 1 or self.out_features < 1 or not all(h >= 1 for h in self.hidden):
+            raise ValueError(f"layer sizes must be positive: {self}")
+        if not self.hidden and (self.layernorm or self.tied or self.frozen):
+            raise ValueError("layernorm, tied and frozen need at least one hidden layer")
+
+    __repr__ = _compact_repr
+
+    def describe(self) -> str:
+        """``mlp 2→[3, 2]→1 tanh +layernorm +tied``."""
+        features = [
+            f"+{name}"
+            for name in ("layernorm", "tied", "unused", "frozen", "buffer")
+            if getattr(self, name)
+        ]
+        shape = f"{self.in_features}→{list(self.hidden)}→{self.out_features}"
+        return " ".join([self.kind, shape, self.activation, *features])
+
+
+@dataclasses.dataclass(frozen=True, repr=False)
+class OptimizerSpec:
+    """An optimizer and its hyper-parameters: SGD (momentum, weight decay), Adam, AdamW."""
+
+    name: OptimizerName = "sgd"
+    lr: float = 0.1
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.name not in OPTIMIZERS:
+            raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {self.name!r}")
+        if not self.lr > 0 or self.momentum < 0 or self.weight_decay < 0:
+            raise ValueError(f"impossible optimizer settings: {self}")
+        if self.momentum and self.name != "sgd":
+            raise ValueError("momentum applies to sgd only (Adam has its own betas)")
+
+    __repr__ = _compact_repr
+
+    def describe(self) -> str:
+        extras = []
+        if self.momentum:
+            extras.append(f"momentum={self.momentum:g}")
+        if self.weight_decay:
+            extras.append(f"weight_decay={self.weight_decay:g}")
+        return f"{self.name}(lr={self.lr:g}{''.join(', ' + e for e in extras)})"
+
+
+@dataclasses.dataclass(frozen=True, repr=False)
+class Scenario:
+    """One training run: who holds which samples at each step, and what trains on them.
+
+    ``schedule[step][rank]`` lists that rank's micro-batch sizes for the step. The global
+    batch of a step is every rank's micro-batches concatenated, rank-major, then micro-batch
+    order; the reference trains on it with a mean loss and one optimizer step.
+
+    Example::
+
+        Scenario(
+            world_size=2,
+            schedule=(((2,), (3,)),),        # one step; rank 0 holds 2 samples, rank 1 holds 3
+        )
+    """
+
+    world_size: int
+    schedule: Schedule
+    model: ModelSpec = ModelSpec()
+    loss: LossName = "mse"
+    optimizer: OptimizerSpec = OptimizerSpec()
+    dtype: DType = "float64"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.world_size < 1:
+            raise ValueError(f"world_size must be positive, got {self.world_size}")
+        if not self.schedule:
+            raise ValueError("a scenario needs at least one step")
+        for step, per_rank in enumerate(self.schedule):
+            if len(per_rank) != self.world_size:
+                raise ValueError(
+                    f"step {step} lists {len(per_rank)} ranks, the world has {self.world_size}"
+                )
+            for rank, sizes in enumerate(per_rank):
+                if not sizes or any(m < 1 for m in sizes):
+                    raise ValueError(
+                        f"step {step}, rank {rank}: every rank needs at least one micro-batch "
+                        f"of at least one sample, got {sizes}"
+                    )
+        if self.loss not in LOSSES:
+            raise ValueError(f"loss must be one of {LOSSES}, got {self.loss!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.loss == "cross_entropy" and self.model.out_features < 2:
+            raise ValueError("cross_entropy needs a model with at least 2 outputs (classes)")
+
+    __repr__ = _compact_repr
+
+    @property
+    def steps(self) -> int:
+        return len(self.schedule)
+
+    def samples(self, step: int) -> list[int]:
+        """Samples each rank holds at ``step``."""
+        return [sum(sizes) for sizes in self.schedule[step]]
+
+    def global_batch(self, step: int) -> int:
+        return sum(self.samples(step))
+
+    def offset(self, step: int, rank: int) -> int:
+        """Where ``rank``'s samples start in the step's global batch."""
+        return sum(self.samples(step)[:rank])
+
+    @property
+    def even(self) -> bool:
+        """Every rank holds the same number of samples at every step."""
+        return all(len(set(self.samples(s))) == 1 for s in range(self.steps))
+
+    @property
+    def accumulates(self) -> bool:
+        """Some rank splits some step into more than one micro-batch."""
+        return any(len(sizes) > 1 for per_rank in self.schedule for sizes in per_rank)
+
+    def describe(self) -> str:
+        """A few readable lines: what a person needs to picture the run."""
+        steps = "\n".join(
+            f"  step {s}: "
+            + "  ".join(
+                f"rank {r}: {'+'.join(map(str, sizes))}" for r, sizes in enumerate(per_rank)
+            )
+            for s, per_rank in enumerate(self.schedule)
+        )
+        return (
+            f"world_size={self.world_size}, {self.steps} step(s), model {self.model.describe()}, "
+            f"loss {self.loss}, {self.optimizer.describe()}, {self.dtype}, seed {self.seed}\n"
+            f"micro-batch sizes per rank:\n{steps}"
+        )

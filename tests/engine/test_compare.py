@@ -1,0 +1,135 @@
+"""Comparison and reports on traces built in this process: what is caught and how it reads."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from ddp_verify.compare import Float32Tolerance, Float64Tolerance, compare
+from ddp_verify.equivalence import EquivalenceError, Outcome
+from ddp_verify.methods import reference
+from ddp_verify.scenario import ModelSpec, Scenario
+from ddp_verify.trace import Trace
+
+SCENARIO = Scenario(
+    world_size=2,
+    schedule=(((2,), (1,)), ((1,), (2,))),
+    model=ModelSpec(hidden=(3,), unused=True),
+)
+
+
+def as_ranks(trace: Trace, ranks: int = 2) -> Trace:
+    """The reference's record copied onto ``ranks`` ranks: what a perfect method returns."""
+    return Trace("perfect", [copy.deepcopy(trace.ranks[0]) for _ in range(ranks)])
+
+
+@pytest.fixture(scope="module")
+def ref() -> Trace:
+    return reference().run(SCENARIO)
+
+
+def test_a_perfect_copy_is_equivalent(ref):
+    assert compare(ref, as_ranks(ref), SCENARIO, Float64Tolerance()) is None
+
+
+def test_rounding_noise_is_tolerated(ref):
+    got = as_ranks(ref)
+    for rank in got.ranks:
+        for step in rank.params:
+            for name in step:
+                step[name] = step[name] * (1 + 1e-10)
+    assert compare(ref, got, SCENARIO, Float64Tolerance()) is None
+
+
+def test_a_parameter_off_on_one_rank_is_a_rank_disagreement(ref):
+    got = as_ranks(ref)
+    got.ranks[1].params[1]["head.bias"] += 1e-3
+    m = compare(ref, got, SCENARIO, Float64Tolerance())
+    assert (m.step, m.quantity, m.name, m.ranks) == (
+        1,
+        "rank agreement on parameter",
+        "head.bias",
+        [1],
+    )
+    text = m.render()
+    assert "First divergence: step 1 of 2, rank agreement on parameter 'head.bias'" in text
+    assert "got" in text and "(rank 1)" in text and "expected" in text and "(rank 0)" in text
+
+
+def test_a_gradient_off_everywhere_is_reported_like_assert_close(ref):
+    got = as_ranks(ref)
+    for rank in got.ranks:
+        rank.grads[0]["body.0.weight"] = rank.grads[0]["body.0.weight"] * 1.5
+    m = compare(ref, got, SCENARIO, Float64Tolerance())
+    assert (m.step, m.quantity, m.name, m.ranks) == (0, "gradient", "body.0.weight", [0, 1])
+    text = m.render()
+    assert (
+        "First divergence: step 0 of 2, gradient 'body.0.weight' (shape (3, 2)), on ranks 0, 1"
+        in text
+    )
+    assert "Mismatched elements: " in text and " / 6 (" in text
+    assert "Greatest absolute difference: " in text and "allowed: atol 1e-08 + rtol 1e-07" in text
+    assert "Greatest relative difference: 0.5 at index" in text
+
+
+def test_the_worst_tensor_of_a_step_is_the_one_reported(ref):
+    got = as_ranks(ref)
+    for rank in got.ranks:
+        rank.params[0]["head.weight"] = rank.params[0]["head.weight"] + 1e-6
+        rank.params[0]["body.0.bias"] = rank.params[0]["body.0.bias"] + 1e-2
+    assert compare(ref, got, SCENARIO, Float64Tolerance()).name == "body.0.bias"
+
+
+def test_a_wrong_loss_is_caught_even_with_right_parameters(ref):
+    got = as_ranks(ref)
+    for rank in got.ranks:
+        rank.losses[1] *= 2
+    m = compare(ref, got, SCENARIO, Float64Tolerance())
+    assert (m.step, m.quantity, m.name) == (1, "loss", "loss")
+
+
+def test_a_gradient_where_the_reference_has_none_is_named(ref):
+    got = as_ranks(ref)
+    got.ranks[0].grads[0]["unused.weight"] = torch.zeros(1, 3, dtype=torch.float64)
+    got.ranks[1].grads[0]["unused.weight"] = torch.zeros(1, 3, dtype=torch.float64)
+    m = compare(ref, got, SCENARIO, Float64Tolerance())
+    assert m.note == "rank 0 has a gradient where the reference has none"
+
+
+def test_a_short_trace_is_reported(ref):
+    got = as_ranks(ref)
+    for rank in got.ranks:
+        del rank.params[1], rank.losses[1], rank.grads[1]
+    assert "recorded 1 step(s)" in compare(ref, got, SCENARIO, Float64Tolerance()).note
+
+
+def test_float32_bound_is_derived_from_the_float32_reference():
+    scenario = Scenario(world_size=1, schedule=(((3,),),) * 2, dtype="float32")
+    ref64, ref32 = reference("float64").run(scenario), reference("float32").run(scenario)
+    tolerance = Float32Tolerance(ref64, ref32)
+    # The float32 reference itself passes, by construction with a margin of 16.
+    assert compare(ref64, ref32, scenario, tolerance) is None
+    error = max(
+        float((ref32.ranks[0].params[1][n].double() - p).abs().max())
+        for n, p in ref64.ranks[0].params[1].items()
+    )
+    bound = float(tolerance.allowed("parameter", 1, "head.bias", torch.zeros(1)))
+    assert bound >= 16 * error and bound < 1e-4
+    assert "16 × the float32 reference's own error" in tolerance.describe()
+
+
+def test_equivalence_error_report_has_divergence_losses_and_scenario(ref):
+    got = as_ranks(ref)
+    for rank in got.ranks:
+        rank.params[0]["head.bias"] = rank.params[0]["head.bias"] + 0.5
+    mismatch = compare(ref, got, SCENARIO, Float64Tolerance())
+    error = EquivalenceError(Outcome("my_method", SCENARIO, ref, got, mismatch))
+    assert isinstance(error, AssertionError)
+    text = str(error)
+    assert text.startswith("my_method is not equivalent to single-process full-batch training.")
+    assert "First divergence: step 0 of 2, parameter 'head.bias'" in text
+    assert "Losses at step 0: reference" in text
+    assert "Scenario: world_size=2, 2 step(s), model mlp 2→[3]→1 tanh +unused" in text
+    assert f"Reproduce with: {SCENARIO!r}" in text

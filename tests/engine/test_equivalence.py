@@ -1,0 +1,81 @@
+"""The engine on real worlds: DDP ≡ manual sample-weighted all-reduce ≡ single-process training,
+and the world-size average of the source documents caught on uneven splits."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import find, given, settings
+from hypothesis import strategies as st
+
+from ddp_verify import EquivalenceError, Scenario, assert_equivalent
+from ddp_verify.methods import ddp, manual_allreduce, reference
+from ddp_verify.strategies import scenarios
+
+SIZES = pytest.mark.parametrize("world_size", [2, 3, 4], indirect=True, ids=lambda n: f"ws{n}")
+DTYPES = pytest.mark.parametrize("dtype", ["float64", "float32"])
+
+
+@SIZES
+@DTYPES
+@given(data=st.data())
+def test_ddp_and_sample_weighted_all_reduce_match_the_reference(world, dtype, data):
+    scenario = data.draw(scenarios(world_size=world.size, dtypes=(dtype,), max_micro_batches=3))
+    world.assert_equivalent(ddp(), scenario)
+    world.assert_equivalent(manual_allreduce(weighting="samples"), scenario)
+
+
+@SIZES
+@given(data=st.data())
+def test_world_size_averaging_is_right_on_even_splits(world, data):
+    scenario = data.draw(scenarios(world_size=world.size, even=True))
+    world.assert_equivalent(manual_allreduce(weighting="world"), scenario)
+
+
+@SIZES
+def test_world_size_averaging_is_caught_and_shrinks_to_one_extra_sample(world):
+    method = manual_allreduce(weighting="world")
+    minimal = find(
+        scenarios(world_size=world.size, dtypes=("float64", "float32")),
+        lambda s: not world.check_equivalent(method, s).equivalent,
+        settings=settings(database=None, max_examples=100),
+    )
+    assert minimal.steps == 1
+    assert all(len(sizes) == 1 for sizes in minimal.schedule[0])
+    assert sorted(minimal.samples(0)) == [1] * (world.size - 1) + [2]
+    with pytest.raises(EquivalenceError) as info:
+        world.assert_equivalent(method, minimal)
+    report = str(info.value)
+    assert report.startswith(f"{method.name} is not equivalent")
+    assert "First divergence: step 0 of 1" in report
+    assert "Reproduce with: Scenario(world_size=" in report
+    assert eval(report.rsplit("Reproduce with: ", 1)[1], {"Scenario": Scenario, **_specs()}) == (
+        minimal
+    )
+
+
+def _specs() -> dict[str, type]:
+    from ddp_verify.scenario import ModelSpec, OptimizerSpec
+
+    return {"ModelSpec": ModelSpec, "OptimizerSpec": OptimizerSpec}
+
+
+def test_library_function_matches_the_world_method(world):
+    scenario = Scenario(
+        world_size=world.size, schedule=((tuple((1 + r,) for r in range(world.size))),)
+    )
+    assert_equivalent(world, ddp(), scenario)
+    with pytest.raises(EquivalenceError):
+        assert_equivalent(world, manual_allreduce(weighting="world"), scenario)
+
+
+def test_a_scenario_for_another_world_size_says_so(world):
+    scenario = Scenario(world_size=world.size + 1, schedule=(((1,),) * (world.size + 1),))
+    with pytest.raises(ValueError, match=rf"scenario is for {world.size + 1} ranks, the world has"):
+        world.assert_equivalent(ddp(), scenario)
+
+
+def test_the_reference_needs_no_world():
+    scenario = Scenario(world_size=3, schedule=(((1,), (2,), (1,)),))
+    assert_equivalent(None, reference(), scenario)
+    with pytest.raises(TypeError, match="trains on a world"):
+        assert_equivalent(None, ddp(), scenario)
