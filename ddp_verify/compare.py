@@ -137,9 +137,7 @@ class Float32Tolerance(Tolerance):
             error = float((rounded.double() - exact.double()).abs().max())
             errors[key] = max(errors.get(key, 0.0), error)
             scales[key] = max(scales.get(key, 0.0), float(exact.double().abs().max()))
-        self._bounds = {
-            key: safety * max(errors[key], FLOAT32_EPS * scales[key]) for key in errors
-        }
+        self._bounds = {key: safety * max(errors[key], FLOAT32_EPS * scales[key]) for key in errors}
 
     def allowed(self, quantity: str, step: int, name: str, expected: torch.Tensor) -> torch.Tensor:
         bound = self._bounds.get((quantity, step), self.safety * FLOAT32_EPS)

@@ -7,7 +7,7 @@ Every rank and the controller rebuild the same model, data and optimizer from it
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal
+from typing import Any, Literal
 
 ModelKind = Literal["mlp", "conv", "embedding"]
 Activation = Literal["tanh", "relu", "gelu"]
@@ -23,6 +23,11 @@ DTYPES: tuple[DType, ...] = ("float64", "float32")
 
 # step -> rank -> micro-batch sizes
 Schedule = tuple[tuple[tuple[int, ...], ...], ...]
+
+
+def _pretty(obj: object, printer: Any, cycle: bool) -> None:
+    # hypothesis (and IPython) pretty-print dataclasses field by field; keep ours compact.
+    printer.text(repr(obj))
 
 
 def _compact_repr(obj: object) -> str:
@@ -69,6 +74,7 @@ class ModelSpec:
             raise ValueError("layernorm, tied and frozen need at least one hidden layer")
 
     __repr__ = _compact_repr
+    _repr_pretty_ = _pretty
 
     def describe(self) -> str:
         """``mlp 2→[3, 2]→1 tanh +layernorm +tied``."""
@@ -99,6 +105,7 @@ class OptimizerSpec:
             raise ValueError("momentum applies to sgd only (Adam has its own betas)")
 
     __repr__ = _compact_repr
+    _repr_pretty_ = _pretty
 
     def describe(self) -> str:
         extras = []
@@ -157,6 +164,7 @@ class Scenario:
             raise ValueError("cross_entropy needs a model with at least 2 outputs (classes)")
 
     __repr__ = _compact_repr
+    _repr_pretty_ = _pretty
 
     @property
     def steps(self) -> int:

@@ -486,3 +486,36 @@ def test_interrupting_pytest_leaves_no_rank_behind(pytester, sig):
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_failing_property_shows_the_shrunk_scenario_and_the_divergence(pytester):
+    pytester.makepyfile(
+        """
+        from hypothesis import given, settings, strategies as st
+        from ddp_verify.methods import manual_allreduce
+        from ddp_verify.strategies import scenarios
+
+        @settings(max_examples=30, deadline=None, database=None)
+        @given(data=st.data())
+        def test_world_average(world, data):
+            scenario = data.draw(scenarios(world_size=world.size))
+            world.assert_equivalent(manual_allreduce(weighting="world"), scenario)
+        """
+    )
+    result = run(pytester, "--world-size", "2")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*manual_allreduce(weighting='world') is not equivalent to single-process full-batch*",
+            "*First divergence: step 0 of 1, *",
+            "*Mismatched elements: *",
+            "*Greatest absolute difference: *",
+            "*Reproduce with: Scenario(world_size=2, schedule=(((?,), (?,)),), "
+            "model=ModelSpec(in_features=1))",
+            "*Draw 1: Scenario(world_size=2, schedule=(((?,), (?,)),), "
+            "model=ModelSpec(in_features=1))",
+        ]
+    )
+    assert "rank 0: 1  rank 1: 2" in result.stdout.str() or "rank 0: 2  rank 1: 1" in (
+        result.stdout.str()
+    )
