@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 _LAZY = {
+    "check": "ddp_verify.search",
     "EquivalenceError": "ddp_verify.equivalence",
     "VerifyingWorld": "ddp_verify.equivalence",
     "assert_equivalent": "ddp_verify.equivalence",
@@ -40,6 +41,7 @@ __all__ = [
     "WorldPool",
     "WorldStartError",
     "assert_equivalent",
+    "check",
     "check_equivalent",
 ]
 
@@ -51,6 +53,7 @@ if TYPE_CHECKING:
         check_equivalent,
     )
     from .scenario import ModelSpec, OptimizerSpec, Scenario
+    from .search import check
     from .world import (
         BackendUnavailable,
         JobPicklingError,

@@ -19,13 +19,21 @@ from .world import World
 
 
 class EquivalenceError(AssertionError):
-    """A method's training left single-process full-batch training; the message says where."""
+    """Training left single-process full-batch training, or the code under test failed to
+    run; the message says where and why. ``scenario`` is the (shrunk) scenario, ``outcome``
+    the traces when there are any."""
 
-    def __init__(self, outcome: Outcome) -> None:
+    def __init__(
+        self, report: str, *, scenario: Scenario | None = None, outcome: Outcome | None = None
+    ) -> None:
         self.outcome = outcome
-        self.scenario = outcome.scenario
-        self.mismatch = outcome.mismatch
-        super().__init__(outcome.report())
+        self.scenario = scenario if scenario is not None else getattr(outcome, "scenario", None)
+        self.mismatch = outcome.mismatch if outcome is not None else None
+        super().__init__(report)
+
+    @classmethod
+    def from_outcome(cls, outcome: Outcome) -> EquivalenceError:
+        return cls(outcome.report(), outcome=outcome)
 
 
 @dataclasses.dataclass
@@ -106,14 +114,16 @@ def assert_equivalent(
     __tracebackhide__ = True
     outcome = check_equivalent(world, method, scenario, tolerance=tolerance)
     if not outcome.equivalent:
-        raise EquivalenceError(outcome)
+        raise EquivalenceError.from_outcome(outcome)
 
 
 def _start(world: World | None, method: Method, scenario: Scenario) -> Callable[[], Trace]:
     if isinstance(method, DistributedMethod):
         if world is None:
             raise TypeError(f"{method.name} trains on a world: pass a World")
-        pending = world.submit(train_on_rank, (method, scenario), name=method.name)
+        pending = world.submit(
+            train_on_rank, (method, scenario), name=method.name, by_value=method.by_value
+        )
         return lambda: method.collect(pending.result())
     return lambda: method.run(scenario, world)
 

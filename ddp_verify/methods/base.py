@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from ..scenario import Scenario
@@ -26,7 +27,13 @@ class Method(abc.ABC):
 
 
 class DistributedMethod(Method):
-    """A method whose training runs on every rank of a world."""
+    """A method whose training runs on every rank of a world.
+
+    ``by_value`` lists modules the ranks cannot import (a user's file loaded by path), whose
+    functions must travel by value with the job.
+    """
+
+    by_value: tuple[ModuleType, ...] = ()
 
     @abc.abstractmethod
     def train_rank(self, scenario: Scenario) -> RankTrace:
@@ -35,7 +42,9 @@ class DistributedMethod(Method):
     def run(self, scenario: Scenario, world: World | None = None) -> Trace:
         if world is None:
             raise TypeError(f"{self.name} trains on a world: pass world=World(...)")
-        return self.collect(world.run_job(train_on_rank, (self, scenario), name=self.name))
+        return self.collect(
+            world.run_job(train_on_rank, (self, scenario), name=self.name, by_value=self.by_value)
+        )
 
     def collect(self, rank_traces: list[Any]) -> Trace:
         return Trace(self.name, list(rank_traces))

@@ -35,6 +35,7 @@ class DDP(DistributedMethod):
         # A parameter forward never uses is an error for DDP unless it is told to look for it.
         kwargs.setdefault("find_unused_parameters", scenario.model.unused)
         ddp = DistributedDataParallel(run.model, **kwargs)
+        self.prepare(ddp)
         optimizer = run.optimizer(ddp.parameters())
         for step in range(scenario.steps):
             optimizer.zero_grad(set_to_none=True)
@@ -52,6 +53,9 @@ class DDP(DistributedMethod):
             optimizer.step()
             run.record_step(local_sum / run.global_samples(step))
         return run.trace
+
+    def prepare(self, ddp: DistributedDataParallel) -> None:
+        """Adjust the wrapped model before training (a subclass registers a comm hook here)."""
 
 
 def ddp(**ddp_kwargs: Any) -> DDP:

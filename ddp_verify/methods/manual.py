@@ -44,23 +44,25 @@ class ManualAllReduce(DistributedMethod):
                 scale, divisor = float(n), float(run.global_samples(step))
             else:
                 scale, divisor = 1.0, float(run.world_size)
-            global_loss = _all_reduce_weighted(params, local_mean, scale, divisor)
+            global_loss = all_reduce_weighted(params, scale, divisor, local_mean)
             run.record_gradients()
             optimizer.step()
             run.record_step(global_loss)
         return run.trace
 
 
-def _all_reduce_weighted(
-    params: list[torch.Tensor], loss: torch.Tensor, scale: float, divisor: float
-) -> float:
-    """``sum over ranks (scale * x) / divisor`` for every gradient and the loss, in one flat
-    all-reduce. Gradients that are ``None`` (unused parameters) stay ``None``."""
+def all_reduce_weighted(
+    params: list[torch.Tensor], scale: float, divisor: float, loss: torch.Tensor | None = None
+) -> float | None:
+    """``sum over ranks (scale * x) / divisor`` for every gradient (and ``loss``, if given) in
+    one flat all-reduce; returns the reduced loss. ``None`` gradients (unused parameters) stay
+    ``None``."""
     with_grad = [p for p in params if p.grad is not None]
-    dtype = with_grad[0].grad.dtype if with_grad else torch.float64
-    flat = torch.cat(
-        [p.grad.reshape(-1) for p in with_grad] + [loss.to(dtype).reshape(1)]  # type: ignore[union-attr]
-    )
+    dtype = with_grad[0].grad.dtype if with_grad else torch.float64  # type: ignore[union-attr]
+    pieces = [p.grad.reshape(-1) for p in with_grad]  # type: ignore[union-attr]
+    if loss is not None:
+        pieces.append(loss.to(dtype).reshape(1))
+    flat = torch.cat(pieces) if pieces else torch.zeros(0, dtype=dtype)
     flat.mul_(scale)
     dist.all_reduce(flat)
     flat.div_(divisor)
@@ -69,7 +71,7 @@ def _all_reduce_weighted(
         numel = p.numel()
         p.grad.copy_(flat[offset : offset + numel].view_as(p.grad))  # type: ignore[union-attr]
         offset += numel
-    return flat[-1].item()
+    return flat[-1].item() if loss is not None else None
 
 
 def manual_allreduce(weighting: str = "samples") -> ManualAllReduce:

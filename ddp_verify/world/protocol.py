@@ -87,7 +87,7 @@ def dump_job(
     by_value: Sequence[types.ModuleType] = (),
 ) -> bytes:
     """Pickle a job once for every rank; a clear :class:`JobPicklingError` names what failed."""
-    modules = [*by_value, *_modules_ranks_cannot_import(fn)]
+    modules = [*by_value, *modules_ranks_cannot_import(fn)]
     with _pickled_by_value(modules):
         try:
             return cloudpickle.dumps((fn, tuple(args), dict(kwargs)), protocol=5)
@@ -211,7 +211,8 @@ def _pickled_by_value(modules: Sequence[types.ModuleType]) -> Iterator[None]:
                 cloudpickle.unregister_pickle_by_value(module)
 
 
-def _modules_ranks_cannot_import(fn: Callable[..., Any]) -> list[types.ModuleType]:
+def modules_ranks_cannot_import(fn: Callable[..., Any]) -> list[types.ModuleType]:
+    """``fn``'s module, when the ranks could not import it by name (so it must travel)."""
     target = fn.func if isinstance(fn, functools.partial) else fn
     name = getattr(target, "__module__", None)
     if not name or name == "__main__" or name not in sys.modules:

@@ -125,7 +125,7 @@ def test_equivalence_error_report_has_divergence_losses_and_scenario(ref):
     for rank in got.ranks:
         rank.params[0]["head.bias"] = rank.params[0]["head.bias"] + 0.5
     mismatch = compare(ref, got, SCENARIO, Float64Tolerance())
-    error = EquivalenceError(Outcome("my_method", SCENARIO, ref, got, mismatch))
+    error = EquivalenceError.from_outcome(Outcome("my_method", SCENARIO, ref, got, mismatch))
     assert isinstance(error, AssertionError)
     text = str(error)
     assert text.startswith("my_method is not equivalent to single-process full-batch training.")

@@ -1,0 +1,7 @@
+"""``python -m ddp_verify``: the ``ddp-verify`` command."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

@@ -1,0 +1,231 @@
+"""Adapters: a user's aggregation code, of one of five kinds, turned into a method.
+
+| kind        | the user's callable                                  | called                      |
+| grad-sync   | ``fn(model)`` or ``fn(model, num_samples)``          | after the local backward    |
+| loss        | ``fn(local_loss, num_samples) -> tensor or float``   | with the rank's mean loss   |
+| step        | ``fn(model, optimizer, micro_batches, loss_fn)``     | once per step, does it all  |
+| comm-hook   | ``hook(state, bucket) -> Future``                    | registered on DDP           |
+| wrapper     | ``fn(module) -> module``                             | once per scenario, like DDP |
+
+Everything the user's code does not own, the harness does the correct way, so a divergence is
+the user's code's own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from .methods.base import DistributedMethod
+from .methods.ddp import DDP
+from .methods.loop import RankRun
+from .methods.manual import all_reduce_weighted
+from .scenario import Scenario
+from .trace import RankTrace
+from .world.protocol import modules_ranks_cannot_import
+
+KINDS = ("grad-sync", "loss", "step", "comm-hook", "wrapper")
+
+# What each kind's callable must accept, for the error that says so.
+SIGNATURES = {
+    "grad-sync": "fn(model) or fn(model, num_samples)",
+    "loss": "fn(local_loss, num_samples) -> tensor or float",
+    "step": "fn(model, optimizer, micro_batches, loss_fn) -> tensor or float",
+    "comm-hook": "hook(state, bucket) -> torch.futures.Future",
+    "wrapper": "fn(module) -> module",
+}
+_ARITIES = {"grad-sync": (1, 2), "loss": (2,), "step": (4,), "comm-hook": (2,), "wrapper": (1,)}
+
+
+class KindError(TypeError):
+    """The callable cannot be used as the requested kind; the message says what was expected."""
+
+
+def adapt(fn: Callable[..., Any], kind: str) -> DistributedMethod:
+    """The method that runs ``fn`` as a ``kind`` plug-in, after checking its signature.
+
+    Example::
+
+        method = adapt(average_gradients, "grad-sync")
+        world.assert_equivalent(method, scenario)
+    """
+    arity = check_signature(fn, kind)
+    name = f"{kind} {getattr(fn, '__qualname__', repr(fn))}"
+    if kind == "grad-sync":
+        return GradSync(fn, name, takes_samples=arity == 2)
+    if kind == "loss":
+        return LossAggregation(fn, name)
+    if kind == "step":
+        return TrainingStep(fn, name)
+    if kind == "comm-hook":
+        return CommHook(fn, name)
+    return Wrapper(fn, name)
+
+
+def check_signature(fn: Callable[..., Any], kind: str) -> int:
+    """How many positional arguments ``fn`` will be given; :class:`KindError` if it cannot
+    take what ``kind`` passes."""
+    if kind not in KINDS:
+        raise KindError(f"unknown kind {kind!r}; choose one of {', '.join(KINDS)}")
+    if not callable(fn):
+        raise KindError(f"{fn!r} is not callable; a {kind} plug-in is {SIGNATURES[kind]}")
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return _ARITIES[kind][-1]  # Builtins and C callables: trust the user.
+    for arity in reversed(_ARITIES[kind]):
+        try:
+            signature.bind(*range(arity))
+        except TypeError:
+            continue
+        return arity
+    name = getattr(fn, "__qualname__", repr(fn))
+    raise KindError(f"{name}{signature} cannot be a {kind} plug-in: expected {SIGNATURES[kind]}")
+
+
+class UserMethod(DistributedMethod):
+    def __init__(self, fn: Callable[..., Any], name: str) -> None:
+        self.fn = fn
+        self.name = name
+        self.by_value = tuple(modules_ranks_cannot_import(fn))
+
+
+class GradSync(UserMethod):
+    """The harness does the local backward of each rank's mean loss; ``fn`` must leave the
+    global mean gradient in every ``.grad``."""
+
+    def __init__(self, fn: Callable[..., Any], name: str, *, takes_samples: bool) -> None:
+        super().__init__(fn, name)
+        self.takes_samples = takes_samples
+
+    def train_rank(self, scenario: Scenario) -> RankTrace:
+        run = RankRun(scenario)
+        optimizer = run.optimizer()
+        for step in range(scenario.steps):
+            optimizer.zero_grad(set_to_none=True)
+            local_sum = _local_backward(run, step)
+            n = run.local_samples(step)
+            self.fn(run.model, n) if self.takes_samples else self.fn(run.model)
+            dist.all_reduce(local_sum)
+            run.record_gradients()
+            optimizer.step()
+            run.record_step(local_sum / run.global_samples(step))
+        return run.trace
+
+
+class LossAggregation(UserMethod):
+    """The harness synchronises gradients correctly; ``fn`` turns each rank's mean loss into
+    the global mean loss it reports."""
+
+    def train_rank(self, scenario: Scenario) -> RankTrace:
+        run = RankRun(scenario)
+        optimizer = run.optimizer()
+        params = [p for p in run.model.parameters() if p.requires_grad]
+        for step in range(scenario.steps):
+            optimizer.zero_grad(set_to_none=True)
+            n = run.local_samples(step)
+            local_mean = _local_backward(run, step) / n
+            all_reduce_weighted(params, float(n), run.global_samples(step))
+            dtype = next(run.model.parameters()).dtype
+            reported = self.fn(local_mean.to(dtype).clone(), n)
+            run.record_gradients()
+            optimizer.step()
+            run.record_step(_as_float(reported, "loss"))
+        return run.trace
+
+
+class TrainingStep(UserMethod):
+    """``fn`` does the whole step (forward, backward, synchronisation, optimizer step) and
+    returns the global mean loss. Its gradients are its own business: only losses and
+    parameters are compared."""
+
+    def train_rank(self, scenario: Scenario) -> RankTrace:
+        run = RankRun(scenario)
+        run.trace.grads = None
+        optimizer = run.optimizer()
+        for step in range(scenario.steps):
+            reported = self.fn(run.model, optimizer, run.micro_batches(step), run.loss_fn)
+            run.record_step(_as_float(reported, "step"))
+        return run.trace
+
+
+class CommHook(DDP):
+    """torch's DDP with the user's communication hook registered (``state=None``)."""
+
+    def __init__(self, fn: Callable[..., Any], name: str) -> None:
+        super().__init__()
+        self.fn = fn
+        self.name = name
+        self.by_value = tuple(modules_ranks_cannot_import(fn))
+
+    def prepare(self, ddp: torch.nn.parallel.DistributedDataParallel) -> None:
+        ddp.register_comm_hook(None, self.fn)
+
+
+class Wrapper(UserMethod):
+    """``fn(module)`` wraps the model once, as DDP does, and must average gradients over the
+    ranks during backward. Each rank's loss is scaled by ``world_size * n_i / N``, as for DDP.
+
+    A wrapper with ``no_sync()`` accumulates micro-batches under it, as DDP does. Without it,
+    every backward may synchronise, and ranks holding different numbers of micro-batches would
+    call different numbers of collectives: then each rank's weighted micro-batch losses are
+    summed into one backward, which gives the same gradient.
+    """
+
+    def train_rank(self, scenario: Scenario) -> RankTrace:
+        run = RankRun(scenario)
+        wrapped = self.fn(run.model)
+        if not callable(wrapped):
+            raise KindError(f"the wrapper returned {wrapped!r}, which cannot be called")
+        params = wrapped.parameters() if hasattr(wrapped, "parameters") else None
+        optimizer = run.optimizer(params)
+        no_sync = getattr(wrapped, "no_sync", None)
+        for step in range(scenario.steps):
+            optimizer.zero_grad(set_to_none=True)
+            weight = run.world_size / run.global_samples(step)
+            batches = run.micro_batches(step)
+            local_sum = torch.zeros((), dtype=torch.float64)
+            pending: torch.Tensor | None = None
+            for j, (inputs, targets) in enumerate(batches):
+                last = j == len(batches) - 1
+                with contextlib.nullcontext() if last or no_sync is None else no_sync():
+                    loss = run.loss_fn(wrapped(inputs), targets)
+                    scaled = loss * (len(inputs) * weight)
+                    if no_sync is not None:
+                        scaled.backward()
+                    else:
+                        pending = scaled if pending is None else pending + scaled
+                local_sum += loss.detach().double() * len(inputs)
+            if pending is not None:
+                pending.backward()
+            dist.all_reduce(local_sum)
+            run.record_gradients()
+            optimizer.step()
+            run.record_step(local_sum / run.global_samples(step))
+        return run.trace
+
+
+def _local_backward(run: RankRun, step: int) -> torch.Tensor:
+    """Backward of the rank's mean loss over its micro-batches; returns the sum of losses."""
+    n = run.local_samples(step)
+    local_sum = torch.zeros((), dtype=torch.float64)
+    for inputs, targets in run.micro_batches(step):
+        loss = run.loss_fn(run.model(inputs), targets)
+        (loss * (len(inputs) / n)).backward()
+        local_sum += loss.detach().double() * len(inputs)
+    return local_sum
+
+
+def _as_float(value: Any, kind: str) -> float:
+    try:
+        return float(value.item() if isinstance(value, torch.Tensor) else value)
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise KindError(
+            f"a {kind} plug-in must return the global mean loss as a number or a one-element "
+            f"tensor, got {type(value).__name__}: {exc}"
+        ) from None

@@ -1,0 +1,129 @@
+"""``check()``: search generated scenarios for one where the user's code is not equivalent.
+
+The core of the ``ddp-verify check`` command and of ``ddp_verify.check`` for library users.
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import hypothesis
+from hypothesis import HealthCheck, Phase, given, settings
+
+from .adapters import adapt
+from .equivalence import EquivalenceError, VerifyingWorld
+from .scenario import Scenario
+from .strategies import scenarios
+from .world import RankError, WorldPool
+
+# Called with (examples tried, phase): phase is "searching", then "shrinking" once a
+# counterexample has been found.
+Progress = Callable[[int, str], None]
+
+_pool: WorldPool | None = None
+
+
+@dataclasses.dataclass
+class Verdict:
+    """The answer for code that passed: how many examples it was tried on."""
+
+    kind: str
+    function: str
+    world_size: int
+    examples: int
+
+    @property
+    def equivalent(self) -> bool:
+        return True
+
+
+class _CodeFailed(BaseException):
+    """Raised from inside the search to stop it at once: a rank crashed, hung or raised.
+
+    A BaseException, so hypothesis neither catches it nor shrinks it: every shrink attempt
+    would cost a world relaunch, and the first failure already says what went wrong."""
+
+    def __init__(self, scenario: Scenario, error: RankError) -> None:
+        self.scenario, self.error = scenario, error
+
+
+def check(
+    fn: Callable[..., Any],
+    *,
+    kind: str,
+    world_size: int = 4,
+    max_examples: int = 100,
+    seed: int | None = None,
+    timeout: float = 60.0,
+    progress: Progress | None = None,
+    **scenario_bounds: Any,
+) -> Verdict:
+    """Check ``fn`` as a ``kind`` plug-in on generated scenarios; return if it is equivalent.
+
+    Raises :class:`EquivalenceError` with the shrunk scenario and the divergence otherwise, or
+    when ``fn`` raises, crashes a rank or hangs. ``scenario_bounds`` go to
+    :func:`ddp_verify.strategies.scenarios` (``max_micro_batches=3``, ``even=True``, ...).
+
+    Example::
+
+        import ddp_verify
+
+        def average_gradients(model, num_samples): ...
+
+        ddp_verify.check(average_gradients, kind="grad-sync", world_size=4)
+    """
+    __tracebackhide__ = True
+    method = adapt(fn, kind)
+    strategy = scenarios(world_size=world_size, **scenario_bounds)
+    world = _world(world_size, timeout)
+    tried = 0
+    failed = False
+
+    @settings(
+        max_examples=max_examples,
+        deadline=None,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+        report_multiple_bugs=False,
+        # The explain phase reruns failing cases to list "lines only failures ran": those are
+        # ours, not the user's, and each rerun costs a training run on every rank.
+        phases=[p for p in Phase if p is not Phase.explain],
+    )
+    @given(strategy)
+    def search(scenario: Scenario) -> None:
+        nonlocal tried, failed
+        tried += 1
+        if progress is not None:
+            progress(tried, "shrinking" if failed else "searching")
+        try:
+            world.assert_equivalent(method, scenario)
+        except EquivalenceError:
+            failed = True
+            raise
+        except RankError as error:
+            raise _CodeFailed(scenario, error) from None
+
+    if seed is not None:
+        search = hypothesis.seed(seed)(search)
+    try:
+        search()
+    except _CodeFailed as stop:
+        raise EquivalenceError(
+            f"{method.name} failed to run on a world of {world_size}:\n{stop.error}\n"
+            f"Scenario: {stop.scenario.describe()}\nReproduce with: {stop.scenario!r}",
+            scenario=stop.scenario,
+        ) from None
+    return Verdict(kind, method.name.split(" ", 1)[1], world_size, tried)
+
+
+def _world(size: int, timeout: float) -> VerifyingWorld:
+    global _pool
+    if _pool is None:
+        _pool = WorldPool(VerifyingWorld, timeout=timeout)
+        atexit.register(_pool.close)
+    world = _pool.get(size)
+    world.timeout = timeout
+    return world  # type: ignore[return-value]

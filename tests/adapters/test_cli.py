@@ -1,0 +1,122 @@
+"""The ddp-verify command, run as users run it: exit codes, JSON verdicts, usage errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
+
+
+def ddp_verify(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "ddp_verify", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=cwd,
+    )
+
+
+def test_equivalent_code_exits_0():
+    result = ddp_verify(
+        "check",
+        f"{FIXTURES}/grad_sync.py:sample_weighted",
+        "--kind",
+        "grad-sync",
+        "--world-size",
+        "2",
+        "--max-examples",
+        "15",
+        "--seed",
+        "1",
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "equivalent on 15 generated scenarios at world size 2" in result.stdout
+
+
+def test_a_counterexample_exits_1_with_a_json_verdict():
+    result = ddp_verify(
+        "check",
+        f"{FIXTURES}/grad_sync.py:average_gradients",
+        "--kind",
+        "grad-sync",
+        "--world-size",
+        "2",
+        "--max-examples",
+        "30",
+        "--seed",
+        "1",
+        "--json",
+    )
+    assert result.returncode == 1, result.stderr
+    verdict = json.loads(result.stdout)
+    assert verdict["verdict"] == "not equivalent" and verdict["exit_code"] == 1
+    assert verdict["scenario"].startswith("Scenario(world_size=2, schedule=(((")
+    assert "First divergence: step 0 of 1" in verdict["report"]
+    assert verdict["examples"] >= 1
+    assert "[ddp-verify] " in result.stderr  # progress
+
+
+def test_code_that_crashes_a_rank_exits_1_and_names_the_rank(tmp_path):
+    (tmp_path / "bad.py").write_text(
+        "import os, torch.distributed as dist\n"
+        "def sync(model):\n"
+        "    if dist.get_rank() == 1:\n"
+        "        os._exit(7)\n"
+        "    for p in model.parameters():\n"
+        "        if p.grad is not None:\n"
+        "            dist.all_reduce(p.grad)\n"
+    )
+    result = ddp_verify(
+        "check",
+        f"{tmp_path}/bad.py:sync",
+        "--kind",
+        "grad-sync",
+        "--world-size",
+        "2",
+        "--max-examples",
+        "5",
+        "--timeout",
+        "20",
+    )
+    assert result.returncode == 1
+    assert "failed to run on a world of 2" in result.stdout
+    assert "rank 1 exited with code 7 without a result" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("target", "kind", "message"),
+    [
+        ("missing.py:fn", "grad-sync", "no such file: missing.py"),
+        ("{f}/grad_sync.py", "grad-sync", "expected PATH.py:FUNCTION"),
+        ("{f}/grad_sync.py:nope", "grad-sync", "has no 'nope'; callables it defines or imports:"),
+        ("{f}/loss.py:sample_weighted", "step", "cannot be a step plug-in: expected fn(model, "),
+    ],
+)
+def test_usage_errors_exit_2_and_say_what_was_expected(target, kind, message):
+    result = ddp_verify("check", target.format(f=FIXTURES), "--kind", kind)
+    assert result.returncode == 2
+    assert message in result.stderr
+
+
+def test_a_name_the_file_imports_can_be_checked(tmp_path):
+    (tmp_path / "mine.py").write_text(
+        f"import sys\nsys.path.insert(0, {str(FIXTURES)!r})\n"
+        "from grad_sync import sample_weighted as my_sync\n"
+    )
+    result = ddp_verify(
+        "check",
+        f"{tmp_path}/mine.py:my_sync",
+        "--kind",
+        "grad-sync",
+        "--world-size",
+        "2",
+        "--max-examples",
+        "5",
+    )
+    assert result.returncode == 0, result.stdout + result.stderr

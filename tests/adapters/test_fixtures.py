@@ -1,0 +1,57 @@
+"""Every fixture gets the verdict it expects, through check() on a real world."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from ddp_verify import EquivalenceError, check
+
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
+KINDS = {
+    "grad_sync": "grad-sync",
+    "loss": "loss",
+    "step": "step",
+    "comm_hook": "comm-hook",
+    "wrapper": "wrapper",
+}
+
+
+def _load(stem: str):
+    spec = importlib.util.spec_from_file_location(f"fixtures_{stem}", FIXTURES / f"{stem}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+CASES = [
+    pytest.param(KINDS[stem], getattr(module, name), verdict, id=f"{stem}.{name}")
+    for stem in KINDS
+    for module in [_load(stem)]
+    for name, verdict in module.EXPECTED.items()
+]
+
+
+@pytest.mark.parametrize(("kind", "fn", "verdict"), CASES)
+def test_fixture_verdict(kind, fn, verdict):
+    if verdict == "equivalent":
+        result = check(fn, kind=kind, world_size=2, max_examples=25, seed=0)
+        assert result.equivalent and result.examples == 25
+    else:
+        with pytest.raises(EquivalenceError) as info:
+            check(fn, kind=kind, world_size=2, max_examples=25, seed=0)
+        assert info.value.scenario is not None
+        assert "is not equivalent to single-process full-batch training" in str(info.value)
+
+
+def test_there_are_fixtures_of_every_kind_both_correct_and_buggy():
+    by_kind: dict[str, set[str]] = {}
+    for param in CASES:
+        kind, _, verdict = param.values
+        by_kind.setdefault(kind, set()).add(verdict)
+    assert set(by_kind) == set(KINDS.values())
+    assert all(v == {"equivalent", "not equivalent"} for v in by_kind.values())
