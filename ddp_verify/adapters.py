@@ -108,7 +108,7 @@ class GradSync(UserMethod):
         optimizer = run.optimizer()
         for step in range(scenario.steps):
             optimizer.zero_grad(set_to_none=True)
-            local_sum = _local_backward(run, step)
+            local_sum = run.local_backward(step)
             n = run.local_samples(step)
             self.fn(run.model, n) if self.takes_samples else self.fn(run.model)
             dist.all_reduce(local_sum)
@@ -129,7 +129,7 @@ class LossAggregation(UserMethod):
         for step in range(scenario.steps):
             optimizer.zero_grad(set_to_none=True)
             n = run.local_samples(step)
-            local_mean = _local_backward(run, step) / n
+            local_mean = run.local_backward(step) / n
             all_reduce_weighted(params, float(n), run.global_samples(step))
             dtype = next(run.model.parameters()).dtype
             reported = self.fn(local_mean.to(dtype).clone(), n)
@@ -208,17 +208,6 @@ class Wrapper(UserMethod):
             optimizer.step()
             run.record_step(local_sum / run.global_samples(step))
         return run.trace
-
-
-def _local_backward(run: RankRun, step: int) -> torch.Tensor:
-    """Backward of the rank's mean loss over its micro-batches; returns the sum of losses."""
-    n = run.local_samples(step)
-    local_sum = torch.zeros((), dtype=torch.float64)
-    for inputs, targets in run.micro_batches(step):
-        loss = run.loss_fn(run.model(inputs), targets)
-        (loss * (len(inputs) / n)).backward()
-        local_sum += loss.detach().double() * len(inputs)
-    return local_sum
 
 
 def _as_float(value: Any, kind: str) -> float:

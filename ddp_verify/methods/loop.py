@@ -46,6 +46,17 @@ class RankRun:
             start += size
         return batches
 
+    def local_backward(self, step: int) -> torch.Tensor:
+        """Backward of this rank's mean loss over its micro-batches of ``step`` (each weighted
+        by its share of the rank's samples); returns the sum of per-sample losses, float64."""
+        n = self.local_samples(step)
+        local_sum = torch.zeros((), dtype=torch.float64)
+        for inputs, targets in self.micro_batches(step):
+            loss = self.loss_fn(self.model(inputs), targets)
+            (loss * (len(inputs) / n)).backward()
+            local_sum += loss.detach().double() * len(inputs)
+        return local_sum
+
     def local_samples(self, step: int) -> int:
         return self.scenario.samples(step)[self.rank]
 

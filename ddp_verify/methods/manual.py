@@ -35,11 +35,7 @@ class ManualAllReduce(DistributedMethod):
         for step in range(scenario.steps):
             optimizer.zero_grad(set_to_none=True)
             n = run.local_samples(step)
-            local_mean = torch.zeros((), dtype=torch.float64)
-            for inputs, targets in run.micro_batches(step):
-                loss = run.loss_fn(run.model(inputs), targets)
-                (loss * (len(inputs) / n)).backward()
-                local_mean += loss.detach().double() * (len(inputs) / n)
+            local_mean = run.local_backward(step) / n
             if self.weighting == "samples":
                 scale, divisor = float(n), float(run.global_samples(step))
             else:
