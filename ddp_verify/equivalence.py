@@ -27,6 +27,8 @@ class EquivalenceError(AssertionError):
         self, report: str, *, scenario: Scenario | None = None, outcome: Outcome | None = None
     ) -> None:
         self.outcome = outcome
+        self.cause: str | None = None
+        self.reproducer: str | None = None
         self.scenario = scenario if scenario is not None else getattr(outcome, "scenario", None)
         self.mismatch = outcome.mismatch if outcome is not None else None
         super().__init__(report)

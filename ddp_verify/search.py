@@ -14,7 +14,9 @@ import hypothesis
 from hypothesis import HealthCheck, Phase, given, settings
 
 from .adapters import adapt
+from .diagnose import likely_cause
 from .equivalence import EquivalenceError, VerifyingWorld
+from .reproducer import write_reproducer
 from .scenario import Scenario
 from .strategies import scenarios
 from .world import RankError, WorldPool
@@ -110,6 +112,8 @@ def check(
         search = hypothesis.seed(seed)(search)
     try:
         search()
+    except EquivalenceError as error:
+        raise _explained(error, fn, kind) from None
     except _CodeFailed as stop:
         raise EquivalenceError(
             f"{method.name} failed to run on a world of {world_size}:\n{stop.error}\n"
@@ -117,6 +121,23 @@ def check(
             scenario=stop.scenario,
         ) from None
     return Verdict(kind, method.name.split(" ", 1)[1], world_size, tried)
+
+
+def _explained(error: EquivalenceError, fn: Callable[..., Any], kind: str) -> EquivalenceError:
+    """The error with its likely cause and a reproducer script added to the report."""
+    outcome = error.outcome
+    if outcome is None:
+        return error
+    cause = likely_cause(kind, outcome.scenario, outcome.reference, outcome.got)
+    try:
+        script = str(write_reproducer(fn, kind, outcome.scenario))
+    except OSError as exc:
+        script = f"(could not be written: {exc})"
+    explained = EquivalenceError(
+        f"{error}\nLikely cause: {cause}\nReproducer: python {script}", outcome=outcome
+    )
+    explained.cause, explained.reproducer = cause, script
+    return explained
 
 
 def _world(size: int, timeout: float) -> VerifyingWorld:

@@ -88,7 +88,7 @@ def dump_job(
 ) -> bytes:
     """Pickle a job once for every rank; a clear :class:`JobPicklingError` names what failed."""
     modules = [*by_value, *modules_ranks_cannot_import(fn)]
-    with _pickled_by_value(modules):
+    with pickled_by_value(modules):
         try:
             return cloudpickle.dumps((fn, tuple(args), dict(kwargs)), protocol=5)
         except Exception as exc:
@@ -192,7 +192,8 @@ _importable: dict[str, bool] = {}
 
 
 @contextmanager
-def _pickled_by_value(modules: Sequence[types.ModuleType]) -> Iterator[None]:
+def pickled_by_value(modules: Sequence[types.ModuleType]) -> Iterator[None]:
+    """Within the block, cloudpickle pickles these modules' functions and classes by value."""
     if not modules:
         yield
         return

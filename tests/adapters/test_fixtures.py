@@ -29,29 +29,36 @@ def _load(stem: str):
 
 
 CASES = [
-    pytest.param(KINDS[stem], getattr(module, name), verdict, id=f"{stem}.{name}")
+    pytest.param(KINDS[stem], getattr(module, name), verdict, cause, id=f"{stem}.{name}")
     for stem in KINDS
     for module in [_load(stem)]
-    for name, verdict in module.EXPECTED.items()
+    for name, (verdict, cause) in module.EXPECTED.items()
 ]
 
 
-@pytest.mark.parametrize(("kind", "fn", "verdict"), CASES)
-def test_fixture_verdict(kind, fn, verdict):
+@pytest.mark.parametrize(("kind", "fn", "verdict", "cause"), CASES)
+def test_fixture_verdict_and_cause(kind, fn, verdict, cause, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # reproducers are written under the working directory
     if verdict == "equivalent":
         result = check(fn, kind=kind, world_size=2, max_examples=25, seed=0)
         assert result.equivalent and result.examples == 25
-    else:
-        with pytest.raises(EquivalenceError) as info:
-            check(fn, kind=kind, world_size=2, max_examples=25, seed=0)
-        assert info.value.scenario is not None
-        assert "is not equivalent to single-process full-batch training" in str(info.value)
+        return
+    with pytest.raises(EquivalenceError) as info:
+        check(fn, kind=kind, world_size=2, max_examples=25, seed=0)
+    error = info.value
+    assert error.scenario is not None
+    report = str(error)
+    assert "is not equivalent to single-process full-batch training" in report
+    assert cause in error.cause, f"likely cause {error.cause!r} does not name {cause!r}"
+    assert f"Likely cause: {error.cause}" in report
+    assert (tmp_path / error.reproducer).is_file()
+    assert f"Reproducer: python {error.reproducer}" in report
 
 
 def test_there_are_fixtures_of_every_kind_both_correct_and_buggy():
     by_kind: dict[str, set[str]] = {}
     for param in CASES:
-        kind, _, verdict = param.values
+        kind, _, verdict, _ = param.values
         by_kind.setdefault(kind, set()).add(verdict)
     assert set(by_kind) == set(KINDS.values())
     assert all(v == {"equivalent", "not equivalent"} for v in by_kind.values())

@@ -1,0 +1,88 @@
+"""The likely cause of a divergence: which known mistake reproduces the user's trace.
+
+First a structural look (do the ranks agree on some parameters but not others?), then the
+user's trace is compared with simulated runs of known mistakes (:mod:`ddp_verify.mistakes`),
+fewest mistakes first; the first that reproduces every rank's losses, gradients and
+parameters is the likely cause.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .compare import Float64Tolerance, Tolerance
+from .mistakes import candidates, simulate
+from .scenario import Scenario
+from .trace import Trace
+
+# Loose on purpose: a simulated mistake need only be told apart from the other mistakes,
+# which differ by far more; float32 runs are matched against float64 simulations.
+_MATCH = {
+    "float64": Float64Tolerance(rtol=1e-5, atol=1e-7),
+    "float32": Float64Tolerance(1e-3, 1e-5),
+}
+
+
+def likely_cause(kind: str, scenario: Scenario, reference: Trace, got: Trace) -> str:
+    """A sentence naming the likely bug, or saying that no known mistake reproduces it.
+
+    Example::
+
+        likely_cause("grad-sync", outcome.scenario, outcome.reference, outcome.got)
+        # 'gradients averaged over ranks by the world size, not weighted by ...'
+    """
+    partial = _partly_synchronised(reference, got)
+    if partial:
+        return (
+            "some parameters are not synchronised across ranks (ranks disagree on "
+            + ", ".join(repr(n) for n in partial)
+            + " after step 0, and agree on the others)"
+        )
+    tolerance = _MATCH[scenario.dtype]
+    for mistake in candidates(kind):
+        if matches(simulate(scenario, mistake), got, tolerance):
+            return "; and ".join(mistake.causes)
+    return "no known mistake reproduces this divergence; see the first divergence above"
+
+
+def matches(expected: Trace, got: Trace, tolerance: Tolerance) -> bool:
+    """Every rank of ``got`` follows the same rank of ``expected`` at every step."""
+    if len(expected.ranks) != len(got.ranks) or got.steps != expected.steps:
+        return False
+    for mine, theirs in zip(expected.ranks, got.ranks, strict=True):
+        for step in range(expected.steps):
+            pairs = [("loss", torch.tensor(mine.losses[step]), torch.tensor(theirs.losses[step]))]
+            pairs += [
+                ("parameter", v, theirs.params[step][n]) for n, v in mine.params[step].items()
+            ]
+            if theirs.grads is not None and mine.grads is not None:
+                pairs += [
+                    ("gradient", v, theirs.grads[step].get(n)) for n, v in mine.grads[step].items()
+                ]
+            for quantity, exp, value in pairs:
+                if (exp is None) != (value is None):
+                    return False
+                if exp is None or value is None:
+                    continue
+                allowed = tolerance.allowed(quantity, step, "", exp)
+                if bool(((value.double() - exp.double()).abs() > allowed).any()):
+                    return False
+    return True
+
+
+def _partly_synchronised(reference: Trace, got: Trace) -> list[str]:
+    """Trained parameters the ranks disagree on after step 0, when they agree on others."""
+    if len(got.ranks) < 2 or not reference.ranks[0].grads:
+        return []
+    # Parameters with a nonzero gradient: others may agree by standing still.
+    trained = [n for n, g in reference.ranks[0].grads[0].items() if g is not None and bool(g.any())]
+    first = got.ranks[0].params[0]
+    disagree = [
+        name
+        for name in trained
+        if any(
+            not torch.allclose(r.params[0][name], first[name], rtol=1e-5, atol=1e-7)
+            for r in got.ranks[1:]
+        )
+    ]
+    return disagree if 0 < len(disagree) < len(trained) else []

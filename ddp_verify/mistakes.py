@@ -1,0 +1,144 @@
+"""Known mistakes, simulated: what data-parallel training computes when it gets one wrong.
+
+One process holds a replica per rank and trains them the way a mistaken implementation would:
+how each rank weights its micro-batches, how gradients are combined across ranks, what loss
+is reported. :mod:`ddp_verify.diagnose` matches a user's trace against these runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+import torch
+
+from .models import build_data, build_model, build_optimizer, loss_function
+from .scenario import Scenario
+from .trace import RankTrace, Trace, gradients, parameters
+
+# Each dimension: the correct choice first, then the mistakes, with the words a report uses.
+COMBINE = {
+    "samples": "",
+    "world": "gradients averaged over ranks by the world size, not weighted by each rank's "
+    "samples (only right when every rank holds as many samples)",
+    "sum": "gradients summed across ranks but not divided",
+    "none": "gradients never synchronised: each rank trained on its own samples only",
+}
+MICRO = {
+    "samples": "",
+    "mean-of-means": "micro-batch losses divided by the number of micro-batches instead of "
+    "weighted by their sizes (a mean of micro-batch means)",
+    "last-only": "only the last micro-batch's gradient kept (zero_grad() inside the "
+    "accumulation loop)",
+}
+REPORT = {
+    "global": "",
+    "local": "the reported loss is the rank's local loss, not the global mean",
+    "sum": "the reported loss is summed across ranks but not divided",
+    "world": "the reported loss is the unweighted mean of rank means (only right when every "
+    "rank holds as many samples)",
+    "accumulated": "the reported loss accumulates across steps (never reset)",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Mistake:
+    """One way to get data-parallel training wrong; ``prescaled`` marks DDP-style training,
+    where each rank's loss is already scaled by ``world_size * n_i / N`` and the right combine
+    is a plain average."""
+
+    combine: str = "samples"
+    micro: str = "samples"
+    report: str = "global"
+    prescaled: bool = False
+
+    @property
+    def causes(self) -> list[str]:
+        combine = self.combine
+        if self.prescaled and combine == "world":
+            combine = "samples"  # a plain average is right after DDP-style scaling
+        texts = [COMBINE[combine], MICRO[self.micro], REPORT[self.report]]
+        if self.prescaled and self.combine == "sum":
+            texts[0] = "gradients summed across ranks but not divided by the world size"
+        return [t for t in texts if t]
+
+
+def candidates(kind: str) -> list[Mistake]:
+    """The mistakes a plug-in of ``kind`` can make, fewest mistakes first."""
+    if kind == "grad-sync":
+        return [Mistake(combine=c) for c in ("world", "sum", "none")]
+    if kind == "loss":
+        return [Mistake(report=r) for r in ("local", "sum", "world", "accumulated")]
+    if kind in ("comm-hook", "wrapper"):
+        return [Mistake(combine=c, prescaled=True) for c in ("sum", "none")]
+    found = [
+        Mistake(combine=c, micro=m, report=r)
+        for c, m, r in itertools.product(COMBINE, MICRO, REPORT)
+        if (c, m, r) != ("samples", "samples", "global")
+    ]
+    return sorted(found, key=lambda mistake: len(mistake.causes))
+
+
+def simulate(scenario: Scenario, mistake: Mistake) -> Trace:
+    """Train ``scenario`` in float64 the way ``mistake`` does, one replica per rank."""
+    world = scenario.world_size
+    models = [build_model(scenario, "float64") for _ in range(world)]
+    optimizers = [build_optimizer(scenario.optimizer, m.parameters()) for m in models]
+    loss_fn = loss_function(scenario)
+    records = [RankTrace() for _ in range(world)]
+    accumulated = 0.0
+    for step, (inputs, targets) in enumerate(build_data(scenario, "float64")):
+        total = scenario.global_batch(step)
+        counts = scenario.samples(step)
+        local_means = []
+        for rank, (model, optimizer) in enumerate(zip(models, optimizers, strict=True)):
+            optimizer.zero_grad(set_to_none=True)
+            sizes = scenario.schedule[step][rank]
+            start = scenario.offset(step, rank)
+            local_sum = 0.0
+            for size in sizes:
+                x, y = inputs[start : start + size], targets[start : start + size]
+                start += size
+                if mistake.micro == "last-only":
+                    optimizer.zero_grad(set_to_none=True)
+                loss = loss_fn(model(x), y)
+                share = 1 / len(sizes) if mistake.micro == "mean-of-means" else size / counts[rank]
+                if mistake.prescaled:
+                    share *= world * counts[rank] / total
+                (loss * share).backward()
+                local_sum += loss.item() * size
+            local_means.append(local_sum / counts[rank])
+        _combine(models, counts, total, mistake)
+        global_loss = sum(m * n for m, n in zip(local_means, counts, strict=True)) / total
+        accumulated += global_loss
+        for rank, (model, optimizer) in enumerate(zip(models, optimizers, strict=True)):
+            records[rank].grads.append(gradients(model))  # type: ignore[union-attr]
+            optimizer.step()
+            reported = {
+                "global": global_loss,
+                "local": local_means[rank],
+                "sum": sum(local_means),
+                "world": sum(local_means) / world,
+                "accumulated": accumulated,
+            }[mistake.report]
+            records[rank].losses.append(reported)
+            records[rank].params.append(parameters(model))
+    return Trace(f"simulated {mistake}", records)
+
+
+def _combine(models: list[torch.nn.Module], counts: list[int], total: int, mistake: Mistake):
+    if mistake.combine == "none":
+        return
+    per_rank = [[p for p in m.parameters() if p.requires_grad] for m in models]
+    for params in zip(*per_rank, strict=True):
+        grads = [p.grad for p in params]
+        if any(g is None for g in grads):
+            continue
+        if mistake.combine == "samples" and not mistake.prescaled:
+            combined = sum(g * n for g, n in zip(grads, counts, strict=True)) / total
+        elif mistake.combine == "sum":
+            combined = sum(grads)
+        else:  # "world", or the plain average after DDP-style scaling
+            combined = sum(grads) / len(grads)
+        for p in params:
+            p.grad = combined.clone()  # type: ignore[union-attr]

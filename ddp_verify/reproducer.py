@@ -1,0 +1,154 @@
+"""A standalone script that reruns one scenario against the user's function and exits
+non-zero while the bug is there.
+
+The script starts its own ranks with ``torch.multiprocessing.spawn`` and a gloo process group
+(no pytest, no warm world), trains the scenario with the user's code on each rank, trains the
+reference in the parent, and prints the comparison.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import cloudpickle
+
+from .scenario import Scenario
+from .world.protocol import modules_ranks_cannot_import, pickled_by_value
+
+DEFAULT_DIRECTORY = Path(".ddp_verify") / "reproducers"
+
+_TEMPLATE = '''"""Reproducer written by ddp-verify: {kind} plug-in {name}.
+
+    python {filename}
+
+Exit 0 when {name} is equivalent on this scenario, 1 while the bug is there.
+Scenario: {description}
+"""
+
+import base64
+import importlib
+import importlib.machinery
+import importlib.util
+import os
+import pickle
+import socket
+import sys
+
+import cloudpickle
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from ddp_verify.adapters import adapt
+from ddp_verify.equivalence import check_equivalent
+from ddp_verify.methods import Method
+from ddp_verify.scenario import ModelSpec, OptimizerSpec, Scenario
+from ddp_verify.trace import Trace
+
+SCENARIO = {scenario!r}
+KIND = {kind!r}
+
+
+def load_function():
+{loader}
+
+
+def train(rank, port, results):
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{{port}}", rank=rank,
+        world_size=SCENARIO.world_size,
+    )
+    trace = adapt(load_function(), KIND).train_rank(SCENARIO)
+    # Bytes, not tensors: shared-memory tensors die with the rank that made them.
+    results.put((rank, pickle.dumps(trace)))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+class Spawned(Method):
+    """The user's code, trained on freshly spawned ranks."""
+
+    name = f"{{KIND}} plug-in"
+
+    def run(self, scenario, world=None):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        results = mp.get_context("spawn").SimpleQueue()
+        context = mp.spawn(
+            train, args=(port, results), nprocs=scenario.world_size, join=False
+        )
+        received = [results.get() for _ in range(scenario.world_size)]
+        traces = {{rank: pickle.loads(data) for rank, data in received}}
+        context.join()
+        return Trace(self.name, [traces[r] for r in range(scenario.world_size)])
+
+
+if __name__ == "__main__":
+    outcome = check_equivalent(None, Spawned(), SCENARIO)
+    print(outcome.report())
+    sys.exit(0 if outcome.equivalent else 1)
+'''
+
+
+def write_reproducer(
+    fn: Callable[..., Any], kind: str, scenario: Scenario, directory: Path | None = None
+) -> Path:
+    """Write the script for ``fn`` on ``scenario``; return its path.
+
+    Example::
+
+        path = write_reproducer(average_gradients, "grad-sync", error.scenario)
+        # python path  ->  exits 1 while average_gradients is wrong on that scenario
+    """
+    name = getattr(fn, "__qualname__", type(fn).__name__)
+    digest = hashlib.sha1(f"{kind}{name}{scenario!r}".encode()).hexdigest()[:8]
+    directory = directory or DEFAULT_DIRECTORY
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{_slug(name)}-{digest}.py"
+    path.write_text(
+        _TEMPLATE.format(
+            kind=kind,
+            name=name,
+            filename=path.name,
+            description=scenario.describe().replace("\n", "\n    "),
+            scenario=scenario,
+            loader=_loader(fn),
+        )
+    )
+    return path
+
+
+def _loader(fn: Callable[..., Any]) -> str:
+    """The body of load_function(): by module name, by file path, or pickled by value."""
+    module = sys.modules.get(getattr(fn, "__module__", "") or "")
+    qualname = getattr(fn, "__qualname__", "")
+    plain = module is not None and "<" not in qualname and "." not in qualname
+    if plain and getattr(module, qualname, None) is fn:
+        if not modules_ranks_cannot_import(fn):
+            return f"    return getattr(importlib.import_module({module.__name__!r}), {qualname!r})"
+        path = getattr(module, "__file__", None)
+        if path:
+            return (
+                f"    path = {str(Path(path).resolve())!r}\n"
+                "    sys.path.insert(0, os.path.dirname(path))\n"
+                "    loader = importlib.machinery.SourceFileLoader('user_code', path)\n"
+                "    spec = importlib.util.spec_from_loader('user_code', loader)\n"
+                "    module = importlib.util.module_from_spec(spec)\n"
+                "    loader.exec_module(module)\n"
+                f"    return getattr(module, {qualname!r})"
+            )
+    # A closure or lambda: it travels inside the script, pickled by value.
+    with pickled_by_value(modules_ranks_cannot_import(fn)):
+        data = base64.b64encode(cloudpickle.dumps(fn)).decode()
+    return f"    return cloudpickle.loads(base64.b64decode({data!r}))"
+
+
+def _slug(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_" else "-" for c in name)[:60] or "function"
