@@ -29,6 +29,8 @@ class EquivalenceError(AssertionError):
         self.outcome = outcome
         self.cause: str | None = None
         self.reproducer: str | None = None
+        # For check(): the example (1-based) at which the first counterexample turned up.
+        self.found_at: int | None = None
         self.scenario = scenario if scenario is not None else getattr(outcome, "scenario", None)
         self.mismatch = outcome.mismatch if outcome is not None else None
         super().__init__(report)

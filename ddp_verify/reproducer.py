@@ -84,9 +84,12 @@ class Spawned(Method):
         context = mp.spawn(
             train, args=(port, results), nprocs=scenario.world_size, join=False
         )
-        received = [results.get() for _ in range(scenario.world_size)]
-        traces = {{rank: pickle.loads(data) for rank, data in received}}
-        context.join()
+        traces = {{}}
+        # join() raises as soon as a rank fails, so a broken rank never leaves us waiting.
+        while not context.join(timeout=0.2) or not results.empty():
+            while not results.empty():
+                rank, data = results.get()
+                traces[rank] = pickle.loads(data)
         return Trace(self.name, [traces[r] for r in range(scenario.world_size)])
 
 
@@ -132,7 +135,12 @@ def _loader(fn: Callable[..., Any]) -> str:
     plain = module is not None and "<" not in qualname and "." not in qualname
     if plain and getattr(module, qualname, None) is fn:
         if not modules_ranks_cannot_import(fn):
-            return f"    return getattr(importlib.import_module({module.__name__!r}), {qualname!r})"
+            root = _import_root(module)
+            insert = f"    sys.path.insert(0, {root!r})\n" if root else ""
+            return (
+                f"{insert}    return getattr(importlib.import_module({module.__name__!r}), "
+                f"{qualname!r})"
+            )
         path = getattr(module, "__file__", None)
         if path:
             return (
@@ -144,10 +152,22 @@ def _loader(fn: Callable[..., Any]) -> str:
                 "    loader.exec_module(module)\n"
                 f"    return getattr(module, {qualname!r})"
             )
-    # A closure or lambda: it travels inside the script, pickled by value.
-    with pickled_by_value(modules_ranks_cannot_import(fn)):
+    # A closure or lambda: it travels inside the script, pickled by value with whatever of
+    # its own module it uses (the script may run where that module cannot be imported).
+    own = [module] if module is not None and _import_root(module) else []
+    with pickled_by_value([*own, *modules_ranks_cannot_import(fn)]):
         data = base64.b64encode(cloudpickle.dumps(fn)).decode()
     return f"    return cloudpickle.loads(base64.b64decode({data!r}))"
+
+
+def _import_root(module: Any) -> str | None:
+    """The sys.path entry from which ``module`` was importable (None for installed ones)."""
+    file = getattr(module, "__file__", None)
+    if not file or "site-packages" in file:
+        return None
+    path = Path(file).resolve()
+    depth = len(module.__name__.split(".")) - (0 if path.name == "__init__.py" else 1)
+    return str(path.parents[depth]) if depth < len(path.parents) else None
 
 
 def _slug(name: str) -> str:

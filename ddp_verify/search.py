@@ -83,6 +83,7 @@ def check(
     world = _world(world_size, timeout)
     tried = 0
     failed = False
+    found_at = 0
 
     @settings(
         max_examples=max_examples,
@@ -96,14 +97,15 @@ def check(
     )
     @given(strategy)
     def search(scenario: Scenario) -> None:
-        nonlocal tried, failed
+        nonlocal tried, failed, found_at
         tried += 1
         if progress is not None:
             progress(tried, "shrinking" if failed else "searching")
         try:
             world.assert_equivalent(method, scenario)
         except EquivalenceError:
-            failed = True
+            if not failed:
+                failed, found_at = True, tried
             raise
         except RankError as error:
             raise _CodeFailed(scenario, error) from None
@@ -113,7 +115,9 @@ def check(
     try:
         search()
     except EquivalenceError as error:
-        raise _explained(error, fn, kind) from None
+        explained = _explained(error, fn, kind)
+        explained.found_at = found_at
+        raise explained from None
     except _CodeFailed as stop:
         raise EquivalenceError(
             f"{method.name} failed to run on a world of {world_size}:\n{stop.error}\n"

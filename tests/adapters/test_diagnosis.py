@@ -1,0 +1,84 @@
+"""The simulator of known mistakes, and the reproducer scripts, without a warm world."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from ddp_verify.compare import Float64Tolerance
+from ddp_verify.diagnose import matches
+from ddp_verify.methods import reference
+from ddp_verify.mistakes import Mistake, candidates, simulate
+from ddp_verify.reproducer import write_reproducer
+from ddp_verify.scenario import ModelSpec, Scenario
+from ddp_verify.trace import Trace
+
+UNEVEN = Scenario(
+    world_size=3,
+    schedule=(((1, 2), (1,), (2,)), ((2,), (1, 1, 1), (1,))),
+    model=ModelSpec(hidden=(3,), layernorm=True),
+)
+
+
+def as_ranks(trace: Trace, ranks: int) -> Trace:
+    return Trace(trace.method, [trace.ranks[0]] * ranks)
+
+
+def test_simulating_no_mistake_is_the_reference():
+    ref = as_ranks(reference().run(UNEVEN), 3)
+    assert matches(simulate(UNEVEN, Mistake()), ref, Float64Tolerance())
+    assert matches(
+        simulate(UNEVEN, Mistake(combine="world", prescaled=True)), ref, Float64Tolerance()
+    )
+
+
+def test_every_candidate_mistake_differs_from_the_reference_on_an_uneven_split():
+    ref = as_ranks(reference().run(UNEVEN), 3)
+    for kind in ("grad-sync", "loss", "step", "comm-hook", "wrapper"):
+        for mistake in candidates(kind):
+            assert mistake.causes, mistake
+            assert not matches(simulate(UNEVEN, mistake), ref, Float64Tolerance()), mistake
+
+
+def test_candidates_come_fewest_mistakes_first():
+    counts = [len(m.causes) for m in candidates("step")]
+    assert counts == sorted(counts) and counts[0] == 1 and max(counts) == 3
+
+
+def _summing_sync(model):
+    import torch.distributed as dist
+
+    for p in model.parameters():
+        if p.grad is not None:
+            dist.all_reduce(p.grad)
+
+
+def test_a_reproducer_exits_1_while_the_bug_is_there_and_0_without_it(tmp_path):
+    scenario = Scenario(world_size=2, schedule=(((1,), (2,)),))
+    buggy = write_reproducer(_summing_sync, "grad-sync", scenario, tmp_path)
+    fixed = write_reproducer(
+        lambda model: (
+            _summing_sync(model)
+            or [p.grad.div_(2) for p in model.parameters() if p.grad is not None]
+        ),
+        "grad-sync",
+        Scenario(world_size=2, schedule=(((2,), (2,)),)),
+        tmp_path,
+    )
+    for script, code in ((buggy, 1), (fixed, 0)):
+        result = subprocess.run(
+            [sys.executable, "-W", "ignore", str(script)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert result.returncode == code, result.stdout + result.stderr
+    assert (
+        "First divergence: step 0 of 1"
+        in subprocess.run(
+            [sys.executable, "-W", "ignore", str(buggy)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        ).stdout
+    )

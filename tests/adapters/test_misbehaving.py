@@ -1,0 +1,63 @@
+"""User code that raises, hangs or breaks a collective: a verdict with the reason, in time,
+with no process left behind, and the next check works."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from ddp_verify import EquivalenceError, check
+
+
+def raises_on_rank_1(model):
+    if dist.get_rank() == 1:
+        raise RuntimeError("my sync is broken")
+    for p in model.parameters():
+        if p.grad is not None:
+            dist.all_reduce(p.grad)
+
+
+def hangs_on_rank_0(model):
+    # An extra collective here would meet the harness's own loss all-reduce and abort in gloo
+    # (covered below); a rank that blocks is the hang.
+    if dist.get_rank() == 0:
+        time.sleep(120)
+
+
+def mismatched_shapes(model):
+    dist.all_reduce(torch.ones(4 if dist.get_rank() == 0 else 8))
+
+
+def correct(model, num_samples):
+    total = torch.tensor([float(num_samples)], dtype=torch.float64)
+    dist.all_reduce(total)
+    for p in model.parameters():
+        if p.grad is not None:
+            p.grad.mul_(num_samples)
+            dist.all_reduce(p.grad)
+            p.grad.div_(total.item())
+
+
+@pytest.mark.parametrize(
+    ("fn", "words", "timeout", "limit"),
+    [
+        (raises_on_rank_1, "rank 1 raised RuntimeError: my sync is broken", 30, 20),
+        (hangs_on_rank_0, "did not finish within the 8 s timeout", 8, 25),
+        (mismatched_shapes, "killed by SIGABRT", 30, 20),
+    ],
+    ids=["raises", "hangs", "gloo-abort"],
+)
+def test_misbehaving_code_is_a_verdict_with_the_reason(fn, words, timeout, limit):
+    # The timeout leaves room for a fresh world's first job, which imports the user's module.
+    start = time.monotonic()
+    with pytest.raises(EquivalenceError) as info:
+        check(fn, kind="grad-sync", world_size=2, max_examples=5, timeout=timeout)
+    assert time.monotonic() - start < limit
+    report = str(info.value)
+    assert "failed to run on a world of 2" in report and words in report
+    assert info.value.scenario is not None
+    # The next check in the same process works on a relaunched world.
+    assert check(correct, kind="grad-sync", world_size=2, max_examples=3, timeout=30).equivalent
