@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from typing import Any
 
 from .compare import Float32Tolerance, Float64Tolerance, Mismatch, Tolerance, compare
 from .methods import DistributedMethod, Method, Reference
@@ -153,3 +154,16 @@ class VerifyingWorld(World):
         """See :func:`assert_equivalent`."""
         __tracebackhide__ = True
         assert_equivalent(self, method, scenario, tolerance=tolerance)
+
+    def check(self, fn: Any, *, kind: str, **options: Any) -> Any:
+        """:func:`ddp_verify.check` on this world: search scenarios for a counterexample.
+
+        Example::
+
+            def test_my_sync(world):
+                world.check(my_average_gradients, kind="grad-sync", max_examples=50)
+        """
+        __tracebackhide__ = True
+        from .search import check
+
+        return check(fn, kind=kind, world=self, **options)

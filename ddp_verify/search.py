@@ -61,6 +61,7 @@ def check(
     seed: int | None = None,
     timeout: float = 60.0,
     progress: Progress | None = None,
+    world: VerifyingWorld | None = None,
     **scenario_bounds: Any,
 ) -> Verdict:
     """Check ``fn`` as a ``kind`` plug-in on generated scenarios; return if it is equivalent.
@@ -68,6 +69,8 @@ def check(
     Raises :class:`EquivalenceError` with the shrunk scenario and the divergence otherwise, or
     when ``fn`` raises, crashes a rank or hangs. ``scenario_bounds`` go to
     :func:`ddp_verify.strategies.scenarios` (``max_micro_batches=3``, ``even=True``, ...).
+    ``world`` runs the check on a world you already have (its size wins over ``world_size``);
+    otherwise a shared one of ``world_size`` ranks is started and kept for later checks.
 
     Example::
 
@@ -79,8 +82,10 @@ def check(
     """
     __tracebackhide__ = True
     method = adapt(fn, kind)
+    if world is None:
+        world = _world(world_size, timeout)
+    world_size = world.size
     strategy = scenarios(world_size=world_size, **scenario_bounds)
-    world = _world(world_size, timeout)
     tried = 0
     failed = False
     found_at = 0

@@ -61,3 +61,17 @@ def test_misbehaving_code_is_a_verdict_with_the_reason(fn, words, timeout, limit
     assert info.value.scenario is not None
     # The next check in the same process works on a relaunched world.
     assert check(correct, kind="grad-sync", world_size=2, max_examples=3, timeout=30).equivalent
+
+
+def test_the_world_fixture_checks_user_code_too(world, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the reproducer is written under the working directory
+    verdict = world.check(correct, kind="grad-sync", max_examples=5, seed=3)
+    assert verdict.equivalent and verdict.world_size == world.size and verdict.examples == 5
+    with pytest.raises(EquivalenceError, match="Likely cause: gradients summed"):
+        world.check(_summing, kind="grad-sync", max_examples=10, seed=3)
+
+
+def _summing(model):
+    for p in model.parameters():
+        if p.grad is not None:
+            dist.all_reduce(p.grad)
