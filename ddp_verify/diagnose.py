@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from .compare import Float64Tolerance, Tolerance
-from .mistakes import candidates, simulate
+from .mistakes import Mistake, candidates, simulate
 from .scenario import Scenario
 from .trace import Trace
 
@@ -31,6 +31,11 @@ def likely_cause(kind: str, scenario: Scenario, reference: Trace, got: Trace) ->
         likely_cause("grad-sync", outcome.scenario, outcome.reference, outcome.got)
         # 'gradients averaged over ranks by the world size, not weighted by ...'
     """
+    if _only_rank_zero_synchronised(scenario, reference, got):
+        return (
+            "gradients reduced onto rank 0 only (dist.reduce where all_reduce was needed): "
+            "rank 0 holds the combined gradient after step 0, the other ranks do not"
+        )
     partial = _partly_synchronised(reference, got)
     if partial:
         return (
@@ -68,6 +73,36 @@ def matches(expected: Trace, got: Trace, tolerance: Tolerance) -> bool:
                 if bool(((value.double() - exp.double()).abs() > allowed).any()):
                     return False
     return True
+
+
+def _only_rank_zero_synchronised(scenario: Scenario, reference: Trace, got: Trace) -> bool:
+    """Rank 0 took a combined step (weighted or not), while every other rank differs from it
+    on every trained parameter."""
+    trained = _trained(reference)
+    if len(got.ranks) < 2 or not trained:
+        return False
+    first = got.ranks[0].params[0]
+    for rank in got.ranks[1:]:
+        if any(torch.allclose(rank.params[0][n], first[n], rtol=1e-5, atol=1e-7) for n in trained):
+            return False
+    combined = [
+        reference.ranks[0].params[0],
+        simulate(scenario, Mistake("world")).ranks[0].params[0],
+    ]
+    return any(
+        all(
+            torch.allclose(first[n], step[n].to(first[n].dtype), rtol=1e-4, atol=1e-6)
+            for n in trained
+        )
+        for step in combined
+    )
+
+
+def _trained(reference: Trace) -> list[str]:
+    """Parameters with a nonzero gradient at step 0: others may agree by standing still."""
+    if not reference.ranks[0].grads:
+        return []
+    return [n for n, g in reference.ranks[0].grads[0].items() if g is not None and bool(g.any())]
 
 
 def _partly_synchronised(reference: Trace, got: Trace) -> list[str]:
