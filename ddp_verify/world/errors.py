@@ -108,10 +108,6 @@ class RankError(WorldError):
         """The ranks that failed on their own (not those stuck behind them)."""
         return sorted(f.rank for f in self.failures if f.is_primary)
 
-    def exceptions(self) -> list[BaseException]:
-        """The exception objects the ranks raised, where they could be sent back."""
-        return [f.exception for f in self.failures if f.exception is not None]
-
     def _message(self) -> str:
         primary = [f for f in self.failures if f.is_primary]
         broken = [f for f in self.failures if f.consequence]

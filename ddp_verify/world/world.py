@@ -137,10 +137,6 @@ class World:
         """The rank processes' ids, in rank order (empty while no ranks are running)."""
         return [r.pid for r in self._ranks]
 
-    @property
-    def running(self) -> bool:
-        return self._ready and all(r.alive() for r in self._ranks)
-
     def __reduce__(self) -> Any:
         raise TypeError(
             "a World cannot be sent to its ranks (or pickled at all): inside a job, use "
