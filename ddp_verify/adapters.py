@@ -39,6 +39,11 @@ SIGNATURES = {
     "comm-hook": "hook(state, bucket) -> torch.futures.Future",
     "wrapper": "fn(module) -> module",
 }
+# Scenario bounds a kind checks under unless the user says otherwise. A step function owns its
+# accumulation loop, and training loops give every rank the same number of accumulation steps;
+# code that synchronises per micro-batch would only hang on other schedules.
+DEFAULT_BOUNDS: dict[str, dict[str, Any]] = {"step": {"same_micro_batch_counts": True}}
+
 _ARITIES = {"grad-sync": (1, 2), "loss": (2,), "step": (4,), "comm-hook": (2,), "wrapper": (1,)}
 
 

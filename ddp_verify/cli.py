@@ -2,7 +2,7 @@
 
     ddp-verify check PATH.py:FUNCTION --kind KIND [--world-size N] [--max-examples N]
         [--seed N] [--dtype float64|float32] [--even-batches] [--max-micro-batches N]
-        [--max-steps N] [--json]
+        [--max-steps N] [--micro-batch-counts same|varied] [--timeout S] [--json]
 
 Exit 0: no counterexample. Exit 1: a counterexample, or the code raised, crashed a rank or
 hung. Exit 2: a usage error (bad path, unknown function, wrong signature for the kind).
@@ -70,6 +70,13 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("--even-batches", action="store_true")
     check.add_argument("--max-micro-batches", type=_positive, default=3)
     check.add_argument("--max-steps", type=_positive, default=3)
+    check.add_argument(
+        "--micro-batch-counts",
+        choices=("same", "varied"),
+        default=None,
+        help="whether every rank of a step holds as many micro-batches (default: same for "
+        "--kind step, whose loop owns accumulation; varied for the other kinds)",
+    )
     check.add_argument("--timeout", type=float, default=60.0, help="seconds per example")
     check.add_argument("--json", action="store_true", help="print one JSON verdict")
     return parser
@@ -122,6 +129,8 @@ def _run_check(args: argparse.Namespace, fn: Callable[..., Any], label: str) -> 
     }
     if args.dtype:
         bounds["dtypes"] = (args.dtype,)
+    if args.micro_batch_counts:
+        bounds["same_micro_batch_counts"] = args.micro_batch_counts == "same"
     started = time.monotonic()
     progress = _Progress()
     try:
@@ -146,6 +155,8 @@ def _run_check(args: argparse.Namespace, fn: Callable[..., Any], label: str) -> 
             started=started,
             scenario=exc.scenario,
             examples=progress.tried,
+            cause=exc.cause,
+            reproducer=exc.reproducer,
         )
     summary = (
         f"{label} ({args.kind}): equivalent on {verdict.examples} generated scenarios at world "
@@ -165,6 +176,8 @@ def _finish(
     started: float | None = None,
     examples: int | None = None,
     scenario: Any = None,
+    cause: str | None = None,
+    reproducer: str | None = None,
 ) -> int:
     if getattr(args, "json", False):
         verdict = {EXIT_EQUIVALENT: "equivalent", EXIT_NOT_EQUIVALENT: "not equivalent"}
@@ -178,6 +191,8 @@ def _finish(
                     "world_size": getattr(args, "world_size", None),
                     "examples": examples,
                     "scenario": repr(scenario) if scenario is not None else None,
+                    "likely_cause": cause,
+                    "reproducer": reproducer,
                     "seconds": round(time.monotonic() - started, 3) if started else None,
                     "report": text,
                 }

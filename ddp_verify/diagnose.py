@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from .compare import Float64Tolerance, Tolerance
-from .mistakes import Mistake, candidates, simulate
+from .mistakes import Mistake, applies, candidates, simulate
 from .scenario import Scenario
 from .trace import Trace
 
@@ -45,9 +45,38 @@ def likely_cause(kind: str, scenario: Scenario, reference: Trace, got: Trace) ->
         )
     tolerance = _MATCH[scenario.dtype]
     for mistake in candidates(kind):
-        if matches(simulate(scenario, mistake), got, tolerance):
+        if applies(mistake, scenario) and matches(simulate(scenario, mistake), got, tolerance):
             return "; and ".join(mistake.causes)
-    return "no known mistake reproduces this divergence; see the first divergence above"
+    return failure_cause(kind, scenario) or (
+        "no known mistake reproduces this divergence; see the first divergence above"
+    )
+
+
+def failure_cause(kind: str, scenario: Scenario) -> str | None:
+    """Why a step function hung, crashed in a collective or computed nonsense, when the
+    scenario itself says: its ranks held different numbers of micro-batches, so code that
+    calls collectives per micro-batch pairs them up wrongly or leaves ranks waiting.
+
+    Example::
+
+        failure_cause("step", scenario)
+        # 'collectives called once per micro-batch (...), and in step 0 the ranks held ...'
+    """
+    if kind != "step":
+        return None  # the harness owns the micro-batch loop of every other kind
+    for step, per_rank in enumerate(scenario.schedule):
+        counts = [len(sizes) for sizes in per_rank]
+        if len(set(counts)) > 1:
+            held = ", ".join(f"rank {r}: {c}" for r, c in enumerate(counts))
+            return (
+                "collectives called once per micro-batch (gradients synchronised or the "
+                f"optimizer stepped per micro-batch), and in step {step} the ranks held "
+                f"different numbers of micro-batches ({held}), so their collectives did not "
+                "pair up. If every rank of your training always has as many micro-batches, "
+                "check with same_micro_batch_counts=True (--micro-batch-counts same); "
+                "otherwise synchronise once per step"
+            )
+    return None
 
 
 def matches(expected: Trace, got: Trace, tolerance: Tolerance) -> bool:

@@ -31,6 +31,11 @@ MICRO = {
     "last-only": "only the last micro-batch's gradient kept (zero_grad() inside the "
     "accumulation loop)",
 }
+STEPPING = {
+    "once": "",
+    "each": "optimizer stepped once per micro-batch instead of once per step after "
+    "accumulating the micro-batches",
+}
 REPORT = {
     "global": "",
     "local": "the reported loss is the rank's local loss, not the global mean",
@@ -51,13 +56,14 @@ class Mistake:
     micro: str = "samples"
     report: str = "global"
     prescaled: bool = False
+    stepping: str = "once"
 
     @property
     def causes(self) -> list[str]:
         combine = self.combine
         if self.prescaled and combine == "world":
             combine = "samples"  # a plain average is right after DDP-style scaling
-        texts = [COMBINE[combine], MICRO[self.micro], REPORT[self.report]]
+        texts = [COMBINE[combine], MICRO[self.micro], REPORT[self.report], STEPPING[self.stepping]]
         if self.prescaled and self.combine == "sum":
             texts[0] = "gradients summed across ranks but not divided by the world size"
         return [t for t in texts if t]
@@ -76,11 +82,27 @@ def candidates(kind: str) -> list[Mistake]:
         for c, m, r in itertools.product(COMBINE, MICRO, REPORT)
         if (c, m, r) != ("samples", "samples", "global")
     ]
+    # Stepping per micro-batch treats each micro-batch as a batch: no micro-batch weighting.
+    found += [
+        Mistake(combine=c, report=r, stepping="each") for c, r in itertools.product(COMBINE, REPORT)
+    ]
     return sorted(found, key=lambda mistake: len(mistake.causes))
+
+
+def applies(mistake: Mistake, scenario: Scenario) -> bool:
+    """Whether ``scenario`` can be trained that way: stepping per micro-batch needs every rank
+    of a step to hold as many micro-batches (else the ranks' collectives do not pair up)."""
+    if mistake.stepping == "once":
+        return True
+    return all(len({len(sizes) for sizes in step}) == 1 for step in scenario.schedule)
 
 
 def simulate(scenario: Scenario, mistake: Mistake) -> Trace:
     """Train ``scenario`` in float64 the way ``mistake`` does, one replica per rank."""
+    if not applies(mistake, scenario):
+        raise ValueError(f"{mistake} cannot train {scenario!r}: micro-batch counts differ")
+    if mistake.stepping == "each":
+        return _simulate_stepping_each(scenario, mistake)
     world = scenario.world_size
     models = [build_model(scenario, "float64") for _ in range(world)]
     optimizers = [build_optimizer(scenario.optimizer, m.parameters()) for m in models]
@@ -114,14 +136,9 @@ def simulate(scenario: Scenario, mistake: Mistake) -> Trace:
         for rank, (model, optimizer) in enumerate(zip(models, optimizers, strict=True)):
             records[rank].grads.append(gradients(model))  # type: ignore[union-attr]
             optimizer.step()
-            reported = {
-                "global": global_loss,
-                "local": local_means[rank],
-                "sum": sum(local_means),
-                "world": sum(local_means) / world,
-                "accumulated": accumulated,
-            }[mistake.report]
-            records[rank].losses.append(reported)
+            records[rank].losses.append(
+                _reported(mistake, global_loss, local_means, rank, accumulated)
+            )
             records[rank].params.append(parameters(model))
     return Trace(f"simulated {mistake}", records)
 
@@ -142,3 +159,52 @@ def _combine(models: list[torch.nn.Module], counts: list[int], total: int, mista
             combined = sum(grads) / len(grads)
         for p in params:
             p.grad = combined.clone()  # type: ignore[union-attr]
+
+
+def _simulate_stepping_each(scenario: Scenario, mistake: Mistake) -> Trace:
+    """Every micro-batch is a step of its own: each rank's micro-batch mean loss, combined
+    across ranks by the micro-batch sizes, then an optimizer step."""
+    world = scenario.world_size
+    models = [build_model(scenario, "float64") for _ in range(world)]
+    optimizers = [build_optimizer(scenario.optimizer, m.parameters()) for m in models]
+    loss_fn = loss_function(scenario)
+    records = [RankTrace() for _ in range(world)]
+    accumulated = 0.0
+    for step, (inputs, targets) in enumerate(build_data(scenario, "float64")):
+        counts = scenario.samples(step)
+        starts = [scenario.offset(step, rank) for rank in range(world)]
+        local_sums = [0.0] * world
+        for j in range(len(scenario.schedule[step][0])):
+            sizes = [scenario.schedule[step][rank][j] for rank in range(world)]
+            for rank, (model, optimizer) in enumerate(zip(models, optimizers, strict=True)):
+                optimizer.zero_grad(set_to_none=True)
+                start, size = starts[rank], sizes[rank]
+                loss = loss_fn(model(inputs[start : start + size]), targets[start : start + size])
+                loss.backward()
+                local_sums[rank] += loss.item() * size
+                starts[rank] += size
+            _combine(models, sizes, sum(sizes), mistake)
+            for optimizer in optimizers:
+                optimizer.step()
+        local_means = [s / n for s, n in zip(local_sums, counts, strict=True)]
+        global_loss = sum(local_sums) / scenario.global_batch(step)
+        accumulated += global_loss
+        for rank, model in enumerate(models):
+            records[rank].grads.append(gradients(model))  # type: ignore[union-attr]
+            records[rank].losses.append(
+                _reported(mistake, global_loss, local_means, rank, accumulated)
+            )
+            records[rank].params.append(parameters(model))
+    return Trace(f"simulated {mistake}", records)
+
+
+def _reported(
+    mistake: Mistake, global_loss: float, local_means: list[float], rank: int, accumulated: float
+) -> float:
+    return {
+        "global": global_loss,
+        "local": local_means[rank],
+        "sum": sum(local_means),
+        "world": sum(local_means) / len(local_means),
+        "accumulated": accumulated,
+    }[mistake.report]

@@ -13,8 +13,8 @@ from typing import Any
 import hypothesis
 from hypothesis import HealthCheck, Phase, given, settings
 
-from .adapters import adapt
-from .diagnose import likely_cause
+from .adapters import DEFAULT_BOUNDS, adapt
+from .diagnose import failure_cause, likely_cause
 from .equivalence import EquivalenceError, VerifyingWorld
 from .reproducer import write_reproducer
 from .scenario import Scenario
@@ -68,7 +68,9 @@ def check(
 
     Raises :class:`EquivalenceError` with the shrunk scenario and the divergence otherwise, or
     when ``fn`` raises, crashes a rank or hangs. ``scenario_bounds`` go to
-    :func:`ddp_verify.strategies.scenarios` (``max_micro_batches=3``, ``even=True``, ...).
+    :func:`ddp_verify.strategies.scenarios` (``max_micro_batches=3``, ``even=True``, ...);
+    ``step`` functions are checked with ``same_micro_batch_counts=True`` unless you pass
+    ``False``.
     ``world`` runs the check on a world you already have (its size wins over ``world_size``);
     otherwise a shared one of ``world_size`` ranks is started and kept for later checks.
 
@@ -85,7 +87,9 @@ def check(
     if world is None:
         world = _world(world_size, timeout)
     world_size = world.size
-    strategy = scenarios(world_size=world_size, **scenario_bounds)
+    strategy = scenarios(
+        world_size=world_size, **{**DEFAULT_BOUNDS.get(kind, {}), **scenario_bounds}
+    )
     tried = 0
     failed = False
     found_at = 0
@@ -124,11 +128,15 @@ def check(
         explained.found_at = found_at
         raise explained from None
     except _CodeFailed as stop:
-        raise EquivalenceError(
+        cause = failure_cause(kind, stop.scenario)
+        failed_error = EquivalenceError(
             f"{method.name} failed to run on a world of {world_size}:\n{stop.error}\n"
-            f"Scenario: {stop.scenario.describe()}\nReproduce with: {stop.scenario!r}",
+            f"Scenario: {stop.scenario.describe()}\nReproduce with: {stop.scenario!r}"
+            + (f"\nLikely cause: {cause}" if cause else ""),
             scenario=stop.scenario,
-        ) from None
+        )
+        failed_error.cause = cause
+        raise failed_error from None
     return Verdict(kind, method.name.split(" ", 1)[1], world_size, tried)
 
 

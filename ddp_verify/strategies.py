@@ -94,27 +94,37 @@ def accumulation_schedules(
     max_micro_batches: int = 2,
     max_steps: int = 3,
     even: bool = False,
+    same_micro_batch_counts: bool = False,
 ) -> st.SearchStrategy[Schedule]:
     """Per step, per rank, the sizes of the micro-batches the rank accumulates over.
 
-    Micro-batches of one rank may differ in size, and ranks may split differently. Shrinks
+    Micro-batches of one rank may differ in size, and ranks may split differently.
+    ``same_micro_batch_counts=True`` gives every rank of a step as many micro-batches (as a
+    training loop with a fixed number of accumulation steps does); sizes still differ. Shrinks
     toward one step, one micro-batch per rank, an even split."""
     _check_bounds(world_size, min_samples, max_samples)
     _check_int("max_micro_batches", max_micro_batches, 1)
     _check_int("max_steps", max_steps, 1)
-
-    sizes = st.integers(min_samples, max_samples)
+    # Built once: making a strategy costs more than drawing from one.
+    sizes_from = functools.cache(lambda low: st.integers(low, max_samples))
 
     @st.composite
     def draw_schedule(draw: st.DrawFn) -> Schedule:
         schedule = []
         for _ in range(draw(st.integers(1, max_steps))):
+            pieces = None
+            low = min_samples
+            if same_micro_batch_counts:
+                # Every rank needs a sample per micro-batch.
+                pieces = draw(st.integers(1, min(max_micro_batches, max_samples)))
+                low = max(min_samples, pieces)
+            sizes = sizes_from(low)
             # Each rank's count, then at once its micro-batches: a count that shrinks takes
             # only its own micro-batch choices with it.
             common = draw(sizes) if even else None
             schedule.append(
                 tuple(
-                    _draw_micro_batches(draw, common or draw(sizes), max_micro_batches)
+                    _draw_micro_batches(draw, common or draw(sizes), max_micro_batches, pieces)
                     for _ in range(world_size)
                 )
             )
@@ -123,9 +133,13 @@ def accumulation_schedules(
     return draw_schedule()
 
 
-def _draw_micro_batches(draw: st.DrawFn, samples: int, max_micro_batches: int) -> tuple[int, ...]:
-    """``samples`` cut into 1 to ``max_micro_batches`` non-empty, consecutive pieces."""
-    pieces = draw(st.integers(1, min(samples, max_micro_batches)))
+def _draw_micro_batches(
+    draw: st.DrawFn, samples: int, max_micro_batches: int, pieces: int | None = None
+) -> tuple[int, ...]:
+    """``samples`` cut into ``pieces`` (else 1 to ``max_micro_batches``) non-empty,
+    consecutive pieces."""
+    if pieces is None:
+        pieces = draw(st.integers(1, min(samples, max_micro_batches)))
     if pieces == 1:
         return (samples,)
     cuts = draw(
@@ -165,6 +179,7 @@ def scenarios(
     max_micro_batches: int = 2,
     max_steps: int = 3,
     even: bool = False,
+    same_micro_batch_counts: bool = False,
     dtypes: Sequence[str] = ("float64",),
     losses: Sequence[str] = LOSSES,
     models: st.SearchStrategy[ModelSpec] | None = None,
@@ -174,7 +189,8 @@ def scenarios(
 
     ``min_samples`` and ``max_samples`` bound the samples one rank holds in one step.
     ``even=True`` keeps every rank's count equal (to check code that is only meant for even
-    batches). ``models`` and ``optimizers`` replace the default strategies.
+    batches); ``same_micro_batch_counts=True`` gives every rank of a step as many
+    micro-batches. ``models`` and ``optimizers`` replace the default strategies.
     """
     schedules = accumulation_schedules(
         world_size=world_size,
@@ -183,6 +199,7 @@ def scenarios(
         max_micro_batches=max_micro_batches,
         max_steps=max_steps,
         even=even,
+        same_micro_batch_counts=same_micro_batch_counts,
     )
     _check_choices("dtypes", dtypes, DTYPES)
     _check_choices("losses", losses, LOSSES)

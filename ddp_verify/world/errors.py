@@ -146,6 +146,7 @@ class RankError(WorldError):
                 self.failures,
                 self.world_relaunched,
                 self.hint,
+                self.finished,
             ),
         )
 

@@ -39,7 +39,7 @@ def test_equivalent_code_exits_0():
     assert "equivalent on 15 generated scenarios at world size 2" in result.stdout
 
 
-def test_a_counterexample_exits_1_with_a_json_verdict():
+def test_a_counterexample_exits_1_with_a_json_verdict(tmp_path):
     result = ddp_verify(
         "check",
         f"{FIXTURES}/grad_sync.py:average_gradients",
@@ -52,12 +52,15 @@ def test_a_counterexample_exits_1_with_a_json_verdict():
         "--seed",
         "1",
         "--json",
+        cwd=tmp_path,
     )
     assert result.returncode == 1, result.stderr
     verdict = json.loads(result.stdout)
     assert verdict["verdict"] == "not equivalent" and verdict["exit_code"] == 1
     assert verdict["scenario"].startswith("Scenario(world_size=2, schedule=(((")
     assert "First divergence: step 0 of 1" in verdict["report"]
+    assert "averaged over ranks by the world size" in verdict["likely_cause"]
+    assert (tmp_path / verdict["reproducer"]).is_file()
     assert verdict["examples"] >= 1
     assert "[ddp-verify] " in result.stderr  # progress
 

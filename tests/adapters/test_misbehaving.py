@@ -75,3 +75,46 @@ def _summing(model):
     for p in model.parameters():
         if p.grad is not None:
             dist.all_reduce(p.grad)
+
+
+def syncs_per_micro_batch(model, optimizer, micro_batches, loss_fn):
+    """Right whenever every rank holds as many micro-batches."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    total = torch.tensor([float(sum(len(x) for x, _ in micro_batches))], dtype=torch.float64)
+    dist.all_reduce(total)
+    optimizer.zero_grad()
+    reported = torch.zeros((), dtype=torch.float64)
+    for x, y in micro_batches:
+        loss = loss_fn(model(x), y) * (len(x) / total.item())
+        grads = torch.autograd.grad(loss, params, allow_unused=True)
+        for p, g in zip(params, grads, strict=True):
+            if g is not None:
+                dist.all_reduce(g)
+                p.grad = g if p.grad is None else p.grad + g
+        reported += loss.detach().double()
+    optimizer.step()
+    dist.all_reduce(reported)
+    return reported
+
+
+def test_collectives_split_by_different_micro_batch_counts_are_named():
+    # Step functions get equal counts by default; asked for varied ones, a function that
+    # synchronises per micro-batch leaves some ranks waiting in a collective the others
+    # never call.
+    with pytest.raises(EquivalenceError) as info:
+        check(
+            syncs_per_micro_batch,
+            kind="step",
+            world_size=2,
+            max_examples=10,
+            seed=0,
+            timeout=8,
+            same_micro_batch_counts=False,
+        )
+    cause = info.value.cause
+    assert cause is not None and "different numbers of micro-batches" in cause, cause
+    counts = [len(sizes) for step in info.value.scenario.schedule for sizes in step]
+    assert len(set(counts)) > 1
+    assert "same_micro_batch_counts=True" in str(info.value)
+    # With the counts a training loop gives, the same function is right.
+    assert check(syncs_per_micro_batch, kind="step", world_size=2, max_examples=10, seed=0)

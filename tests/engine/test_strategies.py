@@ -40,6 +40,34 @@ def test_schedules_cut_each_rank_into_nonempty_micro_batches(schedule):
             assert 1 <= len(sizes) <= 3 and all(m >= 1 for m in sizes) and sum(sizes) <= 5
 
 
+@given(
+    schedule=accumulation_schedules(
+        world_size=3,
+        min_samples=2,
+        max_samples=4,
+        max_micro_batches=3,
+        same_micro_batch_counts=True,
+    )
+)
+def test_same_micro_batch_counts_keep_counts_equal_but_sizes_free(schedule):
+    for per_rank in schedule:
+        assert len({len(sizes) for sizes in per_rank}) == 1
+        assert all(all(m >= 1 for m in sizes) and 2 <= sum(sizes) <= 4 for sizes in per_rank)
+
+
+def test_same_micro_batch_counts_still_find_uneven_micro_batches():
+    def uneven_accumulation(schedule):
+        per_rank = schedule[0]
+        return len(per_rank[0]) > 1 and len({sizes for sizes in per_rank}) > 1
+
+    found = find(
+        accumulation_schedules(world_size=2, same_micro_batch_counts=True),
+        uneven_accumulation,
+        settings=FIND,
+    )
+    assert len(found) == 1 and sorted(found[0]) in ([(1, 1), (1, 2)], [(1, 1), (2, 1)])
+
+
 @given(scenario=scenarios(world_size=3, dtypes=("float64", "float32")))
 def test_scenarios_are_valid_for_their_world(scenario):
     assert scenario.world_size == 3

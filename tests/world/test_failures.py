@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -13,7 +14,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from ddp_verify.world import FailureKind, RankError, World
+from ddp_verify.world import FailureKind, RankError, RankFailure, World
 from ddp_verify.world.errors import DEBUG_HINT
 from tests.processes import alive, wait_gone
 
@@ -210,3 +211,18 @@ def test_killing_the_controller_leaves_no_rank_alive(sig):
     finally:
         controller.kill()
         controller.wait()
+
+
+def test_a_rank_error_survives_pickling_with_everything_it_reports():
+    # Errors cross process boundaries (pytest-xdist workers, users' own pools).
+    error = RankError(
+        "job",
+        3,
+        "gloo",
+        [RankFailure(2, FailureKind.RAISED, "raised ValueError: bad")],
+        world_relaunched=True,
+        hint="a hint",
+        finished=[0, 1],
+    )
+    copy = pickle.loads(pickle.dumps(error))
+    assert str(copy) == str(error) and copy.finished == [0, 1] and copy.ranks == [2]
