@@ -5,10 +5,12 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from ddp_verify.compare import Float64Tolerance
 from ddp_verify.diagnose import matches
 from ddp_verify.methods import reference
-from ddp_verify.mistakes import Mistake, candidates, simulate
+from ddp_verify.mistakes import Mistake, applies, candidates, simulate
 from ddp_verify.reproducer import write_reproducer
 from ddp_verify.scenario import ModelSpec, Scenario
 from ddp_verify.trace import Trace
@@ -16,6 +18,13 @@ from ddp_verify.trace import Trace
 UNEVEN = Scenario(
     world_size=3,
     schedule=(((1, 2), (1,), (2,)), ((2,), (1, 1, 1), (1,))),
+    model=ModelSpec(hidden=(3,), layernorm=True),
+)
+# Uneven sizes, but as many micro-batches on every rank of a step: what a training loop with
+# a fixed number of accumulation steps gives, and what stepping per micro-batch needs.
+SAME_COUNTS = Scenario(
+    world_size=3,
+    schedule=(((1, 2), (2, 2), (1, 1)), ((3,), (1,), (2,))),
     model=ModelSpec(hidden=(3,), layernorm=True),
 )
 
@@ -33,11 +42,24 @@ def test_simulating_no_mistake_is_the_reference():
 
 
 def test_every_candidate_mistake_differs_from_the_reference_on_an_uneven_split():
-    ref = as_ranks(reference().run(UNEVEN), 3)
+    refs = {s: as_ranks(reference().run(s), 3) for s in (UNEVEN, SAME_COUNTS)}
     for kind in ("grad-sync", "loss", "step", "comm-hook", "wrapper"):
         for mistake in candidates(kind):
             assert mistake.causes, mistake
-            assert not matches(simulate(UNEVEN, mistake), ref, Float64Tolerance()), mistake
+            for scenario, ref in refs.items():
+                if applies(mistake, scenario):
+                    assert not matches(simulate(scenario, mistake), ref, Float64Tolerance())
+
+
+def test_stepping_per_micro_batch_needs_equal_counts_and_differs_from_every_other_mistake():
+    each = [m for m in candidates("step") if m.stepping == "each"]
+    assert each and not any(applies(m, UNEVEN) for m in each)
+    with pytest.raises(ValueError, match="micro-batch counts differ"):
+        simulate(UNEVEN, each[0])
+    stepped = simulate(SAME_COUNTS, Mistake(stepping="each"))
+    for other in candidates("step"):
+        if other != Mistake(stepping="each"):
+            assert not matches(simulate(SAME_COUNTS, other), stepped, Float64Tolerance()), other
 
 
 def test_candidates_come_fewest_mistakes_first():
