@@ -12,6 +12,7 @@ import torch
 
 from .compare import Float64Tolerance, Tolerance
 from .mistakes import Mistake, applies, candidates, simulate
+from .models import one_thread
 from .scenario import Scenario
 from .trace import Trace
 
@@ -44,9 +45,10 @@ def likely_cause(kind: str, scenario: Scenario, reference: Trace, got: Trace) ->
             + " after step 0, and agree on the others)"
         )
     tolerance = _MATCH[scenario.dtype]
-    for mistake in candidates(kind):
-        if applies(mistake, scenario) and matches(simulate(scenario, mistake), got, tolerance):
-            return "; and ".join(mistake.causes)
+    with one_thread():
+        for mistake in candidates(kind):
+            if applies(mistake, scenario) and matches(simulate(scenario, mistake), got, tolerance):
+                return "; and ".join(mistake.causes)
     return failure_cause(kind, scenario) or (
         "no known mistake reproduces this divergence; see the first divergence above"
     )

@@ -126,9 +126,7 @@ def _start(world: World | None, method: Method, scenario: Scenario) -> Callable[
     if isinstance(method, DistributedMethod):
         if world is None:
             raise TypeError(f"{method.name} trains on a world: pass a World")
-        pending = world.submit(
-            train_on_rank, (method, scenario), name=method.name, by_value=method.by_value
-        )
+        pending = world.submit(train_on_rank, (method.shipped(), scenario), name=method.name)
         return lambda: method.collect(pending.result())
     return lambda: method.run(scenario, world)
 

@@ -8,6 +8,9 @@ float32 and a float64 run of one scenario start from exactly the same numbers (w
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import torch
 from torch import nn
 
@@ -80,7 +83,9 @@ def build_model(scenario: Scenario, dtype: str | None = None) -> SpecModel:
     """The scenario's model with its seeded initial weights, in ``dtype`` (default: the
     scenario's)."""
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(scenario.seed)
+        # The CPU generator alone: torch.manual_seed also queues a lazy seeding call for every
+        # accelerator API, each recording a stack trace, on every model built.
+        torch.default_generator.manual_seed(scenario.seed)
         model = SpecModel(scenario.model)
     return model.to(torch_dtype(dtype or scenario.dtype))
 
@@ -125,3 +130,26 @@ def build_optimizer(spec: OptimizerSpec, params: object) -> torch.optim.Optimize
         )
     optimizer = torch.optim.Adam if spec.name == "adam" else torch.optim.AdamW
     return optimizer(params, lr=spec.lr, weight_decay=spec.weight_decay)  # type: ignore[arg-type]
+
+
+@contextlib.contextmanager
+def one_thread() -> Iterator[None]:
+    """Run torch on one thread for a while (the controller's reference and simulations).
+
+    Tiny models gain nothing from more, and the controller shares the machine with its ranks:
+    a second intra-op thread spinning beside them slows every collective.
+
+    Example::
+
+        with one_thread():
+            trace = reference().run(scenario)
+    """
+    before = torch.get_num_threads()
+    if before == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import torch
 
@@ -17,6 +18,11 @@ class RankTrace:
     losses: list[float] = dataclasses.field(default_factory=list)
     grads: list[dict[str, torch.Tensor | None]] | None = dataclasses.field(default_factory=list)
     params: list[Tensors] = dataclasses.field(default_factory=list)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # A rank sends its trace home after every example: one flat tensor per field pickles
+        # many times faster than a small tensor per parameter per step.
+        return (_unpack_rank_trace, (self.losses, _pack(self.grads), _pack(self.params)))
 
 
 @dataclasses.dataclass
@@ -47,3 +53,57 @@ def gradients(model: torch.nn.Module) -> dict[str, torch.Tensor | None]:
         for name, p in model.named_parameters()
         if p.requires_grad
     }
+
+
+# Per step, per tensor: its name, and its shape and dtype (None for a missing gradient).
+_Layout = list[list[tuple[str, tuple[int, ...] | None, torch.dtype | None]]]
+
+
+def _pack(
+    steps: list[dict[str, torch.Tensor | None]] | None,
+) -> tuple[_Layout, torch.Tensor] | None:
+    """Every tensor of every step in one float64 tensor (exact for every float dtype)."""
+    if steps is None:
+        return None
+    layout: _Layout = []
+    chunks = []
+    for record in steps:
+        entry: list[tuple[str, tuple[int, ...] | None, torch.dtype | None]] = []
+        for name, tensor in record.items():
+            if tensor is None:
+                entry.append((name, None, None))
+            else:
+                entry.append((name, tuple(tensor.shape), tensor.dtype))
+                chunks.append(tensor.detach().reshape(-1).to(torch.float64))
+        layout.append(entry)
+    flat = torch.cat(chunks) if chunks else torch.zeros(0, dtype=torch.float64)
+    return layout, flat
+
+
+def _unpack(packed: tuple[_Layout, torch.Tensor] | None) -> list[dict[str, Any]] | None:
+    if packed is None:
+        return None
+    layout, flat = packed
+    steps: list[dict[str, Any]] = []
+    offset = 0
+    for entry in layout:
+        record: dict[str, Any] = {}
+        for name, shape, dtype in entry:
+            if shape is None:
+                record[name] = None
+                continue
+            count = 1
+            for extent in shape:
+                count *= extent
+            record[name] = flat[offset : offset + count].view(shape).to(dtype)
+            offset += count
+        steps.append(record)
+    return steps
+
+
+def _unpack_rank_trace(
+    losses: list[float],
+    grads: tuple[_Layout, torch.Tensor] | None,
+    params: tuple[_Layout, torch.Tensor] | None,
+) -> RankTrace:
+    return RankTrace(losses, _unpack(grads), _unpack(params) or [])

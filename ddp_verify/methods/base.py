@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import abc
+import weakref
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from ..scenario import Scenario
 from ..trace import RankTrace, Trace
+from ..world.protocol import Shipped
 
 if TYPE_CHECKING:
     from ..world import World
@@ -43,11 +45,22 @@ class DistributedMethod(Method):
         if world is None:
             raise TypeError(f"{self.name} trains on a world: pass world=World(...)")
         return self.collect(
-            world.run_job(train_on_rank, (self, scenario), name=self.name, by_value=self.by_value)
+            world.run_job(train_on_rank, (self.shipped(), scenario), name=self.name)
         )
+
+    def shipped(self) -> Shipped:
+        """This method pickled once for every job that carries it (see :class:`Shipped`)."""
+        shipped = _shipped.get(self)
+        if shipped is None:
+            shipped = _shipped[self] = Shipped(self, by_value=self.by_value)
+        return shipped
 
     def collect(self, rank_traces: list[Any]) -> Trace:
         return Trace(self.name, list(rank_traces))
+
+
+# Kept beside the methods rather than on them: an attribute would travel inside the pickle.
+_shipped: weakref.WeakKeyDictionary[DistributedMethod, Shipped] = weakref.WeakKeyDictionary()
 
 
 def train_on_rank(method: DistributedMethod, scenario: Scenario) -> RankTrace:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..models import build_data, build_model, build_optimizer, loss_function
+from ..models import build_data, build_model, build_optimizer, loss_function, one_thread
 from ..scenario import DTYPES, Scenario
 from ..trace import RankTrace, Trace, gradients, parameters
 from .base import Method
@@ -24,6 +24,10 @@ class Reference(Method):
         self.name = "reference" if dtype is None else f"reference({dtype})"
 
     def run(self, scenario: Scenario, world: World | None = None) -> Trace:
+        with one_thread():
+            return self._train(scenario)
+
+    def _train(self, scenario: Scenario) -> Trace:
         model = build_model(scenario, self.dtype)
         optimizer = build_optimizer(scenario.optimizer, model.parameters())
         loss_fn = loss_function(scenario)

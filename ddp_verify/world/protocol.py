@@ -10,8 +10,10 @@ closures, lambdas and test functions all work.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
+import hashlib
 import importlib
 import importlib.machinery
 import io
@@ -93,6 +95,52 @@ def dump_job(
             return cloudpickle.dumps((fn, tuple(args), dict(kwargs)), protocol=5)
         except Exception as exc:
             raise JobPicklingError(_locate_unpicklable(fn, args, kwargs, exc)) from exc
+
+
+class Shipped:
+    """An object pickled once in the controller and unpickled once per rank process, however
+    many jobs carry it: a method holding the user's code goes out with every example, and
+    pickling functions by value is the slow part of a job.
+
+    The rank keeps the object it unpickled, so state the object keeps persists from job to
+    job, as it would in one process.
+
+    Example::
+
+        shipped = Shipped(method, by_value=method.by_value)
+        for scenario in scenarios:
+            world.run(train_on_rank, shipped, scenario)
+    """
+
+    def __init__(self, obj: Any, *, by_value: Sequence[types.ModuleType] = ()) -> None:
+        with pickled_by_value(list(by_value)):
+            try:
+                self.data = cloudpickle.dumps(obj, protocol=5)
+            except Exception as exc:
+                raise JobPicklingError(
+                    f"{type(obj).__name__} {obj!r} cannot be pickled: {type(exc).__name__}: "
+                    f"{exc}. It is sent to every rank process, so it must be picklable."
+                ) from exc
+        self.digest = hashlib.blake2b(self.data, digest_size=16).hexdigest()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_unshipped, (self.digest, self.data))
+
+
+# On a rank: the objects shipped most recently, by digest.
+_unshipped_cache: collections.OrderedDict[str, Any] = collections.OrderedDict()
+_UNSHIPPED_KEPT = 8
+
+
+def _unshipped(digest: str, data: bytes) -> Any:
+    if digest in _unshipped_cache:
+        _unshipped_cache.move_to_end(digest)
+        return _unshipped_cache[digest]
+    obj = pickle.loads(data)
+    _unshipped_cache[digest] = obj
+    while len(_unshipped_cache) > _UNSHIPPED_KEPT:
+        _unshipped_cache.popitem(last=False)
+    return obj
 
 
 def load_job(payload: bytes) -> tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]:

@@ -166,3 +166,26 @@ def test_nccl_without_gpus_says_why():
     with pytest.raises(BackendUnavailable, match=r"needs 2 GPUs, \d+ visible"):
         world.start()
     assert world.pids == []
+
+
+def test_a_shipped_object_is_unpickled_once_per_rank_and_keeps_its_state(world2):
+    # What check() relies on to send a method with the user's code once, not per example.
+    from ddp_verify.world.protocol import Shipped
+
+    seen: list[int] = []
+
+    def remember(value: int) -> int:
+        seen.append(value)
+        return len(seen)
+
+    shipped = Shipped(remember)
+
+    def call(fn, value):
+        return fn(value)
+
+    assert world2.run(call, shipped, 1) == [1, 1]
+    assert world2.run(call, shipped, 2) == [2, 2]
+    # The same bytes again are the same object on the ranks; other bytes are a new one.
+    assert world2.run(call, Shipped(remember), 3) == [3, 3]
+    seen.append(0)  # changes what a fresh pickle holds
+    assert world2.run(call, Shipped(remember), 4) == [2, 2]

@@ -1,0 +1,411 @@
+"""ddp_verify's cost next to its two yardsticks: the floor and the usual way.
+
+    python benchmarks/bench.py [--sizes 2,4] [--examples 40] [--usual 3] [--repeats 3]
+        [--cli-examples 100] [--out benchmarks/results/bench.json]
+
+For each world size, one run measures:
+
+- start-up: ``World(n).start()`` next to a bare spawn of n interpreters that import torch and
+  init a gloo group (the floor for start-up);
+- the round trip of a job that does nothing and of a trivial job (one all-reduce) on a warm
+  world;
+- per example, on the same fixed list of scenarios (the default ``scenarios()`` strategy,
+  derandomized): a full check of ``ddp()`` against the reference, and a check of the
+  ``grad-sync`` plug-in ``fixtures/grad_sync.py:sample_weighted``; each timed from the
+  controller, reference and comparison included;
+- the **floor** for the same work: the same training steps and collectives run by a bare
+  persistent-worker loop (plain multiprocessing workers, one process group, a scenario in, a
+  number out), no harness around them;
+- the **usual way** for the same work: a fresh ``torch.multiprocessing.spawn`` world per
+  example, as spawn-based test suites do;
+- ``ddp-verify check fixtures/grad_sync.py:sample_weighted --kind grad-sync`` with 100
+  examples, start-up included, as a user runs it;
+- peak resident memory of the controller and of the largest rank.
+
+It prints medians and the ratios harness/floor and usual-way/harness, and writes everything as
+JSON. Plan on four to six minutes on two cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import json
+import multiprocessing
+import os
+import platform
+import resource
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "fixtures"))
+os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch: one thread per process
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
+from grad_sync import sample_weighted  # noqa: E402
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from torch.nn.parallel import DistributedDataParallel  # noqa: E402
+
+from ddp_verify import VerifyingWorld  # noqa: E402
+from ddp_verify.adapters import adapt  # noqa: E402
+from ddp_verify.methods import ddp  # noqa: E402
+from ddp_verify.models import build_data, build_model, build_optimizer, loss_function  # noqa: E402
+from ddp_verify.scenario import Scenario  # noqa: E402
+from ddp_verify.strategies import scenarios  # noqa: E402
+from ddp_verify.world import World  # noqa: E402
+
+DEFAULT_OUT = ROOT / "benchmarks" / "results" / "bench.json"
+
+
+# -- the work, bare: what the floor and the usual way run on every rank -------------------------
+
+
+def bare_ddp(scenario: Scenario) -> float:
+    """DDP training of ``scenario`` as the ``ddp()`` method does it, without the trace."""
+    model = build_model(scenario)
+    wrapped = DistributedDataParallel(model, find_unused_parameters=scenario.model.unused)
+    optimizer = build_optimizer(scenario.optimizer, wrapped.parameters())
+    loss_fn, rank, size = loss_function(scenario), dist.get_rank(), dist.get_world_size()
+    total = torch.zeros((), dtype=torch.float64)
+    for step, (inputs, targets) in enumerate(build_data(scenario)):
+        optimizer.zero_grad(set_to_none=True)
+        weight = size / scenario.global_batch(step)
+        start = scenario.offset(step, rank)
+        sizes = scenario.schedule[step][rank]
+        local = torch.zeros((), dtype=torch.float64)
+        for j, m in enumerate(sizes):
+            x, y = inputs[start : start + m], targets[start : start + m]
+            start += m
+            with contextlib.nullcontext() if j == len(sizes) - 1 else wrapped.no_sync():
+                loss = loss_fn(wrapped(x), y)
+                (loss * (m * weight)).backward()
+            local += loss.detach().double() * m
+        dist.all_reduce(local)
+        optimizer.step()
+        total += local
+    return float(total)
+
+
+def bare_grad_sync(scenario: Scenario) -> float:
+    """Local backward of each rank's mean loss, the user's ``sample_weighted``, one step."""
+    model = build_model(scenario)
+    optimizer = build_optimizer(scenario.optimizer, model.parameters())
+    loss_fn, rank = loss_function(scenario), dist.get_rank()
+    total = torch.zeros((), dtype=torch.float64)
+    for step, (inputs, targets) in enumerate(build_data(scenario)):
+        optimizer.zero_grad(set_to_none=True)
+        n = scenario.samples(step)[rank]
+        start = scenario.offset(step, rank)
+        local = torch.zeros((), dtype=torch.float64)
+        for m in scenario.schedule[step][rank]:
+            loss = loss_fn(model(inputs[start : start + m]), targets[start : start + m])
+            (loss * (m / n)).backward()
+            local += loss.detach().double() * m
+            start += m
+        sample_weighted(model, n)
+        dist.all_reduce(local)
+        optimizer.step()
+        total += local
+    return float(total)
+
+
+WORK: dict[str, Callable[[Scenario], float]] = {"ddp": bare_ddp, "grad-sync": bare_grad_sync}
+
+
+def harness_method(kind: str) -> Any:
+    return ddp() if kind == "ddp" else adapt(sample_weighted, "grad-sync")
+
+
+# -- the floor: a bare persistent-worker loop -----------------------------------------------------
+
+
+def _floor_worker(rank: int, size: int, port: int, conn: Any) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size
+    )
+    while (message := conn.recv()) is not None:
+        kind, scenario = message
+        conn.send(WORK[kind](scenario))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+class FloorWorkers:
+    """``size`` spawned workers in one process group, fed scenarios through pipes."""
+
+    def __init__(self, size: int) -> None:
+        context = multiprocessing.get_context("spawn")
+        port = _free_port()
+        self.conns, self.procs = [], []
+        for rank in range(size):
+            ours, theirs = context.Pipe()
+            proc = context.Process(target=_floor_worker, args=(rank, size, port, theirs))
+            proc.start()
+            self.conns.append(ours)
+            self.procs.append(proc)
+
+    def run(self, kind: str, scenario: Scenario) -> None:
+        for conn in self.conns:
+            conn.send((kind, scenario))
+        for conn in self.conns:
+            conn.recv()
+
+    def close(self) -> None:
+        for conn in self.conns:
+            conn.send(None)
+        for proc in self.procs:
+            proc.join()
+
+
+# -- the usual way: a fresh world per example -----------------------------------------------------
+
+
+def _usual_rank(rank: int, size: int, port: int, kind: str, scenario: Scenario) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size
+    )
+    WORK[kind](scenario)
+    dist.barrier()  # no rank tears its pairs down while a peer still uses them
+    dist.destroy_process_group()
+
+
+def usual_way(size: int, kind: str, scenario: Scenario) -> float:
+    start = time.perf_counter()
+    mp.spawn(_usual_rank, args=(size, _free_port(), kind, scenario), nprocs=size, join=True)
+    return time.perf_counter() - start
+
+
+# -- start-up and round trips ---------------------------------------------------------------------
+
+_BARE_RANK = """
+import sys, torch, torch.distributed as dist
+rank, size, port = map(int, sys.argv[1:])
+torch.set_num_threads(1)
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size)
+print("ready", flush=True)
+sys.stdin.read()
+"""
+
+
+def bare_start(size: int) -> float:
+    """Spawn ``size`` plain interpreters that import torch and init a process group."""
+    port = _free_port()
+    start = time.perf_counter()
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-W", "ignore", "-c", _BARE_RANK, str(r), str(size), str(port)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(size)
+    ]
+    for p in procs:
+        assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+    elapsed = time.perf_counter() - start
+    for p in procs:
+        p.communicate("")
+    return elapsed
+
+
+def world_start(size: int) -> float:
+    start = time.perf_counter()
+    world = World(size).start()
+    elapsed = time.perf_counter() - start
+    world.close()
+    return elapsed
+
+
+def _noop() -> None:
+    return None
+
+
+def _trivial() -> float:
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    return float(t)
+
+
+def _peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _timed(fn: Callable[[], object], count: int) -> list[float]:
+    times = []
+    for _ in range(count):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def fixed_scenarios(world_size: int, count: int) -> list[Scenario]:
+    drawn: list[Scenario] = []
+
+    @settings(
+        max_examples=count, derandomize=True, database=None, suppress_health_check=list(HealthCheck)
+    )
+    @given(scenarios(world_size=world_size))
+    def collect(scenario: Scenario) -> None:
+        drawn.append(scenario)
+
+    collect()
+    return drawn[:count]
+
+
+def cli_check(size: int, examples: int) -> float:
+    """``ddp-verify check`` as a user runs it: a fresh process, start-up included."""
+    command = [
+        sys.executable,
+        "-m",
+        "ddp_verify",
+        "check",
+        f"{ROOT}/fixtures/grad_sync.py:sample_weighted",
+        "--kind",
+        "grad-sync",
+        "--world-size",
+        str(size),
+        "--max-examples",
+        str(examples),
+        "--seed",
+        "0",
+    ]
+    start = time.perf_counter()
+    result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
+    elapsed = time.perf_counter() - start
+    if result.returncode != 0:
+        raise RuntimeError(f"ddp-verify check failed:\n{result.stdout}\n{result.stderr}")
+    return elapsed
+
+
+def measure(size: int, args: argparse.Namespace) -> dict[str, float]:
+    out: dict[str, float] = {}
+    starts = [world_start(size) for _ in range(args.repeats)]
+    bares = [bare_start(size) for _ in range(args.repeats)]
+    out["world_start_s"] = statistics.median(starts)
+    out["bare_spawn_and_init_s"] = statistics.median(bares)
+    out["start_world_over_bare"] = out["world_start_s"] / out["bare_spawn_and_init_s"]
+
+    cases = fixed_scenarios(size, args.examples)
+    with VerifyingWorld(size) as world:
+        for job, name in ((_noop, "noop"), (_trivial, "trivial")):
+            _timed(lambda job=job: world.run(job), 10)  # warm-up
+            out[f"{name}_round_trip_ms"] = (
+                statistics.median(_timed(lambda job=job: world.run(job), args.round_trips)) * 1e3
+            )
+        floor = FloorWorkers(size)
+        try:
+            for kind in WORK:
+                method = harness_method(kind)
+                for scenario in cases[:3]:  # warm-up: first optimizer, first DDP, caches
+                    world.check_equivalent(method, scenario)
+                    floor.run(kind, scenario)
+                checks, floors = [], []
+                for scenario in cases:
+                    start = time.perf_counter()
+                    outcome = world.check_equivalent(method, scenario)
+                    checks.append(time.perf_counter() - start)
+                    assert outcome.equivalent, outcome.report()
+                    start = time.perf_counter()
+                    floor.run(kind, scenario)
+                    floors.append(time.perf_counter() - start)
+                usual = [usual_way(size, kind, s) for s in cases[: args.usual]]
+                check, bare = statistics.median(checks), statistics.median(floors)
+                out[f"{kind}_check_ms"] = check * 1e3
+                out[f"{kind}_floor_ms"] = bare * 1e3
+                out[f"{kind}_usual_ms"] = statistics.median(usual) * 1e3
+                out[f"{kind}_check_over_floor"] = check / bare
+                out[f"{kind}_usual_over_check"] = statistics.median(usual) / check
+        finally:
+            floor.close()
+        out["rank_peak_rss_mib"] = max(world.run(_peak_rss_mib))
+    out["controller_peak_rss_mib"] = _peak_rss_mib()
+    if args.cli_examples:
+        out["cli_check_s"] = cli_check(size, args.cli_examples)
+    return out
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+COLUMNS = [
+    ("world_start_s", "start s", "{:.2f}"),
+    ("bare_spawn_and_init_s", "bare s", "{:.2f}"),
+    ("start_world_over_bare", "ratio", "{:.2f}"),
+    ("noop_round_trip_ms", "no-op ms", "{:.2f}"),
+    ("trivial_round_trip_ms", "trivial ms", "{:.2f}"),
+    ("rank_peak_rss_mib", "rank MiB", "{:.0f}"),
+    ("controller_peak_rss_mib", "ctrl MiB", "{:.0f}"),
+    ("cli_check_s", "cli s", "{:.1f}"),
+]
+PER_KIND = [
+    ("check_ms", "check ms", "{:.1f}"),
+    ("floor_ms", "floor ms", "{:.1f}"),
+    ("check_over_floor", "check/floor", "{:.2f}"),
+    ("usual_ms", "usual ms", "{:.0f}"),
+    ("usual_over_check", "usual/check", "{:.0f}x"),
+]
+
+
+def render(results: dict[str, dict[str, float]]) -> str:
+    lines = []
+    header = f"{'ws':>3} " + " ".join(f"{title:>10}" for _, title, _ in COLUMNS)
+    lines.append(header)
+    for size, r in results.items():
+        cells = [fmt.format(r[key]) if key in r else "-" for key, _, fmt in COLUMNS]
+        lines.append(f"{size:>3} " + " ".join(f"{c:>10}" for c in cells))
+    lines.append("")
+    lines.append(f"{'ws':>3} {'example':>10} " + " ".join(f"{t:>11}" for _, t, _ in PER_KIND))
+    for size, r in results.items():
+        for kind in WORK:
+            cells = [fmt.format(r[f"{kind}_{key}"]) for key, _, fmt in PER_KIND]
+            lines.append(f"{size:>3} {kind:>10} " + " ".join(f"{c:>11}" for c in cells))
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="2,4")
+    parser.add_argument("--examples", type=int, default=40, help="scenarios per kind")
+    parser.add_argument("--usual", type=int, default=3, help="examples run the usual way")
+    parser.add_argument("--repeats", type=int, default=3, help="start-ups timed")
+    parser.add_argument("--round-trips", type=int, default=200)
+    parser.add_argument("--cli-examples", type=int, default=100, help="0 skips the CLI run")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    args = parser.parse_args()
+    results = {n: measure(int(n), args) for n in args.sizes.split(",")}
+    print(render(results))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(
+        json.dumps(
+            {
+                "when": datetime.datetime.now().isoformat(timespec="seconds"),
+                "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+                "python": platform.python_version(),
+                "torch": torch.__version__,
+                "arguments": {k: str(v) for k, v in vars(args).items()},
+                "medians": results,
+            },
+            indent=2,
+        )
+    )
+    print(f"written to {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,41 @@
+"""Traces travel home from the ranks packed flat; they must arrive exactly as they left."""
+
+from __future__ import annotations
+
+import pickle
+
+import cloudpickle
+import torch
+
+from ddp_verify.trace import RankTrace
+
+
+def test_a_rank_trace_round_trips_exactly_with_dtypes_shapes_and_missing_gradients():
+    trace = RankTrace(
+        losses=[0.5, 0.25],
+        grads=[
+            {"w": torch.randn(2, 3, dtype=torch.float32), "b": None},
+            {"w": torch.randn(2, 3, dtype=torch.float32), "b": torch.randn(1).double()},
+        ],
+        params=[
+            {"w": torch.randn(2, 3), "scalar": torch.tensor(1.5, dtype=torch.float64)},
+            {"w": torch.randn(2, 3), "scalar": torch.tensor(2.5, dtype=torch.float64)},
+        ],
+    )
+    back = pickle.loads(cloudpickle.dumps(trace))
+    assert back.losses == trace.losses
+    assert back.grads[0]["b"] is None
+    for sent, got in ((trace.grads, back.grads), (trace.params, back.params)):
+        for step_sent, step_got in zip(sent, got, strict=True):
+            assert list(step_sent) == list(step_got)
+            for name, tensor in step_sent.items():
+                if tensor is None:
+                    continue
+                assert step_got[name].dtype == tensor.dtype
+                assert step_got[name].shape == tensor.shape
+                assert torch.equal(step_got[name], tensor)
+
+
+def test_a_trace_without_gradients_stays_without():
+    back = pickle.loads(pickle.dumps(RankTrace([1.0], None, [{"w": torch.ones(2)}])))
+    assert back.grads is None and torch.equal(back.params[0]["w"], torch.ones(2))
