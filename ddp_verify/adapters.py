@@ -14,13 +14,13 @@ the user's code's own.
 from __future__ import annotations
 
 import contextlib
-import inspect
 from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from .kinds import DEFAULT_BOUNDS, KINDS, SIGNATURES, KindError, check_signature
 from .methods.base import DistributedMethod
 from .methods.ddp import DDP
 from .methods.loop import RankRun
@@ -29,26 +29,14 @@ from .scenario import Scenario
 from .trace import RankTrace
 from .world.protocol import modules_ranks_cannot_import
 
-KINDS = ("grad-sync", "loss", "step", "comm-hook", "wrapper")
-
-# What each kind's callable must accept, for the error that says so.
-SIGNATURES = {
-    "grad-sync": "fn(model) or fn(model, num_samples)",
-    "loss": "fn(local_loss, num_samples) -> tensor or float",
-    "step": "fn(model, optimizer, micro_batches, loss_fn) -> tensor or float",
-    "comm-hook": "hook(state, bucket) -> torch.futures.Future",
-    "wrapper": "fn(module) -> module",
-}
-# Scenario bounds a kind checks under unless the user says otherwise. A step function owns its
-# accumulation loop, and training loops give every rank the same number of accumulation steps;
-# code that synchronises per micro-batch would only hang on other schedules.
-DEFAULT_BOUNDS: dict[str, dict[str, Any]] = {"step": {"same_micro_batch_counts": True}}
-
-_ARITIES = {"grad-sync": (1, 2), "loss": (2,), "step": (4,), "comm-hook": (2,), "wrapper": (1,)}
-
-
-class KindError(TypeError):
-    """The callable cannot be used as the requested kind; the message says what was expected."""
+__all__ = [
+    "DEFAULT_BOUNDS",
+    "KINDS",
+    "SIGNATURES",
+    "KindError",
+    "adapt",
+    "check_signature",
+]
 
 
 def adapt(fn: Callable[..., Any], kind: str) -> DistributedMethod:
@@ -70,27 +58,6 @@ def adapt(fn: Callable[..., Any], kind: str) -> DistributedMethod:
     if kind == "comm-hook":
         return CommHook(fn, name)
     return Wrapper(fn, name)
-
-
-def check_signature(fn: Callable[..., Any], kind: str) -> int:
-    """How many positional arguments ``fn`` will be given; :class:`KindError` if it cannot
-    take what ``kind`` passes."""
-    if kind not in KINDS:
-        raise KindError(f"unknown kind {kind!r}; choose one of {', '.join(KINDS)}")
-    if not callable(fn):
-        raise KindError(f"{fn!r} is not callable; a {kind} plug-in is {SIGNATURES[kind]}")
-    try:
-        signature = inspect.signature(fn)
-    except (TypeError, ValueError):
-        return _ARITIES[kind][-1]  # Builtins and C callables: trust the user.
-    for arity in reversed(_ARITIES[kind]):
-        try:
-            signature.bind(*range(arity))
-        except TypeError:
-            continue
-        return arity
-    name = getattr(fn, "__qualname__", repr(fn))
-    raise KindError(f"{name}{signature} cannot be a {kind} plug-in: expected {SIGNATURES[kind]}")
 
 
 class UserMethod(DistributedMethod):

@@ -8,12 +8,14 @@ world while the controller trains the reference, compares the traces, and raises
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+import importlib
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .compare import Float32Tolerance, Float64Tolerance, Mismatch, Tolerance, compare
 from .methods import DistributedMethod, Method, Reference
 from .methods.base import train_on_rank
+from .options import VERIFYING_PRELOAD
 from .scenario import Scenario
 from .trace import Trace
 from .world import World
@@ -139,6 +141,19 @@ class VerifyingWorld(World):
         with VerifyingWorld(2) as world:
             world.assert_equivalent(ddp(), scenario)
     """
+
+    def __init__(self, size: int, *, preload: Sequence[str] = VERIFYING_PRELOAD, **options: Any):
+        super().__init__(size, preload=preload, **options)
+
+    def start(self) -> VerifyingWorld:
+        if not self._ready and not self._closed:
+            # The reference trains here: import what it needs while the fork server does the
+            # same for the ranks, on the other core.
+            self.prestart()
+            for module in self.preload:
+                importlib.import_module(module)
+        super().start()
+        return self
 
     def check_equivalent(
         self, method: Method, scenario: Scenario, *, tolerance: Tolerance | None = None

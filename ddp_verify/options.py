@@ -14,6 +14,9 @@ WORLD_SIZE_ENV = "DDP_VERIFY_WORLD_SIZE"
 DEFAULT_WORLD_SIZE = 2
 DEFAULT_TIMEOUT_S = 60.0
 BACKENDS = ("gloo", "nccl")
+# What ranks that check training import before their first job, once, in the fork server:
+# torch's first optimizer imports torch._dynamo (seconds of CPU per process otherwise).
+VERIFYING_PRELOAD = ("torch._dynamo", "torch.nn.parallel", "ddp_verify.adapters")
 
 
 @dataclasses.dataclass(frozen=True)

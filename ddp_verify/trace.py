@@ -22,7 +22,15 @@ class RankTrace:
     def __reduce__(self) -> tuple[Any, ...]:
         # A rank sends its trace home after every example: one flat tensor per field pickles
         # many times faster than a small tensor per parameter per step.
-        return (_unpack_rank_trace, (self.losses, _pack(self.grads), _pack(self.params)))
+        grads, params = self.packed("grads"), self.packed("params")
+        return (_unpack_rank_trace, (self.losses, grads, params))
+
+    def packed(self, field: str) -> tuple[Layout, torch.Tensor] | None:
+        """``grads`` or ``params`` as ``(layout, flat float64 tensor)``: per step, per tensor,
+        its name, shape and dtype, and every value in order (None without gradients)."""
+        steps = getattr(self, field)
+        # Packed afresh each time: a cached copy would go stale if a tensor were replaced.
+        return None if steps is None else _pack(steps)
 
 
 @dataclasses.dataclass
@@ -56,16 +64,24 @@ def gradients(model: torch.nn.Module) -> dict[str, torch.Tensor | None]:
 
 
 # Per step, per tensor: its name, and its shape and dtype (None for a missing gradient).
-_Layout = list[list[tuple[str, tuple[int, ...] | None, torch.dtype | None]]]
+Layout = list[list[tuple[str, tuple[int, ...] | None, torch.dtype | None]]]
 
 
-def _pack(
-    steps: list[dict[str, torch.Tensor | None]] | None,
-) -> tuple[_Layout, torch.Tensor] | None:
+def step_lengths(layout: Layout) -> list[int]:
+    """How many values each step holds in a packed flat tensor."""
+    return [sum(_numel(shape) for _, shape, _ in entry if shape is not None) for entry in layout]
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    count = 1
+    for extent in shape:
+        count *= extent
+    return count
+
+
+def _pack(steps: list[dict[str, torch.Tensor | None]]) -> tuple[Layout, torch.Tensor]:
     """Every tensor of every step in one float64 tensor (exact for every float dtype)."""
-    if steps is None:
-        return None
-    layout: _Layout = []
+    layout: Layout = []
     chunks = []
     for record in steps:
         entry: list[tuple[str, tuple[int, ...] | None, torch.dtype | None]] = []
@@ -80,7 +96,7 @@ def _pack(
     return layout, flat
 
 
-def _unpack(packed: tuple[_Layout, torch.Tensor] | None) -> list[dict[str, Any]] | None:
+def _unpack(packed: tuple[Layout, torch.Tensor] | None) -> list[dict[str, Any]] | None:
     if packed is None:
         return None
     layout, flat = packed
@@ -92,9 +108,7 @@ def _unpack(packed: tuple[_Layout, torch.Tensor] | None) -> list[dict[str, Any]]
             if shape is None:
                 record[name] = None
                 continue
-            count = 1
-            for extent in shape:
-                count *= extent
+            count = _numel(shape)
             record[name] = flat[offset : offset + count].view(shape).to(dtype)
             offset += count
         steps.append(record)
@@ -103,7 +117,7 @@ def _unpack(packed: tuple[_Layout, torch.Tensor] | None) -> list[dict[str, Any]]
 
 def _unpack_rank_trace(
     losses: list[float],
-    grads: tuple[_Layout, torch.Tensor] | None,
-    params: tuple[_Layout, torch.Tensor] | None,
+    grads: tuple[Layout, torch.Tensor] | None,
+    params: tuple[Layout, torch.Tensor] | None,
 ) -> RankTrace:
     return RankTrace(losses, _unpack(grads), _unpack(params) or [])

@@ -15,21 +15,50 @@ from pathlib import Path
 
 import ddp_verify
 
+from .forkserver import ForkServer
+
 # The rank imports the package from wherever the controller imported it, installed or not.
 _BOOT = "import sys; sys.path.insert(0, {root!r}); from ddp_verify.world.rank import main; main()"
-_PACKAGE_ROOT = str(Path(ddp_verify.__file__).resolve().parent.parent)
+PACKAGE_ROOT = str(Path(ddp_verify.__file__).resolve().parent.parent)
 
 
 class RankProcess:
-    """One rank's process, its two pipes, and the files its output and stack dumps go to."""
+    """One rank's process, its two pipes, and the files its output and stack dumps go to.
 
-    def __init__(self, rank: int, workdir: Path, env: Mapping[str, str]) -> None:
+    Forked from ``server`` when one is given (see :mod:`ddp_verify.world.forkserver`), else
+    spawned as a fresh interpreter.
+    """
+
+    def __init__(
+        self,
+        rank: int,
+        workdir: Path,
+        env: Mapping[str, str],
+        *,
+        server: ForkServer | None = None,
+        timeout: float = 120.0,
+    ) -> None:
         self.rank = rank
         self.stdout_path = workdir / f"rank{rank}.stdout"
         self.stderr_path = workdir / f"rank{rank}.stderr"
         self.stack_path = workdir / f"rank{rank}.stacks"
         job_read, job_write = os.pipe()
         result_read, result_write = os.pipe()
+        self.jobs = Connection(job_write, readable=False)
+        self.results = Connection(result_read, writable=False)
+        self._read_from = {"stdout": 0, "stderr": 0, "stacks": 0}
+        if server is not None:
+            try:
+                paths = (str(self.stdout_path), str(self.stderr_path))
+                pid = server.fork((job_read, result_write), paths, env, timeout)
+            except BaseException:
+                self.close_pipes()
+                raise
+            finally:
+                os.close(job_read)
+                os.close(result_write)
+            self.process: subprocess.Popen[bytes] | ForkedProcess = ForkedProcess(server, pid)
+            return
         from_main = threading.current_thread() is threading.main_thread()
         with open(self.stdout_path, "wb") as out, open(self.stderr_path, "wb") as err:
             try:
@@ -37,7 +66,7 @@ class RankProcess:
                     [
                         sys.executable,
                         "-c",
-                        _BOOT.format(root=_PACKAGE_ROOT),
+                        _BOOT.format(root=PACKAGE_ROOT),
                         str(job_read),
                         str(result_write),
                         str(os.getpid()),
@@ -55,9 +84,6 @@ class RankProcess:
             finally:
                 os.close(job_read)
                 os.close(result_write)
-        self.jobs = Connection(job_write, readable=False)
-        self.results = Connection(result_read, writable=False)
-        self._read_from = {"stdout": 0, "stderr": 0, "stacks": 0}
 
     @property
     def pid(self) -> int:
@@ -105,6 +131,27 @@ class RankProcess:
         for conn in (self.jobs, self.results):
             with contextlib.suppress(OSError):
                 conn.close()
+
+
+class ForkedProcess:
+    """A rank forked by a fork server, with the bits of ``subprocess.Popen`` this module uses:
+    its exit code comes from the server, which is its parent."""
+
+    def __init__(self, server: ForkServer, pid: int) -> None:
+        self.server, self.pid = server, pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self.server.exit_code(self.pid)
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        code = self.server.wait_exit(self.pid, timeout)
+        if code is None:
+            raise subprocess.TimeoutExpired(f"rank pid {self.pid}", timeout or 0.0)
+        return code
 
 
 def collect_stack_dumps(ranks: Iterable[RankProcess], settle_s: float = 1.0) -> dict[int, str]:

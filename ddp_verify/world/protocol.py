@@ -53,6 +53,7 @@ class Launch:
     stack_file: str
     sys_path: tuple[str, ...]
     cwd: str
+    preload: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass

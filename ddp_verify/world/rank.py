@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import faulthandler
+import importlib
 import os
 import signal
 import sys
@@ -63,6 +64,8 @@ class _Member:
 
         self.torch = torch
         self.dist = dist
+        for module in launch.preload:
+            importlib.import_module(module)
         torch.set_num_threads(launch.threads)
         self.store = dist.TCPStore(
             launch.store_host,

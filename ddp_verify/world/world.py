@@ -26,7 +26,7 @@ from types import ModuleType
 from typing import Any
 
 from ..options import BACKENDS
-from . import protocol
+from . import forkserver, protocol
 from .errors import (
     DEBUG_HINT,
     BackendUnavailable,
@@ -36,7 +36,7 @@ from .errors import (
     WorldError,
     WorldStartError,
 )
-from .processes import RankProcess, collect_stack_dumps, terminate
+from .processes import PACKAGE_ROOT, RankProcess, collect_stack_dumps, terminate
 
 # After one rank fails, how long the others get to report before they count as stuck.
 FAILURE_GRACE_S = 1.0
@@ -65,6 +65,8 @@ class World:
     when fewer than ``size`` GPUs are visible). ``timeout`` bounds every job, in seconds.
     ``debug`` sets ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` in the ranks, so torch checks that every
     rank calls the same collectives. ``env`` adds variables to the ranks' environment.
+    ``preload`` names modules every rank imports before its first job (once for all ranks,
+    in the fork server, where ranks are forked from one; see ``start_method``).
     """
 
     def __init__(
@@ -77,6 +79,7 @@ class World:
         threads_per_rank: int = 1,
         debug: bool = False,
         env: Mapping[str, str] | None = None,
+        preload: Sequence[str] = (),
     ) -> None:
         if not isinstance(size, int) or isinstance(size, bool) or size < 1:
             raise ValueError(f"world size must be a positive integer, got {size!r}")
@@ -93,6 +96,9 @@ class World:
         self.threads_per_rank = threads_per_rank
         self.debug = debug
         self._extra_env = dict(env or {})
+        self.preload = tuple(preload)
+        # "fork server" or "spawn": how the current ranks were started.
+        self.start_method = ""
         self._ranks: list[RankProcess] = []
         self._ready = False
         self._closed = False
@@ -266,8 +272,25 @@ class World:
                 f"{visible} visible here; use --ddp-backend gloo (backend='gloo') on CPU"
             )
 
+    def prestart(self) -> World:
+        """Start what the ranks are forked from (and its preloads) without waiting for it, so
+        that it imports torch while the caller does other work; :meth:`start` then waits.
+
+        Example::
+
+            world = World(4).prestart()
+            import torch                  # the fork server imports torch meanwhile
+            world.start()
+        """
+        if forkserver.enabled():
+            with contextlib.suppress(forkserver.ForkServerError):
+                server = forkserver.server_for(self._rank_env(), PACKAGE_ROOT)
+                server.request_preload(self.preload)
+        return self
+
     def _spawn(self) -> None:
         self._check_backend()
+        self.prestart()  # the server imports torch while this process does
         import torch.distributed as dist
 
         self._workdir = Path(tempfile.mkdtemp(prefix=f"ddp_verify-world{self.size}-"))
@@ -288,9 +311,33 @@ class World:
 
     def _spawn_ranks(self) -> None:
         env = self._rank_env()
+        server = self._fork_server(env)
+        try:
+            self._start_ranks(env, server)
+        except forkserver.ForkServerError as exc:
+            # Ranks are spawned as fresh interpreters instead, now and from now on.
+            forkserver.disable(str(exc))
+            terminate(self._ranks)
+            self._ranks.clear()
+            self._start_ranks(env, None)
+
+    def _fork_server(self, env: Mapping[str, str]) -> forkserver.ForkServer | None:
+        if not forkserver.enabled():
+            return None
+        try:
+            server = forkserver.server_for(env, PACKAGE_ROOT)
+            server.preload(self.preload, self.start_timeout)
+        except forkserver.ForkServerError as exc:
+            forkserver.disable(str(exc))
+            return None
+        return server
+
+    def _start_ranks(self, env: Mapping[str, str], server: forkserver.ForkServer | None) -> None:
+        assert self._workdir is not None
         prefix = uuid.uuid4().hex
+        self.start_method = "spawn" if server is None else "fork server"
         for rank in range(self.size):
-            proc = RankProcess(rank, self._workdir, env)
+            proc = RankProcess(rank, self._workdir, env, server=server, timeout=self.start_timeout)
             self._ranks.append(proc)
             launch = protocol.Launch(
                 rank=rank,
@@ -306,6 +353,7 @@ class World:
                 stack_file=str(proc.stack_path),
                 sys_path=tuple(self._sent_sys_path),
                 cwd=self._sent_cwd,
+                preload=self.preload,
             )
             proc.jobs.send_bytes(protocol.encode(launch))
 

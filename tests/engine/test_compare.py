@@ -133,3 +133,26 @@ def test_equivalence_error_report_has_divergence_losses_and_scenario(ref):
     assert "Losses at step 0: reference" in text
     assert "Scenario: world_size=2, 2 step(s), model mlp 2→[3]→1 tanh +unused" in text
     assert f"Reproduce with: {SCENARIO!r}" in text
+
+
+def test_nan_never_passes_for_a_number(ref):
+    got = as_ranks(ref)
+    for rank in got.ranks:
+        rank.params[0]["head.weight"] = torch.full_like(rank.params[0]["head.weight"], torch.nan)
+    m = compare(ref, got, SCENARIO, Float64Tolerance())
+    assert m is not None and (m.step, m.quantity, m.name) == (0, "parameter", "head.weight")
+    assert "Mismatched elements: 3 / 3" in m.render()
+
+
+def test_the_fast_path_and_the_full_comparison_agree_on_every_kind_of_divergence(ref):
+    # compare() first checks whole flat traces at once and only walks tensor by tensor when
+    # something is off; a change anywhere must still be found.
+    for field in ("params", "grads"):
+        for step in range(SCENARIO.steps):
+            for name, value in getattr(ref.ranks[0], field)[step].items():
+                if value is None:
+                    continue
+                got = as_ranks(ref)
+                getattr(got.ranks[1], field)[step][name] = value + 1e-4
+                m = compare(ref, got, SCENARIO, Float64Tolerance())
+                assert m is not None and m.name == name and m.step == step, (field, step, name)
