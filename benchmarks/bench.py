@@ -5,8 +5,10 @@
 
 For each world size, one run measures:
 
-- start-up: ``World(n).start()`` next to a bare spawn of n interpreters that import torch and
-  init a gloo group (the floor for start-up);
+- start-up: ``World(n).start()`` in a fresh controller (torch already imported there; the
+  fork server imports it for the ranks) and again once the controller has a world already
+  (a relaunch, or a second world size), next to a bare spawn of n interpreters that import
+  torch and init a gloo group (the floor for start-up);
 - the round trip of a job that does nothing and of a trivial job (one all-reduce) on a warm
   world;
 - per example, on the same fixed list of scenarios (the default ``scenarios()`` strategy,
@@ -221,11 +223,33 @@ def bare_start(size: int) -> float:
 
 
 def world_start(size: int) -> float:
+    """A world started by a controller that has started one before (warm fork server)."""
     start = time.perf_counter()
     world = World(size).start()
     elapsed = time.perf_counter() - start
     world.close()
     return elapsed
+
+
+_COLD_START = """
+import sys, time, torch
+from ddp_verify.world import World
+start = time.perf_counter()
+world = World(int(sys.argv[1])).start()
+print(time.perf_counter() - start)
+world.close()
+"""
+
+
+def cold_world_start(size: int) -> float:
+    """The first world of a fresh controller process that has imported torch."""
+    result = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", _COLD_START, str(size)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return float(result.stdout.strip().splitlines()[-1])
 
 
 def _noop() -> None:
@@ -292,9 +316,12 @@ def cli_check(size: int, examples: int) -> float:
 
 def measure(size: int, args: argparse.Namespace) -> dict[str, float]:
     out: dict[str, float] = {}
-    starts = [world_start(size) for _ in range(args.repeats)]
+    colds = [cold_world_start(size) for _ in range(args.repeats)]
     bares = [bare_start(size) for _ in range(args.repeats)]
-    out["world_start_s"] = statistics.median(starts)
+    world_start(size)  # the fork server of this process, started once
+    starts = [world_start(size) for _ in range(args.repeats)]
+    out["world_start_s"] = statistics.median(colds)
+    out["warm_world_start_s"] = statistics.median(starts)
     out["bare_spawn_and_init_s"] = statistics.median(bares)
     out["start_world_over_bare"] = out["world_start_s"] / out["bare_spawn_and_init_s"]
 
@@ -333,7 +360,9 @@ def measure(size: int, args: argparse.Namespace) -> dict[str, float]:
         out["rank_peak_rss_mib"] = max(world.run(_peak_rss_mib))
     out["controller_peak_rss_mib"] = _peak_rss_mib()
     if args.cli_examples:
-        out["cli_check_s"] = cli_check(size, args.cli_examples)
+        out["cli_check_s"] = statistics.median(
+            cli_check(size, args.cli_examples) for _ in range(args.cli_runs)
+        )
     return out
 
 
@@ -347,6 +376,7 @@ COLUMNS = [
     ("world_start_s", "start s", "{:.2f}"),
     ("bare_spawn_and_init_s", "bare s", "{:.2f}"),
     ("start_world_over_bare", "ratio", "{:.2f}"),
+    ("warm_world_start_s", "again s", "{:.2f}"),
     ("noop_round_trip_ms", "no-op ms", "{:.2f}"),
     ("trivial_round_trip_ms", "trivial ms", "{:.2f}"),
     ("rank_peak_rss_mib", "rank MiB", "{:.0f}"),
@@ -386,6 +416,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="start-ups timed")
     parser.add_argument("--round-trips", type=int, default=200)
     parser.add_argument("--cli-examples", type=int, default=100, help="0 skips the CLI run")
+    parser.add_argument("--cli-runs", type=int, default=3, help="CLI runs timed")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args()
     results = {n: measure(int(n), args) for n in args.sizes.split(",")}
