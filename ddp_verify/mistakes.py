@@ -104,10 +104,7 @@ def simulate(scenario: Scenario, mistake: Mistake) -> Trace:
     if mistake.stepping == "each":
         return _simulate_stepping_each(scenario, mistake)
     world = scenario.world_size
-    models = [build_model(scenario, "float64") for _ in range(world)]
-    optimizers = [build_optimizer(scenario.optimizer, m.parameters()) for m in models]
-    loss_fn = loss_function(scenario)
-    records = [RankTrace() for _ in range(world)]
+    models, optimizers, loss_fn, records = _replicas(scenario)
     accumulated = 0.0
     for step, (inputs, targets) in enumerate(build_data(scenario, "float64")):
         total = scenario.global_batch(step)
@@ -161,14 +158,20 @@ def _combine(models: list[torch.nn.Module], counts: list[int], total: int, mista
             p.grad = combined.clone()  # type: ignore[union-attr]
 
 
+def _replicas(
+    scenario: Scenario,
+) -> tuple[list[torch.nn.Module], list[torch.optim.Optimizer], torch.nn.Module, list[RankTrace]]:
+    """One float64 model, optimizer and empty record per rank, and the loss."""
+    models = [build_model(scenario, "float64") for _ in range(scenario.world_size)]
+    optimizers = [build_optimizer(scenario.optimizer, m.parameters()) for m in models]
+    return models, optimizers, loss_function(scenario), [RankTrace() for _ in models]
+
+
 def _simulate_stepping_each(scenario: Scenario, mistake: Mistake) -> Trace:
     """Every micro-batch is a step of its own: each rank's micro-batch mean loss, combined
     across ranks by the micro-batch sizes, then an optimizer step."""
     world = scenario.world_size
-    models = [build_model(scenario, "float64") for _ in range(world)]
-    optimizers = [build_optimizer(scenario.optimizer, m.parameters()) for m in models]
-    loss_fn = loss_function(scenario)
-    records = [RankTrace() for _ in range(world)]
+    models, optimizers, loss_fn, records = _replicas(scenario)
     accumulated = 0.0
     for step, (inputs, targets) in enumerate(build_data(scenario, "float64")):
         counts = scenario.samples(step)
