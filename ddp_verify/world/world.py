@@ -432,15 +432,14 @@ class World:
                         except Exception as exc:
                             failures.append(_unloadable_result(r.rank, exc, now))
                     else:
-                        failure = self._raised(r, outcome, now, marks[r.rank])
-                        failure.consequence = bool(failures) and _looks_like_lost_peer(failure)
-                        failures.append(failure)
+                        failures.append(self._raised(r, outcome, now, marks[r.rank]))
                 if failures and grace_deadline is None:
                     grace_deadline = time.monotonic() + FAILURE_GRACE_S
         if regroup:
             self._generation += 1
         if not failures and not pending:
             return results
+        _mark_consequences(failures)
         failures += self._hung(list(pending.values()), timeout, bool(failures), marks)
         # Every rank finished its job and only a result failed to travel: the group is intact.
         relaunch = bool(pending) or any(
@@ -591,6 +590,16 @@ class PendingJob:
         if self._results is None:
             self._results = self.world._collect(self)
         return self._results
+
+
+def _mark_consequences(failures: list[RankFailure]) -> None:
+    """A rank whose collective lost its peer failed because another rank failed first, if
+    another failed for a reason of its own: judged once all reports are in, since the broken
+    peer's report can arrive before the death that broke it."""
+    lost = [f for f in failures if f.kind is FailureKind.RAISED and _looks_like_lost_peer(f)]
+    if len(lost) < len(failures):
+        for failure in lost:
+            failure.consequence = True
 
 
 def _looks_like_lost_peer(failure: RankFailure) -> bool:
