@@ -73,6 +73,7 @@ class ForkServer:
         self._dead = False
         self._requested: set[str] = set()
         self._pending_preloads = 0
+        self._env = dict(env)
         self._log = tempfile.NamedTemporaryFile(  # noqa: SIM115 (kept for the server's life)
             prefix="ddp_verify-forkserver-", suffix=".log", delete=False
         )
@@ -131,8 +132,12 @@ class ForkServer:
         """A new rank process; returns its pid. ``pipes`` (the rank's ends of its job and
         result pipes) are handed over; ``paths`` become its stdout and stderr; ``env`` its
         environment."""
+        # Only what differs from the server's own start-up environment travels: a whole
+        # environment can outgrow one datagram.
+        changed = {k: v for k, v in env.items() if self._env.get(k) != v}
+        removed = [k for k in self._env if k not in env]
         with self._lock:
-            self._send(("fork", list(paths), dict(env)), pipes)
+            self._send(("fork", list(paths), changed, removed), pipes)
             return self._reply("forked", timeout)[1]
 
     def exit_code(self, pid: int) -> int | None:
@@ -254,6 +259,7 @@ def serve(argv: list[str] | None = None) -> None:
     argv = sys.argv if argv is None else argv
     sock = socket.socket(fileno=int(argv[1]))
     controller = int(argv[2])
+    boot_env = dict(os.environ)  # before torch's imports add to it
     if argv[3] == "1" and sys.platform.startswith("linux"):
         _set_parent_death_signal()
     if os.getppid() != controller:
@@ -295,7 +301,10 @@ def serve(argv: list[str] | None = None) -> None:
         if message[0] == "preload":
             _send(sock, ("preloaded", _preload(message[1])))
         elif message[0] == "fork":
-            _fork(sock, (wake_read, wake_write), message[1], message[2], fds)
+            env = {**boot_env, **message[2]}
+            for key in message[3]:
+                env.pop(key, None)
+            _fork(sock, (wake_read, wake_write), message[1], env, fds)
 
 
 def _fork(

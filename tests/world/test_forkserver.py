@@ -69,3 +69,16 @@ def test_the_fork_server_refuses_to_fork_from_a_threaded_process():
     finally:
         stop.set()
         thread.join()
+
+
+def test_a_rank_gets_variables_its_server_did_not_start_with():
+    # Variables torch sets on itself do not choose the server, so a rank's environment is
+    # the server's start-up environment plus the difference, applied in the rank.
+    def cache_dir() -> str | None:
+        return os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+
+    with World(2) as world:
+        server = world.run(_who)[0][1]
+    with World(2, env={"TORCHINDUCTOR_CACHE_DIR": "/tmp/ddp_verify-test-cache"}) as world:
+        assert world.run(_who)[0][1] == server  # the same server
+        assert world.run(cache_dir) == ["/tmp/ddp_verify-test-cache"] * 2
