@@ -19,7 +19,7 @@ from .equivalence import EquivalenceError, VerifyingWorld
 from .reproducer import write_reproducer
 from .scenario import Scenario
 from .strategies import scenarios
-from .world import RankError, WorldPool
+from .world import FailureKind, RankError, WorldPool
 
 # Called with (examples tried, phase): phase is "searching", then "shrinking" once a
 # counterexample has been found.
@@ -128,7 +128,12 @@ def check(
         explained.found_at = found_at
         raise explained from None
     except _CodeFailed as stop:
-        cause = failure_cause(kind, stop.scenario)
+        # Only trouble in collectives (a hang, a death, a gloo error) can come from the
+        # ranks' micro-batch counts; an exception of the user's own is its own news.
+        in_collectives = bool(stop.error.hint) or any(
+            f.kind is not FailureKind.RAISED for f in stop.error.failures
+        )
+        cause = failure_cause(kind, stop.scenario) if in_collectives else None
         failed_error = EquivalenceError(
             f"{method.name} failed to run on a world of {world_size}:\n{stop.error}\n"
             f"Scenario: {stop.scenario.describe()}\nReproduce with: {stop.scenario!r}"

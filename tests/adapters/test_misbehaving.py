@@ -118,3 +118,28 @@ def test_collectives_split_by_different_micro_batch_counts_are_named():
     assert "same_micro_batch_counts=True" in str(info.value)
     # With the counts a training loop gives, the same function is right.
     assert check(syncs_per_micro_batch, kind="step", world_size=2, max_examples=10, seed=0)
+
+
+def raises_on_uneven_counts(model, optimizer, micro_batches, loss_fn):
+    counts = [None] * dist.get_world_size()
+    dist.all_gather_object(counts, len(micro_batches))  # one collective per step: no hang
+    if len(set(counts)) > 1:
+        raise ValueError("my own bug")
+    return syncs_per_micro_batch(model, optimizer, micro_batches, loss_fn)
+
+
+def test_a_plain_exception_is_not_blamed_on_micro_batch_counts(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # where a reproducer would be written
+    with pytest.raises(EquivalenceError, match="my own bug") as info:
+        check(
+            raises_on_uneven_counts,
+            kind="step",
+            world_size=2,
+            max_examples=50,
+            seed=0,
+            timeout=20,
+            same_micro_batch_counts=False,
+        )
+    counts = [len(sizes) for step in info.value.scenario.schedule for sizes in step]
+    assert len(set(counts)) > 1  # the counts differed, yet they are not blamed
+    assert info.value.cause is None
