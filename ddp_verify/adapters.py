@@ -13,7 +13,6 @@ the user's code's own.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -22,7 +21,7 @@ import torch.distributed as dist
 
 from .kinds import DEFAULT_BOUNDS, KINDS, SIGNATURES, KindError, check_signature
 from .methods.base import DistributedMethod
-from .methods.ddp import DDP
+from .methods.ddp import DDP, train_data_parallel
 from .methods.loop import RankRun
 from .methods.manual import all_reduce_weighted
 from .scenario import Scenario
@@ -130,24 +129,16 @@ class CommHook(DDP):
     """torch's DDP with the user's communication hook registered (``state=None``)."""
 
     def __init__(self, fn: Callable[..., Any], name: str) -> None:
-        super().__init__()
+        super().__init__(comm_hook=fn)
         self.fn = fn
         self.name = name
         self.by_value = tuple(modules_ranks_cannot_import(fn))
 
-    def prepare(self, ddp: torch.nn.parallel.DistributedDataParallel) -> None:
-        ddp.register_comm_hook(None, self.fn)
-
 
 class Wrapper(UserMethod):
     """``fn(module)`` wraps the model once, as DDP does, and must average gradients over the
-    ranks during backward. Each rank's loss is scaled by ``world_size * n_i / N``, as for DDP.
-
-    A wrapper with ``no_sync()`` accumulates micro-batches under it, as DDP does. Without it,
-    every backward may synchronise, and ranks holding different numbers of micro-batches would
-    call different numbers of collectives: then each rank's weighted micro-batch losses are
-    summed into one backward, which gives the same gradient.
-    """
+    ranks during backward; trained as :func:`~ddp_verify.methods.ddp.train_data_parallel`
+    trains DDP (``no_sync()`` when the wrapper has it)."""
 
     def train_rank(self, scenario: Scenario) -> RankTrace:
         run = RankRun(scenario)
@@ -155,31 +146,7 @@ class Wrapper(UserMethod):
         if not callable(wrapped):
             raise KindError(f"the wrapper returned {wrapped!r}, which cannot be called")
         params = wrapped.parameters() if hasattr(wrapped, "parameters") else None
-        optimizer = run.optimizer(params)
-        no_sync = getattr(wrapped, "no_sync", None)
-        for step in range(scenario.steps):
-            optimizer.zero_grad(set_to_none=True)
-            weight = run.world_size / run.global_samples(step)
-            batches = run.micro_batches(step)
-            local_sum = torch.zeros((), dtype=torch.float64)
-            pending: torch.Tensor | None = None
-            for j, (inputs, targets) in enumerate(batches):
-                last = j == len(batches) - 1
-                with contextlib.nullcontext() if last or no_sync is None else no_sync():
-                    loss = run.loss_fn(wrapped(inputs), targets)
-                    scaled = loss * (len(inputs) * weight)
-                    if no_sync is not None:
-                        scaled.backward()
-                    else:
-                        pending = scaled if pending is None else pending + scaled
-                local_sum += loss.detach().double() * len(inputs)
-            if pending is not None:
-                pending.backward()
-            dist.all_reduce(local_sum)
-            run.record_gradients()
-            optimizer.step()
-            run.record_step(local_sum / run.global_samples(step))
-        return run.trace
+        return train_data_parallel(run, wrapped, run.optimizer(params))
 
 
 def _as_float(value: Any, kind: str) -> float:

@@ -120,16 +120,24 @@ def loss_function(scenario: Scenario) -> nn.Module:
     return nn.CrossEntropyLoss() if scenario.loss == "cross_entropy" else nn.MSELoss()
 
 
-def build_optimizer(spec: OptimizerSpec, params: object) -> torch.optim.Optimizer:
+def optimizer_settings(spec: OptimizerSpec) -> tuple[type[torch.optim.Optimizer], dict[str, float]]:
+    """The optimizer class and the keyword arguments ``spec`` describes.
+
+    Example::
+
+        cls, kwargs = optimizer_settings(OptimizerSpec("adam", lr=0.01))
+        optimizer = cls(model.parameters(), **kwargs)
+    """
     if spec.name == "sgd":
-        return torch.optim.SGD(
-            params,  # type: ignore[arg-type]
-            lr=spec.lr,
-            momentum=spec.momentum,
-            weight_decay=spec.weight_decay,
-        )
+        kwargs = {"lr": spec.lr, "momentum": spec.momentum, "weight_decay": spec.weight_decay}
+        return torch.optim.SGD, kwargs
     optimizer = torch.optim.Adam if spec.name == "adam" else torch.optim.AdamW
-    return optimizer(params, lr=spec.lr, weight_decay=spec.weight_decay)  # type: ignore[arg-type]
+    return optimizer, {"lr": spec.lr, "weight_decay": spec.weight_decay}
+
+
+def build_optimizer(spec: OptimizerSpec, params: object) -> torch.optim.Optimizer:
+    optimizer, kwargs = optimizer_settings(spec)
+    return optimizer(params, **kwargs)  # type: ignore[arg-type]
 
 
 @contextlib.contextmanager

@@ -17,6 +17,9 @@ BACKENDS = ("gloo", "nccl")
 # What ranks that check training import before their first job, once, in the fork server:
 # torch's first optimizer imports torch._dynamo (seconds of CPU per process otherwise).
 VERIFYING_PRELOAD = ("torch._dynamo", "torch.nn.parallel", "ddp_verify.adapters")
+# Scenarios per property of the conformance suite: a few seconds per property at world size 4
+# on two cores; CI that gates a release raises it.
+DEFAULT_CONFORMANCE_EXAMPLES = 10
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,6 +30,8 @@ class WorldOptions:
     backend: str = "gloo"
     timeout: float = DEFAULT_TIMEOUT_S
     debug: bool = False
+    wrapper: str | None = None
+    conformance_examples: int = DEFAULT_CONFORMANCE_EXAMPLES
 
     def world_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for :class:`ddp_verify.world.World` and ``WorldPool``."""
@@ -72,6 +77,31 @@ def parse_backend(text: str, *, source: str = "--ddp-backend") -> str:
     if text not in BACKENDS:
         raise ValueError(f"{source} expects one of {', '.join(BACKENDS)}, got {text!r}")
     return text
+
+
+def parse_wrapper(text: str, *, source: str = "--ddp-wrapper") -> str:
+    """``"package.module:Callable"`` as given, once its shape is right (it is imported where
+    it is used, so that naming it costs no import).
+
+    Example::
+
+        >>> parse_wrapper("torch.nn.parallel:DistributedDataParallel")
+        'torch.nn.parallel:DistributedDataParallel'
+    """
+    module, sep, name = str(text).strip().partition(":")
+    if not sep or not module or not name or "/" in module or module.endswith(".py"):
+        raise ValueError(
+            f"{source} expects an importable MODULE:CALLABLE such as "
+            f"my_team.parallel:MyDDP, got {text!r}"
+        )
+    return f"{module}:{name}"
+
+
+def parse_count(text: str | int, *, source: str) -> int:
+    """A positive integer; a ``ValueError`` that names ``source`` otherwise."""
+    if not str(text).strip().isdigit() or int(text) < 1:
+        raise ValueError(f"{source} expects a positive integer, got {text!r}")
+    return int(text)
 
 
 def world_size_from_env() -> str | None:

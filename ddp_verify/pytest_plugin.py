@@ -64,6 +64,25 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="set TORCH_DISTRIBUTED_DEBUG=DETAIL in the ranks, so torch names mismatched "
         "collectives",
     )
+    group.addoption(
+        "--ddp-wrapper",
+        dest="ddp_wrapper",
+        metavar="MODULE:CALLABLE",
+        default=None,
+        help="the DDP-like class or factory the conformance suite (ddp_verify.conformance) "
+        "checks in place of torch's DistributedDataParallel, called as DDP is "
+        "(ini ddp_wrapper)",
+    )
+    group.addoption(
+        "--conformance-examples",
+        dest="ddp_conformance_examples",
+        metavar="N",
+        default=None,
+        help="generated scenarios per property of the conformance suite "
+        f"(ini ddp_conformance_examples; default {opts.DEFAULT_CONFORMANCE_EXAMPLES})",
+    )
+    parser.addini("ddp_wrapper", "DDP-like MODULE:CALLABLE for the conformance suite", default=None)
+    parser.addini("ddp_conformance_examples", "scenarios per conformance property", default=None)
     parser.addini("ddp_world_size", "ranks per world, or a comma-separated list", default=None)
     parser.addini("ddp_backend", "process group backend: gloo or nccl", default=None)
     parser.addini("ddp_timeout", "seconds a job may run on the ranks", default=None)
@@ -100,6 +119,14 @@ def _resolve_options(config: pytest.Config) -> opts.WorldOptions:
         ("ini ddp_timeout", config.getini("ddp_timeout")),
     )
     debug = config.getoption("ddp_debug") or config.getini("ddp_debug")
+    wrapper = first(
+        ("--ddp-wrapper", config.getoption("ddp_wrapper")),
+        ("ini ddp_wrapper", config.getini("ddp_wrapper")),
+    )
+    examples = first(
+        ("--conformance-examples", config.getoption("ddp_conformance_examples")),
+        ("ini ddp_conformance_examples", config.getini("ddp_conformance_examples")),
+    )
     defaults = opts.WorldOptions()
     try:
         return opts.WorldOptions(
@@ -115,6 +142,12 @@ def _resolve_options(config: pytest.Config) -> opts.WorldOptions:
                 else defaults.timeout
             ),
             debug=bool(debug),
+            wrapper=opts.parse_wrapper(wrapper[1], source=wrapper[0]) if wrapper[1] else None,
+            conformance_examples=(
+                opts.parse_count(examples[1], source=examples[0])
+                if examples[1]
+                else defaults.conformance_examples
+            ),
         )
     except ValueError as exc:
         raise pytest.UsageError(str(exc)) from None
@@ -137,9 +170,10 @@ def pytest_report_header(config: pytest.Config) -> str:
     sizes = ",".join(map(str, options.world_sizes))
     plural = "s" if len(options.world_sizes) > 1 else ""
     debug = ", debug" if options.debug else ""
+    wrapper = f", DDP wrapper {options.wrapper}" if options.wrapper else ""
     return (
         f"ddp_verify: world size{plural} {sizes}, backend {options.backend}, "
-        f"timeout {options.timeout:g} s{debug}, torch {torch_version}"
+        f"timeout {options.timeout:g} s{debug}{wrapper}, torch {torch_version}"
     )
 
 
@@ -219,6 +253,18 @@ def world(request: pytest.FixtureRequest, world_size: int) -> VerifyingWorld:
         return _pool(request.config).get(world_size)
     except BackendUnavailable as exc:
         pytest.skip(str(exc))
+
+
+@pytest.fixture(scope="session")
+def ddp_wrapper(request: pytest.FixtureRequest) -> str | None:
+    """``--ddp-wrapper`` (``MODULE:CALLABLE``), or None for torch's DistributedDataParallel."""
+    return request.config.stash[_options_key].wrapper
+
+
+@pytest.fixture(scope="session")
+def conformance_examples(request: pytest.FixtureRequest) -> int:
+    """``--conformance-examples``: generated scenarios per conformance property."""
+    return request.config.stash[_options_key].conformance_examples
 
 
 @pytest.fixture

@@ -49,10 +49,28 @@ def models(
     features: bool = True,
     min_out_features: int = 1,
     max_out_features: int = 2,
+    required_features: Sequence[str] = (),
+    excluded_features: Sequence[str] = (),
 ) -> st.SearchStrategy[ModelSpec]:
     """Small models of the given ``kinds``; ``features`` adds layernorm, tied, unused, frozen
-    and buffer variants. Shrinks toward ``mlp 1→[2]→1 tanh`` with no features."""
+    and buffer variants; ``required_features`` names those every model has,
+    ``excluded_features`` those none has. Shrinks toward ``mlp 1→[2]→1 tanh`` with no features
+    (but the required ones).
+
+    Example::
+
+        models(required_features=("unused",))  # for find_unused_parameters=True
+    """
     _check_choices("kinds", kinds, MODEL_KINDS)
+    if required_features:
+        _check_choices("required_features", required_features, FEATURES)
+        if not features:
+            raise InvalidArgument("required_features needs features=True")
+    if excluded_features:
+        _check_choices("excluded_features", excluded_features, FEATURES)
+    both = set(required_features) & set(excluded_features)
+    if both:
+        raise InvalidArgument(f"{sorted(both)} both required and excluded")
     _check_int("max_hidden_layers", max_hidden_layers, 1)
     _check_int("max_width", max_width, 2)
     _check_int("min_out_features", min_out_features, 1)
@@ -60,7 +78,11 @@ def models(
 
     @st.composite
     def draw_model(draw: st.DrawFn) -> ModelSpec:
-        flags = {name: draw(st.booleans()) if features else False for name in FEATURES}
+        flags = {
+            name: name in required_features
+            or (draw(st.booleans()) if features and name not in excluded_features else False)
+            for name in FEATURES
+        }
         return ModelSpec(
             kind=draw(st.sampled_from(list(kinds))),
             in_features=draw(st.integers(1, 3)),
@@ -203,8 +225,8 @@ def scenarios(
     )
     _check_choices("dtypes", dtypes, DTYPES)
     _check_choices("losses", losses, LOSSES)
-    model_strategy = models or _default_models()
-    optimizer_strategy = optimizers or _default_optimizers()
+    model_strategy = models if models is not None else _default_models()
+    optimizer_strategy = optimizers if optimizers is not None else _default_optimizers()
 
     @st.composite
     def draw_scenario(draw: st.DrawFn) -> Scenario:

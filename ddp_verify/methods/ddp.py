@@ -1,18 +1,24 @@
-"""torch's DistributedDataParallel, with sample-weighted losses for uneven batches."""
+"""torch's DistributedDataParallel (or a DDP-like wrapper), with sample-weighted losses for
+uneven batches."""
 
 from __future__ import annotations
 
 import contextlib
+import importlib
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from ..models import optimizer_settings
 from ..scenario import Scenario
 from ..trace import RankTrace
 from .base import DistributedMethod
 from .loop import RankRun
+
+DDP_TARGET = "torch.nn.parallel:DistributedDataParallel"
 
 
 class DDP(DistributedMethod):
@@ -22,47 +28,139 @@ class DDP(DistributedMethod):
     holds as many samples as the others. Scaling each micro-batch's mean loss by
     ``world_size * m / N`` (m samples in the micro-batch, N in the global batch) makes the
     average sample-weighted, so uneven batches and accumulation give the global mean gradient.
+
+    ``wrapper`` (``"module:callable"``) replaces DDP by a team's own class or factory, called
+    as DDP is: ``wrapper(module, **ddp_kwargs)``. ``comm_hook`` is registered with the state
+    ``hook_state(module)`` returns for the unwrapped module (``None`` without it).
+    ``zero=True`` steps with ``ZeroRedundancyOptimizer`` around the scenario's optimizer.
     """
 
-    def __init__(self, **ddp_kwargs: Any) -> None:
+    def __init__(
+        self,
+        *,
+        wrapper: str | None = None,
+        comm_hook: Callable[..., Any] | None = None,
+        hook_state: Callable[[torch.nn.Module], Any] | None = None,
+        zero: bool = False,
+        **ddp_kwargs: Any,
+    ) -> None:
+        self.wrapper = wrapper
+        self.comm_hook = comm_hook
+        self.hook_state = hook_state
+        self.zero = zero
         self.ddp_kwargs = ddp_kwargs
-        args = ", ".join(f"{k}={v!r}" for k, v in sorted(ddp_kwargs.items()))
-        self.name = f"ddp({args})"
+        args = [f"{k}={v!r}" for k, v in sorted(ddp_kwargs.items())]
+        if comm_hook is not None:
+            args.append(f"comm_hook={getattr(comm_hook, '__name__', comm_hook)}")
+        if zero:
+            args.append("zero=True")
+        self.name = f"{'ddp' if wrapper is None else wrapper}({', '.join(args)})"
 
     def train_rank(self, scenario: Scenario) -> RankTrace:
         run = RankRun(scenario)
-        kwargs = dict(self.ddp_kwargs)
-        # A parameter forward never uses is an error for DDP unless it is told to look for it.
-        kwargs.setdefault("find_unused_parameters", scenario.model.unused)
-        ddp = DistributedDataParallel(run.model, **kwargs)
-        self.prepare(ddp)
-        optimizer = run.optimizer(ddp.parameters())
-        for step in range(scenario.steps):
-            optimizer.zero_grad(set_to_none=True)
-            batches = run.micro_batches(step)
-            weight = run.world_size / run.global_samples(step)
-            local_sum = torch.zeros((), dtype=torch.float64)
-            for j, (inputs, targets) in enumerate(batches):
-                last = j == len(batches) - 1
-                with contextlib.nullcontext() if last else ddp.no_sync():
-                    loss = run.loss_fn(ddp(inputs), targets)
-                    (loss * (len(inputs) * weight)).backward()
-                local_sum += loss.detach().double() * len(inputs)
-            dist.all_reduce(local_sum)
-            run.record_gradients()
-            optimizer.step()
-            run.record_step(local_sum / run.global_samples(step))
-        return run.trace
+        wrapped = self.wrap(run.model, scenario)
+        params = list(wrapped.parameters())
+        optimizer = zero_redundancy(scenario, params) if self.zero else run.optimizer(params)
+        return train_data_parallel(run, wrapped, optimizer)
 
-    def prepare(self, ddp: DistributedDataParallel) -> None:
+    def wrap(self, model: torch.nn.Module, scenario: Scenario) -> torch.nn.Module:
+        """``model`` in DDP (or the wrapper) with this method's options and hook (on a rank)."""
+        kwargs = dict(self.ddp_kwargs)
+        if scenario.model.unused:
+            # A parameter forward never uses is an error for DDP unless it is told to look.
+            kwargs.setdefault("find_unused_parameters", True)
+        factory = load_wrapper(self.wrapper) if self.wrapper else DistributedDataParallel
+        wrapped = factory(model, **kwargs)
+        if self.comm_hook is not None:
+            state = self.hook_state(model) if self.hook_state is not None else None
+            wrapped.register_comm_hook(state, self.comm_hook)
+        self.prepare(wrapped)
+        return wrapped
+
+    def prepare(self, ddp: torch.nn.Module) -> None:
         """Adjust the wrapped model before training (a subclass registers a comm hook here)."""
 
 
+def train_data_parallel(
+    run: RankRun, wrapped: Callable[..., torch.Tensor], optimizer: torch.optim.Optimizer
+) -> RankTrace:
+    """Train ``run``'s scenario through ``wrapped``, which must average gradients over the
+    ranks during backward, as DDP does; each micro-batch's loss is scaled by
+    ``world_size * m / N``.
+
+    A wrapper with ``no_sync()`` accumulates micro-batches under it, as DDP does. Without it,
+    every backward may synchronise, and ranks holding different numbers of micro-batches would
+    call different numbers of collectives: then each rank's weighted micro-batch losses are
+    summed into one backward, which gives the same gradient.
+    """
+    no_sync = getattr(wrapped, "no_sync", None)
+    for step in range(run.scenario.steps):
+        optimizer.zero_grad(set_to_none=True)
+        weight = run.world_size / run.global_samples(step)
+        batches = run.micro_batches(step)
+        local_sum = torch.zeros((), dtype=torch.float64)
+        pending: torch.Tensor | None = None
+        for j, (inputs, targets) in enumerate(batches):
+            last = j == len(batches) - 1
+            with contextlib.nullcontext() if last or no_sync is None else no_sync():
+                loss = run.loss_fn(wrapped(inputs), targets)
+                scaled = loss * (len(inputs) * weight)
+                if no_sync is not None:
+                    scaled.backward()
+                else:
+                    pending = scaled if pending is None else pending + scaled
+            local_sum += loss.detach().double() * len(inputs)
+        if pending is not None:
+            pending.backward()
+        dist.all_reduce(local_sum)
+        run.record_gradients()
+        optimizer.step()
+        run.record_step(local_sum / run.global_samples(step))
+    return run.trace
+
+
+def zero_redundancy(scenario: Scenario, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
+    """``ZeroRedundancyOptimizer`` sharding the scenario's optimizer (same class and settings)
+    over the ranks."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    optimizer, kwargs = optimizer_settings(scenario.optimizer)
+    return ZeroRedundancyOptimizer(params, optimizer_class=optimizer, **kwargs)
+
+
+def load_wrapper(target: str) -> Callable[..., Any]:
+    """``"module:callable"`` → the callable (a DDP-like class or factory).
+
+    Example::
+
+        wrapper = load_wrapper("torch.nn.parallel:DistributedDataParallel")
+    """
+    module_name, sep, attribute = target.partition(":")
+    if not sep or not module_name or not attribute:
+        raise ValueError(f"expected a DDP wrapper as module:callable, got {target!r}")
+    try:
+        found: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(
+            f"cannot import {module_name!r} for the DDP wrapper {target!r}: {exc}; make it "
+            "importable (install it, or run from the directory that holds it)"
+        ) from None
+    for part in attribute.split("."):
+        if not hasattr(found, part):
+            raise ValueError(f"{module_name!r} has no {attribute!r} (DDP wrapper {target!r})")
+        found = getattr(found, part)
+    if not callable(found):
+        raise ValueError(f"the DDP wrapper {target!r} is not callable")
+    return found
+
+
 def ddp(**ddp_kwargs: Any) -> DDP:
-    """torch's DistributedDataParallel; ``ddp_kwargs`` go to its constructor.
+    """torch's DistributedDataParallel; ``ddp_kwargs`` go to its constructor, except
+    ``wrapper``, ``comm_hook``, ``hook_state`` and ``zero`` (see :class:`DDP`).
 
     Example::
 
         world.assert_equivalent(ddp(bucket_cap_mb=1), scenario)
+        world.assert_equivalent(ddp(comm_hook=default.allreduce_hook), scenario)
     """
     return DDP(**ddp_kwargs)

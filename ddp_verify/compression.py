@@ -1,0 +1,130 @@
+"""How far a gradient-compressing communication hook may move training from the reference.
+
+``fp16_compress_hook`` and ``bf16_compress_hook`` divide each rank's bucket by the world size,
+cast it to the format, all-reduce it there and cast the sum back. Casting rounds each rank's
+contribution ``c_i`` by at most ``u |c_i|`` (``u`` the format's unit roundoff: 2**-11 for
+float16, 2**-8 for bfloat16) and the sum in the format rounds at most ``world_size - 1`` times,
+so a gradient element is off by at most about ``world_size * u * sum_i |c_i|``, plus, for
+float16, ``world_size`` times its smallest subnormal where contributions underflow.
+Contributions can be far larger than their sum (two ranks' cross-entropy bias gradients of
++-0.5 summing to 0.002), so ``sum_i |c_i|`` is computed here: the reference's training is
+replayed and, at each step, every rank's share ``n_i / N * g_i`` of the global gradient is
+taken at the reference's parameters. As for float32 (see :mod:`ddp_verify.compare`) the scale
+is pooled per step (the largest element over all gradients).
+
+Parameters move by ``lr`` times the gradient error; with momentum (``mu <= 1``) an error made
+at step ``k`` is in every update from ``k`` on, so the error at step ``s`` is at most
+``lr * sum_k (s - k + 1) * grad_bound(k)``. That holds for SGD (with momentum and weight
+decay) only: Adam divides by the gradient's running magnitude, so a near-zero element whose
+sign rounding flips moves by up to ``lr``, whatever the format. Losses are allowed
+``world_size * u`` of their size. Every bound is multiplied by ``COMPRESSION_SAFETY`` for what
+the analysis leaves out (gradients taken at already-perturbed parameters).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .compare import FLOAT64_ATOL, Tolerance
+from .models import build_data, build_model, build_optimizer, loss_function, one_thread
+from .scenario import Scenario
+
+COMPRESSION_SAFETY = 4.0
+FORMATS = {"float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def unit_roundoff(fmt: str) -> float:
+    """Half the distance from 1 to the next number of ``fmt``: 2**-11 (float16), 2**-8
+    (bfloat16)."""
+    return torch.finfo(FORMATS[fmt]).eps / 2
+
+
+class CompressionTolerance(Tolerance):
+    """The allowance for a hook that all-reduces gradients in ``fmt`` (see module docstring).
+
+    Example::
+
+        tolerance = CompressionTolerance(scenario, "float16")
+        outcome = world.check_equivalent(method, scenario, tolerance=tolerance)
+    """
+
+    by_name = False
+
+    def __init__(
+        self,
+        scenario: Scenario,
+        fmt: str,
+        *,
+        safety: float = COMPRESSION_SAFETY,
+    ) -> None:
+        if fmt not in FORMATS:
+            raise ValueError(f"format must be one of {sorted(FORMATS)}, got {fmt!r}")
+        if scenario.optimizer.name != "sgd":
+            raise ValueError(
+                f"a compression tolerance is derived for SGD only, not {scenario.optimizer.name}"
+                ": Adam turns a gradient's rounding into a step of up to lr"
+            )
+        self.fmt, self.safety = fmt, safety
+        u, size = unit_roundoff(fmt), scenario.world_size
+        # float16's smallest subnormal, 2**-24: the absolute step of a contribution too small
+        # to be normal. bfloat16 has float32's range.
+        underflow = size * 2.0**-24 if fmt == "float16" else 0.0
+        self.unit = safety * size * u
+        self._grad = [
+            self.unit * scale + safety * underflow + FLOAT64_ATOL
+            for scale in contribution_scales(scenario)
+        ]
+        lr = scenario.optimizer.lr
+        self._param = [
+            FLOAT64_ATOL + lr * sum((s - k + 1) * self._grad[k] for k in range(s + 1))
+            for s in range(scenario.steps)
+        ]
+
+    def allowed(self, quantity: str, step: int, name: str, expected: torch.Tensor) -> torch.Tensor:
+        if quantity == "gradient":
+            bound = self._grad[step]
+        elif quantity == "parameter":
+            bound = self._param[step]
+        else:
+            return FLOAT64_ATOL + self.unit * expected.double().abs()
+        return torch.full_like(expected, bound, dtype=torch.float64)
+
+    def describe(self) -> str:
+        return (
+            f"{self.fmt} compression: {self.safety:g} × world size × unit roundoff "
+            f"{unit_roundoff(self.fmt):.3g} × the step's largest gradient (parameters: lr × the "
+            "gradient bounds so far)"
+        )
+
+
+def contribution_scales(scenario: Scenario) -> list[float]:
+    """Per step, the largest element of ``sum_i |n_i / N * g_i|`` over every gradient: the
+    size of what the ranks add up, whatever cancels in the sum (reference training, float64).
+
+    Example::
+
+        contribution_scales(scenario)  # [0.51, 0.47] for a two-step scenario
+    """
+    with one_thread():
+        model = build_model(scenario, "float64")
+        optimizer = build_optimizer(scenario.optimizer, model.parameters())
+        loss_fn = loss_function(scenario)
+        params = [p for p in model.parameters() if p.requires_grad]
+        scales = []
+        for step, (inputs, targets) in enumerate(build_data(scenario, "float64")):
+            total = [torch.zeros_like(p) for p in params]
+            start = 0
+            for n in scenario.samples(step):
+                model.zero_grad(set_to_none=True)
+                share = n / scenario.global_batch(step)
+                loss = loss_fn(model(inputs[start : start + n]), targets[start : start + n])
+                (loss * share).backward()
+                for acc, p in zip(total, params, strict=True):
+                    if p.grad is not None:
+                        acc.add_(p.grad.abs())
+                start += n
+            scales.append(max((float(t.max()) for t in total if t.numel()), default=0.0))
+            model.zero_grad(set_to_none=True)
+            loss_fn(model(inputs), targets).backward()
+            optimizer.step()
+        return scales

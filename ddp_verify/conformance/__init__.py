@@ -1,0 +1,18 @@
+"""The conformance suite: torch's data-parallel machinery against single-process training.
+
+Run it against the installed torch, or against a team's own DDP-like wrapper::
+
+    pytest --pyargs ddp_verify.conformance --world-size 4
+    pytest --pyargs ddp_verify.conformance --world-size 4 --ddp-wrapper my_team.parallel:MyDDP
+    ddp-verify conformance --world-size 4
+
+Each property draws scenarios (models, uneven per-rank batches, accumulation, optimizers) and
+checks the trained parameters, gradients and losses against the reference; the checks that are
+not about training (samplers, metric aggregation) compare with what one process computes on the
+whole dataset. ``--conformance-examples N`` sets the scenarios per property (default 10).
+
+Modules: ``test_ddp_options`` (bucket sizes, gradient_as_bucket_view, static_graph,
+find_unused_parameters, broadcast_buffers, no_sync), ``test_comm_hooks`` (allreduce, fp16, bf16,
+PowerSGD), ``test_zero`` (ZeroRedundancyOptimizer), ``test_join`` (uneven numbers of batches
+under Join), ``test_data`` (DistributedSampler, metrics), ``test_fsdp`` (fully_shard).
+"""

@@ -1,0 +1,110 @@
+"""Fixtures of the conformance suite: the DDP under test and how properties are run."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+# What every property's report says about the scenario count; the suite's findings are listed
+# at the end of the run (see pytest_terminal_summary).
+_FINDINGS = pytest.StashKey[list[str]]()
+
+
+@pytest.fixture(scope="session")
+def wrapper_factory(ddp_wrapper: str | None) -> Callable[..., Any] | None:
+    """The ``--ddp-wrapper`` callable, imported here so a bad name fails once, clearly."""
+    if ddp_wrapper is None:
+        return None
+    from ddp_verify.methods.ddp import load_wrapper
+
+    try:
+        return load_wrapper(ddp_wrapper)
+    except ValueError as exc:
+        raise pytest.UsageError(f"--ddp-wrapper: {exc}") from None
+
+
+@pytest.fixture
+def data_parallel(
+    ddp_wrapper: str | None, wrapper_factory: Callable[..., Any] | None
+) -> Callable[..., Any]:
+    """``data_parallel(**ddp_kwargs)``: the DDP method under test, torch's DDP or the
+    ``--ddp-wrapper``. A wrapper that cannot take a keyword, or lacks a feature a test needs,
+    skips that test and says which."""
+    from ddp_verify.methods import ddp
+
+    def make(*, needs: tuple[str, ...] = (), **kwargs: Any) -> Any:
+        if wrapper_factory is not None:
+            require(wrapper_factory, ddp_wrapper, kwargs, needs)
+        return ddp(wrapper=ddp_wrapper, **kwargs)
+
+    return make
+
+
+def require(
+    factory: Callable[..., Any], label: str | None, kwargs: dict[str, Any], needs: tuple[str, ...]
+) -> None:
+    """Skip unless ``factory`` takes every keyword in ``kwargs`` and, when it is a class, has
+    every attribute in ``needs``."""
+    ddp_only = {"comm_hook", "hook_state", "zero"}
+    try:
+        parameters = inspect.signature(factory).parameters.values()
+    except (TypeError, ValueError):
+        parameters = None
+    if parameters is not None and not any(p.kind is p.VAR_KEYWORD for p in parameters):
+        names = {p.name for p in parameters}
+        missing = sorted(k for k in kwargs if k not in ddp_only and k not in names)
+        if missing:
+            pytest.skip(f"the DDP wrapper {label} takes no {', '.join(missing)}")
+    if inspect.isclass(factory):
+        absent = [n for n in needs if not hasattr(factory, n)]
+        if absent:
+            pytest.skip(f"the DDP wrapper {label} has no {', '.join(absent)}")
+
+
+@pytest.fixture
+def prove(
+    conformance_examples: int,
+) -> Callable[[st.SearchStrategy[Any], Callable[[Any], None]], None]:
+    """``prove(strategy, check)``: ``check`` holds for ``--conformance-examples`` values drawn
+    from ``strategy``, or hypothesis shrinks the counterexample and the test fails with it."""
+
+    def run(strategy: st.SearchStrategy[Any], check: Callable[[Any], None]) -> None:
+        @settings(
+            max_examples=conformance_examples,
+            deadline=None,
+            # One counterexample, of the kind a known-issue mark expects, not a group of them.
+            report_multiple_bugs=False,
+            suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+        )
+        @given(strategy)
+        def holds(value: Any) -> None:
+            check(value)
+
+        holds()
+
+    return run
+
+
+@pytest.fixture
+def finding(request: pytest.FixtureRequest) -> Callable[[str], None]:
+    """``finding(text)``: a measured fact the run reports (a tolerance used, an error seen)
+    in the terminal summary and in the test's JUnit properties."""
+
+    def record(text: str) -> None:
+        request.node.user_properties.append(("finding", text))
+        request.config.stash.setdefault(_FINDINGS, []).append(f"{request.node.nodeid}: {text}")
+
+    return record
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    found = config.stash.get(_FINDINGS, [])
+    if found:
+        terminalreporter.section("ddp_verify conformance findings")
+        for line in found:
+            terminalreporter.write_line(line)

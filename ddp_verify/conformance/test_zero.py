@@ -1,0 +1,22 @@
+"""``ZeroRedundancyOptimizer``: each rank steps the optimizer state of its shard of the
+parameters and broadcasts them; training must stay equivalent to the unsharded optimizer's."""
+
+from __future__ import annotations
+
+import pytest
+
+from ddp_verify.strategies import optimizers, scenarios
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam", "adamw"])
+def test_zero_redundancy_optimizer_matches_the_reference(world, data_parallel, prove, optimizer):
+    method = data_parallel(zero=True)
+    prove(
+        scenarios(
+            world_size=world.size,
+            max_micro_batches=3,
+            optimizers=optimizers(names=(optimizer,)),
+            dtypes=("float64", "float32"),
+        ),
+        lambda scenario: world.assert_equivalent(method, scenario),
+    )
