@@ -1,0 +1,132 @@
+"""The data half of the source documents: ``DistributedSampler`` shards, and metric
+aggregation across ranks, checked on the world against what one process computes."""
+
+from __future__ import annotations
+
+import math
+
+from hypothesis import find, settings
+from hypothesis import strategies as st
+
+from ddp_verify.sharding import (
+    Shards,
+    aggregate_metric_on_rank,
+    metric_values,
+    sampler_epochs_on_rank,
+)
+from ddp_verify.strategies import batch_splits
+
+LENGTHS = st.integers(1, 40)
+
+
+def _shards(world, length, *, shuffle=True, seed=0, drop_last=False, epochs=1, set_epoch=True):
+    per_rank = world.run(
+        sampler_epochs_on_rank,
+        length,
+        shuffle=shuffle,
+        seed=seed,
+        drop_last=drop_last,
+        epochs=epochs,
+        set_epoch=set_epoch,
+    )
+    return [Shards.of([orders[e] for orders in per_rank], length) for e in range(epochs)]
+
+
+def test_sampler_with_drop_last_shards_are_disjoint_and_equal(world, prove):
+    def check(case):
+        length, shuffle, seed = case
+        (shards,) = _shards(world, length, shuffle=shuffle, seed=seed, drop_last=True)
+        per_rank = length // world.size
+        assert all(len(s) == per_rank for s in shards.per_rank), shards.per_rank
+        assert shards.duplicates == 0, f"an index went to two ranks: {shards.per_rank}"
+        assert shards.missing == length - per_rank * world.size, shards.per_rank
+
+    prove(st.tuples(LENGTHS, st.booleans(), st.integers(0, 2**16)), check)
+
+
+def test_sampler_without_drop_last_covers_the_dataset_and_pads_with_duplicates(
+    world, prove, finding
+):
+    padded = []
+
+    def check(case):
+        length, shuffle, seed = case
+        (shards,) = _shards(world, length, shuffle=shuffle, seed=seed, drop_last=False)
+        per_rank = math.ceil(length / world.size)
+        assert all(len(s) == per_rank for s in shards.per_rank), shards.per_rank
+        assert shards.missing == 0, f"indices handed to no rank: {shards.per_rank}"
+        # The padding: every rank gets ceil(N / W) items, so W * ceil(N / W) - N are repeats.
+        assert shards.duplicates == per_rank * world.size - length, shards.per_rank
+        padded.append((length, shards.duplicates))
+
+    prove(st.tuples(LENGTHS, st.booleans(), st.integers(0, 2**16)), check)
+    worst = max(padded, key=lambda p: p[1] / p[0])
+    finding(
+        f"DistributedSampler(drop_last=False) at world size {world.size}: padding duplicates "
+        f"counted in {sum(1 for _, d in padded if d)} of {len(padded)} dataset sizes; worst "
+        f"{worst[1]} repeated of {worst[0]} (a metric over the padded shards counts them twice)"
+    )
+
+
+def test_set_epoch_reshuffles_and_forgetting_it_does_not(world, prove):
+    def check(case):
+        length, seed = case
+        with_epoch = _shards(world, length, seed=seed, epochs=3, set_epoch=True)
+        without = _shards(world, length, seed=seed, epochs=3, set_epoch=False)
+        orders = [tuple(map(tuple, s.per_rank)) for s in with_epoch]
+        assert len(set(orders)) == 3, "set_epoch() did not change the order between epochs"
+        stale = [tuple(map(tuple, s.per_rank)) for s in without]
+        assert len(set(stale)) == 1, "without set_epoch() the order changed between epochs"
+        assert stale[0] == orders[0], "epoch 0 differs with and without set_epoch(0)"
+
+    # At least 8 items: 8! orders, so two epochs' permutations do not coincide by chance.
+    prove(st.tuples(st.integers(8, 40), st.integers(0, 2**16)), check)
+
+
+def _splits(world):
+    return st.tuples(batch_splits(world_size=world.size, max_samples=6), st.integers(0, 2**16))
+
+
+def test_metric_sums_and_counts_aggregate_to_the_full_dataset_metric(world, prove):
+    def check(case):
+        sizes, seed = case
+        expected = float(metric_values(sum(sizes), seed).mean())
+        results = world.run(aggregate_metric_on_rank, tuple(sizes), seed)
+        for rank, got in enumerate(results):
+            ways = {"all_reduce": got.all_reduce, "all_gather_object": got.all_gather_object}
+            if rank == 0:
+                ways |= {"reduce": got.reduce, "gather_object": got.gather_object}
+            for way, value in ways.items():
+                assert math.isclose(value, expected, rel_tol=1e-12), (
+                    f"{way} on rank {rank}: {value!r}, full dataset: {expected!r}, "
+                    f"shard sizes {sizes}"
+                )
+
+    prove(_splits(world), check)
+
+
+def test_mean_of_rank_means_is_the_metric_on_even_shards_only(world, prove, finding):
+    def mean_of_means_error(case) -> float:
+        sizes, seed = case
+        expected = float(metric_values(sum(sizes), seed).mean())
+        return abs(
+            world.run(aggregate_metric_on_rank, tuple(sizes), seed)[0].mean_of_means - expected
+        )
+
+    even = st.tuples(st.integers(1, 6).map(lambda n: (n,) * world.size), st.integers(0, 2**16))
+
+    def exact_on_even(case):
+        assert mean_of_means_error(case) <= 1e-12, f"even shards {case[0]}"
+
+    prove(even, exact_on_even)
+    # The negative check: on uneven shards the mean of means is not the metric.
+    uneven = find(
+        _splits(world),
+        lambda case: mean_of_means_error(case) > 1e-3,
+        settings=settings(max_examples=50, database=None, deadline=None),
+    )
+    off = mean_of_means_error(uneven)
+    finding(
+        f"mean of per-rank means differs from the dataset mean on uneven shards; shrunk to "
+        f"shard sizes {list(uneven[0])} (seed {uneven[1]}), off by {off:.3g}"
+    )
