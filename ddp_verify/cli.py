@@ -4,8 +4,13 @@
         [--seed N] [--dtype float64|float32] [--even-batches] [--max-micro-batches N]
         [--max-steps N] [--micro-batch-counts same|varied] [--timeout S] [--json]
 
-Exit 0: no counterexample. Exit 1: a counterexample, or the code raised, crashed a rank or
-hung. Exit 2: a usage error (bad path, unknown function, wrong signature for the kind).
+    ddp-verify conformance [--world-size N] [--ddp-wrapper MODULE:CALLABLE] [--examples N]
+        [--backend gloo|nccl] [--timeout S] [-- PYTEST ARGS...]
+
+check: exit 0: no counterexample. Exit 1: a counterexample, or the code raised, crashed a rank
+or hung. Exit 2: a usage error (bad path, unknown function, wrong signature for the kind).
+conformance: runs ``pytest --pyargs ddp_verify.conformance`` with these options and exits as
+pytest does (0 all passed, 1 some failed, ...).
 """
 
 from __future__ import annotations
@@ -36,7 +41,11 @@ class UsageError(Exception):
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if args.command == "conformance":
+        return _run_conformance(args, extra)
+    if extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command != "check":
         parser.print_help()
         return EXIT_USAGE
@@ -89,7 +98,46 @@ def _parser() -> argparse.ArgumentParser:
     )
     check.add_argument("--timeout", type=float, default=60.0, help="seconds per example")
     check.add_argument("--json", action="store_true", help="print one JSON verdict")
+    conformance = commands.add_parser(
+        "conformance",
+        help="run the packaged conformance suite (pytest --pyargs ddp_verify.conformance)",
+        description="Check torch's data-parallel machinery (or --ddp-wrapper) against "
+        "single-process training. Arguments after the options go to pytest (-k, -x, ...).",
+    )
+    conformance.add_argument("--world-size", default="4", help="ranks, or a list such as 2,4")
+    conformance.add_argument("--ddp-wrapper", metavar="MODULE:CALLABLE", default=None)
+    conformance.add_argument(
+        "--examples", type=_positive, default=None, help="scenarios per property"
+    )
+    conformance.add_argument("--backend", choices=("gloo", "nccl"), default=None)
+    conformance.add_argument("--timeout", default=None, help="seconds per job on the ranks")
     return parser
+
+
+def conformance_args(args: argparse.Namespace, extra: Sequence[str]) -> list[str]:
+    """The pytest command line ``ddp-verify conformance`` stands for.
+
+    Example::
+
+        >>> conformance_args(_parser().parse_args(["conformance", "--world-size", "2"]), [])
+        ['--pyargs', 'ddp_verify.conformance', '--world-size', '2']
+    """
+    command = ["--pyargs", "ddp_verify.conformance", "--world-size", str(args.world_size)]
+    for flag, value in (
+        ("--ddp-wrapper", args.ddp_wrapper),
+        ("--conformance-examples", args.examples),
+        ("--ddp-backend", args.backend),
+        ("--ddp-timeout", args.timeout),
+    ):
+        if value is not None:
+            command += [flag, str(value)]
+    return command + [a for a in extra if a != "--"]
+
+
+def _run_conformance(args: argparse.Namespace, extra: Sequence[str]) -> int:
+    import pytest
+
+    return int(pytest.main(conformance_args(args, extra)))
 
 
 def _positive(text: str) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from ddp_verify.methods.fsdp import fully_shard_method
+from ddp_verify.methods import fully_shard
 from ddp_verify.scenario import Scenario
 from ddp_verify.strategies import scenarios
 from ddp_verify.world import RankError
@@ -13,7 +13,7 @@ from ddp_verify.world import RankError
 
 @pytest.fixture(scope="module")
 def fsdp(world):
-    method = fully_shard_method()
+    method = fully_shard()
     probe = Scenario(world_size=world.size, schedule=(((1,),) * world.size,))
     try:
         world.check_equivalent(method, probe)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -66,10 +67,11 @@ class DDP(DistributedMethod):
     def wrap(self, model: torch.nn.Module, scenario: Scenario) -> torch.nn.Module:
         """``model`` in DDP (or the wrapper) with this method's options and hook (on a rank)."""
         kwargs = dict(self.ddp_kwargs)
-        if scenario.model.unused:
-            # A parameter forward never uses is an error for DDP unless it is told to look.
-            kwargs.setdefault("find_unused_parameters", True)
         factory = load_wrapper(self.wrapper) if self.wrapper else DistributedDataParallel
+        if scenario.model.unused and _accepts(factory, "find_unused_parameters"):
+            # A parameter forward never uses is an error for DDP unless it is told to look;
+            # a wrapper without the option must cope by itself.
+            kwargs.setdefault("find_unused_parameters", True)
         wrapped = factory(model, **kwargs)
         if self.comm_hook is not None:
             state = self.hook_state(model) if self.hook_state is not None else None
@@ -126,6 +128,14 @@ def zero_redundancy(scenario: Scenario, params: list[torch.nn.Parameter]) -> tor
 
     optimizer, kwargs = optimizer_settings(scenario.optimizer)
     return ZeroRedundancyOptimizer(params, optimizer_class=optimizer, **kwargs)
+
+
+def _accepts(factory: Callable[..., Any], keyword: str) -> bool:
+    try:
+        parameters = inspect.signature(factory).parameters.values()
+    except (TypeError, ValueError):
+        return True
+    return any(p.name == keyword or p.kind is p.VAR_KEYWORD for p in parameters)
 
 
 def load_wrapper(target: str) -> Callable[..., Any]:

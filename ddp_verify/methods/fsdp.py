@@ -21,11 +21,11 @@ class FullyShard(DistributedMethod):
     name = "fully_shard()"
 
     def train_rank(self, scenario: Scenario) -> RankTrace:
-        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.fsdp import fully_shard as shard
 
         run = RankRun(scenario)
         model = run.model
-        fully_shard(model)
+        shard(model)
         optimizer = run.optimizer(model.parameters())
         for step in range(scenario.steps):
             optimizer.zero_grad(set_to_none=True)
@@ -60,11 +60,12 @@ def _full(model: torch.nn.Module, *, grads: bool) -> dict[str, torch.Tensor | No
     return out
 
 
-def fully_shard_method() -> FullyShard:
-    """FSDP2's ``fully_shard``.
+def fully_shard() -> FullyShard:
+    """FSDP2's ``fully_shard``. Every forward all-gathers parameters, so scenarios need equal
+    micro-batch counts per rank (``scenarios(same_micro_batch_counts=True)``).
 
     Example::
 
-        world.assert_equivalent(fully_shard_method(), scenario)
+        world.assert_equivalent(fully_shard(), scenario)
     """
     return FullyShard()

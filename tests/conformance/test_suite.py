@@ -1,0 +1,151 @@
+"""The packaged conformance suite, run through pytester the way a framework team runs it:
+torch's DDP passes, a team's wrapper is checked in its place, a wrong wrapper is caught."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+# Imported before any in-process pytester run (torch's extension cannot be imported twice).
+import torch  # noqa: F401
+
+import ddp_verify.world  # noqa: F401
+from ddp_verify.cli import _parser, conformance_args
+
+QUIET = ["-p", "no:cacheprovider", "-W", "ignore::UserWarning", "--hypothesis-seed", "0"]
+SUBSET = ["-k", "test_ddp_option_keeps_training_equivalent and (defaults or tiny_buckets)"]
+
+WRAPPERS = """
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+
+class TeamDDP(DistributedDataParallel):
+    '''A team's subclass that changes nothing about gradients.'''
+
+
+def summing_ddp(module, **kwargs):
+    '''Registers a hook that all-reduces without dividing by the world size.'''
+    wrapped = DistributedDataParallel(module, **kwargs)
+
+    def summing_hook(state, bucket):
+        return dist.all_reduce(bucket.buffer(), async_op=True).get_future().then(
+            lambda fut: fut.value()[0]
+        )
+
+    wrapped.register_comm_hook(None, summing_hook)
+    return wrapped
+
+
+def no_options(module):
+    return DistributedDataParallel(module)
+"""
+
+
+def run_suite(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
+    pytester.makepyfile(team_wrappers=WRAPPERS)
+    pytester.syspathinsert()
+    return pytester.runpytest(
+        *QUIET, "--pyargs", "ddp_verify.conformance", "--world-size", "2", *args
+    )
+
+
+def test_torchs_ddp_passes_the_options_subset(pytester):
+    result = run_suite(pytester, "--conformance-examples", "3", *SUBSET)
+    result.assert_outcomes(passed=2)
+
+
+def test_a_teams_ddp_subclass_runs_in_place_of_ddp_and_is_named_in_the_header(pytester):
+    result = run_suite(
+        pytester, "--ddp-wrapper", "team_wrappers:TeamDDP", "--conformance-examples", "3", *SUBSET
+    )
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["*DDP wrapper team_wrappers:TeamDDP*"])
+
+
+def test_a_wrapper_that_sums_instead_of_averaging_fails_the_suite_with_the_divergence(pytester):
+    result = run_suite(
+        pytester,
+        "--ddp-wrapper",
+        "team_wrappers:summing_ddp",
+        "--conformance-examples",
+        "5",
+        *SUBSET,
+    )
+    result.assert_outcomes(failed=2)
+    result.stdout.fnmatch_lines(
+        [
+            "*team_wrappers:summing_ddp(*) is not equivalent to single-process full-batch*",
+            "*First divergence: step 0 of 1, gradient*",
+        ]
+    )
+
+
+def test_a_wrapper_without_an_option_skips_those_tests_and_says_why(pytester):
+    result = run_suite(pytester, "--ddp-wrapper", "team_wrappers:no_options", "-rs", *SUBSET)
+    # Without find_unused_parameters it cannot train a model whose parameter goes unused.
+    result.assert_outcomes(failed=1, skipped=1)
+    result.stdout.fnmatch_lines(
+        ["*+unused*", "*team_wrappers:no_options takes no bucket_cap_mb*"], consecutive=False
+    )
+
+
+def test_a_malformed_wrapper_is_a_usage_error_naming_the_form(pytester):
+    result = run_suite(pytester, "--ddp-wrapper", "team_wrappers.py")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--ddp-wrapper expects an importable MODULE:CALLABLE*"])
+
+
+def test_an_unimportable_wrapper_errors_with_the_fix(pytester):
+    result = run_suite(pytester, "--ddp-wrapper", "no_such_module:DDP", *SUBSET)
+    result.assert_outcomes(errors=2)
+    result.stdout.fnmatch_lines(["*cannot import 'no_such_module'*make it importable*"])
+
+
+def test_the_ini_twin_sets_the_wrapper_and_the_example_count(pytester):
+    pytester.makeini(
+        "[pytest]\nddp_wrapper = team_wrappers:summing_ddp\nddp_conformance_examples = 2\n"
+    )
+    result = run_suite(pytester, *SUBSET)
+    result.assert_outcomes(failed=2)
+
+
+def test_the_command_line_front_end_stands_for_the_pytest_command():
+    args, extra = _parser().parse_known_args(
+        ["conformance", "--world-size", "4", "--ddp-wrapper", "m:W", "--examples", "7", "--", "-x"]
+    )
+    assert conformance_args(args, extra) == [
+        "--pyargs",
+        "ddp_verify.conformance",
+        "--world-size",
+        "4",
+        "--ddp-wrapper",
+        "m:W",
+        "--conformance-examples",
+        "7",
+        "-x",
+    ]
+
+
+def test_ddp_verify_conformance_runs_the_suite_and_exits_as_pytest_does(tmp_path):
+    command = [
+        sys.executable,
+        "-m",
+        "ddp_verify",
+        "conformance",
+        "--world-size",
+        "2",
+        "--examples",
+        "2",
+        "--",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "-k",
+        "join or set_epoch",
+    ]
+    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "3 passed, 28 deselected" in done.stdout
