@@ -10,8 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-# What every property's report says about the scenario count; the suite's findings are listed
-# at the end of the run (see pytest_terminal_summary).
+# Measured facts the tests report, listed at the end of the run (see pytest_terminal_summary).
 _FINDINGS = pytest.StashKey[list[str]]()
 
 
