@@ -92,8 +92,8 @@ class CompressionTolerance(Tolerance):
     def describe(self) -> str:
         return (
             f"{self.fmt} compression: {self.safety:g} × world size × unit roundoff "
-            f"{unit_roundoff(self.fmt):.3g} × the step's largest gradient (parameters: lr × the "
-            "gradient bounds so far)"
+            f"{unit_roundoff(self.fmt):.3g} × the largest sum of the ranks' |contributions| at "
+            "the step (parameters: lr × the gradient bounds so far)"
         )
 
 

@@ -49,16 +49,12 @@ def require(
 ) -> None:
     """Skip unless ``factory`` takes every keyword in ``kwargs`` and, when it is a class, has
     every attribute in ``needs``."""
-    ddp_only = {"comm_hook", "hook_state", "zero"}
-    try:
-        parameters = inspect.signature(factory).parameters.values()
-    except (TypeError, ValueError):
-        parameters = None
-    if parameters is not None and not any(p.kind is p.VAR_KEYWORD for p in parameters):
-        names = {p.name for p in parameters}
-        missing = sorted(k for k in kwargs if k not in ddp_only and k not in names)
-        if missing:
-            pytest.skip(f"the DDP wrapper {label} takes no {', '.join(missing)}")
+    from ddp_verify.methods.ddp import accepts
+
+    ddp_only = {"comm_hook", "hook_state", "zero"}  # the method's, not the wrapper's
+    missing = [k for k in kwargs if k not in ddp_only and not accepts(factory, k)]
+    if missing:
+        pytest.skip(f"the DDP wrapper {label} takes no {', '.join(missing)}")
     if inspect.isclass(factory):
         absent = [n for n in needs if not hasattr(factory, n)]
         if absent:

@@ -158,11 +158,14 @@ def test_powersgd_at_rank_1_is_lossy_and_the_error_is_reported(
         outcome = world.check_equivalent(method, scenario)
         errors.append(_worst_gradient_error(outcome))
 
-    # Matrices of at least 2 x 2, so that rank 1 is a real approximation.
+    # A head of at least 2 x 2 whose gradient has rank 2 (mean squared error on two or more
+    # outputs and samples; a 2-class cross-entropy head's gradient has rank 1), so that rank 1
+    # is a real approximation.
     prove(
         scenarios(
             world_size=world.size,
             min_samples=2,
+            losses=("mse",),
             models=models(kinds=("mlp",), features=False, min_out_features=2),
         ),
         measure,

@@ -68,7 +68,7 @@ class DDP(DistributedMethod):
         """``model`` in DDP (or the wrapper) with this method's options and hook (on a rank)."""
         kwargs = dict(self.ddp_kwargs)
         factory = load_wrapper(self.wrapper) if self.wrapper else DistributedDataParallel
-        if scenario.model.unused and _accepts(factory, "find_unused_parameters"):
+        if scenario.model.unused and accepts(factory, "find_unused_parameters"):
             # A parameter forward never uses is an error for DDP unless it is told to look;
             # a wrapper without the option must cope by itself.
             kwargs.setdefault("find_unused_parameters", True)
@@ -130,7 +130,13 @@ def zero_redundancy(scenario: Scenario, params: list[torch.nn.Parameter]) -> tor
     return ZeroRedundancyOptimizer(params, optimizer_class=optimizer, **kwargs)
 
 
-def _accepts(factory: Callable[..., Any], keyword: str) -> bool:
+def accepts(factory: Callable[..., Any], keyword: str) -> bool:
+    """Whether ``factory`` takes ``keyword`` (True when its signature cannot be read).
+
+    Example::
+
+        accepts(DistributedDataParallel, "static_graph")  # True
+    """
     try:
         parameters = inspect.signature(factory).parameters.values()
     except (TypeError, ValueError):
