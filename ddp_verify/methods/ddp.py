@@ -76,11 +76,7 @@ class DDP(DistributedMethod):
         if self.comm_hook is not None:
             state = self.hook_state(model) if self.hook_state is not None else None
             wrapped.register_comm_hook(state, self.comm_hook)
-        self.prepare(wrapped)
         return wrapped
-
-    def prepare(self, ddp: torch.nn.Module) -> None:
-        """Adjust the wrapped model before training (a subclass registers a comm hook here)."""
 
 
 def train_data_parallel(
