@@ -32,12 +32,15 @@ def data_parallel(
     ddp_wrapper: str | None, wrapper_factory: Callable[..., Any] | None
 ) -> Callable[..., Any]:
     """``data_parallel(**ddp_kwargs)``: the DDP method under test, torch's DDP or the
-    ``--ddp-wrapper``. A wrapper that cannot take a keyword, or lacks a feature a test needs,
-    skips that test and says which."""
+    ``--ddp-wrapper``. A wrapper that cannot take a keyword, or lacks a feature a test needs
+    (``register_comm_hook`` whenever a ``comm_hook`` is given), skips that test and says
+    which."""
     from ddp_verify.methods import ddp
 
     def make(*, needs: tuple[str, ...] = (), **kwargs: Any) -> Any:
         if wrapper_factory is not None:
+            if "comm_hook" in kwargs:
+                needs = (*needs, "register_comm_hook")
             require(wrapper_factory, ddp_wrapper, kwargs, needs)
         return ddp(wrapper=ddp_wrapper, **kwargs)
 

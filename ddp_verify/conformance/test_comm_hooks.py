@@ -27,7 +27,7 @@ EXACT_RANK = 16
 
 
 def test_allreduce_hook_is_exact(world, data_parallel, prove):
-    method = data_parallel(comm_hook=default.allreduce_hook, needs=("register_comm_hook",))
+    method = data_parallel(comm_hook=default.allreduce_hook)
     prove(
         scenarios(world_size=world.size, max_micro_batches=3, dtypes=("float64", "float32")),
         lambda scenario: world.assert_equivalent(method, scenario),
@@ -47,7 +47,7 @@ def test_compression_hook_is_within_its_formats_precision(
             "bf16_compress_hook needs NCCL 2.10+ on CUDA 11+ (or XCCL): on gloo torch raises "
             "TypeError; run with --ddp-backend nccl on GPUs"
         )
-    method = data_parallel(comm_hook=hook, needs=("register_comm_hook",))
+    method = data_parallel(comm_hook=hook)
     worst = []
 
     def check(scenario):
@@ -84,6 +84,8 @@ EXACT_OPTIONS = {
     "warm_start": False,
     "orthogonalization_epsilon": 1e-30,
 }
+# Every matrix compressed at a rank above its smaller side: a full-rank approximation.
+FULL_RANK = functools.partial(jobs.powersgd_state, EXACT_RANK, **EXACT_OPTIONS)
 
 
 @known_torch_issue(
@@ -95,10 +97,7 @@ EXACT_OPTIONS = {
     repro="findings/powersgd_full_rank.py",
 )
 def test_powersgd_at_full_rank_is_exact(world, data_parallel, prove):
-    state = functools.partial(jobs.powersgd_state, EXACT_RANK, **EXACT_OPTIONS)
-    method = data_parallel(
-        comm_hook=powersgd.powerSGD_hook, hook_state=state, needs=("register_comm_hook",)
-    )
+    method = data_parallel(comm_hook=powersgd.powerSGD_hook, hook_state=FULL_RANK)
     prove(
         scenarios(
             world_size=world.size, max_micro_batches=3, models=models(excluded_features=("unused",))
@@ -117,10 +116,7 @@ def test_powersgd_at_full_rank_is_exact(world, data_parallel, prove):
 )
 def test_powersgd_runs_with_unused_parameters(world, data_parallel, prove):
     # Only that training completes: exactness is the test above's business.
-    state = functools.partial(jobs.powersgd_state, EXACT_RANK, **EXACT_OPTIONS)
-    method = data_parallel(
-        comm_hook=powersgd.powerSGD_hook, hook_state=state, needs=("register_comm_hook",)
-    )
+    method = data_parallel(comm_hook=powersgd.powerSGD_hook, hook_state=FULL_RANK)
     prove(
         scenarios(world_size=world.size, models=models(required_features=("unused",))),
         lambda scenario: world.check_equivalent(method, scenario),
@@ -136,9 +132,7 @@ def test_powersgd_runs_with_unused_parameters(world, data_parallel, prove):
 )
 def test_batched_powersgd_at_full_rank_is_exact(world, data_parallel, prove):
     state = functools.partial(jobs.batched_powersgd_full_rank_state, **EXACT_OPTIONS)
-    method = data_parallel(
-        comm_hook=powersgd.batched_powerSGD_hook, hook_state=state, needs=("register_comm_hook",)
-    )
+    method = data_parallel(comm_hook=powersgd.batched_powerSGD_hook, hook_state=state)
     prove(
         scenarios(world_size=world.size, models=models(excluded_features=("unused",))),
         lambda scenario: world.assert_equivalent(method, scenario),
@@ -149,9 +143,7 @@ def test_powersgd_at_rank_1_is_lossy_and_the_error_is_reported(
     world, data_parallel, prove, finding
 ):
     state = functools.partial(jobs.powersgd_state, 1, **EXACT_OPTIONS)
-    method = data_parallel(
-        comm_hook=powersgd.powerSGD_hook, hook_state=state, needs=("register_comm_hook",)
-    )
+    method = data_parallel(comm_hook=powersgd.powerSGD_hook, hook_state=state)
     errors = []
 
     def measure(scenario):
