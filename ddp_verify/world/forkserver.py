@@ -424,21 +424,46 @@ def _set_parent_death_signal() -> None:
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
-# -- one server per rank environment, per controller -------------------------------------------
+# -- one server per interpreter set-up, per controller -----------------------------------------
 
-_servers: dict[tuple[tuple[str, str], ...], ForkServer] = {}
+SetUp = tuple[str, str, tuple[tuple[str, str], ...]]
+_servers: dict[SetUp, ForkServer] = {}
 _servers_lock = threading.Lock()
+# Variables read before a fork can change them: by the interpreter as it starts (PYTHON*),
+# the dynamic loader (LD_*), the OpenMP and BLAS runtimes as torch loads them, and torch itself
+# as it imports (TORCH_DISTRIBUTED_DEBUG is read when torch.distributed is imported, TORCH_LOGS
+# by torch._logging, ...). Every other variable (PYTEST_CURRENT_TEST, a test's own) is applied
+# in the rank after the fork, so it never calls for another server.
+_SET_UP_PREFIXES = ("PYTHON", "LD_", "OMP_", "MKL_", "KMP_", "GOMP_", "OPENBLAS_", "CUDA_")
+_SET_UP_TORCH_PREFIXES = ("TORCH", "PYTORCH")
 # Variables torch sets in its own environment as it imports (torch._dynamo sets the first):
 # they change the controller's environment without changing what the ranks need.
 _SET_BY_TORCH = frozenset({"TORCHINDUCTOR_CACHE_DIR"})
 
 
-def server_for(env: Mapping[str, str], package_root: str) -> ForkServer:
-    """The fork server for ranks with this environment, started if there is none alive.
+def set_up(env: Mapping[str, str], package_root: str) -> SetUp:
+    """What a fork server's imports depend on: the interpreter, where ddp_verify is imported
+    from, and the variables read before a fork (see ``_SET_UP_PREFIXES``).
 
-    A forked rank gets exactly ``env`` as its environment; the server itself (and so what
-    torch read while importing) has the environment of the first request."""
-    key = tuple(sorted((k, v) for k, v in env.items() if k not in _SET_BY_TORCH))
+    Example::
+
+        >>> set_up({"PYTEST_CURRENT_TEST": "t.py::a (call)"}, "/src")[2]
+        ()
+    """
+    prefixes = _SET_UP_PREFIXES + _SET_UP_TORCH_PREFIXES
+    read = sorted(
+        (k, v) for k, v in env.items() if k.startswith(prefixes) and k not in _SET_BY_TORCH
+    )
+    return sys.executable, package_root, tuple(read)
+
+
+def server_for(env: Mapping[str, str], package_root: str) -> ForkServer:
+    """The fork server for ranks of this interpreter set-up (see :func:`set_up`), started if
+    there is none alive: one for a whole session, however the rest of the environment varies.
+
+    A forked rank gets exactly ``env`` as its environment: what differs from the server's own
+    start-up environment travels with each fork request."""
+    key = set_up(env, package_root)
     with _servers_lock:
         server = _servers.get(key)
         if server is None or not server.alive:

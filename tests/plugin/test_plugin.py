@@ -13,6 +13,7 @@ import pytest
 # Imported here, before any in-process pytester run: pytester restores sys.modules after each
 # run, and torch's C extension cannot be imported a second time into one process.
 import torch
+import torch._dynamo  # noqa: F401  (the controller's reference imports it; see above)
 
 import ddp_verify.world  # noqa: F401
 from tests.processes import descendants, wait_gone
@@ -458,6 +459,62 @@ def test_xdist_workers_each_get_their_own_worlds(pytester):
     )
     result = pytester.runpytest_subprocess(*QUIET, "-n", "2", "--world-size", "2")
     result.assert_outcomes(passed=4)
+
+
+FAILING_TESTS = 50
+
+
+def test_failing_tests_reuse_one_fork_server_and_processes_stay_flat(pytester):
+    # Every failure relaunches the world, each time under another PYTEST_CURRENT_TEST: the
+    # relaunch must fork from the session's one fork server, not start (and keep) a new one.
+    pytester.makeconftest(
+        """
+        import os
+
+        def _children():
+            parents = {}
+            for entry in os.listdir("/proc"):
+                if entry.isdigit():
+                    try:
+                        with open(f"/proc/{entry}/stat") as f:
+                            fields = f.read().rsplit(")", 1)[1].split()
+                    except OSError:
+                        continue
+                    if fields[0] != "Z":
+                        parents[int(entry)] = int(fields[1])
+            direct = [p for p, parent in parents.items() if parent == os.getpid()]
+            below, frontier = [], list(direct)
+            while frontier:
+                pid = frontier.pop()
+                below.append(pid)
+                frontier += [p for p, parent in parents.items() if parent == pid]
+            return len(direct), len(below)
+
+        def pytest_runtest_logfinish(nodeid):
+            with open("counts.txt", "a") as f:
+                f.write("%d %d\\n" % _children())
+        """
+    )
+    pytester.makepyfile(
+        f"""
+        import pytest
+
+        @pytest.mark.parametrize("i", range({FAILING_TESTS}))
+        @pytest.mark.distributed
+        def test_fails(i, rank):
+            if rank == 1:
+                raise ValueError(i)
+        """
+    )
+    result = pytester.runpytest_subprocess(*QUIET, "--world-size", "2", "-q")
+    result.assert_outcomes(failed=FAILING_TESTS)
+    counts = [tuple(map(int, line.split())) for line in (pytester.path / "counts.txt").open()]
+    assert len(counts) == FAILING_TESTS
+    children = [c for c, _ in counts]
+    processes = [d for _, d in counts]
+    # The controller's one child is the fork server; below it, at most the world's 2 ranks.
+    assert max(children) == 1, f"the controller's children grew: {children}"
+    assert max(processes) <= 3, f"processes under the controller grew: {processes}"
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["SIGINT", "SIGKILL"])
