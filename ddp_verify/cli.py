@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-# torch warns at import when numpy is missing; nothing here needs numpy.
+# torch warns at import when numpy is missing; ddp_verify needs none (tests/adapters/test_cli.py).
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
 
 from .kinds import KINDS, SIGNATURES, KindError, check_signature  # noqa: E402

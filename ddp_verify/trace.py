@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 from typing import Any
 
@@ -40,7 +41,7 @@ class RankTrace:
         fields = []
         for field in ("grads", "params"):
             packed = self.packed(field)
-            fields.append(None if packed is None else (packed[0], packed[1].numpy().tobytes()))
+            fields.append(None if packed is None else (packed[0], _raw_bytes(packed[1])))
         return (_unpack_rank_trace, (self.losses, *fields))
 
     def recorded(self, field: str) -> int | None:
@@ -118,10 +119,17 @@ def _pack(steps: list[dict[str, torch.Tensor | None]]) -> tuple[Layout, torch.Te
                 entry.append((name, None, None))
             else:
                 entry.append((name, tuple(tensor.shape), tensor.dtype))
-                chunks.append(tensor.detach().reshape(-1).to(torch.float64))
+                chunks.append(tensor.detach().reshape(-1).to("cpu", torch.float64))
         layout.append(entry)
     flat = torch.cat(chunks) if chunks else torch.zeros(0, dtype=torch.float64)
     return layout, flat
+
+
+def _raw_bytes(flat: torch.Tensor) -> bytes:
+    """A contiguous CPU tensor's memory as bytes, in one copy. Not ``.numpy().tobytes()``:
+    torch runs without numpy, and so must the harness."""
+    flat = flat.contiguous()
+    return ctypes.string_at(flat.data_ptr(), flat.numel() * flat.element_size())
 
 
 def _unpack(layout: Layout, flat: torch.Tensor) -> list[dict[str, Any]]:

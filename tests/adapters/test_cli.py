@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -123,3 +124,46 @@ def test_a_name_the_file_imports_can_be_checked(tmp_path):
         "5",
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+_WITHOUT_NUMPY = f"""
+import sys
+sys.path.insert(0, {str(FIXTURES)!r})
+import torch.distributed as dist
+import ddp_verify
+from ddp_verify.world import World
+from grad_sync import sample_weighted
+
+
+def numpy_missing():
+    try:
+        import numpy  # noqa: F401
+    except ImportError:
+        return True
+    return False
+
+
+assert numpy_missing(), "numpy is importable in the controller"
+with World(2) as world:
+    assert world.run(numpy_missing) == [True, True], "numpy is importable on the ranks"
+verdict = ddp_verify.check(sample_weighted, kind="grad-sync", world_size=2, max_examples=5, seed=0)
+print("examples", verdict.examples)
+"""
+
+
+def test_a_check_needs_no_numpy(tmp_path):
+    # torch runs without numpy, so ddp_verify must too: a package that refuses to import
+    # stands first on the path of the controller and of every rank.
+    hidden = tmp_path / "hidden" / "numpy"
+    hidden.mkdir(parents=True)
+    (hidden / "__init__.py").write_text("raise ModuleNotFoundError('numpy is hidden by this test')\n")
+    done = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", _WITHOUT_NUMPY],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(hidden.parent)},
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "examples 5" in done.stdout
