@@ -7,8 +7,10 @@
     ddp-verify conformance [--world-size N] [--ddp-wrapper MODULE:CALLABLE] [--examples N]
         [--backend gloo|nccl] [--timeout S] [-- PYTEST ARGS...]
 
-check: exit 0: no counterexample. Exit 1: a counterexample, or the code raised, crashed a rank
-or hung. Exit 2: a usage error (bad path, unknown function, wrong signature for the kind).
+check exits 0: no counterexample. 1: a counterexample, or the code raised, crashed a rank or
+hung. 2: a usage error (bad arguments, path or function; a signature or a result the kind
+cannot take). 3: the harness or the machine failed (a world could not start, the backend is
+unavailable, an internal error). With ``--json`` it prints one JSON document in every case.
 conformance: runs ``pytest --pyargs ddp_verify.conformance`` with these options and exits as
 pytest does (0 all passed, 1 some failed, ...).
 """
@@ -25,37 +27,59 @@ import traceback
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 # torch warns at import when numpy is missing; ddp_verify needs none (tests/adapters/test_cli.py).
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
 
 from .kinds import KINDS, SIGNATURES, KindError, check_signature  # noqa: E402
+from .options import parse_timeout  # noqa: E402
 
-EXIT_EQUIVALENT, EXIT_NOT_EQUIVALENT, EXIT_USAGE = 0, 1, 2
+EXIT_EQUIVALENT, EXIT_NOT_EQUIVALENT, EXIT_USAGE, EXIT_HARNESS = 0, 1, 2, 3
+EXIT_INTERRUPTED = 128 + 2  # SIGINT, as shells report it
+VERDICTS = {
+    EXIT_EQUIVALENT: "equivalent",
+    EXIT_NOT_EQUIVALENT: "not equivalent",
+    EXIT_USAGE: "usage error",
+    EXIT_HARNESS: "harness error",
+    EXIT_INTERRUPTED: "interrupted",
+}
 
 
 class UsageError(Exception):
     """What the user asked for cannot be run; exit 2 with this message."""
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a mistake is a :class:`UsageError` (so ``--json`` still prints one
+    document) rather than an exit from inside the parser."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{message}\n{self.format_usage().strip()}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = _parser()
-    args, extra = parser.parse_known_args(argv)
-    if args.command == "conformance":
-        return _run_conformance(args, extra)
-    if extra:
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    if args.command != "check":
-        parser.print_help()
-        return EXIT_USAGE
-    _prestart(args.world_size)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    wants_json = "--json" in argv
     try:
-        fn, label = load_function(args.target)
+        args, extra = _parser().parse_known_args(argv)
+        if args.command == "conformance":
+            return _run_conformance(args, extra)
+        if extra:
+            raise UsageError(f"unrecognized arguments: {' '.join(extra)}")
+        path, name = parse_target(args.target)
+    except UsageError as exc:
+        return _finish(wants_json, EXIT_USAGE, f"ddp-verify: error: {exc}")
+    # The arguments hold: the ranks' fork server imports torch while this process imports
+    # the user's file (and torch with it).
+    _prestart(args.world_size)
+    outcome = {"target": args.target, "kind": args.kind, "world_size": args.world_size}
+    try:
+        fn = load_function(path, name)
         check_signature(fn, args.kind)
     except (UsageError, KindError) as exc:
-        return _finish(args, EXIT_USAGE, f"ddp-verify: error: {exc}", label=args.target)
-    return _run_check(args, fn, label)
+        return _finish(wants_json, EXIT_USAGE, f"ddp-verify: error: {exc}", **outcome)
+    return _run_check(args, fn, outcome)
 
 
 def _prestart(world_size: int) -> None:
@@ -68,7 +92,7 @@ def _prestart(world_size: int) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="ddp-verify",
         description="Check that distributed training code computes what single-process "
         "training computes.",
@@ -96,7 +120,9 @@ def _parser() -> argparse.ArgumentParser:
         help="whether every rank of a step holds as many micro-batches (default: same for "
         "--kind step, whose loop owns accumulation; varied for the other kinds)",
     )
-    check.add_argument("--timeout", type=float, default=60.0, help="seconds per example")
+    check.add_argument(
+        "--timeout", type=_positive_seconds, default=60.0, help="seconds per example"
+    )
     check.add_argument("--json", action="store_true", help="print one JSON verdict")
     conformance = commands.add_parser(
         "conformance",
@@ -146,14 +172,35 @@ def _positive(text: str) -> int:
     return int(text)
 
 
-def load_function(target: str) -> tuple[Callable[..., Any], str]:
-    """``path/to/file.py:name`` → the callable, from any file; the name may be imported."""
+def _positive_seconds(text: str) -> float:
+    try:
+        return parse_timeout(text, source="--timeout")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def parse_target(target: str) -> tuple[Path, str]:
+    """``path/to/file.py:name`` → the file (which must exist) and the name, without importing.
+
+    Example::
+
+        >>> parse_target("fixtures/grad_sync.py")
+        Traceback (most recent call last):
+        ...
+        ddp_verify.cli.UsageError: expected PATH.py:FUNCTION, got 'fixtures/grad_sync.py'
+    """
     path_text, sep, name = target.rpartition(":")
     if not sep or not path_text or not name:
         raise UsageError(f"expected PATH.py:FUNCTION, got {target!r}")
     path = Path(path_text)
     if not path.is_file():
         raise UsageError(f"no such file: {path_text}")
+    return path, name
+
+
+def load_function(path: Path, name: str) -> Callable[..., Any]:
+    """The callable ``name`` of the file at ``path``, which may import it from elsewhere."""
+    path_text = str(path)
     module_name = f"ddp_verify_user_{abs(hash(str(path.resolve())))}"
     loader = importlib.machinery.SourceFileLoader(module_name, str(path))
     spec = importlib.util.spec_from_loader(module_name, loader)
@@ -173,12 +220,13 @@ def load_function(target: str) -> tuple[Callable[..., Any], str]:
             f"{path_text} has no {name!r}; callables it defines or imports: "
             + (", ".join(defined) or "none")
         )
-    return getattr(module, name), f"{path_text}:{name}"
+    return getattr(module, name)
 
 
-def _run_check(args: argparse.Namespace, fn: Callable[..., Any], label: str) -> int:
+def _run_check(args: argparse.Namespace, fn: Callable[..., Any], outcome: dict[str, Any]) -> int:
     from .equivalence import EquivalenceError
     from .search import check
+    from .world import JobPicklingError, WorldError
 
     bounds: dict[str, Any] = {
         "max_micro_batches": args.max_micro_batches,
@@ -189,7 +237,7 @@ def _run_check(args: argparse.Namespace, fn: Callable[..., Any], label: str) -> 
         bounds["dtypes"] = (args.dtype,)
     if args.micro_batch_counts:
         bounds["same_micro_batch_counts"] = args.micro_batch_counts == "same"
-    started = time.monotonic()
+    outcome["started"] = time.monotonic()
     progress = _Progress()
     try:
         verdict = check(
@@ -203,50 +251,57 @@ def _run_check(args: argparse.Namespace, fn: Callable[..., Any], label: str) -> 
             **bounds,
         )
     except EquivalenceError as exc:
-        # hypothesis's notes repeat the scenario in its own words: the report has it already.
-        report = str(exc)
         return _finish(
-            args,
+            args.json,
             EXIT_NOT_EQUIVALENT,
-            report,
-            label=label,
-            started=started,
+            str(exc),
+            **outcome,
             scenario=exc.scenario,
             examples=progress.tried,
             cause=exc.cause,
             reproducer=exc.reproducer,
         )
+    except (KindError, JobPicklingError) as exc:
+        # The code cannot be used as this kind (what it returned), or cannot be sent to ranks.
+        return _finish(args.json, EXIT_USAGE, f"ddp-verify: error: {exc}", **outcome)
+    except WorldError as exc:
+        # A world that could not start, a backend that is not there: the machine's failure.
+        return _finish(args.json, EXIT_HARNESS, f"ddp-verify: harness error: {exc}", **outcome)
+    except KeyboardInterrupt:
+        return _finish(args.json, EXIT_INTERRUPTED, "ddp-verify: interrupted", **outcome)
+    except Exception:
+        report = f"ddp-verify: internal error, please report it:\n{traceback.format_exc()}"
+        return _finish(args.json, EXIT_HARNESS, report, **outcome)
     summary = (
-        f"{label} ({args.kind}): equivalent on {verdict.examples} generated scenarios at world "
-        f"size {args.world_size}; no counterexample found"
+        f"{outcome['target']} ({args.kind}): equivalent on {verdict.examples} generated "
+        f"scenarios at world size {args.world_size}; no counterexample found"
     )
-    return _finish(
-        args, EXIT_EQUIVALENT, summary, label=label, started=started, examples=verdict.examples
-    )
+    return _finish(args.json, EXIT_EQUIVALENT, summary, **outcome, examples=verdict.examples)
 
 
 def _finish(
-    args: argparse.Namespace,
+    wants_json: bool,
     code: int,
     text: str,
     *,
-    label: str,
+    target: str | None = None,
+    kind: str | None = None,
+    world_size: int | None = None,
     started: float | None = None,
     examples: int | None = None,
     scenario: Any = None,
     cause: str | None = None,
     reproducer: str | None = None,
 ) -> int:
-    if getattr(args, "json", False):
-        verdict = {EXIT_EQUIVALENT: "equivalent", EXIT_NOT_EQUIVALENT: "not equivalent"}
+    if wants_json:
         print(
             json.dumps(
                 {
-                    "verdict": verdict.get(code, "usage error"),
+                    "verdict": VERDICTS[code],
                     "exit_code": code,
-                    "target": label,
-                    "kind": getattr(args, "kind", None),
-                    "world_size": getattr(args, "world_size", None),
+                    "target": target,
+                    "kind": kind,
+                    "world_size": world_size,
                     "examples": examples,
                     "scenario": repr(scenario) if scenario is not None else None,
                     "likely_cause": cause,
@@ -257,7 +312,8 @@ def _finish(
             )
         )
     else:
-        print(text, file=sys.stderr if code == EXIT_USAGE else sys.stdout)
+        verdicts = (EXIT_EQUIVALENT, EXIT_NOT_EQUIVALENT)
+        print(text, file=sys.stdout if code in verdicts else sys.stderr)
     return code
 
 

@@ -11,9 +11,9 @@ from collections.abc import Callable
 from typing import Any
 
 import hypothesis
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, Phase, Verbosity, given, settings
 
-from .adapters import DEFAULT_BOUNDS, adapt
+from .adapters import DEFAULT_BOUNDS, KindError, adapt
 from .diagnose import failure_cause, likely_cause
 from .equivalence import EquivalenceError, VerifyingWorld
 from .reproducer import write_reproducer
@@ -100,6 +100,9 @@ def check(
         database=None,
         suppress_health_check=list(HealthCheck),
         report_multiple_bugs=False,
+        # The report says everything, seed included: hypothesis prints nothing of its own
+        # (a "reproduce with @seed" line would break ddp-verify --json's one document).
+        verbosity=Verbosity.quiet,
         # The explain phase reruns failing cases to list "lines only failures ran": those are
         # ours, not the user's, and each rerun costs a training run on every rank.
         phases=[p for p in Phase if p is not Phase.explain],
@@ -128,6 +131,10 @@ def check(
         explained.found_at = found_at
         raise explained from None
     except _CodeFailed as stop:
+        misuse = _kind_errors(stop.error)
+        if misuse:
+            # The code ran but gave the harness something its kind cannot be: a usage error.
+            raise KindError(f"{method.name}: {misuse}") from None
         # Only trouble in collectives (a hang, a death, a gloo error) can come from the
         # ranks' micro-batch counts; an exception of the user's own is its own news.
         in_collectives = bool(stop.error.hint) or any(
@@ -143,6 +150,14 @@ def check(
         failed_error.cause = cause
         raise failed_error from None
     return Verdict(kind, method.name.split(" ", 1)[1], world_size, tried)
+
+
+def _kind_errors(error: RankError) -> str | None:
+    """The message of the KindError every failing rank raised, if that is why they failed."""
+    primary = [f for f in error.failures if f.is_primary]
+    if primary and all(isinstance(f.exception, KindError) for f in primary):
+        return str(primary[0].exception)
+    return None
 
 
 def _explained(error: EquivalenceError, fn: Callable[..., Any], kind: str) -> EquivalenceError:

@@ -13,13 +13,16 @@ import pytest
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 
 
-def ddp_verify(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+def ddp_verify(
+    *args: str, cwd: Path | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "ddp_verify", *args],
         capture_output=True,
         text=True,
         timeout=300,
         cwd=cwd,
+        env={**os.environ, **(env or {})},
     )
 
 
@@ -156,7 +159,7 @@ def test_a_check_needs_no_numpy(tmp_path):
     # stands first on the path of the controller and of every rank.
     hidden = tmp_path / "hidden" / "numpy"
     hidden.mkdir(parents=True)
-    (hidden / "__init__.py").write_text("raise ModuleNotFoundError('numpy is hidden by this test')\n")
+    (hidden / "__init__.py").write_text("raise ModuleNotFoundError('numpy hidden by a test')\n")
     done = subprocess.run(
         [sys.executable, "-W", "ignore", "-c", _WITHOUT_NUMPY],
         capture_output=True,
@@ -167,3 +170,92 @@ def test_a_check_needs_no_numpy(tmp_path):
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "examples 5" in done.stdout
+
+
+MISBEHAVING = """
+import os
+import torch.distributed as dist
+
+
+def crashes(model):
+    if dist.get_rank() == 1:
+        os._exit(7)
+
+
+def returns_a_word(model, optimizer, micro_batches, loss_fn):
+    return "not a number"
+"""
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "code", "verdict", "words"),
+    [
+        (["{f}/grad_sync.py:sample_weighted"], {}, 0, "equivalent", "equivalent on 3"),
+        (["{t}/code.py:crashes"], {}, 1, "not equivalent", "rank 1 exited with code 7"),
+        (
+            ["{t}/code.py:returns_a_word", "--kind", "step"],
+            {},
+            2,
+            "usage error",
+            "must return the global mean loss",
+        ),
+        (["{t}/code.py:crashes", "--timeout", "0"], {}, 2, "usage error", "--timeout"),
+        (["{t}/code.py:crashes", "--no-such-option"], {}, 2, "usage error", "--no-such-option"),
+        (["{t}/missing.py:fn"], {}, 2, "usage error", "no such file"),
+        (
+            ["{f}/grad_sync.py:sample_weighted"],
+            {"GLOO_SOCKET_IFNAME": "ddpverify0"},
+            3,
+            "harness error",
+            "could not start a world of 2",
+        ),
+    ],
+    ids=[
+        "equivalent",
+        "crash",
+        "kind-error-on-ranks",
+        "timeout-0",
+        "unknown-option",
+        "no-file",
+        "world-start",
+    ],
+)
+def test_every_outcome_has_its_exit_code_and_one_json_document(
+    tmp_path, args, env, code, verdict, words
+):
+    (tmp_path / "code.py").write_text(MISBEHAVING)
+    command = ["check", *(a.format(f=FIXTURES, t=tmp_path) for a in args)]
+    if "--kind" not in command:
+        command += ["--kind", "grad-sync"]
+    command += ["--world-size", "2", "--max-examples", "3", "--json"]
+    result = ddp_verify(*command, cwd=tmp_path, env=env)
+    assert result.returncode == code, result.stdout + result.stderr
+    document = json.loads(result.stdout)  # the whole of stdout is one JSON document
+    assert (document["verdict"], document["exit_code"]) == (verdict, code)
+    assert words in document["report"], document["report"]
+
+
+_USAGE_ERROR_IN_PROCESS = """
+import os, sys
+from ddp_verify.cli import main
+
+code = main(["check", "missing.py:fn", "--kind", "grad-sync"])
+def parent(pid):
+    return int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+
+
+children = [p for p in os.listdir("/proc") if p.isdigit() and parent(p) == os.getpid()]
+print(code, "torch" in sys.modules, len(children))
+"""
+
+
+def test_a_usage_error_starts_nothing(tmp_path):
+    # Arguments are checked before a fork server starts importing torch for the ranks.
+    done = subprocess.run(
+        [sys.executable, "-c", _USAGE_ERROR_IN_PROCESS],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert done.stdout.split() == ["2", "False", "0"], done.stdout + done.stderr

@@ -13,7 +13,7 @@ import pytest
 # Imported here, before any in-process pytester run: pytester restores sys.modules after each
 # run, and torch's C extension cannot be imported a second time into one process.
 import torch
-import torch._dynamo  # noqa: F401  (the controller's reference imports it; see above)
+import torch._dynamo  # the controller's reference imports it (see above)
 
 import ddp_verify.world  # noqa: F401
 from tests.processes import descendants, wait_gone
