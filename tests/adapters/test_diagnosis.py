@@ -104,3 +104,29 @@ def test_a_reproducer_exits_1_while_the_bug_is_there_and_0_without_it(tmp_path):
             timeout=120,
         ).stdout
     )
+
+
+def _summing_sync_then_abort_at_exit(model):
+    # Rank 0 dies of SIGABRT as its process exits, after its trace was sent: what gloo
+    # sometimes does to a rank whose peers close their connections first.
+    import multiprocessing.util
+    import os
+    import signal
+
+    import torch.distributed as dist
+
+    if dist.get_rank() == 0:
+        multiprocessing.util.Finalize(
+            None, os.kill, (os.getpid(), signal.SIGABRT), exitpriority=100
+        )
+    _summing_sync(model)
+
+
+def test_a_reproducer_reports_even_when_a_rank_dies_after_its_trace_arrived(tmp_path):
+    scenario = Scenario(world_size=2, schedule=(((1,), (2,)),))
+    script = write_reproducer(_summing_sync_then_abort_at_exit, "grad-sync", scenario, tmp_path)
+    result = subprocess.run(
+        [sys.executable, "-W", "ignore", str(script)], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "First divergence: step 0 of 1" in result.stdout, result.stderr
