@@ -59,11 +59,11 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 
 from ddp_verify import VerifyingWorld  # noqa: E402
-from ddp_verify.adapters import adapt  # noqa: E402
+from ddp_verify.engine.models import build_data, build_model, build_optimizer, loss_function  # noqa: E402
+from ddp_verify.engine.scenario import Scenario  # noqa: E402
 from ddp_verify.methods import ddp  # noqa: E402
-from ddp_verify.models import build_data, build_model, build_optimizer, loss_function  # noqa: E402
-from ddp_verify.scenario import Scenario  # noqa: E402
 from ddp_verify.strategies import scenarios  # noqa: E402
+from ddp_verify.usercode.adapters import adapt  # noqa: E402
 from ddp_verify.world import World  # noqa: E402
 
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "bench.json"

@@ -1,6 +1,11 @@
 """ddp_verify: prove that data-parallel training computes what single-process training computes.
 
-Importing the package is cheap: torch is loaded only when a world is started.
+Importing the package is cheap: torch is loaded only when a world is started. The layers,
+each a folder that imports only those before it: ``world`` (rank processes and their process
+group), ``engine`` (scenarios, the reference, traces, comparison, strategies), ``methods``
+(ways to train data-parallel), ``usercode`` (plug-in kinds, the search, the diagnosis), then
+the front ends (``frontends``: the pytest plugin, the command line, ``check()``) and the
+packaged ``conformance`` suite.
 """
 
 from __future__ import annotations
@@ -10,14 +15,14 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 _LAZY = {
-    "check": "ddp_verify.search",
-    "EquivalenceError": "ddp_verify.equivalence",
-    "VerifyingWorld": "ddp_verify.equivalence",
-    "assert_equivalent": "ddp_verify.equivalence",
-    "check_equivalent": "ddp_verify.equivalence",
-    "Scenario": "ddp_verify.scenario",
-    "ModelSpec": "ddp_verify.scenario",
-    "OptimizerSpec": "ddp_verify.scenario",
+    "check": "ddp_verify.frontends.api",
+    "VerifyingWorld": "ddp_verify.frontends.verifying",
+    "EquivalenceError": "ddp_verify.engine.outcome",
+    "assert_equivalent": "ddp_verify.methods.equivalence",
+    "check_equivalent": "ddp_verify.methods.equivalence",
+    "Scenario": "ddp_verify.engine.scenario",
+    "ModelSpec": "ddp_verify.engine.scenario",
+    "OptimizerSpec": "ddp_verify.engine.scenario",
     "World": "ddp_verify.world",
     "WorldPool": "ddp_verify.world",
     "WorldError": "ddp_verify.world",
@@ -46,14 +51,11 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from .equivalence import (
-        EquivalenceError,
-        VerifyingWorld,
-        assert_equivalent,
-        check_equivalent,
-    )
-    from .scenario import ModelSpec, OptimizerSpec, Scenario
-    from .search import check
+    from .engine.outcome import EquivalenceError
+    from .engine.scenario import ModelSpec, OptimizerSpec, Scenario
+    from .frontends.api import check
+    from .frontends.verifying import VerifyingWorld
+    from .methods.equivalence import assert_equivalent, check_equivalent
     from .world import (
         BackendUnavailable,
         JobPicklingError,

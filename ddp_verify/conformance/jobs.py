@@ -7,9 +7,9 @@ import math
 import torch
 import torch.distributed as dist
 
+from ..engine.scenario import Scenario
 from ..methods.ddp import DDP
 from ..methods.loop import RankRun
-from ..scenario import Scenario
 
 
 def buffers_after_forward(method: DDP, scenario: Scenario) -> tuple[float, ...]:

@@ -1,9 +1,10 @@
 """The communication hooks torch ships, registered on DDP (or the ``--ddp-wrapper``).
 
 ``allreduce_hook`` must be exact; ``fp16_compress_hook`` and ``bf16_compress_hook`` within the
-bound :mod:`ddp_verify.compression` derives from the format's unit roundoff (stated in every
-report); PowerSGD with a rank at least every gradient matrix's smaller side must be exact, and
-its error at rank 1, which its documentation describes as lossy, is measured and reported.
+bound :mod:`ddp_verify.conformance.compression` derives from the format's unit roundoff
+(stated in every report); PowerSGD with a rank at least every gradient matrix's smaller side
+must be exact, and its error at rank 1, which its documentation describes as lossy, is
+measured and reported.
 """
 
 from __future__ import annotations
@@ -15,11 +16,11 @@ from hypothesis.errors import FlakyFailure
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks as default
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
 
-from ddp_verify.compression import CompressionTolerance, unit_roundoff
 from ddp_verify.conformance import jobs
+from ddp_verify.conformance.compression import CompressionTolerance, unit_roundoff
 from ddp_verify.conformance.known import known_torch_issue
-from ddp_verify.equivalence import EquivalenceError
-from ddp_verify.strategies import models, optimizers, scenarios
+from ddp_verify.engine.outcome import EquivalenceError
+from ddp_verify.engine.strategies import models, optimizers, scenarios
 from ddp_verify.world import RankError
 
 # Above the smaller side of every weight matrix the models strategy draws (at most 12 wide).
@@ -71,7 +72,8 @@ def test_compression_hook_is_within_its_formats_precision(
 
 
 def tolerance_text(fmt: str) -> str:
-    return f"{fmt}'s bound (unit roundoff {unit_roundoff(fmt):.3g}, see ddp_verify.compression)"
+    roundoff = f"unit roundoff {unit_roundoff(fmt):.3g}"
+    return f"{fmt}'s bound ({roundoff}, see ddp_verify.conformance.compression)"
 
 
 # Compress from the first step, every matrix, with nothing carried between steps: what is left

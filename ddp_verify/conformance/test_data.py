@@ -9,13 +9,13 @@ import pytest
 from hypothesis import find, settings
 from hypothesis import strategies as st
 
-from ddp_verify.sharding import (
+from ddp_verify.conformance.sharding import (
     Shards,
     aggregate_metric_on_rank,
     metric_values,
     sampler_epochs_on_rank,
 )
-from ddp_verify.strategies import batch_splits
+from ddp_verify.engine.strategies import batch_splits
 
 LENGTHS = st.integers(1, 40)
 

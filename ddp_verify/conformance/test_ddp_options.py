@@ -7,7 +7,7 @@ import pytest
 
 from ddp_verify.conformance import jobs
 from ddp_verify.conformance.known import known_torch_issue
-from ddp_verify.strategies import models, scenarios
+from ddp_verify.engine.strategies import models, scenarios
 from ddp_verify.world import RankError
 
 # One byte: every parameter gets a bucket of its own, the most all-reduces DDP can make.

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from ddp_verify.engine.scenario import Scenario
+from ddp_verify.engine.strategies import scenarios
 from ddp_verify.methods import fully_shard
-from ddp_verify.scenario import Scenario
-from ddp_verify.strategies import scenarios
 from ddp_verify.world import RankError
 
 

@@ -3,7 +3,7 @@ what torch documents, computed on one process by :mod:`ddp_verify.uneven_batches
 
 from __future__ import annotations
 
-from ddp_verify.uneven_batches import check_join, join_runs
+from ddp_verify.conformance.uneven_batches import check_join, join_runs
 
 
 def test_join_with_uneven_batch_counts_follows_the_documented_semantics(

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from ddp_verify.strategies import optimizers, scenarios
+from ddp_verify.engine.strategies import optimizers, scenarios
 
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adam", "adamw"])

@@ -7,8 +7,8 @@ import weakref
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from ..scenario import Scenario
-from ..trace import RankTrace, Trace
+from ..engine.scenario import Scenario
+from ..engine.trace import RankTrace, Trace
 from ..world.protocol import Shipped
 
 if TYPE_CHECKING:

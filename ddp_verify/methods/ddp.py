@@ -3,21 +3,19 @@ uneven batches."""
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import inspect
 from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from ..models import optimizer_settings
-from ..scenario import Scenario
-from ..trace import RankTrace
+from ..engine.models import optimizer_settings
+from ..engine.scenario import Scenario
+from ..engine.trace import RankTrace
 from .base import DistributedMethod
-from .loop import RankRun
+from .loop import RankRun, train_data_parallel
 
 DDP_TARGET = "torch.nn.parallel:DistributedDataParallel"
 
@@ -77,44 +75,6 @@ class DDP(DistributedMethod):
             state = self.hook_state(model) if self.hook_state is not None else None
             wrapped.register_comm_hook(state, self.comm_hook)
         return wrapped
-
-
-def train_data_parallel(
-    run: RankRun, wrapped: Callable[..., torch.Tensor], optimizer: torch.optim.Optimizer
-) -> RankTrace:
-    """Train ``run``'s scenario through ``wrapped``, which must average gradients over the
-    ranks during backward, as DDP does; each micro-batch's loss is scaled by
-    ``world_size * m / N``.
-
-    A wrapper with ``no_sync()`` accumulates micro-batches under it, as DDP does. Without it,
-    every backward may synchronise, and ranks holding different numbers of micro-batches would
-    call different numbers of collectives: then each rank's weighted micro-batch losses are
-    summed into one backward, which gives the same gradient.
-    """
-    no_sync = getattr(wrapped, "no_sync", None)
-    for step in range(run.scenario.steps):
-        optimizer.zero_grad(set_to_none=True)
-        weight = run.world_size / run.global_samples(step)
-        batches = run.micro_batches(step)
-        local_sum = torch.zeros((), dtype=torch.float64)
-        pending: torch.Tensor | None = None
-        for j, (inputs, targets) in enumerate(batches):
-            last = j == len(batches) - 1
-            with contextlib.nullcontext() if last or no_sync is None else no_sync():
-                loss = run.loss_fn(wrapped(inputs), targets)
-                scaled = loss * (len(inputs) * weight)
-                if no_sync is not None:
-                    scaled.backward()
-                else:
-                    pending = scaled if pending is None else pending + scaled
-            local_sum += loss.detach().double() * len(inputs)
-        if pending is not None:
-            pending.backward()
-        dist.all_reduce(local_sum)
-        run.record_gradients()
-        optimizer.step()
-        run.record_step(local_sum / run.global_samples(step))
-    return run.trace
 
 
 def zero_redundancy(scenario: Scenario, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:

@@ -1,22 +1,24 @@
-"""torch's ``fully_shard`` (FSDP2), trained as :mod:`ddp_verify.methods.ddp` trains DDP."""
+"""torch's ``fully_shard`` (FSDP2), trained by the data-parallel loop that trains DDP."""
 
 from __future__ import annotations
 
-import torch
-import torch.distributed as dist
+import contextlib
+from collections.abc import Iterator
 
-from ..scenario import Scenario
-from ..trace import RankTrace
+import torch
+
+from ..engine.scenario import Scenario
+from ..engine.trace import RankTrace
 from .base import DistributedMethod
-from .loop import RankRun
+from .loop import RankRun, train_data_parallel
 
 
 class FullyShard(DistributedMethod):
-    """``fully_shard`` on the model: each rank keeps a shard of
-    every parameter; gradients are reduce-scattered (averaged over the world), so each
-    micro-batch's loss is scaled by ``world_size * m / N`` as for DDP, and accumulation turns
-    gradient synchronisation off for all but a step's last micro-batch. The trace records full
-    tensors (gathered from the shards)."""
+    """``fully_shard`` on the model: each rank keeps a shard of every parameter; gradients are
+    reduce-scattered (averaged over the world), so each micro-batch's loss is scaled by
+    ``world_size * m / N`` as for DDP, and accumulation turns gradient synchronisation off for
+    all but a step's last micro-batch. The trace records full tensors (gathered from the
+    shards)."""
 
     name = "fully_shard()"
 
@@ -24,40 +26,21 @@ class FullyShard(DistributedMethod):
         from torch.distributed.fsdp import fully_shard as shard
 
         run = RankRun(scenario)
-        model = run.model
-        shard(model)
-        optimizer = run.optimizer(model.parameters())
-        for step in range(scenario.steps):
-            optimizer.zero_grad(set_to_none=True)
-            weight = run.world_size / run.global_samples(step)
-            batches = run.micro_batches(step)
-            local_sum = torch.zeros((), dtype=torch.float64)
-            for j, (inputs, targets) in enumerate(batches):
-                model.set_requires_gradient_sync(j == len(batches) - 1)
-                loss = run.loss_fn(model(inputs), targets)
-                (loss * (len(inputs) * weight)).backward()
-                local_sum += loss.detach().double() * len(inputs)
-            dist.all_reduce(local_sum)
-            run.trace.grads.append(_full(model, grads=True))  # type: ignore[union-attr]
-            optimizer.step()
-            run.trace.losses.append(float(local_sum / run.global_samples(step)))
-            run.trace.params.append(_full(model, grads=False))
-        return run.trace
+        shard(run.model)
+        optimizer = run.optimizer(run.model.parameters())
+        return train_data_parallel(
+            run, run.model, optimizer, no_sync=lambda: _without_gradient_sync(run.model)
+        )
 
 
-def _full(model: torch.nn.Module, *, grads: bool) -> dict[str, torch.Tensor | None]:
-    """Every parameter (or its gradient) gathered whole, in the same order on every rank."""
-    out: dict[str, torch.Tensor | None] = {}
-    for name, p in model.named_parameters():
-        if grads and not p.requires_grad:
-            continue
-        value = p.grad if grads else p
-        if value is None:
-            out[name] = None
-            continue
-        value = value.detach()
-        out[name] = (value.full_tensor() if hasattr(value, "full_tensor") else value).clone()
-    return out
+@contextlib.contextmanager
+def _without_gradient_sync(model: torch.nn.Module) -> Iterator[None]:
+    """FSDP2's counterpart of DDP's ``no_sync()``."""
+    model.set_requires_gradient_sync(False)  # type: ignore[operator]
+    try:
+        yield
+    finally:
+        model.set_requires_gradient_sync(True)  # type: ignore[operator]
 
 
 def fully_shard() -> FullyShard:

@@ -1,15 +1,24 @@
-"""What every rank-side method shares: its model, optimizer and slices of each global batch."""
+"""What every rank-side method shares: its model, optimizer and slices of each global batch
+(:class:`RankRun`), and the data-parallel training loop (:func:`train_data_parallel`)."""
 
 from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 
 import torch
 import torch.distributed as dist
 
-from ..models import build_data, build_model, build_optimizer, loss_function
-from ..scenario import Scenario
-from ..trace import RankTrace, gradients, parameters
-
-MicroBatch = tuple[torch.Tensor, torch.Tensor]
+from ..engine.models import (
+    MicroBatch,
+    build_data,
+    build_model,
+    build_optimizer,
+    loss_function,
+)
+from ..engine.scenario import Scenario
+from ..engine.trace import RankTrace, gradients, parameters
 
 
 class RankRun:
@@ -35,6 +44,10 @@ class RankRun:
     def optimizer(self, params: object = None) -> torch.optim.Optimizer:
         chosen = self.model.parameters() if params is None else params
         return build_optimizer(self.scenario.optimizer, chosen)
+
+    def trainable(self) -> list[torch.nn.Parameter]:
+        """The model's parameters that take gradients."""
+        return [p for p in self.model.parameters() if p.requires_grad]
 
     def micro_batches(self, step: int) -> list[MicroBatch]:
         """This rank's micro-batches of ``step``, in order."""
@@ -70,3 +83,79 @@ class RankRun:
     def record_step(self, loss: float | torch.Tensor, model: torch.nn.Module | None = None) -> None:
         self.trace.losses.append(float(loss))
         self.trace.params.append(parameters(model or self.model))
+
+
+def train_data_parallel(
+    run: RankRun,
+    wrapped: Callable[..., torch.Tensor],
+    optimizer: torch.optim.Optimizer,
+    *,
+    no_sync: Callable[[], AbstractContextManager[object]] | None = None,
+) -> RankTrace:
+    """Train ``run``'s scenario through ``wrapped``, which must average gradients over the
+    ranks during backward, as DDP does; each micro-batch's loss is scaled by
+    ``world_size * m / N``. DDP, FSDP and DDP-like wrappers all train here.
+
+    ``no_sync()`` (default: ``wrapped.no_sync`` if it has one) holds gradient
+    synchronisation back for all but each rank's last micro-batch of a step. Without it,
+    every backward may synchronise, and ranks holding different numbers of micro-batches would
+    call different numbers of collectives: then each rank's weighted micro-batch losses are
+    summed into one backward, which gives the same gradient.
+
+    Example (on a rank)::
+
+        run = RankRun(scenario)
+        wrapped = DistributedDataParallel(run.model)
+        trace = train_data_parallel(run, wrapped, run.optimizer(wrapped.parameters()))
+    """
+    if no_sync is None:
+        no_sync = getattr(wrapped, "no_sync", None)
+    for step in range(run.scenario.steps):
+        optimizer.zero_grad(set_to_none=True)
+        weight = run.world_size / run.global_samples(step)
+        batches = run.micro_batches(step)
+        local_sum = torch.zeros((), dtype=torch.float64)
+        pending: torch.Tensor | None = None
+        for j, (inputs, targets) in enumerate(batches):
+            last = j == len(batches) - 1
+            with contextlib.nullcontext() if last or no_sync is None else no_sync():
+                loss = run.loss_fn(wrapped(inputs), targets)
+                scaled = loss * (len(inputs) * weight)
+                if no_sync is not None:
+                    scaled.backward()
+                else:
+                    pending = scaled if pending is None else pending + scaled
+            local_sum += loss.detach().double() * len(inputs)
+        if pending is not None:
+            pending.backward()
+        dist.all_reduce(local_sum)
+        run.record_gradients()
+        optimizer.step()
+        run.record_step(local_sum / run.global_samples(step))
+    return run.trace
+
+
+def train_local_then_sync(
+    run: RankRun, synchronise: Callable[[int, torch.Tensor], float | torch.Tensor]
+) -> RankTrace:
+    """Train ``run``'s scenario the manual way: each step, the backward of this rank's mean
+    loss over its micro-batches, then ``synchronise(step, local_sum)`` makes every ``.grad``
+    the global mean gradient and returns the loss to report (``local_sum`` is the float64 sum
+    of this rank's per-sample losses); then the optimizer steps.
+
+    Example (on a rank)::
+
+        def average(step, local_sum):
+            ...  # all-reduce the gradients, weighted by samples
+            return global_loss
+
+        trace = train_local_then_sync(RankRun(scenario), average)
+    """
+    optimizer = run.optimizer()
+    for step in range(run.scenario.steps):
+        optimizer.zero_grad(set_to_none=True)
+        reported = synchronise(step, run.local_backward(step))
+        run.record_gradients()
+        optimizer.step()
+        run.record_step(reported)
+    return run.trace

@@ -5,10 +5,10 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ..scenario import Scenario
-from ..trace import RankTrace
+from ..engine.scenario import Scenario
+from ..engine.trace import RankTrace
 from .base import DistributedMethod
-from .loop import RankRun
+from .loop import RankRun, train_local_then_sync
 
 WEIGHTINGS = ("samples", "world")
 
@@ -30,21 +30,17 @@ class ManualAllReduce(DistributedMethod):
 
     def train_rank(self, scenario: Scenario) -> RankTrace:
         run = RankRun(scenario)
-        optimizer = run.optimizer()
-        params = [p for p in run.model.parameters() if p.requires_grad]
-        for step in range(scenario.steps):
-            optimizer.zero_grad(set_to_none=True)
+        params = run.trainable()
+
+        def average(step: int, local_sum: torch.Tensor) -> float | None:
             n = run.local_samples(step)
-            local_mean = run.local_backward(step) / n
             if self.weighting == "samples":
                 scale, divisor = float(n), float(run.global_samples(step))
             else:
                 scale, divisor = 1.0, float(run.world_size)
-            global_loss = all_reduce_weighted(params, scale, divisor, local_mean)
-            run.record_gradients()
-            optimizer.step()
-            run.record_step(global_loss)
-        return run.trace
+            return all_reduce_weighted(params, scale, divisor, local_sum / n)
+
+        return train_local_then_sync(run, average)  # type: ignore[arg-type]
 
 
 def all_reduce_weighted(

@@ -1,12 +1,12 @@
-"""The ground truth: one process, the whole global batch per step, mean loss, one step."""
+"""The reference as a method: single-process full-batch training, run where it is called."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..models import build_data, build_model, build_optimizer, loss_function, one_thread
-from ..scenario import DTYPES, Scenario
-from ..trace import RankTrace, Trace, gradients, parameters
+from ..engine.reference import train_reference
+from ..engine.scenario import DTYPES, Scenario
+from ..engine.trace import Trace
 from .base import Method
 
 if TYPE_CHECKING:
@@ -14,8 +14,8 @@ if TYPE_CHECKING:
 
 
 class Reference(Method):
-    """Single-process full-batch training in the controller (in the scenario's dtype unless
-    ``dtype`` says otherwise)."""
+    """Single-process full-batch training (in the scenario's dtype unless ``dtype`` says
+    otherwise); see :func:`ddp_verify.engine.reference.train_reference`."""
 
     def __init__(self, dtype: str | None = None) -> None:
         if dtype is not None and dtype not in DTYPES:
@@ -24,23 +24,7 @@ class Reference(Method):
         self.name = "reference" if dtype is None else f"reference({dtype})"
 
     def run(self, scenario: Scenario, world: World | None = None) -> Trace:
-        with one_thread():
-            return self._train(scenario)
-
-    def _train(self, scenario: Scenario) -> Trace:
-        model = build_model(scenario, self.dtype)
-        optimizer = build_optimizer(scenario.optimizer, model.parameters())
-        loss_fn = loss_function(scenario)
-        record = RankTrace()
-        for inputs, targets in build_data(scenario, self.dtype):
-            optimizer.zero_grad(set_to_none=True)
-            loss = loss_fn(model(inputs), targets)
-            loss.backward()
-            record.grads.append(gradients(model))  # type: ignore[union-attr]
-            optimizer.step()
-            record.losses.append(loss.item())
-            record.params.append(parameters(model))
-        return Trace(self.name, [record])
+        return train_reference(scenario, self.dtype)
 
 
 def reference(dtype: str | None = None) -> Reference:

@@ -13,13 +13,12 @@ from collections.abc import Iterable, Mapping
 from multiprocessing.connection import Connection
 from pathlib import Path
 
-import ddp_verify
-
 from .forkserver import ForkServer
 
-# The rank imports the package from wherever the controller imported it, installed or not.
+# The rank imports the package from wherever the controller imported it, installed or not:
+# the folder that holds ddp_verify/world/processes.py's package.
 _BOOT = "import sys; sys.path.insert(0, {root!r}); from ddp_verify.world.rank import main; main()"
-PACKAGE_ROOT = str(Path(ddp_verify.__file__).resolve().parent.parent)
+PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 
 
 class RankProcess:

@@ -25,24 +25,12 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from ..options import BACKENDS
+from . import failures as fail
 from . import forkserver, protocol
-from .errors import (
-    DEBUG_HINT,
-    BackendUnavailable,
-    FailureKind,
-    RankError,
-    RankFailure,
-    WorldError,
-    WorldStartError,
-)
-from .processes import PACKAGE_ROOT, RankProcess, collect_stack_dumps, terminate
-
-# After one rank fails, how long the others get to report before they count as stuck.
-FAILURE_GRACE_S = 1.0
-# How long a rank that closed its pipe gets to finish exiting, so its exit code can be read.
-EXIT_WAIT_S = 2.0
-_DISTRIBUTED_ERROR_WORDS = ("gloo", "nccl", "collective", "connection reset", "connection closed")
+from .backends import check_backend, require_devices
+from .errors import FailureKind, RankError, RankFailure, WorldError, WorldStartError
+from .jobs import Collected, PendingJob
+from .processes import PACKAGE_ROOT, RankProcess, terminate
 
 
 class World:
@@ -83,8 +71,7 @@ class World:
     ) -> None:
         if not isinstance(size, int) or isinstance(size, bool) or size < 1:
             raise ValueError(f"world size must be a positive integer, got {size!r}")
-        if backend not in BACKENDS:
-            raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+        check_backend(backend)
         if not timeout > 0 or not start_timeout > 0:
             raise ValueError(f"timeouts must be positive, got {timeout!r} and {start_timeout!r}")
         if threads_per_rank < 1:
@@ -169,20 +156,17 @@ class World:
         fn: Callable[..., Any],
         args: Sequence[Any] = (),
         kwargs: Mapping[str, Any] | None = None,
-        *,
-        timeout: float | None = None,
-        by_value: Sequence[ModuleType] = (),
-        name: str | None = None,
+        **options: Any,
     ) -> list[Any]:
-        """:meth:`run` with options: its own ``timeout``, modules to ship ``by_value``, a ``name``
-        for reports.
+        """:meth:`run` with the options of :meth:`submit`: its own ``timeout``, modules to ship
+        ``by_value``, a ``name`` for reports.
 
         Example::
 
             world.run_job(step, (model,), timeout=5.0, name="training step")
         """
         __tracebackhide__ = True
-        return self.submit(fn, args, kwargs, timeout=timeout, by_value=by_value, name=name).result()
+        return self.submit(fn, args, kwargs, **options).result()
 
     def submit(
         self,
@@ -219,15 +203,15 @@ class World:
             try:
                 r.jobs.send_bytes(message)
             except OSError:
-                unreachable.append(self._death(r, sent_at, marks[r.rank]))
+                unreachable.append(fail.death(r, sent_at, marks[r.rank]))
         self._pending = PendingJob(
-            self,
-            job_id,
+            self._ranks,
             name or protocol.job_name(fn),
             sent_at,
             timeout or self.timeout,
             marks,
             unreachable,
+            self._finish,
         )
         return self._pending
 
@@ -260,18 +244,6 @@ class World:
         self._sent_cwd = cwd
         return sys_path, cwd
 
-    def _check_backend(self) -> None:
-        if self.backend != "nccl":
-            return
-        import torch
-
-        visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if visible < self.size:
-            raise BackendUnavailable(
-                f"nccl needs one GPU per rank: a world of {self.size} needs {self.size} GPUs, "
-                f"{visible} visible here; use --ddp-backend gloo (backend='gloo') on CPU"
-            )
-
     def prestart(self) -> World:
         """Start what the ranks are forked from (and its preloads) without waiting for it, so
         that it imports torch while the caller does other work; :meth:`start` then waits.
@@ -289,7 +261,7 @@ class World:
         return self
 
     def _spawn(self) -> None:
-        self._check_backend()
+        require_devices(self.backend, self.size)
         self.prestart()  # the server imports torch while this process does
         import torch.distributed as dist
 
@@ -386,7 +358,8 @@ class World:
                 try:
                     message = protocol.decode(conn.recv_bytes())
                 except (EOFError, OSError):
-                    problems.append(f"rank {r.rank} {r.exit_description(EXIT_WAIT_S)} at start")
+                    how = r.exit_description(fail.EXIT_WAIT_S)
+                    problems.append(f"rank {r.rank} {how} at start")
                     continue
                 if message[0] == protocol.START_FAILED:
                     problems.append(f"rank {r.rank} could not join:\n{message[1]}")
@@ -403,138 +376,34 @@ class World:
             )
         self._ready = True
 
-    def _collect(self, job: PendingJob) -> list[Any]:
+    def _finish(self, job: PendingJob, collected: Collected) -> list[Any]:
+        """The job's results, or (after relaunching the world if a rank may be broken) the
+        :class:`RankError` that reports every rank's failure."""
         __tracebackhide__ = True
         self._pending = None
-        name, marks, failures, timeout = job.name, job.marks, job.failures, job.timeout
-        deadline = job.sent_at + timeout
-        results: list[Any] = [None] * self.size
-        pending = {r.results: r for r in self._ranks if r.rank not in {f.rank for f in failures}}
-        grace_deadline = time.monotonic() + FAILURE_GRACE_S if failures else None
-        regroup = False
-        while pending:
-            until = deadline if grace_deadline is None else min(deadline, grace_deadline)
-            remaining = until - time.monotonic()
-            if remaining <= 0:
-                break
-            for conn in mp_connection.wait(list(pending), timeout=remaining):
-                r = pending.pop(conn)
-                now = time.monotonic()
-                try:
-                    outcome: protocol.Outcome = protocol.decode(conn.recv_bytes())
-                except (EOFError, OSError):
-                    failures.append(self._death(r, now, marks[r.rank]))
-                else:
-                    regroup |= not outcome.process_group_alive
-                    if outcome.ok:
-                        try:
-                            results[r.rank] = protocol.load_result(outcome.result or b"")
-                        except Exception as exc:
-                            failures.append(_unloadable_result(r.rank, exc, now))
-                    else:
-                        failures.append(self._raised(r, outcome, now, marks[r.rank]))
-                if failures and grace_deadline is None:
-                    grace_deadline = time.monotonic() + FAILURE_GRACE_S
-        if regroup:
+        if collected.regroup:
             self._generation += 1
-        if not failures and not pending:
-            return results
-        _mark_consequences(failures)
-        failures += self._hung(list(pending.values()), timeout, bool(failures), marks)
+        failures = collected.failures
+        if not failures and not collected.unfinished:
+            return collected.results
+        fail.mark_consequences(failures)
+        failures += fail.hung(collected.unfinished, job.timeout, bool(failures), job.marks)
         # Every rank finished its job and only a result failed to travel: the group is intact.
-        relaunch = bool(pending) or any(
+        relaunch = bool(collected.unfinished) or any(
             f.kind is not FailureKind.UNPICKLABLE_RESULT for f in failures
         )
         if relaunch:
             self._relaunch()
         failed = {f.rank for f in failures}
         raise RankError(
-            name,
+            job.name,
             self.size,
             self.backend,
             failures,
             world_relaunched=relaunch,
-            hint=self._hint(failures),
+            hint=fail.hint(failures, debug=self.debug),
             finished=[r for r in range(self.size) if r not in failed],
         )
-
-    def _raised(
-        self, r: RankProcess, outcome: protocol.Outcome, at: float, marks: tuple[int, int]
-    ) -> RankFailure:
-        stdout, stderr = r.output_since(marks)
-        return RankFailure(
-            rank=r.rank,
-            kind=FailureKind(outcome.error_kind),
-            summary=outcome.error_summary,
-            details=outcome.error_traceback,
-            stdout=stdout,
-            stderr=stderr,
-            exception=protocol.load_exception(outcome.exception),
-            order=at,
-        )
-
-    def _death(self, r: RankProcess, at: float, marks: tuple[int, int]) -> RankFailure:
-        how = r.exit_description(EXIT_WAIT_S)
-        stdout, stderr = r.output_since(marks)
-        summary = f"died: {how}" if how.startswith("killed") else f"{how} without a result"
-        return RankFailure(
-            rank=r.rank,
-            kind=FailureKind.DIED,
-            summary=summary,
-            stdout=stdout,
-            stderr=stderr,
-            exitcode=r.process.returncode,
-            order=at,
-        )
-
-    def _hung(
-        self,
-        ranks: list[RankProcess],
-        timeout: float,
-        after_failure: bool,
-        marks: list[tuple[int, int]],
-    ) -> list[RankFailure]:
-        if not ranks:
-            return []
-        stacks = {rank: _user_frames(text) for rank, text in collect_stack_dumps(ranks).items()}
-        failures = []
-        for r in ranks:
-            stdout, stderr = r.output_since(marks[r.rank])
-            stack = stacks.get(r.rank, "").strip()
-            where = (
-                "where it waits (most recent call first):\n" + stack
-                if stack
-                else "(no stack dump came back)"
-            )
-            failures.append(
-                RankFailure(
-                    rank=r.rank,
-                    kind=FailureKind.STUCK if after_failure else FailureKind.TIMED_OUT,
-                    summary=(
-                        "was still running after another rank failed; killed"
-                        if after_failure
-                        else f"did not finish within the {timeout:g} s timeout; killed"
-                    ),
-                    details=where,
-                    stdout=stdout,
-                    stderr=stderr,
-                    order=float("inf"),
-                )
-            )
-        return failures
-
-    def _hint(self, failures: Sequence[RankFailure]) -> str:
-        if self.debug:
-            return ""
-        for f in failures:
-            if f.kind in (FailureKind.TIMED_OUT, FailureKind.STUCK):
-                return DEBUG_HINT
-            if f.kind is FailureKind.DIED and (f.exitcode or 0) < 0:
-                return DEBUG_HINT
-            text = f"{f.summary} {f.stderr}".lower()
-            if f.kind is FailureKind.RAISED and any(w in text for w in _DISTRIBUTED_ERROR_WORDS):
-                return DEBUG_HINT
-        return ""
 
     def _relaunch(self) -> None:
         # Ranks that saw a failure may be inside a collective: no polite exit for them.
@@ -563,75 +432,6 @@ class World:
         if self._workdir is not None:
             shutil.rmtree(self._workdir, ignore_errors=True)
             self._workdir = None
-
-
-class PendingJob:
-    """A job sent to every rank; :meth:`result` waits for it (see :meth:`World.submit`)."""
-
-    def __init__(
-        self,
-        world: World,
-        job_id: int,
-        name: str,
-        sent_at: float,
-        timeout: float,
-        marks: list[tuple[int, int]],
-        failures: list[RankFailure],
-    ) -> None:
-        self.world, self.job_id, self.name = world, job_id, name
-        self.sent_at, self.timeout = sent_at, timeout
-        self.marks = marks
-        self.failures = failures
-        self._results: list[Any] | None = None
-
-    def result(self) -> list[Any]:
-        """The ranks' results in rank order; raises :class:`RankError` as ``World.run`` does."""
-        __tracebackhide__ = True
-        if self._results is None:
-            self._results = self.world._collect(self)
-        return self._results
-
-
-def _mark_consequences(failures: list[RankFailure]) -> None:
-    """A rank whose collective lost its peer failed because another rank failed first, if
-    another failed for a reason of its own: judged once all reports are in, since the broken
-    peer's report can arrive before the death that broke it."""
-    lost = [f for f in failures if f.kind is FailureKind.RAISED and _looks_like_lost_peer(f)]
-    if len(lost) < len(failures):
-        for failure in lost:
-            failure.consequence = True
-
-
-def _looks_like_lost_peer(failure: RankFailure) -> bool:
-    text = failure.summary.lower()
-    return any(w in text for w in ("connection reset", "connection closed", "broken pipe"))
-
-
-def _user_frames(dump: str) -> str:
-    """A faulthandler dump without the rank's watchdog thread and its own dispatch frames."""
-    blocks = [b for b in dump.strip().split("\n\n") if b.strip()]
-    kept = []
-    for block in blocks:
-        lines = block.splitlines()
-        if any("ddp_verify/world/rank.py" in line and " in watch" in line for line in lines):
-            continue
-        kept.append(
-            "\n".join(
-                line
-                for line in lines
-                if "ddp_verify/world/rank.py" not in line and 'File "<string>"' not in line
-            )
-        )
-    return "\n\n".join(kept)
-
-
-def _unloadable_result(rank: int, exc: Exception, at: float) -> RankFailure:
-    return RankFailure(
-        rank=rank,
-        kind=FailureKind.UNPICKLABLE_RESULT,
-        summary=f"returned a result the controller cannot unpickle ({type(exc).__name__}: {exc})",
-        order=at,
-    )
 
 
 def _kill_and_remove(ranks: list[RankProcess], workdir: Path | None) -> None:

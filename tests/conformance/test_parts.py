@@ -9,12 +9,16 @@ import torch.distributed as dist
 from hypothesis import given
 from hypothesis.errors import InvalidArgument
 
-from ddp_verify.compression import CompressionTolerance, contribution_scales, unit_roundoff
+from ddp_verify.conformance.compression import (
+    CompressionTolerance,
+    contribution_scales,
+    unit_roundoff,
+)
+from ddp_verify.conformance.sharding import Shards
+from ddp_verify.conformance.uneven_batches import JoinRun, check_join, reference_join
+from ddp_verify.engine.scenario import ModelSpec, OptimizerSpec, Scenario
+from ddp_verify.engine.strategies import models
 from ddp_verify.methods import Reference, ddp
-from ddp_verify.scenario import ModelSpec, OptimizerSpec, Scenario
-from ddp_verify.sharding import Shards
-from ddp_verify.strategies import models
-from ddp_verify.uneven_batches import JoinRun, check_join, reference_join
 
 # Two ranks whose cross-entropy bias gradients nearly cancel: contributions ~0.5, sum ~0.002.
 SCENARIO = Scenario(
@@ -94,7 +98,7 @@ def test_ddp_under_join_matches_the_reference_for_both_divisors(world, divide):
 def test_a_join_reference_for_the_other_divisor_is_caught(world, monkeypatch):
     run = _join_run(world.size, True)
     wrong = _join_run(world.size, False)
-    import ddp_verify.uneven_batches as uneven
+    import ddp_verify.conformance.uneven_batches as uneven
 
     # The ranks train with the default divisor; the controller expects the other one.
     monkeypatch.setattr(uneven, "reference_join", lambda _run: reference_join(wrong))

@@ -12,7 +12,7 @@ import pytest
 import torch  # noqa: F401
 
 import ddp_verify.world  # noqa: F401
-from ddp_verify.cli import _parser, conformance_args
+from ddp_verify.frontends.cli import _parser, conformance_args
 
 QUIET = ["-p", "no:cacheprovider", "-W", "ignore::UserWarning", "--hypothesis-seed", "0"]
 SUBSET = ["-k", "test_ddp_option_keeps_training_equivalent and (defaults or tiny_buckets)"]

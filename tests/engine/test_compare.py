@@ -7,11 +7,12 @@ import copy
 import pytest
 import torch
 
-from ddp_verify.compare import Float32Tolerance, Float64Tolerance, compare
-from ddp_verify.equivalence import EquivalenceError, Outcome
+from ddp_verify.engine.compare import compare
+from ddp_verify.engine.outcome import EquivalenceError, Outcome
+from ddp_verify.engine.scenario import ModelSpec, Scenario
+from ddp_verify.engine.tolerances import Float32Tolerance, Float64Tolerance
+from ddp_verify.engine.trace import Trace
 from ddp_verify.methods import reference
-from ddp_verify.scenario import ModelSpec, Scenario
-from ddp_verify.trace import Trace
 
 SCENARIO = Scenario(
     world_size=2,

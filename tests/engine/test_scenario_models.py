@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ddp_verify.models import build_data, build_model, build_optimizer, loss_function
-from ddp_verify.scenario import ModelSpec, OptimizerSpec, Scenario
+from ddp_verify.engine.models import build_data, build_model, build_optimizer, loss_function
+from ddp_verify.engine.scenario import ModelSpec, OptimizerSpec, Scenario
 
 ALL_FEATURES = ModelSpec(
     hidden=(3, 2), layernorm=True, tied=True, unused=True, frozen=True, buffer=True

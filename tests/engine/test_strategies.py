@@ -7,8 +7,8 @@ from hypothesis import find, given, settings
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
-from ddp_verify.scenario import ModelSpec, OptimizerSpec
-from ddp_verify.strategies import (
+from ddp_verify.engine.scenario import ModelSpec, OptimizerSpec
+from ddp_verify.engine.strategies import (
     accumulation_schedules,
     batch_splits,
     models,

@@ -7,7 +7,7 @@ import pickle
 import cloudpickle
 import torch
 
-from ddp_verify.trace import RankTrace
+from ddp_verify.engine.trace import RankTrace
 
 
 def test_a_rank_trace_round_trips_exactly_with_dtypes_shapes_and_missing_gradients():

@@ -231,12 +231,12 @@ def test_a_rank_error_survives_pickling_with_everything_it_reports():
 def test_a_broken_peer_reported_before_the_death_that_broke_it_is_a_consequence():
     # Reports arrive in any order: a rank's "connection reset" can come in before the EOF of
     # the rank whose abort caused it (seen in CI with a gloo shape mismatch).
-    from ddp_verify.world.world import _mark_consequences
+    from ddp_verify.world.failures import mark_consequences
 
     lost = RankFailure(1, FailureKind.RAISED, "raised RuntimeError: Connection reset by peer")
     died = RankFailure(0, FailureKind.DIED, "died: killed by SIGABRT")
-    _mark_consequences([lost, died])
+    mark_consequences([lost, died])
     assert lost.consequence and not died.consequence
     alone = RankFailure(1, FailureKind.RAISED, "raised RuntimeError: Connection reset by peer")
-    _mark_consequences([alone])
+    mark_consequences([alone])
     assert not alone.consequence  # nothing else to blame: it is the news

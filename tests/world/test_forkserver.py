@@ -33,8 +33,10 @@ def test_without_the_fork_server_ranks_are_spawned(monkeypatch):
         assert {parent for _, parent, _, _ in world.run(_who)} == {os.getpid()}
 
 
-def test_a_killed_fork_server_takes_its_ranks_and_the_world_recovers():
-    with World(2, timeout=10) as world:
+def test_a_killed_fork_server_takes_its_ranks_and_the_world_recovers(tmp_path):
+    # A set-up of its own (PYTHON* variables choose the server): killing the session's shared
+    # server would take every other world's ranks with it.
+    with World(2, timeout=10, env={"PYTHONPATH": str(tmp_path)}) as world:
         server_pid = world.run(_who)[0][1]
         ranks = world.pids
         os.kill(server_pid, signal.SIGKILL)

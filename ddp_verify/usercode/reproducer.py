@@ -17,8 +17,8 @@ from typing import Any
 
 import cloudpickle
 
-from .scenario import Scenario
-from .world.protocol import modules_ranks_cannot_import, pickled_by_value
+from ..engine.scenario import Scenario
+from ..world.protocol import modules_ranks_cannot_import, pickled_by_value
 
 DEFAULT_DIRECTORY = Path(".ddp_verify") / "reproducers"
 
@@ -44,11 +44,11 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from ddp_verify.adapters import adapt
-from ddp_verify.equivalence import check_equivalent
+from ddp_verify.usercode.adapters import adapt
+from ddp_verify.methods.equivalence import check_equivalent
 from ddp_verify.methods import Method
-from ddp_verify.scenario import ModelSpec, OptimizerSpec, Scenario
-from ddp_verify.trace import Trace
+from ddp_verify.engine.scenario import ModelSpec, OptimizerSpec, Scenario
+from ddp_verify.engine.trace import Trace
 
 SCENARIO = {scenario!r}
 KIND = {kind!r}

@@ -1,7 +1,7 @@
 """The scenario: a frozen, picklable description that fully determines a training run.
 
 Every rank and the controller rebuild the same model, data and optimizer from it (see
-:mod:`ddp_verify.models`), so a scenario is all that travels and all a reproducer needs.
+:mod:`ddp_verify.engine.models`), so a scenario is all that travels and all a reproducer needs.
 """
 
 from __future__ import annotations

@@ -9,8 +9,9 @@ float16, ``world_size`` times its smallest subnormal where contributions underfl
 Contributions can be far larger than their sum (two ranks' cross-entropy bias gradients of
 +-0.5 summing to 0.002), so ``sum_i |c_i|`` is computed here: the reference's training is
 replayed and, at each step, every rank's share ``n_i / N * g_i`` of the global gradient is
-taken at the reference's parameters. As for float32 (see :mod:`ddp_verify.compare`) the scale
-is pooled per step (the largest element over all gradients).
+taken at the reference's parameters. As for float32 (see
+:mod:`ddp_verify.engine.tolerances`) the scale is pooled per step (the largest element over
+all gradients).
 
 Parameters move by ``lr`` times the gradient error; with momentum (``mu <= 1``) an error made
 at step ``k`` is in every update from ``k`` on, so the error at step ``s`` is at most
@@ -25,9 +26,9 @@ from __future__ import annotations
 
 import torch
 
-from .compare import FLOAT64_ATOL, Tolerance
-from .models import build_data, build_model, build_optimizer, loss_function, one_thread
-from .scenario import Scenario
+from ..engine.scenario import Scenario
+from ..engine.tolerances import FLOAT64_ATOL, Tolerance
+from ..engine.training import Step, train
 
 COMPRESSION_SAFETY = 4.0
 FORMATS = {"float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -105,26 +106,24 @@ def contribution_scales(scenario: Scenario) -> list[float]:
 
         contribution_scales(scenario)  # [0.51, 0.47] for a two-step scenario
     """
-    with one_thread():
-        model = build_model(scenario, "float64")
-        optimizer = build_optimizer(scenario.optimizer, model.parameters())
-        loss_fn = loss_function(scenario)
-        params = [p for p in model.parameters() if p.requires_grad]
-        scales = []
-        for step, (inputs, targets) in enumerate(build_data(scenario, "float64")):
-            total = [torch.zeros_like(p) for p in params]
-            start = 0
-            for n in scenario.samples(step):
-                model.zero_grad(set_to_none=True)
-                share = n / scenario.global_batch(step)
-                loss = loss_fn(model(inputs[start : start + n]), targets[start : start + n])
-                (loss * share).backward()
-                for acc, p in zip(total, params, strict=True):
-                    if p.grad is not None:
-                        acc.add_(p.grad.abs())
-                start += n
-            scales.append(max((float(t.max()) for t in total if t.numel()), default=0.0))
-            model.zero_grad(set_to_none=True)
-            loss_fn(model(inputs), targets).backward()
-            optimizer.step()
-        return scales
+    scales: list[float] = []
+
+    def measure_then_full_batch(step: Step) -> list[float]:
+        params = [p for p in step.model.parameters() if p.requires_grad]
+        total = [torch.zeros_like(p) for p in params]
+        for rank in range(scenario.world_size):
+            step.model.zero_grad(set_to_none=True)
+            batch = step.rank_batch(rank)
+            share = len(batch[0]) / scenario.global_batch(step.index)
+            (step.loss(step.model, batch) * share).backward()
+            for acc, p in zip(total, params, strict=True):
+                if p.grad is not None:
+                    acc.add_(p.grad.abs())
+        scales.append(max((float(t.max()) for t in total if t.numel()), default=0.0))
+        step.model.zero_grad(set_to_none=True)
+        loss = step.loss(step.model, (step.inputs, step.targets))
+        loss.backward()
+        return [loss.item()]
+
+    train(scenario, measure_then_full_batch, dtype="float64", name="contribution scales")
+    return scales

@@ -1,7 +1,7 @@
 """The tolerances keep their margins: correct methods far inside them, the real bug far outside.
 
 Derandomized, so the examples are the same on every run: a regression test of the bounds
-chosen in ddp_verify.compare, not a statistical claim.
+chosen in ddp_verify.engine.tolerances, not a statistical claim.
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 
-from ddp_verify.compare import Float32Tolerance, Float64Tolerance, Tolerance
-from ddp_verify.equivalence import Outcome
+from ddp_verify.engine.outcome import Outcome
+from ddp_verify.engine.scenario import Scenario
+from ddp_verify.engine.strategies import scenarios
+from ddp_verify.engine.tolerances import Float32Tolerance, Float64Tolerance, Tolerance
 from ddp_verify.methods import ddp, manual_allreduce, reference
-from ddp_verify.scenario import Scenario
-from ddp_verify.strategies import scenarios
 
 SAMPLES = settings(
     max_examples=30,

@@ -1,11 +1,12 @@
-"""``check()``: search generated scenarios for one where the user's code is not equivalent.
+"""The search for a counterexample: generated scenarios, the user's code on a world, the
+shrunk divergence explained (likely cause, reproducer script).
 
-The core of the ``ddp-verify check`` command and of ``ddp_verify.check`` for library users.
+The core of ``ddp_verify.check`` and of the ``ddp-verify check`` command, which only choose
+the world it runs on.
 """
 
 from __future__ import annotations
 
-import atexit
 import dataclasses
 from collections.abc import Callable
 from typing import Any
@@ -13,19 +14,18 @@ from typing import Any
 import hypothesis
 from hypothesis import HealthCheck, Phase, Verbosity, given, settings
 
+from ..engine.outcome import EquivalenceError
+from ..engine.scenario import Scenario
+from ..engine.strategies import scenarios
+from ..methods.equivalence import assert_equivalent
+from ..world import FailureKind, RankError, World
 from .adapters import DEFAULT_BOUNDS, KindError, adapt
 from .diagnose import failure_cause, likely_cause
-from .equivalence import EquivalenceError, VerifyingWorld
 from .reproducer import write_reproducer
-from .scenario import Scenario
-from .strategies import scenarios
-from .world import FailureKind, RankError, WorldPool
 
 # Called with (examples tried, phase): phase is "searching", then "shrinking" once a
 # counterexample has been found.
 Progress = Callable[[int, str], None]
-
-_pool: WorldPool | None = None
 
 
 @dataclasses.dataclass
@@ -39,6 +39,7 @@ class Verdict:
 
     @property
     def equivalent(self) -> bool:
+        """Always True: code that is not equivalent raises instead of returning a verdict."""
         return True
 
 
@@ -52,40 +53,33 @@ class _CodeFailed(BaseException):
         self.scenario, self.error = scenario, error
 
 
-def check(
+def search(
     fn: Callable[..., Any],
     *,
     kind: str,
-    world_size: int = 4,
+    world: World,
     max_examples: int = 100,
     seed: int | None = None,
-    timeout: float = 60.0,
     progress: Progress | None = None,
-    world: VerifyingWorld | None = None,
     **scenario_bounds: Any,
 ) -> Verdict:
-    """Check ``fn`` as a ``kind`` plug-in on generated scenarios; return if it is equivalent.
+    """Check ``fn`` as a ``kind`` plug-in on scenarios generated for ``world``.
 
-    Raises :class:`EquivalenceError` with the shrunk scenario and the divergence otherwise, or
-    when ``fn`` raises, crashes a rank or hangs. ``scenario_bounds`` go to
-    :func:`ddp_verify.strategies.scenarios` (``max_micro_batches=3``, ``even=True``, ...);
-    ``step`` functions are checked with ``same_micro_batch_counts=True`` unless you pass
-    ``False``.
-    ``world`` runs the check on a world you already have (its size wins over ``world_size``);
-    otherwise a shared one of ``world_size`` ranks is started and kept for later checks.
+    Returns a :class:`Verdict` when no counterexample turned up. Raises
+    :class:`~ddp_verify.engine.outcome.EquivalenceError` with the shrunk scenario, the
+    divergence, its likely cause and a reproducer script otherwise, or when ``fn`` raises,
+    crashes a rank or hangs; :class:`~ddp_verify.usercode.kinds.KindError` when ``fn`` cannot
+    be a ``kind`` plug-in (its signature, or what it returned on the ranks).
+    ``scenario_bounds`` go to :func:`ddp_verify.engine.strategies.scenarios`; ``step``
+    functions are checked with ``same_micro_batch_counts=True`` unless told otherwise.
 
     Example::
 
-        import ddp_verify
-
-        def average_gradients(model, num_samples): ...
-
-        ddp_verify.check(average_gradients, kind="grad-sync", world_size=4)
+        with VerifyingWorld(4) as world:
+            search(average_gradients, kind="grad-sync", world=world, max_examples=50)
     """
     __tracebackhide__ = True
     method = adapt(fn, kind)
-    if world is None:
-        world = _world(world_size, timeout)
     world_size = world.size
     strategy = scenarios(
         world_size=world_size, **{**DEFAULT_BOUNDS.get(kind, {}), **scenario_bounds}
@@ -114,7 +108,7 @@ def check(
         if progress is not None:
             progress(tried, "shrinking" if failed else "searching")
         try:
-            world.assert_equivalent(method, scenario)
+            assert_equivalent(world, method, scenario)
         except EquivalenceError:
             if not failed:
                 failed, found_at = True, tried
@@ -175,13 +169,3 @@ def _explained(error: EquivalenceError, fn: Callable[..., Any], kind: str) -> Eq
     )
     explained.cause, explained.reproducer = cause, script
     return explained
-
-
-def _world(size: int, timeout: float) -> VerifyingWorld:
-    global _pool
-    if _pool is None:
-        _pool = WorldPool(VerifyingWorld, timeout=timeout)
-        atexit.register(_pool.close)
-    world = _pool.get(size)
-    world.timeout = timeout
-    return world  # type: ignore[return-value]

@@ -19,14 +19,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ..engine.scenario import Scenario
+from ..engine.trace import RankTrace
+from ..methods.base import DistributedMethod
+from ..methods.ddp import DDP
+from ..methods.loop import RankRun, train_data_parallel, train_local_then_sync
+from ..methods.manual import all_reduce_weighted
+from ..world.protocol import modules_ranks_cannot_import
 from .kinds import DEFAULT_BOUNDS, KINDS, SIGNATURES, KindError, check_signature
-from .methods.base import DistributedMethod
-from .methods.ddp import DDP, train_data_parallel
-from .methods.loop import RankRun
-from .methods.manual import all_reduce_weighted
-from .scenario import Scenario
-from .trace import RankTrace
-from .world.protocol import modules_ranks_cannot_import
 
 __all__ = [
     "DEFAULT_BOUNDS",
@@ -76,17 +76,14 @@ class GradSync(UserMethod):
 
     def train_rank(self, scenario: Scenario) -> RankTrace:
         run = RankRun(scenario)
-        optimizer = run.optimizer()
-        for step in range(scenario.steps):
-            optimizer.zero_grad(set_to_none=True)
-            local_sum = run.local_backward(step)
+
+        def users_sync(step: int, local_sum: torch.Tensor) -> torch.Tensor:
             n = run.local_samples(step)
             self.fn(run.model, n) if self.takes_samples else self.fn(run.model)
             dist.all_reduce(local_sum)
-            run.record_gradients()
-            optimizer.step()
-            run.record_step(local_sum / run.global_samples(step))
-        return run.trace
+            return local_sum / run.global_samples(step)
+
+        return train_local_then_sync(run, users_sync)
 
 
 class LossAggregation(UserMethod):
@@ -95,19 +92,16 @@ class LossAggregation(UserMethod):
 
     def train_rank(self, scenario: Scenario) -> RankTrace:
         run = RankRun(scenario)
-        optimizer = run.optimizer()
-        params = [p for p in run.model.parameters() if p.requires_grad]
-        for step in range(scenario.steps):
-            optimizer.zero_grad(set_to_none=True)
+        params = run.trainable()
+        dtype = params[0].dtype if params else torch.float64
+
+        def users_loss(step: int, local_sum: torch.Tensor) -> float:
             n = run.local_samples(step)
-            local_mean = run.local_backward(step) / n
             all_reduce_weighted(params, float(n), run.global_samples(step))
-            dtype = next(run.model.parameters()).dtype
-            reported = self.fn(local_mean.to(dtype).clone(), n)
-            run.record_gradients()
-            optimizer.step()
-            run.record_step(_as_float(reported, "loss"))
-        return run.trace
+            reported = self.fn((local_sum / n).to(dtype).clone(), n)
+            return _as_float(reported, "loss")
+
+        return train_local_then_sync(run, users_loss)
 
 
 class TrainingStep(UserMethod):
@@ -137,7 +131,7 @@ class CommHook(DDP):
 
 class Wrapper(UserMethod):
     """``fn(module)`` wraps the model once, as DDP does, and must average gradients over the
-    ranks during backward; trained as :func:`~ddp_verify.methods.ddp.train_data_parallel`
+    ranks during backward; trained as :func:`~ddp_verify.methods.loop.train_data_parallel`
     trains DDP (``no_sync()`` when the wrapper has it)."""
 
     def train_rank(self, scenario: Scenario) -> RankTrace:

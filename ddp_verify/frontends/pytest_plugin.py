@@ -21,8 +21,8 @@ import pytest
 from . import options as opts
 
 if TYPE_CHECKING:
-    from .equivalence import VerifyingWorld
-    from .world import WorldPool
+    from ..world import WorldPool
+    from .verifying import VerifyingWorld
 
 _options_key = pytest.StashKey["opts.WorldOptions"]()
 _pool_key = pytest.StashKey["WorldPool"]()
@@ -180,8 +180,8 @@ def pytest_report_header(config: pytest.Config) -> str:
 def _pool(config: pytest.Config) -> WorldPool:
     pool = config.stash.get(_pool_key, None)
     if pool is None:
-        from .equivalence import VerifyingWorld
-        from .world import WorldPool
+        from ..world import WorldPool
+        from .verifying import VerifyingWorld
 
         options = config.stash[_options_key].world_kwargs()
         pool = config.stash[_pool_key] = WorldPool(VerifyingWorld, **options)
@@ -247,7 +247,7 @@ def world(request: pytest.FixtureRequest, world_size: int) -> VerifyingWorld:
 
             assert world.run(job) == [float(world.size)] * world.size
     """
-    from .world import BackendUnavailable
+    from ..world import BackendUnavailable
 
     try:
         return _pool(request.config).get(world_size)
@@ -299,7 +299,7 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     marker = pyfuncitem.get_closest_marker(_MARKER)
     if marker is None:
         return None
-    from .world import JobPicklingError, RankError
+    from ..world import JobPicklingError, RankError
 
     world = pyfuncitem.stash[_item_world_key]
     argnames = pyfuncitem._fixtureinfo.argnames
@@ -338,7 +338,7 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
 
 
 def _unpicklable_fixture_message(test: str, fixtures: dict[str, Any]) -> str | None:
-    from .world.protocol import first_unpicklable
+    from ..world.protocol import first_unpicklable
 
     found = first_unpicklable(fixtures)
     if found is None:
@@ -377,28 +377,23 @@ def _reraise_outcome(item: pytest.Function, error: Any) -> None:
         raise excs[0]
 
 
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_setup(item: pytest.Item) -> Generator[None, Any, Any]:
-    try:
-        return (yield)
-    finally:
-        _report_rank_output(item, "setup")
+def _reporting_rank_output(when: str) -> Any:
+    """A wrapper of the ``pytest_runtest_<when>`` hook that attaches the ranks' output."""
+
+    @pytest.hookimpl(wrapper=True)
+    def hook(item: pytest.Item) -> Generator[None, Any, Any]:
+        try:
+            return (yield)
+        finally:
+            _report_rank_output(item, when)
+
+    hook.__name__ = f"pytest_runtest_{when}"
+    return hook
 
 
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
-    try:
-        return (yield)
-    finally:
-        _report_rank_output(item, "call")
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_teardown(item: pytest.Item) -> Generator[None, Any, Any]:
-    try:
-        return (yield)
-    finally:
-        _report_rank_output(item, "teardown")
+pytest_runtest_setup = _reporting_rank_output("setup")
+pytest_runtest_call = _reporting_rank_output("call")
+pytest_runtest_teardown = _reporting_rank_output("teardown")
 
 
 def _report_rank_output(item: pytest.Item, when: str) -> None:

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import torch
 
-from .compare import Float64Tolerance, Tolerance, outside
+from ..engine.compare import outside
+from ..engine.models import one_thread
+from ..engine.scenario import Scenario
+from ..engine.tolerances import Float64Tolerance, Tolerance
+from ..engine.trace import Trace
 from .mistakes import Mistake, applies, candidates, simulate
-from .models import one_thread
-from .scenario import Scenario
-from .trace import Trace
 
 # Loose on purpose: a simulated mistake need only be told apart from the other mistakes,
 # which differ by far more; float32 runs are matched against float64 simulations.

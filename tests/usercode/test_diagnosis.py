@@ -7,13 +7,13 @@ import sys
 
 import pytest
 
-from ddp_verify.compare import Float64Tolerance
-from ddp_verify.diagnose import matches
+from ddp_verify.engine.scenario import ModelSpec, Scenario
+from ddp_verify.engine.tolerances import Float64Tolerance
+from ddp_verify.engine.trace import Trace
 from ddp_verify.methods import reference
-from ddp_verify.mistakes import Mistake, applies, candidates, simulate
-from ddp_verify.reproducer import write_reproducer
-from ddp_verify.scenario import ModelSpec, Scenario
-from ddp_verify.trace import Trace
+from ddp_verify.usercode.diagnose import matches
+from ddp_verify.usercode.mistakes import Mistake, applies, candidates, simulate
+from ddp_verify.usercode.reproducer import write_reproducer
 
 UNEVEN = Scenario(
     world_size=3,

@@ -32,7 +32,7 @@ from typing import Any, NoReturn
 # torch warns at import when numpy is missing; ddp_verify needs none (tests/adapters/test_cli.py).
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
 
-from .kinds import KINDS, SIGNATURES, KindError, check_signature  # noqa: E402
+from ..usercode.kinds import KINDS, SIGNATURES, KindError, check_signature  # noqa: E402
 from .options import parse_timeout  # noqa: E402
 
 EXIT_EQUIVALENT, EXIT_NOT_EQUIVALENT, EXIT_USAGE, EXIT_HARNESS = 0, 1, 2, 3
@@ -85,10 +85,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _prestart(world_size: int) -> None:
     """Have the ranks' fork server import torch while this process imports the user's file
     and torch itself: on a small machine that halves the wait for the first example."""
-    from .options import VERIFYING_PRELOAD
-    from .world import World
+    from ..world import World
+    from .verifying import RANK_PRELOAD
 
-    World(world_size, preload=VERIFYING_PRELOAD).prestart()
+    World(world_size, preload=RANK_PRELOAD).prestart()
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -224,9 +224,9 @@ def load_function(path: Path, name: str) -> Callable[..., Any]:
 
 
 def _run_check(args: argparse.Namespace, fn: Callable[..., Any], outcome: dict[str, Any]) -> int:
-    from .equivalence import EquivalenceError
-    from .search import check
-    from .world import JobPicklingError, WorldError
+    from ..engine.outcome import EquivalenceError
+    from ..world import JobPicklingError, WorldError
+    from .api import check
 
     bounds: dict[str, Any] = {
         "max_micro_batches": args.max_micro_batches,

@@ -12,9 +12,9 @@ import itertools
 
 import torch
 
-from .models import build_data, build_model, build_optimizer, loss_function
-from .scenario import Scenario
-from .trace import RankTrace, Trace, gradients, parameters
+from ..engine.scenario import Scenario
+from ..engine.trace import Trace
+from ..engine.training import Step, train
 
 # Each dimension: the correct choice first, then the mistakes, with the words a report uses.
 COMBINE = {
@@ -101,43 +101,70 @@ def simulate(scenario: Scenario, mistake: Mistake) -> Trace:
     """Train ``scenario`` in float64 the way ``mistake`` does, one replica per rank."""
     if not applies(mistake, scenario):
         raise ValueError(f"{mistake} cannot train {scenario!r}: micro-batch counts differ")
-    if mistake.stepping == "each":
-        return _simulate_stepping_each(scenario, mistake)
-    world = scenario.world_size
-    models, optimizers, loss_fn, records = _replicas(scenario)
-    accumulated = 0.0
-    for step, (inputs, targets) in enumerate(build_data(scenario, "float64")):
-        total = scenario.global_batch(step)
-        counts = scenario.samples(step)
-        local_means = []
-        for rank, (model, optimizer) in enumerate(zip(models, optimizers, strict=True)):
+    backward = _stepping_each if mistake.stepping == "each" else _stepping_once
+    accumulated = [0.0]  # the global losses reported so far, for the "accumulated" report
+
+    def step_with_mistake(step: Step) -> list[float]:
+        local_means, global_loss = backward(step, mistake)
+        accumulated[0] += global_loss
+        return [
+            _reported(mistake, global_loss, local_means, rank, accumulated[0])
+            for rank in range(scenario.world_size)
+        ]
+
+    return train(
+        scenario,
+        step_with_mistake,
+        dtype="float64",
+        replicas=scenario.world_size,
+        name=f"simulated {mistake}",
+    )
+
+
+def _stepping_once(step: Step, mistake: Mistake) -> tuple[list[float], float]:
+    """Each rank weights its micro-batches the mistake's way, then gradients are combined
+    across ranks; returns each rank's local mean loss and the global mean loss."""
+    scenario, world = step.scenario, step.scenario.world_size
+    total = scenario.global_batch(step.index)
+    counts = scenario.samples(step.index)
+    local_means = []
+    for rank, (model, optimizer) in enumerate(zip(step.models, step.optimizers, strict=True)):
+        batches = step.micro_batches(rank)
+        local_sum = 0.0
+        for batch in batches:
+            size = len(batch[0])
+            if mistake.micro == "last-only":
+                optimizer.zero_grad(set_to_none=True)
+            loss = step.loss(model, batch)
+            share = 1 / len(batches) if mistake.micro == "mean-of-means" else size / counts[rank]
+            if mistake.prescaled:
+                share *= world * counts[rank] / total
+            (loss * share).backward()
+            local_sum += loss.item() * size
+        local_means.append(local_sum / counts[rank])
+    _combine(step.models, counts, total, mistake)
+    return local_means, sum(m * n for m, n in zip(local_means, counts, strict=True)) / total
+
+
+def _stepping_each(step: Step, mistake: Mistake) -> tuple[list[float], float]:
+    """Every micro-batch is a step of its own: each rank's micro-batch mean loss, combined
+    across ranks by the micro-batch sizes, then an optimizer step."""
+    scenario, world = step.scenario, step.scenario.world_size
+    per_rank = [step.micro_batches(rank) for rank in range(world)]
+    local_sums = [0.0] * world
+    for j in range(len(per_rank[0])):
+        batches = [per_rank[rank][j] for rank in range(world)]
+        sizes = [len(batch[0]) for batch in batches]
+        for rank, (model, optimizer) in enumerate(zip(step.models, step.optimizers, strict=True)):
             optimizer.zero_grad(set_to_none=True)
-            sizes = scenario.schedule[step][rank]
-            start = scenario.offset(step, rank)
-            local_sum = 0.0
-            for size in sizes:
-                x, y = inputs[start : start + size], targets[start : start + size]
-                start += size
-                if mistake.micro == "last-only":
-                    optimizer.zero_grad(set_to_none=True)
-                loss = loss_fn(model(x), y)
-                share = 1 / len(sizes) if mistake.micro == "mean-of-means" else size / counts[rank]
-                if mistake.prescaled:
-                    share *= world * counts[rank] / total
-                (loss * share).backward()
-                local_sum += loss.item() * size
-            local_means.append(local_sum / counts[rank])
-        _combine(models, counts, total, mistake)
-        global_loss = sum(m * n for m, n in zip(local_means, counts, strict=True)) / total
-        accumulated += global_loss
-        for rank, (model, optimizer) in enumerate(zip(models, optimizers, strict=True)):
-            records[rank].grads.append(gradients(model))  # type: ignore[union-attr]
-            optimizer.step()
-            records[rank].losses.append(
-                _reported(mistake, global_loss, local_means, rank, accumulated)
-            )
-            records[rank].params.append(parameters(model))
-    return Trace(f"simulated {mistake}", records)
+            loss = step.loss(model, batches[rank])
+            loss.backward()
+            local_sums[rank] += loss.item() * sizes[rank]
+        _combine(step.models, sizes, sum(sizes), mistake)
+        step.step_optimizers()
+    counts = scenario.samples(step.index)
+    local_means = [s / n for s, n in zip(local_sums, counts, strict=True)]
+    return local_means, sum(local_sums) / scenario.global_batch(step.index)
 
 
 def _combine(models: list[torch.nn.Module], counts: list[int], total: int, mistake: Mistake):
@@ -156,49 +183,6 @@ def _combine(models: list[torch.nn.Module], counts: list[int], total: int, mista
             combined = sum(grads) / len(grads)
         for p in params:
             p.grad = combined.clone()  # type: ignore[union-attr]
-
-
-def _replicas(
-    scenario: Scenario,
-) -> tuple[list[torch.nn.Module], list[torch.optim.Optimizer], torch.nn.Module, list[RankTrace]]:
-    """One float64 model, optimizer and empty record per rank, and the loss."""
-    models = [build_model(scenario, "float64") for _ in range(scenario.world_size)]
-    optimizers = [build_optimizer(scenario.optimizer, m.parameters()) for m in models]
-    return models, optimizers, loss_function(scenario), [RankTrace() for _ in models]
-
-
-def _simulate_stepping_each(scenario: Scenario, mistake: Mistake) -> Trace:
-    """Every micro-batch is a step of its own: each rank's micro-batch mean loss, combined
-    across ranks by the micro-batch sizes, then an optimizer step."""
-    world = scenario.world_size
-    models, optimizers, loss_fn, records = _replicas(scenario)
-    accumulated = 0.0
-    for step, (inputs, targets) in enumerate(build_data(scenario, "float64")):
-        counts = scenario.samples(step)
-        starts = [scenario.offset(step, rank) for rank in range(world)]
-        local_sums = [0.0] * world
-        for j in range(len(scenario.schedule[step][0])):
-            sizes = [scenario.schedule[step][rank][j] for rank in range(world)]
-            for rank, (model, optimizer) in enumerate(zip(models, optimizers, strict=True)):
-                optimizer.zero_grad(set_to_none=True)
-                start, size = starts[rank], sizes[rank]
-                loss = loss_fn(model(inputs[start : start + size]), targets[start : start + size])
-                loss.backward()
-                local_sums[rank] += loss.item() * size
-                starts[rank] += size
-            _combine(models, sizes, sum(sizes), mistake)
-            for optimizer in optimizers:
-                optimizer.step()
-        local_means = [s / n for s, n in zip(local_sums, counts, strict=True)]
-        global_loss = sum(local_sums) / scenario.global_batch(step)
-        accumulated += global_loss
-        for rank, model in enumerate(models):
-            records[rank].grads.append(gradients(model))  # type: ignore[union-attr]
-            records[rank].losses.append(
-                _reported(mistake, global_loss, local_means, rank, accumulated)
-            )
-            records[rank].params.append(parameters(model))
-    return Trace(f"simulated {mistake}", records)
 
 
 def _reported(

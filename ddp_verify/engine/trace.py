@@ -79,17 +79,25 @@ class Trace:
 
 
 def parameters(model: torch.nn.Module) -> Tensors:
-    """A detached copy of every parameter, by name (shared parameters once)."""
-    return {name: p.detach().clone() for name, p in model.named_parameters()}
+    """A detached copy of every parameter, by name (shared parameters once); a sharded one
+    (FSDP's DTensor) gathered whole, in the same order on every rank."""
+    return {name: _whole(p) for name, p in model.named_parameters()}
 
 
 def gradients(model: torch.nn.Module) -> dict[str, torch.Tensor | None]:
-    """A copy of every trainable parameter's gradient, ``None`` where it has none."""
+    """A copy of every trainable parameter's gradient, ``None`` where it has none; sharded ones
+    gathered whole, as :func:`parameters` does."""
     return {
-        name: None if p.grad is None else p.grad.detach().clone()
+        name: None if p.grad is None else _whole(p.grad)
         for name, p in model.named_parameters()
         if p.requires_grad
     }
+
+
+def _whole(tensor: torch.Tensor) -> torch.Tensor:
+    value = tensor.detach()
+    full = getattr(value, "full_tensor", None)  # a DTensor: a collective on every rank
+    return (full() if full is not None else value).clone()
 
 
 # Per step, per tensor: its name, and its shape and dtype (None for a missing gradient).

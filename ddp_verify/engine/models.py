@@ -3,7 +3,7 @@
 Every builder depends on the scenario alone, so the controller and every rank build
 bit-identical objects. Initial weights and data are drawn in float32 and only then cast, so a
 float32 and a float64 run of one scenario start from exactly the same numbers (which lets
-:mod:`ddp_verify.compare` measure float32's own rounding error against float64).
+:mod:`ddp_verify.engine.tolerances` measure float32's own rounding error against float64).
 """
 
 from __future__ import annotations
@@ -15,6 +15,9 @@ import torch
 from torch import nn
 
 from .scenario import ModelSpec, OptimizerSpec, Scenario
+
+# A slice of a batch: inputs and their targets.
+MicroBatch = tuple[torch.Tensor, torch.Tensor]
 
 # Shapes of the non-dense inputs: a short sequence of channels, or of token ids.
 CONV_CHANNELS, SEQUENCE = 2, 3
@@ -150,7 +153,7 @@ def one_thread() -> Iterator[None]:
     Example::
 
         with one_thread():
-            trace = reference().run(scenario)
+            trace = train_reference(scenario)
     """
     before = torch.get_num_threads()
     if before == 1:

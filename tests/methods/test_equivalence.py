@@ -8,8 +8,8 @@ from hypothesis import find, given, settings
 from hypothesis import strategies as st
 
 from ddp_verify import EquivalenceError, Scenario, assert_equivalent
+from ddp_verify.engine.strategies import scenarios
 from ddp_verify.methods import ddp, manual_allreduce, reference
-from ddp_verify.strategies import scenarios
 
 SIZES = pytest.mark.parametrize("world_size", [2, 3, 4], indirect=True, ids=lambda n: f"ws{n}")
 DTYPES = pytest.mark.parametrize("dtype", ["float64", "float32"])
@@ -54,7 +54,7 @@ def test_world_size_averaging_is_caught_and_shrinks_to_one_extra_sample(world):
 
 
 def _specs() -> dict[str, type]:
-    from ddp_verify.scenario import ModelSpec, OptimizerSpec
+    from ddp_verify.engine.scenario import ModelSpec, OptimizerSpec
 
     return {"ModelSpec": ModelSpec, "OptimizerSpec": OptimizerSpec}
 

@@ -17,12 +17,13 @@ from typing import Any
 import torch
 from hypothesis import strategies as st
 
-from .compare import Float64Tolerance, outside
-from .methods.ddp import DDP
-from .methods.loop import RankRun
-from .models import build_data, build_model, build_optimizer, loss_function, one_thread
-from .scenario import Scenario
-from .strategies import scenarios
+from ..engine.compare import outside
+from ..engine.scenario import Scenario
+from ..engine.strategies import scenarios
+from ..engine.tolerances import Float64Tolerance
+from ..engine.training import Step, train
+from ..methods.ddp import DDP
+from ..methods.loop import RankRun
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,22 +96,14 @@ def join_runs(*, world_size: int, max_steps: int = 4) -> st.SearchStrategy[JoinR
 
 def reference_join(run: JoinRun) -> list[dict[str, torch.Tensor]]:
     """The parameters after every step, computed on one process as torch documents Join."""
-    scenario = run.scenario
-    with one_thread():
-        model = build_model(scenario)
-        optimizer = build_optimizer(scenario.optimizer, model.parameters())
-        loss_fn = loss_function(scenario)
-        after = []
-        for step, (inputs, targets) in enumerate(build_data(scenario)):
-            optimizer.zero_grad(set_to_none=True)
-            losses = []
-            for rank in run.active(step):
-                start, n = scenario.offset(step, rank), scenario.samples(step)[rank]
-                losses.append(loss_fn(model(inputs[start : start + n]), targets[start : start + n]))
-            (sum(losses) / run.divisor(step)).backward()
-            optimizer.step()
-            after.append({k: p.detach().clone() for k, p in model.named_parameters()})
-        return after
+
+    def active_ranks_only(step: Step) -> list[float]:
+        losses = [step.loss(step.model, step.rank_batch(r)) for r in run.active(step.index)]
+        (sum(losses) / run.divisor(step.index)).backward()
+        return [0.0]  # Join's reference has no loss to compare
+
+    trace = train(run.scenario, active_ranks_only, name="Join reference")
+    return trace.ranks[0].params
 
 
 def train_with_join(

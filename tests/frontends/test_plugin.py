@@ -521,30 +521,39 @@ def test_failing_tests_reuse_one_fork_server_and_processes_stay_flat(pytester):
 def test_interrupting_pytest_leaves_no_rank_behind(pytester, sig):
     pytester.makepyfile(
         """
-        import time, pytest
+        import os, time, pytest
 
         @pytest.mark.distributed
-        def test_long():
+        def test_long(rank):
+            open(f"started{rank}", "w").close()
             time.sleep(120)
         """
     )
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "pytest", *QUIET, "--world-size", "2", "-q"],
-        cwd=pytester.path,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    log = pytester.path / "pytest.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "pytest", *QUIET, "--world-size", "2", "-q"],
+            cwd=pytester.path,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            # If it ever fails to exit, SIGABRT below makes it print where every thread is.
+            env={**os.environ, "PYTHONFAULTHANDLER": "1"},
+        )
     try:
-        ranks: list[int] = []
-        deadline = time.monotonic() + 60
-        while len(ranks) < 2 and time.monotonic() < deadline:
-            time.sleep(0.2)
-            ranks = descendants(proc.pid)
-        assert len(ranks) >= 2, "the world never started"
-        time.sleep(1)  # let the test body start on the ranks
+        started = [pytester.path / f"started{rank}" for rank in (0, 1)]
+        deadline = time.monotonic() + 120
+        while not all(p.exists() for p in started) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert all(p.exists() for p in started), "the test body never ran:\n" + log.read_text()
+        processes = descendants(proc.pid)
         os.kill(proc.pid, sig)
-        proc.wait(timeout=30)
-        assert wait_gone(ranks, timeout=5) == []
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.kill(proc.pid, signal.SIGABRT)
+            proc.wait(timeout=30)
+            pytest.fail(f"pytest did not exit within 60 s of {sig.name}:\n{log.read_text()}")
+        assert wait_gone(processes, timeout=10) == [], log.read_text()
     finally:
         proc.kill()
         proc.wait()

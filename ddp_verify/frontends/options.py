@@ -10,13 +10,11 @@ import dataclasses
 import os
 from typing import Any
 
+from ..world.backends import BACKENDS
+
 WORLD_SIZE_ENV = "DDP_VERIFY_WORLD_SIZE"
 DEFAULT_WORLD_SIZE = 2
 DEFAULT_TIMEOUT_S = 60.0
-BACKENDS = ("gloo", "nccl")
-# What ranks that check training import before their first job, once, in the fork server:
-# torch's first optimizer imports torch._dynamo (seconds of CPU per process otherwise).
-VERIFYING_PRELOAD = ("torch._dynamo", "torch.nn.parallel", "ddp_verify.adapters")
 # Scenarios per property of the conformance suite: a few seconds per property at world size 4
 # on two cores; CI that gates a release raises it.
 DEFAULT_CONFORMANCE_EXAMPLES = 10

@@ -1,0 +1,63 @@
+"""The outcome of training a scenario with a method next to the reference, and the report of
+the first divergence that :class:`EquivalenceError` carries."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from .compare import Mismatch
+from .scenario import Scenario
+from .trace import Trace
+
+
+class EquivalenceError(AssertionError):
+    """Training left single-process full-batch training, or the code under test failed to
+    run; the message says where and why. ``scenario`` is the (shrunk) scenario, ``outcome``
+    the traces when there are any."""
+
+    def __init__(
+        self, report: str, *, scenario: Scenario | None = None, outcome: Outcome | None = None
+    ) -> None:
+        self.outcome = outcome
+        self.cause: str | None = None
+        self.reproducer: str | None = None
+        # For check(): the example (1-based) at which the first counterexample turned up.
+        self.found_at: int | None = None
+        self.scenario = scenario if scenario is not None else getattr(outcome, "scenario", None)
+        self.mismatch = outcome.mismatch if outcome is not None else None
+        super().__init__(report)
+
+    @classmethod
+    def from_outcome(cls, outcome: Outcome) -> EquivalenceError:
+        return cls(outcome.report(), outcome=outcome)
+
+
+@dataclasses.dataclass
+class Outcome:
+    """A method's trace next to the reference's, and the first divergence (None if none)."""
+
+    method: str
+    scenario: Scenario
+    reference: Trace
+    got: Trace
+    mismatch: Mismatch | None
+
+    @property
+    def equivalent(self) -> bool:
+        return self.mismatch is None
+
+    def report(self) -> str:
+        if self.mismatch is None:
+            return f"{self.method} is equivalent to the reference on this scenario."
+        m = self.mismatch
+        lines = [
+            f"{self.method} is not equivalent to single-process full-batch training.",
+            m.render(),
+        ]
+        if m.note == "" and 0 <= m.step < self.reference.steps:
+            expected = self.reference.ranks[0].losses[m.step]
+            got = ", ".join(f"{r.losses[m.step]:.6g}" for r in self.got.ranks)
+            lines.append(f"Losses at step {m.step}: reference {expected:.6g}, ranks {got}")
+        lines.append("Scenario: " + self.scenario.describe())
+        lines.append(f"Reproduce with: {self.scenario!r}")
+        return "\n".join(lines)

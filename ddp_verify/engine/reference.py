@@ -1,0 +1,27 @@
+"""The ground truth: single-process training on each step's whole global batch, with a mean
+loss and one optimizer step, float64 unless asked otherwise."""
+
+from __future__ import annotations
+
+from .scenario import DTYPES, Scenario
+from .trace import Trace
+from .training import Step, train
+
+
+def train_reference(scenario: Scenario, dtype: str | None = None) -> Trace:
+    """The reference trace of ``scenario`` in ``dtype`` (default: the scenario's).
+
+    Example::
+
+        truth = train_reference(scenario, "float64")
+    """
+    if dtype is not None and dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+    name = "reference" if dtype is None else f"reference({dtype})"
+    return train(scenario, _full_batch, dtype=dtype, name=name)
+
+
+def _full_batch(step: Step) -> list[float]:
+    loss = step.loss(step.model, (step.inputs, step.targets))
+    loss.backward()
+    return [loss.item()]

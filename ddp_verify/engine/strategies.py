@@ -1,0 +1,285 @@
+"""Hypothesis strategies for models, batch splits, accumulation schedules and whole scenarios.
+
+Every strategy shrinks toward the simplest case: an even split, one micro-batch, one step, the
+smallest model, SGD, the first seed. Impossible arguments raise
+``hypothesis.errors.InvalidArgument``.
+
+Example::
+
+    from hypothesis import given
+    from ddp_verify.strategies import scenarios
+
+    @given(scenarios(world_size=4, max_micro_batches=3, dtypes=("float64", "float32")))
+    def test_ddp(world, scenario):
+        world.assert_equivalent(ddp(), scenario)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+from collections.abc import Sequence
+
+from hypothesis import note
+from hypothesis import strategies as st
+from hypothesis.errors import InvalidArgument
+
+from .scenario import (
+    ACTIVATIONS,
+    DTYPES,
+    LOSSES,
+    MODEL_KINDS,
+    OPTIMIZERS,
+    ModelSpec,
+    OptimizerSpec,
+    Scenario,
+    Schedule,
+)
+
+LEARNING_RATES = (0.1, 0.05, 0.01)
+FEATURES = ("layernorm", "tied", "unused", "frozen", "buffer")
+
+
+def models(
+    *,
+    kinds: Sequence[str] = MODEL_KINDS,
+    max_hidden_layers: int = 2,
+    max_width: int = 4,
+    features: bool = True,
+    min_out_features: int = 1,
+    max_out_features: int = 2,
+    required_features: Sequence[str] = (),
+    excluded_features: Sequence[str] = (),
+) -> st.SearchStrategy[ModelSpec]:
+    """Small models of the given ``kinds``; ``features`` adds layernorm, tied, unused, frozen
+    and buffer variants; ``required_features`` names those every model has,
+    ``excluded_features`` those none has. Shrinks toward ``mlp 1→[2]→1 tanh`` with no features
+    (but the required ones).
+
+    Example::
+
+        models(required_features=("unused",))  # for find_unused_parameters=True
+    """
+    _check_choices("kinds", kinds, MODEL_KINDS)
+    if required_features:
+        _check_choices("required_features", required_features, FEATURES)
+        if not features:
+            raise InvalidArgument("required_features needs features=True")
+    if excluded_features:
+        _check_choices("excluded_features", excluded_features, FEATURES)
+    both = set(required_features) & set(excluded_features)
+    if both:
+        raise InvalidArgument(f"{sorted(both)} both required and excluded")
+    _check_int("max_hidden_layers", max_hidden_layers, 1)
+    _check_int("max_width", max_width, 2)
+    _check_int("min_out_features", min_out_features, 1)
+    _check_int("max_out_features", max_out_features, min_out_features)
+
+    @st.composite
+    def draw_model(draw: st.DrawFn) -> ModelSpec:
+        flags = {
+            name: name in required_features
+            or (draw(st.booleans()) if features and name not in excluded_features else False)
+            for name in FEATURES
+        }
+        return ModelSpec(
+            kind=draw(st.sampled_from(list(kinds))),
+            in_features=draw(st.integers(1, 3)),
+            hidden=tuple(
+                draw(st.lists(st.integers(2, max_width), min_size=1, max_size=max_hidden_layers))
+            ),
+            out_features=draw(st.integers(min_out_features, max_out_features)),
+            activation=draw(st.sampled_from(ACTIVATIONS)),
+            **flags,
+        )
+
+    return draw_model()
+
+
+def batch_splits(
+    *, world_size: int, min_samples: int = 1, max_samples: int = 4, even: bool = False
+) -> st.SearchStrategy[tuple[int, ...]]:
+    """How many samples each rank holds in one step. Shrinks toward an even split of
+    ``min_samples`` each; ``even=True`` draws even splits only."""
+    _check_bounds(world_size, min_samples, max_samples)
+    if even:
+        return st.integers(min_samples, max_samples).map(lambda n: (n,) * world_size)
+    return st.tuples(*[st.integers(min_samples, max_samples)] * world_size)
+
+
+def accumulation_schedules(
+    *,
+    world_size: int,
+    min_samples: int = 1,
+    max_samples: int = 4,
+    max_micro_batches: int = 2,
+    max_steps: int = 3,
+    even: bool = False,
+    same_micro_batch_counts: bool = False,
+) -> st.SearchStrategy[Schedule]:
+    """Per step, per rank, the sizes of the micro-batches the rank accumulates over.
+
+    Micro-batches of one rank may differ in size, and ranks may split differently.
+    ``same_micro_batch_counts=True`` gives every rank of a step as many micro-batches (as a
+    training loop with a fixed number of accumulation steps does); sizes still differ. Shrinks
+    toward one step, one micro-batch per rank, an even split."""
+    _check_bounds(world_size, min_samples, max_samples)
+    _check_int("max_micro_batches", max_micro_batches, 1)
+    _check_int("max_steps", max_steps, 1)
+    # Built once: making a strategy costs more than drawing from one.
+    sizes_from = functools.cache(lambda low: st.integers(low, max_samples))
+
+    @st.composite
+    def draw_schedule(draw: st.DrawFn) -> Schedule:
+        schedule = []
+        for _ in range(draw(st.integers(1, max_steps))):
+            pieces = None
+            low = min_samples
+            if same_micro_batch_counts:
+                # Every rank needs a sample per micro-batch.
+                pieces = draw(st.integers(1, min(max_micro_batches, max_samples)))
+                low = max(min_samples, pieces)
+            sizes = sizes_from(low)
+            # Each rank's count, then at once its micro-batches: a count that shrinks takes
+            # only its own micro-batch choices with it.
+            common = draw(sizes) if even else None
+            schedule.append(
+                tuple(
+                    _draw_micro_batches(draw, common or draw(sizes), max_micro_batches, pieces)
+                    for _ in range(world_size)
+                )
+            )
+        return tuple(schedule)
+
+    return draw_schedule()
+
+
+def _draw_micro_batches(
+    draw: st.DrawFn, samples: int, max_micro_batches: int, pieces: int | None = None
+) -> tuple[int, ...]:
+    """``samples`` cut into ``pieces`` (else 1 to ``max_micro_batches``) non-empty,
+    consecutive pieces."""
+    if pieces is None:
+        pieces = draw(st.integers(1, min(samples, max_micro_batches)))
+    if pieces == 1:
+        return (samples,)
+    cuts = draw(
+        st.lists(st.integers(1, samples - 1), min_size=pieces - 1, max_size=pieces - 1, unique=True)
+    )
+    bounds = [0, *sorted(cuts), samples]
+    return tuple(b - a for a, b in itertools.pairwise(bounds))
+
+
+def optimizers(
+    *, names: Sequence[str] = OPTIMIZERS, weight_decay: bool = True
+) -> st.SearchStrategy[OptimizerSpec]:
+    """SGD (with and without momentum), Adam, AdamW, with and without weight decay. Shrinks
+    toward plain SGD at the largest learning rate."""
+    _check_choices("names", names, OPTIMIZERS)
+
+    @st.composite
+    def draw_optimizer(draw: st.DrawFn) -> OptimizerSpec:
+        name = draw(st.sampled_from(list(names)))
+        lr = draw(st.sampled_from(LEARNING_RATES))
+        # Drawn whatever the name: if only SGD drew it, Adam's shorter choice sequence would
+        # count as simpler and the shrinker could never get back to SGD.
+        momentum = draw(st.sampled_from((0.0, 0.9)))
+        decay = draw(st.sampled_from((0.0, 0.01))) if weight_decay else 0.0
+        return OptimizerSpec(
+            name=name, lr=lr, momentum=momentum if name == "sgd" else 0.0, weight_decay=decay
+        )
+
+    return draw_optimizer()
+
+
+def scenarios(
+    *,
+    world_size: int,
+    min_samples: int = 1,
+    max_samples: int = 4,
+    max_micro_batches: int = 2,
+    max_steps: int = 3,
+    even: bool = False,
+    same_micro_batch_counts: bool = False,
+    dtypes: Sequence[str] = ("float64",),
+    losses: Sequence[str] = LOSSES,
+    models: st.SearchStrategy[ModelSpec] | None = None,
+    optimizers: st.SearchStrategy[OptimizerSpec] | None = None,
+) -> st.SearchStrategy[Scenario]:
+    """Whole scenarios for a world of ``world_size`` ranks; the drawn one is ``note()``d.
+
+    ``min_samples`` and ``max_samples`` bound the samples one rank holds in one step.
+    ``even=True`` keeps every rank's count equal (to check code that is only meant for even
+    batches); ``same_micro_batch_counts=True`` gives every rank of a step as many
+    micro-batches. ``models`` and ``optimizers`` replace the default strategies.
+    """
+    schedules = accumulation_schedules(
+        world_size=world_size,
+        min_samples=min_samples,
+        max_samples=max_samples,
+        max_micro_batches=max_micro_batches,
+        max_steps=max_steps,
+        even=even,
+        same_micro_batch_counts=same_micro_batch_counts,
+    )
+    _check_choices("dtypes", dtypes, DTYPES)
+    _check_choices("losses", losses, LOSSES)
+    model_strategy = models if models is not None else _default_models()
+    optimizer_strategy = optimizers if optimizers is not None else _default_optimizers()
+
+    @st.composite
+    def draw_scenario(draw: st.DrawFn) -> Scenario:
+        loss = draw(st.sampled_from(list(losses)))
+        model = draw(model_strategy)
+        if loss == "cross_entropy" and model.out_features < 2:
+            # Cross-entropy needs classes; the smallest model has one output.
+            model = dataclasses.replace(model, out_features=2)
+        scenario = Scenario(
+            world_size=world_size,
+            schedule=draw(schedules),
+            model=model,
+            loss=loss,  # type: ignore[arg-type]
+            optimizer=draw(optimizer_strategy),
+            dtype=draw(st.sampled_from(list(dtypes))),
+            seed=draw(st.integers(0, 2**16)),
+        )
+        note(f"Scenario: {scenario.describe()}")
+        return scenario
+
+    return draw_scenario()
+
+
+# The parameters of scenarios() shadow these two strategies' names. Built once: making a
+# strategy costs far more than drawing from one.
+@functools.cache
+def _default_models() -> st.SearchStrategy[ModelSpec]:
+    return models()
+
+
+@functools.cache
+def _default_optimizers() -> st.SearchStrategy[OptimizerSpec]:
+    return optimizers()
+
+
+def _check_int(name: str, value: object, minimum: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise InvalidArgument(f"{name}={value!r} must be an integer of at least {minimum}")
+
+
+def _check_bounds(world_size: int, min_samples: int, max_samples: int) -> None:
+    _check_int("world_size", world_size, 1)
+    _check_int("min_samples", min_samples, 1)
+    if not isinstance(max_samples, int) or max_samples < min_samples:
+        raise InvalidArgument(
+            f"max_samples={max_samples!r} must be an integer of at least "
+            f"min_samples={min_samples!r}"
+        )
+
+
+def _check_choices(name: str, chosen: Sequence[str], allowed: Sequence[str]) -> None:
+    if isinstance(chosen, str) or not chosen:
+        raise InvalidArgument(f"{name} must be a non-empty sequence drawn from {allowed}")
+    unknown = [c for c in chosen if c not in allowed]
+    if unknown:
+        raise InvalidArgument(f"{name} has {unknown}, which are not among {allowed}")

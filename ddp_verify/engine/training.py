@@ -1,0 +1,108 @@
+"""Single-process training of a scenario: the loop the reference and every simulation share.
+
+A simulation holds one model and optimizer per *replica* (a replica stands for a rank where
+the simulation needs one) and says only how a step's gradients come to be: ``backward(step)``
+fills every replica's ``.grad`` from the step's global batch and returns the loss each replica
+reports. The loop builds the replicas from the scenario, zeroes gradients, records gradients,
+steps every optimizer (unless ``backward`` already did), and records losses and parameters.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+
+import torch
+
+from .models import MicroBatch, build_data, build_model, build_optimizer, loss_function, one_thread
+from .scenario import Scenario
+from .trace import RankTrace, Trace, gradients, parameters
+
+
+@dataclasses.dataclass
+class Step:
+    """One step of single-process training: its global batch and every replica."""
+
+    scenario: Scenario
+    index: int
+    inputs: torch.Tensor
+    targets: torch.Tensor
+    models: list[torch.nn.Module]
+    optimizers: list[torch.optim.Optimizer]
+    loss_fn: torch.nn.Module
+    stepped: bool = False
+
+    @property
+    def model(self) -> torch.nn.Module:
+        """The replica of a one-replica run."""
+        return self.models[0]
+
+    def loss(self, model: torch.nn.Module, batch: MicroBatch) -> torch.Tensor:
+        """``model``'s mean loss on ``batch``."""
+        inputs, targets = batch
+        return self.loss_fn(model(inputs), targets)
+
+    def rank_batch(self, rank: int) -> MicroBatch:
+        """Every sample ``rank`` holds at this step."""
+        start = self.scenario.offset(self.index, rank)
+        n = self.scenario.samples(self.index)[rank]
+        return self.inputs[start : start + n], self.targets[start : start + n]
+
+    def micro_batches(self, rank: int) -> list[MicroBatch]:
+        """``rank``'s micro-batches at this step, in order."""
+        start = self.scenario.offset(self.index, rank)
+        batches = []
+        for size in self.scenario.schedule[self.index][rank]:
+            batches.append((self.inputs[start : start + size], self.targets[start : start + size]))
+            start += size
+        return batches
+
+    def step_optimizers(self) -> None:
+        """Step every replica's optimizer now (a simulation that steps per micro-batch); the
+        loop then does not step them again at the end of the step."""
+        for optimizer in self.optimizers:
+            optimizer.step()
+        self.stepped = True
+
+
+Backward = Callable[[Step], Sequence[float]]
+
+
+def train(
+    scenario: Scenario,
+    backward: Backward,
+    *,
+    dtype: str | None = None,
+    replicas: int = 1,
+    name: str = "simulation",
+) -> Trace:
+    """Train ``scenario`` on this process; ``backward`` says how each step's gradients form.
+
+    Example (the reference: the mean loss over the whole global batch)::
+
+        def full_batch(step):
+            loss = step.loss(step.model, (step.inputs, step.targets))
+            loss.backward()
+            return [loss.item()]
+
+        trace = train(scenario, full_batch, name="reference")
+    """
+    with one_thread():
+        models = [build_model(scenario, dtype) for _ in range(replicas)]
+        optimizers = [build_optimizer(scenario.optimizer, m.parameters()) for m in models]
+        loss_fn = loss_function(scenario)
+        records = [RankTrace() for _ in models]
+        for index, (inputs, targets) in enumerate(build_data(scenario, dtype)):
+            for optimizer in optimizers:
+                optimizer.zero_grad(set_to_none=True)
+            step = Step(scenario, index, inputs, targets, models, optimizers, loss_fn)
+            losses = backward(step)
+            for model, record in zip(models, records, strict=True):
+                record.grads.append(gradients(model))  # type: ignore[union-attr]
+            if not step.stepped:
+                for optimizer in optimizers:
+                    optimizer.step()
+            for model, record, loss in zip(models, records, losses, strict=True):
+                record.losses.append(float(loss))
+                record.params.append(parameters(model))
+        return Trace(name, records)

@@ -1,0 +1,73 @@
+"""``ddp_verify.check()``: the library's front door to the search for a counterexample.
+
+It holds no logic of its own: it keeps one warm world per size for the process (started on
+first use, closed at exit) and hands the search to :func:`ddp_verify.usercode.search.search`.
+"""
+
+from __future__ import annotations
+
+import atexit
+from collections.abc import Callable
+from typing import Any
+
+from ..usercode.kinds import check_signature
+from ..usercode.search import Progress, Verdict, search
+from ..world import WorldPool
+from .verifying import VerifyingWorld
+
+_pool: WorldPool | None = None
+
+
+def check(
+    fn: Callable[..., Any],
+    *,
+    kind: str,
+    world_size: int = 4,
+    max_examples: int = 100,
+    seed: int | None = None,
+    timeout: float = 60.0,
+    progress: Progress | None = None,
+    world: VerifyingWorld | None = None,
+    **scenario_bounds: Any,
+) -> Verdict:
+    """Check ``fn`` as a ``kind`` plug-in on generated scenarios; return if it is equivalent.
+
+    Raises :class:`~ddp_verify.EquivalenceError` with the shrunk scenario and the divergence
+    otherwise, or when ``fn`` raises, crashes a rank or hangs. ``scenario_bounds`` go to
+    :func:`ddp_verify.strategies.scenarios` (``max_micro_batches=3``, ``even=True``, ...);
+    ``step`` functions are checked with ``same_micro_batch_counts=True`` unless you pass
+    ``False``. ``world`` runs the check on a world you already have (its size wins over
+    ``world_size``); otherwise a shared one of ``world_size`` ranks is started and kept for
+    later checks.
+
+    Example::
+
+        import ddp_verify
+
+        def average_gradients(model, num_samples): ...
+
+        ddp_verify.check(average_gradients, kind="grad-sync", world_size=4)
+    """
+    __tracebackhide__ = True
+    check_signature(fn, kind)  # before a world is started for code that cannot run
+    if world is None:
+        world = _world(world_size, timeout)
+    return search(
+        fn,
+        kind=kind,
+        world=world,
+        max_examples=max_examples,
+        seed=seed,
+        progress=progress,
+        **scenario_bounds,
+    )
+
+
+def _world(size: int, timeout: float) -> VerifyingWorld:
+    global _pool
+    if _pool is None:
+        _pool = WorldPool(VerifyingWorld, timeout=timeout)
+        atexit.register(_pool.close)
+    world = _pool.get(size)
+    world.timeout = timeout
+    return world  # type: ignore[return-value]

@@ -1,0 +1,73 @@
+"""The world the pytest plugin and ``check()`` hand out: a world that checks methods and user
+code against the reference."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from ..world import World
+
+if TYPE_CHECKING:
+    from ..engine.outcome import Outcome
+    from ..engine.scenario import Scenario
+    from ..engine.tolerances import Tolerance
+    from ..methods import Method
+
+# What ranks that check training import before their first job, once, in the fork server:
+# torch's first optimizer imports torch._dynamo (seconds of CPU per process otherwise).
+RANK_PRELOAD = ("torch._dynamo", "torch.nn.parallel", "ddp_verify.usercode.adapters")
+
+
+class VerifyingWorld(World):
+    """A :class:`~ddp_verify.world.World` that can check methods against the reference.
+
+    Example::
+
+        with VerifyingWorld(2) as world:
+            world.assert_equivalent(ddp(), scenario)
+    """
+
+    def __init__(self, size: int, *, preload: Sequence[str] = RANK_PRELOAD, **options: Any):
+        super().__init__(size, preload=preload, **options)
+
+    def start(self) -> VerifyingWorld:
+        if not self._ready and not self._closed:
+            # The reference trains here: import what it needs while the fork server does the
+            # same for the ranks, on the other core.
+            self.prestart()
+            for module in self.preload:
+                importlib.import_module(module)
+        super().start()
+        return self
+
+    def check_equivalent(
+        self, method: Method, scenario: Scenario, *, tolerance: Tolerance | None = None
+    ) -> Outcome:
+        """See :func:`ddp_verify.methods.equivalence.check_equivalent`."""
+        from ..methods.equivalence import check_equivalent
+
+        return check_equivalent(self, method, scenario, tolerance=tolerance)
+
+    def assert_equivalent(
+        self, method: Method, scenario: Scenario, *, tolerance: Tolerance | None = None
+    ) -> None:
+        """See :func:`ddp_verify.methods.equivalence.assert_equivalent`."""
+        __tracebackhide__ = True
+        from ..methods.equivalence import assert_equivalent
+
+        assert_equivalent(self, method, scenario, tolerance=tolerance)
+
+    def check(self, fn: Any, *, kind: str, **options: Any) -> Any:
+        """:func:`ddp_verify.check` on this world: search scenarios for a counterexample.
+
+        Example::
+
+            def test_my_sync(world):
+                world.check(my_average_gradients, kind="grad-sync", max_examples=50)
+        """
+        __tracebackhide__ = True
+        from ..usercode.search import search
+
+        return search(fn, kind=kind, world=self, **options)

@@ -1,0 +1,144 @@
+"""What a failed job left behind, turned into :class:`RankFailure` reports: which rank raised,
+died or hung, which only failed because another did, and what to try next."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from . import protocol
+from .errors import DEBUG_HINT, FailureKind, RankFailure
+from .processes import RankProcess, collect_stack_dumps
+
+# How long a rank that closed its pipe gets to finish exiting, so its exit code can be read.
+EXIT_WAIT_S = 2.0
+_DISTRIBUTED_ERROR_WORDS = ("gloo", "nccl", "collective", "connection reset", "connection closed")
+_LOST_PEER_WORDS = ("connection reset", "connection closed", "broken pipe")
+
+
+def raised(
+    r: RankProcess, outcome: protocol.Outcome, at: float, marks: tuple[int, int]
+) -> RankFailure:
+    """The rank's job raised: its traceback, output and the exception itself."""
+    stdout, stderr = r.output_since(marks)
+    return RankFailure(
+        rank=r.rank,
+        kind=FailureKind(outcome.error_kind),
+        summary=outcome.error_summary,
+        details=outcome.error_traceback,
+        stdout=stdout,
+        stderr=stderr,
+        exception=protocol.load_exception(outcome.exception),
+        order=at,
+    )
+
+
+def death(r: RankProcess, at: float, marks: tuple[int, int]) -> RankFailure:
+    """The rank's process ended without a result: how it ended, and what it printed."""
+    how = r.exit_description(EXIT_WAIT_S)
+    stdout, stderr = r.output_since(marks)
+    summary = f"died: {how}" if how.startswith("killed") else f"{how} without a result"
+    return RankFailure(
+        rank=r.rank,
+        kind=FailureKind.DIED,
+        summary=summary,
+        stdout=stdout,
+        stderr=stderr,
+        exitcode=r.process.returncode,
+        order=at,
+    )
+
+
+def hung(
+    ranks: Sequence[RankProcess],
+    timeout: float,
+    after_failure: bool,
+    marks: Sequence[tuple[int, int]],
+) -> list[RankFailure]:
+    """Ranks still running at the deadline (or after another rank failed), with the stack each
+    waits in."""
+    if not ranks:
+        return []
+    stacks = {rank: user_frames(text) for rank, text in collect_stack_dumps(ranks).items()}
+    failures = []
+    for r in ranks:
+        stdout, stderr = r.output_since(marks[r.rank])
+        stack = stacks.get(r.rank, "").strip()
+        where = (
+            "where it waits (most recent call first):\n" + stack
+            if stack
+            else "(no stack dump came back)"
+        )
+        failures.append(
+            RankFailure(
+                rank=r.rank,
+                kind=FailureKind.STUCK if after_failure else FailureKind.TIMED_OUT,
+                summary=(
+                    "was still running after another rank failed; killed"
+                    if after_failure
+                    else f"did not finish within the {timeout:g} s timeout; killed"
+                ),
+                details=where,
+                stdout=stdout,
+                stderr=stderr,
+                order=float("inf"),
+            )
+        )
+    return failures
+
+
+def unloadable_result(rank: int, exc: Exception, at: float) -> RankFailure:
+    """The rank's result arrived but the controller could not unpickle it."""
+    return RankFailure(
+        rank=rank,
+        kind=FailureKind.UNPICKLABLE_RESULT,
+        summary=f"returned a result the controller cannot unpickle ({type(exc).__name__}: {exc})",
+        order=at,
+    )
+
+
+def mark_consequences(failures: list[RankFailure]) -> None:
+    """A rank whose collective lost its peer failed because another rank failed first, if
+    another failed for a reason of its own: judged once all reports are in, since the broken
+    peer's report can arrive before the death that broke it."""
+    lost = [f for f in failures if f.kind is FailureKind.RAISED and _looks_like_lost_peer(f)]
+    if len(lost) < len(failures):
+        for failure in lost:
+            failure.consequence = True
+
+
+def hint(failures: Sequence[RankFailure], *, debug: bool) -> str:
+    """Advice for failures that look like mismatched collectives (unless already debugging)."""
+    if debug:
+        return ""
+    for f in failures:
+        if f.kind in (FailureKind.TIMED_OUT, FailureKind.STUCK):
+            return DEBUG_HINT
+        if f.kind is FailureKind.DIED and (f.exitcode or 0) < 0:
+            return DEBUG_HINT
+        text = f"{f.summary} {f.stderr}".lower()
+        if f.kind is FailureKind.RAISED and any(w in text for w in _DISTRIBUTED_ERROR_WORDS):
+            return DEBUG_HINT
+    return ""
+
+
+def user_frames(dump: str) -> str:
+    """A faulthandler dump without the rank's watchdog thread and its own dispatch frames."""
+    blocks = [b for b in dump.strip().split("\n\n") if b.strip()]
+    kept = []
+    for block in blocks:
+        lines = block.splitlines()
+        if any("ddp_verify/world/rank.py" in line and " in watch" in line for line in lines):
+            continue
+        kept.append(
+            "\n".join(
+                line
+                for line in lines
+                if "ddp_verify/world/rank.py" not in line and 'File "<string>"' not in line
+            )
+        )
+    return "\n\n".join(kept)
+
+
+def _looks_like_lost_peer(failure: RankFailure) -> bool:
+    text = failure.summary.lower()
+    return any(w in text for w in _LOST_PEER_WORDS)

@@ -1,0 +1,98 @@
+"""A job in flight on every rank, and the wait for its results: each rank's outcome, its death,
+or its silence until the deadline."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+from multiprocessing import connection as mp_connection
+from typing import Any
+
+from . import failures as fail
+from . import protocol
+from .errors import RankFailure
+from .processes import RankProcess
+
+# After one rank fails, how long the others get to report before they count as stuck.
+FAILURE_GRACE_S = 1.0
+
+
+@dataclasses.dataclass
+class Collected:
+    """What came back from a job: results in rank order (None where none came), failures as
+    they arrived, the ranks still running at the deadline, and whether any rank's job
+    destroyed the default process group (every rank then forms it anew)."""
+
+    results: list[Any]
+    failures: list[RankFailure]
+    unfinished: list[RankProcess]
+    regroup: bool
+
+
+class PendingJob:
+    """A job sent to every rank; :meth:`result` waits for it (see ``World.submit``).
+
+    ``failures`` starts with the ranks the job could not even be sent to; ``finish`` turns
+    what :func:`collect` gathered into the results or a ``RankError``.
+    """
+
+    def __init__(
+        self,
+        ranks: Sequence[RankProcess],
+        name: str,
+        sent_at: float,
+        timeout: float,
+        marks: list[tuple[int, int]],
+        failures: list[RankFailure],
+        finish: Callable[[PendingJob, Collected], list[Any]],
+    ) -> None:
+        self.ranks, self.name = list(ranks), name
+        self.sent_at, self.timeout = sent_at, timeout
+        self.marks = marks
+        self.failures = failures
+        self._finish = finish
+        self._results: list[Any] | None = None
+
+    def result(self) -> list[Any]:
+        """The ranks' results in rank order; raises ``RankError`` as ``World.run`` does."""
+        __tracebackhide__ = True
+        if self._results is None:
+            self._results = self._finish(self, collect(self))
+        return self._results
+
+
+def collect(job: PendingJob) -> Collected:
+    """Wait for every rank's outcome until the job's deadline, or until the others have had
+    ``FAILURE_GRACE_S`` to report after the first failure."""
+    failures = list(job.failures)
+    failed = {f.rank for f in failures}
+    results: list[Any] = [None] * len(job.ranks)
+    pending = {r.results: r for r in job.ranks if r.rank not in failed}
+    deadline = job.sent_at + job.timeout
+    grace_deadline = time.monotonic() + FAILURE_GRACE_S if failures else None
+    regroup = False
+    while pending:
+        until = deadline if grace_deadline is None else min(deadline, grace_deadline)
+        remaining = until - time.monotonic()
+        if remaining <= 0:
+            break
+        for conn in mp_connection.wait(list(pending), timeout=remaining):
+            r = pending.pop(conn)
+            now = time.monotonic()
+            try:
+                outcome: protocol.Outcome = protocol.decode(conn.recv_bytes())
+            except (EOFError, OSError):
+                failures.append(fail.death(r, now, job.marks[r.rank]))
+            else:
+                regroup |= not outcome.process_group_alive
+                if outcome.ok:
+                    try:
+                        results[r.rank] = protocol.load_result(outcome.result or b"")
+                    except Exception as exc:
+                        failures.append(fail.unloadable_result(r.rank, exc, now))
+                else:
+                    failures.append(fail.raised(r, outcome, now, job.marks[r.rank]))
+            if failures and grace_deadline is None:
+                grace_deadline = time.monotonic() + FAILURE_GRACE_S
+    return Collected(results, failures, list(pending.values()), regroup)
