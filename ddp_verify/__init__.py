@@ -18,6 +18,7 @@ _LAZY = {
     "check": "ddp_verify.frontends.api",
     "VerifyingWorld": "ddp_verify.frontends.verifying",
     "EquivalenceError": "ddp_verify.engine.outcome",
+    "HarnessError": "ddp_verify.methods.equivalence",
     "assert_equivalent": "ddp_verify.methods.equivalence",
     "check_equivalent": "ddp_verify.methods.equivalence",
     "Scenario": "ddp_verify.engine.scenario",
@@ -35,6 +36,7 @@ _LAZY = {
 __all__ = [
     "BackendUnavailable",
     "EquivalenceError",
+    "HarnessError",
     "JobPicklingError",
     "ModelSpec",
     "OptimizerSpec",
@@ -55,7 +57,7 @@ if TYPE_CHECKING:
     from .engine.scenario import ModelSpec, OptimizerSpec, Scenario
     from .frontends.api import check
     from .frontends.verifying import VerifyingWorld
-    from .methods.equivalence import assert_equivalent, check_equivalent
+    from .methods.equivalence import HarnessError, assert_equivalent, check_equivalent
     from .world import (
         BackendUnavailable,
         JobPicklingError,

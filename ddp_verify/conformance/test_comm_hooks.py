@@ -58,7 +58,7 @@ def test_compression_hook_is_within_its_formats_precision(
             raise EquivalenceError(
                 outcome.report() + f"\nTolerance: {tolerance.describe()}", outcome=outcome
             )
-        worst.append(_used_allowance(outcome, tolerance))
+        worst.append(outcome.allowance_used())
 
     # SGD only: the bound is derived for it (Adam turns a gradient's rounding into a step).
     prove(
@@ -171,27 +171,6 @@ def test_powersgd_at_rank_1_is_lossy_and_the_error_is_reported(
         "scenarios (documented as lossy; error feedback, off here, is how PowerSGD recovers)"
     )
     assert errors[-1] > 1e-3, "rank-1 PowerSGD reproduced full gradients: the check is blind"
-
-
-def _used_allowance(outcome, tolerance) -> float:
-    """The largest gradient or parameter difference from the reference, as a share of what
-    ``tolerance`` allows there."""
-    used = 0.0
-    expected = outcome.reference.ranks[0]
-    for step in range(outcome.reference.steps):
-        for quantity, want in (
-            ("gradient", expected.grads[step]),
-            ("parameter", expected.params[step]),
-        ):
-            for rank in outcome.got.ranks:
-                got_step = (rank.grads if quantity == "gradient" else rank.params)[step]
-                for name, value in want.items():
-                    got = got_step.get(name)
-                    if value is None or got is None:
-                        continue
-                    allowed = tolerance.allowed(quantity, step, name, value)
-                    used = max(used, float(((got.double() - value).abs() / allowed).max()))
-    return used
 
 
 def _worst_gradient_error(outcome) -> float:

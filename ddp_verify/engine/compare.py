@@ -127,6 +127,31 @@ def compare(
     return None
 
 
+def allowance_used(reference: Trace, got: Trace, tolerance: Tolerance) -> float:
+    """The largest ``|got - expected| / allowed`` over every loss, gradient and parameter of
+    every rank at every step: how much of its allowance a run used (below 1 passes).
+
+    Example::
+
+        print(f"{allowance_used(outcome.reference, outcome.got, outcome.tolerance):.2f}")
+    """
+    used = 0.0
+    quantities = ["loss", "parameter"] + (["gradient"] if got.has_grads else [])
+    for step in range(reference.steps):
+        for quantity in quantities:
+            expected = _values(reference, 0, quantity, step)
+            for rank in range(len(got.ranks)):
+                values = _values(got, rank, quantity, step)
+                for name, exp in expected.items():
+                    value = values.get(name)
+                    if exp is None or value is None:
+                        continue
+                    allowed = tolerance.allowed(quantity, step, name, exp)
+                    ratio = (value.double() - exp.double()).abs() / allowed
+                    used = max(used, float(ratio.max()))
+    return used
+
+
 def outside(value: torch.Tensor, expected: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
     """Where ``value`` is further from ``expected`` than ``allowed``; NaN counts as outside
     unless both are NaN (a NaN must never pass for a number)."""

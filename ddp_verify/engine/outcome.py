@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from .compare import Mismatch
+from .compare import Mismatch, allowance_used
 from .scenario import Scenario
+from .tolerances import Tolerance
 from .trace import Trace
 
 
@@ -34,17 +35,24 @@ class EquivalenceError(AssertionError):
 
 @dataclasses.dataclass
 class Outcome:
-    """A method's trace next to the reference's, and the first divergence (None if none)."""
+    """A method's trace next to the reference's, the tolerance they were compared under, and
+    the first divergence (None if none)."""
 
     method: str
     scenario: Scenario
     reference: Trace
     got: Trace
     mismatch: Mismatch | None
+    tolerance: Tolerance
 
     @property
     def equivalent(self) -> bool:
         return self.mismatch is None
+
+    def allowance_used(self) -> float:
+        """The largest difference from the reference as a share of what the tolerance allows
+        there (below 1 passes; see :func:`~ddp_verify.engine.compare.allowance_used`)."""
+        return allowance_used(self.reference, self.got, self.tolerance)
 
     def report(self) -> str:
         if self.mismatch is None:

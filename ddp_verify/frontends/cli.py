@@ -225,6 +225,7 @@ def load_function(path: Path, name: str) -> Callable[..., Any]:
 
 def _run_check(args: argparse.Namespace, fn: Callable[..., Any], outcome: dict[str, Any]) -> int:
     from ..engine.outcome import EquivalenceError
+    from ..methods.equivalence import HarnessError
     from ..world import JobPicklingError, WorldError
     from .api import check
 
@@ -264,8 +265,9 @@ def _run_check(args: argparse.Namespace, fn: Callable[..., Any], outcome: dict[s
     except (KindError, JobPicklingError) as exc:
         # The code cannot be used as this kind (what it returned), or cannot be sent to ranks.
         return _finish(args.json, EXIT_USAGE, f"ddp-verify: error: {exc}", **outcome)
-    except WorldError as exc:
-        # A world that could not start, a backend that is not there: the machine's failure.
+    except (WorldError, HarnessError) as exc:
+        # A world that could not start, a backend that is not there, the reference's process
+        # failing: the machine's or the harness's failure, not the code's.
         return _finish(args.json, EXIT_HARNESS, f"ddp-verify: harness error: {exc}", **outcome)
     except KeyboardInterrupt:
         return _finish(args.json, EXIT_INTERRUPTED, "ddp-verify: interrupted", **outcome)

@@ -3,7 +3,6 @@ code against the reference."""
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -15,13 +14,21 @@ if TYPE_CHECKING:
     from ..engine.tolerances import Tolerance
     from ..methods import Method
 
-# What ranks that check training import before their first job, once, in the fork server:
-# torch's first optimizer imports torch._dynamo (seconds of CPU per process otherwise).
-RANK_PRELOAD = ("torch._dynamo", "torch.nn.parallel", "ddp_verify.usercode.adapters")
+# What ranks and the helper import before their first job, once, in the fork server: torch's
+# first optimizer imports torch._dynamo (seconds of CPU per process otherwise); the rest is
+# what methods, the reference and the diagnosis run.
+RANK_PRELOAD = (
+    "torch._dynamo",
+    "torch.nn.parallel",
+    "ddp_verify.usercode.adapters",
+    "ddp_verify.methods.equivalence",
+    "ddp_verify.usercode.diagnose",
+)
 
 
 class VerifyingWorld(World):
-    """A :class:`~ddp_verify.world.World` that can check methods against the reference.
+    """A :class:`~ddp_verify.world.World` that can check methods against the reference, which
+    its helper process trains (see :attr:`World.helper`).
 
     Example::
 
@@ -34,12 +41,11 @@ class VerifyingWorld(World):
 
     def start(self) -> VerifyingWorld:
         if not self._ready and not self._closed:
-            # The reference trains here: import what it needs while the fork server does the
-            # same for the ranks, on the other core.
-            self.prestart()
-            for module in self.preload:
-                importlib.import_module(module)
+            # The ranks and the helper process that trains the reference start side by side.
+            self.launch()
+            self.helper.launch()
         super().start()
+        self.helper.start()
         return self
 
     def check_equivalent(

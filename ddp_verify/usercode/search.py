@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, Phase, Verbosity, given, settings
 from ..engine.outcome import EquivalenceError
 from ..engine.scenario import Scenario
 from ..engine.strategies import scenarios
-from ..methods.equivalence import assert_equivalent
+from ..methods.equivalence import HarnessError, assert_equivalent
 from ..world import FailureKind, RankError, World
 from .adapters import DEFAULT_BOUNDS, KindError, adapt
 from .diagnose import failure_cause, likely_cause
@@ -51,6 +51,14 @@ class _CodeFailed(BaseException):
 
     def __init__(self, scenario: Scenario, error: RankError) -> None:
         self.scenario, self.error = scenario, error
+
+
+class _HarnessFailed(BaseException):
+    """Raised from inside the search to stop it at once: the harness failed (the reference's
+    process, say); hypothesis must not shrink what is not the code's failure."""
+
+    def __init__(self, error: HarnessError) -> None:
+        self.error = error
 
 
 def search(
@@ -115,13 +123,17 @@ def search(
             raise
         except RankError as error:
             raise _CodeFailed(scenario, error) from None
+        except HarnessError as error:
+            raise _HarnessFailed(error) from None
 
     if seed is not None:
         search = hypothesis.seed(seed)(search)
     try:
         search()
+    except _HarnessFailed as stop:
+        raise stop.error from None
     except EquivalenceError as error:
-        explained = _explained(error, fn, kind)
+        explained = _explained(error, fn, kind, world)
         explained.found_at = found_at
         raise explained from None
     except _CodeFailed as stop:
@@ -154,12 +166,24 @@ def _kind_errors(error: RankError) -> str | None:
     return None
 
 
-def _explained(error: EquivalenceError, fn: Callable[..., Any], kind: str) -> EquivalenceError:
-    """The error with its likely cause and a reproducer script added to the report."""
+def _explained(
+    error: EquivalenceError, fn: Callable[..., Any], kind: str, world: World
+) -> EquivalenceError:
+    """The error with its likely cause and a reproducer script added to the report. The
+    diagnosis trains simulations, so it runs on the world's helper process, as the reference
+    does."""
     outcome = error.outcome
     if outcome is None:
         return error
-    cause = likely_cause(kind, outcome.scenario, outcome.reference, outcome.got)
+    try:
+        cause = world.helper.run_job(
+            likely_cause,
+            (kind, outcome.scenario, outcome.reference, outcome.got),
+            name="the diagnosis",
+        )[0]
+    except RankError as exc:
+        # The counterexample stands; only its explanation is missing.
+        cause = f"not found: the diagnosis failed ({str(exc).splitlines()[0]})"
     try:
         script = str(write_reproducer(fn, kind, outcome.scenario))
     except OSError as exc:

@@ -93,8 +93,11 @@ class RankError(WorldError):
         world_relaunched: bool,
         hint: str = "",
         finished: Sequence[int] = (),
+        where: str = "",
     ) -> None:
         self.job = job
+        # How the failed world is named: "a world of 4 (gloo)" unless it says otherwise.
+        self.where = where or f"a world of {world_size} ({backend})"
         self.finished = list(finished)
         self.world_size = world_size
         self.backend = backend
@@ -117,9 +120,7 @@ class RankError(WorldError):
             headline += f"; then {_ranks(broken)} failed in a collective as a consequence"
         if stuck:
             headline += f"; {_ranks(stuck)} stuck waiting and killed"
-        lines = [
-            f"{self.job} failed on a world of {self.world_size} ({self.backend}): {headline}",
-        ]
+        lines = [f"{self.job} failed on {self.where}: {headline}"]
         lines.extend(f.render() for f in self.failures)
         if self.finished:
             ranks = ", ".join(map(str, self.finished))
@@ -147,6 +148,7 @@ class RankError(WorldError):
                 self.world_relaunched,
                 self.hint,
                 self.finished,
+                self.where,
             ),
         )
 
@@ -159,6 +161,7 @@ def _rebuild_rank_error(
     relaunched: bool,
     hint: str,
     finished: list[int],
+    where: str,
 ) -> RankError:
     return RankError(
         job,
@@ -168,6 +171,7 @@ def _rebuild_rank_error(
         world_relaunched=relaunched,
         hint=hint,
         finished=finished,
+        where=where,
     )
 
 

@@ -54,6 +54,8 @@ class Launch:
     sys_path: tuple[str, ...]
     cwd: str
     preload: tuple[str, ...] = ()
+    # False for a helper process: no store, no process group.
+    process_group: bool = True
 
 
 @dataclasses.dataclass

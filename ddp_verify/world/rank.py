@@ -67,14 +67,15 @@ class _Member:
         for module in launch.preload:
             importlib.import_module(module)
         torch.set_num_threads(launch.threads)
-        self.store = dist.TCPStore(
-            launch.store_host,
-            launch.store_port,
-            is_master=False,
-            timeout=datetime.timedelta(seconds=launch.collective_timeout_s),
-        )
         self.generation = 0
-        self._init_process_group()
+        if launch.process_group:
+            self.store = dist.TCPStore(
+                launch.store_host,
+                launch.store_port,
+                is_master=False,
+                timeout=datetime.timedelta(seconds=launch.collective_timeout_s),
+            )
+            self._init_process_group()
 
     def _init_process_group(self) -> None:
         launch, torch, dist = self.launch, self.torch, self.dist
@@ -114,7 +115,10 @@ class _Member:
             if generation != self.generation:
                 self._rejoin(generation)
             outcome = _run_job(job_id, payload)
-            outcome.process_group_alive = self.dist.is_initialized()
+            # A helper has no group to lose; a rank's job may have destroyed its.
+            outcome.process_group_alive = (
+                self.dist.is_initialized() if self.launch.process_group else True
+            )
             _flush()
             results.send_bytes(protocol.encode(outcome))
         _flush()

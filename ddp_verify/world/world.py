@@ -55,6 +55,7 @@ class World:
     rank calls the same collectives. ``env`` adds variables to the ranks' environment.
     ``preload`` names modules every rank imports before its first job (once for all ranks,
     in the fork server, where ranks are forked from one; see ``start_method``).
+    ``process_group=False`` starts the processes without one: see :attr:`helper`.
     """
 
     def __init__(
@@ -68,6 +69,7 @@ class World:
         debug: bool = False,
         env: Mapping[str, str] | None = None,
         preload: Sequence[str] = (),
+        process_group: bool = True,
     ) -> None:
         if not isinstance(size, int) or isinstance(size, bool) or size < 1:
             raise ValueError(f"world size must be a positive integer, got {size!r}")
@@ -84,6 +86,12 @@ class World:
         self.debug = debug
         self._extra_env = dict(env or {})
         self.preload = tuple(preload)
+        self.process_group = process_group
+        # How reports name this world.
+        self.label = (
+            f"a world of {size} ({backend})" if process_group else f"{size} helper process(es)"
+        )
+        self._helper: World | None = None
         # "fork server" or "spawn": how the current ranks were started.
         self.start_method = ""
         self._ranks: list[RankProcess] = []
@@ -105,19 +113,59 @@ class World:
 
     def start(self) -> World:
         """Start the ranks and wait until they have formed the process group."""
+        self.launch()
+        if not self._ready:
+            self._await_ready()
+        return self
+
+    def launch(self) -> World:
+        """Start the ranks without waiting for them to join (:meth:`start` then waits), so
+        that several worlds, or a world and its helper, start side by side.
+
+        Example::
+
+            world.launch(); world.helper.launch()
+            world.start(); world.helper.start()
+        """
         if self._closed:
             raise WorldError("this world was closed; create a new World")
-        if self._ready:
-            return self
-        if not self._ranks:
+        if not self._ready and not self._ranks:
             self._spawn()
-        self._await_ready()
         return self
 
     def close(self) -> None:
-        """Stop every rank (politely, then by force) and remove the world's files."""
+        """Stop every rank (politely, then by force), the helper too, and remove the world's
+        files."""
         self._closed = True
         self._shutdown()
+        if self._helper is not None:
+            self._helper.close()
+
+    @property
+    def helper(self) -> World:
+        """One process forked as the ranks are, with the same preloads, outside their process
+        group: for work beside theirs that should not burden the controller (training the
+        reference while the ranks train). Started on first use, closed with this world; its
+        jobs run and fail as the ranks' do.
+
+        Example::
+
+            pending = world.submit(train, (scenario,))
+            reference = world.helper.run(train_reference, scenario)[0]
+        """
+        if self._helper is None or self._helper._closed:
+            self._helper = World(
+                1,
+                timeout=self.timeout,
+                start_timeout=self.start_timeout,
+                threads_per_rank=self.threads_per_rank,
+                env=self._extra_env,
+                preload=self.preload,
+                process_group=False,
+            )
+            self._helper.label = f"the helper process of {self.label}"
+        self._helper.timeout = self.timeout
+        return self._helper
 
     def __enter__(self) -> World:
         return self.start()
@@ -138,6 +186,8 @@ class World:
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "running" if self._ready else "not started"
+        if not self.process_group:
+            return f"<World size={self.size} without a process group {state}>"
         return f"<World size={self.size} backend={self.backend} {state}>"
 
     # -- jobs --------------------------------------------------------------------------------
@@ -261,16 +311,18 @@ class World:
         return self
 
     def _spawn(self) -> None:
-        require_devices(self.backend, self.size)
+        if self.process_group:
+            require_devices(self.backend, self.size)
         self.prestart()  # the server imports torch while this process does
-        import torch.distributed as dist
-
         self._workdir = Path(tempfile.mkdtemp(prefix=f"ddp_verify-world{self.size}-"))
         self._finalizer.detach()
         self._finalizer = weakref.finalize(self, _kill_and_remove, self._ranks, self._workdir)
-        self._store = dist.TCPStore(
-            "127.0.0.1", 0, is_master=True, wait_for_workers=False, use_libuv=True
-        )
+        if self.process_group:
+            import torch.distributed as dist
+
+            self._store = dist.TCPStore(
+                "127.0.0.1", 0, is_master=True, wait_for_workers=False, use_libuv=True
+            )
         self._generation = 0
         self._sent_sys_path = list(sys.path)
         self._sent_cwd = os.getcwd()
@@ -316,7 +368,7 @@ class World:
                 world_size=self.size,
                 backend=self.backend,
                 store_host="127.0.0.1",
-                store_port=self._store.port,
+                store_port=self._store.port if self.process_group else 0,
                 store_prefix=prefix,
                 # Collectives time out well after the controller's own deadline, so the
                 # controller's report (with stack dumps) always comes first.
@@ -326,6 +378,7 @@ class World:
                 sys_path=tuple(self._sent_sys_path),
                 cwd=self._sent_cwd,
                 preload=self.preload,
+                process_group=self.process_group,
             )
             proc.jobs.send_bytes(protocol.encode(launch))
 
@@ -369,10 +422,7 @@ class World:
             )
             self._shutdown()
             raise WorldStartError(
-                f"could not start a world of {self.size} ({self.backend}):\n"
-                + "\n".join(problems)
-                + "\n"
-                + stderr
+                f"could not start {self.label}:\n" + "\n".join(problems) + "\n" + stderr
             )
         self._ready = True
 
@@ -400,6 +450,7 @@ class World:
             self.size,
             self.backend,
             failures,
+            where=self.label,
             world_relaunched=relaunch,
             hint=fail.hint(failures, debug=self.debug),
             finished=[r for r in range(self.size) if r not in failed],

@@ -210,3 +210,29 @@ def test_a_usage_error_starts_nothing(tmp_path):
         cwd=tmp_path,
     )
     assert done.stdout.split() == ["2", "False", "0"], done.stdout + done.stderr
+
+
+_LEAN_CONTROLLER = f"""
+import sys
+from ddp_verify.frontends.cli import main
+
+HEAVY = ("torch._dynamo", "torch.distributed.fsdp", "sympy")
+common = ["--kind", "grad-sync", "--world-size", "2", "--max-examples", "5", "--dtype", "float32"]
+passed = main(["check", "{FIXTURES}/grad_sync.py:sample_weighted", *common])
+failed = main(["check", "{FIXTURES}/grad_sync.py:average_gradients", *common])
+print("codes", passed, failed, "heavy", [m for m in HEAVY if m in sys.modules])
+"""
+
+
+def test_the_controller_trains_nothing_and_imports_none_of_what_optimizers_pull_in(tmp_path):
+    # The reference, the float32 tolerance's runs and the diagnosis's simulations train on the
+    # world's helper process: the controller builds no optimizer, so torch._dynamo (with FSDP
+    # and sympy inside it) stays out of it, for a passing check and a failing one alike.
+    done = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", _LEAN_CONTROLLER],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert done.stdout.split()[-4:] == ["0", "1", "heavy", "[]"], done.stdout + done.stderr

@@ -13,7 +13,6 @@ import pytest
 # Imported here, before any in-process pytester run: pytester restores sys.modules after each
 # run, and torch's C extension cannot be imported a second time into one process.
 import torch
-import torch._dynamo  # the controller's reference imports it (see above)
 
 import ddp_verify.world  # noqa: F401
 from tests.processes import descendants, wait_gone
@@ -512,9 +511,10 @@ def test_failing_tests_reuse_one_fork_server_and_processes_stay_flat(pytester):
     assert len(counts) == FAILING_TESTS
     children = [c for c, _ in counts]
     processes = [d for _, d in counts]
-    # The controller's one child is the fork server; below it, at most the world's 2 ranks.
+    # The controller's one child is the fork server; below it, at most the world's 2 ranks and
+    # its helper process.
     assert max(children) == 1, f"the controller's children grew: {children}"
-    assert max(processes) <= 3, f"processes under the controller grew: {processes}"
+    assert max(processes) <= 4, f"processes under the controller grew: {processes}"
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["SIGINT", "SIGKILL"])

@@ -189,3 +189,20 @@ def test_a_shipped_object_is_unpickled_once_per_rank_and_keeps_its_state(world2)
     assert world2.run(call, Shipped(remember), 3) == [3, 3]
     seen.append(0)  # changes what a fresh pickle holds
     assert world2.run(call, Shipped(remember), 4) == [2, 2]
+
+
+def test_the_helper_runs_jobs_outside_the_process_group_and_closes_with_its_world():
+    world = World(2).start()
+    helper = world.helper
+    assert helper.run(dist.is_initialized) == [False]
+    assert world.run(dist.is_initialized) == [True, True]  # the ranks' group is untouched
+    (pid,) = helper.pids
+    assert pid not in world.pids and world.helper is helper
+    world.close()
+    assert wait_gone([pid], timeout=5) == []
+
+
+def test_a_failing_helper_job_names_the_helper_and_the_helper_recovers(world2):
+    with pytest.raises(RankError, match="failed on the helper process of a world of 2"):
+        world2.helper.run(lambda: 1 / 0)
+    assert world2.helper.run(lambda: "again") == ["again"]
