@@ -52,9 +52,10 @@ FLOAT64_ATOL = 1e-8
 # elements it is far smaller. Never less than S times (world size + 2) float32 roundings of
 # the quantity's largest value: a method may report its loss through a cast to float32, a
 # scaling, a sum over the ranks and a division, which no reordering of the reference performs.
-# Over 2,100 generated scenarios (world sizes 2, 3, 4; DDP and sample-weighted all-reduce) the
-# largest deviation used 2.28 / 8 of the bound (benchmarks/float32_sweep.py measures it for
-# every correct method); real aggregation bugs are 1e-3 relative or more.
+# benchmarks/float32_sweep.py measures it: over 2,100 drawn float32 scenarios (world sizes 2,
+# 3, 4) DDP, sample-weighted all-reduce, ZeRO and FSDP2 never failed (7,622 runs); the largest
+# used 0.46 of its allowance, the median 0.06; every buggy fixture was still caught in
+# float32, its cause named. Real aggregation bugs are 1e-3 relative or more.
 FLOAT32_VARIANTS = 8
 FLOAT32_SAFETY = 8.0
 FLOAT32_UNIT_ROUNDOFF = torch.finfo(torch.float32).eps / 2
