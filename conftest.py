@@ -6,8 +6,10 @@ import os
 
 from hypothesis import HealthCheck, settings
 
-# "ci" keeps the suite inside its time budget on 2 cores; "heavy" is for a deeper search:
-#   HYPOTHESIS_PROFILE=heavy pytest
+# "ci" (the default) keeps the suite inside its time budget on 2 cores; "heavy" is the release
+# check, a deeper search wherever a test follows the profile (properties drawn with @given,
+# the correct fixtures' checks, the tolerance margins):
+#   pytest --hypothesis-profile=heavy      (or HYPOTHESIS_PROFILE=heavy pytest)
 settings.register_profile(
     "ci", max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )

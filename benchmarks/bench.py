@@ -21,7 +21,9 @@ For each world size, one run measures:
 - the **usual way** for the same work: a fresh ``torch.multiprocessing.spawn`` world per
   example, as spawn-based test suites do;
 - ``ddp-verify check fixtures/grad_sync.py:sample_weighted --kind grad-sync`` with 100
-  examples, start-up included, as a user runs it;
+  examples, start-up included, as a user runs it, next to its budget: the floor's work for as
+  many examples, plus a bare ``python -c "import torch"``, plus a bare world start (the target
+  is within 1.2 times that);
 - peak resident memory of the controller and of the largest rank.
 
 It prints medians and the ratios harness/floor and usual-way/harness, and writes everything as
@@ -281,12 +283,20 @@ def fixed_scenarios(world_size: int, count: int) -> list[Scenario]:
     @settings(
         max_examples=count, derandomize=True, database=None, suppress_health_check=list(HealthCheck)
     )
-    @given(scenarios(world_size=world_size))
+    # The bounds ddp-verify check draws with, so the floor does the work the CLI run does.
+    @given(scenarios(world_size=world_size, max_micro_batches=3))
     def collect(scenario: Scenario) -> None:
         drawn.append(scenario)
 
     collect()
     return drawn[:count]
+
+
+def bare_import_torch() -> float:
+    """A fresh interpreter that imports torch and exits: what any tool using torch pays."""
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-W", "ignore", "-c", "import torch"], check=True)
+    return time.perf_counter() - start
 
 
 def cli_check(size: int, examples: int) -> float:
@@ -363,6 +373,15 @@ def measure(size: int, args: argparse.Namespace) -> dict[str, float]:
         out["cli_check_s"] = statistics.median(
             cli_check(size, args.cli_examples) for _ in range(args.cli_runs)
         )
+        out["bare_import_torch_s"] = statistics.median(
+            bare_import_torch() for _ in range(args.repeats)
+        )
+        out["cli_budget_s"] = (
+            args.cli_examples * out["grad-sync_floor_ms"] / 1e3
+            + out["bare_import_torch_s"]
+            + out["bare_spawn_and_init_s"]
+        )
+        out["cli_over_budget"] = out["cli_check_s"] / out["cli_budget_s"]
     return out
 
 
@@ -382,6 +401,8 @@ COLUMNS = [
     ("rank_peak_rss_mib", "rank MiB", "{:.0f}"),
     ("controller_peak_rss_mib", "ctrl MiB", "{:.0f}"),
     ("cli_check_s", "cli s", "{:.1f}"),
+    ("cli_budget_s", "budget s", "{:.1f}"),
+    ("cli_over_budget", "cli/budget", "{:.2f}"),
 ]
 PER_KIND = [
     ("check_ms", "check ms", "{:.1f}"),

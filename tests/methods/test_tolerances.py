@@ -15,7 +15,8 @@ from ddp_verify.engine.strategies import scenarios
 from ddp_verify.methods import ddp, manual_allreduce
 
 SAMPLES = settings(
-    max_examples=30,
+    # 30 under the "ci" profile; a release check (--hypothesis-profile=heavy) looks at 500.
+    max_examples=max(30, settings.default.max_examples),
     derandomize=True,
     database=None,
     deadline=None,
