@@ -110,23 +110,15 @@ def _resolve_options(config: pytest.Config) -> opts.WorldOptions:
         (opts.WORLD_SIZE_ENV, opts.world_size_from_env()),
         ("ini ddp_world_size", config.getini("ddp_world_size")),
     )
-    backend = first(
-        ("--ddp-backend", config.getoption("ddp_backend")),
-        ("ini ddp_backend", config.getini("ddp_backend")),
-    )
-    timeout = first(
-        ("--ddp-timeout", config.getoption("ddp_timeout")),
-        ("ini ddp_timeout", config.getini("ddp_timeout")),
-    )
+
+    def option_then_ini(flag: str, name: str) -> tuple[str, Any]:
+        return first((flag, config.getoption(name)), (f"ini {name}", config.getini(name)))
+
+    backend = option_then_ini("--ddp-backend", "ddp_backend")
+    timeout = option_then_ini("--ddp-timeout", "ddp_timeout")
     debug = config.getoption("ddp_debug") or config.getini("ddp_debug")
-    wrapper = first(
-        ("--ddp-wrapper", config.getoption("ddp_wrapper")),
-        ("ini ddp_wrapper", config.getini("ddp_wrapper")),
-    )
-    examples = first(
-        ("--conformance-examples", config.getoption("ddp_conformance_examples")),
-        ("ini ddp_conformance_examples", config.getini("ddp_conformance_examples")),
-    )
+    wrapper = option_then_ini("--ddp-wrapper", "ddp_wrapper")
+    examples = option_then_ini("--conformance-examples", "ddp_conformance_examples")
     defaults = opts.WorldOptions()
     try:
         return opts.WorldOptions(

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
+from tests.user_code import FIXTURES
 
 
 def ddp_verify(
@@ -18,6 +18,20 @@ def ddp_verify(
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "ddp_verify", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=cwd,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def python_script(
+    script: str, *, cwd: Path, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``script`` run by a fresh interpreter, as a user's program would be."""
+    return subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", script],
         capture_output=True,
         text=True,
         timeout=300,
@@ -105,14 +119,7 @@ def test_a_check_needs_no_numpy(tmp_path):
     hidden = tmp_path / "hidden" / "numpy"
     hidden.mkdir(parents=True)
     (hidden / "__init__.py").write_text("raise ModuleNotFoundError('numpy hidden by a test')\n")
-    done = subprocess.run(
-        [sys.executable, "-W", "ignore", "-c", _WITHOUT_NUMPY],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(hidden.parent)},
-    )
+    done = python_script(_WITHOUT_NUMPY, cwd=tmp_path, env={"PYTHONPATH": str(hidden.parent)})
     assert done.returncode == 0, done.stdout + done.stderr
     assert "examples 5" in done.stdout
 
@@ -202,13 +209,7 @@ print(code, "torch" in sys.modules, len(children))
 
 def test_a_usage_error_starts_nothing(tmp_path):
     # Arguments are checked before a fork server starts importing torch for the ranks.
-    done = subprocess.run(
-        [sys.executable, "-c", _USAGE_ERROR_IN_PROCESS],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=tmp_path,
-    )
+    done = python_script(_USAGE_ERROR_IN_PROCESS, cwd=tmp_path)
     assert done.stdout.split() == ["2", "False", "0"], done.stdout + done.stderr
 
 
@@ -228,11 +229,5 @@ def test_the_controller_trains_nothing_and_imports_none_of_what_optimizers_pull_
     # The reference, the float32 tolerance's runs and the diagnosis's simulations train on the
     # world's helper process: the controller builds no optimizer, so torch._dynamo (with FSDP
     # and sympy inside it) stays out of it, for a passing check and a failing one alike.
-    done = subprocess.run(
-        [sys.executable, "-W", "ignore", "-c", _LEAN_CONTROLLER],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=tmp_path,
-    )
+    done = python_script(_LEAN_CONTROLLER, cwd=tmp_path)
     assert done.stdout.split()[-4:] == ["0", "1", "heavy", "[]"], done.stdout + done.stderr

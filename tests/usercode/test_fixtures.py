@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 from hypothesis import settings
 
 from ddp_verify import EquivalenceError, check
+from tests.user_code import load
 
-FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 KINDS = {
     "grad_sync": "grad-sync",
     "loss": "loss",
@@ -21,18 +17,10 @@ KINDS = {
 }
 
 
-def _load(stem: str):
-    spec = importlib.util.spec_from_file_location(f"fixtures_{stem}", FIXTURES / f"{stem}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 CASES = [
     pytest.param(KINDS[stem], getattr(module, name), verdict, cause, id=f"{stem}.{name}")
     for stem in KINDS
-    for module in [_load(stem)]
+    for module in [load(stem)]
     for name, (verdict, cause) in module.EXPECTED.items()
 ]
 

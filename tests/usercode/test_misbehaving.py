@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 
 from ddp_verify import EquivalenceError, check
+from tests.user_code import load
 
 
 def raises_on_rank_1(model):
@@ -31,14 +32,7 @@ def mismatched_shapes(model):
     dist.all_reduce(torch.ones(4 if dist.get_rank() == 0 else 8))
 
 
-def correct(model, num_samples):
-    total = torch.tensor([float(num_samples)], dtype=torch.float64)
-    dist.all_reduce(total)
-    for p in model.parameters():
-        if p.grad is not None:
-            p.grad.mul_(num_samples)
-            dist.all_reduce(p.grad)
-            p.grad.div_(total.item())
+correct = load("grad_sync").sample_weighted
 
 
 @pytest.mark.parametrize(
