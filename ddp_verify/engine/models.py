@@ -118,6 +118,25 @@ def build_data(
     return batches
 
 
+def micro_batches(scenario: Scenario, step: int, rank: int, batch: MicroBatch) -> list[MicroBatch]:
+    """``rank``'s micro-batches of ``step``, in order, cut from the step's global ``batch``
+    (rank-major, then micro-batch order, as :class:`~ddp_verify.engine.scenario.Scenario`
+    lays it out).
+
+    Example::
+
+        inputs, targets = build_data(scenario)[0]
+        first = micro_batches(scenario, 0, 1, (inputs, targets))[0]  # rank 1's first
+    """
+    inputs, targets = batch
+    start = scenario.offset(step, rank)
+    pieces = []
+    for size in scenario.schedule[step][rank]:
+        pieces.append((inputs[start : start + size], targets[start : start + size]))
+        start += size
+    return pieces
+
+
 def loss_function(scenario: Scenario) -> nn.Module:
     """The scenario's loss with mean reduction."""
     return nn.CrossEntropyLoss() if scenario.loss == "cross_entropy" else nn.MSELoss()

@@ -14,7 +14,15 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from .models import MicroBatch, build_data, build_model, build_optimizer, loss_function, one_thread
+from .models import (
+    MicroBatch,
+    build_data,
+    build_model,
+    build_optimizer,
+    loss_function,
+    micro_batches,
+    one_thread,
+)
 from .scenario import Scenario
 from .trace import RankTrace, Trace, gradients, parameters
 
@@ -50,12 +58,7 @@ class Step:
 
     def micro_batches(self, rank: int) -> list[MicroBatch]:
         """``rank``'s micro-batches at this step, in order."""
-        start = self.scenario.offset(self.index, rank)
-        batches = []
-        for size in self.scenario.schedule[self.index][rank]:
-            batches.append((self.inputs[start : start + size], self.targets[start : start + size]))
-            start += size
-        return batches
+        return micro_batches(self.scenario, self.index, rank, (self.inputs, self.targets))
 
     def step_optimizers(self) -> None:
         """Step every replica's optimizer now (a simulation that steps per micro-batch); the

@@ -16,6 +16,7 @@ from ..engine.models import (
     build_model,
     build_optimizer,
     loss_function,
+    micro_batches,
 )
 from ..engine.scenario import Scenario
 from ..engine.trace import RankTrace, gradients, parameters
@@ -51,13 +52,7 @@ class RankRun:
 
     def micro_batches(self, step: int) -> list[MicroBatch]:
         """This rank's micro-batches of ``step``, in order."""
-        inputs, targets = self.data[step]
-        start = self.scenario.offset(step, self.rank)
-        batches = []
-        for size in self.scenario.schedule[step][self.rank]:
-            batches.append((inputs[start : start + size], targets[start : start + size]))
-            start += size
-        return batches
+        return micro_batches(self.scenario, step, self.rank, self.data[step])
 
     def local_backward(self, step: int) -> torch.Tensor:
         """Backward of this rank's mean loss over its micro-batches of ``step`` (each weighted

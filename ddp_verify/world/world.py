@@ -153,12 +153,16 @@ class World:
             pending = world.submit(train, (scenario,))
             reference = world.helper.run(train_reference, scenario)[0]
         """
-        if self._helper is None or self._helper._closed:
+        if self._closed:
+            raise WorldError("this world was closed, and its helper with it")
+        if self._helper is None:
             self._helper = World(
                 1,
                 timeout=self.timeout,
                 start_timeout=self.start_timeout,
                 threads_per_rank=self.threads_per_rank,
+                # The ranks' own environment, so both are forked from the same server.
+                debug=self.debug,
                 env=self._extra_env,
                 preload=self.preload,
                 process_group=False,

@@ -12,7 +12,14 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from ddp_verify.world import BackendUnavailable, FailureKind, JobPicklingError, RankError, World
+from ddp_verify.world import (
+    BackendUnavailable,
+    FailureKind,
+    JobPicklingError,
+    RankError,
+    World,
+    WorldError,
+)
 from tests.processes import wait_gone
 
 
@@ -204,3 +211,11 @@ def test_a_failing_helper_job_names_the_helper_and_the_helper_recovers(world2):
     with pytest.raises(RankError, match="failed on the helper process of a world of 2"):
         world2.helper.run(lambda: 1 / 0)
     assert world2.helper.run(lambda: "again") == ["again"]
+
+
+def test_a_closed_worlds_helper_is_not_started_again():
+    world = World(2).start()
+    world.helper.start()
+    world.close()
+    with pytest.raises(WorldError, match="this world was closed"):
+        world.helper.run(lambda: None)
