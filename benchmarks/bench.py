@@ -1,7 +1,10 @@
 """ddp_verify's cost next to its two yardsticks: the floor and the usual way.
 
     python benchmarks/bench.py [--sizes 2,4] [--examples 40] [--usual 3] [--repeats 3]
-        [--cli-examples 100] [--out benchmarks/results/bench.json]
+        [--cli-examples 100] [--device cpu|cuda] [--out benchmarks/results/bench.json]
+
+``--device cuda`` trains on GPUs everywhere (the harness's ranks, the floor's and the usual
+way's, ranks sharing GPUs round-robin, all over gloo) and writes ``bench_cuda.json``.
 
 For each world size, one run measures:
 
@@ -66,7 +69,8 @@ from ddp_verify.engine.scenario import Scenario  # noqa: E402
 from ddp_verify.methods import ddp  # noqa: E402
 from ddp_verify.strategies import scenarios  # noqa: E402
 from ddp_verify.usercode.adapters import adapt  # noqa: E402
-from ddp_verify.world import World  # noqa: E402
+from ddp_verify.world import World, rank_device  # noqa: E402
+from ddp_verify.world.runtime import set_rank_device  # noqa: E402
 
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "bench.json"
 
@@ -76,17 +80,18 @@ DEFAULT_OUT = ROOT / "benchmarks" / "results" / "bench.json"
 
 def bare_ddp(scenario: Scenario) -> float:
     """DDP training of ``scenario`` as the ``ddp()`` method does it, without the trace."""
-    model = build_model(scenario)
+    device = rank_device()
+    model = build_model(scenario, device=device)
     wrapped = DistributedDataParallel(model, find_unused_parameters=scenario.model.unused)
     optimizer = build_optimizer(scenario.optimizer, wrapped.parameters())
     loss_fn, rank, size = loss_function(scenario), dist.get_rank(), dist.get_world_size()
-    total = torch.zeros((), dtype=torch.float64)
-    for step, (inputs, targets) in enumerate(build_data(scenario)):
+    total = torch.zeros((), dtype=torch.float64, device=device)
+    for step, (inputs, targets) in enumerate(build_data(scenario, device=device)):
         optimizer.zero_grad(set_to_none=True)
         weight = size / scenario.global_batch(step)
         start = scenario.offset(step, rank)
         sizes = scenario.schedule[step][rank]
-        local = torch.zeros((), dtype=torch.float64)
+        local = torch.zeros((), dtype=torch.float64, device=device)
         for j, m in enumerate(sizes):
             x, y = inputs[start : start + m], targets[start : start + m]
             start += m
@@ -102,15 +107,16 @@ def bare_ddp(scenario: Scenario) -> float:
 
 def bare_grad_sync(scenario: Scenario) -> float:
     """Local backward of each rank's mean loss, the user's ``sample_weighted``, one step."""
-    model = build_model(scenario)
+    device = rank_device()
+    model = build_model(scenario, device=device)
     optimizer = build_optimizer(scenario.optimizer, model.parameters())
     loss_fn, rank = loss_function(scenario), dist.get_rank()
-    total = torch.zeros((), dtype=torch.float64)
-    for step, (inputs, targets) in enumerate(build_data(scenario)):
+    total = torch.zeros((), dtype=torch.float64, device=device)
+    for step, (inputs, targets) in enumerate(build_data(scenario, device=device)):
         optimizer.zero_grad(set_to_none=True)
         n = scenario.samples(step)[rank]
         start = scenario.offset(step, rank)
-        local = torch.zeros((), dtype=torch.float64)
+        local = torch.zeros((), dtype=torch.float64, device=device)
         for m in scenario.schedule[step][rank]:
             loss = loss_fn(model(inputs[start : start + m]), targets[start : start + m])
             (loss * (m / n)).backward()
@@ -133,8 +139,17 @@ def harness_method(kind: str) -> Any:
 # -- the floor: a bare persistent-worker loop -----------------------------------------------------
 
 
-def _floor_worker(rank: int, size: int, port: int, conn: Any) -> None:
+def _use_device(rank: int, device: str) -> None:
+    """Train on ``device`` as a harness rank does: cuda:rank, shared round-robin."""
     torch.set_num_threads(1)
+    if device == "cuda":
+        gpu = rank % torch.cuda.device_count()
+        torch.cuda.set_device(gpu)
+        set_rank_device(f"cuda:{gpu}")
+
+
+def _floor_worker(rank: int, size: int, port: int, conn: Any, device: str) -> None:
+    _use_device(rank, device)
     dist.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size
     )
@@ -148,13 +163,13 @@ def _floor_worker(rank: int, size: int, port: int, conn: Any) -> None:
 class FloorWorkers:
     """``size`` spawned workers in one process group, fed scenarios through pipes."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, device: str) -> None:
         context = multiprocessing.get_context("spawn")
         port = _free_port()
         self.conns, self.procs = [], []
         for rank in range(size):
             ours, theirs = context.Pipe()
-            proc = context.Process(target=_floor_worker, args=(rank, size, port, theirs))
+            proc = context.Process(target=_floor_worker, args=(rank, size, port, theirs, device))
             proc.start()
             self.conns.append(ours)
             self.procs.append(proc)
@@ -175,8 +190,10 @@ class FloorWorkers:
 # -- the usual way: a fresh world per example -----------------------------------------------------
 
 
-def _usual_rank(rank: int, size: int, port: int, kind: str, scenario: Scenario) -> None:
-    torch.set_num_threads(1)
+def _usual_rank(
+    rank: int, size: int, port: int, kind: str, scenario: Scenario, device: str
+) -> None:
+    _use_device(rank, device)
     dist.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size
     )
@@ -185,9 +202,10 @@ def _usual_rank(rank: int, size: int, port: int, kind: str, scenario: Scenario) 
     dist.destroy_process_group()
 
 
-def usual_way(size: int, kind: str, scenario: Scenario) -> float:
+def usual_way(size: int, kind: str, scenario: Scenario, device: str) -> float:
     start = time.perf_counter()
-    mp.spawn(_usual_rank, args=(size, _free_port(), kind, scenario), nprocs=size, join=True)
+    args = (size, _free_port(), kind, scenario, device)
+    mp.spawn(_usual_rank, args=args, nprocs=size, join=True)
     return time.perf_counter() - start
 
 
@@ -224,10 +242,10 @@ def bare_start(size: int) -> float:
     return elapsed
 
 
-def world_start(size: int) -> float:
+def world_start(size: int, device: str) -> float:
     """A world started by a controller that has started one before (warm fork server)."""
     start = time.perf_counter()
-    world = World(size).start()
+    world = World(size, device=device).start()
     elapsed = time.perf_counter() - start
     world.close()
     return elapsed
@@ -237,16 +255,16 @@ _COLD_START = """
 import sys, time, torch
 from ddp_verify.world import World
 start = time.perf_counter()
-world = World(int(sys.argv[1])).start()
+world = World(int(sys.argv[1]), device=sys.argv[2]).start()
 print(time.perf_counter() - start)
 world.close()
 """
 
 
-def cold_world_start(size: int) -> float:
+def cold_world_start(size: int, device: str) -> float:
     """The first world of a fresh controller process that has imported torch."""
     result = subprocess.run(
-        [sys.executable, "-W", "ignore", "-c", _COLD_START, str(size)],
+        [sys.executable, "-W", "ignore", "-c", _COLD_START, str(size), device],
         capture_output=True,
         text=True,
         check=True,
@@ -259,7 +277,7 @@ def _noop() -> None:
 
 
 def _trivial() -> float:
-    t = torch.ones(1)
+    t = torch.ones(1, device=rank_device())
     dist.all_reduce(t)
     return float(t)
 
@@ -299,7 +317,7 @@ def bare_import_torch() -> float:
     return time.perf_counter() - start
 
 
-def cli_check(size: int, examples: int) -> float:
+def cli_check(size: int, examples: int, device: str) -> float:
     """``ddp-verify check`` as a user runs it: a fresh process, start-up included."""
     command = [
         sys.executable,
@@ -315,6 +333,8 @@ def cli_check(size: int, examples: int) -> float:
         str(examples),
         "--seed",
         "0",
+        "--device",
+        device,
     ]
     start = time.perf_counter()
     result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
@@ -326,23 +346,24 @@ def cli_check(size: int, examples: int) -> float:
 
 def measure(size: int, args: argparse.Namespace) -> dict[str, float]:
     out: dict[str, float] = {}
-    colds = [cold_world_start(size) for _ in range(args.repeats)]
+    device = args.device
+    colds = [cold_world_start(size, device) for _ in range(args.repeats)]
     bares = [bare_start(size) for _ in range(args.repeats)]
-    world_start(size)  # the fork server of this process, started once
-    starts = [world_start(size) for _ in range(args.repeats)]
+    world_start(size, device)  # the fork server of this process, started once
+    starts = [world_start(size, device) for _ in range(args.repeats)]
     out["world_start_s"] = statistics.median(colds)
     out["warm_world_start_s"] = statistics.median(starts)
     out["bare_spawn_and_init_s"] = statistics.median(bares)
     out["start_world_over_bare"] = out["world_start_s"] / out["bare_spawn_and_init_s"]
 
     cases = fixed_scenarios(size, args.examples)
-    with VerifyingWorld(size) as world:
+    with VerifyingWorld(size, device=device) as world:
         for job, name in ((_noop, "noop"), (_trivial, "trivial")):
             _timed(lambda job=job: world.run(job), 10)  # warm-up
             out[f"{name}_round_trip_ms"] = (
                 statistics.median(_timed(lambda job=job: world.run(job), args.round_trips)) * 1e3
             )
-        floor = FloorWorkers(size)
+        floor = FloorWorkers(size, device)
         try:
             for kind in WORK:
                 method = harness_method(kind)
@@ -358,7 +379,7 @@ def measure(size: int, args: argparse.Namespace) -> dict[str, float]:
                     start = time.perf_counter()
                     floor.run(kind, scenario)
                     floors.append(time.perf_counter() - start)
-                usual = [usual_way(size, kind, s) for s in cases[: args.usual]]
+                usual = [usual_way(size, kind, s, device) for s in cases[: args.usual]]
                 check, bare = statistics.median(checks), statistics.median(floors)
                 out[f"{kind}_check_ms"] = check * 1e3
                 out[f"{kind}_floor_ms"] = bare * 1e3
@@ -371,7 +392,7 @@ def measure(size: int, args: argparse.Namespace) -> dict[str, float]:
     out["controller_peak_rss_mib"] = _peak_rss_mib()
     if args.cli_examples:
         out["cli_check_s"] = statistics.median(
-            cli_check(size, args.cli_examples) for _ in range(args.cli_runs)
+            cli_check(size, args.cli_examples, device) for _ in range(args.cli_runs)
         )
         out["bare_import_torch_s"] = statistics.median(
             bare_import_torch() for _ in range(args.repeats)
@@ -438,8 +459,12 @@ def main() -> None:
     parser.add_argument("--round-trips", type=int, default=200)
     parser.add_argument("--cli-examples", type=int, default=100, help="0 skips the CLI run")
     parser.add_argument("--cli-runs", type=int, default=3, help="CLI runs timed")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--out", type=Path, default=None, help="default results/bench.json")
     args = parser.parse_args()
+    args.out = args.out or DEFAULT_OUT.with_name(
+        "bench.json" if args.device == "cpu" else f"bench_{args.device}.json"
+    )
     results = {n: measure(int(n), args) for n in args.sizes.split(",")}
     print(render(results))
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -450,6 +475,7 @@ def main() -> None:
                 "machine": f"{platform.machine()}, {os.cpu_count()} cores",
                 "python": platform.python_version(),
                 "torch": torch.__version__,
+                "gpu": torch.cuda.get_device_name(0) if args.device == "cuda" else None,
                 "arguments": {k: str(v) for k, v in vars(args).items()},
                 "medians": results,
             },

@@ -30,11 +30,13 @@ _LAZY = {
     "RankError": "ddp_verify.world",
     "WorldStartError": "ddp_verify.world",
     "BackendUnavailable": "ddp_verify.world",
+    "DeviceUnavailable": "ddp_verify.world",
     "JobPicklingError": "ddp_verify.world",
 }
 
 __all__ = [
     "BackendUnavailable",
+    "DeviceUnavailable",
     "EquivalenceError",
     "HarnessError",
     "JobPicklingError",
@@ -60,6 +62,7 @@ if TYPE_CHECKING:
     from .methods.equivalence import HarnessError, assert_equivalent, check_equivalent
     from .world import (
         BackendUnavailable,
+        DeviceUnavailable,
         JobPicklingError,
         RankError,
         World,

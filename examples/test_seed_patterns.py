@@ -14,15 +14,20 @@ from hypothesis import strategies as st
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from ddp_verify.world import rank_device
+
 FEATURES = 5
 
 
 def model_and_data(sizes: list[int]):
-    """The same model on every rank, and every rank's slice of one global batch."""
+    """The same model on every rank, and every rank's slice of one global batch, on the
+    rank's device (its GPU under --ddp-device cuda or nccl: nccl reduces GPU tensors only)."""
     torch.manual_seed(0)
+    device = rank_device()
     model = nn.Sequential(nn.Linear(FEATURES, 4), nn.Tanh(), nn.Linear(4, 1)).double()
-    inputs = torch.randn(sum(sizes), FEATURES, dtype=torch.float64)
-    targets = torch.randn(sum(sizes), 1, dtype=torch.float64)
+    inputs = torch.randn(sum(sizes), FEATURES, dtype=torch.float64).to(device)
+    targets = torch.randn(sum(sizes), 1, dtype=torch.float64).to(device)
+    model = model.to(device)
     start = sum(sizes[: dist.get_rank()])
     mine = slice(start, start + sizes[dist.get_rank()])
     return model, inputs, targets, mine
@@ -46,7 +51,8 @@ def average_gradients(model: nn.Module) -> None:
 
 def weighted_average_gradients(model: nn.Module, num_samples: int) -> None:
     """Sample-weighted: right for uneven batches too."""
-    total = torch.tensor([float(num_samples)], dtype=torch.float64)
+    device = next(model.parameters()).device  # nccl reduces GPU tensors only
+    total = torch.tensor([float(num_samples)], dtype=torch.float64, device=device)
     dist.all_reduce(total)
     for param in model.parameters():
         if param.grad is not None:

@@ -10,6 +10,7 @@ import torch.distributed as dist
 from ..engine.scenario import Scenario
 from ..methods.ddp import DDP
 from ..methods.loop import RankRun
+from ..world.runtime import rank_device
 
 
 def buffers_after_forward(method: DDP, scenario: Scenario) -> tuple[float, ...]:
@@ -40,7 +41,7 @@ def gradients_inside_and_after_no_sync(method: DDP, scenario: Scenario) -> tuple
 
 def _same_on_every_rank(model: torch.nn.Module) -> bool:
     grads = [p.grad.reshape(-1) for p in model.parameters() if p.grad is not None]
-    flat = torch.cat(grads) if grads else torch.zeros(0)
+    flat = torch.cat(grads) if grads else torch.zeros(0, device=rank_device())
     gathered = [torch.empty_like(flat) for _ in range(dist.get_world_size())]
     dist.all_gather(gathered, flat)
     return all(torch.equal(g, gathered[0]) for g in gathered)

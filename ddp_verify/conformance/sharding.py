@@ -11,6 +11,8 @@ from collections import Counter
 import torch
 import torch.distributed as dist
 
+from ..world.runtime import rank_device
+
 
 def sampler_epochs_on_rank(
     length: int, *, shuffle: bool, seed: int, drop_last: bool, epochs: int, set_epoch: bool
@@ -66,10 +68,12 @@ def aggregate_metric_on_rank(sizes: tuple[int, ...], seed: int) -> Aggregates:
     """This rank's shard of :func:`metric_values` (``sizes[rank]`` samples, rank-major), its
     sum and count aggregated four ways, and the mean of the ranks' means."""
     rank = dist.get_rank()
-    values = metric_values(sum(sizes), seed)
+    # On the world's device, as a training loop's metrics are: nccl reduces CUDA tensors only.
+    values = metric_values(sum(sizes), seed).to(rank_device())
     start = sum(sizes[:rank])
     local = values[start : start + sizes[rank]]
-    pair = torch.stack([local.sum(), torch.tensor(float(len(local)), dtype=torch.float64)])
+    count = torch.tensor(float(len(local)), dtype=torch.float64, device=local.device)
+    pair = torch.stack([local.sum(), count])
 
     reduced_all = pair.clone()
     dist.all_reduce(reduced_all)
@@ -81,7 +85,7 @@ def aggregate_metric_on_rank(sizes: tuple[int, ...], seed: int) -> Aggregates:
         [None] * dist.get_world_size() if rank == 0 else None
     )
     dist.gather_object((float(local.sum()), len(local)), collected, dst=0)
-    means = torch.tensor([float(local.mean())], dtype=torch.float64)
+    means = local.mean().reshape(1)
     dist.all_reduce(means)
 
     def mean(pairs: list[tuple[float, int] | None]) -> float:

@@ -78,25 +78,37 @@ class SpecModel(nn.Module):
         return self.head(x)
 
 
+_DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
 def torch_dtype(name: str) -> torch.dtype:
-    return {"float64": torch.float64, "float32": torch.float32}[name]
+    return _DTYPES[name]
 
 
-def build_model(scenario: Scenario, dtype: str | None = None) -> SpecModel:
+def build_model(
+    scenario: Scenario, dtype: str | None = None, device: torch.device | str | None = None
+) -> SpecModel:
     """The scenario's model with its seeded initial weights, in ``dtype`` (default: the
-    scenario's)."""
+    scenario's), on ``device`` (default: the CPU). The weights are drawn on the CPU and then
+    moved, so every device starts from the same numbers.
+
+    Example::
+
+        model = build_model(scenario, device="cuda:0")
+    """
     with torch.random.fork_rng(devices=[]):
         # The CPU generator alone: torch.manual_seed also queues a lazy seeding call for every
         # accelerator API, each recording a stack trace, on every model built.
         torch.default_generator.manual_seed(scenario.seed)
         model = SpecModel(scenario.model)
-    return model.to(torch_dtype(dtype or scenario.dtype))
+    return model.to(device=device, dtype=torch_dtype(dtype or scenario.dtype))
 
 
 def build_data(
-    scenario: Scenario, dtype: str | None = None
+    scenario: Scenario, dtype: str | None = None, device: torch.device | str | None = None
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Each step's global batch ``(inputs, targets)``, the same on every rank and here."""
+    """Each step's global batch ``(inputs, targets)``, the same on every rank and here: drawn
+    on the CPU, then moved to ``device``."""
     generator = torch.Generator().manual_seed(scenario.seed + 1)
     spec, float_type = scenario.model, torch_dtype(dtype or scenario.dtype)
     batches = []
@@ -114,7 +126,7 @@ def build_data(
             targets = torch.randn(n, spec.out_features, generator=generator).to(float_type)
         if inputs.is_floating_point():
             inputs = inputs.to(float_type)
-        batches.append((inputs, targets))
+        batches.append((inputs.to(device), targets.to(device)))
     return batches
 
 

@@ -3,13 +3,18 @@ loss and one optimizer step, float64 unless asked otherwise."""
 
 from __future__ import annotations
 
+import torch
+
 from .scenario import DTYPES, Scenario
 from .trace import Trace
 from .training import Step, train
 
 
-def train_reference(scenario: Scenario, dtype: str | None = None) -> Trace:
-    """The reference trace of ``scenario`` in ``dtype`` (default: the scenario's).
+def train_reference(
+    scenario: Scenario, dtype: str | None = None, device: torch.device | str | None = None
+) -> Trace:
+    """The reference trace of ``scenario`` in ``dtype`` (default: the scenario's), on
+    ``device`` (default: the CPU, where the float64 truth is trained).
 
     Example::
 
@@ -18,7 +23,7 @@ def train_reference(scenario: Scenario, dtype: str | None = None) -> Trace:
     if dtype is not None and dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
     name = "reference" if dtype is None else f"reference({dtype})"
-    return train(scenario, _full_batch, dtype=dtype, name=name)
+    return train(scenario, _full_batch, dtype=dtype, device=device, name=name)
 
 
 def _full_batch(step: Step) -> list[float]:

@@ -13,13 +13,13 @@ ModelKind = Literal["mlp", "conv", "embedding"]
 Activation = Literal["tanh", "relu", "gelu"]
 LossName = Literal["mse", "cross_entropy"]
 OptimizerName = Literal["sgd", "adam", "adamw"]
-DType = Literal["float64", "float32"]
+DType = Literal["float64", "float32", "bfloat16"]
 
 MODEL_KINDS: tuple[ModelKind, ...] = ("mlp", "conv", "embedding")
 ACTIVATIONS: tuple[Activation, ...] = ("tanh", "relu", "gelu")
 LOSSES: tuple[LossName, ...] = ("mse", "cross_entropy")
 OPTIMIZERS: tuple[OptimizerName, ...] = ("sgd", "adam", "adamw")
-DTYPES: tuple[DType, ...] = ("float64", "float32")
+DTYPES: tuple[DType, ...] = ("float64", "float32", "bfloat16")
 
 # step -> rank -> micro-batch sizes
 Schedule = tuple[tuple[tuple[int, ...], ...], ...]

@@ -76,10 +76,12 @@ def train(
     backward: Backward,
     *,
     dtype: str | None = None,
+    device: torch.device | str | None = None,
     replicas: int = 1,
     name: str = "simulation",
 ) -> Trace:
-    """Train ``scenario`` on this process; ``backward`` says how each step's gradients form.
+    """Train ``scenario`` on this process (on ``device``, default the CPU); ``backward`` says
+    how each step's gradients form.
 
     Example (the reference: the mean loss over the whole global batch)::
 
@@ -91,11 +93,11 @@ def train(
         trace = train(scenario, full_batch, name="reference")
     """
     with one_thread():
-        models = [build_model(scenario, dtype) for _ in range(replicas)]
+        models = [build_model(scenario, dtype, device) for _ in range(replicas)]
         optimizers = [build_optimizer(scenario.optimizer, m.parameters()) for m in models]
         loss_fn = loss_function(scenario)
         records = [RankTrace() for _ in models]
-        for index, (inputs, targets) in enumerate(build_data(scenario, dtype)):
+        for index, (inputs, targets) in enumerate(build_data(scenario, dtype, device)):
             for optimizer in optimizers:
                 optimizer.zero_grad(set_to_none=True)
             step = Step(scenario, index, inputs, targets, models, optimizers, loss_fn)

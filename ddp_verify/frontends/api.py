@@ -13,9 +13,11 @@ from typing import Any
 from ..usercode.kinds import check_signature
 from ..usercode.search import Progress, Verdict, search
 from ..world import WorldPool
+from ..world.backends import check_device, require_devices
 from .verifying import VerifyingWorld
 
-_pool: WorldPool | None = None
+# One pool per way of starting worlds (backend, device, TF32), each world kept for the process.
+_pools: dict[tuple[str, str | None, bool], WorldPool] = {}
 
 
 def check(
@@ -26,6 +28,9 @@ def check(
     max_examples: int = 100,
     seed: int | None = None,
     timeout: float = 60.0,
+    backend: str = "gloo",
+    device: str | None = None,
+    allow_tf32: bool = False,
     progress: Progress | None = None,
     world: VerifyingWorld | None = None,
     **scenario_bounds: Any,
@@ -51,7 +56,9 @@ def check(
     __tracebackhide__ = True
     check_signature(fn, kind)  # before a world is started for code that cannot run
     if world is None:
-        world = _world(world_size, timeout)
+        device = check_device(backend, device)
+        require_devices(backend, world_size, device)
+        world = _world(world_size, timeout, backend, device, allow_tf32)
     return search(
         fn,
         kind=kind,
@@ -63,11 +70,18 @@ def check(
     )
 
 
-def _world(size: int, timeout: float) -> VerifyingWorld:
-    global _pool
-    if _pool is None:
-        _pool = WorldPool(VerifyingWorld, timeout=timeout)
-        atexit.register(_pool.close)
-    world = _pool.get(size)
+def _world(
+    size: int, timeout: float, backend: str, device: str, allow_tf32: bool
+) -> VerifyingWorld:
+    key = (backend, device, allow_tf32)
+    pool = _pools.get(key)
+    if pool is None:
+        pool = _pools[key] = WorldPool(
+            VerifyingWorld, timeout=timeout, backend=backend, device=device, allow_tf32=allow_tf32
+        )
+        atexit.register(pool.close)
+    for known in pool.worlds():
+        known.retry_start()  # a new check tries a world that failed to start once more
+    world = pool.get(size)
     world.timeout = timeout
     return world  # type: ignore[return-value]

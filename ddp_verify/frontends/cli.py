@@ -1,16 +1,19 @@
 """``ddp-verify``: check aggregation code from the command line.
 
     ddp-verify check PATH.py:FUNCTION --kind KIND [--world-size N] [--max-examples N]
-        [--seed N] [--dtype float64|float32] [--even-batches] [--max-micro-batches N]
-        [--max-steps N] [--micro-batch-counts same|varied] [--timeout S] [--json]
+        [--seed N] [--dtype float64|float32|bfloat16] [--even-batches] [--max-micro-batches N]
+        [--max-steps N] [--micro-batch-counts same|varied] [--backend gloo|nccl]
+        [--device cpu|cuda] [--allow-tf32] [--timeout S] [--json]
 
     ddp-verify conformance [--world-size N] [--ddp-wrapper MODULE:CALLABLE] [--examples N]
-        [--backend gloo|nccl] [--timeout S] [-- PYTEST ARGS...]
+        [--backend gloo|nccl] [--device cpu|cuda] [--allow-tf32] [--timeout S]
+        [-- PYTEST ARGS...]
 
 check exits 0: no counterexample. 1: a counterexample, or the code raised, crashed a rank or
 hung. 2: a usage error (bad arguments, path or function; a signature or a result the kind
-cannot take). 3: the harness or the machine failed (a world could not start, the backend is
-unavailable, an internal error). With ``--json`` it prints one JSON document in every case.
+cannot take; --device cuda, or nccl's one GPU per rank, where the GPUs are not there). 3: the
+harness or the machine failed (a world could not start, the backend is unavailable, an internal
+error). With ``--json`` it prints one JSON document in every case.
 conformance: runs ``pytest --pyargs ddp_verify.conformance`` with these options and exits as
 pytest does (0 all passed, 1 some failed, ...).
 """
@@ -32,7 +35,9 @@ from typing import Any, NoReturn
 # torch warns at import when numpy is missing; ddp_verify needs none (tests/adapters/test_cli.py).
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
 
+from ..engine.scenario import DTYPES  # noqa: E402
 from ..usercode.kinds import KINDS, SIGNATURES, KindError, check_signature  # noqa: E402
+from ..world.backends import BACKENDS, DEVICES  # noqa: E402
 from .options import parse_timeout  # noqa: E402
 
 EXIT_EQUIVALENT, EXIT_NOT_EQUIVALENT, EXIT_USAGE, EXIT_HARNESS = 0, 1, 2, 3
@@ -68,12 +73,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         if extra:
             raise UsageError(f"unrecognized arguments: {' '.join(extra)}")
         path, name = parse_target(args.target)
+        args.device = _devices_here(args.backend, args.device, args.world_size)
     except UsageError as exc:
         return _finish(wants_json, EXIT_USAGE, f"ddp-verify: error: {exc}")
     # The arguments hold: the ranks' fork server imports torch while this process imports
     # the user's file (and torch with it).
-    _prestart(args.world_size)
-    outcome = {"target": args.target, "kind": args.kind, "world_size": args.world_size}
+    _prestart(args)
+    outcome = {
+        "target": args.target,
+        "kind": args.kind,
+        "world_size": args.world_size,
+        "device": args.device,
+    }
     try:
         fn = load_function(path, name)
         check_signature(fn, args.kind)
@@ -82,13 +93,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     return _run_check(args, fn, outcome)
 
 
-def _prestart(world_size: int) -> None:
+def _devices_here(backend: str, device: str | None, world_size: int) -> str:
+    """The device the check trains on, once this machine can hold it: asking for GPUs that
+    are not here is a usage error, said before anything starts (never a wait)."""
+    from ..world import DeviceUnavailable
+    from ..world.backends import check_device, require_devices
+
+    try:
+        device = check_device(backend, device)
+        require_devices(backend, world_size, device)
+    except (ValueError, DeviceUnavailable) as exc:
+        raise UsageError(str(exc)) from None
+    return device
+
+
+def _prestart(args: argparse.Namespace) -> None:
     """Have the ranks' fork server import torch while this process imports the user's file
     and torch itself: on a small machine that halves the wait for the first example."""
     from ..world import World
     from .verifying import RANK_PRELOAD
 
-    World(world_size, preload=RANK_PRELOAD).prestart()
+    World(args.world_size, preload=RANK_PRELOAD, **_world_options(args)).prestart()
+
+
+def _world_options(args: argparse.Namespace) -> dict[str, Any]:
+    return {"backend": args.backend, "device": args.device, "allow_tf32": args.allow_tf32}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -109,7 +138,7 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("--world-size", type=_positive, default=4)
     check.add_argument("--max-examples", type=_positive, default=100)
     check.add_argument("--seed", type=int, default=None)
-    check.add_argument("--dtype", choices=("float64", "float32"), default=None)
+    check.add_argument("--dtype", choices=DTYPES, default=None)
     check.add_argument("--even-batches", action="store_true")
     check.add_argument("--max-micro-batches", type=_positive, default=3)
     check.add_argument("--max-steps", type=_positive, default=3)
@@ -120,6 +149,7 @@ def _parser() -> argparse.ArgumentParser:
         help="whether every rank of a step holds as many micro-batches (default: same for "
         "--kind step, whose loop owns accumulation; varied for the other kinds)",
     )
+    _add_device_options(check)
     check.add_argument(
         "--timeout", type=_positive_seconds, default=60.0, help="seconds per example"
     )
@@ -135,9 +165,33 @@ def _parser() -> argparse.ArgumentParser:
     conformance.add_argument(
         "--examples", type=_positive, default=None, help="scenarios per property"
     )
-    conformance.add_argument("--backend", choices=("gloo", "nccl"), default=None)
+    _add_device_options(conformance, backend_default=None)
     conformance.add_argument("--timeout", default=None, help="seconds per job on the ranks")
     return parser
+
+
+def _add_device_options(
+    parser: argparse.ArgumentParser, backend_default: str | None = "gloo"
+) -> None:
+    parser.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        default=backend_default,
+        help="process group backend (nccl needs one GPU per rank); default gloo",
+    )
+    parser.add_argument(
+        "--device",
+        choices=DEVICES,
+        default=None,
+        help="where the ranks train: cpu, or cuda (cuda:rank, shared round-robin when gloo "
+        "runs more ranks than there are GPUs); default cuda for nccl, cpu for gloo",
+    )
+    parser.add_argument(
+        "--allow-tf32",
+        action="store_true",
+        help="let CUDA float32 matmuls and convolutions use TF32 (float32's tolerance is then "
+        "measured with TF32 on)",
+    )
 
 
 def conformance_args(args: argparse.Namespace, extra: Sequence[str]) -> list[str]:
@@ -153,10 +207,13 @@ def conformance_args(args: argparse.Namespace, extra: Sequence[str]) -> list[str
         ("--ddp-wrapper", args.ddp_wrapper),
         ("--conformance-examples", args.examples),
         ("--ddp-backend", args.backend),
+        ("--ddp-device", args.device),
         ("--ddp-timeout", args.timeout),
     ):
         if value is not None:
             command += [flag, str(value)]
+    if args.allow_tf32:
+        command.append("--ddp-allow-tf32")
     return command + [a for a in extra if a != "--"]
 
 
@@ -226,7 +283,7 @@ def load_function(path: Path, name: str) -> Callable[..., Any]:
 def _run_check(args: argparse.Namespace, fn: Callable[..., Any], outcome: dict[str, Any]) -> int:
     from ..engine.outcome import EquivalenceError
     from ..methods.equivalence import HarnessError
-    from ..world import JobPicklingError, WorldError
+    from ..world import DeviceUnavailable, JobPicklingError, WorldError
     from .api import check
 
     bounds: dict[str, Any] = {
@@ -249,6 +306,7 @@ def _run_check(args: argparse.Namespace, fn: Callable[..., Any], outcome: dict[s
             seed=args.seed,
             timeout=args.timeout,
             progress=progress,
+            **_world_options(args),
             **bounds,
         )
     except EquivalenceError as exc:
@@ -262,8 +320,9 @@ def _run_check(args: argparse.Namespace, fn: Callable[..., Any], outcome: dict[s
             cause=exc.cause,
             reproducer=exc.reproducer,
         )
-    except (KindError, JobPicklingError) as exc:
-        # The code cannot be used as this kind (what it returned), or cannot be sent to ranks.
+    except (KindError, JobPicklingError, DeviceUnavailable) as exc:
+        # The code cannot be used as this kind (what it returned), or cannot be sent to ranks;
+        # or the GPUs asked for went away after the first look.
         return _finish(args.json, EXIT_USAGE, f"ddp-verify: error: {exc}", **outcome)
     except (WorldError, HarnessError) as exc:
         # A world that could not start, a backend that is not there, the reference's process
@@ -289,6 +348,7 @@ def _finish(
     target: str | None = None,
     kind: str | None = None,
     world_size: int | None = None,
+    device: str | None = None,
     started: float | None = None,
     examples: int | None = None,
     scenario: Any = None,
@@ -304,6 +364,7 @@ def _finish(
                     "target": target,
                     "kind": kind,
                     "world_size": world_size,
+                    "device": device,
                     "examples": examples,
                     "scenario": repr(scenario) if scenario is not None else None,
                     "likely_cause": cause,

@@ -10,11 +10,14 @@ import dataclasses
 import os
 from typing import Any
 
-from ..world.backends import BACKENDS
+from ..world.backends import BACKENDS, DEVICES, check_device
 
 WORLD_SIZE_ENV = "DDP_VERIFY_WORLD_SIZE"
+DEVICE_ENV = "DDP_VERIFY_DEVICE"
 DEFAULT_WORLD_SIZE = 2
 DEFAULT_TIMEOUT_S = 60.0
+# How long the ranks of a world may take to join: a torch import, an NCCL communicator.
+DEFAULT_START_TIMEOUT_S = 120.0
 # Scenarios per property of the conformance suite: a few seconds per property at world size 4
 # on two cores; CI that gates a release raises it.
 DEFAULT_CONFORMANCE_EXAMPLES = 10
@@ -22,18 +25,33 @@ DEFAULT_CONFORMANCE_EXAMPLES = 10
 
 @dataclasses.dataclass(frozen=True)
 class WorldOptions:
-    """How worlds are started: sizes to run at, backend, per-job timeout, debug mode."""
+    """How worlds are started: sizes to run at, backend, device, TF32, time-outs, debug mode.
+    ``device`` None means the backend's default (cuda for nccl, cpu for gloo)."""
 
     world_sizes: tuple[int, ...] = (DEFAULT_WORLD_SIZE,)
     backend: str = "gloo"
+    device: str | None = None
+    allow_tf32: bool = False
     timeout: float = DEFAULT_TIMEOUT_S
+    start_timeout: float = DEFAULT_START_TIMEOUT_S
     debug: bool = False
     wrapper: str | None = None
     conformance_examples: int = DEFAULT_CONFORMANCE_EXAMPLES
 
+    def __post_init__(self) -> None:
+        # nccl with device cpu is refused here, with the words every front end shows.
+        object.__setattr__(self, "device", check_device(self.backend, self.device))
+
     def world_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for :class:`ddp_verify.world.World` and ``WorldPool``."""
-        return {"backend": self.backend, "timeout": self.timeout, "debug": self.debug}
+        return {
+            "backend": self.backend,
+            "device": self.device,
+            "allow_tf32": self.allow_tf32,
+            "timeout": self.timeout,
+            "start_timeout": self.start_timeout,
+            "debug": self.debug,
+        }
 
 
 def parse_world_sizes(text: str | int, *, source: str = "--world-size") -> tuple[int, ...]:
@@ -75,6 +93,25 @@ def parse_backend(text: str, *, source: str = "--ddp-backend") -> str:
     if text not in BACKENDS:
         raise ValueError(f"{source} expects one of {', '.join(BACKENDS)}, got {text!r}")
     return text
+
+
+def parse_device(text: str, *, source: str = "--ddp-device") -> str:
+    """``cpu`` or ``cuda``; a ``ValueError`` that names ``source`` otherwise.
+
+    Example::
+
+        >>> parse_device("cuda")
+        'cuda'
+    """
+    value = str(text).strip().lower()
+    if value not in DEVICES:
+        raise ValueError(f"{source} expects one of {', '.join(DEVICES)}, got {text!r}")
+    return value
+
+
+def device_from_env() -> str | None:
+    """The ``DDP_VERIFY_DEVICE`` environment variable, when set and not empty."""
+    return os.environ.get(DEVICE_ENV) or None
 
 
 def parse_wrapper(text: str, *, source: str = "--ddp-wrapper") -> str:

@@ -49,6 +49,31 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="process group backend: gloo (CPU) or nccl (one GPU per rank); default gloo",
     )
     group.addoption(
+        "--ddp-device",
+        dest="ddp_device",
+        default=None,
+        choices=opts.DEVICES,
+        help="where the ranks train: cpu, or cuda (cuda:rank, GPUs shared round-robin when "
+        f"gloo runs more ranks than GPUs); default cuda for nccl, cpu for gloo (ini "
+        f"ddp_device, env {opts.DEVICE_ENV})",
+    )
+    group.addoption(
+        "--ddp-allow-tf32",
+        dest="ddp_allow_tf32",
+        action="store_true",
+        default=None,
+        help="let CUDA float32 matmuls and convolutions use TF32 in the ranks (off by default; "
+        "float32's tolerance is then measured with TF32 on) (ini ddp_allow_tf32)",
+    )
+    group.addoption(
+        "--ddp-start-timeout",
+        dest="ddp_start_timeout",
+        metavar="SECONDS",
+        default=None,
+        help="seconds the ranks of a world may take to join before the start fails with "
+        f"where each rank was (ini ddp_start_timeout; default {opts.DEFAULT_START_TIMEOUT_S:g})",
+    )
+    group.addoption(
         "--ddp-timeout",
         dest="ddp_timeout",
         metavar="SECONDS",
@@ -85,6 +110,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addini("ddp_conformance_examples", "scenarios per conformance property", default=None)
     parser.addini("ddp_world_size", "ranks per world, or a comma-separated list", default=None)
     parser.addini("ddp_backend", "process group backend: gloo or nccl", default=None)
+    parser.addini("ddp_device", "where the ranks train: cpu or cuda", default=None)
+    parser.addini("ddp_allow_tf32", "let CUDA float32 use TF32 in the ranks", type="bool")
+    parser.addini("ddp_start_timeout", "seconds a world's ranks may take to join", default=None)
     parser.addini("ddp_timeout", "seconds a job may run on the ranks", default=None)
     parser.addini("ddp_debug", "set TORCH_DISTRIBUTED_DEBUG=DETAIL in the ranks", type="bool")
 
@@ -115,7 +143,14 @@ def _resolve_options(config: pytest.Config) -> opts.WorldOptions:
         return first((flag, config.getoption(name)), (f"ini {name}", config.getini(name)))
 
     backend = option_then_ini("--ddp-backend", "ddp_backend")
+    device = first(
+        ("--ddp-device", config.getoption("ddp_device")),
+        (opts.DEVICE_ENV, opts.device_from_env()),
+        ("ini ddp_device", config.getini("ddp_device")),
+    )
     timeout = option_then_ini("--ddp-timeout", "ddp_timeout")
+    start_timeout = option_then_ini("--ddp-start-timeout", "ddp_start_timeout")
+    allow_tf32 = config.getoption("ddp_allow_tf32") or config.getini("ddp_allow_tf32")
     debug = config.getoption("ddp_debug") or config.getini("ddp_debug")
     wrapper = option_then_ini("--ddp-wrapper", "ddp_wrapper")
     examples = option_then_ini("--conformance-examples", "ddp_conformance_examples")
@@ -128,10 +163,17 @@ def _resolve_options(config: pytest.Config) -> opts.WorldOptions:
                 else defaults.world_sizes
             ),
             backend=opts.parse_backend(backend[1], source=backend[0]) if backend[1] else "gloo",
+            device=opts.parse_device(device[1], source=device[0]) if device[1] else None,
+            allow_tf32=bool(allow_tf32),
             timeout=(
                 opts.parse_timeout(timeout[1], source=timeout[0])
                 if timeout[1]
                 else defaults.timeout
+            ),
+            start_timeout=(
+                opts.parse_timeout(start_timeout[1], source=start_timeout[0])
+                if start_timeout[1]
+                else defaults.start_timeout
             ),
             debug=bool(debug),
             wrapper=opts.parse_wrapper(wrapper[1], source=wrapper[0]) if wrapper[1] else None,
@@ -165,8 +207,23 @@ def pytest_report_header(config: pytest.Config) -> str:
     wrapper = f", DDP wrapper {options.wrapper}" if options.wrapper else ""
     return (
         f"ddp_verify: world size{plural} {sizes}, backend {options.backend}, "
-        f"timeout {options.timeout:g} s{debug}{wrapper}, torch {torch_version}"
+        f"device {_placement(options)}, timeout {options.timeout:g} s{debug}{wrapper}, "
+        f"torch {torch_version}"
     )
+
+
+def _placement(options: opts.WorldOptions) -> str:
+    """``cpu``, or how the ranks sit on the GPUs this machine shows (torch is imported only
+    for cuda, whose tests need it anyway)."""
+    if options.device != "cuda":
+        return str(options.device)
+    from ..world.backends import placement, visible_gpus
+
+    gpus = visible_gpus()
+    if gpus == 0:
+        return "cuda (no GPU visible: distributed tests skip)"
+    tf32 = ", TF32 allowed" if options.allow_tf32 else ""
+    return "; ".join(placement(n, "cuda", gpus) for n in options.world_sizes) + tf32
 
 
 def _pool(config: pytest.Config) -> WorldPool:
@@ -282,6 +339,11 @@ class _RankPlaceholder:
 def _ddp_verify_distributed(request: pytest.FixtureRequest, world_size: int) -> None:
     # Autouse so that world_size is known to every test and distributed tests can be
     # parametrized over sizes without naming a fixture; a no-op for other tests.
+    pool = request.config.stash.get(_pool_key, None)
+    for started in pool.worlds() if pool is not None else []:
+        # A start that failed in an earlier test is tried once more in this one (and within
+        # a test, re-raised at once rather than waited out again).
+        started.retry_start()
     if request.node.get_closest_marker(_MARKER) is not None:
         request.node.stash[_item_world_key] = request.getfixturevalue("world")
 

@@ -17,7 +17,14 @@ from ..engine.compare import compare
 from ..engine.outcome import EquivalenceError, Outcome
 from ..engine.reference import train_reference
 from ..engine.scenario import Scenario
-from ..engine.tolerances import Float32Tolerance, Float64Tolerance, Tolerance
+from ..engine.tolerances import (
+    BRANCHING_VARIANTS,
+    FLOAT32_VARIANTS,
+    Float64Tolerance,
+    MeasuredTolerance,
+    Tolerance,
+    rounding_may_branch,
+)
 from ..engine.trace import Trace
 from ..world import RankError, World
 from .base import DistributedMethod, Method, train_on_rank
@@ -62,15 +69,30 @@ def check_equivalent(
     tolerance = tolerance or derived
     assert tolerance is not None
     mismatch = compare(reference, got, scenario, tolerance)
+    if mismatch is not None and derived is not None and rounding_may_branch(scenario):
+        # A rare rounding branch, not a divergence, until more runs say otherwise.
+        try:
+            _, tolerance = _truth(world, scenario, True, variants=BRANCHING_VARIANTS)
+        except RankError as exc:
+            raise HarnessError(f"the tolerance could not be measured again:\n{exc}") from exc
+        assert tolerance is not None
+        mismatch = compare(reference, got, scenario, tolerance)
     return Outcome(method.name, scenario, reference, got, mismatch, tolerance)
 
 
 def reference_and_tolerance(
-    scenario: Scenario, derive_tolerance: bool = True
+    scenario: Scenario,
+    derive_tolerance: bool = True,
+    *,
+    device: str = "cpu",
+    tf32: bool = False,
+    variants: int = FLOAT32_VARIANTS,
 ) -> tuple[Trace, Tolerance | None]:
-    """The float64 reference trace of ``scenario`` and, if asked, the tolerance its dtype
-    calls for (float32's is measured by training float32 runs: see
-    :mod:`ddp_verify.engine.tolerances`).
+    """The float64 reference trace of ``scenario`` (trained on the CPU: the truth is the same
+    whatever device the ranks use) and, if asked, the tolerance its dtype calls for: float32's
+    and bfloat16's are measured by training runs in that dtype on ``device``, the ranks' kind of
+    device, with TF32 as the ranks have it, on ``variants`` reordered runs beside the rounded
+    reference (see :mod:`ddp_verify.engine.tolerances`).
 
     Example::
 
@@ -81,16 +103,23 @@ def reference_and_tolerance(
         return reference, None
     if scenario.dtype == "float64":
         return reference, Float64Tolerance()
-    return reference, Float32Tolerance.derive(scenario, reference)
+    return reference, MeasuredTolerance.derive(
+        scenario, reference, device=device, tf32=tf32, variants=variants
+    )
 
 
 def _truth(
-    world: World | None, scenario: Scenario, derive_tolerance: bool
+    world: World | None,
+    scenario: Scenario,
+    derive_tolerance: bool,
+    variants: int = FLOAT32_VARIANTS,
 ) -> tuple[Trace, Tolerance | None]:
     if world is None:
-        return reference_and_tolerance(scenario, derive_tolerance)
+        return reference_and_tolerance(scenario, derive_tolerance, variants=variants)
+    # The helper process runs on the ranks' kind of device: its current GPU when it has one.
+    options = {"device": world.device, "tf32": world.allow_tf32, "variants": variants}
     return world.helper.run_job(
-        reference_and_tolerance, (scenario, derive_tolerance), name="the reference"
+        reference_and_tolerance, (scenario, derive_tolerance), options, name="the reference"
     )[0]
 
 

@@ -20,6 +20,7 @@ from ..engine.models import (
 )
 from ..engine.scenario import Scenario
 from ..engine.trace import RankTrace, gradients, parameters
+from ..world.runtime import rank_device
 
 
 class RankRun:
@@ -37,9 +38,12 @@ class RankRun:
         self.scenario = scenario
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
-        self.model = model if model is not None else build_model(scenario)
+        # The world's device for this rank (cuda:N on GPUs): the model, every batch and every
+        # tensor a user's code receives live there.
+        self.device = rank_device()
+        self.model = model if model is not None else build_model(scenario, device=self.device)
         self.loss_fn = loss_function(scenario)
-        self.data = build_data(scenario)
+        self.data = build_data(scenario, device=self.device)
         self.trace = RankTrace()
 
     def optimizer(self, params: object = None) -> torch.optim.Optimizer:
@@ -58,12 +62,17 @@ class RankRun:
         """Backward of this rank's mean loss over its micro-batches of ``step`` (each weighted
         by its share of the rank's samples); returns the sum of per-sample losses, float64."""
         n = self.local_samples(step)
-        local_sum = torch.zeros((), dtype=torch.float64)
+        local_sum = self.zero()
         for inputs, targets in self.micro_batches(step):
             loss = self.loss_fn(self.model(inputs), targets)
             (loss * (len(inputs) / n)).backward()
             local_sum += loss.detach().double() * len(inputs)
         return local_sum
+
+    def zero(self) -> torch.Tensor:
+        """A float64 zero on this rank's device, to sum losses into (nccl reduces CUDA
+        tensors only)."""
+        return torch.zeros((), dtype=torch.float64, device=self.device)
 
     def local_samples(self, step: int) -> int:
         return self.scenario.samples(step)[self.rank]
@@ -109,7 +118,7 @@ def train_data_parallel(
         optimizer.zero_grad(set_to_none=True)
         weight = run.world_size / run.global_samples(step)
         batches = run.micro_batches(step)
-        local_sum = torch.zeros((), dtype=torch.float64)
+        local_sum = run.zero()
         pending: torch.Tensor | None = None
         for j, (inputs, targets) in enumerate(batches):
             last = j == len(batches) - 1

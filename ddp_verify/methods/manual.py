@@ -7,6 +7,7 @@ import torch.distributed as dist
 
 from ..engine.scenario import Scenario
 from ..engine.trace import RankTrace
+from ..world.runtime import rank_device
 from .base import DistributedMethod
 from .loop import RankRun, train_local_then_sync
 
@@ -54,7 +55,8 @@ def all_reduce_weighted(
     pieces = [p.grad.reshape(-1) for p in with_grad]  # type: ignore[union-attr]
     if loss is not None:
         pieces.append(loss.to(dtype).reshape(1))
-    flat = torch.cat(pieces) if pieces else torch.zeros(0, dtype=dtype)
+    # On the gradients' device: nccl reduces CUDA tensors only.
+    flat = torch.cat(pieces) if pieces else torch.zeros(0, dtype=dtype, device=rank_device())
     flat.mul_(scale)
     dist.all_reduce(flat)
     flat.div_(divisor)

@@ -18,10 +18,12 @@ from ..engine.trace import Trace
 from .mistakes import Mistake, applies, candidates, simulate
 
 # Loose on purpose: a simulated mistake need only be told apart from the other mistakes,
-# which differ by far more; float32 runs are matched against float64 simulations.
+# which differ by far more; float32 and bfloat16 runs are matched against float64
+# simulations, bfloat16's at about ten of its roundings (2^-8 each) per value.
 _MATCH = {
     "float64": Float64Tolerance(rtol=1e-5, atol=1e-7),
     "float32": Float64Tolerance(1e-3, 1e-5),
+    "bfloat16": Float64Tolerance(4e-2, 4e-3),
 }
 
 

@@ -52,6 +52,8 @@ from ddp_verify.engine.trace import Trace
 
 SCENARIO = {scenario!r}
 KIND = {kind!r}
+# Where the ranks train: "cuda" puts rank r on GPU r % (visible GPUs), as the check did.
+DEVICE = {device!r}
 
 
 def load_function():
@@ -60,6 +62,14 @@ def load_function():
 
 def train(rank, port, results):
     torch.set_num_threads(1)
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    if DEVICE == "cuda":
+        from ddp_verify.world.runtime import set_rank_device
+
+        gpu = rank % torch.cuda.device_count()
+        torch.cuda.set_device(gpu)
+        set_rank_device(f"cuda:{{gpu}}")
+    # gloo reduces CPU and CUDA tensors alike, for any number of ranks per GPU.
     dist.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{{port}}", rank=rank,
         world_size=SCENARIO.world_size,
@@ -120,9 +130,15 @@ if __name__ == "__main__":
 
 
 def write_reproducer(
-    fn: Callable[..., Any], kind: str, scenario: Scenario, directory: Path | None = None
+    fn: Callable[..., Any],
+    kind: str,
+    scenario: Scenario,
+    directory: Path | None = None,
+    *,
+    device: str = "cpu",
 ) -> Path:
-    """Write the script for ``fn`` on ``scenario``; return its path.
+    """Write the script for ``fn`` on ``scenario``, its ranks training on ``device``; return
+    its path.
 
     Example::
 
@@ -130,7 +146,7 @@ def write_reproducer(
         # python path  ->  exits 1 while average_gradients is wrong on that scenario
     """
     name = getattr(fn, "__qualname__", type(fn).__name__)
-    digest = hashlib.sha1(f"{kind}{name}{scenario!r}".encode()).hexdigest()[:8]
+    digest = hashlib.sha1(f"{kind}{name}{scenario!r}{device}".encode()).hexdigest()[:8]
     directory = directory or DEFAULT_DIRECTORY
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{_slug(name)}-{digest}.py"
@@ -141,6 +157,7 @@ def write_reproducer(
             filename=path.name,
             description=scenario.describe().replace("\n", "\n    "),
             scenario=scenario,
+            device=device,
             loader=_loader(fn),
         )
     )

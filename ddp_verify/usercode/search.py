@@ -18,7 +18,7 @@ from ..engine.outcome import EquivalenceError
 from ..engine.scenario import Scenario
 from ..engine.strategies import scenarios
 from ..methods.equivalence import HarnessError, assert_equivalent
-from ..world import FailureKind, RankError, World
+from ..world import FailureKind, RankError, World, WorldError
 from .adapters import DEFAULT_BOUNDS, KindError, adapt
 from .diagnose import failure_cause, likely_cause
 from .reproducer import write_reproducer
@@ -57,7 +57,7 @@ class _HarnessFailed(BaseException):
     """Raised from inside the search to stop it at once: the harness failed (the reference's
     process, say); hypothesis must not shrink what is not the code's failure."""
 
-    def __init__(self, error: HarnessError) -> None:
+    def __init__(self, error: HarnessError | WorldError) -> None:
         self.error = error
 
 
@@ -123,7 +123,9 @@ def search(
             raise
         except RankError as error:
             raise _CodeFailed(scenario, error) from None
-        except HarnessError as error:
+        except (HarnessError, WorldError) as error:
+            # A world that cannot start fails every example the same way: stop at once
+            # rather than let hypothesis shrink it (each try would wait out a start).
             raise _HarnessFailed(error) from None
 
     if seed is not None:
@@ -185,7 +187,7 @@ def _explained(
         # The counterexample stands; only its explanation is missing.
         cause = f"not found: the diagnosis failed ({str(exc).splitlines()[0]})"
     try:
-        script = str(write_reproducer(fn, kind, outcome.scenario))
+        script = str(write_reproducer(fn, kind, outcome.scenario, device=world.device))
     except OSError as exc:
         script = f"(could not be written: {exc})"
     explained = EquivalenceError(

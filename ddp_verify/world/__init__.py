@@ -10,6 +10,7 @@ Usable without pytest::
 
 from .errors import (
     BackendUnavailable,
+    DeviceUnavailable,
     FailureKind,
     JobPicklingError,
     RankError,
@@ -18,10 +19,12 @@ from .errors import (
     WorldStartError,
 )
 from .pool import WorldPool
+from .runtime import rank_device
 from .world import World
 
 __all__ = [
     "BackendUnavailable",
+    "DeviceUnavailable",
     "FailureKind",
     "JobPicklingError",
     "RankError",
@@ -30,4 +33,5 @@ __all__ = [
     "WorldError",
     "WorldPool",
     "WorldStartError",
+    "rank_device",
 ]

@@ -32,6 +32,11 @@ class BackendUnavailable(WorldError):
     """The requested backend cannot run a world of this size here (e.g. nccl without GPUs)."""
 
 
+class DeviceUnavailable(BackendUnavailable):
+    """The world asks for GPUs this machine does not show (``device="cuda"`` with none visible,
+    or nccl with fewer GPUs than ranks): the request, not the machine, must change."""
+
+
 class JobPicklingError(WorldError, TypeError):
     """A job, one of its arguments or one rank's result could not be pickled."""
 

@@ -56,6 +56,10 @@ class Launch:
     preload: tuple[str, ...] = ()
     # False for a helper process: no store, no process group.
     process_group: bool = True
+    # "cpu" or "cuda": where the rank trains (its GPU is rank % visible GPUs).
+    device: str = "cpu"
+    # TF32 matmuls and convolutions on CUDA: off unless the world asks for them.
+    allow_tf32: bool = False
 
 
 @dataclasses.dataclass
@@ -95,7 +99,7 @@ def dump_job(
     modules = [*by_value, *modules_ranks_cannot_import(fn)]
     with pickled_by_value(modules):
         try:
-            return cloudpickle.dumps((fn, tuple(args), dict(kwargs)), protocol=5)
+            return dumps((fn, tuple(args), dict(kwargs)))
         except Exception as exc:
             raise JobPicklingError(_locate_unpicklable(fn, args, kwargs, exc)) from exc
 
@@ -118,7 +122,7 @@ class Shipped:
     def __init__(self, obj: Any, *, by_value: Sequence[types.ModuleType] = ()) -> None:
         with pickled_by_value(list(by_value)):
             try:
-                self.data = cloudpickle.dumps(obj, protocol=5)
+                self.data = dumps(obj)
             except Exception as exc:
                 raise JobPicklingError(
                     f"{type(obj).__name__} {obj!r} cannot be pickled: {type(exc).__name__}: "
@@ -151,7 +155,32 @@ def load_job(payload: bytes) -> tuple[Callable[..., Any], tuple[Any, ...], dict[
 
 
 def dump_result(value: Any) -> bytes:
-    return cloudpickle.dumps(value, protocol=5)
+    return dumps(value)
+
+
+def dumps(obj: Any) -> bytes:
+    """``cloudpickle.dumps``, also for modules of a subclass of the module type (see
+    :class:`_Pickler`)."""
+    buffer = io.BytesIO()
+    _Pickler(buffer, protocol=5).dump(obj)
+    return buffer.getvalue()
+
+
+class _Pickler(cloudpickle.Pickler):
+    """cloudpickle, plus modules that replace themselves in ``sys.modules`` with an instance
+    of a ``ModuleType`` subclass (``torch.backends.cudnn`` is a ``CudnnModule``): cloudpickle
+    pickles plain modules by name but refuses these, so a test that reads
+    ``torch.backends.cudnn.allow_tf32`` could not be sent to the ranks. They are imported by
+    name on the other side, as plain modules are."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        if (
+            isinstance(obj, types.ModuleType)
+            and type(obj) is not types.ModuleType
+            and sys.modules.get(obj.__name__) is obj
+        ):
+            return importlib.import_module, (obj.__name__,)
+        return super().reducer_override(obj)
 
 
 def load_result(payload: bytes) -> Any:
@@ -170,7 +199,7 @@ def dump_exception(exc: BaseException) -> bytes | None:
     return data
 
 
-class _ExceptionPickler(cloudpickle.Pickler):
+class _ExceptionPickler(_Pickler):
     """Pickles exception classes that hide their module by reference to where they live.
 
     pytest's Skipped and XFailed say ``__module__ = "builtins"``; cloudpickle would rebuild them

@@ -20,7 +20,7 @@ import warnings
 from multiprocessing.connection import Connection
 from typing import Any
 
-from . import protocol
+from . import protocol, runtime
 from .errors import FailureKind
 
 # Frames of this module above the user's job in a traceback: _run_job.
@@ -67,6 +67,7 @@ class _Member:
         for module in launch.preload:
             importlib.import_module(module)
         torch.set_num_threads(launch.threads)
+        self.gpu = self._choose_device()
         self.generation = 0
         if launch.process_group:
             self.store = dist.TCPStore(
@@ -77,12 +78,31 @@ class _Member:
             )
             self._init_process_group()
 
+    def _choose_device(self) -> int | None:
+        """This process's GPU (``rank % visible GPUs``) when the world trains on CUDA, made
+        current; TF32 as the world asks, so float32 is float32 unless TF32 was asked for."""
+        launch, torch = self.launch, self.torch
+        torch.backends.cuda.matmul.allow_tf32 = launch.allow_tf32
+        torch.backends.cudnn.allow_tf32 = launch.allow_tf32
+        if launch.device != "cuda":
+            return None
+        gpus = torch.cuda.device_count()
+        if gpus == 0:
+            raise RuntimeError("this world trains on CUDA, but the rank sees no GPU")
+        gpu = launch.rank % gpus
+        torch.cuda.set_device(gpu)
+        runtime.set_rank_device(f"cuda:{gpu}")
+        return gpu
+
     def _init_process_group(self) -> None:
         launch, torch, dist = self.launch, self.torch, self.dist
         device_id = None
         if launch.backend == "nccl":
-            torch.cuda.set_device(launch.rank)
-            device_id = torch.device("cuda", launch.rank)
+            assert self.gpu is not None
+            device_id = torch.device("cuda", self.gpu)
+            # A failed or timed-out collective aborts the communicator and ends the process,
+            # so no rank is left holding the GPU (the controller's own deadline comes first).
+            os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
         dist.init_process_group(
             launch.backend,
             store=dist.PrefixStore(f"{launch.store_prefix}/{self.generation}", self.store),

@@ -27,10 +27,10 @@ from typing import Any
 
 from . import failures as fail
 from . import forkserver, protocol
-from .backends import check_backend, require_devices
+from .backends import check_backend, check_device, placement, require_devices, visible_gpus
 from .errors import FailureKind, RankError, RankFailure, WorldError, WorldStartError
 from .jobs import Collected, PendingJob
-from .processes import PACKAGE_ROOT, RankProcess, terminate
+from .processes import PACKAGE_ROOT, RankProcess, collect_stack_dumps, terminate
 
 
 class World:
@@ -49,8 +49,15 @@ class World:
         with World(4) as world:
             assert world.run(total, 1.0) == [10.0] * 4
 
-    ``backend`` is ``"gloo"`` (CPU) or ``"nccl"`` (one GPU per rank; :class:`BackendUnavailable`
-    when fewer than ``size`` GPUs are visible). ``timeout`` bounds every job, in seconds.
+    ``backend`` is ``"gloo"`` or ``"nccl"``; ``device`` is where the ranks train, ``"cpu"`` or
+    ``"cuda"`` (default: ``"cuda"`` for nccl, ``"cpu"`` for gloo). On CUDA each rank uses
+    ``cuda:rank``, shared round-robin when gloo runs more ranks than there are GPUs (nccl needs
+    one per rank); jobs ask :func:`~ddp_verify.world.rank_device` which. Asking for GPUs that
+    are not there raises :class:`DeviceUnavailable` at once. ``allow_tf32`` lets CUDA float32
+    matmuls and convolutions use TF32 (off by default, so float32 means float32).
+    ``timeout`` bounds every job, in seconds; ``start_timeout`` the wait for the ranks to join
+    (a start that fails is reported with where each rank was, and not retried until
+    :meth:`retry_start`).
     ``debug`` sets ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` in the ranks, so torch checks that every
     rank calls the same collectives. ``env`` adds variables to the ranks' environment.
     ``preload`` names modules every rank imports before its first job (once for all ranks,
@@ -63,6 +70,8 @@ class World:
         size: int,
         *,
         backend: str = "gloo",
+        device: str | None = None,
+        allow_tf32: bool = False,
         timeout: float = 60.0,
         start_timeout: float = 120.0,
         threads_per_rank: int = 1,
@@ -74,12 +83,15 @@ class World:
         if not isinstance(size, int) or isinstance(size, bool) or size < 1:
             raise ValueError(f"world size must be a positive integer, got {size!r}")
         check_backend(backend)
+        device = check_device(backend, device)
         if not timeout > 0 or not start_timeout > 0:
             raise ValueError(f"timeouts must be positive, got {timeout!r} and {start_timeout!r}")
         if threads_per_rank < 1:
             raise ValueError(f"threads_per_rank must be at least 1, got {threads_per_rank!r}")
         self.size = size
         self.backend = backend
+        self.device = device
+        self.allow_tf32 = allow_tf32
         self.timeout = float(timeout)
         self.start_timeout = float(start_timeout)
         self.threads_per_rank = threads_per_rank
@@ -88,9 +100,15 @@ class World:
         self.preload = tuple(preload)
         self.process_group = process_group
         # How reports name this world.
+        on = "" if device == "cpu" else f", {device}"
         self.label = (
-            f"a world of {size} ({backend})" if process_group else f"{size} helper process(es)"
+            f"a world of {size} ({backend}{on})"
+            if process_group
+            else f"{size} helper process(es){' on ' + device if on else ''}"
         )
+        # Why the last start failed: start() raises it again, without waiting out another
+        # start time-out, until retry_start() (the pytest plugin calls it before each test).
+        self._start_failure: WorldStartError | None = None
         self._helper: World | None = None
         # "fork server" or "spawn": how the current ranks were started.
         self.start_method = ""
@@ -118,6 +136,14 @@ class World:
             self._await_ready()
         return self
 
+    def retry_start(self) -> None:
+        """Let the next :meth:`start` try again after a start that failed (by default it
+        re-raises that failure at once: a search that keeps asking must not wait out the start
+        time-out for every example)."""
+        self._start_failure = None
+        if self._helper is not None:
+            self._helper.retry_start()
+
     def launch(self) -> World:
         """Start the ranks without waiting for them to join (:meth:`start` then waits), so
         that several worlds, or a world and its helper, start side by side.
@@ -129,6 +155,8 @@ class World:
         """
         if self._closed:
             raise WorldError("this world was closed; create a new World")
+        if self._start_failure is not None:
+            raise self._start_failure
         if not self._ready and not self._ranks:
             self._spawn()
         return self
@@ -158,6 +186,10 @@ class World:
         if self._helper is None:
             self._helper = World(
                 1,
+                # The ranks' device and TF32 setting: float32's tolerance runs there measure
+                # the rounding of the ranks' kind of device (the float64 truth stays on CPU).
+                device=self.device,
+                allow_tf32=self.allow_tf32,
                 timeout=self.timeout,
                 start_timeout=self.start_timeout,
                 threads_per_rank=self.threads_per_rank,
@@ -192,7 +224,13 @@ class World:
         state = "closed" if self._closed else "running" if self._ready else "not started"
         if not self.process_group:
             return f"<World size={self.size} without a process group {state}>"
-        return f"<World size={self.size} backend={self.backend} {state}>"
+        return f"<World size={self.size} backend={self.backend} device={self.device} {state}>"
+
+    @property
+    def placement(self) -> str:
+        """Where the ranks train, in words: ``cpu``, or ``cuda, 4 ranks share 1 GPU``."""
+        gpus = visible_gpus() if self.device == "cuda" else 0
+        return placement(self.size, self.device, gpus)
 
     # -- jobs --------------------------------------------------------------------------------
 
@@ -315,8 +353,7 @@ class World:
         return self
 
     def _spawn(self) -> None:
-        if self.process_group:
-            require_devices(self.backend, self.size)
+        require_devices(self.backend if self.process_group else "gloo", self.size, self.device)
         self.prestart()  # the server imports torch while this process does
         self._workdir = Path(tempfile.mkdtemp(prefix=f"ddp_verify-world{self.size}-"))
         self._finalizer.detach()
@@ -383,6 +420,8 @@ class World:
                 cwd=self._sent_cwd,
                 preload=self.preload,
                 process_group=self.process_group,
+                device=self.device,
+                allow_tf32=self.allow_tf32,
             )
             proc.jobs.send_bytes(protocol.encode(launch))
 
@@ -421,13 +460,24 @@ class World:
                 if message[0] == protocol.START_FAILED:
                     problems.append(f"rank {r.rank} could not join:\n{message[1]}")
         if problems:
-            stderr = "".join(
-                f"── rank {r.rank} stderr ──\n{r.take_new('stderr')}" for r in self._ranks
+            # Where the ranks that never joined are waiting (an NCCL init, an import, a
+            # rendezvous) says why; the rest say how they failed on stderr.
+            stuck = [r for r in waiting.values() if r.alive()]
+            stacks = collect_stack_dumps(stuck) if stuck else {}
+            report = "".join(
+                f"── rank {r.rank} stderr ──\n{r.take_new('stderr')}"
+                + (
+                    f"── rank {r.rank} stack (still starting) ──\n{stacks[r.rank]}"
+                    if stacks.get(r.rank)
+                    else ""
+                )
+                for r in self._ranks
             )
-            self._shutdown()
-            raise WorldStartError(
-                f"could not start {self.label}:\n" + "\n".join(problems) + "\n" + stderr
+            self._shutdown(polite=False)
+            self._start_failure = WorldStartError(
+                f"could not start {self.label}:\n" + "\n".join(problems) + "\n" + report
             )
+            raise self._start_failure
         self._ready = True
 
     def _finish(self, job: PendingJob, collected: Collected) -> list[Any]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 import torch
@@ -180,3 +181,21 @@ def test_the_fast_path_and_the_full_comparison_agree_on_every_kind_of_divergence
                 getattr(got.ranks[1], field)[step][name] = value + 1e-4
                 m = compare(ref, got, SCENARIO, Float64Tolerance())
                 assert m is not None and m.name == name and m.step == step, (field, step, name)
+
+
+def test_the_measured_bound_uses_its_dtypes_unit_roundoff_and_tf32_only_on_cuda():
+    from ddp_verify.engine.reference import train_reference
+    from ddp_verify.engine.tolerances import MeasuredTolerance
+
+    scenario = Scenario(world_size=2, schedule=(((1,), (2,)),), dtype="bfloat16")
+    tolerance = MeasuredTolerance.derive(scenario, train_reference(scenario, "float64"))
+    assert tolerance.precision == "bfloat16" and "9 bfloat16 runs" in tolerance.describe()
+    assert tolerance.fallback == 8.0 * (2 + 2) * 2.0**-8
+    on_cpu = dataclasses.replace(scenario, dtype="float32")
+    # TF32 rounds CUDA matmuls only: asked for on the CPU, float32 stays float32.
+    cpu_tf32 = MeasuredTolerance.derive(on_cpu, train_reference(on_cpu, "float64"), tf32=True)
+    assert cpu_tf32.precision == "float32" and cpu_tf32.fallback == 8.0 * 4 * 2.0**-24
+    with pytest.raises(ValueError, match="not float64"):
+        MeasuredTolerance.derive(
+            dataclasses.replace(scenario, dtype="float64"), train_reference(scenario, "float64")
+        )

@@ -16,7 +16,8 @@ from ddp_verify.engine.strategies import (
     scenarios,
 )
 
-FIND = settings(database=None, max_examples=300)
+# Derandomized: a find() whose shrinking depends on the draw of the day is a flaky test.
+FIND = settings(database=None, max_examples=300, derandomize=True)
 
 
 @given(split=batch_splits(world_size=3, min_samples=2, max_samples=5))

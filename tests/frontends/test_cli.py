@@ -231,3 +231,54 @@ def test_the_controller_trains_nothing_and_imports_none_of_what_optimizers_pull_
     # and sympy inside it) stays out of it, for a passing check and a failing one alike.
     done = python_script(_LEAN_CONTROLLER, cwd=tmp_path)
     assert done.stdout.split()[-4:] == ["0", "1", "heavy", "[]"], done.stdout + done.stderr
+
+
+_NO_GPU = pytest.mark.skipif(
+    __import__("torch").cuda.is_available(), reason="a GPU is visible here"
+)
+
+
+@_NO_GPU
+@pytest.mark.parametrize(
+    ("options", "words"),
+    [
+        (["--device", "cuda"], "device 'cuda' asked for, but no GPU is visible here"),
+        (["--backend", "nccl"], "nccl needs one GPU per rank: a world of 2 needs 2 GPUs, 0"),
+        (["--backend", "nccl", "--device", "cpu"], "nccl reduces CUDA tensors only"),
+    ],
+    ids=["cuda", "nccl", "nccl-on-cpu"],
+)
+def test_gpus_that_are_not_there_are_a_usage_error_said_before_anything_starts(
+    tmp_path, options, words
+):
+    command = check_command(f"{FIXTURES}/grad_sync.py:sample_weighted", *options, "--json")
+    script = (
+        "import os, sys\nfrom ddp_verify.frontends.cli import main\n"
+        f"code = main({command!r})\n"
+        "children = [p for p in os.listdir('/proc') if p.isdigit() and "
+        "open(f'/proc/{p}/stat').read().rsplit(')', 1)[1].split()[1] == str(os.getpid())]\n"
+        "print('RESULT', code, len(children))\n"
+    )
+    done = python_script(script, cwd=tmp_path)
+    document, result = done.stdout.strip().splitlines()
+    assert result.split() == ["RESULT", "2", "0"], done.stdout + done.stderr  # no fork server
+    verdict = json.loads(document)
+    assert (verdict["verdict"], verdict["exit_code"]) == ("usage error", 2)
+    assert words in verdict["report"]
+
+
+def test_bfloat16_is_a_dtype_of_the_check(tmp_path):
+    result = ddp_verify(
+        *check_command(
+            f"{FIXTURES}/grad_sync.py:sample_weighted",
+            "--dtype",
+            "bfloat16",
+            "--max-examples",
+            "10",
+            "--json",
+        ),
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    verdict = json.loads(result.stdout)
+    assert (verdict["verdict"], verdict["device"], verdict["examples"]) == ("equivalent", "cpu", 10)

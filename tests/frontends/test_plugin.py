@@ -28,7 +28,7 @@ def test_report_header_names_sizes_backend_and_torch(pytester):
     pytester.makepyfile("def test_nothing(): pass")
     result = run(pytester, "--world-size", "2,4")
     result.stdout.fnmatch_lines(
-        ["ddp_verify: world sizes 2,4, backend gloo, timeout 60 s, torch 2.*"]
+        ["ddp_verify: world sizes 2,4, backend gloo, device cpu, timeout 60 s, torch 2.*"]
     )
 
 
@@ -584,4 +584,60 @@ def test_a_failing_property_shows_the_shrunk_scenario_and_the_divergence(pyteste
     )
     assert "rank 0: 1  rank 1: 2" in result.stdout.str() or "rank 0: 2  rank 1: 1" in (
         result.stdout.str()
+    )
+
+
+def test_device_options_ini_and_env_and_what_ranks_receive(pytester, monkeypatch):
+    # --ddp-device, then DDP_VERIFY_DEVICE, then ini ddp_device; the header says where the ranks
+    # train and the ranks train there (here on the CPU: tests/world/test_cuda.py has GPUs).
+    pytester.makeini("[pytest]\nddp_device = cpu\nddp_start_timeout = 45\n")
+    pytester.makepyfile(
+        """
+        import pytest, torch
+        from ddp_verify.world import rank_device
+
+        @pytest.mark.distributed
+        def test_where(rank):
+            assert rank_device() == torch.device("cpu")
+            assert not torch.backends.cudnn.allow_tf32
+
+        def test_world(world):
+            assert (world.device, world.start_timeout) == ("cpu", 45.0)
+        """
+    )
+    result = run(pytester)
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["ddp_verify: world size 2, backend gloo, device cpu, timeout*"])
+    monkeypatch.setenv("DDP_VERIFY_DEVICE", "gpu")
+    bad = run(pytester)
+    assert bad.ret == pytest.ExitCode.USAGE_ERROR
+    bad.stderr.fnmatch_lines(["*DDP_VERIFY_DEVICE expects one of cpu, cuda, got 'gpu'*"])
+    nccl_on_cpu = run(pytester, "--ddp-backend", "nccl", "--ddp-device", "cpu")
+    assert nccl_on_cpu.ret == pytest.ExitCode.USAGE_ERROR
+    nccl_on_cpu.stderr.fnmatch_lines(["*nccl reduces CUDA tensors only*"])
+
+
+def test_cuda_without_a_gpu_skips_distributed_tests_with_the_reason(pytester):
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible here")
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.distributed
+        def test_on_gpus():
+            raise AssertionError("never runs without a GPU")
+
+        def test_plain():
+            pass
+        """
+    )
+    result = run(pytester, "--ddp-device", "cuda", "--ddp-allow-tf32", "-rs")
+    result.assert_outcomes(passed=1, skipped=1)
+    result.stdout.fnmatch_lines(
+        [
+            "ddp_verify: world size 2, backend gloo, device cuda (no GPU visible: distributed "
+            "tests skip), timeout*",
+            "*device 'cuda' asked for, but no GPU is visible here*",
+        ]
     )

@@ -219,3 +219,12 @@ def test_a_closed_worlds_helper_is_not_started_again():
     world.close()
     with pytest.raises(WorldError, match="this world was closed"):
         world.helper.run(lambda: None)
+
+
+def test_modules_that_subclass_the_module_type_travel_by_name(world2):
+    # torch.backends.cudnn is a CudnnModule in sys.modules, which plain cloudpickle refuses:
+    # a job that reads cuDNN's settings must still reach the ranks.
+    def settings():
+        return type(torch.backends.cudnn).__name__, torch.backends.cudnn.allow_tf32
+
+    assert world2.run(settings) == [("CudnnModule", False)] * 2
