@@ -23,10 +23,14 @@ class FullyShard(DistributedMethod):
     name = "fully_shard()"
 
     def train_rank(self, scenario: Scenario) -> RankTrace:
+        from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard as shard
 
         run = RankRun(scenario)
-        shard(run.model)
+        # The world's device, said outright: by default FSDP2 takes a CUDA mesh wherever CUDA
+        # is available, and would move a CPU world's model to a GPU.
+        mesh = init_device_mesh(run.device.type, (run.world_size,))
+        shard(run.model, mesh=mesh)
         optimizer = run.optimizer(run.model.parameters())
         return train_data_parallel(
             run, run.model, optimizer, no_sync=lambda: _without_gradient_sync(run.model)

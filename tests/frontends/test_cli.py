@@ -282,3 +282,22 @@ def test_bfloat16_is_a_dtype_of_the_check(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     verdict = json.loads(result.stdout)
     assert (verdict["verdict"], verdict["device"], verdict["examples"]) == ("equivalent", "cpu", 10)
+
+
+def test_conformance_passes_the_device_options_to_pytest():
+    from ddp_verify.frontends.cli import _parser, conformance_args
+
+    command = "conformance --world-size 1 --backend nccl --device cuda --allow-tf32"
+    args = _parser().parse_args(command.split())
+    assert conformance_args(args, ["--", "-x"]) == [
+        "--pyargs",
+        "ddp_verify.conformance",
+        "--world-size",
+        "1",
+        "--ddp-backend",
+        "nccl",
+        "--ddp-device",
+        "cuda",
+        "--ddp-allow-tf32",
+        "-x",
+    ]

@@ -61,6 +61,21 @@ def test_buggy_fixtures_are_caught_in_float32_too(kind, fn, verdict, cause, tmp_
     assert cause in info.value.cause, f"likely cause {info.value.cause!r} does not name {cause!r}"
 
 
+@pytest.mark.parametrize(
+    ("kind", "fn", "verdict", "cause"), [c for c in BUGGY if c.values[0] == "grad-sync"]
+)
+def test_grad_sync_bugs_are_caught_in_bfloat16_with_their_cause(
+    kind, fn, verdict, cause, tmp_path, monkeypatch
+):
+    # bfloat16 keeps 8 bits: its bound is wide, and the diagnosis matches at its precision
+    # (benchmarks/float32_sweep.py --dtype bfloat16 runs every buggy fixture).
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(EquivalenceError) as info:
+        check(fn, kind=kind, world_size=2, max_examples=50, seed=0, dtypes=("bfloat16",))
+    assert info.value.scenario.dtype == "bfloat16"
+    assert cause in info.value.cause, f"likely cause {info.value.cause!r} does not name {cause!r}"
+
+
 def test_there_are_fixtures_of_every_kind_both_correct_and_buggy():
     by_kind: dict[str, set[str]] = {}
     for param in CASES:

@@ -11,6 +11,7 @@ import time
 import pytest
 import torch
 
+from ddp_verify.usercode.search import search
 from ddp_verify.world import DeviceUnavailable, World, WorldStartError
 from ddp_verify.world.backends import (
     check_device,
@@ -20,6 +21,14 @@ from ddp_verify.world.backends import (
     require_devices,
 )
 from tests.processes import wait_gone
+from tests.user_code import load
+
+average_gradients = load("grad_sync").average_gradients
+
+
+def _record(calls: list[tuple[int, str]]):
+    return lambda tried, phase: calls.append((tried, phase))
+
 
 NO_GPU = pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is visible here")
 
@@ -122,6 +131,11 @@ def test_a_world_whose_ranks_never_join_says_where_they_are_and_is_not_waited_ou
         with pytest.raises(WorldStartError) as again:
             world.run(lambda: None)
         assert again.value is first.value
+        # A search stops at it after one example, rather than letting hypothesis shrink it.
+        tried: list[tuple[int, str]] = []
+        with pytest.raises(WorldStartError) as in_search:
+            search(average_gradients, kind="grad-sync", world=world, progress=_record(tried))
+        assert in_search.value is first.value and tried == [(1, "searching")]
         world.retry_start()
         assert world._start_failure is None
     finally:
