@@ -55,7 +55,9 @@ FLOAT64_ATOL = 1e-8
 # benchmarks/float32_sweep.py measures it: over 2,100 drawn float32 scenarios (world sizes 2,
 # 3, 4) DDP, sample-weighted all-reduce, ZeRO and FSDP2 never failed (7,622 runs); the largest
 # used 0.46 of its allowance, the median 0.06; every buggy fixture was still caught in
-# float32, its cause named. Real aggregation bugs are 1e-3 relative or more.
+# float32, its cause named. Real aggregation bugs are 1e-3 relative or more. With
+# --dtype bfloat16: 1,998 scenarios, 7,250 runs, none failed (largest share 0.35, median
+# 0.065); every buggy fixture caught in bfloat16 (after BRANCHING_VARIANTS, below, was added).
 FLOAT32_VARIANTS = 8
 FLOAT32_SAFETY = 8.0
 FLOAT32_UNIT_ROUNDOFF = torch.finfo(torch.float32).eps / 2
