@@ -16,6 +16,7 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "check": "ddp_verify.frontends.api",
+    "CodeFailed": "ddp_verify.usercode.search",
     "VerifyingWorld": "ddp_verify.frontends.verifying",
     "EquivalenceError": "ddp_verify.engine.outcome",
     "HarnessError": "ddp_verify.methods.equivalence",
@@ -36,6 +37,7 @@ _LAZY = {
 
 __all__ = [
     "BackendUnavailable",
+    "CodeFailed",
     "DeviceUnavailable",
     "EquivalenceError",
     "HarnessError",
@@ -60,6 +62,7 @@ if TYPE_CHECKING:
     from .frontends.api import check
     from .frontends.verifying import VerifyingWorld
     from .methods.equivalence import HarnessError, assert_equivalent, check_equivalent
+    from .usercode.search import CodeFailed
     from .world import (
         BackendUnavailable,
         DeviceUnavailable,

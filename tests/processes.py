@@ -3,8 +3,16 @@
 from __future__ import annotations
 
 import os
+import signal
 import time
 from collections.abc import Iterable
+
+
+def default_sigint() -> None:
+    """A ``preexec_fn`` that gives the child SIGINT's default disposition: a shell's
+    background job inherits SIGINT ignored, and a Python started so never raises
+    KeyboardInterrupt, which tests of Ctrl-C rely on."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def alive(pid: int) -> bool:

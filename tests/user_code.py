@@ -13,7 +13,7 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 def load(stem: str) -> ModuleType:
     """``fixtures/<stem>.py`` as a module (registered, so its functions pickle by reference
     where the ranks can import them and by value where they cannot)."""
-    name = f"fixtures_{stem}"
+    name = "fixtures_" + stem.replace("/", "_")
     if name in sys.modules:
         return sys.modules[name]
     spec = importlib.util.spec_from_file_location(name, FIXTURES / f"{stem}.py")

@@ -44,11 +44,13 @@ EXIT_EQUIVALENT, EXIT_NOT_EQUIVALENT, EXIT_USAGE, EXIT_HARNESS = 0, 1, 2, 3
 EXIT_INTERRUPTED = 128 + 2  # SIGINT, as shells report it
 VERDICTS = {
     EXIT_EQUIVALENT: "equivalent",
-    EXIT_NOT_EQUIVALENT: "not equivalent",
-    EXIT_USAGE: "usage error",
-    EXIT_HARNESS: "harness error",
+    EXIT_NOT_EQUIVALENT: "not-equivalent",
+    EXIT_USAGE: "usage-error",
+    EXIT_HARNESS: "harness-error",
     EXIT_INTERRUPTED: "interrupted",
 }
+# The code raised, crashed a rank or hung: exit 1 as a counterexample does, its own verdict.
+VERDICT_ERROR = "error"
 
 
 class UsageError(Exception):
@@ -87,7 +89,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     try:
         fn = load_function(path, name)
-        check_signature(fn, args.kind)
+        outcome["call"] = check_signature(fn, args.kind).describe()
     except (UsageError, KindError) as exc:
         return _finish(wants_json, EXIT_USAGE, f"ddp-verify: error: {exc}", **outcome)
     return _run_check(args, fn, outcome)
@@ -283,6 +285,7 @@ def load_function(path: Path, name: str) -> Callable[..., Any]:
 def _run_check(args: argparse.Namespace, fn: Callable[..., Any], outcome: dict[str, Any]) -> int:
     from ..engine.outcome import EquivalenceError
     from ..methods.equivalence import HarnessError
+    from ..usercode.search import CodeFailed
     from ..world import DeviceUnavailable, JobPicklingError, WorldError
     from .api import check
 
@@ -315,6 +318,7 @@ def _run_check(args: argparse.Namespace, fn: Callable[..., Any], outcome: dict[s
             EXIT_NOT_EQUIVALENT,
             str(exc),
             **outcome,
+            verdict=VERDICT_ERROR if isinstance(exc, CodeFailed) else None,
             scenario=exc.scenario,
             examples=progress.tried,
             cause=exc.cause,
@@ -335,7 +339,8 @@ def _run_check(args: argparse.Namespace, fn: Callable[..., Any], outcome: dict[s
         return _finish(args.json, EXIT_HARNESS, report, **outcome)
     summary = (
         f"{outcome['target']} ({args.kind}): equivalent on {verdict.examples} generated "
-        f"scenarios at world size {args.world_size}; no counterexample found"
+        f"scenarios at world size {args.world_size}; no counterexample found\n"
+        f"Called as: {outcome['call']}"
     )
     return _finish(args.json, EXIT_EQUIVALENT, summary, **outcome, examples=verdict.examples)
 
@@ -349,6 +354,8 @@ def _finish(
     kind: str | None = None,
     world_size: int | None = None,
     device: str | None = None,
+    call: str | None = None,
+    verdict: str | None = None,
     started: float | None = None,
     examples: int | None = None,
     scenario: Any = None,
@@ -359,12 +366,13 @@ def _finish(
         print(
             json.dumps(
                 {
-                    "verdict": VERDICTS[code],
+                    "verdict": verdict or VERDICTS[code],
                     "exit_code": code,
                     "target": target,
                     "kind": kind,
                     "world_size": world_size,
                     "device": device,
+                    "call": call,
                     "examples": examples,
                     "scenario": repr(scenario) if scenario is not None else None,
                     "likely_cause": cause,

@@ -26,7 +26,7 @@ from ..methods.ddp import DDP
 from ..methods.loop import RankRun, train_data_parallel, train_local_then_sync
 from ..methods.manual import all_reduce_weighted
 from ..world.protocol import modules_ranks_cannot_import
-from .kinds import DEFAULT_BOUNDS, KINDS, SIGNATURES, KindError, check_signature
+from .kinds import DEFAULT_BOUNDS, KINDS, SIGNATURES, Call, KindError, check_signature
 
 __all__ = [
     "DEFAULT_BOUNDS",
@@ -46,17 +46,21 @@ def adapt(fn: Callable[..., Any], kind: str) -> DistributedMethod:
         method = adapt(average_gradients, "grad-sync")
         world.assert_equivalent(method, scenario)
     """
-    arity = check_signature(fn, kind)
+    call = check_signature(fn, kind)
     name = f"{kind} {getattr(fn, '__qualname__', repr(fn))}"
+    method: DistributedMethod
     if kind == "grad-sync":
-        return GradSync(fn, name, takes_samples=arity == 2)
-    if kind == "loss":
-        return LossAggregation(fn, name)
-    if kind == "step":
-        return TrainingStep(fn, name)
-    if kind == "comm-hook":
-        return CommHook(fn, name)
-    return Wrapper(fn, name)
+        method = GradSync(fn, name, call)
+    elif kind == "loss":
+        method = LossAggregation(fn, name, call)
+    elif kind == "step":
+        method = TrainingStep(fn, name)
+    elif kind == "comm-hook":
+        method = CommHook(fn, name)
+    else:
+        method = Wrapper(fn, name)
+    method.call = call  # type: ignore[attr-defined]  # reports say how the code was called
+    return method
 
 
 class UserMethod(DistributedMethod):
@@ -68,18 +72,19 @@ class UserMethod(DistributedMethod):
 
 class GradSync(UserMethod):
     """The harness does the local backward of each rank's mean loss; ``fn`` must leave the
-    global mean gradient in every ``.grad``."""
+    global mean gradient in every ``.grad``. It is called as ``call`` says (the count only
+    where the signature asks for one)."""
 
-    def __init__(self, fn: Callable[..., Any], name: str, *, takes_samples: bool) -> None:
+    def __init__(self, fn: Callable[..., Any], name: str, call: Call) -> None:
         super().__init__(fn, name)
-        self.takes_samples = takes_samples
+        self.call = call
 
     def train_rank(self, scenario: Scenario) -> RankTrace:
         run = RankRun(scenario)
 
         def users_sync(step: int, local_sum: torch.Tensor) -> torch.Tensor:
-            n = run.local_samples(step)
-            self.fn(run.model, n) if self.takes_samples else self.fn(run.model)
+            args, kwargs = self.call.arguments((run.model,), run.local_samples(step))
+            self.fn(*args, **kwargs)
             dist.all_reduce(local_sum)
             return local_sum / run.global_samples(step)
 
@@ -88,7 +93,11 @@ class GradSync(UserMethod):
 
 class LossAggregation(UserMethod):
     """The harness synchronises gradients correctly; ``fn`` turns each rank's mean loss into
-    the global mean loss it reports."""
+    the global mean loss it reports (called as ``call`` says)."""
+
+    def __init__(self, fn: Callable[..., Any], name: str, call: Call) -> None:
+        super().__init__(fn, name)
+        self.call = call
 
     def train_rank(self, scenario: Scenario) -> RankTrace:
         run = RankRun(scenario)
@@ -98,7 +107,8 @@ class LossAggregation(UserMethod):
         def users_loss(step: int, local_sum: torch.Tensor) -> float:
             n = run.local_samples(step)
             all_reduce_weighted(params, float(n), run.global_samples(step))
-            reported = self.fn((local_sum / n).to(dtype).clone(), n)
+            args, kwargs = self.call.arguments(((local_sum / n).to(dtype).clone(),), n)
+            reported = self.fn(*args, **kwargs)
             return _as_float(reported, "loss")
 
         return train_local_then_sync(run, users_loss)

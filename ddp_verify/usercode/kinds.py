@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 KINDS = ("grad-sync", "loss", "step", "comm-hook", "wrapper")
@@ -15,7 +16,7 @@ KINDS = ("grad-sync", "loss", "step", "comm-hook", "wrapper")
 # What each kind's callable must accept, for the error that says so.
 SIGNATURES = {
     "grad-sync": "fn(model) or fn(model, num_samples)",
-    "loss": "fn(local_loss, num_samples) -> tensor or float",
+    "loss": "fn(local_loss, num_samples) or fn(local_loss) -> tensor or float",
     "step": "fn(model, optimizer, micro_batches, loss_fn) -> tensor or float",
     "comm-hook": "hook(state, bucket) -> torch.futures.Future",
     "wrapper": "fn(module) -> module",
@@ -27,27 +28,182 @@ DEFAULT_BOUNDS: dict[str, dict[str, Any]] = {"step": {"same_micro_batch_counts":
 
 _ARITIES = {"grad-sync": (1, 2), "loss": (2,), "step": (4,), "comm-hook": (2,), "wrapper": (1,)}
 
+# Kinds whose callable may be given the count of loss items (samples) on this rank, and what
+# the harness passes before it.
+COUNTED = {"grad-sync": "model", "loss": "local_loss"}
+# Names that say a parameter is a count: the count is passed to such a parameter, or to one
+# without a default, and never to another optional parameter (Megatron's
+# allreduce_params(reduce_after=True, ...) must not get reduce_after=num_samples).
+COUNT_NAMES = frozenset(
+    {
+        "num_samples",
+        "num_items",
+        "num_items_in_batch",
+        "num_tokens",
+        "num_examples",
+        "batch_size",
+        "local_batch_size",
+        "bsz",
+        "count",
+        "n",
+        "n_samples",
+        "n_items",
+        "n_tokens",
+        "ntokens",
+        "nsamples",
+        "sample_size",
+        "samples",
+        "tokens",
+    }
+)
+
+
+def is_count_name(name: str) -> bool:
+    """Whether a parameter's name says it is a count of samples or tokens.
+
+    Example::
+
+        >>> is_count_name("num_items_in_batch"), is_count_name("reduce_after")
+        (True, False)
+    """
+    return name in COUNT_NAMES or name.startswith(("num_", "n_")) or name.endswith("_count")
+
 
 class KindError(TypeError):
     """The callable cannot be used as the requested kind; the message says what was expected."""
 
 
-def check_signature(fn: Callable[..., Any], kind: str) -> int:
-    """How many positional arguments ``fn`` will be given; :class:`KindError` if it cannot
-    take what ``kind`` passes."""
+@dataclass(frozen=True)
+class Call:
+    """How the harness calls a plug-in: ``positional`` arguments it passes, and where the
+    count goes (``count_keyword`` by name, ``count_positional`` as the next positional
+    argument, or nowhere). Optional parameters are never filled by position.
+
+    Example::
+
+        call = check_signature(average_gradients, "grad-sync")
+        call.describe()  # "sample_weighted(model, num_samples=<this rank's samples>)"
+    """
+
+    name: str
+    kind: str
+    positional: int
+    count_keyword: str | None = None
+    count_positional: bool = False
+    # The parameter a positional count lands in, for describe().
+    count_parameter: str | None = None
+
+    @property
+    def takes_count(self) -> bool:
+        return self.count_keyword is not None or self.count_positional
+
+    def arguments(
+        self, leading: tuple[Any, ...], count: int
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """The ``(args, kwargs)`` to call the plug-in with."""
+        if self.count_positional:
+            return (*leading, count), {}
+        if self.count_keyword is not None:
+            return leading, {self.count_keyword: count}
+        return leading, {}
+
+    def describe(self) -> str:
+        """The call the harness makes, as a report header shows it."""
+        names = {
+            "grad-sync": ["model"],
+            "loss": ["local_loss"],
+            "step": ["model", "optimizer", "micro_batches", "loss_fn"],
+            "comm-hook": ["state", "bucket"],
+            "wrapper": ["module"],
+        }[self.kind][: self.positional]
+        count = "<this rank's samples>"
+        if self.count_positional:
+            names.append(f"{self.count_parameter}={count}" if self.count_parameter else count)
+        elif self.count_keyword is not None:
+            names.append(f"{self.count_keyword}={count}")
+        return f"{self.name}({', '.join(names)})"
+
+
+def check_signature(fn: Callable[..., Any], kind: str) -> Call:
+    """How the harness will call ``fn`` as a ``kind`` plug-in; :class:`KindError` if it
+    cannot take what ``kind`` passes, or if where the count goes is ambiguous.
+
+    The count (of this rank's samples) goes to the one parameter after the leading ones that
+    has no default, or else to one whose name says it is a count (:func:`is_count_name`);
+    an optional parameter with another name is left to its default.
+
+    Example::
+
+        >>> def allreduce_params(model, reduce_after=True, fp32_allreduce=False): ...
+        >>> check_signature(allreduce_params, "grad-sync").describe()
+        'allreduce_params(model)'
+    """
     if kind not in KINDS:
         raise KindError(f"unknown kind {kind!r}; choose one of {', '.join(KINDS)}")
     if not callable(fn):
         raise KindError(f"{fn!r} is not callable; a {kind} plug-in is {SIGNATURES[kind]}")
+    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
     try:
         signature = inspect.signature(fn)
     except (TypeError, ValueError):
-        return _ARITIES[kind][-1]  # Builtins and C callables: trust the user.
+        # Builtins and C callables: trust the user, as documented.
+        arity = _ARITIES[kind][-1]
+        if kind in COUNTED:
+            return Call(name, kind, arity - 1, count_positional=arity == 2)
+        return Call(name, kind, arity)
+    if kind in COUNTED:
+        return _counted_call(name, kind, signature)
     for arity in reversed(_ARITIES[kind]):
         try:
             signature.bind(*range(arity))
         except TypeError:
             continue
-        return arity
-    name = getattr(fn, "__qualname__", repr(fn))
+        return Call(name, kind, arity)
     raise KindError(f"{name}{signature} cannot be a {kind} plug-in: expected {SIGNATURES[kind]}")
+
+
+def _counted_call(name: str, kind: str, signature: inspect.Signature) -> Call:
+    leading = COUNTED[kind]
+    expected = SIGNATURES[kind]
+    params = list(signature.parameters.values())
+    positional_kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    takes_leading = bool(params) and (
+        params[0].kind in positional_kinds or params[0].kind is inspect.Parameter.VAR_POSITIONAL
+    )
+    if not takes_leading:
+        raise KindError(f"{name}{signature} cannot be a {kind} plug-in: expected {expected}")
+    rest = [p for p in params[1:] if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    if params[0].kind is inspect.Parameter.VAR_POSITIONAL:
+        rest = []
+    required = [p for p in rest if p.default is p.empty]
+    counted = [p for p in rest if p.default is not p.empty and is_count_name(p.name)]
+    if len(required) > 1:
+        raise KindError(
+            f"{name}{signature} cannot be a {kind} plug-in: besides {leading} it needs "
+            f"{', '.join(p.name for p in required)}, and the harness passes one count at most "
+            f"(expected {expected})"
+        )
+    if required and counted and not is_count_name(required[0].name):
+        raise KindError(
+            f"{name}{signature}: ambiguous for a {kind} plug-in: the count of this rank's "
+            f"samples could go to {required[0].name!r} (it has no default) or to "
+            f"{counted[0].name!r} (its name says it is a count). Resolve it either way: give "
+            f"{required[0].name!r} a default so the count goes to {counted[0].name!r}, or pass "
+            f"a function that says which, such as lambda {leading}, n: "
+            f"{name.split('.')[-1]}({leading}, {counted[0].name}=n)"
+        )
+    if required:
+        only = required[0]
+        if only.kind is inspect.Parameter.KEYWORD_ONLY:
+            return Call(name, kind, 1, count_keyword=only.name)
+        return Call(name, kind, 1, count_positional=True, count_parameter=only.name)
+    if len(counted) > 1:
+        raise KindError(
+            f"{name}{signature}: ambiguous for a {kind} plug-in: the count could go to any of "
+            f"{', '.join(repr(p.name) for p in counted)}; pass a function that says which, "
+            f"such as lambda {leading}, n: {name.split('.')[-1]}({leading}, "
+            f"{counted[0].name}=n)"
+        )
+    if counted:
+        return Call(name, kind, 1, count_keyword=counted[0].name)
+    return Call(name, kind, 1)

@@ -21,6 +21,7 @@ from ..methods.equivalence import HarnessError, assert_equivalent
 from ..world import FailureKind, RankError, World, WorldError
 from .adapters import DEFAULT_BOUNDS, KindError, adapt
 from .diagnose import failure_cause, likely_cause
+from .kinds import Call
 from .reproducer import write_reproducer
 
 # Called with (examples tried, phase): phase is "searching", then "shrinking" once a
@@ -41,6 +42,19 @@ class Verdict:
     def equivalent(self) -> bool:
         """Always True: code that is not equivalent raises instead of returning a verdict."""
         return True
+
+
+class CodeFailed(EquivalenceError):
+    """The code under check raised, crashed a rank or hung: the verdict ``error``, not
+    ``not-equivalent`` (an ``EquivalenceError`` still, so callers that catch those see it).
+
+    Example::
+
+        try:
+            check(fn, kind="grad-sync")
+        except CodeFailed as error:
+            print("the code failed to run:", error)
+    """
 
 
 class _CodeFailed(BaseException):
@@ -135,7 +149,7 @@ def search(
     except _HarnessFailed as stop:
         raise stop.error from None
     except EquivalenceError as error:
-        explained = _explained(error, fn, kind, world)
+        explained = _explained(error, fn, kind, world, method.call)  # type: ignore[attr-defined]
         explained.found_at = found_at
         raise explained from None
     except _CodeFailed as stop:
@@ -149,9 +163,10 @@ def search(
             f.kind is not FailureKind.RAISED for f in stop.error.failures
         )
         cause = failure_cause(kind, stop.scenario) if in_collectives else None
-        failed_error = EquivalenceError(
+        failed_error = CodeFailed(
             f"{method.name} failed to run on a world of {world_size}:\n{stop.error}\n"
             f"Scenario: {stop.scenario.describe()}\nReproduce with: {stop.scenario!r}"
+            f"\nCalled as: {method.call.describe()}"  # type: ignore[attr-defined]
             + (f"\nLikely cause: {cause}" if cause else ""),
             scenario=stop.scenario,
         )
@@ -169,7 +184,11 @@ def _kind_errors(error: RankError) -> str | None:
 
 
 def _explained(
-    error: EquivalenceError, fn: Callable[..., Any], kind: str, world: World
+    error: EquivalenceError,
+    fn: Callable[..., Any],
+    kind: str,
+    world: World,
+    call: Call | None = None,
 ) -> EquivalenceError:
     """The error with its likely cause and a reproducer script added to the report. The
     diagnosis trains simulations, so it runs on the world's helper process, as the reference
@@ -190,8 +209,9 @@ def _explained(
         script = str(write_reproducer(fn, kind, outcome.scenario, device=world.device))
     except OSError as exc:
         script = f"(could not be written: {exc})"
+    called = f"\nCalled as: {call.describe()}" if call is not None else ""
     explained = EquivalenceError(
-        f"{error}\nLikely cause: {cause}\nReproducer: python {script}", outcome=outcome
+        f"{error}{called}\nLikely cause: {cause}\nReproducer: python {script}", outcome=outcome
     )
     explained.cause, explained.reproducer = cause, script
     return explained

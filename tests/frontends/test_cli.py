@@ -54,7 +54,8 @@ def test_a_counterexample_exits_1_with_a_json_verdict(tmp_path):
     )
     assert result.returncode == 1, result.stderr
     verdict = json.loads(result.stdout)
-    assert verdict["verdict"] == "not equivalent" and verdict["exit_code"] == 1
+    assert verdict["verdict"] == "not-equivalent" and verdict["exit_code"] == 1
+    assert verdict["call"] == "average_gradients(model)"
     assert verdict["scenario"].startswith("Scenario(world_size=2, schedule=(((")
     assert "First divergence: step 0 of 1" in verdict["report"]
     assert "averaged over ranks by the world size" in verdict["likely_cause"]
@@ -147,24 +148,24 @@ def returns_a_word(model, optimizer, micro_batches, loss_fn):
             ["{t}/code.py:crashes"],
             {},
             1,
-            "not equivalent",
+            "error",
             "failed on a world of 2 (gloo): rank 1 exited with code 7 without a result",
         ),
         (
             ["{t}/code.py:returns_a_word", "--kind", "step"],
             {},
             2,
-            "usage error",
+            "usage-error",
             "must return the global mean loss",
         ),
-        (["{t}/code.py:crashes", "--timeout", "0"], {}, 2, "usage error", "--timeout"),
-        (["{t}/code.py:crashes", "--no-such-option"], {}, 2, "usage error", "--no-such-option"),
-        (["{t}/missing.py:fn"], {}, 2, "usage error", "no such file"),
+        (["{t}/code.py:crashes", "--timeout", "0"], {}, 2, "usage-error", "--timeout"),
+        (["{t}/code.py:crashes", "--no-such-option"], {}, 2, "usage-error", "--no-such-option"),
+        (["{t}/missing.py:fn"], {}, 2, "usage-error", "no such file"),
         (
             ["{f}/grad_sync.py:sample_weighted"],
             {"GLOO_SOCKET_IFNAME": "ddpverify0"},
             3,
-            "harness error",
+            "harness-error",
             "could not start a world of 2",
         ),
     ],
@@ -263,7 +264,7 @@ def test_gpus_that_are_not_there_are_a_usage_error_said_before_anything_starts(
     document, result = done.stdout.strip().splitlines()
     assert result.split() == ["RESULT", "2", "0"], done.stdout + done.stderr  # no fork server
     verdict = json.loads(document)
-    assert (verdict["verdict"], verdict["exit_code"]) == ("usage error", 2)
+    assert (verdict["verdict"], verdict["exit_code"]) == ("usage-error", 2)
     assert words in verdict["report"]
 
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import ddp_verify.world  # noqa: F401
-from tests.processes import descendants, wait_gone
+from tests.processes import default_sigint, descendants, wait_gone
 
 QUIET = ["-p", "no:cacheprovider", "-W", "ignore:Failed to initialize NumPy:UserWarning"]
 
@@ -533,6 +533,7 @@ def test_interrupting_pytest_leaves_no_rank_behind(pytester, sig):
             stderr=subprocess.STDOUT,
             # If it ever fails to exit, SIGABRT below makes it print where every thread is.
             env={**os.environ, "PYTHONFAULTHANDLER": "1"},
+            preexec_fn=default_sigint,
         )
     try:
         started = [pytester.path / f"started{rank}" for rank in (0, 1)]

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import settings
 
 from ddp_verify import EquivalenceError, check
-from tests.user_code import load
+from tests.user_code import FIXTURES, load
 
 KINDS = {
     "grad_sync": "grad-sync",
@@ -17,10 +17,18 @@ KINDS = {
 }
 
 
+# fixtures/real_style/: code in the styles of real training codebases, one kind per file.
+REAL_STYLE = sorted(p.stem for p in (FIXTURES / "real_style").glob("*.py"))
+
 CASES = [
     pytest.param(KINDS[stem], getattr(module, name), verdict, cause, id=f"{stem}.{name}")
     for stem in KINDS
     for module in [load(stem)]
+    for name, (verdict, cause) in module.EXPECTED.items()
+] + [
+    pytest.param(module.KIND, getattr(module, name), verdict, cause, id=f"real_style.{name}")
+    for stem in REAL_STYLE
+    for module in [load(f"real_style/{stem}")]
     for name, (verdict, cause) in module.EXPECTED.items()
 ]
 
@@ -83,3 +91,4 @@ def test_there_are_fixtures_of_every_kind_both_correct_and_buggy():
         by_kind.setdefault(kind, set()).add(verdict)
     assert set(by_kind) == set(KINDS.values())
     assert all(v == {"equivalent", "not equivalent"} for v in by_kind.values())
+    assert len([c for c in CASES if c.id.startswith("real_style.")]) >= 4

@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from ddp_verify.world import FailureKind, RankError, RankFailure, World
 from ddp_verify.world.errors import DEBUG_HINT
-from tests.processes import alive, wait_gone
+from tests.processes import alive, default_sigint, wait_gone
 
 # A job's timeout far beyond what these tests need: a failure that the world reports as soon
 # as the others had their second to report (not when the job's time is up) comes in well
@@ -213,6 +213,7 @@ def test_killing_the_controller_leaves_no_rank_alive(sig, tmp_path):
         [sys.executable, "-c", _CONTROLLER, str(written)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        preexec_fn=default_sigint,
     )
     try:
         deadline = time.monotonic() + 120

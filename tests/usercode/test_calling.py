@@ -1,0 +1,109 @@
+"""The calling convention: the count goes to a parameter without a default or one named for a
+count, never to an optional flag; what cannot be decided is a usage error that says how to
+resolve it. No world needed: the signature is read before anything starts."""
+
+from __future__ import annotations
+
+import pytest
+
+from ddp_verify.usercode.kinds import KindError, check_signature, is_count_name
+
+
+def megatron(model, reduce_after=True, fp32_allreduce=False): ...
+
+
+def deepspeed(model, grads=None, elements_per_buffer=500_000_000): ...
+
+
+def positional(model, num_samples): ...
+
+
+def renamed(model, weight): ...
+
+
+def keyword_only(model, *, num_tokens): ...
+
+
+def optional_count(model, num_items_in_batch=None, group=None): ...
+
+
+def ambiguous(model, group, num_samples=None): ...
+
+
+def two_counts(model, num_samples=None, batch_size=None): ...
+
+
+def too_many(model, a, b): ...
+
+
+def loss_without_count(loss): ...
+
+
+def loss_helper(loss, num_tokens=None, average=True): ...
+
+
+@pytest.mark.parametrize(
+    ("fn", "kind", "call", "args", "kwargs"),
+    [
+        (megatron, "grad-sync", "megatron(model)", ("m",), {}),
+        (deepspeed, "grad-sync", "deepspeed(model)", ("m",), {}),
+        (positional, "grad-sync", "positional(model, num_samples=<", ("m", 7), {}),
+        (renamed, "grad-sync", "renamed(model, weight=<", ("m", 7), {}),
+        (keyword_only, "grad-sync", "keyword_only(model, num_tokens=<", ("m",), {"num_tokens": 7}),
+        (
+            optional_count,
+            "grad-sync",
+            "optional_count(model, num_items_in_batch=<",
+            ("m",),
+            {"num_items_in_batch": 7},
+        ),
+        (loss_without_count, "loss", "loss_without_count(local_loss)", ("m",), {}),
+        (loss_helper, "loss", "loss_helper(local_loss, num_tokens=<", ("m",), {"num_tokens": 7}),
+    ],
+    ids=lambda v: v.__name__ if callable(v) else None,
+)
+def test_the_count_goes_only_where_the_signature_asks_for_it(fn, kind, call, args, kwargs):
+    plan = check_signature(fn, kind)
+    assert plan.describe().startswith(call)
+    assert plan.arguments(("m",), 7) == (args, kwargs)
+
+
+def test_an_optional_flag_is_never_filled_by_position():
+    # Megatron's allreduce_params(reduce_after=True, ...) got reduce_after=num_samples, and a
+    # bucketed helper got the count as its bucket size, so ranks bucketed differently and hung.
+    for fn in (megatron, deepspeed):
+        args, kwargs = check_signature(fn, "grad-sync").arguments(("model",), 123)
+        assert args == ("model",) and kwargs == {}
+
+
+@pytest.mark.parametrize(
+    ("fn", "words"),
+    [
+        (ambiguous, "could go to 'group' (it has no default) or to 'num_samples'"),
+        (two_counts, "could go to any of 'num_samples', 'batch_size'"),
+        (too_many, "besides model it needs a, b"),
+    ],
+    ids=["required-or-named", "two-named", "two-required"],
+)
+def test_what_cannot_be_decided_is_a_usage_error_that_says_how_to_resolve_it(fn, words):
+    with pytest.raises(KindError) as caught:
+        check_signature(fn, "grad-sync")
+    message = str(caught.value)
+    assert words in message
+    if fn is not too_many:
+        assert "lambda model, n:" in message  # one way to resolve it, spelled out
+
+
+def test_count_names():
+    for name in (
+        "num_samples",
+        "num_items_in_batch",
+        "num_tokens",
+        "batch_size",
+        "n_items",
+        "token_count",
+        "ntokens",
+    ):
+        assert is_count_name(name), name
+    for name in ("reduce_after", "elements_per_buffer", "group", "fp32_allreduce", "average"):
+        assert not is_count_name(name), name
