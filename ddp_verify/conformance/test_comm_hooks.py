@@ -1,7 +1,7 @@
 """The communication hooks torch ships, registered on DDP (or the ``--ddp-wrapper``).
 
 ``allreduce_hook`` must be exact; ``fp16_compress_hook`` and ``bf16_compress_hook`` within the
-bound :mod:`ddp_verify.conformance.compression` derives from the format's unit roundoff
+bound :mod:`ddp_verify.engine.compression` derives from the format's unit roundoff
 (stated in every report); PowerSGD with a rank at least every gradient matrix's smaller side
 must be exact, and its error at rank 1, which its documentation describes as lossy, is
 measured and reported.
@@ -17,8 +17,8 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks as default
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
 
 from ddp_verify.conformance import jobs
-from ddp_verify.conformance.compression import CompressionTolerance, unit_roundoff
 from ddp_verify.conformance.known import known_torch_issue
+from ddp_verify.engine.compression import CompressionTolerance, unit_roundoff
 from ddp_verify.engine.outcome import EquivalenceError
 from ddp_verify.engine.strategies import models, optimizers, scenarios
 from ddp_verify.world import RankError
@@ -73,7 +73,7 @@ def test_compression_hook_is_within_its_formats_precision(
 
 def tolerance_text(fmt: str) -> str:
     roundoff = f"unit roundoff {unit_roundoff(fmt):.3g}"
-    return f"{fmt}'s bound ({roundoff}, see ddp_verify.conformance.compression)"
+    return f"{fmt}'s bound ({roundoff}, see ddp_verify.engine.compression)"
 
 
 # Compress from the first step, every matrix, with nothing carried between steps: what is left

@@ -16,6 +16,8 @@ OptimizerName = Literal["sgd", "adam", "adamw"]
 DType = Literal["float64", "float32", "bfloat16"]
 
 MODEL_KINDS: tuple[ModelKind, ...] = ("mlp", "conv", "embedding")
+# The structural features a ModelSpec can switch on (its boolean fields).
+FEATURES = ("layernorm", "tied", "unused", "frozen", "buffer")
 ACTIVATIONS: tuple[Activation, ...] = ("tanh", "relu", "gelu")
 LOSSES: tuple[LossName, ...] = ("mse", "cross_entropy")
 OPTIMIZERS: tuple[OptimizerName, ...] = ("sgd", "adam", "adamw")

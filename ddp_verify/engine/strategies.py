@@ -28,6 +28,7 @@ from hypothesis.errors import InvalidArgument
 from .scenario import (
     ACTIVATIONS,
     DTYPES,
+    FEATURES,
     LOSSES,
     MODEL_KINDS,
     OPTIMIZERS,
@@ -38,7 +39,6 @@ from .scenario import (
 )
 
 LEARNING_RATES = (0.1, 0.05, 0.01)
-FEATURES = ("layernorm", "tied", "unused", "frozen", "buffer")
 
 
 def models(

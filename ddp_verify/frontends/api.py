@@ -17,7 +17,7 @@ from ..world.backends import check_device, require_devices
 from .verifying import VerifyingWorld
 
 # One pool per way of starting worlds (backend, device, TF32), each world kept for the process.
-_pools: dict[tuple[str, str | None, bool], WorldPool] = {}
+_pools: dict[tuple[str, str | None, bool, bool], WorldPool] = {}
 
 
 def check(
@@ -31,6 +31,8 @@ def check(
     backend: str = "gloo",
     device: str | None = None,
     allow_tf32: bool = False,
+    debug: bool = False,
+    lossy: str | None = None,
     progress: Progress | None = None,
     world: VerifyingWorld | None = None,
     **scenario_bounds: Any,
@@ -58,7 +60,7 @@ def check(
     if world is None:
         device = check_device(backend, device)
         require_devices(backend, world_size, device)
-        world = _world(world_size, timeout, backend, device, allow_tf32)
+        world = _world(world_size, timeout, backend, device, allow_tf32, debug)
     return search(
         fn,
         kind=kind,
@@ -66,18 +68,24 @@ def check(
         max_examples=max_examples,
         seed=seed,
         progress=progress,
+        lossy=lossy,
         **scenario_bounds,
     )
 
 
 def _world(
-    size: int, timeout: float, backend: str, device: str, allow_tf32: bool
+    size: int, timeout: float, backend: str, device: str, allow_tf32: bool, debug: bool
 ) -> VerifyingWorld:
-    key = (backend, device, allow_tf32)
+    key = (backend, device, allow_tf32, debug)
     pool = _pools.get(key)
     if pool is None:
         pool = _pools[key] = WorldPool(
-            VerifyingWorld, timeout=timeout, backend=backend, device=device, allow_tf32=allow_tf32
+            VerifyingWorld,
+            timeout=timeout,
+            backend=backend,
+            device=device,
+            allow_tf32=allow_tf32,
+            debug=debug,
         )
         atexit.register(pool.close)
     for known in pool.worlds():

@@ -3,7 +3,8 @@
     ddp-verify check PATH.py:FUNCTION --kind KIND [--world-size N] [--max-examples N]
         [--seed N] [--dtype float64|float32|bfloat16] [--even-batches] [--max-micro-batches N]
         [--max-steps N] [--micro-batch-counts same|varied] [--backend gloo|nccl]
-        [--device cpu|cuda] [--allow-tf32] [--timeout S] [--json]
+        [--device cpu|cuda] [--allow-tf32] [--ddp-debug] [--lossy fp16|bf16]
+        [--exclude-features F,...] [--model-kinds K,...] [--timeout S] [--json]
 
     ddp-verify conformance [--world-size N] [--ddp-wrapper MODULE:CALLABLE] [--examples N]
         [--backend gloo|nccl] [--device cpu|cuda] [--allow-tf32] [--timeout S]
@@ -35,7 +36,7 @@ from typing import Any, NoReturn
 # torch warns at import when numpy is missing; ddp_verify needs none (tests/adapters/test_cli.py).
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
 
-from ..engine.scenario import DTYPES  # noqa: E402
+from ..engine.scenario import DTYPES, FEATURES, MODEL_KINDS  # noqa: E402
 from ..usercode.kinds import KINDS, SIGNATURES, KindError, check_signature  # noqa: E402
 from ..world.backends import BACKENDS, DEVICES  # noqa: E402
 from .options import parse_timeout  # noqa: E402
@@ -119,7 +120,12 @@ def _prestart(args: argparse.Namespace) -> None:
 
 
 def _world_options(args: argparse.Namespace) -> dict[str, Any]:
-    return {"backend": args.backend, "device": args.device, "allow_tf32": args.allow_tf32}
+    return {
+        "backend": args.backend,
+        "device": args.device,
+        "allow_tf32": args.allow_tf32,
+        "debug": args.ddp_debug,
+    }
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -142,6 +148,22 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("--seed", type=int, default=None)
     check.add_argument("--dtype", choices=DTYPES, default=None)
     check.add_argument("--even-batches", action="store_true")
+    check.add_argument(
+        "--exclude-features",
+        type=_features,
+        default=(),
+        metavar="F[,F...]",
+        help="model features your code does not support, left out of every drawn model: "
+        + ", ".join(FEATURES)
+        + " (e.g. unused, for code that assumes every parameter gets a gradient)",
+    )
+    check.add_argument(
+        "--model-kinds",
+        type=_model_kinds,
+        default=MODEL_KINDS,
+        metavar="K[,K...]",
+        help=f"model kinds to draw: {', '.join(MODEL_KINDS)} (default: all)",
+    )
     check.add_argument("--max-micro-batches", type=_positive, default=3)
     check.add_argument("--max-steps", type=_positive, default=3)
     check.add_argument(
@@ -152,6 +174,19 @@ def _parser() -> argparse.ArgumentParser:
         "--kind step, whose loop owns accumulation; varied for the other kinds)",
     )
     _add_device_options(check)
+    check.add_argument(
+        "--lossy",
+        choices=("fp16", "bf16"),
+        default=None,
+        help="a comm hook that compresses on purpose: hold it to the bound that format's "
+        "rounding allows (on SGD scenarios) instead of to exact equivalence",
+    )
+    check.add_argument(
+        "--ddp-debug",
+        action="store_true",
+        help="set TORCH_DISTRIBUTED_DEBUG=DETAIL in the ranks, so torch names mismatched "
+        "collectives (what a hang or a gloo abort report suggests)",
+    )
     check.add_argument(
         "--timeout", type=_positive_seconds, default=60.0, help="seconds per example"
     )
@@ -225,6 +260,24 @@ def _run_conformance(args: argparse.Namespace, extra: Sequence[str]) -> int:
     return int(pytest.main(conformance_args(args, extra)))
 
 
+def _choices_list(text: str, allowed: Sequence[str], what: str) -> tuple[str, ...]:
+    chosen = tuple(part.strip() for part in text.split(",") if part.strip())
+    unknown = [c for c in chosen if c not in allowed]
+    if not chosen or unknown:
+        raise argparse.ArgumentTypeError(
+            f"expected {what} from {', '.join(allowed)} (comma-separated), got {text!r}"
+        )
+    return chosen
+
+
+def _features(text: str) -> tuple[str, ...]:
+    return _choices_list(text, FEATURES, "model features")
+
+
+def _model_kinds(text: str) -> tuple[str, ...]:
+    return _choices_list(text, MODEL_KINDS, "model kinds")
+
+
 def _positive(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
@@ -296,6 +349,10 @@ def _run_check(args: argparse.Namespace, fn: Callable[..., Any], outcome: dict[s
     }
     if args.dtype:
         bounds["dtypes"] = (args.dtype,)
+    if args.exclude_features or tuple(args.model_kinds) != MODEL_KINDS:
+        from ..engine.strategies import models
+
+        bounds["models"] = models(kinds=args.model_kinds, excluded_features=args.exclude_features)
     if args.micro_batch_counts:
         bounds["same_micro_batch_counts"] = args.micro_batch_counts == "same"
     outcome["started"] = time.monotonic()
@@ -309,6 +366,7 @@ def _run_check(args: argparse.Namespace, fn: Callable[..., Any], outcome: dict[s
             seed=args.seed,
             timeout=args.timeout,
             progress=progress,
+            lossy=args.lossy,
             **_world_options(args),
             **bounds,
         )
@@ -339,8 +397,9 @@ def _run_check(args: argparse.Namespace, fn: Callable[..., Any], outcome: dict[s
         return _finish(args.json, EXIT_HARNESS, report, **outcome)
     summary = (
         f"{outcome['target']} ({args.kind}): equivalent on {verdict.examples} generated "
-        f"scenarios at world size {args.world_size}; no counterexample found\n"
-        f"Called as: {outcome['call']}"
+        f"scenarios at world size {args.world_size}; no counterexample found"
+        + (f" (lossy by design: within {verdict.lossy}'s bound)" if verdict.lossy else "")
+        + f"\nCalled as: {outcome['call']}"
     )
     return _finish(args.json, EXIT_EQUIVALENT, summary, **outcome, examples=verdict.examples)
 

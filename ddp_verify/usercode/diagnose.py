@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from ..engine.compare import outside
+from ..engine.compare import compare, outside
+from ..engine.compression import CompressionTolerance
 from ..engine.models import one_thread
 from ..engine.scenario import Scenario
 from ..engine.tolerances import Float64Tolerance, Tolerance
@@ -25,6 +26,11 @@ _MATCH = {
     "float32": Float64Tolerance(1e-3, 1e-5),
     "bfloat16": Float64Tolerance(4e-2, 4e-3),
 }
+
+
+# float16 compression rounds each contribution by 2^-11 of its size and the sum again per rank:
+# a few parts in a thousand at these world sizes, far less than what tells mistakes apart.
+_COMPRESSED_MATCH = Float64Tolerance(rtol=2e-2, atol=1e-4)
 
 
 def likely_cause(kind: str, scenario: Scenario, reference: Trace, got: Trace) -> str:
@@ -47,14 +53,47 @@ def likely_cause(kind: str, scenario: Scenario, reference: Trace, got: Trace) ->
             + ", ".join(repr(n) for n in partial)
             + " after step 0, and agree on the others)"
         )
+    lossy = _lossy_compression(kind, scenario, reference, got)
+    if lossy:
+        return lossy
     tolerance = _MATCH[scenario.dtype]
     with one_thread():
-        for mistake in candidates(kind):
-            if applies(mistake, scenario) and matches(simulate(scenario, mistake), got, tolerance):
+        simulated = [
+            (mistake, simulate(scenario, mistake))
+            for mistake in candidates(kind)
+            if applies(mistake, scenario)
+        ]
+        for mistake, trace in simulated:
+            if matches(trace, got, tolerance):
                 return "; and ".join(mistake.causes)
+        if kind == "comm-hook":
+            # A hook that compresses and also makes a mistake: the mistake, up to the
+            # compression's rounding (float16: a few parts in a thousand).
+            for mistake, trace in simulated:
+                if matches(trace, got, _COMPRESSED_MATCH):
+                    return "; and ".join(mistake.causes) + (
+                        " (up to compression rounding: the hook also compresses)"
+                    )
     return failure_cause(kind, scenario) or (
         "no known mistake reproduces this divergence; see the first divergence above"
     )
+
+
+def _lossy_compression(kind: str, scenario: Scenario, reference: Trace, got: Trace) -> str:
+    """A comm hook whose every value is within a compression format's rounding bound (the
+    bound is derived for SGD only): it compresses, which may be its design."""
+    if kind != "comm-hook" or scenario.optimizer.name != "sgd":
+        return ""
+    for fmt, flag in (("float16", "fp16"), ("bfloat16", "bf16")):
+        with one_thread():
+            tolerance = CompressionTolerance(scenario, fmt)
+        if compare(reference, got, scenario, tolerance) is None:
+            return (
+                f"lossy compression ({fmt} rounding): every gradient, parameter and loss is "
+                f"within what {fmt}'s rounding allows ({tolerance.describe()}); if the hook "
+                f"compresses on purpose, check it with --lossy {flag} (lossy='{flag}')"
+            )
+    return ""
 
 
 def failure_cause(kind: str, scenario: Scenario) -> str | None:

@@ -14,9 +14,10 @@ from typing import Any
 import hypothesis
 from hypothesis import HealthCheck, Phase, Verbosity, given, settings
 
+from ..engine.compression import CompressionTolerance
 from ..engine.outcome import EquivalenceError
 from ..engine.scenario import Scenario
-from ..engine.strategies import scenarios
+from ..engine.strategies import optimizers, scenarios
 from ..methods.equivalence import HarnessError, assert_equivalent
 from ..world import FailureKind, RankError, World, WorldError
 from .adapters import DEFAULT_BOUNDS, KindError, adapt
@@ -37,6 +38,8 @@ class Verdict:
     function: str
     world_size: int
     examples: int
+    # The format a lossy comm hook was held to ("float16"), or None for exact equivalence.
+    lossy: str | None = None
 
     @property
     def equivalent(self) -> bool:
@@ -83,6 +86,7 @@ def search(
     max_examples: int = 100,
     seed: int | None = None,
     progress: Progress | None = None,
+    lossy: str | None = None,
     **scenario_bounds: Any,
 ) -> Verdict:
     """Check ``fn`` as a ``kind`` plug-in on scenarios generated for ``world``.
@@ -94,6 +98,9 @@ def search(
     be a ``kind`` plug-in (its signature, or what it returned on the ranks).
     ``scenario_bounds`` go to :func:`ddp_verify.engine.strategies.scenarios`; ``step``
     functions are checked with ``same_micro_batch_counts=True`` unless told otherwise.
+    ``lossy="fp16"`` or ``"bf16"`` holds a compressing comm hook to the bound that format's
+    rounding allows (:mod:`ddp_verify.engine.compression`, derived for SGD, so scenarios train
+    with SGD) instead of to exact equivalence.
 
     Example::
 
@@ -103,9 +110,11 @@ def search(
     __tracebackhide__ = True
     method = adapt(fn, kind)
     world_size = world.size
-    strategy = scenarios(
-        world_size=world_size, **{**DEFAULT_BOUNDS.get(kind, {}), **scenario_bounds}
-    )
+    fmt = lossy_format(kind, lossy)
+    bounds = {**DEFAULT_BOUNDS.get(kind, {}), **scenario_bounds}
+    if fmt is not None:
+        bounds.setdefault("optimizers", optimizers(names=("sgd",)))
+    strategy = scenarios(world_size=world_size, **bounds)
     tried = 0
     failed = False
     found_at = 0
@@ -130,7 +139,13 @@ def search(
         if progress is not None:
             progress(tried, "shrinking" if failed else "searching")
         try:
-            assert_equivalent(world, method, scenario)
+            tolerance = None
+            if fmt is not None:
+                # Derived by training contributions: on the helper, as the reference is.
+                tolerance = world.helper.run_job(
+                    CompressionTolerance, (scenario, fmt), name="the compression bound"
+                )[0]
+            assert_equivalent(world, method, scenario, tolerance=tolerance)
         except EquivalenceError:
             if not failed:
                 failed, found_at = True, tried
@@ -172,7 +187,28 @@ def search(
         )
         failed_error.cause = cause
         raise failed_error from None
-    return Verdict(kind, method.name.split(" ", 1)[1], world_size, tried)
+    return Verdict(kind, method.name.split(" ", 1)[1], world_size, tried, lossy=fmt)
+
+
+LOSSY = {"fp16": "float16", "bf16": "bfloat16"}
+
+
+def lossy_format(kind: str, lossy: str | None) -> str | None:
+    """The format ``lossy`` names (``"fp16"`` → ``"float16"``), once it applies to ``kind``;
+    :class:`KindError` otherwise.
+
+    Example::
+
+        >>> lossy_format("comm-hook", "bf16")
+        'bfloat16'
+    """
+    if lossy is None:
+        return None
+    if lossy not in LOSSY:
+        raise KindError(f"lossy must be one of {', '.join(LOSSY)}, got {lossy!r}")
+    if kind != "comm-hook":
+        raise KindError(f"--lossy applies to comm hooks (kind comm-hook), not to {kind}")
+    return LOSSY[lossy]
 
 
 def _kind_errors(error: RankError) -> str | None:

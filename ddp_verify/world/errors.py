@@ -15,7 +15,8 @@ from typing import Any
 
 DEBUG_HINT = (
     "If the ranks may have called different collectives (or one collective with different "
-    "shapes), rerun with --ddp-debug (World(debug=True) outside pytest): it sets "
+    "shapes), rerun with --ddp-debug (pytest, ddp-verify check; World(debug=True) or "
+    "check(debug=True) from Python): it sets "
     "TORCH_DISTRIBUTED_DEBUG=DETAIL in the ranks, and torch then names the mismatch."
 )
 

@@ -9,13 +9,13 @@ import torch.distributed as dist
 from hypothesis import given
 from hypothesis.errors import InvalidArgument
 
-from ddp_verify.conformance.compression import (
+from ddp_verify.conformance.sharding import Shards
+from ddp_verify.conformance.uneven_batches import JoinRun, check_join, reference_join
+from ddp_verify.engine.compression import (
     CompressionTolerance,
     contribution_scales,
     unit_roundoff,
 )
-from ddp_verify.conformance.sharding import Shards
-from ddp_verify.conformance.uneven_batches import JoinRun, check_join, reference_join
 from ddp_verify.engine.scenario import ModelSpec, OptimizerSpec, Scenario
 from ddp_verify.engine.strategies import models
 from ddp_verify.methods import Reference, ddp

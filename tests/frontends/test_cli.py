@@ -302,3 +302,60 @@ def test_conformance_passes_the_device_options_to_pytest():
         "--ddp-allow-tf32",
         "-x",
     ]
+
+
+MISMATCHED = """
+import torch, torch.distributed as dist
+
+
+def mismatched(model):
+    t = torch.ones(3 if dist.get_rank() == 0 else 5, dtype=torch.float64)
+    dist.all_reduce(t)
+"""
+
+
+def test_ddp_debug_on_the_cli_names_the_mismatched_collective(tmp_path):
+    # Without it, the report of a crashed or stuck world suggests it; with it, torch names
+    # the mismatch. Either way the verdict is "error": the code failed to run.
+    (tmp_path / "code.py").write_text(MISMATCHED)
+    command = check_command(f"{tmp_path}/code.py:mismatched", "--max-examples", "2", "--json")
+    plain = json.loads(ddp_verify(*command, "--timeout", "10", cwd=tmp_path).stdout)
+    assert plain["verdict"] == "error" and "rerun with --ddp-debug" in plain["report"]
+    debug = json.loads(ddp_verify(*command, "--timeout", "10", "--ddp-debug", cwd=tmp_path).stdout)
+    assert debug["verdict"] == "error", debug["report"]
+    assert "Detected mismatch between collectives" in debug["report"]
+
+
+EVERY_GRADIENT = """
+import torch, torch.distributed as dist
+
+
+def flat_sync(model, num_samples):
+    # Assumes every parameter has a gradient, as much training code does.
+    grads = [p.grad for p in model.parameters()]
+    assert all(g is not None for g in grads), "a parameter without a gradient"
+    flat = torch.cat([g.reshape(-1) * num_samples for g in grads])
+    count = torch.tensor([float(num_samples)], dtype=flat.dtype)
+    both = torch.cat([flat, count])
+    dist.all_reduce(both)
+    offset = 0
+    for g in grads:
+        g.copy_(both[offset : offset + g.numel()].view_as(g) / both[-1])
+        offset += g.numel()
+"""
+
+
+def test_model_features_the_code_does_not_support_can_be_left_out(tmp_path):
+    (tmp_path / "code.py").write_text(EVERY_GRADIENT)
+    command = check_command(f"{tmp_path}/code.py:flat_sync", "--max-examples", "30", "--json")
+    with_all = json.loads(ddp_verify(*command, "--seed", "1", cwd=tmp_path).stdout)
+    assert with_all["verdict"] == "error", with_all["report"]
+    assert "a parameter without a gradient" in with_all["report"]
+    without = ddp_verify(
+        *command, "--exclude-features", "unused,frozen", "--model-kinds", "mlp", cwd=tmp_path
+    )
+    assert json.loads(without.stdout)["verdict"] == "equivalent", without.stdout
+    bad = ddp_verify(*command, "--exclude-features", "wings", cwd=tmp_path)
+    assert bad.returncode == 2
+    report = json.loads(bad.stdout)["report"]
+    assert "expected model features from layernorm, tied, unused" in report

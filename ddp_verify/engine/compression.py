@@ -26,9 +26,9 @@ from __future__ import annotations
 
 import torch
 
-from ..engine.scenario import Scenario
-from ..engine.tolerances import FLOAT64_ATOL, Tolerance
-from ..engine.training import Step, train
+from .scenario import Scenario
+from .tolerances import FLOAT64_ATOL, Tolerance
+from .training import Step, train
 
 COMPRESSION_SAFETY = 4.0
 FORMATS = {"float16": torch.float16, "bfloat16": torch.bfloat16}
