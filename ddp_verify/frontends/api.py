@@ -33,6 +33,7 @@ def check(
     allow_tf32: bool = False,
     debug: bool = False,
     lossy: str | None = None,
+    result_on: str = "all",
     progress: Progress | None = None,
     world: VerifyingWorld | None = None,
     **scenario_bounds: Any,
@@ -69,6 +70,7 @@ def check(
         seed=seed,
         progress=progress,
         lossy=lossy,
+        result_on=result_on,
         **scenario_bounds,
     )
 

@@ -4,7 +4,8 @@
         [--seed N] [--dtype float64|float32|bfloat16] [--even-batches] [--max-micro-batches N]
         [--max-steps N] [--micro-batch-counts same|varied] [--backend gloo|nccl]
         [--device cpu|cuda] [--allow-tf32] [--ddp-debug] [--lossy fp16|bf16]
-        [--exclude-features F,...] [--model-kinds K,...] [--timeout S] [--json]
+        [--result-on all|rank0] [--exclude-features F,...] [--model-kinds K,...]
+        [--timeout S] [--json]
 
     ddp-verify conformance [--world-size N] [--ddp-wrapper MODULE:CALLABLE] [--examples N]
         [--backend gloo|nccl] [--device cpu|cuda] [--allow-tf32] [--timeout S]
@@ -174,6 +175,14 @@ def _parser() -> argparse.ArgumentParser:
         "--kind step, whose loop owns accumulation; varied for the other kinds)",
     )
     _add_device_options(check)
+    check.add_argument(
+        "--result-on",
+        choices=("all", "rank0"),
+        default="all",
+        help="where a loss, reduce or reduce-dict helper's result is meant to be: on every "
+        "rank (default), or on rank 0 only (a reduce onto rank 0), which is then all that is "
+        "checked",
+    )
     check.add_argument(
         "--lossy",
         choices=("fp16", "bf16"),
@@ -367,6 +376,7 @@ def _run_check(args: argparse.Namespace, fn: Callable[..., Any], outcome: dict[s
             timeout=args.timeout,
             progress=progress,
             lossy=args.lossy,
+            result_on=args.result_on,
             **_world_options(args),
             **bounds,
         )

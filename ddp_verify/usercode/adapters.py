@@ -26,7 +26,18 @@ from ..methods.ddp import DDP
 from ..methods.loop import RankRun, train_data_parallel, train_local_then_sync
 from ..methods.manual import all_reduce_weighted
 from ..world.protocol import modules_ranks_cannot_import
-from .kinds import DEFAULT_BOUNDS, KINDS, SIGNATURES, Call, KindError, check_signature
+from .kinds import (
+    DEFAULT_BOUNDS,
+    KINDS,
+    RESULT_KINDS,
+    SIGNATURES,
+    Call,
+    KindError,
+    check_signature,
+    takes_a_list,
+)
+
+RESULT_ON = ("all", "rank0")
 
 __all__ = [
     "DEFAULT_BOUNDS",
@@ -38,7 +49,7 @@ __all__ = [
 ]
 
 
-def adapt(fn: Callable[..., Any], kind: str) -> DistributedMethod:
+def adapt(fn: Callable[..., Any], kind: str, *, result_on: str = "all") -> DistributedMethod:
     """The method that runs ``fn`` as a ``kind`` plug-in, after checking its signature.
 
     Example::
@@ -47,12 +58,21 @@ def adapt(fn: Callable[..., Any], kind: str) -> DistributedMethod:
         world.assert_equivalent(method, scenario)
     """
     call = check_signature(fn, kind)
+    if result_on not in RESULT_ON:
+        raise KindError(f"result_on must be one of {', '.join(RESULT_ON)}, got {result_on!r}")
+    if result_on != "all" and kind not in RESULT_KINDS:
+        raise KindError(
+            f"--result-on {result_on} applies to {', '.join(RESULT_KINDS)} helpers, not {kind}"
+        )
     name = f"{kind} {getattr(fn, '__qualname__', repr(fn))}"
+    if result_on != "all":
+        name += f" (result on {result_on})"
     method: DistributedMethod
     if kind == "grad-sync":
         method = GradSync(fn, name, call)
-    elif kind == "loss":
-        method = LossAggregation(fn, name, call)
+    elif kind in RESULT_KINDS:
+        form = "list" if kind == "reduce" and takes_a_list(fn) else kind
+        method = LossAggregation(fn, name, call, form=form, result_on=result_on)
     elif kind == "step":
         method = TrainingStep(fn, name)
     elif kind == "comm-hook":
@@ -93,11 +113,23 @@ class GradSync(UserMethod):
 
 class LossAggregation(UserMethod):
     """The harness synchronises gradients correctly; ``fn`` turns each rank's mean loss into
-    the global mean loss it reports (called as ``call`` says)."""
+    the global mean loss it reports (called as ``call`` says). ``form`` is how the loss is
+    handed over and must come back: ``loss`` (a scalar tensor in, a number or tensor out),
+    ``reduce`` (a tensor in, one of the same shape out), ``list`` (a list of one tensor in and
+    out), ``reduce-dict`` (``{"loss": tensor}`` in and out). ``result_on="rank0"``: only rank
+    0's result counts (a helper that reduces onto rank 0); the other ranks report rank 0's."""
 
-    def __init__(self, fn: Callable[..., Any], name: str, call: Call) -> None:
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        name: str,
+        call: Call,
+        *,
+        form: str = "loss",
+        result_on: str = "all",
+    ) -> None:
         super().__init__(fn, name)
-        self.call = call
+        self.call, self.form, self.result_on = call, form, result_on
 
     def train_rank(self, scenario: Scenario) -> RankTrace:
         run = RankRun(scenario)
@@ -107,11 +139,52 @@ class LossAggregation(UserMethod):
         def users_loss(step: int, local_sum: torch.Tensor) -> float:
             n = run.local_samples(step)
             all_reduce_weighted(params, float(n), run.global_samples(step))
-            args, kwargs = self.call.arguments(((local_sum / n).to(dtype).clone(),), n)
-            reported = self.fn(*args, **kwargs)
-            return _as_float(reported, "loss")
+            local = (local_sum / n).to(dtype).clone()
+            args, kwargs = self.call.arguments((_handed_over(self.form, local),), n)
+            reported = _taken_back(self.form, self.fn(*args, **kwargs), local)
+            if self.result_on == "rank0":
+                held = torch.tensor([reported], dtype=torch.float64, device=run.device)
+                dist.broadcast(held, src=0)
+                reported = float(held.item())
+            return reported
 
         return train_local_then_sync(run, users_loss)
+
+
+def _handed_over(form: str, local: torch.Tensor) -> Any:
+    if form == "list":
+        return [local]
+    if form == "reduce-dict":
+        return {"loss": local}
+    return local
+
+
+def _taken_back(form: str, result: Any, given: torch.Tensor) -> float:
+    """The global mean loss in what ``fn`` returned; :class:`KindError` if its form is not
+    the one the kind promises."""
+    if form == "loss":
+        return _as_float(result, "loss")
+    if form == "reduce-dict":
+        if not isinstance(result, dict) or "loss" not in result:
+            raise KindError(
+                f"a reduce-dict helper must return a dict with the keys it was given "
+                f"(here 'loss'), got {type(result).__name__}"
+            )
+        result = result["loss"]
+    elif form == "list":
+        if not isinstance(result, (list, tuple)) or len(result) != 1:
+            raise KindError(
+                "a reduce helper given a list of one tensor must return a list or tuple of one "
+                f"tensor, got {type(result).__name__}"
+            )
+        result = result[0]
+    if not isinstance(result, torch.Tensor) or result.shape != given.shape:
+        shape = tuple(result.shape) if isinstance(result, torch.Tensor) else type(result).__name__
+        raise KindError(
+            f"a reduce helper must return a tensor of the shape it was given "
+            f"{tuple(given.shape)}, got {shape}"
+        )
+    return _as_float(result, "reduce")
 
 
 class TrainingStep(UserMethod):

@@ -16,6 +16,7 @@ from ..engine.models import one_thread
 from ..engine.scenario import Scenario
 from ..engine.tolerances import Float64Tolerance, Tolerance
 from ..engine.trace import Trace
+from .kinds import RESULT_KINDS
 from .mistakes import Mistake, applies, candidates, simulate
 
 # Loose on purpose: a simulated mistake need only be told apart from the other mistakes,
@@ -56,6 +57,13 @@ def likely_cause(kind: str, scenario: Scenario, reference: Trace, got: Trace) ->
     lossy = _lossy_compression(kind, scenario, reference, got)
     if lossy:
         return lossy
+    if kind in RESULT_KINDS and _held_by_rank_zero_only(scenario, got):
+        return (
+            "only rank 0 holds the result: the other ranks report their own local loss, as a "
+            "helper that reduces onto rank 0 (dist.reduce, gather to rank 0) leaves them; if "
+            "only rank 0's result is meant to be used, check with --result-on rank0 "
+            "(result_on='rank0'), which holds rank 0's result to the global mean"
+        )
     tolerance = _MATCH[scenario.dtype]
     with one_thread():
         simulated = [
@@ -77,6 +85,32 @@ def likely_cause(kind: str, scenario: Scenario, reference: Trace, got: Trace) ->
     return failure_cause(kind, scenario) or (
         "no known mistake reproduces this divergence; see the first divergence above"
     )
+
+
+def _held_by_rank_zero_only(scenario: Scenario, got: Trace) -> bool:
+    """Every rank but 0 reports its own local loss at every step, and rank 0 does not."""
+    if scenario.world_size < 2:
+        return False
+    with one_thread():
+        local = simulate(scenario, Mistake(report="local"))
+    tolerance = _MATCH[scenario.dtype]
+
+    def reports_local(rank: int) -> bool:
+        return all(
+            not bool(
+                outside(
+                    torch.tensor(got.ranks[rank].losses[step]),
+                    torch.tensor(local.ranks[rank].losses[step]),
+                    tolerance.allowed(
+                        "loss", step, "", torch.tensor(local.ranks[rank].losses[step])
+                    ),
+                ).any()
+            )
+            for step in range(got.steps)
+        )
+
+    others_local = all(reports_local(r) for r in range(1, scenario.world_size))
+    return others_local and not reports_local(0)
 
 
 def _lossy_compression(kind: str, scenario: Scenario, reference: Trace, got: Trace) -> str:

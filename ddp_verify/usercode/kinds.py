@@ -11,12 +11,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-KINDS = ("grad-sync", "loss", "step", "comm-hook", "wrapper")
+KINDS = ("grad-sync", "loss", "reduce", "reduce-dict", "step", "comm-hook", "wrapper")
 
 # What each kind's callable must accept, for the error that says so.
 SIGNATURES = {
     "grad-sync": "fn(model) or fn(model, num_samples)",
     "loss": "fn(local_loss, num_samples) or fn(local_loss) -> tensor or float",
+    "reduce": "fn(tensor) or fn(tensor, num_samples) -> tensor of the same shape (or a list of "
+    "tensors in and out)",
+    "reduce-dict": "fn(metrics) or fn(metrics, num_samples) -> dict of the same keys",
     "step": "fn(model, optimizer, micro_batches, loss_fn) -> tensor or float",
     "comm-hook": "hook(state, bucket) -> torch.futures.Future",
     "wrapper": "fn(module) -> module",
@@ -26,11 +29,27 @@ SIGNATURES = {
 # code that synchronises per micro-batch would only hang on other schedules.
 DEFAULT_BOUNDS: dict[str, dict[str, Any]] = {"step": {"same_micro_batch_counts": True}}
 
-_ARITIES = {"grad-sync": (1, 2), "loss": (2,), "step": (4,), "comm-hook": (2,), "wrapper": (1,)}
+_ARITIES = {
+    "grad-sync": (1, 2),
+    "loss": (1, 2),
+    "reduce": (1, 2),
+    "reduce-dict": (1, 2),
+    "step": (4,),
+    "comm-hook": (2,),
+    "wrapper": (1,),
+}
+# Kinds whose result may be held by rank 0 only (--result-on rank0): logging helpers that
+# reduce onto one rank.
+RESULT_KINDS = ("loss", "reduce", "reduce-dict")
 
 # Kinds whose callable may be given the count of loss items (samples) on this rank, and what
 # the harness passes before it.
-COUNTED = {"grad-sync": "model", "loss": "local_loss"}
+COUNTED = {
+    "grad-sync": "model",
+    "loss": "local_loss",
+    "reduce": "tensor",
+    "reduce-dict": "metrics",
+}
 # Names that say a parameter is a count: the count is passed to such a parameter, or to one
 # without a default, and never to another optional parameter (Megatron's
 # allreduce_params(reduce_after=True, ...) must not get reduce_after=num_samples).
@@ -67,6 +86,23 @@ def is_count_name(name: str) -> bool:
         (True, False)
     """
     return name in COUNT_NAMES or name.startswith(("num_", "n_")) or name.endswith("_count")
+
+
+def takes_a_list(fn: Callable[..., Any]) -> bool:
+    """Whether a ``reduce`` helper's first parameter is named for several tensors
+    (``losses``, ``tensors``): it is then given a list of one tensor, as Megatron's
+    ``average_losses_across_data_parallel_group([loss])`` expects.
+
+    Example::
+
+        >>> takes_a_list(lambda losses: losses), takes_a_list(lambda tensor: tensor)
+        (True, False)
+    """
+    try:
+        first = next(iter(inspect.signature(fn).parameters.values()))
+    except (TypeError, ValueError, StopIteration):
+        return False
+    return first.name.endswith("s") and first.name not in ("loss", "bias", "status")
 
 
 class KindError(TypeError):
@@ -112,6 +148,8 @@ class Call:
         names = {
             "grad-sync": ["model"],
             "loss": ["local_loss"],
+            "reduce": ["tensor"],
+            "reduce-dict": ["metrics"],
             "step": ["model", "optimizer", "micro_batches", "loss_fn"],
             "comm-hook": ["state", "bucket"],
             "wrapper": ["module"],

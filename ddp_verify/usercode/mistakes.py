@@ -73,7 +73,7 @@ def candidates(kind: str) -> list[Mistake]:
     """The mistakes a plug-in of ``kind`` can make, fewest mistakes first."""
     if kind == "grad-sync":
         return [Mistake(combine=c) for c in ("world", "sum", "none")]
-    if kind == "loss":
+    if kind in ("loss", "reduce", "reduce-dict"):
         return [Mistake(report=r) for r in ("local", "sum", "world", "accumulated")]
     if kind in ("comm-hook", "wrapper"):
         return [Mistake(combine=c, prescaled=True) for c in ("sum", "none")]

@@ -54,6 +54,7 @@ SCENARIO = {scenario!r}
 KIND = {kind!r}
 # Where the ranks train: "cuda" puts rank r on GPU r % (visible GPUs), as the check did.
 DEVICE = {device!r}
+RESULT_ON = {result_on!r}
 
 
 def load_function():
@@ -74,7 +75,7 @@ def train(rank, port, results):
         "gloo", init_method=f"tcp://127.0.0.1:{{port}}", rank=rank,
         world_size=SCENARIO.world_size,
     )
-    trace = adapt(load_function(), KIND).train_rank(SCENARIO)
+    trace = adapt(load_function(), KIND, result_on=RESULT_ON).train_rank(SCENARIO)
     # Bytes, not tensors: shared-memory tensors die with the rank that made them.
     results.put((rank, pickle.dumps(trace)))
     dist.barrier()
@@ -136,6 +137,7 @@ def write_reproducer(
     directory: Path | None = None,
     *,
     device: str = "cpu",
+    result_on: str = "all",
 ) -> Path:
     """Write the script for ``fn`` on ``scenario``, its ranks training on ``device``; return
     its path.
@@ -158,6 +160,7 @@ def write_reproducer(
             description=scenario.describe().replace("\n", "\n    "),
             scenario=scenario,
             device=device,
+            result_on=result_on,
             loader=_loader(fn),
         )
     )

@@ -87,6 +87,7 @@ def search(
     seed: int | None = None,
     progress: Progress | None = None,
     lossy: str | None = None,
+    result_on: str = "all",
     **scenario_bounds: Any,
 ) -> Verdict:
     """Check ``fn`` as a ``kind`` plug-in on scenarios generated for ``world``.
@@ -100,7 +101,8 @@ def search(
     functions are checked with ``same_micro_batch_counts=True`` unless told otherwise.
     ``lossy="fp16"`` or ``"bf16"`` holds a compressing comm hook to the bound that format's
     rounding allows (:mod:`ddp_verify.engine.compression`, derived for SGD, so scenarios train
-    with SGD) instead of to exact equivalence.
+    with SGD) instead of to exact equivalence. ``result_on="rank0"``: a ``loss``, ``reduce``
+    or ``reduce-dict`` helper's result is held by rank 0 only, and only rank 0's is checked.
 
     Example::
 
@@ -108,7 +110,7 @@ def search(
             search(average_gradients, kind="grad-sync", world=world, max_examples=50)
     """
     __tracebackhide__ = True
-    method = adapt(fn, kind)
+    method = adapt(fn, kind, result_on=result_on)
     world_size = world.size
     fmt = lossy_format(kind, lossy)
     bounds = {**DEFAULT_BOUNDS.get(kind, {}), **scenario_bounds}
@@ -164,7 +166,14 @@ def search(
     except _HarnessFailed as stop:
         raise stop.error from None
     except EquivalenceError as error:
-        explained = _explained(error, fn, kind, world, method.call)  # type: ignore[attr-defined]
+        explained = _explained(
+            error,
+            fn,
+            kind,
+            world,
+            method.call,
+            result_on,  # type: ignore[attr-defined]
+        )
         explained.found_at = found_at
         raise explained from None
     except _CodeFailed as stop:
@@ -225,6 +234,7 @@ def _explained(
     kind: str,
     world: World,
     call: Call | None = None,
+    result_on: str = "all",
 ) -> EquivalenceError:
     """The error with its likely cause and a reproducer script added to the report. The
     diagnosis trains simulations, so it runs on the world's helper process, as the reference
@@ -242,7 +252,9 @@ def _explained(
         # The counterexample stands; only its explanation is missing.
         cause = f"not found: the diagnosis failed ({str(exc).splitlines()[0]})"
     try:
-        script = str(write_reproducer(fn, kind, outcome.scenario, device=world.device))
+        script = str(
+            write_reproducer(fn, kind, outcome.scenario, device=world.device, result_on=result_on)
+        )
     except OSError as exc:
         script = f"(could not be written: {exc})"
     called = f"\nCalled as: {call.describe()}" if call is not None else ""
