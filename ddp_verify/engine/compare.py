@@ -49,7 +49,9 @@ class Mismatch:
     def render(self) -> str:
         where = f"step {self.step} of {self.steps}"
         shape = tuple(self.expected.shape)
-        subject = f"{self.quantity} {self.name!r}" + (f" (shape {shape})" if shape else "")
+        # A missing tensor has no shape to show (the placeholder's (0,) would mislead).
+        shown = shape and not self.note
+        subject = f"{self.quantity} {self.name!r}" + (f" (shape {shape})" if shown else "")
         lines = [f"First divergence: {where}, {subject}, on {_ranks(self.ranks)}"]
         if self.note:
             lines.append(self.note)

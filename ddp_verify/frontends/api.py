@@ -34,6 +34,7 @@ def check(
     debug: bool = False,
     lossy: str | None = None,
     result_on: str = "all",
+    hook_state: Callable[..., Any] | None = None,
     progress: Progress | None = None,
     world: VerifyingWorld | None = None,
     **scenario_bounds: Any,
@@ -71,6 +72,7 @@ def check(
         progress=progress,
         lossy=lossy,
         result_on=result_on,
+        hook_state=hook_state,
         **scenario_bounds,
     )
 

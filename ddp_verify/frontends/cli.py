@@ -4,7 +4,8 @@
         [--seed N] [--dtype float64|float32|bfloat16] [--even-batches] [--max-micro-batches N]
         [--max-steps N] [--micro-batch-counts same|varied] [--backend gloo|nccl]
         [--device cpu|cuda] [--allow-tf32] [--ddp-debug] [--lossy fp16|bf16]
-        [--result-on all|rank0] [--exclude-features F,...] [--model-kinds K,...]
+        [--result-on all|rank0] [--hook-state PATH.py:FACTORY] [--exclude-features F,...]
+        [--model-kinds K,...]
         [--timeout S] [--json]
 
     ddp-verify conformance [--world-size N] [--ddp-wrapper MODULE:CALLABLE] [--examples N]
@@ -92,6 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         fn = load_function(path, name)
         outcome["call"] = check_signature(fn, args.kind).describe()
+        args.hook_state_factory = load_factory(args.hook_state) if args.hook_state else None
     except (UsageError, KindError) as exc:
         return _finish(wants_json, EXIT_USAGE, f"ddp-verify: error: {exc}", **outcome)
     return _run_check(args, fn, outcome)
@@ -182,6 +184,13 @@ def _parser() -> argparse.ArgumentParser:
         help="where a loss, reduce or reduce-dict helper's result is meant to be: on every "
         "rank (default), or on rank 0 only (a reduce onto rank 0), which is then all that is "
         "checked",
+    )
+    check.add_argument(
+        "--hook-state",
+        metavar="PATH.py:FACTORY|MODULE:FACTORY",
+        default=None,
+        help="a comm hook's state, made on each rank once the process group exists: "
+        "FACTORY() or FACTORY(module) (e.g. one returning PowerSGDState(None, 1))",
     )
     check.add_argument(
         "--lossy",
@@ -344,6 +353,23 @@ def load_function(path: Path, name: str) -> Callable[..., Any]:
     return getattr(module, name)
 
 
+def load_factory(target: str) -> Callable[..., Any]:
+    """``PATH.py:NAME`` (a file, as for the checked function) or ``MODULE:NAME`` (imported)."""
+    location, sep, name = target.rpartition(":")
+    if not sep or not location or not name:
+        raise UsageError(f"expected PATH.py:FACTORY or MODULE:FACTORY, got {target!r}")
+    if location.endswith(".py") or Path(location).is_file():
+        path, name = parse_target(target)
+        return load_function(path, name)
+    try:
+        module = importlib.import_module(location)
+    except ImportError as exc:
+        raise UsageError(f"cannot import {location!r} for --hook-state: {exc}") from None
+    if not hasattr(module, name):
+        raise UsageError(f"{location!r} has no {name!r} (--hook-state {target})")
+    return getattr(module, name)
+
+
 def _run_check(args: argparse.Namespace, fn: Callable[..., Any], outcome: dict[str, Any]) -> int:
     from ..engine.outcome import EquivalenceError
     from ..methods.equivalence import HarnessError
@@ -377,6 +403,7 @@ def _run_check(args: argparse.Namespace, fn: Callable[..., Any], outcome: dict[s
             progress=progress,
             lossy=args.lossy,
             result_on=args.result_on,
+            hook_state=args.hook_state_factory,
             **_world_options(args),
             **bounds,
         )

@@ -13,6 +13,7 @@ the user's code's own.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -49,7 +50,13 @@ __all__ = [
 ]
 
 
-def adapt(fn: Callable[..., Any], kind: str, *, result_on: str = "all") -> DistributedMethod:
+def adapt(
+    fn: Callable[..., Any],
+    kind: str,
+    *,
+    result_on: str = "all",
+    hook_state: Callable[..., Any] | None = None,
+) -> DistributedMethod:
     """The method that runs ``fn`` as a ``kind`` plug-in, after checking its signature.
 
     Example::
@@ -60,6 +67,10 @@ def adapt(fn: Callable[..., Any], kind: str, *, result_on: str = "all") -> Distr
     call = check_signature(fn, kind)
     if result_on not in RESULT_ON:
         raise KindError(f"result_on must be one of {', '.join(RESULT_ON)}, got {result_on!r}")
+    if hook_state is not None and kind != "comm-hook":
+        raise KindError(f"--hook-state applies to comm hooks (kind comm-hook), not to {kind}")
+    if hook_state is not None and not callable(hook_state):
+        raise KindError(f"the hook state factory {hook_state!r} is not callable")
     if result_on != "all" and kind not in RESULT_KINDS:
         raise KindError(
             f"--result-on {result_on} applies to {', '.join(RESULT_KINDS)} helpers, not {kind}"
@@ -76,7 +87,7 @@ def adapt(fn: Callable[..., Any], kind: str, *, result_on: str = "all") -> Distr
     elif kind == "step":
         method = TrainingStep(fn, name)
     elif kind == "comm-hook":
-        method = CommHook(fn, name)
+        method = CommHook(fn, name, hook_state)
     else:
         method = Wrapper(fn, name)
     method.call = call  # type: ignore[attr-defined]  # reports say how the code was called
@@ -203,13 +214,43 @@ class TrainingStep(UserMethod):
 
 
 class CommHook(DDP):
-    """torch's DDP with the user's communication hook registered (``state=None``)."""
+    """torch's DDP with the user's communication hook registered, with ``state=None`` or the
+    state ``hook_state`` makes on each rank once the process group exists (``hook_state()``
+    or ``hook_state(module)``: PowerSGD's ``PowerSGDState``, a state holding a group or an
+    error-feedback buffer)."""
 
-    def __init__(self, fn: Callable[..., Any], name: str) -> None:
-        super().__init__(comm_hook=fn)
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        name: str,
+        hook_state: Callable[..., Any] | None = None,
+    ) -> None:
+        factory = None if hook_state is None else _StateFactory(hook_state)
+        super().__init__(comm_hook=fn, hook_state=factory)
         self.fn = fn
         self.name = name
-        self.by_value = tuple(modules_ranks_cannot_import(fn))
+        self.by_value = tuple(
+            modules_ranks_cannot_import(fn)
+            + (modules_ranks_cannot_import(hook_state) if hook_state is not None else [])
+        )
+
+
+class _StateFactory:
+    """Calls a hook-state factory with the module when it takes one argument, else with
+    none."""
+
+    def __init__(self, factory: Callable[..., Any]) -> None:
+        self.factory = factory
+        try:
+            inspect.signature(factory).bind(None)
+            self.takes_module = True
+        except TypeError:
+            self.takes_module = False
+        except ValueError:  # no signature to read: try the documented form
+            self.takes_module = True
+
+    def __call__(self, module: torch.nn.Module) -> Any:
+        return self.factory(module) if self.takes_module else self.factory()
 
 
 class Wrapper(UserMethod):

@@ -61,6 +61,10 @@ def load_function():
 {loader}
 
 
+def load_hook_state():
+{state_loader}
+
+
 def train(rank, port, results):
     torch.set_num_threads(1)
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
@@ -75,7 +79,10 @@ def train(rank, port, results):
         "gloo", init_method=f"tcp://127.0.0.1:{{port}}", rank=rank,
         world_size=SCENARIO.world_size,
     )
-    trace = adapt(load_function(), KIND, result_on=RESULT_ON).train_rank(SCENARIO)
+    method = adapt(
+        load_function(), KIND, result_on=RESULT_ON, hook_state=load_hook_state()
+    )
+    trace = method.train_rank(SCENARIO)
     # Bytes, not tensors: shared-memory tensors die with the rank that made them.
     results.put((rank, pickle.dumps(trace)))
     dist.barrier()
@@ -138,6 +145,7 @@ def write_reproducer(
     *,
     device: str = "cpu",
     result_on: str = "all",
+    hook_state: Callable[..., Any] | None = None,
 ) -> Path:
     """Write the script for ``fn`` on ``scenario``, its ranks training on ``device``; return
     its path.
@@ -162,6 +170,7 @@ def write_reproducer(
             device=device,
             result_on=result_on,
             loader=_loader(fn),
+            state_loader="    return None" if hook_state is None else _loader(hook_state),
         )
     )
     return path

@@ -88,6 +88,7 @@ def search(
     progress: Progress | None = None,
     lossy: str | None = None,
     result_on: str = "all",
+    hook_state: Callable[..., Any] | None = None,
     **scenario_bounds: Any,
 ) -> Verdict:
     """Check ``fn`` as a ``kind`` plug-in on scenarios generated for ``world``.
@@ -103,6 +104,8 @@ def search(
     rounding allows (:mod:`ddp_verify.engine.compression`, derived for SGD, so scenarios train
     with SGD) instead of to exact equivalence. ``result_on="rank0"``: a ``loss``, ``reduce``
     or ``reduce-dict`` helper's result is held by rank 0 only, and only rank 0's is checked.
+    ``hook_state`` makes a comm hook's state on each rank (``factory()`` or
+    ``factory(module)``), once the process group exists.
 
     Example::
 
@@ -110,7 +113,7 @@ def search(
             search(average_gradients, kind="grad-sync", world=world, max_examples=50)
     """
     __tracebackhide__ = True
-    method = adapt(fn, kind, result_on=result_on)
+    method = adapt(fn, kind, result_on=result_on, hook_state=hook_state)
     world_size = world.size
     fmt = lossy_format(kind, lossy)
     bounds = {**DEFAULT_BOUNDS.get(kind, {}), **scenario_bounds}
@@ -188,9 +191,10 @@ def search(
         )
         cause = failure_cause(kind, stop.scenario) if in_collectives else None
         failed_error = CodeFailed(
-            f"{method.name} failed to run on a world of {world_size}:\n{stop.error}\n"
+            f"{method.name} failed to run on a world of {world_size}:\n"
+            f"Called as: {method.call.describe()}\n"  # type: ignore[attr-defined]
+            f"{stop.error}\n"
             f"Scenario: {stop.scenario.describe()}\nReproduce with: {stop.scenario!r}"
-            f"\nCalled as: {method.call.describe()}"  # type: ignore[attr-defined]
             + (f"\nLikely cause: {cause}" if cause else ""),
             scenario=stop.scenario,
         )
@@ -235,6 +239,7 @@ def _explained(
     world: World,
     call: Call | None = None,
     result_on: str = "all",
+    hook_state: Callable[..., Any] | None = None,
 ) -> EquivalenceError:
     """The error with its likely cause and a reproducer script added to the report. The
     diagnosis trains simulations, so it runs on the world's helper process, as the reference
@@ -257,9 +262,12 @@ def _explained(
         )
     except OSError as exc:
         script = f"(could not be written: {exc})"
-    called = f"\nCalled as: {call.describe()}" if call is not None else ""
+    # How the code was called goes in the header, under the verdict's first line.
+    headline, _, body = str(error).partition("\n")
+    called = f"Called as: {call.describe()}\n" if call is not None else ""
     explained = EquivalenceError(
-        f"{error}{called}\nLikely cause: {cause}\nReproducer: python {script}", outcome=outcome
+        f"{headline}\n{called}{body}\nLikely cause: {cause}\nReproducer: python {script}",
+        outcome=outcome,
     )
     explained.cause, explained.reproducer = cause, script
     return explained

@@ -199,3 +199,18 @@ def test_the_measured_bound_uses_its_dtypes_unit_roundoff_and_tf32_only_on_cuda(
         MeasuredTolerance.derive(
             dataclasses.replace(scenario, dtype="float64"), train_reference(scenario, "float64")
         )
+
+
+def test_a_gradient_the_reference_never_has_is_reported_without_a_made_up_shape():
+    from ddp_verify.engine.tolerances import Float64Tolerance
+    from ddp_verify.engine.trace import RankTrace
+
+    scenario = Scenario(world_size=1, schedule=(((1,),),))
+    weight = torch.ones(2, 3, dtype=torch.float64)
+    reference = Trace("reference", [RankTrace([0.5], [{"w": None}], [{"w": weight}])])
+    got = Trace("method", [RankTrace([0.5], [{"w": torch.zeros(2, 3)}], [{"w": weight}])])
+    mismatch = compare(reference, got, scenario, Float64Tolerance())
+    assert mismatch is not None
+    report = mismatch.render()
+    assert "rank 0 has a gradient where the reference has none" in report
+    assert "(0,)" not in report and "shape" not in report

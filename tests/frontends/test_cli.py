@@ -359,3 +359,24 @@ def test_model_features_the_code_does_not_support_can_be_left_out(tmp_path):
     assert bad.returncode == 2
     report = json.loads(bad.stdout)["report"]
     assert "expected model features from layernorm, tied, unused" in report
+
+
+def test_a_stateful_hook_gets_the_state_its_factory_makes_on_each_rank(tmp_path):
+    hooks = f"{FIXTURES}/real_style/stateful_hooks.py"
+    command = check_command(
+        f"{hooks}:group_average", "--max-examples", "5", "--json", kind="comm-hook"
+    )
+    with_state = ddp_verify(*command, "--hook-state", f"{hooks}:counting_state", cwd=tmp_path)
+    assert json.loads(with_state.stdout)["verdict"] == "equivalent", with_state.stdout
+    # Without one the hook gets state=None, as DDP gives it, and fails on the ranks.
+    without = json.loads(ddp_verify(*command, cwd=tmp_path).stdout)
+    assert without["verdict"] == "error"
+    assert "'NoneType' object has no attribute 'buckets_seen'" in without["report"]
+    misplaced = ddp_verify(
+        *check_command(f"{FIXTURES}/grad_sync.py:sample_weighted", "--json"),
+        "--hook-state",
+        f"{hooks}:counting_state",
+        cwd=tmp_path,
+    )
+    assert misplaced.returncode == 2
+    assert "--hook-state applies to comm hooks" in json.loads(misplaced.stdout)["report"]

@@ -31,6 +31,19 @@ CASES = [
     for module in [load(f"real_style/{stem}")]
     for name, (verdict, cause) in module.EXPECTED.items()
 ]
+# Comm hooks of a file with a HOOK_STATE factory are checked with that state.
+HOOK_STATES = {
+    id(getattr(module, name)): module.HOOK_STATE
+    for stem in REAL_STYLE
+    for module in [load(f"real_style/{stem}")]
+    if hasattr(module, "HOOK_STATE")
+    for name in module.EXPECTED
+}
+
+
+def options(fn) -> dict:
+    state = HOOK_STATES.get(id(fn))
+    return {} if state is None else {"hook_state": state}
 
 
 # Correct code is tried on twice the active hypothesis profile's examples (50 under "ci", the
@@ -43,11 +56,11 @@ BUGGY = [case for case in CASES if case.values[2] == "not equivalent"]
 def test_fixture_verdict_and_cause(kind, fn, verdict, cause, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # reproducers are written under the working directory
     if verdict == "equivalent":
-        result = check(fn, kind=kind, world_size=2, max_examples=EXAMPLES, seed=0)
+        result = check(fn, kind=kind, world_size=2, max_examples=EXAMPLES, seed=0, **options(fn))
         assert result.examples == EXAMPLES  # every example tried, none a counterexample
         return
     with pytest.raises(EquivalenceError) as info:
-        check(fn, kind=kind, world_size=2, max_examples=25, seed=0)
+        check(fn, kind=kind, world_size=2, max_examples=25, seed=0, **options(fn))
     error = info.value
     assert error.scenario is not None
     assert error.found_at is not None and error.found_at <= 25
@@ -64,7 +77,9 @@ def test_buggy_fixtures_are_caught_in_float32_too(kind, fn, verdict, cause, tmp_
     # float32's bound is measured per scenario: it must stay far below what bugs do.
     monkeypatch.chdir(tmp_path)
     with pytest.raises(EquivalenceError) as info:
-        check(fn, kind=kind, world_size=2, max_examples=25, seed=0, dtypes=("float32",))
+        check(
+            fn, kind=kind, world_size=2, max_examples=25, seed=0, dtypes=("float32",), **options(fn)
+        )
     assert info.value.scenario.dtype == "float32"
     assert cause in info.value.cause, f"likely cause {info.value.cause!r} does not name {cause!r}"
 
