@@ -149,9 +149,40 @@ def micro_batches(scenario: Scenario, step: int, rank: int, batch: MicroBatch) -
     return pieces
 
 
-def loss_function(scenario: Scenario) -> nn.Module:
-    """The scenario's loss with mean reduction."""
-    return nn.CrossEntropyLoss() if scenario.loss == "cross_entropy" else nn.MSELoss()
+LOSS_REDUCTIONS = ("mean", "sum", "none")
+
+
+def loss_function(scenario: Scenario, reduction: str = "mean") -> nn.Module:
+    """The scenario's loss, with mean reduction unless asked otherwise (``sum``: the sum of
+    the per-sample losses, so that dividing it by the number of samples gives the mean;
+    ``none``: one loss per sample, the form a training loop that weights samples itself asks
+    for). A sample's MSE is the mean over its outputs, as the mean reduction counts it.
+
+    Example::
+
+        loss_fn = loss_function(scenario, reduction="sum")
+    """
+    if reduction not in LOSS_REDUCTIONS:
+        raise ValueError(f"reduction must be one of {LOSS_REDUCTIONS}, got {reduction!r}")
+    if scenario.loss == "cross_entropy":
+        return nn.CrossEntropyLoss(reduction=reduction)
+    if reduction == "mean":
+        return nn.MSELoss()
+    return _PerSampleMSE(summed=reduction == "sum")
+
+
+class _PerSampleMSE(nn.Module):
+    """MSE per sample (the mean over its outputs), as ``CrossEntropyLoss(reduction="none")``
+    gives one loss per sample, or their sum: ``nn.MSELoss(reduction="sum")`` would sum over
+    outputs too, and its sum over samples would not be samples times the mean."""
+
+    def __init__(self, *, summed: bool) -> None:
+        super().__init__()
+        self.summed = summed
+
+    def forward(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        per_sample = ((output - target) ** 2).flatten(1).mean(dim=1)
+        return per_sample.sum() if self.summed else per_sample
 
 
 def optimizer_settings(spec: OptimizerSpec) -> tuple[type[torch.optim.Optimizer], dict[str, float]]:

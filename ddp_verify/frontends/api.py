@@ -35,6 +35,7 @@ def check(
     lossy: str | None = None,
     result_on: str = "all",
     hook_state: Callable[..., Any] | None = None,
+    loss_reduction: str = "mean",
     progress: Progress | None = None,
     world: VerifyingWorld | None = None,
     **scenario_bounds: Any,
@@ -73,6 +74,7 @@ def check(
         lossy=lossy,
         result_on=result_on,
         hook_state=hook_state,
+        loss_reduction=loss_reduction,
         **scenario_bounds,
     )
 

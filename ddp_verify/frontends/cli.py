@@ -4,7 +4,8 @@
         [--seed N] [--dtype float64|float32|bfloat16] [--even-batches] [--max-micro-batches N]
         [--max-steps N] [--micro-batch-counts same|varied] [--backend gloo|nccl]
         [--device cpu|cuda] [--allow-tf32] [--ddp-debug] [--lossy fp16|bf16]
-        [--result-on all|rank0] [--hook-state PATH.py:FACTORY] [--exclude-features F,...]
+        [--result-on all|rank0] [--hook-state PATH.py:FACTORY] [--loss-reduction R]
+        [--exclude-features F,...]
         [--model-kinds K,...]
         [--timeout S] [--json]
 
@@ -184,6 +185,12 @@ def _parser() -> argparse.ArgumentParser:
         help="where a loss, reduce or reduce-dict helper's result is meant to be: on every "
         "rank (default), or on rank 0 only (a reduce onto rank 0), which is then all that is "
         "checked",
+    )
+    check.add_argument(
+        "--loss-reduction",
+        choices=("mean", "sum", "none"),
+        default="mean",
+        help="the reduction of the loss_fn a step function receives (default mean)",
     )
     check.add_argument(
         "--hook-state",
@@ -404,6 +411,7 @@ def _run_check(args: argparse.Namespace, fn: Callable[..., Any], outcome: dict[s
             lossy=args.lossy,
             result_on=args.result_on,
             hook_state=args.hook_state_factory,
+            loss_reduction=args.loss_reduction,
             **_world_options(args),
             **bounds,
         )

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ..engine.models import LOSS_REDUCTIONS, loss_function
 from ..engine.scenario import Scenario
 from ..engine.trace import RankTrace
 from ..methods.base import DistributedMethod
@@ -56,6 +57,7 @@ def adapt(
     *,
     result_on: str = "all",
     hook_state: Callable[..., Any] | None = None,
+    loss_reduction: str = "mean",
 ) -> DistributedMethod:
     """The method that runs ``fn`` as a ``kind`` plug-in, after checking its signature.
 
@@ -67,6 +69,14 @@ def adapt(
     call = check_signature(fn, kind)
     if result_on not in RESULT_ON:
         raise KindError(f"result_on must be one of {', '.join(RESULT_ON)}, got {result_on!r}")
+    if loss_reduction != "mean" and kind not in ("step", "wrapped-step"):
+        raise KindError(
+            f"--loss-reduction applies to step functions (step, wrapped-step), not to {kind}"
+        )
+    if loss_reduction not in LOSS_REDUCTIONS:
+        raise KindError(
+            f"loss_reduction must be one of {', '.join(LOSS_REDUCTIONS)}, got {loss_reduction!r}"
+        )
     if hook_state is not None and kind != "comm-hook":
         raise KindError(f"--hook-state applies to comm hooks (kind comm-hook), not to {kind}")
     if hook_state is not None and not callable(hook_state):
@@ -84,8 +94,10 @@ def adapt(
     elif kind in RESULT_KINDS:
         form = "list" if kind == "reduce" and takes_a_list(fn) else kind
         method = LossAggregation(fn, name, call, form=form, result_on=result_on)
-    elif kind == "step":
-        method = TrainingStep(fn, name)
+    elif kind in ("step", "wrapped-step"):
+        method = TrainingStep(
+            fn, name, loss_reduction=loss_reduction, wrapped=kind == "wrapped-step"
+        )
     elif kind == "comm-hook":
         method = CommHook(fn, name, hook_state)
     else:
@@ -201,14 +213,29 @@ def _taken_back(form: str, result: Any, given: torch.Tensor) -> float:
 class TrainingStep(UserMethod):
     """``fn`` does the whole step (forward, backward, synchronisation, optimizer step) and
     returns the global mean loss. Its gradients are its own business: only losses and
-    parameters are compared."""
+    parameters are compared. ``loss_reduction`` is the reduction of the ``loss_fn`` it gets
+    (``mean`` unless the user's loop wants ``sum`` or ``none``). ``wrapped``: the model it
+    gets is already in DDP (the ``wrapped-step`` kind), whose ``no_sync()`` it may use."""
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        name: str,
+        *,
+        loss_reduction: str = "mean",
+        wrapped: bool = False,
+    ) -> None:
+        super().__init__(fn, name)
+        self.loss_reduction, self.wrapped = loss_reduction, wrapped
 
     def train_rank(self, scenario: Scenario) -> RankTrace:
         run = RankRun(scenario)
         run.trace.grads = None
-        optimizer = run.optimizer()
+        model = DDP().wrap(run.model, scenario) if self.wrapped else run.model
+        optimizer = run.optimizer(model.parameters())
+        loss_fn = loss_function(scenario, self.loss_reduction)
         for step in range(scenario.steps):
-            reported = self.fn(run.model, optimizer, run.micro_batches(step), run.loss_fn)
+            reported = self.fn(model, optimizer, run.micro_batches(step), loss_fn)
             run.record_step(_as_float(reported, "step"))
         return run.trace
 

@@ -140,7 +140,7 @@ def failure_cause(kind: str, scenario: Scenario) -> str | None:
         failure_cause("step", scenario)
         # 'collectives called once per micro-batch (...), and in step 0 the ranks held ...'
     """
-    if kind != "step":
+    if kind not in ("step", "wrapped-step"):
         return None  # the harness owns the micro-batch loop of every other kind
     for step, per_rank in enumerate(scenario.schedule):
         counts = [len(sizes) for sizes in per_rank]

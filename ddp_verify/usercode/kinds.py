@@ -11,7 +11,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-KINDS = ("grad-sync", "loss", "reduce", "reduce-dict", "step", "comm-hook", "wrapper")
+KINDS = (
+    "grad-sync",
+    "loss",
+    "reduce",
+    "reduce-dict",
+    "step",
+    "wrapped-step",
+    "comm-hook",
+    "wrapper",
+)
 
 # What each kind's callable must accept, for the error that says so.
 SIGNATURES = {
@@ -21,13 +30,18 @@ SIGNATURES = {
     "tensors in and out)",
     "reduce-dict": "fn(metrics) or fn(metrics, num_samples) -> dict of the same keys",
     "step": "fn(model, optimizer, micro_batches, loss_fn) -> tensor or float",
+    "wrapped-step": "fn(ddp_model, optimizer, micro_batches, loss_fn) -> tensor or float, "
+    "the model already in DistributedDataParallel",
     "comm-hook": "hook(state, bucket) -> torch.futures.Future",
     "wrapper": "fn(module) -> module",
 }
 # Scenario bounds a kind checks under unless the user says otherwise. A step function owns its
 # accumulation loop, and training loops give every rank the same number of accumulation steps;
 # code that synchronises per micro-batch would only hang on other schedules.
-DEFAULT_BOUNDS: dict[str, dict[str, Any]] = {"step": {"same_micro_batch_counts": True}}
+DEFAULT_BOUNDS: dict[str, dict[str, Any]] = {
+    "step": {"same_micro_batch_counts": True},
+    "wrapped-step": {"same_micro_batch_counts": True},
+}
 
 _ARITIES = {
     "grad-sync": (1, 2),
@@ -35,6 +49,7 @@ _ARITIES = {
     "reduce": (1, 2),
     "reduce-dict": (1, 2),
     "step": (4,),
+    "wrapped-step": (4,),
     "comm-hook": (2,),
     "wrapper": (1,),
 }
@@ -151,6 +166,7 @@ class Call:
             "reduce": ["tensor"],
             "reduce-dict": ["metrics"],
             "step": ["model", "optimizer", "micro_batches", "loss_fn"],
+            "wrapped-step": ["ddp_model", "optimizer", "micro_batches", "loss_fn"],
             "comm-hook": ["state", "bucket"],
             "wrapper": ["module"],
         }[self.kind][: self.positional]

@@ -89,6 +89,7 @@ def search(
     lossy: str | None = None,
     result_on: str = "all",
     hook_state: Callable[..., Any] | None = None,
+    loss_reduction: str = "mean",
     **scenario_bounds: Any,
 ) -> Verdict:
     """Check ``fn`` as a ``kind`` plug-in on scenarios generated for ``world``.
@@ -105,7 +106,8 @@ def search(
     with SGD) instead of to exact equivalence. ``result_on="rank0"``: a ``loss``, ``reduce``
     or ``reduce-dict`` helper's result is held by rank 0 only, and only rank 0's is checked.
     ``hook_state`` makes a comm hook's state on each rank (``factory()`` or
-    ``factory(module)``), once the process group exists.
+    ``factory(module)``), once the process group exists. ``loss_reduction``: the reduction of
+    the ``loss_fn`` a step function gets (``mean``, ``sum`` or ``none``).
 
     Example::
 
@@ -113,7 +115,9 @@ def search(
             search(average_gradients, kind="grad-sync", world=world, max_examples=50)
     """
     __tracebackhide__ = True
-    method = adapt(fn, kind, result_on=result_on, hook_state=hook_state)
+    method = adapt(
+        fn, kind, result_on=result_on, hook_state=hook_state, loss_reduction=loss_reduction
+    )
     world_size = world.size
     fmt = lossy_format(kind, lossy)
     bounds = {**DEFAULT_BOUNDS.get(kind, {}), **scenario_bounds}

@@ -121,3 +121,22 @@ def test_optimizers_are_built_with_their_settings(spec):
     group = opt.param_groups[0]
     assert group["lr"] == spec.lr and group["weight_decay"] == spec.weight_decay
     assert type(opt).__name__.lower() == spec.name
+
+
+@pytest.mark.parametrize("loss", ["mse", "cross_entropy"])
+def test_sum_and_none_reductions_count_samples_as_the_mean_does(loss):
+    scenario = Scenario(
+        world_size=1,
+        schedule=(((5,),),),
+        model=ModelSpec(out_features=3),
+        loss=loss,
+    )
+    inputs, targets = build_data(scenario)[0]
+    output = build_model(scenario)(inputs)
+    mean = loss_function(scenario)(output, targets)
+    per_sample = loss_function(scenario, "none")(output, targets)
+    assert per_sample.shape == (5,)
+    torch.testing.assert_close(per_sample.mean(), mean)
+    torch.testing.assert_close(loss_function(scenario, "sum")(output, targets), 5 * mean)
+    with pytest.raises(ValueError, match="reduction must be one of"):
+        loss_function(scenario, "max")

@@ -380,3 +380,23 @@ def test_a_stateful_hook_gets_the_state_its_factory_makes_on_each_rank(tmp_path)
     )
     assert misplaced.returncode == 2
     assert "--hook-state applies to comm hooks" in json.loads(misplaced.stdout)["report"]
+
+
+def test_loss_reduction_applies_to_step_functions_only(tmp_path):
+    steps = f"{FIXTURES}/real_style/sum_loss_steps.py"
+    written_for_sum = check_command(
+        f"{steps}:divide_by_global_count", "--max-examples", "5", "--json", kind="step"
+    )
+    ok = ddp_verify(*written_for_sum, "--loss-reduction", "sum", cwd=tmp_path)
+    assert json.loads(ok.stdout)["verdict"] == "equivalent", ok.stdout
+    # Given a mean-reduced loss_fn, the same code divides a mean by the sample count again.
+    wrong = json.loads(ddp_verify(*written_for_sum, cwd=tmp_path).stdout)
+    assert wrong["verdict"] == "not-equivalent"
+    misplaced = ddp_verify(
+        *check_command(f"{FIXTURES}/grad_sync.py:sample_weighted", "--json"),
+        "--loss-reduction",
+        "sum",
+        cwd=tmp_path,
+    )
+    assert misplaced.returncode == 2
+    assert "--loss-reduction applies to step functions" in json.loads(misplaced.stdout)["report"]

@@ -31,19 +31,23 @@ CASES = [
     for module in [load(f"real_style/{stem}")]
     for name, (verdict, cause) in module.EXPECTED.items()
 ]
-# Comm hooks of a file with a HOOK_STATE factory are checked with that state.
-HOOK_STATES = {
-    id(getattr(module, name)): module.HOOK_STATE
+# A file's HOOK_STATE (a comm hook's state factory) and LOSS_REDUCTION (the loss_fn its step
+# functions are written for) are check() options for its fixtures.
+FILE_OPTIONS = (("hook_state", "HOOK_STATE"), ("loss_reduction", "LOSS_REDUCTION"))
+OPTIONS = {
+    id(getattr(module, name)): {
+        option: getattr(module, attribute)
+        for option, attribute in FILE_OPTIONS
+        if hasattr(module, attribute)
+    }
     for stem in REAL_STYLE
     for module in [load(f"real_style/{stem}")]
-    if hasattr(module, "HOOK_STATE")
     for name in module.EXPECTED
 }
 
 
 def options(fn) -> dict:
-    state = HOOK_STATES.get(id(fn))
-    return {} if state is None else {"hook_state": state}
+    return OPTIONS.get(id(fn), {})
 
 
 # Correct code is tried on twice the active hypothesis profile's examples (50 under "ci", the
