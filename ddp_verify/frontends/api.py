@@ -36,6 +36,7 @@ def check(
     result_on: str = "all",
     hook_state: Callable[..., Any] | None = None,
     loss_reduction: str = "mean",
+    ddp_wrapper: str | None = None,
     progress: Progress | None = None,
     world: VerifyingWorld | None = None,
     **scenario_bounds: Any,
@@ -75,6 +76,7 @@ def check(
         result_on=result_on,
         hook_state=hook_state,
         loss_reduction=loss_reduction,
+        ddp_wrapper=ddp_wrapper,
         **scenario_bounds,
     )
 

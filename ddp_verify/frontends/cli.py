@@ -5,6 +5,7 @@
         [--max-steps N] [--micro-batch-counts same|varied] [--backend gloo|nccl]
         [--device cpu|cuda] [--allow-tf32] [--ddp-debug] [--lossy fp16|bf16]
         [--result-on all|rank0] [--hook-state PATH.py:FACTORY] [--loss-reduction R]
+        [--ddp-wrapper MODULE:CALLABLE]
         [--exclude-features F,...]
         [--model-kinds K,...]
         [--timeout S] [--json]
@@ -42,7 +43,7 @@ warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
 from ..engine.scenario import DTYPES, FEATURES, MODEL_KINDS  # noqa: E402
 from ..usercode.kinds import KINDS, SIGNATURES, KindError, check_signature  # noqa: E402
 from ..world.backends import BACKENDS, DEVICES  # noqa: E402
-from .options import parse_timeout  # noqa: E402
+from .options import parse_timeout, parse_wrapper  # noqa: E402
 
 EXIT_EQUIVALENT, EXIT_NOT_EQUIVALENT, EXIT_USAGE, EXIT_HARNESS = 0, 1, 2, 3
 EXIT_INTERRUPTED = 128 + 2  # SIGINT, as shells report it
@@ -193,6 +194,14 @@ def _parser() -> argparse.ArgumentParser:
         help="the reduction of the loss_fn a step function receives (default mean)",
     )
     check.add_argument(
+        "--ddp-wrapper",
+        type=_wrapper,
+        metavar="MODULE:CALLABLE",
+        default=None,
+        help="for --kind wrapped-step: your DDP-like wrapper around the model, called as DDP "
+        "is, instead of torch's DistributedDataParallel",
+    )
+    check.add_argument(
         "--hook-state",
         metavar="PATH.py:FACTORY|MODULE:FACTORY",
         default=None,
@@ -293,6 +302,13 @@ def _choices_list(text: str, allowed: Sequence[str], what: str) -> tuple[str, ..
             f"expected {what} from {', '.join(allowed)} (comma-separated), got {text!r}"
         )
     return chosen
+
+
+def _wrapper(text: str) -> str:
+    try:
+        return parse_wrapper(text, source="--ddp-wrapper")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _features(text: str) -> tuple[str, ...]:
@@ -412,6 +428,7 @@ def _run_check(args: argparse.Namespace, fn: Callable[..., Any], outcome: dict[s
             result_on=args.result_on,
             hook_state=args.hook_state_factory,
             loss_reduction=args.loss_reduction,
+            ddp_wrapper=args.ddp_wrapper,
             **_world_options(args),
             **bounds,
         )

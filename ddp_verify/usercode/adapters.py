@@ -58,6 +58,7 @@ def adapt(
     result_on: str = "all",
     hook_state: Callable[..., Any] | None = None,
     loss_reduction: str = "mean",
+    ddp_wrapper: str | None = None,
 ) -> DistributedMethod:
     """The method that runs ``fn`` as a ``kind`` plug-in, after checking its signature.
 
@@ -69,6 +70,8 @@ def adapt(
     call = check_signature(fn, kind)
     if result_on not in RESULT_ON:
         raise KindError(f"result_on must be one of {', '.join(RESULT_ON)}, got {result_on!r}")
+    if ddp_wrapper is not None and kind != "wrapped-step":
+        raise KindError(f"--ddp-wrapper applies to wrapped-step functions, not to {kind}")
     if loss_reduction != "mean" and kind not in ("step", "wrapped-step"):
         raise KindError(
             f"--loss-reduction applies to step functions (step, wrapped-step), not to {kind}"
@@ -96,7 +99,11 @@ def adapt(
         method = LossAggregation(fn, name, call, form=form, result_on=result_on)
     elif kind in ("step", "wrapped-step"):
         method = TrainingStep(
-            fn, name, loss_reduction=loss_reduction, wrapped=kind == "wrapped-step"
+            fn,
+            name,
+            loss_reduction=loss_reduction,
+            wrapped=kind == "wrapped-step",
+            ddp_wrapper=ddp_wrapper,
         )
     elif kind == "comm-hook":
         method = CommHook(fn, name, hook_state)
@@ -215,7 +222,8 @@ class TrainingStep(UserMethod):
     returns the global mean loss. Its gradients are its own business: only losses and
     parameters are compared. ``loss_reduction`` is the reduction of the ``loss_fn`` it gets
     (``mean`` unless the user's loop wants ``sum`` or ``none``). ``wrapped``: the model it
-    gets is already in DDP (the ``wrapped-step`` kind), whose ``no_sync()`` it may use."""
+    gets is already in DDP (the ``wrapped-step`` kind), whose ``no_sync()`` it may use, or in
+    ``ddp_wrapper`` (``"module:callable"``, called as DDP is)."""
 
     def __init__(
         self,
@@ -224,14 +232,17 @@ class TrainingStep(UserMethod):
         *,
         loss_reduction: str = "mean",
         wrapped: bool = False,
+        ddp_wrapper: str | None = None,
     ) -> None:
         super().__init__(fn, name)
         self.loss_reduction, self.wrapped = loss_reduction, wrapped
+        self.ddp_wrapper = ddp_wrapper
 
     def train_rank(self, scenario: Scenario) -> RankTrace:
         run = RankRun(scenario)
         run.trace.grads = None
-        model = DDP().wrap(run.model, scenario) if self.wrapped else run.model
+        wrap = DDP(wrapper=self.ddp_wrapper).wrap
+        model = wrap(run.model, scenario) if self.wrapped else run.model
         optimizer = run.optimizer(model.parameters())
         loss_fn = loss_function(scenario, self.loss_reduction)
         for step in range(scenario.steps):

@@ -216,6 +216,17 @@ def check_signature(fn: Callable[..., Any], kind: str) -> Call:
     raise KindError(f"{name}{signature} cannot be a {kind} plug-in: expected {SIGNATURES[kind]}")
 
 
+# What the first parameter of a counted kind may be called when it has a default: anything
+# else with a default (DeepSpeed's buffered_allreduce_fallback(grads=None, ...)) is an optional
+# argument the harness must not fill with the model.
+LEADING_NAMES = {
+    "grad-sync": ("model", "module", "net", "network", "ddp_model", "m"),
+    "loss": ("loss", "local_loss", "value", "tensor"),
+    "reduce": ("tensor", "t", "x", "value", "loss", "losses", "tensors", "values"),
+    "reduce-dict": ("metrics", "input_dict", "loss_dict", "losses", "values", "d"),
+}
+
+
 def _counted_call(name: str, kind: str, signature: inspect.Signature) -> Call:
     leading = COUNTED[kind]
     expected = SIGNATURES[kind]
@@ -226,6 +237,15 @@ def _counted_call(name: str, kind: str, signature: inspect.Signature) -> Call:
     )
     if not takes_leading:
         raise KindError(f"{name}{signature} cannot be a {kind} plug-in: expected {expected}")
+    first = params[0]
+    if first.default is not first.empty and first.name not in LEADING_NAMES[kind]:
+        short = name.split(".")[-1]
+        raise KindError(
+            f"{name}{signature}: its first parameter {first.name!r} is optional, so it is not "
+            f"the {leading} the harness passes first, and it is never filled by position; pass "
+            f"a function that takes the {leading} and calls it, such as lambda {leading}: "
+            f"{short}({first.name}=<from {leading}>)"
+        )
     rest = [p for p in params[1:] if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
     if params[0].kind is inspect.Parameter.VAR_POSITIONAL:
         rest = []

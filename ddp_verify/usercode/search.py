@@ -90,6 +90,7 @@ def search(
     result_on: str = "all",
     hook_state: Callable[..., Any] | None = None,
     loss_reduction: str = "mean",
+    ddp_wrapper: str | None = None,
     **scenario_bounds: Any,
 ) -> Verdict:
     """Check ``fn`` as a ``kind`` plug-in on scenarios generated for ``world``.
@@ -107,7 +108,8 @@ def search(
     or ``reduce-dict`` helper's result is held by rank 0 only, and only rank 0's is checked.
     ``hook_state`` makes a comm hook's state on each rank (``factory()`` or
     ``factory(module)``), once the process group exists. ``loss_reduction``: the reduction of
-    the ``loss_fn`` a step function gets (``mean``, ``sum`` or ``none``).
+    the ``loss_fn`` a step function gets (``mean``, ``sum`` or ``none``); ``ddp_wrapper``
+    (``"module:callable"``) wraps the model a ``wrapped-step`` function gets instead of DDP.
 
     Example::
 
@@ -116,7 +118,12 @@ def search(
     """
     __tracebackhide__ = True
     method = adapt(
-        fn, kind, result_on=result_on, hook_state=hook_state, loss_reduction=loss_reduction
+        fn,
+        kind,
+        result_on=result_on,
+        hook_state=hook_state,
+        loss_reduction=loss_reduction,
+        ddp_wrapper=ddp_wrapper,
     )
     world_size = world.size
     fmt = lossy_format(kind, lossy)

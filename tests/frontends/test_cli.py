@@ -400,3 +400,45 @@ def test_loss_reduction_applies_to_step_functions_only(tmp_path):
     )
     assert misplaced.returncode == 2
     assert "--loss-reduction applies to step functions" in json.loads(misplaced.stdout)["report"]
+
+
+TEAM_WRAPPER = """
+from torch.nn.parallel import DistributedDataParallel
+
+
+class TeamDDP(DistributedDataParallel):
+    '''A team's own DDP subclass.'''
+"""
+
+TEAM_STEP = f"""
+import sys
+sys.path.insert(0, {str(FIXTURES / "real_style")!r})
+from ddp_steps import accumulate_with_no_sync
+
+
+def team_step(ddp_model, optimizer, micro_batches, loss_fn):
+    assert type(ddp_model).__name__ == "TeamDDP", type(ddp_model).__name__
+    return accumulate_with_no_sync(ddp_model, optimizer, micro_batches, loss_fn)
+"""
+
+
+def test_a_wrapped_step_gets_the_model_in_the_teams_own_wrapper(tmp_path):
+    (tmp_path / "team_parallel.py").write_text(TEAM_WRAPPER)
+    (tmp_path / "code.py").write_text(TEAM_STEP)
+    env = {"PYTHONPATH": str(tmp_path)}
+    command = check_command(
+        f"{tmp_path}/code.py:team_step", "--max-examples", "5", "--json", kind="wrapped-step"
+    )
+    wrapped = ddp_verify(*command, "--ddp-wrapper", "team_parallel:TeamDDP", cwd=tmp_path, env=env)
+    assert json.loads(wrapped.stdout)["verdict"] == "equivalent", wrapped.stdout
+    plain = json.loads(ddp_verify(*command, cwd=tmp_path, env=env).stdout)
+    assert plain["verdict"] == "error" and "DistributedDataParallel" in plain["report"]
+    misplaced = ddp_verify(
+        *check_command(f"{FIXTURES}/grad_sync.py:sample_weighted", "--json"),
+        "--ddp-wrapper",
+        "team_parallel:TeamDDP",
+        cwd=tmp_path,
+        env=env,
+    )
+    assert misplaced.returncode == 2
+    assert "--ddp-wrapper applies to wrapped-step" in json.loads(misplaced.stdout)["report"]

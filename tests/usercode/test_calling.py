@@ -15,6 +15,12 @@ def megatron(model, reduce_after=True, fp32_allreduce=False): ...
 def deepspeed(model, grads=None, elements_per_buffer=500_000_000): ...
 
 
+def deepspeed_unbound(grads=None, elements_per_buffer=500_000_000): ...
+
+
+def optional_model(model=None): ...
+
+
 def positional(model, num_samples): ...
 
 
@@ -92,6 +98,15 @@ def test_what_cannot_be_decided_is_a_usage_error_that_says_how_to_resolve_it(fn,
     assert words in message
     if fn is not too_many:
         assert "lambda model, n:" in message  # one way to resolve it, spelled out
+
+
+def test_an_optional_first_parameter_is_not_filled_with_the_model():
+    # DeepSpeed's buffered_allreduce_fallback(grads=None, ...) named directly: its first
+    # parameter is optional and not a model; one that is called model still is.
+    with pytest.raises(KindError, match="its first parameter 'grads' is optional") as caught:
+        check_signature(deepspeed_unbound, "grad-sync")
+    assert "lambda model: deepspeed_unbound(grads=<from model>)" in str(caught.value)
+    assert check_signature(optional_model, "grad-sync").describe() == "optional_model(model)"
 
 
 def test_count_names():
