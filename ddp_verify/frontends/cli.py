@@ -210,10 +210,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     check.add_argument(
         "--lossy",
-        choices=("fp16", "bf16"),
+        choices=("fp16", "bf16", "lowrank"),
         default=None,
-        help="a comm hook that compresses on purpose: hold it to the bound that format's "
-        "rounding allows (on SGD scenarios) instead of to exact equivalence",
+        help="a comm hook that compresses on purpose: fp16/bf16 hold it to the bound that "
+        "format's rounding allows (on SGD scenarios) instead of to exact equivalence; lowrank "
+        "checks a low-rank hook (PowerSGD) at the full rank its --hook-state gives, where it "
+        "must be exact",
     )
     check.add_argument(
         "--ddp-debug",
@@ -302,6 +304,12 @@ def _choices_list(text: str, allowed: Sequence[str], what: str) -> tuple[str, ..
             f"expected {what} from {', '.join(allowed)} (comma-separated), got {text!r}"
         )
     return chosen
+
+
+def _lossy_words(lossy: str) -> str:
+    if lossy.startswith("low rank"):
+        return " (lossy by design: low rank, exact at the full rank its state gives)"
+    return f" (lossy by design: within {lossy}'s bound)"
 
 
 def _wrapper(text: str) -> str:
@@ -460,7 +468,7 @@ def _run_check(args: argparse.Namespace, fn: Callable[..., Any], outcome: dict[s
     summary = (
         f"{outcome['target']} ({args.kind}): equivalent on {verdict.examples} generated "
         f"scenarios at world size {args.world_size}; no counterexample found"
-        + (f" (lossy by design: within {verdict.lossy}'s bound)" if verdict.lossy else "")
+        + (_lossy_words(verdict.lossy) if verdict.lossy else "")
         + f"\nCalled as: {outcome['call']}"
     )
     return _finish(args.json, EXIT_EQUIVALENT, summary, **outcome, examples=verdict.examples)

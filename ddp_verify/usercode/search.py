@@ -128,7 +128,14 @@ def search(
     world_size = world.size
     fmt = lossy_format(kind, lossy)
     bounds = {**DEFAULT_BOUNDS.get(kind, {}), **scenario_bounds}
-    if fmt is not None:
+    if fmt == LOW_RANK:
+        if hook_state is None:
+            raise KindError(
+                "--lossy lowrank checks a low-rank hook at full rank: give its state with "
+                "--hook-state (e.g. a PowerSGDState whose matrix_approximation_rank is at least "
+                "every weight matrix's smaller side)"
+            )
+    elif fmt is not None:
         bounds.setdefault("optimizers", optimizers(names=("sgd",)))
     strategy = scenarios(world_size=world_size, **bounds)
     tried = 0
@@ -156,7 +163,7 @@ def search(
             progress(tried, "shrinking" if failed else "searching")
         try:
             tolerance = None
-            if fmt is not None:
+            if fmt is not None and fmt != LOW_RANK:
                 # Derived by training contributions: on the helper, as the reference is.
                 tolerance = world.helper.run_job(
                     CompressionTolerance, (scenario, fmt), name="the compression bound"
@@ -214,7 +221,10 @@ def search(
     return Verdict(kind, method.name.split(" ", 1)[1], world_size, tried, lossy=fmt)
 
 
-LOSSY = {"fp16": "float16", "bf16": "bfloat16"}
+# A low-rank hook (PowerSGD) is exact when its state's rank reaches every matrix's side: it is
+# held to exact equivalence, with the state the user gives (--hook-state).
+LOSSY = {"fp16": "float16", "bf16": "bfloat16", "lowrank": "low rank at full rank"}
+LOW_RANK = LOSSY["lowrank"]
 
 
 def lossy_format(kind: str, lossy: str | None) -> str | None:

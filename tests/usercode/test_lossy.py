@@ -45,3 +45,34 @@ def test_lossy_applies_to_comm_hooks_only():
         check(lambda model: None, kind="grad-sync", world_size=2, lossy="fp16")
     with pytest.raises(KindError, match="lossy must be one of fp16, bf16"):
         check(hooks.fp16_compress_hook, kind="comm-hook", world_size=2, lossy="int8")
+
+
+stateful = load("real_style/stateful_hooks")
+
+
+def test_lowrank_is_held_to_exact_equivalence_with_the_state_it_is_given(tmp_path, monkeypatch):
+    # A low-rank hook at full rank must be exact: no bound, the user's state.
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(KindError, match="give its state with --hook-state"):
+        check(stateful.group_average, kind="comm-hook", world_size=2, lossy="lowrank")
+    verdict = check(
+        stateful.group_average,
+        kind="comm-hook",
+        world_size=2,
+        max_examples=5,
+        seed=0,
+        lossy="lowrank",
+        hook_state=stateful.counting_state,
+    )
+    assert verdict.lossy == "low rank at full rank"
+    with pytest.raises(EquivalenceError) as caught:
+        check(
+            stateful.group_sum,
+            kind="comm-hook",
+            world_size=2,
+            max_examples=10,
+            seed=0,
+            lossy="lowrank",
+            hook_state=stateful.counting_state,
+        )
+    assert "float64 rounding" in str(caught.value)  # held to exact equivalence, no bound
