@@ -10,8 +10,7 @@ import atexit
 from collections.abc import Callable
 from typing import Any
 
-from ..usercode.kinds import check_signature
-from ..usercode.search import Progress, Verdict, search
+from ..usercode.search import Progress, Verdict, check_plan, search
 from ..world import WorldPool
 from ..world.backends import check_device, require_devices
 from .verifying import VerifyingWorld
@@ -60,7 +59,16 @@ def check(
         ddp_verify.check(average_gradients, kind="grad-sync", world_size=4)
     """
     __tracebackhide__ = True
-    check_signature(fn, kind)  # before a world is started for code that cannot run
+    # Code that cannot run, and options that do not apply, before a world is started.
+    check_plan(
+        fn,
+        kind,
+        result_on=result_on,
+        hook_state=hook_state,
+        loss_reduction=loss_reduction,
+        ddp_wrapper=ddp_wrapper,
+        lossy=lossy,
+    )
     if world is None:
         device = check_device(backend, device)
         require_devices(backend, world_size, device)

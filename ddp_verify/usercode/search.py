@@ -126,16 +126,9 @@ def search(
         ddp_wrapper=ddp_wrapper,
     )
     world_size = world.size
-    fmt = lossy_format(kind, lossy)
+    fmt = lossy_format(kind, lossy, hook_state)
     bounds = {**DEFAULT_BOUNDS.get(kind, {}), **scenario_bounds}
-    if fmt == LOW_RANK:
-        if hook_state is None:
-            raise KindError(
-                "--lossy lowrank checks a low-rank hook at full rank: give its state with "
-                "--hook-state (e.g. a PowerSGDState whose matrix_approximation_rank is at least "
-                "every weight matrix's smaller side)"
-            )
-    elif fmt is not None:
+    if fmt is not None and fmt != LOW_RANK:
         bounds.setdefault("optimizers", optimizers(names=("sgd",)))
     strategy = scenarios(world_size=world_size, **bounds)
     tried = 0
@@ -227,7 +220,24 @@ LOSSY = {"fp16": "float16", "bf16": "bfloat16", "lowrank": "low rank at full ran
 LOW_RANK = LOSSY["lowrank"]
 
 
-def lossy_format(kind: str, lossy: str | None) -> str | None:
+def check_plan(
+    fn: Callable[..., Any], kind: str, *, lossy: str | None = None, **options: Any
+) -> None:
+    """Raise :class:`KindError` now, before any world starts, when ``fn`` cannot be a ``kind``
+    plug-in or an option (``result_on``, ``hook_state``, ``loss_reduction``,
+    ``ddp_wrapper``, ``lossy``) does not apply to it.
+
+    Example::
+
+        check_plan(average_gradients, "grad-sync", lossy="fp16")  # KindError: comm hooks only
+    """
+    adapt(fn, kind, **options)
+    lossy_format(kind, lossy, options.get("hook_state"))
+
+
+def lossy_format(
+    kind: str, lossy: str | None, hook_state: Callable[..., Any] | None = None
+) -> str | None:
     """The format ``lossy`` names (``"fp16"`` → ``"float16"``), once it applies to ``kind``;
     :class:`KindError` otherwise.
 
@@ -242,6 +252,12 @@ def lossy_format(kind: str, lossy: str | None) -> str | None:
         raise KindError(f"lossy must be one of {', '.join(LOSSY)}, got {lossy!r}")
     if kind != "comm-hook":
         raise KindError(f"--lossy applies to comm hooks (kind comm-hook), not to {kind}")
+    if lossy == "lowrank" and hook_state is None:
+        raise KindError(
+            "--lossy lowrank checks a low-rank hook at full rank: give its state with "
+            "--hook-state (e.g. a PowerSGDState whose matrix_approximation_rank is at least "
+            "every weight matrix's smaller side)"
+        )
     return LOSSY[lossy]
 
 
