@@ -10,7 +10,8 @@ import atexit
 from collections.abc import Callable
 from typing import Any
 
-from ..usercode.search import Progress, Verdict, check_plan, search
+from ..usercode.kinds import check_signature
+from ..usercode.search import Progress, Verdict, search
 from ..world import WorldPool
 from ..world.backends import check_device, require_devices
 from .verifying import VerifyingWorld
@@ -59,16 +60,7 @@ def check(
         ddp_verify.check(average_gradients, kind="grad-sync", world_size=4)
     """
     __tracebackhide__ = True
-    # Code that cannot run, and options that do not apply, before a world is started.
-    check_plan(
-        fn,
-        kind,
-        result_on=result_on,
-        hook_state=hook_state,
-        loss_reduction=loss_reduction,
-        ddp_wrapper=ddp_wrapper,
-        lossy=lossy,
-    )
+    check_signature(fn, kind)  # before a device is looked for
     if world is None:
         device = check_device(backend, device)
         require_devices(backend, world_size, device)
@@ -106,6 +98,8 @@ def _world(
         atexit.register(pool.close)
     for known in pool.worlds():
         known.retry_start()  # a new check tries a world that failed to start once more
-    world = pool.get(size)
+    # Not started here: the search checks the code and its options first, and its first
+    # example starts the world, so a usage error never waits for one.
+    world = pool.get(size, start=False)
     world.timeout = timeout
     return world  # type: ignore[return-value]

@@ -220,21 +220,6 @@ LOSSY = {"fp16": "float16", "bf16": "bfloat16", "lowrank": "low rank at full ran
 LOW_RANK = LOSSY["lowrank"]
 
 
-def check_plan(
-    fn: Callable[..., Any], kind: str, *, lossy: str | None = None, **options: Any
-) -> None:
-    """Raise :class:`KindError` now, before any world starts, when ``fn`` cannot be a ``kind``
-    plug-in or an option (``result_on``, ``hook_state``, ``loss_reduction``,
-    ``ddp_wrapper``, ``lossy``) does not apply to it.
-
-    Example::
-
-        check_plan(average_gradients, "grad-sync", lossy="fp16")  # KindError: comm hooks only
-    """
-    adapt(fn, kind, **options)
-    lossy_format(kind, lossy, options.get("hook_state"))
-
-
 def lossy_format(
     kind: str, lossy: str | None, hook_state: Callable[..., Any] | None = None
 ) -> str | None:

@@ -23,15 +23,16 @@ class WorldPool:
         self._options = world_options
         self._worlds: dict[tuple[int, str], World] = {}
 
-    def get(self, size: int, backend: str | None = None) -> World:
-        """The running world of ``size`` ranks (started, or restarted after a failure)."""
+    def get(self, size: int, backend: str | None = None, *, start: bool = True) -> World:
+        """The running world of ``size`` ranks (started, or restarted after a failure);
+        ``start=False`` hands it over as it is, for a caller whose first job starts it."""
         backend = backend or self._options.get("backend", "gloo")
         key = (size, backend)
         world = self._worlds.get(key)
         if world is None:
             options = {**self._options, "backend": backend}
             world = self._worlds[key] = self._factory(size, **options)
-        return world.start()
+        return world.start() if start else world
 
     def worlds(self) -> list[World]:
         """Every world created so far."""
