@@ -14,6 +14,9 @@ from ..world.backends import BACKENDS, DEVICES, check_device
 
 WORLD_SIZE_ENV = "DDP_VERIFY_WORLD_SIZE"
 DEVICE_ENV = "DDP_VERIFY_DEVICE"
+LAUNCH_ENV = "DDP_VERIFY_LAUNCH"
+# How worlds come to be: forked here, or the launched job itself (see ddp_verify.world.launch).
+LAUNCH_MODES = ("auto", "fork", "spmd")
 DEFAULT_WORLD_SIZE = 2
 DEFAULT_TIMEOUT_S = 60.0
 # How long the ranks of a world may take to join: a torch import, an NCCL communicator.
@@ -107,6 +110,25 @@ def parse_device(text: str, *, source: str = "--ddp-device") -> str:
     if value not in DEVICES:
         raise ValueError(f"{source} expects one of {', '.join(DEVICES)}, got {text!r}")
     return value
+
+
+def parse_launch(text: str, *, source: str = "--ddp-launch") -> str:
+    """``auto``, ``fork`` or ``spmd``; a ``ValueError`` that names ``source`` otherwise.
+
+    Example::
+
+        >>> parse_launch("SPMD")
+        'spmd'
+    """
+    value = str(text).strip().lower()
+    if value not in LAUNCH_MODES:
+        raise ValueError(f"{source} expects one of {', '.join(LAUNCH_MODES)}, got {text!r}")
+    return value
+
+
+def launch_from_env() -> str | None:
+    """The ``DDP_VERIFY_LAUNCH`` environment variable, when set and not empty."""
+    return os.environ.get(LAUNCH_ENV) or None
 
 
 def device_from_env() -> str | None:

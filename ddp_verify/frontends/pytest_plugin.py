@@ -4,7 +4,9 @@
   runs every distributed test at each size;
 - ``@pytest.mark.distributed`` runs the test body on every rank, with fixtures ``rank`` and
   ``world_size``; other fixtures are resolved once here and their values sent to the ranks;
-- the session fixture ``world`` gives the running world for ``world.run(...)``, ``@given`` too.
+- the session fixture ``world`` gives the running world for ``world.run(...)``, ``@given`` too;
+- under ``torchrun`` or ``srun`` (``--ddp-launch auto``, the default; or ``spmd``) the session
+  on each launched process *is* that rank: see :mod:`ddp_verify.frontends.pytest_spmd`.
 
 Nothing here imports torch: a session pays for it only when a test asks for a world.
 """
@@ -12,6 +14,7 @@ Nothing here imports torch: a session pays for it only when a test asks for a wo
 from __future__ import annotations
 
 import inspect
+import os
 import sys
 from collections.abc import Generator
 from typing import TYPE_CHECKING, Any
@@ -27,6 +30,7 @@ if TYPE_CHECKING:
 _options_key = pytest.StashKey["opts.WorldOptions"]()
 _pool_key = pytest.StashKey["WorldPool"]()
 _item_world_key = pytest.StashKey["World"]()
+_launched_key = pytest.StashKey[Any]()
 
 _MARKER = "distributed"
 
@@ -106,6 +110,25 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="generated scenarios per property of the conformance suite "
         f"(ini ddp_conformance_examples; default {opts.DEFAULT_CONFORMANCE_EXAMPLES})",
     )
+    group.addoption(
+        "--ddp-launch",
+        dest="ddp_launch",
+        default=None,
+        choices=opts.LAUNCH_MODES,
+        help="how the ranks come to be: fork (forked here), spmd (this process is one rank of "
+        "a torchrun/srun job), auto (spmd under a launcher, else fork; the default) (ini "
+        f"ddp_launch, env {opts.LAUNCH_ENV})",
+    )
+    group.addoption(
+        "--ddp-log-dir",
+        dest="ddp_log_dir",
+        metavar="DIR",
+        default=None,
+        help="SPMD mode: where ranks other than 0 write their session's output, one "
+        "rankN.log each (ini ddp_log_dir; default: they stay quiet)",
+    )
+    parser.addini("ddp_launch", "how the ranks come to be: auto, fork or spmd", default=None)
+    parser.addini("ddp_log_dir", "SPMD mode: directory of the other ranks' logs", default=None)
     parser.addini("ddp_wrapper", "DDP-like MODULE:CALLABLE for the conformance suite", default=None)
     parser.addini("ddp_conformance_examples", "scenarios per conformance property", default=None)
     parser.addini("ddp_world_size", "ranks per world, or a comma-separated list", default=None)
@@ -117,6 +140,45 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addini("ddp_debug", "set TORCH_DISTRIBUTED_DEBUG=DETAIL in the ranks", type="bool")
 
 
+def _launch_mode(config: pytest.Config) -> tuple[str, str]:
+    """The launch mode asked for and where: option, environment, ini, or the default."""
+    for source, value in (
+        ("--ddp-launch", config.getoption("ddp_launch", None)),
+        (opts.LAUNCH_ENV, opts.launch_from_env()),
+        ("ini ddp_launch", _ini(config, "ddp_launch")),
+    ):
+        if value:
+            return source, value
+    return "", "auto"
+
+
+def _ini(config: pytest.Config, name: str) -> Any:
+    try:
+        return config.getini(name)
+    except (ValueError, KeyError):
+        return None
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_load_initial_conftests(early_config: pytest.Config) -> Generator[None, Any, Any]:
+    # Before pytest captures output (the outermost wrapper): a launched rank other than 0
+    # sends its terminal to its log, so that only rank 0 prints the report.
+    from ..world.launch import LaunchError, resolve
+
+    try:
+        source, mode = _launch_mode(early_config)
+        launched = resolve(opts.parse_launch(mode, source=source), os.environ)
+    except (ValueError, LaunchError):
+        launched = None  # pytest_configure reports it
+    if launched is not None and launched.rank != 0:
+        from .pytest_spmd import quiet
+
+        log_dir = early_config.known_args_namespace.ddp_log_dir or _ini(early_config, "ddp_log_dir")
+        quiet(launched.rank, log_dir)
+    return (yield)
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
@@ -124,11 +186,40 @@ def pytest_configure(config: pytest.Config) -> None:
         "torch.distributed world; world_size (an int or a list) overrides --world-size for "
         "this test, timeout (seconds) overrides --ddp-timeout.",
     )
-    config.stash[_options_key] = _resolve_options(config)
+    from ..world.launch import LaunchError, resolve
+
+    source, mode = _launch_mode(config)
+    try:
+        launched = resolve(opts.parse_launch(mode, source=source), os.environ)
+    except (ValueError, LaunchError) as exc:
+        raise pytest.UsageError(str(exc)) from None
+    options = _resolve_options(config, launched)
+    config.stash[_options_key] = options
+    if launched is not None and not hasattr(config, "workerinput"):
+        _join_launched_world(config, launched, options)
 
 
-def _resolve_options(config: pytest.Config) -> opts.WorldOptions:
-    """Command line, then environment (world size only), then ini, then defaults."""
+def _join_launched_world(config: pytest.Config, launched: Any, options: opts.WorldOptions) -> None:
+    """SPMD mode: this process is one rank; form the group and make the ranks one session."""
+    from ..world import WorldError
+    from ..world.spmd import Member, SpmdPool
+    from .pytest_spmd import SpmdSession
+    from .verifying import VerifyingSpmdWorld
+
+    member = Member(launched, **options.world_kwargs())
+    try:
+        member.join()
+    except WorldError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    world = VerifyingSpmdWorld(member)
+    config.stash[_launched_key] = launched
+    config.stash[_pool_key] = SpmdPool(world)  # type: ignore[assignment]
+    config.pluginmanager.register(SpmdSession(config, world), "ddp_verify-spmd")
+
+
+def _resolve_options(config: pytest.Config, launched: Any = None) -> opts.WorldOptions:
+    """Command line, then environment, then ini, then defaults; under a launcher, the
+    launched world's size unless sizes were asked for (one that differs is a usage error)."""
 
     def first(*candidates: tuple[str, Any]) -> tuple[str, Any]:
         return next(((src, v) for src, v in candidates if v not in (None, "")), ("", None))
@@ -156,12 +247,15 @@ def _resolve_options(config: pytest.Config) -> opts.WorldOptions:
     examples = option_then_ini("--conformance-examples", "ddp_conformance_examples")
     defaults = opts.WorldOptions()
     try:
+        sizes = (
+            opts.parse_world_sizes(world_size[1], source=world_size[0])
+            if world_size[1]
+            else defaults.world_sizes
+        )
+        if launched is not None:
+            sizes = _launched_sizes(sizes, bool(world_size[1]), world_size[0], launched)
         return opts.WorldOptions(
-            world_sizes=(
-                opts.parse_world_sizes(world_size[1], source=world_size[0])
-                if world_size[1]
-                else defaults.world_sizes
-            ),
+            world_sizes=sizes,
             backend=opts.parse_backend(backend[1], source=backend[0]) if backend[1] else "gloo",
             device=opts.parse_device(device[1], source=device[0]) if device[1] else None,
             allow_tf32=bool(allow_tf32),
@@ -187,6 +281,22 @@ def _resolve_options(config: pytest.Config) -> opts.WorldOptions:
         raise pytest.UsageError(str(exc)) from None
 
 
+def _launched_sizes(
+    sizes: tuple[int, ...], asked: bool, source: str, launched: Any
+) -> tuple[int, ...]:
+    size = launched.world_size
+    if not asked:
+        return (size,)
+    if size not in sizes:
+        asked_for = ",".join(map(str, sizes))
+        raise ValueError(
+            f"{source} asks for world size {asked_for}, but {launched.launcher} launched "
+            f"{size} processes: drop {source} (the launched size is the world size), or launch "
+            f"{sizes[0]} processes"
+        )
+    return sizes
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
     pool = config.stash.get(_pool_key, None)
     if pool is not None:
@@ -205,6 +315,11 @@ def pytest_report_header(config: pytest.Config) -> str:
     plural = "s" if len(options.world_sizes) > 1 else ""
     debug = ", debug" if options.debug else ""
     wrapper = f", DDP wrapper {options.wrapper}" if options.wrapper else ""
+    launched = config.stash.get(_launched_key, None)
+    if launched is not None:
+        skipped = [n for n in options.world_sizes if n != launched.world_size]
+        if skipped:
+            sizes = f"{launched.world_size} (the launched one; {','.join(map(str, skipped))} skip)"
     return (
         f"ddp_verify: world size{plural} {sizes}, backend {options.backend}, "
         f"device {_placement(options)}, timeout {options.timeout:g} s{debug}{wrapper}, "

@@ -1,5 +1,5 @@
-"""The world the pytest plugin and ``check()`` hand out: a world that checks methods and user
-code against the reference."""
+"""The worlds the pytest plugin and ``check()`` hand out: worlds (forked, or the launched job
+itself) that check methods and user code against the reference."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..world import World
+from ..world.spmd import Member, SpmdWorld
 
 if TYPE_CHECKING:
     from ..engine.outcome import Outcome
@@ -26,27 +27,8 @@ RANK_PRELOAD = (
 )
 
 
-class VerifyingWorld(World):
-    """A :class:`~ddp_verify.world.World` that can check methods against the reference, which
-    its helper process trains (see :attr:`World.helper`).
-
-    Example::
-
-        with VerifyingWorld(2) as world:
-            world.assert_equivalent(ddp(), scenario)
-    """
-
-    def __init__(self, size: int, *, preload: Sequence[str] = RANK_PRELOAD, **options: Any):
-        super().__init__(size, preload=preload, **options)
-
-    def start(self) -> VerifyingWorld:
-        if not self._ready and not self._closed:
-            # The ranks and the helper process that trains the reference start side by side.
-            self.launch()
-            self.helper.launch()
-        super().start()
-        self.helper.start()
-        return self
+class Verifying:
+    """What both kinds of world add: checking methods and user code against the reference."""
 
     def check_equivalent(
         self, method: Method, scenario: Scenario, *, tolerance: Tolerance | None = None
@@ -77,3 +59,40 @@ class VerifyingWorld(World):
         from ..usercode.search import search
 
         return search(fn, kind=kind, world=self, **options)
+
+
+class VerifyingWorld(Verifying, World):
+    """A :class:`~ddp_verify.world.World` that can check methods against the reference, which
+    its helper process trains (see :attr:`World.helper`).
+
+    Example::
+
+        with VerifyingWorld(2) as world:
+            world.assert_equivalent(ddp(), scenario)
+    """
+
+    def __init__(self, size: int, *, preload: Sequence[str] = RANK_PRELOAD, **options: Any):
+        super().__init__(size, preload=preload, **options)
+
+    def start(self) -> VerifyingWorld:
+        if not self._ready and not self._closed:
+            # The ranks and the helper process that trains the reference start side by side.
+            self.launch()
+            self.helper.launch()
+        super().start()
+        self.helper.start()
+        return self
+
+
+class VerifyingSpmdWorld(Verifying, SpmdWorld):
+    """The launched world (SPMD mode) with the same checks; each rank trains the reference
+    itself, and the ranks agree on every verdict.
+
+    Example (under ``torchrun --nproc-per-node 4``)::
+
+        world = VerifyingSpmdWorld(Member(detect(os.environ)))
+        world.check(my_average_gradients, kind="grad-sync")
+    """
+
+    def __init__(self, member: Member) -> None:
+        super().__init__(member)

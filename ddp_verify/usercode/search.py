@@ -17,6 +17,7 @@ from hypothesis import HealthCheck, Phase, Verbosity, given, settings
 from ..engine.compression import CompressionTolerance
 from ..engine.outcome import EquivalenceError
 from ..engine.scenario import Scenario
+from ..engine.lockstep import in_lockstep
 from ..engine.strategies import optimizers, scenarios
 from ..methods.equivalence import HarnessError, assert_equivalent
 from ..world import FailureKind, RankError, World, WorldError
@@ -175,6 +176,8 @@ def search(
 
     if seed is not None:
         search = hypothesis.seed(seed)(search)
+    # Under a launcher every rank runs this search: in lockstep, with agreed outcomes.
+    in_lockstep(search, world, name=f"the search for {method.name}")  # type: ignore[arg-type]
     try:
         search()
     except _HarnessFailed as stop:

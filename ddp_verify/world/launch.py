@@ -1,8 +1,9 @@
 """Where a launched job says this process stands: torchrun's and Slurm's environments, read
 into one :class:`Launched` (rank, world size, local rank, rendezvous address).
 
-SPMD mode (issue 15) builds on this: under a launcher, each launched process *is* a rank, and
-its process group comes from here. Nothing in this module starts or joins anything.
+SPMD mode builds on this: under a launcher, each launched process *is* a rank, and its process
+group comes from here (:mod:`ddp_verify.world.spmd`). Nothing in this module starts or joins
+anything.
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ class Launched:
     local_rank: int
     master_addr: str
     master_port: int
+    # How many nodes (torchrun agents, Slurm nodes) the job spans.
+    nodes: int = 1
 
     @property
     def init_method(self) -> str:
@@ -66,6 +69,7 @@ def detect(environ: Mapping[str, str]) -> Launched | None:
             _number(environ, "LOCAL_RANK", default=_number(environ, "RANK")),
             _required(environ, "MASTER_ADDR", "torchrun"),
             _number(environ, "MASTER_PORT"),
+            _number(environ, "GROUP_WORLD_SIZE", default=1),
         )
     if "SLURM_PROCID" in environ and "SLURM_NTASKS" in environ:
         nodes = _required(environ, "SLURM_JOB_NODELIST", "srun")
@@ -78,8 +82,32 @@ def detect(environ: Mapping[str, str]) -> Launched | None:
             _number(environ, "SLURM_LOCALID", default=0),
             environ.get("MASTER_ADDR") or first_host(nodes),
             int(port) if port else SLURM_PORT_BASE + job % SLURM_PORT_SPAN,
+            _number(environ, "SLURM_NNODES", default=_number(environ, "SLURM_JOB_NUM_NODES", default=1)),
         )
     return None
+
+
+def resolve(mode: str, environ: Mapping[str, str]) -> Launched | None:
+    """The launched job to run as, for a launch ``mode``: ``auto`` (the default) runs as the
+    launched job when there is one, ``fork`` never does (worlds are forked here), ``spmd``
+    insists. None means fork mode.
+
+    Example::
+
+        >>> resolve("fork", {"RANK": "0", "WORLD_SIZE": "2"}) is None
+        True
+    """
+    if mode == "fork":
+        return None
+    launched = detect(environ)
+    if launched is None and mode == "spmd":
+        raise LaunchError(
+            "SPMD mode (--ddp-launch spmd) needs a launcher's environment, and this process has "
+            "none: start it with torchrun (torchrun --nproc-per-node 4 -m pytest ...) or srun, "
+            "or set RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT yourself; "
+            "--ddp-launch fork forks the ranks here instead"
+        )
+    return launched
 
 
 def first_host(nodelist: str) -> str:
@@ -116,7 +144,7 @@ def _split_top_level(text: str) -> list[str]:
 
 
 def _checked(
-    launcher: str, rank: int, world_size: int, local_rank: int, addr: str, port: int
+    launcher: str, rank: int, world_size: int, local_rank: int, addr: str, port: int, nodes: int
 ) -> Launched:
     if world_size < 1 or not 0 <= rank < world_size:
         raise LaunchError(
@@ -125,7 +153,7 @@ def _checked(
         )
     if local_rank < 0 or not 0 < port < 65536:
         raise LaunchError(f"{launcher} says local rank {local_rank}, port {port}: impossible")
-    return Launched(launcher, rank, world_size, local_rank, addr, port)
+    return Launched(launcher, rank, world_size, local_rank, addr, port, max(1, nodes))
 
 
 def _required(environ: Mapping[str, str], name: str, launcher: str) -> str:

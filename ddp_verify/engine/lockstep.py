@@ -1,0 +1,163 @@
+"""Hypothesis in lockstep: every rank of a launched (SPMD) world draws the same examples,
+shrinks the same way and stops at the same time.
+
+Each rank runs the same ``@given`` test, so the ranks agree on everything hypothesis decides
+with: the seed (rank 0's, sent to all), the example database (read and written by rank 0; the
+others receive what it read), and the outcome of every example (a failure on any rank fails the
+example on every rank, with the same exception raised from the same place, so hypothesis's
+notion of "the same bug" agrees too). What hypothesis decides by the clock (deadlines, the
+too-slow health check) is switched off: clocks differ between ranks.
+
+In fork mode nothing here applies: :func:`in_lockstep` returns the test as it is.
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol
+
+from hypothesis import HealthCheck, settings
+from hypothesis.database import ExampleDatabase
+
+from ..world import protocol
+
+
+class Agreeing(Protocol):
+    """What lockstep needs of a world: its rank, and an agreement between all ranks."""
+
+    rank: int
+
+    def agree(self, tag: str, value: Any) -> list[Any]: ...
+
+
+def is_lockstep(world: object) -> bool:
+    """Whether ``world`` is a launched world whose ranks must run hypothesis in lockstep."""
+    return bool(getattr(world, "spmd", False))
+
+
+def in_lockstep(test: Callable[..., Any], world: Agreeing, *, name: str = "") -> Callable[..., Any]:
+    """Make a ``@given`` test run in lockstep on every rank of ``world`` (in place; returns it).
+
+    Example::
+
+        @given(scenarios(world_size=world.size))
+        def search(scenario): ...
+
+        in_lockstep(search, world)()
+    """
+    if not is_lockstep(world) or not getattr(test, "is_hypothesis_test", False):
+        return test
+    name = name or getattr(test, "__qualname__", "test")
+    current = test._hypothesis_internal_use_settings  # type: ignore[attr-defined]
+    database = current.database
+    test._hypothesis_internal_use_settings = settings(  # type: ignore[attr-defined]
+        current,
+        deadline=None,
+        suppress_health_check=[*current.suppress_health_check, HealthCheck.too_slow],
+        database=LockstepDatabase(database, world, name) if database is not None else None,
+    )
+    if getattr(test, "_hypothesis_internal_use_seed", None) is None and not current.derandomize:
+        from hypothesis import core
+
+        mine = core.global_force_seed
+        if mine is None:
+            mine = random.SystemRandom().getrandbits(64)
+        test._hypothesis_internal_use_seed = world.agree(f"seed of {name}", mine)[0]  # type: ignore[attr-defined]
+    inner = test.hypothesis.inner_test  # type: ignore[attr-defined]
+    if not getattr(inner, "_ddp_verify_agreed", False):
+        test.hypothesis.inner_test = agreed(inner, world, name)  # type: ignore[attr-defined]
+    return test
+
+
+def agreed(inner: Callable[..., Any], world: Agreeing, name: str) -> Callable[..., Any]:
+    """``inner`` with its outcome agreed: whatever any rank raised, every rank raises."""
+
+    @functools.wraps(inner)
+    def run_agreed(*args: Any, **kwargs: Any) -> Any:
+        __tracebackhide__ = True
+        mine: BaseException | None = None
+        try:
+            value = inner(*args, **kwargs)
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as exc:
+            mine, value = exc, None
+        everyone = world.agree(f"example of {name}", _describe(mine, world.rank))
+        failed = [(r, said) for r, said in enumerate(everyone) if said is not None]
+        if not failed:
+            return value
+        rank, (kind, payload, text) = failed[0]
+        # Where every rank raised the same kind of error (one the ranks had already agreed on,
+        # a RankError say), the rank it came from adds nothing.
+        everywhere = len(failed) == len(everyone) and all(s[0] == kind for _, s in failed)
+        if mine is not None and type(mine).__module__.startswith("hypothesis") and (
+            f"{type(mine).__module__}.{type(mine).__qualname__}" == kind
+        ):
+            # hypothesis's own control flow (assume(), a data stop): its own object.
+            raise mine
+        raise _rebuilt(payload, kind, text, rank, len(everyone), note=not everywhere)
+
+    run_agreed._ddp_verify_agreed = True  # type: ignore[attr-defined]
+    return run_agreed
+
+
+def _describe(exc: BaseException | None, rank: int) -> tuple[str, bytes | None, str] | None:
+    if exc is None:
+        return None
+    kind = f"{type(exc).__module__}.{type(exc).__qualname__}"
+    return kind, protocol.dump_exception(exc), protocol.format_exception(exc)
+
+
+class RankFailed(AssertionError):
+    """What a rank raised, when its exception could not travel to the other ranks."""
+
+
+def _rebuilt(
+    payload: bytes | None, kind: str, text: str, rank: int, size: int, *, note: bool = True
+) -> BaseException:
+    # Every rank (the failing one too) raises a fresh copy from here, so the failure looks the
+    # same to hypothesis on every rank.
+    exc = protocol.load_exception(payload)
+    if exc is None:
+        return RankFailed(f"rank {rank} of {size} raised {kind}:\n{text}")
+    exc.__traceback__ = None
+    if note:
+        exc.add_note(f"[ddp_verify] raised on rank {rank} of {size}; there:\n{text.rstrip()}")
+    return exc
+
+
+class LockstepDatabase(ExampleDatabase):
+    """Rank 0's example database, shared with the other ranks of a launched world: rank 0
+    reads and writes it; every fetch is agreed, so all ranks replay the same examples.
+
+    Example::
+
+        settings(database=LockstepDatabase(DirectoryBasedExampleDatabase(".hypothesis"), world))
+    """
+
+    def __init__(self, database: ExampleDatabase, world: Agreeing, name: str = "") -> None:
+        super().__init__()
+        self._database = database
+        self._world = world
+        self._name = name
+
+    def fetch(self, key: bytes) -> Iterable[bytes]:
+        mine = list(self._database.fetch(key)) if self._world.rank == 0 else None
+        yield from self._world.agree(f"database of {self._name}", mine)[0] or []
+
+    def save(self, key: bytes, value: bytes) -> None:
+        if self._world.rank == 0:
+            self._database.save(key, value)
+
+    def delete(self, key: bytes, value: bytes) -> None:
+        if self._world.rank == 0:
+            self._database.delete(key, value)
+
+    def move(self, src: bytes, dest: bytes, value: bytes) -> None:
+        if self._world.rank == 0:
+            self._database.move(src, dest, value)
+
+    def __repr__(self) -> str:
+        return f"LockstepDatabase({self._database!r})"

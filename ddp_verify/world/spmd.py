@@ -1,0 +1,805 @@
+"""SPMD mode: under ``torchrun`` or ``srun`` this process *is* one rank of the world.
+
+Fork mode and SPMD mode share one job protocol and one report; the mode is only how the ranks
+come to be. In fork mode a controller ships each job to rank processes it forked and gathers
+their outcomes; here every launched process runs the same program, so ``run(fn)`` runs ``fn``
+right here and the ranks then *agree* on what happened: each posts its outcome to the job's
+store and reads everyone's, so every rank holds every rank's result (or the same
+:class:`~ddp_verify.world.errors.RankError`) and takes the same branch next. The store, not the
+process group, carries that agreement, so it still works when a collective failed or hung.
+
+What can go wrong, and what every rank then sees:
+
+- a rank raises: it destroys its process group at once (peers waiting on it in a collective
+  fail within milliseconds instead of waiting out the time-out), every rank reports that rank's
+  traceback, and all re-form the group before the next job;
+- a rank hangs (a mismatched collective, a loop): the others wait until the job's deadline,
+  then ask the late rank for its stack (a watchdog thread on every rank answers from the
+  store), report it, and mark the world broken: a process group that timed out cannot be
+  trusted, so the session ends, and the stuck rank's watchdog ends its process once the others
+  are done, so the launcher tears the job down;
+- a rank dies: its heartbeat stops, and the others report which rank within seconds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime
+import os
+import pickle
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable, Mapping, Sequence
+from types import ModuleType
+from typing import Any
+
+from . import protocol, runtime
+from .backends import check_backend, check_device, placement
+from .errors import FailureKind, RankError, RankFailure, WorldError
+from .launch import Launched
+
+# How often the watchdog beats and looks for requests; how long a silent heart means dead.
+_BEAT_S = 0.5
+DEAD_AFTER_S = 10.0
+# After a job's deadline, how long a waiting rank gives a late one to send its stack.
+_STACK_WAIT_S = 3.0
+# A stuck rank waits this long for the others to finish their report before it exits.
+_STUCK_EXIT_WAIT_S = 60.0
+# Waiting ranks poll the store this often.
+_POLL_S = 0.05
+# At the end, how long a rank waits for the others to be done.
+_END_WAIT_S = 30.0
+# The job's deadline is shared; the others get this much more to post what they did.
+_REPORT_GRACE_S = 5.0
+
+
+class OutOfStep(WorldError):
+    """The ranks reached different points of the program (a rank skipped a job, or ran a test
+    the others did not): nothing they do together can be trusted any more."""
+
+
+@dataclasses.dataclass
+class _Posted:
+    """What one rank posts for one agreement: where it is, and what it has to say."""
+
+    tag: str
+    value: Any = None
+    # Set by a rank that gave up on this agreement (so the rest stop waiting for it).
+    broken: str = ""
+
+
+class Member:
+    """This process's membership of a launched world: its process group, its store, the
+    agreement between ranks and the watchdog that answers for this rank when it is stuck.
+
+    Example::
+
+        member = Member(detect(os.environ), backend="gloo", device="cpu", timeout=60.0)
+        member.join()
+        everyone = member.agree("hello", member.rank)   # [0, 1, 2, 3] on every rank
+    """
+
+    def __init__(
+        self,
+        launched: Launched,
+        *,
+        backend: str = "gloo",
+        device: str | None = None,
+        allow_tf32: bool = False,
+        timeout: float = 60.0,
+        start_timeout: float = 120.0,
+        debug: bool = False,
+    ) -> None:
+        check_backend(backend)
+        self.launched = launched
+        self.rank = launched.rank
+        self.size = launched.world_size
+        self.backend = backend
+        self.device = check_device(backend, device)
+        self.allow_tf32 = allow_tf32
+        self.timeout = float(timeout)
+        self.start_timeout = float(start_timeout)
+        self.debug = debug
+        self.joined = False
+        # Whether this process formed the default group (or found one the user had formed).
+        self.adopted = False
+        self.broken = ""
+        # Ranks known to be gone (dead or stuck): later agreements do not wait for them.
+        self.gone: set[int] = set()
+        self._store: Any = None
+        self._sequence = 0
+        self._generation = 0
+        self._regroup = False
+        self._activity: tuple[str, float] | None = None
+        self._watchdog: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._finished = False
+        self._main_thread = threading.main_thread().ident
+
+    # -- joining -----------------------------------------------------------------------------
+
+    def join(self) -> Member:
+        """Choose the device, connect to the job's store and form (or adopt) the default
+        process group; start the watchdog."""
+        if self.joined:
+            return self
+        import torch
+        import torch.distributed as dist
+
+        torch.backends.cuda.matmul.allow_tf32 = self.allow_tf32
+        torch.backends.cudnn.allow_tf32 = self.allow_tf32
+        device_id = None
+        if self.device == "cuda":
+            gpus = torch.cuda.device_count()
+            if gpus == 0:
+                raise WorldError(
+                    f"rank {self.rank} was asked to train on CUDA but sees no GPU "
+                    "(CUDA_VISIBLE_DEVICES?): launch where GPUs are, or pass --ddp-device cpu"
+                )
+            gpu = self.launched.local_rank % gpus
+            torch.cuda.set_device(gpu)
+            runtime.set_rank_device(f"cuda:{gpu}")
+            device_id = torch.device("cuda", gpu)
+        if self.debug:
+            os.environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
+        if self.backend == "nccl":
+            os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+        if dist.is_initialized():
+            # The user's conftest (or script) formed it: use it, and its store.
+            self.adopted = True
+            base = dist.distributed_c10d._get_default_store()
+        else:
+            base = self._connect()
+        self._store = dist.PrefixStore("ddp_verify", base)
+        self._device_id = device_id
+        if not self.adopted:
+            self._form_group()
+        self.joined = True
+        self._watchdog = threading.Thread(target=self._watch, name="ddp_verify-spmd", daemon=True)
+        self._watchdog.start()
+        return self
+
+    def _connect(self) -> Any:
+        import torch.distributed as dist
+
+        launched = self.launched
+        # torchrun's agent already serves the store at MASTER_ADDR:MASTER_PORT; otherwise
+        # rank 0 serves it, as torch's env:// rendezvous would.
+        agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+        try:
+            return dist.TCPStore(
+                launched.master_addr,
+                launched.master_port,
+                self.size,
+                is_master=self.rank == 0 and not agent,
+                timeout=datetime.timedelta(seconds=self.start_timeout),
+                multi_tenant=True,
+            )
+        except Exception as exc:
+            raise WorldError(
+                f"rank {self.rank} could not reach the job's store at "
+                f"{launched.master_addr}:{launched.master_port} ({launched.launcher}) within "
+                f"{self.start_timeout:g} s: {exc}\nCheck MASTER_ADDR/MASTER_PORT (for Slurm, "
+                "export MASTER_PORT, or let ddp_verify derive one from SLURM_JOB_ID)"
+            ) from None
+
+    def _form_group(self) -> None:
+        import torch.distributed as dist
+
+        dist.init_process_group(
+            self.backend,
+            store=dist.PrefixStore(f"group/{self._generation}", self._store),
+            rank=self.rank,
+            world_size=self.size,
+            # A collective stuck longer than a job may run raises instead of hanging.
+            timeout=datetime.timedelta(seconds=self.timeout),
+            device_id=self._device_id,
+        )
+
+    def regroup_if_needed(self) -> None:
+        """Form the default group anew after a failed job (every rank does, at the same
+        point of the program, because every rank saw the same failure)."""
+        import torch.distributed as dist
+
+        if not self._regroup:
+            return
+        self._regroup = False
+        if dist.is_initialized():
+            with contextlib.suppress(Exception):
+                dist.destroy_process_group()
+        self._generation += 1
+        self._form_group()
+
+    def abandon_group(self) -> None:
+        """Destroy this rank's process group now: peers waiting on it in a collective fail
+        at once rather than at the time-out."""
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            with contextlib.suppress(Exception):
+                dist.destroy_process_group()
+
+    def need_regroup(self) -> None:
+        self._regroup = True
+
+    # -- agreement ---------------------------------------------------------------------------
+
+    def agree(
+        self,
+        tag: str,
+        value: Any,
+        *,
+        timeout: float | None = None,
+        since: float | None = None,
+    ) -> list[Any]:
+        """Post ``value`` under ``tag`` and return every rank's, in rank order.
+
+        Waits until ``since + timeout`` (default: now plus the job time-out); a rank that is
+        late then, or whose heartbeat stopped, raises :class:`RankError` naming it with its
+        stack, and the world is broken from then on. Ranks at a different ``tag`` raise
+        :class:`OutOfStep`.
+        """
+        if self.broken:
+            raise WorldError(self.broken)
+        self._sequence += 1
+        key = f"agree/{self._sequence}"
+        self._post(f"{key}/{self.rank}", _Posted(tag, value))
+        if self._sequence > 2:
+            # Every rank has read agreement n-2 once this one posts n (see the module text).
+            with contextlib.suppress(Exception):
+                self._store.delete_key(f"agree/{self._sequence - 2}/{self.rank}")
+        deadline = (since or time.monotonic()) + (timeout or self.timeout)
+        posted = self._gather(key, tag, deadline)
+        breaks = [p.broken for p in posted.values() if p is not None and p.broken]
+        if breaks:
+            self.broken = breaks[0]
+            raise WorldError(self.broken)
+        steps = {r: p.tag for r, p in posted.items() if p is not None and p.tag != tag}
+        if steps:
+            where = "; ".join(f"rank {r} at {t!r}" for r, t in sorted(steps.items()))
+            self._break(
+                f"the ranks are out of step: rank {self.rank} is at {tag!r}, {where}. Every "
+                "rank must run the same tests and jobs in the same order (same files, options "
+                "and seeds; no rank-dependent branches around jobs)"
+            )
+            raise OutOfStep(self.broken)
+        return [posted[r].value if posted.get(r) is not None else None for r in range(self.size)]
+
+    def _gather(self, key: str, tag: str, deadline: float) -> dict[int, _Posted | None]:
+        waiting = [r for r in range(self.size) if r not in self.gone]
+        posted: dict[int, _Posted | None] = {r: None for r in self.gone}
+        beats = {r: (self._beat_of(r), time.monotonic()) for r in waiting}
+        while waiting:
+            still = []
+            for r in waiting:
+                if self._store.check([f"{key}/{r}"]):
+                    posted[r] = pickle.loads(self._store.get(f"{key}/{r}"))
+                else:
+                    still.append(r)
+            waiting = still
+            if not waiting:
+                break
+            if self._store.check(["broken"]):
+                self.broken = pickle.loads(self._store.get("broken"))
+                raise WorldError(self.broken)
+            now = time.monotonic()
+            dead = []
+            for r in waiting:
+                beat = self._beat_of(r)
+                if beat != beats[r][0]:
+                    beats[r] = (beat, now)
+                elif now - beats[r][1] > DEAD_AFTER_S:
+                    dead.append(r)
+            if dead or now > deadline:
+                self._give_up(tag, waiting, dead, deadline)
+            time.sleep(_POLL_S)
+        return posted
+
+    def _give_up(self, tag: str, late: list[int], dead: list[int], deadline: float) -> None:
+        stacks = self._stacks_of([r for r in late if r not in dead])
+        failures = []
+        for r in late:
+            if r in dead:
+                failures.append(
+                    RankFailure(
+                        r,
+                        FailureKind.DIED,
+                        f"stopped answering (its heartbeat stopped {DEAD_AFTER_S:g} s ago: the "
+                        "process died or was killed)",
+                    )
+                )
+            else:
+                failures.append(
+                    RankFailure(
+                        r,
+                        FailureKind.TIMED_OUT,
+                        f"did not finish {tag} in time (rank {self.rank} waited until the "
+                        "deadline)",
+                        details=stacks.get(r, "(no stack came back: the rank did not answer)"),
+                    )
+                )
+        self.gone.update(late)
+        error = RankError(
+            tag,
+            self.size,
+            self.backend,
+            failures,
+            world_relaunched=False,
+            where=self.label,
+            hint=BROKEN_HINT,
+            finished=[r for r in range(self.size) if r not in late],
+        )
+        self._break(str(error))
+        raise error
+
+    def _break(self, reason: str) -> None:
+        self.broken = self.broken or reason
+        # Tell the stuck ranks' watchdogs, and any rank that has yet to arrive.
+        with contextlib.suppress(Exception):
+            self._store.set("broken", pickle.dumps(self.broken))
+
+    def _post(self, key: str, posted: _Posted) -> None:
+        self._store.set(key, pickle.dumps(posted, protocol=5))
+
+    def _beat_of(self, rank: int) -> int:
+        try:
+            return int(self._store.add(f"beat/{rank}", 0))
+        except Exception:
+            return -1
+
+    def _stacks_of(self, ranks: Sequence[int]) -> dict[int, str]:
+        for r in ranks:
+            with contextlib.suppress(Exception):
+                self._store.set(f"stack-request/{r}", b"1")
+        stacks: dict[int, str] = {}
+        until = time.monotonic() + _STACK_WAIT_S
+        while len(stacks) < len(ranks) and time.monotonic() < until:
+            for r in ranks:
+                if r not in stacks and self._store.check([f"stack/{r}"]):
+                    stacks[r] = self._store.get(f"stack/{r}").decode(errors="replace")
+            time.sleep(_POLL_S)
+        return stacks
+
+    # -- the watchdog ------------------------------------------------------------------------
+
+    def begin(self, activity: str) -> None:
+        """Say what this rank is doing (the watchdog's answer when asked for its stack)."""
+        self._activity = (activity, time.monotonic())
+
+    def end(self) -> None:
+        self._activity = None
+
+    def _watch(self) -> None:
+        stuck_since: float | None = None
+        while not self._stop.wait(_BEAT_S):
+            try:
+                self._store.add(f"beat/{self.rank}", 1)
+                if self._store.check([f"stack-request/{self.rank}"]):
+                    self._store.delete_key(f"stack-request/{self.rank}")
+                    self._store.set(f"stack/{self.rank}", self._own_stack().encode())
+                if not self.broken and self._store.check(["broken"]):
+                    # The others gave up; a main thread that has not noticed is stuck.
+                    stuck_since = stuck_since or time.monotonic()
+                    waited = time.monotonic() - stuck_since
+                    reported = self._store.check(["ended/0" if self.rank else "ended/any"])
+                    if (reported and waited > 2 * _BEAT_S) or waited > _STUCK_EXIT_WAIT_S:
+                        self._exit_stuck()
+            except Exception:
+                # The store is gone: the job is ending. A main thread still busy a while
+                # later is stuck, and must not keep the job alive.
+                if self._stop.wait(_STUCK_EXIT_WAIT_S / 2):
+                    return
+                self._exit_stuck(lost_store=True)
+
+    def _own_stack(self) -> str:
+        frame = sys._current_frames().get(self._main_thread)  # noqa: SLF001
+        doing = self._activity[0] if self._activity else "nothing (between jobs)"
+        since = f" for {time.monotonic() - self._activity[1]:.1f} s" if self._activity else ""
+        stack = "".join(traceback.format_stack(frame)) if frame is not None else ""
+        return f"busy with {doing}{since}; its main thread:\n{stack}"
+
+    def _exit_stuck(self, *, lost_store: bool = False) -> None:
+        doing = self._activity[0] if self._activity else "its test"
+        if lost_store:
+            reason = "the job's store went away (the other ranks ended)"
+        else:
+            reason = pickle.loads(self._store.get("broken"))
+        if self.rank == 0:
+            # Rank 0 reports, and its main thread cannot: say here what the others found.
+            sys.stdout.write(f"\nddp_verify: the other ranks gave up on rank 0:\n{reason}\n")
+        sys.stderr.write(
+            f"ddp_verify: rank {self.rank} was still busy with {doing} when the others gave "
+            f"up on it; ending this process.\n{self._own_stack()}\n"
+        )
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(1)
+
+    def finish(self) -> None:
+        """End this rank's part: wait for the others at the end (so that no rank exits, and
+        has the launcher tear the job down, before rank 0 has printed its report), and let
+        rank 0 leave first: a launcher reports the first rank to exit as the root cause."""
+        if self._store is None or self._finished:
+            return
+        self._finished = True
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        with contextlib.suppress(Exception):
+            if not self.broken:
+                self.agree("the end of the session", None)
+        with contextlib.suppress(Exception):
+            self._store.set(f"ended/{self.rank}", b"1")
+            self._store.set("ended/any", b"1")
+            ended = self._store.add("ended", 1)
+            serving = self.rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
+            until = time.monotonic() + _END_WAIT_S
+            if serving:
+                # The store lives in this process: stay until the others are done with it.
+                while ended < self.size - len(self.gone) and time.monotonic() < until:
+                    time.sleep(_POLL_S)
+                    ended = self._store.add("ended", 0)
+            elif self.rank != 0 and 0 not in self.gone:
+                # Rank 0's watchdog beats until its process is gone.
+                last, since = self._beat_of(0), time.monotonic()
+                while time.monotonic() < until and time.monotonic() - since < 3 * _BEAT_S:
+                    time.sleep(_POLL_S)
+                    beat = self._beat_of(0)
+                    if beat != last:
+                        last, since = beat, time.monotonic()
+        if self.rank != 0:
+            self._stop.set()
+
+    @property
+    def label(self) -> str:
+        on = "" if self.device == "cpu" else f", {self.device}"
+        return f"the launched world of {self.size} ({self.backend}{on}, {self.launched.launcher})"
+
+
+BROKEN_HINT = (
+    "A rank that hangs or dies leaves the process group in a state that cannot be trusted "
+    "again: this job ends after this test (the launcher then tears it down). Rerun with "
+    "--ddp-debug to have torch name mismatched collectives."
+)
+
+
+class _Done:
+    """A job already run and agreed on (SPMD jobs run when submitted)."""
+
+    def __init__(self, results: list[Any] | None, error: BaseException | None) -> None:
+        self._results, self._error = results, error
+
+    def result(self) -> list[Any]:
+        __tracebackhide__ = True
+        if self._error is not None:
+            raise self._error
+        assert self._results is not None
+        return self._results
+
+
+class SpmdWorld:
+    """The launched job as a :class:`~ddp_verify.world.World`: the same ``run`` / ``submit``
+    / ``helper`` interface, run by every rank together.
+
+    ``run(fn)`` runs ``fn`` on this rank and returns every rank's result, in rank order, on
+    every rank (or raises the same :class:`RankError` on every rank).
+
+    Example (every rank of ``torchrun --nproc-per-node 4`` runs this)::
+
+        world = SpmdWorld(Member(detect(os.environ)).join())
+        assert world.run(lambda: dist.get_rank()) == [0, 1, 2, 3]
+    """
+
+    spmd = True
+
+    def __init__(self, member: Member) -> None:
+        self.member = member
+        self.size = member.size
+        self.backend = member.backend
+        self.device = member.device
+        self.allow_tf32 = member.allow_tf32
+        self.timeout = member.timeout
+        self.start_timeout = member.start_timeout
+        self.debug = member.debug
+        self.label = member.label
+        self.launches = 0
+        self.start_method = member.launched.launcher
+        self._helper: LocalHelper | None = None
+
+    # The World lifecycle: the launcher owns the processes, so there is little to do.
+    def start(self) -> SpmdWorld:
+        if not self.member.joined:
+            self.member.join()
+            self.launches = 1
+        return self
+
+    def launch(self) -> SpmdWorld:
+        return self.start()
+
+    def prestart(self) -> SpmdWorld:
+        return self
+
+    def retry_start(self) -> None:
+        """Nothing to retry: a launched world that fails to form ends the job."""
+
+    def close(self) -> None:
+        self.member.finish()
+
+    def __enter__(self) -> SpmdWorld:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    @property
+    def rank(self) -> int:
+        """This process's rank."""
+        return self.member.rank
+
+    @property
+    def pids(self) -> list[int]:
+        return [os.getpid()]
+
+    @property
+    def placement(self) -> str:
+        if self.device != "cuda":
+            return "cpu"
+        from .backends import visible_gpus
+
+        return placement(self.size, "cuda", visible_gpus())
+
+    @property
+    def helper(self) -> LocalHelper:
+        """Work beside the ranks' (the reference): each rank does it itself, here."""
+        if self._helper is None:
+            self._helper = LocalHelper(self)
+        return self._helper
+
+    def agree(self, tag: str, value: Any) -> list[Any]:
+        """Every rank's ``value`` under ``tag``, in rank order (see :meth:`Member.agree`)."""
+        self.start()
+        return self.member.agree(tag, value)
+
+    def take_output(self) -> list[tuple[str, str]]:
+        # Each rank's output is its own process's: pytest captures it there.
+        return [("", "")] * self.size
+
+    def __reduce__(self) -> Any:
+        raise TypeError("a world cannot be sent to its ranks: inside a job, use torch.distributed")
+
+    def __repr__(self) -> str:
+        return f"<SpmdWorld rank={self.rank} size={self.size} backend={self.backend}>"
+
+    # -- jobs --------------------------------------------------------------------------------
+
+    def run(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> list[Any]:
+        __tracebackhide__ = True
+        return self.run_job(fn, args, kwargs)
+
+    def run_job(
+        self,
+        fn: Callable[..., Any],
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        **options: Any,
+    ) -> list[Any]:
+        __tracebackhide__ = True
+        return self.submit(fn, args, kwargs, **options).result()
+
+    def submit(
+        self,
+        fn: Callable[..., Any],
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        *,
+        timeout: float | None = None,
+        by_value: Sequence[ModuleType] = (),
+        name: str | None = None,
+    ) -> _Done:
+        """Run the job here, now, and agree on its outcome with the other ranks."""
+        del by_value  # every rank has the code already
+        import torch.distributed as dist
+
+        member = self.member
+        if member.broken:
+            return _Done(None, WorldError(f"{self.label} cannot run jobs any more: {member.broken}"))
+        self.start()
+        member.regroup_if_needed()
+        name = name or protocol.job_name(fn)
+        timeout = timeout or self.timeout
+        started = time.monotonic()
+        member.begin(name)
+        try:
+            outcome = _run_here(fn, args, dict(kwargs or {}))
+            if not outcome.ok:
+                member.abandon_group()
+        finally:
+            member.end()
+        outcome.process_group_alive = dist.is_initialized()
+        elapsed = time.monotonic() - started
+        try:
+            outcomes = member.agree(
+                name, (outcome, elapsed), timeout=timeout + _REPORT_GRACE_S, since=started
+            )
+        except WorldError as exc:
+            return _Done(None, exc)
+        failures, results = [], []
+        regroup = False
+        for r, (theirs, took) in enumerate(outcomes):
+            regroup |= not theirs.process_group_alive
+            if theirs.ok:
+                results.append(protocol.load_result(theirs.result or b""))
+                continue
+            results.append(None)
+            failures.append(
+                RankFailure(
+                    r,
+                    FailureKind(theirs.error_kind),
+                    theirs.error_summary,
+                    details=theirs.error_traceback,
+                    exception=protocol.load_exception(theirs.exception),
+                    order=took,
+                )
+            )
+        if not failures:
+            if regroup:
+                # A job destroyed the default group on some rank: re-form it on every rank.
+                member.need_regroup()
+                member.regroup_if_needed()
+            return _Done(results, None)
+        from .failures import hint, mark_consequences
+
+        mark_consequences(failures)
+        # Every rank saw this failure here: all form the group anew together, now, so that
+        # whatever runs next (a job, or a test's own collectives) has one.
+        member.need_regroup()
+        member.regroup_if_needed()
+        failed = {f.rank for f in failures}
+        return _Done(
+            None,
+            RankError(
+                name,
+                self.size,
+                self.backend,
+                failures,
+                world_relaunched=False,
+                where=self.label,
+                hint=hint(failures, debug=self.debug),
+                finished=[r for r in range(self.size) if r not in failed],
+            ),
+        )
+
+
+def _run_here(fn: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]) -> protocol.Outcome:
+    try:
+        value = fn(*args, **kwargs)
+    except BaseException as exc:
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        text = protocol.format_exception(exc, skip_frames=1)
+        return protocol.Outcome(
+            0,
+            ok=False,
+            error_kind=FailureKind.RAISED.value,
+            error_summary=f"raised {_one_line(exc)}",
+            error_traceback=text,
+            exception=protocol.dump_exception(exc),
+        )
+    try:
+        return protocol.Outcome(0, ok=True, result=protocol.dump_result(value))
+    except Exception as exc:
+        return protocol.Outcome(
+            0,
+            ok=False,
+            error_kind=FailureKind.UNPICKLABLE_RESULT.value,
+            error_summary=f"returned a {type(value).__name__} that cannot be pickled to the "
+            f"other ranks ({_one_line(exc)}); return plain data (numbers, tensors, lists, dicts)",
+        )
+
+
+def _one_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    first = lines[0][:300] if lines else ""
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+
+
+class LocalHelper:
+    """The helper of a launched world: work beside the ranks' runs on each rank, here, with
+    no agreement (it is the same work on every rank; what follows it is agreed).
+
+    Example::
+
+        reference = world.helper.run(train_reference, scenario)[0]
+    """
+
+    size = 1
+    process_group = False
+
+    def __init__(self, world: SpmdWorld) -> None:
+        self._world = world
+        self.device = world.device
+        self.allow_tf32 = world.allow_tf32
+        self.label = f"rank {world.rank}'s own process ({world.label})"
+
+    def run(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> list[Any]:
+        __tracebackhide__ = True
+        return self.run_job(fn, args, kwargs)
+
+    def run_job(
+        self,
+        fn: Callable[..., Any],
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        *,
+        name: str | None = None,
+        **_: Any,
+    ) -> list[Any]:
+        __tracebackhide__ = True
+        outcome = _run_here(fn, args, dict(kwargs or {}))
+        if outcome.ok:
+            return [protocol.load_result(outcome.result or b"")]
+        failure = RankFailure(
+            self._world.rank,
+            FailureKind(outcome.error_kind),
+            outcome.error_summary,
+            details=outcome.error_traceback,
+            exception=protocol.load_exception(outcome.exception),
+        )
+        raise RankError(
+            name or protocol.job_name(fn),
+            1,
+            "none",
+            [failure],
+            world_relaunched=False,
+            where=self.label,
+        )
+
+    def retry_start(self) -> None:
+        """Nothing to start."""
+
+    def launch(self) -> LocalHelper:
+        return self
+
+    def start(self) -> LocalHelper:
+        return self
+
+    def close(self) -> None:
+        """Nothing to stop."""
+
+
+class SpmdPool:
+    """:class:`~ddp_verify.world.WorldPool`'s interface over the one launched world: a size
+    that is not the launched one cannot be had (callers skip it with the reason).
+
+    Example::
+
+        pool = SpmdPool(world)
+        pool.get(world.size) is world
+    """
+
+    def __init__(self, world: SpmdWorld) -> None:
+        self.world = world
+
+    def get(self, size: int, backend: str | None = None, *, start: bool = True) -> SpmdWorld:
+        from .errors import BackendUnavailable
+
+        if size != self.world.size:
+            raise BackendUnavailable(
+                f"this job was launched with {self.world.size} ranks, so a world of {size} "
+                f"cannot run in it (launch {size} processes for that size)"
+            )
+        if backend is not None and backend != self.world.backend:
+            raise BackendUnavailable(
+                f"the launched world uses {self.world.backend}, not {backend}"
+            )
+        return self.world.start() if start else self.world
+
+    def worlds(self) -> list[SpmdWorld]:
+        return [self.world] if self.world.member.joined else []
+
+    def close(self) -> None:
+        self.world.close()
