@@ -92,8 +92,10 @@ def agreed(inner: Callable[..., Any], world: Agreeing, name: str) -> Callable[..
         # Where every rank raised the same kind of error (one the ranks had already agreed on,
         # a RankError say), the rank it came from adds nothing.
         everywhere = len(failed) == len(everyone) and all(s[0] == kind for _, s in failed)
-        if mine is not None and type(mine).__module__.startswith("hypothesis") and (
-            f"{type(mine).__module__}.{type(mine).__qualname__}" == kind
+        if (
+            mine is not None
+            and type(mine).__module__.startswith("hypothesis")
+            and (f"{type(mine).__module__}.{type(mine).__qualname__}" == kind)
         ):
             # hypothesis's own control flow (assume(), a data stop): its own object.
             raise mine

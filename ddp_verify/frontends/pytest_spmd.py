@@ -115,7 +115,9 @@ class SpmdSession:
         if failing and not report.failed:
             first, (_, text, _, shown) = failing[0]
             report.outcome = "failed"
-            report.longrepr = f"[ddp_verify] failed on rank {first} of {size} (rank {rank} passed):\n{text}"
+            report.longrepr = (
+                f"[ddp_verify] failed on rank {first} of {size} (rank {rank} passed):\n{text}"
+            )
             with contextlib.suppress(AttributeError):
                 del report.wasxfail
         for r, (_, text, sections, crash) in failing:
@@ -133,7 +135,11 @@ class SpmdSession:
     def pytest_report_header(self, config: pytest.Config) -> str:
         launched = self.member.launched
         nodes = f" on {launched.nodes} nodes" if launched.nodes > 1 else ""
-        log = f"; ranks 1-{self.member.size - 1} log to their --ddp-log-dir" if self.member.size > 1 else ""
+        log = (
+            f"; ranks 1-{self.member.size - 1} log to their --ddp-log-dir"
+            if self.member.size > 1
+            else ""
+        )
         return (
             f"ddp_verify: SPMD under {launched.launcher}: this is rank {launched.rank} of "
             f"{launched.world_size}{nodes} (local rank {launched.local_rank}), rendezvous "

@@ -15,9 +15,9 @@ import hypothesis
 from hypothesis import HealthCheck, Phase, Verbosity, given, settings
 
 from ..engine.compression import CompressionTolerance
+from ..engine.lockstep import in_lockstep
 from ..engine.outcome import EquivalenceError
 from ..engine.scenario import Scenario
-from ..engine.lockstep import in_lockstep
 from ..engine.strategies import optimizers, scenarios
 from ..methods.equivalence import HarnessError, assert_equivalent
 from ..world import FailureKind, RankError, World, WorldError

@@ -82,7 +82,9 @@ def detect(environ: Mapping[str, str]) -> Launched | None:
             _number(environ, "SLURM_LOCALID", default=0),
             environ.get("MASTER_ADDR") or first_host(nodes),
             int(port) if port else SLURM_PORT_BASE + job % SLURM_PORT_SPAN,
-            _number(environ, "SLURM_NNODES", default=_number(environ, "SLURM_JOB_NUM_NODES", default=1)),
+            _number(
+                environ, "SLURM_NNODES", default=_number(environ, "SLURM_JOB_NUM_NODES", default=1)
+            ),
         )
     return None
 

@@ -395,7 +395,7 @@ class Member:
                 self._exit_stuck(lost_store=True)
 
     def _own_stack(self) -> str:
-        frame = sys._current_frames().get(self._main_thread)  # noqa: SLF001
+        frame = sys._current_frames().get(self._main_thread)
         doing = self._activity[0] if self._activity else "nothing (between jobs)"
         since = f" for {time.monotonic() - self._activity[1]:.1f} s" if self._activity else ""
         stack = "".join(traceback.format_stack(frame)) if frame is not None else ""
@@ -606,7 +606,9 @@ class SpmdWorld:
 
         member = self.member
         if member.broken:
-            return _Done(None, WorldError(f"{self.label} cannot run jobs any more: {member.broken}"))
+            return _Done(
+                None, WorldError(f"{self.label} cannot run jobs any more: {member.broken}")
+            )
         self.start()
         member.regroup_if_needed()
         name = name or protocol.job_name(fn)
@@ -674,7 +676,9 @@ class SpmdWorld:
         )
 
 
-def _run_here(fn: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]) -> protocol.Outcome:
+def _run_here(
+    fn: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]
+) -> protocol.Outcome:
     try:
         value = fn(*args, **kwargs)
     except BaseException as exc:
@@ -793,9 +797,7 @@ class SpmdPool:
                 f"cannot run in it (launch {size} processes for that size)"
             )
         if backend is not None and backend != self.world.backend:
-            raise BackendUnavailable(
-                f"the launched world uses {self.world.backend}, not {backend}"
-            )
+            raise BackendUnavailable(f"the launched world uses {self.world.backend}, not {backend}")
         return self.world.start() if start else self.world
 
     def worlds(self) -> list[SpmdWorld]:
