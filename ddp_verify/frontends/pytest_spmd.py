@@ -135,15 +135,12 @@ class SpmdSession:
     def pytest_report_header(self, config: pytest.Config) -> str:
         launched = self.member.launched
         nodes = f" on {launched.nodes} nodes" if launched.nodes > 1 else ""
-        log = (
-            f"; ranks 1-{self.member.size - 1} log to their --ddp-log-dir"
-            if self.member.size > 1
-            else ""
-        )
+        logs = config.getoption("ddp_log_dir")
         return (
             f"ddp_verify: SPMD under {launched.launcher}: this is rank {launched.rank} of "
             f"{launched.world_size}{nodes} (local rank {launched.local_rank}), rendezvous "
-            f"{launched.master_addr}:{launched.master_port}; rank 0 reports{log if config.getoption('ddp_log_dir') else ''}"
+            f"{launched.master_addr}:{launched.master_port}; rank 0 reports"
+            + (f", the others log to {logs}" if logs else "")
         )
 
 
