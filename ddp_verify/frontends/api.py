@@ -7,6 +7,7 @@ first use, closed at exit) and hands the search to :func:`ddp_verify.usercode.se
 from __future__ import annotations
 
 import atexit
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -14,17 +15,22 @@ from ..usercode.kinds import check_signature
 from ..usercode.search import Progress, Verdict, search
 from ..world import WorldPool
 from ..world.backends import check_device, require_devices
-from .verifying import VerifyingWorld
+from ..world.launch import Launched, resolve
+from ..world.spmd import Member
+from .verifying import VerifyingSpmdWorld, VerifyingWorld
 
 # One pool per way of starting worlds (backend, device, TF32), each world kept for the process.
 _pools: dict[tuple[str, str | None, bool, bool], WorldPool] = {}
+# Under a launcher: the launched job, joined on the first check and kept for the process.
+_launched: VerifyingSpmdWorld | None = None
+DEFAULT_WORLD_SIZE = 4
 
 
 def check(
     fn: Callable[..., Any],
     *,
     kind: str,
-    world_size: int = 4,
+    world_size: int | None = None,
     max_examples: int = 100,
     seed: int | None = None,
     timeout: float = 60.0,
@@ -39,6 +45,7 @@ def check(
     ddp_wrapper: str | None = None,
     progress: Progress | None = None,
     world: VerifyingWorld | None = None,
+    launch: str = "auto",
     **scenario_bounds: Any,
 ) -> Verdict:
     """Check ``fn`` as a ``kind`` plug-in on generated scenarios; return if it is equivalent.
@@ -62,9 +69,16 @@ def check(
     __tracebackhide__ = True
     check_signature(fn, kind)  # before a device is looked for
     if world is None:
-        device = check_device(backend, device)
-        require_devices(backend, world_size, device)
-        world = _world(world_size, timeout, backend, device, allow_tf32, debug)
+        launched = resolve(launch, os.environ)
+        if launched is not None:
+            world = _launched_world(
+                launched, world_size, timeout, backend, device, allow_tf32, debug
+            )
+        else:
+            device = check_device(backend, device)
+            size = DEFAULT_WORLD_SIZE if world_size is None else world_size
+            require_devices(backend, size, device)
+            world = _world(size, timeout, backend, device, allow_tf32, debug)
     return search(
         fn,
         kind=kind,
@@ -103,3 +117,34 @@ def _world(
     world = pool.get(size, start=False)
     world.timeout = timeout
     return world  # type: ignore[return-value]
+
+
+def _launched_world(
+    launched: Launched,
+    size: int | None,
+    timeout: float,
+    backend: str,
+    device: str | None,
+    allow_tf32: bool,
+    debug: bool,
+) -> VerifyingSpmdWorld:
+    global _launched
+    if size is not None and size != launched.world_size:
+        raise ValueError(
+            f"world_size={size} was asked for, but {launched.launcher} launched "
+            f"{launched.world_size} processes: leave world_size out (the launched size is the "
+            f"world size), or launch {size} processes"
+        )
+    if _launched is None:
+        member = Member(
+            launched,
+            backend=backend,
+            device=device,
+            allow_tf32=allow_tf32,
+            timeout=timeout,
+            debug=debug,
+        )
+        _launched = VerifyingSpmdWorld(member)
+        atexit.register(_launched.close)
+    _launched.timeout = _launched.member.timeout = timeout
+    return _launched

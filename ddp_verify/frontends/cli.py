@@ -43,7 +43,11 @@ warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
 from ..engine.scenario import DTYPES, FEATURES, MODEL_KINDS  # noqa: E402
 from ..usercode.kinds import KINDS, SIGNATURES, KindError, check_signature  # noqa: E402
 from ..world.backends import BACKENDS, DEVICES  # noqa: E402
-from .options import parse_timeout, parse_wrapper  # noqa: E402
+from .options import LAUNCH_ENV, LAUNCH_MODES, parse_timeout, parse_wrapper  # noqa: E402
+
+DEFAULT_WORLD_SIZE = 4
+# A launched rank other than 0: it reports nothing (rank 0 reports the same verdict).
+_QUIET = False
 
 EXIT_EQUIVALENT, EXIT_NOT_EQUIVALENT, EXIT_USAGE, EXIT_HARNESS = 0, 1, 2, 3
 EXIT_INTERRUPTED = 128 + 2  # SIGINT, as shells report it
@@ -73,6 +77,7 @@ class _Parser(argparse.ArgumentParser):
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     wants_json = "--json" in argv
+    _quiet_unless_rank0(argv)
     try:
         args, extra = _parser().parse_known_args(argv)
         if args.command == "conformance":
@@ -80,12 +85,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         if extra:
             raise UsageError(f"unrecognized arguments: {' '.join(extra)}")
         path, name = parse_target(args.target)
-        args.device = _devices_here(args.backend, args.device, args.world_size)
+        args.launched = _launched(args)
+        if args.launched is None:
+            args.world_size = args.world_size or DEFAULT_WORLD_SIZE
+            args.device = _devices_here(args.backend, args.device, args.world_size)
+        else:
+            args.world_size = args.world_size or args.launched.world_size
+            args.device = args.device or ("cuda" if args.backend == "nccl" else "cpu")
     except UsageError as exc:
         return _finish(wants_json, EXIT_USAGE, f"ddp-verify: error: {exc}")
-    # The arguments hold: the ranks' fork server imports torch while this process imports
-    # the user's file (and torch with it).
-    _prestart(args)
+    if args.launched is None:
+        # The arguments hold: the ranks' fork server imports torch while this process
+        # imports the user's file (and torch with it).
+        _prestart(args)
     outcome = {
         "target": args.target,
         "kind": args.kind,
@@ -99,6 +111,44 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (UsageError, KindError) as exc:
         return _finish(wants_json, EXIT_USAGE, f"ddp-verify: error: {exc}", **outcome)
     return _run_check(args, fn, outcome)
+
+
+def _launched(args: argparse.Namespace) -> Any:
+    """The launched job this process is a rank of (SPMD mode), or None to fork the ranks."""
+    from ..world.launch import LaunchError, resolve
+
+    mode = args.launch or os.environ.get(LAUNCH_ENV) or "auto"
+    try:
+        launched = resolve(mode, os.environ)
+    except LaunchError as exc:
+        raise UsageError(str(exc)) from None
+    if launched is not None and args.world_size not in (None, launched.world_size):
+        raise UsageError(
+            f"--world-size {args.world_size} was asked for, but {launched.launcher} launched "
+            f"{launched.world_size} processes: drop --world-size (the launched size is the "
+            f"world size), or launch {args.world_size} processes"
+        )
+    return launched
+
+
+def _quiet_unless_rank0(argv: Sequence[str]) -> None:
+    """Under a launcher every rank runs the command and reaches the same verdict: rank 0
+    says it, the others only exit with the same code (their stderr stays, for crashes)."""
+    from ..world.launch import LaunchError, detect
+
+    if "fork" in argv or os.environ.get(LAUNCH_ENV) == "fork":
+        return
+    try:
+        launched = detect(os.environ)
+    except LaunchError:
+        return
+    if launched is not None and launched.rank != 0:
+        global _QUIET
+        _QUIET = True
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        sys.stdout.flush()
+        os.dup2(devnull, 1)
+        os.close(devnull)
 
 
 def _devices_here(backend: str, device: str | None, world_size: int) -> str:
@@ -148,7 +198,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     check.add_argument("target", metavar="PATH.py:FUNCTION")
     check.add_argument("--kind", required=True, choices=KINDS)
-    check.add_argument("--world-size", type=_positive, default=4)
+    check.add_argument(
+        "--world-size",
+        type=_positive,
+        default=None,
+        help="ranks (default 4; under torchrun or srun, the launched size)",
+    )
     check.add_argument("--max-examples", type=_positive, default=100)
     check.add_argument("--seed", type=int, default=None)
     check.add_argument("--dtype", choices=DTYPES, default=None)
@@ -233,7 +288,11 @@ def _parser() -> argparse.ArgumentParser:
         description="Check torch's data-parallel machinery (or --ddp-wrapper) against "
         "single-process training. Arguments after the options go to pytest (-k, -x, ...).",
     )
-    conformance.add_argument("--world-size", default="4", help="ranks, or a list such as 2,4")
+    conformance.add_argument(
+        "--world-size",
+        default=None,
+        help="ranks, or a list such as 2,4 (default 4; under torchrun or srun, the launched size)",
+    )
     conformance.add_argument("--ddp-wrapper", metavar="MODULE:CALLABLE", default=None)
     conformance.add_argument(
         "--examples", type=_positive, default=None, help="scenarios per property"
@@ -260,6 +319,14 @@ def _add_device_options(
         "runs more ranks than there are GPUs); default cuda for nccl, cpu for gloo",
     )
     parser.add_argument(
+        "--launch",
+        choices=LAUNCH_MODES,
+        default=None,
+        help="how the ranks come to be: fork (here), spmd (this process is one rank of a "
+        "torchrun/srun job), auto (spmd under a launcher, else fork; the default; env "
+        f"{LAUNCH_ENV})",
+    )
+    parser.add_argument(
         "--allow-tf32",
         action="store_true",
         help="let CUDA float32 matmuls and convolutions use TF32 (float32's tolerance is then "
@@ -275,8 +342,11 @@ def conformance_args(args: argparse.Namespace, extra: Sequence[str]) -> list[str
         >>> conformance_args(_parser().parse_args(["conformance", "--world-size", "2"]), [])
         ['--pyargs', 'ddp_verify.conformance', '--world-size', '2']
     """
-    command = ["--pyargs", "ddp_verify.conformance", "--world-size", str(args.world_size)]
+    command = ["--pyargs", "ddp_verify.conformance"]
+    if args.world_size is not None:
+        command += ["--world-size", str(args.world_size)]
     for flag, value in (
+        ("--ddp-launch", args.launch),
         ("--ddp-wrapper", args.ddp_wrapper),
         ("--conformance-examples", args.examples),
         ("--ddp-backend", args.backend),
@@ -422,12 +492,13 @@ def _run_check(args: argparse.Namespace, fn: Callable[..., Any], outcome: dict[s
     if args.micro_batch_counts:
         bounds["same_micro_batch_counts"] = args.micro_batch_counts == "same"
     outcome["started"] = time.monotonic()
-    progress = _Progress()
+    progress = _Progress(quiet=args.launched is not None and args.launched.rank != 0)
     try:
         verdict = check(
             fn,
             kind=args.kind,
             world_size=args.world_size,
+            launch="spmd" if args.launched is not None else "fork",
             max_examples=args.max_examples,
             seed=args.seed,
             timeout=args.timeout,
@@ -491,6 +562,8 @@ def _finish(
     cause: str | None = None,
     reproducer: str | None = None,
 ) -> int:
+    if _QUIET:
+        return code
     if wants_json:
         print(
             json.dumps(
@@ -521,13 +594,16 @@ class _Progress:
     """Examples tried and the phase, on stderr: rewritten in place on a terminal, a line every
     few seconds otherwise (CI logs)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, quiet: bool = False) -> None:
         self.tty = sys.stderr.isatty() and os.environ.get("TERM") != "dumb"
         self.last = 0.0
         self.tried = 0
+        self.quiet = quiet
 
     def __call__(self, tried: int, phase: str) -> None:
         self.tried = tried
+        if self.quiet:
+            return
         now = time.monotonic()
         if self.tty:
             sys.stderr.write(f"\r[ddp-verify] {phase}: {tried} examples tried ")

@@ -97,6 +97,10 @@ class SpmdSession:
     ) -> Generator[None, Any, Any]:
         report: pytest.TestReport = yield
         rank, size = self.member.rank, self.member.size
+        if self.member.broken:
+            # Already reported by the phase that broke it: finish this test as it is, stop.
+            item.session.shouldfail = _stop_reason(WorldError(self.member.broken))
+            return report
         mine = (
             report.outcome,
             report.longreprtext if report.failed else "",
@@ -108,7 +112,7 @@ class SpmdSession:
         except WorldError as exc:
             report.outcome = "failed"
             report.longrepr = f"{report.longreprtext}\n{exc}".strip()
-            item.session.shouldstop = _stop_reason(exc)
+            item.session.shouldfail = _stop_reason(exc)
             return report
         failing = [(r, said) for r, said in enumerate(everyone) if said[0] == "failed"]
         shown = _crash(report)
@@ -129,7 +133,7 @@ class SpmdSession:
             for title, body in sections:
                 report.sections.append((f"{title} (rank {r})", body))
         if self.member.broken:
-            item.session.shouldstop = _stop_reason(WorldError(self.member.broken))
+            item.session.shouldfail = _stop_reason(WorldError(self.member.broken))
         return report
 
     def pytest_report_header(self, config: pytest.Config) -> str:

@@ -100,8 +100,11 @@ class RankError(WorldError):
         hint: str = "",
         finished: Sequence[int] = (),
         where: str = "",
+        world_state: str = "",
     ) -> None:
         self.job = job
+        # What became of the world, when the default words do not fit (SPMD mode).
+        self.world_state = world_state
         # How the failed world is named: "a world of 4 (gloo)" unless it says otherwise.
         self.where = where or f"a world of {world_size} ({backend})"
         self.finished = list(finished)
@@ -133,7 +136,7 @@ class RankError(WorldError):
             lines.append(
                 f"Finished the job normally: rank{'s' if len(self.finished) > 1 else ''} {ranks}."
             )
-        after = (
+        after = self.world_state or (
             "The world was torn down and is relaunched on its next use."
             if self.world_relaunched
             else "The world is still up."
@@ -155,6 +158,7 @@ class RankError(WorldError):
                 self.hint,
                 self.finished,
                 self.where,
+                self.world_state,
             ),
         )
 
@@ -168,6 +172,7 @@ def _rebuild_rank_error(
     hint: str,
     finished: list[int],
     where: str,
+    world_state: str = "",
 ) -> RankError:
     return RankError(
         job,
@@ -178,6 +183,7 @@ def _rebuild_rank_error(
         hint=hint,
         finished=finished,
         where=where,
+        world_state=world_state,
     )
 
 

@@ -28,6 +28,7 @@ import dataclasses
 import datetime
 import os
 import pickle
+import signal
 import sys
 import threading
 import time
@@ -50,10 +51,24 @@ _STACK_WAIT_S = 3.0
 _STUCK_EXIT_WAIT_S = 60.0
 # Waiting ranks poll the store this often.
 _POLL_S = 0.05
+# Frames of these files are the harness's, not the user's, in a stuck rank's stack.
+_HARNESS_FILES = (
+    "/_pytest/",
+    "/pluggy/",
+    "<frozen runpy>",
+    "/pytest/__main__",
+    "/hypothesis/",
+    "/ddp_verify/",
+)
 # At the end, how long a rank waits for the others to be done.
 _END_WAIT_S = 30.0
 # The job's deadline is shared; the others get this much more to post what they did.
 _REPORT_GRACE_S = 5.0
+
+
+class LauncherTerminated(KeyboardInterrupt):
+    """The launcher sent SIGTERM (it tears the whole job down when one rank exits): raised
+    where the rank was, so that what was running is still reported, as for Ctrl-C."""
 
 
 class OutOfStep(WorldError):
@@ -117,6 +132,7 @@ class Member:
         self._watchdog: threading.Thread | None = None
         self._stop = threading.Event()
         self._finished = False
+        self._waiting = ""
         self._main_thread = threading.main_thread().ident
 
     # -- joining -----------------------------------------------------------------------------
@@ -158,9 +174,26 @@ class Member:
         if not self.adopted:
             self._form_group()
         self.joined = True
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._terminated)
         self._watchdog = threading.Thread(target=self._watch, name="ddp_verify-spmd", daemon=True)
         self._watchdog.start()
         return self
+
+    def _terminated(self, signum: int, frame: Any) -> None:
+        # The launcher ends the job (a rank exited, often by dying): stop where we are, as
+        # Ctrl-C would, so that pytest (or the CLI) still reports what was running.
+        doing = (
+            f" during {self._activity[0]}"
+            if self._activity
+            else f" while waiting for the other ranks at {self._waiting}"
+            if self._waiting
+            else ""
+        )
+        raise LauncherTerminated(
+            f"rank {self.rank} was terminated by {self.launched.launcher}{doing}: another rank "
+            "probably ended first (the launcher's report names it and its exit code)"
+        )
 
     def _connect(self) -> Any:
         import torch.distributed as dist
@@ -252,7 +285,11 @@ class Member:
             with contextlib.suppress(Exception):
                 self._store.delete_key(f"agree/{self._sequence - 2}/{self.rank}")
         deadline = (since or time.monotonic()) + (timeout or self.timeout)
-        posted = self._gather(key, tag, deadline)
+        self._waiting = tag
+        try:
+            posted = self._gather(key, tag, deadline)
+        finally:
+            self._waiting = ""
         breaks = [p.broken for p in posted.values() if p is not None and p.broken]
         if breaks:
             self.broken = breaks[0]
@@ -330,10 +367,16 @@ class Member:
             world_relaunched=False,
             where=self.label,
             hint=BROKEN_HINT,
+            world_state="The process group cannot be trusted any more.",
             finished=[r for r in range(self.size) if r not in late],
         )
         self._break(str(error))
         raise error
+
+    def declare_broken(self, reason: str) -> None:
+        """Every rank saw the same reason to distrust the group: stop using it (no agreement
+        needed: each rank reached this verdict from the same agreed outcomes)."""
+        self.broken = self.broken or reason
 
     def _break(self, reason: str) -> None:
         self.broken = self.broken or reason
@@ -398,7 +441,10 @@ class Member:
         frame = sys._current_frames().get(self._main_thread)
         doing = self._activity[0] if self._activity else "nothing (between jobs)"
         since = f" for {time.monotonic() - self._activity[1]:.1f} s" if self._activity else ""
-        stack = "".join(traceback.format_stack(frame)) if frame is not None else ""
+        frames = traceback.extract_stack(frame) if frame is not None else []
+        # From where the job (or test) starts: pytest's, pluggy's and our frames say nothing.
+        mine = [f for f in frames if not any(part in f.filename for part in _HARNESS_FILES)]
+        stack = "".join(traceback.format_list(mine or frames[-8:]))
         return f"busy with {doing}{since}; its main thread:\n{stack}"
 
     def _exit_stuck(self, *, lost_store: bool = False) -> None:
@@ -426,6 +472,9 @@ class Member:
         if self._store is None or self._finished:
             return
         self._finished = True
+        if threading.current_thread() is threading.main_thread():
+            # From here on the launcher may end this process at any time: let it, quietly.
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(Exception):
                 stream.flush()
@@ -453,6 +502,13 @@ class Member:
                         last, since = beat, time.monotonic()
         if self.rank != 0:
             self._stop.set()
+        if not self.adopted:
+            import torch.distributed as dist
+
+            # Left to the interpreter's exit, a group whose collective timed out aborts it.
+            with contextlib.suppress(Exception):
+                if dist.is_initialized():
+                    dist.destroy_process_group()
 
     @property
     def label(self) -> str:
@@ -616,7 +672,9 @@ class SpmdWorld:
         started = time.monotonic()
         member.begin(name)
         try:
-            outcome = _run_here(fn, args, dict(kwargs or {}))
+            # Through pickle, as a forked rank receives it: the job gets its own copies, and
+            # what is shipped by value arrives as it would there.
+            outcome = _run_here(*protocol.load_job(protocol.dump_job(fn, args, dict(kwargs or {}))))
             if not outcome.ok:
                 member.abandon_group()
         finally:
@@ -656,10 +714,19 @@ class SpmdWorld:
         from .failures import hint, mark_consequences
 
         mark_consequences(failures)
+        timed_out = [f.rank for f in failures if _timed_out(f)]
+        if timed_out:
+            # The collective may be half-done on some ranks: the group cannot be trusted.
+            which = ", ".join(map(str, timed_out))
+            member.declare_broken(
+                f"a collective timed out on rank{'s' if len(timed_out) > 1 else ''} {which} "
+                f"during {name}"
+            )
         # Every rank saw this failure here: all form the group anew together, now, so that
         # whatever runs next (a job, or a test's own collectives) has one.
-        member.need_regroup()
-        member.regroup_if_needed()
+        if not member.broken:
+            member.need_regroup()
+            member.regroup_if_needed()
         failed = {f.rank for f in failures}
         return _Done(
             None,
@@ -670,7 +737,12 @@ class SpmdWorld:
                 failures,
                 world_relaunched=False,
                 where=self.label,
-                hint=hint(failures, debug=self.debug),
+                hint=(BROKEN_HINT if member.broken else hint(failures, debug=self.debug)),
+                world_state=(
+                    "The process group cannot be trusted any more."
+                    if member.broken
+                    else "Every rank formed the process group anew; the world is still up."
+                ),
                 finished=[r for r in range(self.size) if r not in failed],
             ),
         )
@@ -709,6 +781,11 @@ def _one_line(exc: BaseException) -> str:
     lines = str(exc).strip().splitlines()
     first = lines[0][:300] if lines else ""
     return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+
+
+def _timed_out(failure: RankFailure) -> bool:
+    text = failure.summary.lower()
+    return "timed out" in text or ("timeout" in text and ("gloo" in text or "nccl" in text))
 
 
 class LocalHelper:
