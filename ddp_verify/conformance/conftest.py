@@ -66,7 +66,7 @@ def require(
 
 @pytest.fixture
 def prove(
-    conformance_examples: int,
+    conformance_examples: int, lockstep: Callable[[Any], Any]
 ) -> Callable[[st.SearchStrategy[Any], Callable[[Any], None]], None]:
     """``prove(strategy, check)``: ``check`` holds for ``--conformance-examples`` values drawn
     from ``strategy``, or hypothesis shrinks the counterexample and the test fails with it."""
@@ -83,7 +83,8 @@ def prove(
         def holds(value: Any) -> None:
             check(value)
 
-        holds()
+        # Under torchrun every rank runs this property: in lockstep (a no-op otherwise).
+        lockstep(holds)()
 
     return run
 

@@ -117,6 +117,11 @@ def test_powersgd_at_full_rank_is_exact(world, data_parallel, prove):
     repro="findings/powersgd_unused_parameter.py",
 )
 def test_powersgd_runs_with_unused_parameters(world, data_parallel, prove):
+    if getattr(world, "spmd", False):
+        pytest.skip(
+            "this known torch issue aborts a rank's process (gloo's EnforceNotMet), and under "
+            "a launcher a rank that dies ends the whole job: it runs in fork mode only"
+        )
     # Only that training completes: exactness is the test above's business.
     method = data_parallel(comm_hook=powersgd.powerSGD_hook, hook_state=FULL_RANK)
     prove(

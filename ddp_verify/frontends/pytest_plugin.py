@@ -16,7 +16,7 @@ from __future__ import annotations
 import inspect
 import os
 import sys
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -31,6 +31,7 @@ _options_key = pytest.StashKey["opts.WorldOptions"]()
 _pool_key = pytest.StashKey["WorldPool"]()
 _item_world_key = pytest.StashKey["World"]()
 _launched_key = pytest.StashKey[Any]()
+_xdist_off_key = pytest.StashKey[bool]()
 
 _MARKER = "distributed"
 
@@ -196,6 +197,14 @@ def pytest_configure(config: pytest.Config) -> None:
     options = _resolve_options(config, launched)
     config.stash[_options_key] = options
     if launched is not None and not hasattr(config, "workerinput"):
+        if config.getoption("numprocesses", None):
+            # Under a launcher every process already is one rank: xdist workers would each run
+            # a share of the tests, out of step with the other ranks. (A project's addopts
+            # often say -n auto: turned off here, and the header says so.)
+            config.option.numprocesses = None
+            config.option.dist = "no"
+            config.option.tx = []
+            config.stash[_xdist_off_key] = True
         _join_launched_world(config, launched, options)
 
 
@@ -316,6 +325,8 @@ def pytest_report_header(config: pytest.Config) -> str:
     debug = ", debug" if options.debug else ""
     wrapper = f", DDP wrapper {options.wrapper}" if options.wrapper else ""
     launched = config.stash.get(_launched_key, None)
+    if config.stash.get(_xdist_off_key, False):
+        wrapper += "; pytest-xdist's -n is off under a launcher (each process is one rank)"
     if launched is not None:
         skipped = [n for n in options.world_sizes if n != launched.world_size]
         if skipped:
@@ -417,6 +428,31 @@ def world(request: pytest.FixtureRequest, world_size: int) -> VerifyingWorld:
         return _pool(request.config).get(world_size)
     except BackendUnavailable as exc:
         pytest.skip(str(exc))
+
+
+@pytest.fixture(scope="session")
+def lockstep(request: pytest.FixtureRequest) -> Callable[[Any], Any]:
+    """``lockstep(test)``: a ``@given`` test defined *inside* a test, made to run in lockstep on
+    every rank of a launched job (SPMD mode: agreed seed, database and outcomes, as the plugin
+    does for test functions themselves); returned unchanged in fork mode.
+
+    Example::
+
+        def test_property(world, lockstep):
+            @given(scenarios(world_size=world.size))
+            def holds(scenario):
+                world.assert_equivalent(ddp(), scenario)
+
+            lockstep(holds)()
+    """
+    pool = request.config.stash.get(_pool_key, None)
+    launched = request.config.stash.get(_launched_key, None)
+    if launched is None or pool is None:
+        return lambda test: test
+    from ..engine.lockstep import in_lockstep
+
+    world = pool.get(launched.world_size)
+    return lambda test: in_lockstep(test, world)
 
 
 @pytest.fixture(scope="session")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import random
 from collections.abc import Generator
 from pathlib import Path
 from typing import Any
@@ -57,6 +58,14 @@ class SpmdSession:
         if self.member.rank != 0:
             # One report: rank 0's. (The others' failures reach it through the agreement.)
             config.option.xmlpath = None
+        # Every @given in the session, even one built inside a test and not wrapped with the
+        # lockstep fixture, draws from one agreed seed (as --hypothesis-seed would make it).
+        from hypothesis import core
+
+        if core.global_force_seed is None:
+            mine = random.SystemRandom().getrandbits(32)
+            core.global_force_seed = self.world.agree("the hypothesis seed", mine)[0]
+        self.seed = core.global_force_seed
 
     @pytest.hookimpl(trylast=True)
     def pytest_collection_finish(self, session: pytest.Session) -> None:
@@ -145,6 +154,8 @@ class SpmdSession:
             f"{launched.world_size}{nodes} (local rank {launched.local_rank}), rendezvous "
             f"{launched.master_addr}:{launched.master_port}; rank 0 reports"
             + (f", the others log to {logs}" if logs else "")
+            + f"; hypothesis seed {self.seed} on every rank (--hypothesis-seed {self.seed} "
+            "replays it)"
         )
 
 
