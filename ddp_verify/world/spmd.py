@@ -63,7 +63,7 @@ _HARNESS_FILES = (
 # At the end, how long a rank waits for the others to be done.
 _END_WAIT_S = 30.0
 # The job's deadline is shared; the others get this much more to post what they did.
-_REPORT_GRACE_S = 5.0
+_REPORT_GRACE_S = 1.0
 
 
 class LauncherTerminated(KeyboardInterrupt):
@@ -275,6 +275,7 @@ class Member:
         stack, and the world is broken from then on. Ranks at a different ``tag`` raise
         :class:`OutOfStep`.
         """
+        __tracebackhide__ = True
         if self.broken:
             raise WorldError(self.broken)
         self._sequence += 1
@@ -306,6 +307,7 @@ class Member:
         return [posted[r].value if posted.get(r) is not None else None for r in range(self.size)]
 
     def _gather(self, key: str, tag: str, deadline: float) -> dict[int, _Posted | None]:
+        __tracebackhide__ = True
         waiting = [r for r in range(self.size) if r not in self.gone]
         posted: dict[int, _Posted | None] = {r: None for r in self.gone}
         beats = {r: (self._beat_of(r), time.monotonic()) for r in waiting}
@@ -336,6 +338,7 @@ class Member:
         return posted
 
     def _give_up(self, tag: str, late: list[int], dead: list[int], deadline: float) -> None:
+        __tracebackhide__ = True
         stacks = self._stacks_of([r for r in late if r not in dead])
         failures = []
         for r in late:
@@ -657,6 +660,7 @@ class SpmdWorld:
         name: str | None = None,
     ) -> _Done:
         """Run the job here, now, and agree on its outcome with the other ranks."""
+        __tracebackhide__ = True
         del by_value  # every rank has the code already
         import torch.distributed as dist
 

@@ -208,7 +208,7 @@ def test_a_hung_collective_ends_the_job_with_the_report(tmp_path: Path) -> None:
     out = job.stdout
     assert "rank 1 raised RuntimeError" in out and "Timed out" in out
     assert "The process group cannot be trusted any more." in out
-    assert "the launched world can no longer be trusted" in out
+    assert "the launched world can no longer be trusted after this failure; the job ends" in out
     assert "1 failed in" in reports(out)[0]
     assert "test_never_runs" not in out
     assert ranks_left(tmp_path / "pids") == []
