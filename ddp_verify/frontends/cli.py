@@ -562,6 +562,9 @@ def _finish(
     cause: str | None = None,
     reproducer: str | None = None,
 ) -> int:
+    launched = getattr(sys.modules.get(__package__ + ".api"), "_launched", None)
+    if launched is not None:
+        launched.member.failed = code != 0  # rank 0 then leaves first (see Member.finish)
     if _QUIET:
         return code
     if wants_json:

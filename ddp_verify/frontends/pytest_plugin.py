@@ -215,12 +215,11 @@ def _join_launched_world(config: pytest.Config, launched: Any, options: opts.Wor
     from .pytest_spmd import SpmdSession
     from .verifying import VerifyingSpmdWorld
 
-    member = Member(launched, **options.world_kwargs())
+    world = VerifyingSpmdWorld(Member(launched, **options.world_kwargs()))
     try:
-        member.join()
+        world.start()
     except WorldError as exc:
         raise pytest.UsageError(str(exc)) from None
-    world = VerifyingSpmdWorld(member)
     config.stash[_launched_key] = launched
     config.stash[_pool_key] = SpmdPool(world)  # type: ignore[assignment]
     config.pluginmanager.register(SpmdSession(config, world), "ddp_verify-spmd")

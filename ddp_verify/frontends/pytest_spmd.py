@@ -145,6 +145,10 @@ class SpmdSession:
             item.session.shouldfail = _stop_reason(WorldError(self.member.broken))
         return report
 
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        self.member.failed = exitstatus != 0
+
     def pytest_report_header(self, config: pytest.Config) -> str:
         launched = self.member.launched
         nodes = f" on {launched.nodes} nodes" if launched.nodes > 1 else ""

@@ -3,6 +3,7 @@ itself) that check methods and user code against the reference."""
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -96,3 +97,12 @@ class VerifyingSpmdWorld(Verifying, SpmdWorld):
 
     def __init__(self, member: Member) -> None:
         super().__init__(member)
+
+    def start(self) -> VerifyingSpmdWorld:
+        if not self.member.joined:
+            SpmdWorld.start(self)
+            # What a forked rank has from its fork server before its first job: paid at
+            # start-up, not by the first example.
+            for module in RANK_PRELOAD:
+                importlib.import_module(module)
+        return self

@@ -49,8 +49,10 @@ DEAD_AFTER_S = 10.0
 _STACK_WAIT_S = 3.0
 # A stuck rank waits this long for the others to finish their report before it exits.
 _STUCK_EXIT_WAIT_S = 60.0
-# Waiting ranks poll the store this often.
+# Waiting ranks poll the store this often (where they cannot block on it).
 _POLL_S = 0.05
+# A blocking wait on the store lasts at most this long before the waiter looks around.
+_WAIT_SLICE_S = 0.25
 # Frames of these files are the harness's, not the user's, in a stuck rank's stack.
 _HARNESS_FILES = (
     "/_pytest/",
@@ -132,6 +134,9 @@ class Member:
         self._watchdog: threading.Thread | None = None
         self._stop = threading.Event()
         self._finished = False
+        # Set by the front end when this rank's session failed: then rank 0 must leave first,
+        # so that the launcher (which ends the job at the first failing exit) names it.
+        self.failed = False
         self._waiting = ""
         self._main_thread = threading.main_thread().ident
 
@@ -170,6 +175,10 @@ class Member:
         else:
             base = self._connect()
         self._store = dist.PrefixStore("ddp_verify", base)
+        # The watchdog talks to the store on a connection of its own, so that it never waits
+        # behind the main thread's blocking wait (an adopted group's store is shared).
+        watch_base = base if self.adopted else self._connect(client=True)
+        self._watch_store = dist.PrefixStore("ddp_verify", watch_base)
         self._device_id = device_id
         if not self.adopted:
             self._form_group()
@@ -195,7 +204,7 @@ class Member:
             "probably ended first (the launcher's report names it and its exit code)"
         )
 
-    def _connect(self) -> Any:
+    def _connect(self, *, client: bool = False) -> Any:
         import torch.distributed as dist
 
         launched = self.launched
@@ -207,7 +216,7 @@ class Member:
                 launched.master_addr,
                 launched.master_port,
                 self.size,
-                is_master=self.rank == 0 and not agent,
+                is_master=self.rank == 0 and not agent and not client,
                 timeout=datetime.timedelta(seconds=self.start_timeout),
                 multi_tenant=True,
             )
@@ -312,6 +321,12 @@ class Member:
         posted: dict[int, _Posted | None] = {r: None for r in self.gone}
         beats = {r: (self._beat_of(r), time.monotonic()) for r in waiting}
         while waiting:
+            # Blocks until every key is there (the store answers at once), in slices so that
+            # a broken world, a dead rank or the deadline is noticed meanwhile.
+            with contextlib.suppress(RuntimeError):
+                self._store.wait(
+                    [f"{key}/{r}" for r in waiting], datetime.timedelta(seconds=_WAIT_SLICE_S)
+                )
             still = []
             for r in waiting:
                 if self._store.check([f"{key}/{r}"]):
@@ -334,7 +349,6 @@ class Member:
                     dead.append(r)
             if dead or now > deadline:
                 self._give_up(tag, waiting, dead, deadline)
-            time.sleep(_POLL_S)
         return posted
 
     def _give_up(self, tag: str, late: list[int], dead: list[int], deadline: float) -> None:
@@ -422,15 +436,15 @@ class Member:
         stuck_since: float | None = None
         while not self._stop.wait(_BEAT_S):
             try:
-                self._store.add(f"beat/{self.rank}", 1)
-                if self._store.check([f"stack-request/{self.rank}"]):
-                    self._store.delete_key(f"stack-request/{self.rank}")
-                    self._store.set(f"stack/{self.rank}", self._own_stack().encode())
-                if not self.broken and self._store.check(["broken"]):
+                self._watch_store.add(f"beat/{self.rank}", 1)
+                if self._watch_store.check([f"stack-request/{self.rank}"]):
+                    self._watch_store.delete_key(f"stack-request/{self.rank}")
+                    self._watch_store.set(f"stack/{self.rank}", self._own_stack().encode())
+                if not self.broken and self._watch_store.check(["broken"]):
                     # The others gave up; a main thread that has not noticed is stuck.
                     stuck_since = stuck_since or time.monotonic()
                     waited = time.monotonic() - stuck_since
-                    reported = self._store.check(["ended/0" if self.rank else "ended/any"])
+                    reported = self._watch_store.check(["ended/0" if self.rank else "ended/any"])
                     if (reported and waited > 2 * _BEAT_S) or waited > _STUCK_EXIT_WAIT_S:
                         self._exit_stuck()
             except Exception:
@@ -455,7 +469,7 @@ class Member:
         if lost_store:
             reason = "the job's store went away (the other ranks ended)"
         else:
-            reason = pickle.loads(self._store.get("broken"))
+            reason = pickle.loads(self._watch_store.get("broken"))
         if self.rank == 0:
             # Rank 0 reports, and its main thread cannot: say here what the others found.
             sys.stdout.write(f"\nddp_verify: the other ranks gave up on rank 0:\n{reason}\n")
@@ -495,7 +509,7 @@ class Member:
                 while ended < self.size - len(self.gone) and time.monotonic() < until:
                     time.sleep(_POLL_S)
                     ended = self._store.add("ended", 0)
-            elif self.rank != 0 and 0 not in self.gone:
+            elif self.rank != 0 and 0 not in self.gone and self.failed:
                 # Rank 0's watchdog beats until its process is gone.
                 last, since = self._beat_of(0), time.monotonic()
                 while time.monotonic() < until and time.monotonic() - since < 3 * _BEAT_S:
@@ -505,7 +519,7 @@ class Member:
                         last, since = beat, time.monotonic()
         if self.rank != 0:
             self._stop.set()
-        if not self.adopted:
+        if not self.adopted and self.broken:
             import torch.distributed as dist
 
             # Left to the interpreter's exit, a group whose collective timed out aborts it.
@@ -793,8 +807,12 @@ def _timed_out(failure: RankFailure) -> bool:
 
 
 class LocalHelper:
-    """The helper of a launched world: work beside the ranks' runs on each rank, here, with
-    no agreement (it is the same work on every rank; what follows it is agreed).
+    """The helper of a launched world: work beside the ranks' (the reference, a tolerance's
+    measuring runs) done by one rank, in turn, and shared with the others through the store.
+
+    Every rank would get the same result by doing the work itself, but on a machine whose
+    ranks share cores that costs the work times the ranks; done once, it costs what the
+    fork mode's helper process costs, and every rank compares against the very same result.
 
     Example::
 
@@ -808,7 +826,8 @@ class LocalHelper:
         self._world = world
         self.device = world.device
         self.allow_tf32 = world.allow_tf32
-        self.label = f"rank {world.rank}'s own process ({world.label})"
+        self.label = f"the helper work of {world.label}"
+        self._jobs = 0
 
     def run(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> list[Any]:
         __tracebackhide__ = True
@@ -821,26 +840,46 @@ class LocalHelper:
         kwargs: Mapping[str, Any] | None = None,
         *,
         name: str | None = None,
+        timeout: float | None = None,
         **_: Any,
     ) -> list[Any]:
         __tracebackhide__ = True
-        outcome = _run_here(fn, args, dict(kwargs or {}))
+        world, member = self._world, self._world.member
+        name = name or protocol.job_name(fn)
+        # The same turn on every rank: every rank asks for the same helper jobs in order.
+        runner = self._jobs % world.size
+        self._jobs += 1
+        started = time.monotonic()
+        outcome = None
+        if member.rank == runner:
+            member.begin(f"{name} (the helper work)")
+            try:
+                outcome = _run_here(fn, args, dict(kwargs or {}))
+            finally:
+                member.end()
+        outcome = member.agree(
+            f"helper: {name}",
+            outcome,
+            timeout=(timeout or world.timeout) + _REPORT_GRACE_S,
+            since=started,
+        )[runner]
         if outcome.ok:
             return [protocol.load_result(outcome.result or b"")]
         failure = RankFailure(
-            self._world.rank,
+            runner,
             FailureKind(outcome.error_kind),
             outcome.error_summary,
             details=outcome.error_traceback,
             exception=protocol.load_exception(outcome.exception),
         )
         raise RankError(
-            name or protocol.job_name(fn),
+            name,
             1,
             "none",
             [failure],
             world_relaunched=False,
-            where=self.label,
+            where=f"rank {runner}, doing {self.label}",
+            world_state="The world is still up.",
         )
 
     def retry_start(self) -> None:
