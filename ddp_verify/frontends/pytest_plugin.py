@@ -217,7 +217,9 @@ def _join_launched_world(config: pytest.Config, launched: Any, options: opts.Wor
 
     world = VerifyingSpmdWorld(Member(launched, **options.world_kwargs()))
     try:
-        world.start()
+        # The store now (the ranks agree on the collected tests); the group at the first
+        # test, once collection has imported what it imports (see Member.connect).
+        world.connect()
     except WorldError as exc:
         raise pytest.UsageError(str(exc)) from None
     config.stash[_launched_key] = launched

@@ -91,6 +91,11 @@ class SpmdSession:
             "collection."
         )
 
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_setup(self, item: pytest.Item) -> None:
+        # Every test may use the group (plain tests call torch.distributed themselves).
+        self.world.start()
+
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, Any, Any]:
         function = getattr(getattr(item, "obj", None), "__func__", getattr(item, "obj", None))

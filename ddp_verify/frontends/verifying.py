@@ -100,9 +100,10 @@ class VerifyingSpmdWorld(Verifying, SpmdWorld):
 
     def start(self) -> VerifyingSpmdWorld:
         if not self.member.joined:
-            SpmdWorld.start(self)
             # What a forked rank has from its fork server before its first job: paid at
-            # start-up, not by the first example.
+            # start-up, not by the first example, and before the group exists (see
+            # Member.connect: torch._dynamo's imports would otherwise keep it alive).
             for module in RANK_PRELOAD:
                 importlib.import_module(module)
+            SpmdWorld.start(self)
         return self

@@ -120,6 +120,7 @@ class Member:
         self.timeout = float(timeout)
         self.start_timeout = float(start_timeout)
         self.debug = debug
+        self.connected = False
         self.joined = False
         # Whether this process formed the default group (or found one the user had formed).
         self.adopted = False
@@ -142,10 +143,15 @@ class Member:
 
     # -- joining -----------------------------------------------------------------------------
 
-    def join(self) -> Member:
-        """Choose the device, connect to the job's store and form (or adopt) the default
-        process group; start the watchdog."""
-        if self.joined:
+    def connect(self) -> Member:
+        """Choose the device, connect to the job's store and start the watchdog: enough to
+        agree with the other ranks (on the collected tests, say), without a process group.
+
+        The group is formed by :meth:`join`, as late as possible: a module imported after it
+        exists can keep it alive (``torch._inductor`` does), and a group that cannot be
+        destroyed cannot free its peers from a collective when a rank fails.
+        """
+        if self.connected:
             return self
         import torch
         import torch.distributed as dist
@@ -180,13 +186,25 @@ class Member:
         watch_base = base if self.adopted else self._connect(client=True)
         self._watch_store = dist.PrefixStore("ddp_verify", watch_base)
         self._device_id = device_id
-        if not self.adopted:
-            self._form_group()
-        self.joined = True
+        self.connected = True
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self._terminated)
         self._watchdog = threading.Thread(target=self._watch, name="ddp_verify-spmd", daemon=True)
         self._watchdog.start()
+        return self
+
+    def join(self) -> Member:
+        """:meth:`connect`, then form (or adopt) the default process group."""
+        if self.joined:
+            return self
+        import torch.distributed as dist
+
+        self.connect()
+        if dist.is_initialized():
+            self.adopted = True  # formed by the user (a conftest, a fixture) meanwhile
+        else:
+            self._form_group()
+        self.joined = True
         return self
 
     def _terminated(self, signum: int, frame: Any) -> None:
@@ -632,9 +650,14 @@ class SpmdWorld:
             self._helper = LocalHelper(self)
         return self._helper
 
+    def connect(self) -> SpmdWorld:
+        """Reach the other ranks (through the job's store) without forming the group yet."""
+        self.member.connect()
+        return self
+
     def agree(self, tag: str, value: Any) -> list[Any]:
         """Every rank's ``value`` under ``tag``, in rank order (see :meth:`Member.agree`)."""
-        self.start()
+        self.member.connect()
         return self.member.agree(tag, value)
 
     def take_output(self) -> list[tuple[str, str]]:
