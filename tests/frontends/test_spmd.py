@@ -322,3 +322,45 @@ def test_spmd_without_a_launcher_is_a_usage_error(pytester: pytest.Pytester) -> 
     result = pytester.runpytest_subprocess("--ddp-launch", "spmd", "-p", "no:xdist")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*SPMD mode (--ddp-launch spmd) needs a launcher's environment*"])
+
+
+def test_a_group_the_users_conftest_formed_is_used_and_junit_is_rank_0s(tmp_path: Path) -> None:
+    write(
+        tmp_path,
+        test_adopt="""
+        import torch, torch.distributed as dist
+
+        def same_group():
+            import conftest
+            return dist.group.WORLD is conftest.GROUP
+
+        def test_the_users_group_is_the_worlds(world):
+            assert world.run(same_group) == [True] * 4
+
+        def test_collectives_on_it(world):
+            def total():
+                t = torch.ones(1)
+                dist.all_reduce(t)
+                return t.item()
+            assert world.run(total) == [4.0] * 4
+        """,
+    )
+    # The user's conftest forms the group at import, before the plugin looks for one.
+    conftest = tmp_path / "conftest.py"
+    conftest.write_text(
+        conftest.read_text()
+        + "\nimport torch.distributed as dist\ndist.init_process_group('gloo')\n"
+        + "GROUP = dist.group.WORLD\n"
+    )
+    job = torchrun(
+        [*PYTEST, "-v", "test_adopt.py", "--junitxml", "report.xml", "--ddp-log-dir", "logs"],
+        cwd=tmp_path,
+    )
+    assert job.returncode == 0, job.output
+    assert "2 passed" in reports(job.stdout)[0]
+    # One JUnit file, written by rank 0; the others' logs show none was written there.
+    assert "generated xml file" in job.stdout
+    assert 'tests="2"' in (tmp_path / "report.xml").read_text()
+    for rank in (1, 2, 3):
+        log = (tmp_path / "logs" / f"rank{rank}.log").read_text()
+        assert "2 passed" in log and "generated xml file" not in log, log

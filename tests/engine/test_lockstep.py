@@ -1,0 +1,77 @@
+"""The lockstep pieces that need no world: the rank-0 example database and the rebuilt
+exception every rank raises. (Lockstep on real launched jobs: tests/frontends/test_spmd.py.)"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis.database import InMemoryExampleDatabase
+
+from ddp_verify.engine.lockstep import LockstepDatabase, agreed
+
+
+class Exchange:
+    """What two ranks' agreements return, played from one process: rank 0's view posts its
+    value and sees rank 1's; rank 1's sees what rank 0 posted. Not a process group: the
+    lockstep module only asks a world for ``rank`` and ``agree``."""
+
+    def __init__(self, rank: int, other: list[Any]) -> None:
+        self.rank = rank
+        self.other = other
+        self.posted: list[tuple[str, Any]] = []
+
+    def agree(self, tag: str, value: Any) -> list[Any]:
+        self.posted.append((tag, value))
+        theirs = self.other.pop(0)
+        return [value, theirs] if self.rank == 0 else [theirs, value]
+
+
+def test_rank_0_reads_and_writes_the_database_and_the_others_replay_what_it_read() -> None:
+    mine = InMemoryExampleDatabase()
+    mine.save(b"key", b"example-1")
+    rank0 = LockstepDatabase(mine, Exchange(0, [None]))
+    assert list(rank0.fetch(b"key")) == [b"example-1"]
+
+    theirs = InMemoryExampleDatabase()
+    theirs.save(b"key", b"only-on-rank-1")
+    rank1 = LockstepDatabase(theirs, Exchange(1, [[b"example-1"]]))
+    # Rank 1 replays rank 0's examples, not its own database's.
+    assert list(rank1.fetch(b"key")) == [b"example-1"]
+    rank1.save(b"key", b"new")
+    rank1.delete(b"key", b"only-on-rank-1")
+    assert sorted(theirs.fetch(b"key")) == [b"only-on-rank-1"]
+    rank0.save(b"key", b"new")
+    assert sorted(mine.fetch(b"key")) == [b"example-1", b"new"]
+
+
+def test_a_failure_on_another_rank_is_raised_here_with_where_it_happened() -> None:
+    def passes() -> None:
+        return None
+
+    try:
+        raise ValueError("rank 1 saw a bad gradient")
+    except ValueError as exc:
+        from ddp_verify.world import protocol
+
+        said = ("builtins.ValueError", protocol.dump_exception(exc), protocol.format_exception(exc))
+    run = agreed(passes, Exchange(0, [said]), "test_x")
+    with pytest.raises(ValueError, match="rank 1 saw a bad gradient") as caught:
+        run()
+    assert any("raised on rank 1 of 2" in note for note in caught.value.__notes__)
+
+
+def test_an_outcome_every_rank_shares_carries_no_note() -> None:
+    from ddp_verify.world import protocol
+
+    def fails() -> None:
+        raise KeyError("everywhere")
+
+    try:
+        fails()
+    except KeyError as exc:
+        said = ("builtins.KeyError", protocol.dump_exception(exc), protocol.format_exception(exc))
+    run = agreed(fails, Exchange(0, [said]), "test_y")
+    with pytest.raises(KeyError) as caught:
+        run()
+    assert not getattr(caught.value, "__notes__", [])
