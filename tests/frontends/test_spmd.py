@@ -5,7 +5,9 @@ collected differently, a world size that does not fit)."""
 
 from __future__ import annotations
 
+import functools
 import re
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -33,7 +35,8 @@ from pathlib import Path
 def pytest_configure(config):
     pids = Path(__file__).parent / "pids"
     pids.mkdir(exist_ok=True)
-    (pids / f"{os.environ['RANK']}.pid").write_text(str(os.getpid()))
+    rank = os.environ.get("RANK", os.environ.get("SLURM_PROCID"))
+    (pids / f"{rank}.pid").write_text(str(os.getpid()))
 """
 
 
@@ -364,3 +367,68 @@ def test_a_group_the_users_conftest_formed_is_used_and_junit_is_rank_0s(tmp_path
     for rank in (1, 2, 3):
         log = (tmp_path / "logs" / f"rank{rank}.log").read_text()
         assert "2 passed" in log and "generated xml file" not in log, log
+
+
+@functools.cache
+def _slurm_cluster() -> str | None:
+    """Why a real ``srun`` cannot run here, or None when it can."""
+    if shutil.which("srun") is None or shutil.which("sinfo") is None:
+        return (
+            "no Slurm here (srun is not installed); Debian's slurm-wlm and "
+            "tests/slurm/one_machine_cluster.sh give a one-machine cluster"
+        )
+    try:
+        states = subprocess.run(
+            ["sinfo", "-h", "-o", "%t"], capture_output=True, text=True, timeout=5
+        ).stdout.split()
+    except (OSError, subprocess.TimeoutExpired):
+        states = []
+    if not any(s.rstrip("*") in ("idle", "mix") for s in states):
+        return (
+            "Slurm is installed but no node is up (tests/slurm/one_machine_cluster.sh starts one)"
+        )
+    return None
+
+
+@pytest.mark.skipif(_slurm_cluster() is not None, reason=str(_slurm_cluster()))
+def test_srun_runs_one_session_on_a_world_of_its_tasks(tmp_path: Path) -> None:
+    write(
+        tmp_path,
+        test_srun="""
+        import os, torch, torch.distributed as dist
+
+        def test_tasks_are_the_ranks(world):
+            assert world.size == 4
+            assert world.run(lambda: int(os.environ["SLURM_PROCID"])) == [0, 1, 2, 3]
+
+        def test_collective(world):
+            def total():
+                t = torch.ones(1)
+                dist.all_reduce(t)
+                return t.item()
+            assert world.run(total) == [4.0] * 4
+        """,
+    )
+    done = subprocess.run(
+        [
+            "srun",
+            "-n",
+            "4",
+            "--overcommit",
+            "--kill-on-bad-exit=1",
+            "--time=5",
+            sys.executable,
+            *PYTEST,
+            "-v",
+            "test_srun.py",
+        ],
+        cwd=tmp_path,
+        env=environment(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert len(reports(done.stdout)) == 1 and "2 passed" in reports(done.stdout)[0]
+    assert "SPMD under slurm: this is rank 0 of 4" in done.stdout
+    assert ranks_left(tmp_path / "pids") == []
