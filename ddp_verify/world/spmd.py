@@ -736,16 +736,7 @@ class SpmdWorld:
                 results.append(protocol.load_result(theirs.result or b""))
                 continue
             results.append(None)
-            failures.append(
-                RankFailure(
-                    r,
-                    FailureKind(theirs.error_kind),
-                    theirs.error_summary,
-                    details=theirs.error_traceback,
-                    exception=protocol.load_exception(theirs.exception),
-                    order=took,
-                )
-            )
+            failures.append(_failure(r, theirs, order=took))
         if not failures:
             if regroup:
                 # A job destroyed the default group on some rank: re-form it on every rank.
@@ -818,6 +809,18 @@ def _run_here(
         )
 
 
+def _failure(rank: int, outcome: protocol.Outcome, *, order: float = 0.0) -> RankFailure:
+    """How ``rank`` failed, from the outcome it posted."""
+    return RankFailure(
+        rank,
+        FailureKind(outcome.error_kind),
+        outcome.error_summary,
+        details=outcome.error_traceback,
+        exception=protocol.load_exception(outcome.exception),
+        order=order,
+    )
+
+
 def _one_line(exc: BaseException) -> str:
     lines = str(exc).strip().splitlines()
     first = lines[0][:300] if lines else ""
@@ -888,18 +891,11 @@ class LocalHelper:
         )[runner]
         if outcome.ok:
             return [protocol.load_result(outcome.result or b"")]
-        failure = RankFailure(
-            runner,
-            FailureKind(outcome.error_kind),
-            outcome.error_summary,
-            details=outcome.error_traceback,
-            exception=protocol.load_exception(outcome.exception),
-        )
         raise RankError(
             name,
             1,
             "none",
-            [failure],
+            [_failure(runner, outcome)],
             world_relaunched=False,
             where=f"rank {runner}, doing {self.label}",
             world_state="The world is still up.",
