@@ -203,6 +203,9 @@ class Member:
         if dist.is_initialized():
             self.adopted = True  # formed by the user (a conftest, a fixture) meanwhile
         else:
+            # Forming waits for the peers no longer than a job may run: meet first, with the
+            # start time-out, so that a rank still importing does not fail the others' init.
+            self.agree("forming the process group", None, timeout=self.start_timeout)
             self._form_group()
         self.joined = True
         return self
