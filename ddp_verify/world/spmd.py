@@ -135,6 +135,7 @@ class Member:
         self._watchdog: threading.Thread | None = None
         self._stop = threading.Event()
         self._finished = False
+        self.terminated = False
         # Set by the front end when this rank's session failed: then rank 0 must leave first,
         # so that the launcher (which ends the job at the first failing exit) names it.
         self.failed = False
@@ -220,6 +221,8 @@ class Member:
             if self._waiting
             else ""
         )
+        # The others are being ended too: nothing to wait for at the end.
+        self.terminated = True
         raise LauncherTerminated(
             f"rank {self.rank} was terminated by {self.launched.launcher}{doing}: another rank "
             "probably ended first (the launcher's report names it and its exit code)"
@@ -516,6 +519,8 @@ class Member:
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(Exception):
                 stream.flush()
+        if self.terminated:
+            return
         with contextlib.suppress(Exception):
             if not self.broken:
                 self.agree("the end of the session", None)

@@ -148,7 +148,8 @@ def test_ddp_verify_conformance_runs_the_suite_and_exits_as_pytest_does(tmp_path
 
 def test_the_whole_suite_under_torchrun_at_world_size_4(tmp_path):
     """The gate as a cluster job runs it: ``torchrun --nproc-per-node 4 ddp-verify conformance``
-    (SPMD mode: the launched job is the world), every property, two scenarios each."""
+    (SPMD mode: the launched job is the world), every property, one scenario each (the
+    fork-mode suite, tox -e conformance-torch213, runs ten)."""
     from tests.spmd import torchrun
 
     job = torchrun(

@@ -53,40 +53,32 @@ def reports(text: str) -> list[str]:
 
 
 def test_examples_run_once_on_a_world_of_the_launched_size(tmp_path: Path) -> None:
-    job = torchrun(
-        [*PYTEST, str(ROOT / "examples" / "test_ddp_equivalence.py"), "-k", "test_ddp_matches"],
-        cwd=tmp_path,
-    )
+    job = torchrun([*PYTEST, str(ROOT / "examples" / "test_seed_patterns.py")], cwd=tmp_path)
     assert job.returncode == 0, job.output
     # One report, rank 0's, for one world of 4 ranks (not one session per process).
     assert len(reports(job.stdout)) == 1, job.stdout
-    assert "passed" in reports(job.stdout)[0]
-    assert "failed" not in job.stdout
+    assert reports(job.stdout)[0].startswith("5 passed"), job.stdout
 
 
 def test_two_node_agents_form_one_world_and_rank_0_reports(tmp_path: Path) -> None:
     write(
         tmp_path,
         test_nodes="""
-        import torch, torch.distributed as dist
-        from hypothesis import given, settings, strategies as st
+        import torch.distributed as dist
 
         def test_one_world_across_agents(world):
             assert world.size == 4
             ranks = world.run(lambda: dist.get_rank())
             assert ranks == [0, 1, 2, 3]
 
-        @settings(max_examples=15)
-        @given(st.integers(0, 1000))
-        def test_lockstep(world, n):
-            def total(n):
-                t = torch.tensor([float(n)])
-                dist.all_reduce(t)
-                return t.item()
-            assert world.run(total, n) == [4.0 * n] * 4
         """,
     )
-    jobs = torchrun_nodes([*PYTEST, "test_nodes.py", "-rA", "-v"], cwd=tmp_path)
+    # The examples' generated DDP check, across the two agents.
+    examples = str(ROOT / "examples" / "test_ddp_equivalence.py")
+    jobs = torchrun_nodes(
+        [*PYTEST, "test_nodes.py", examples, "-k", "one_world or test_ddp_matches", "-rA", "-v"],
+        cwd=tmp_path,
+    )
     assert [j.returncode for j in jobs] == [0, 0], [j.output for j in jobs]
     summaries = [reports(j.stdout) for j in jobs]
     # Exactly one agent holds rank 0, and only its output has the report.
@@ -105,7 +97,7 @@ def test_check_under_torchrun_gives_the_fork_modes_verdict(
     tmp_path: Path, function: str, verdict: str
 ) -> None:
     target = f"{ROOT / 'fixtures' / 'grad_sync.py'}:{function}"
-    args = ["check", target, "--kind", "grad-sync", "--max-examples", "15", "--seed", "3"]
+    args = ["check", target, "--kind", "grad-sync", "--max-examples", "10", "--seed", "3"]
     launched = torchrun(["-m", "ddp_verify.frontends.cli", *args, "--json"], cwd=tmp_path)
     forked = subprocess.run(
         [
@@ -309,8 +301,6 @@ def test_a_world_size_that_differs_from_the_launched_one_is_a_usage_error(
     tmp_path: Path,
 ) -> None:
     write(tmp_path, test_size="def test_x(world):\n    pass\n")
-    job = torchrun([*PYTEST, "test_size.py", "--world-size", "2"], cwd=tmp_path, nproc=2)
-    assert job.returncode == 0, job.output  # 2 is the launched size: fine
     job = torchrun([*PYTEST, "test_size.py", "--world-size", "3"], cwd=tmp_path, nproc=2)
     assert job.returncode == 1 and "exitcode  : 4" in job.stderr, job.output
     assert "asks for world size 3, but torchrun launched 2 processes" in job.stderr
