@@ -49,6 +49,8 @@ def in_lockstep(test: Callable[..., Any], world: Agreeing, *, name: str = "") ->
     """
     if not is_lockstep(world) or not getattr(test, "is_hypothesis_test", False):
         return test
+    if getattr(test.hypothesis.inner_test, "_ddp_verify_agreed", False):  # type: ignore[attr-defined]
+        return test  # already in lockstep (a parametrized test's next case, say)
     name = name or getattr(test, "__qualname__", "test")
     current = test._hypothesis_internal_use_settings  # type: ignore[attr-defined]
     database = current.database
@@ -66,8 +68,7 @@ def in_lockstep(test: Callable[..., Any], world: Agreeing, *, name: str = "") ->
             mine = random.SystemRandom().getrandbits(64)
         test._hypothesis_internal_use_seed = world.agree(f"seed of {name}", mine)[0]  # type: ignore[attr-defined]
     inner = test.hypothesis.inner_test  # type: ignore[attr-defined]
-    if not getattr(inner, "_ddp_verify_agreed", False):
-        test.hypothesis.inner_test = agreed(inner, world, name)  # type: ignore[attr-defined]
+    test.hypothesis.inner_test = agreed(inner, world, name)  # type: ignore[attr-defined]
     return test
 
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from ..engine.lockstep import LockstepDatabase, in_lockstep
+from ..engine.lockstep import in_lockstep
 from ..world import WorldError
 from ..world.spmd import SpmdWorld
 
@@ -99,10 +99,8 @@ class SpmdSession:
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, Any, Any]:
         function = getattr(getattr(item, "obj", None), "__func__", getattr(item, "obj", None))
-        if getattr(function, "is_hypothesis_test", False):
-            used = function._hypothesis_internal_use_settings  # type: ignore[union-attr]
-            if not isinstance(used.database, LockstepDatabase):
-                in_lockstep(function, self.world, name=item.nodeid)  # type: ignore[arg-type]
+        if function is not None:
+            in_lockstep(function, self.world, name=item.nodeid)  # type: ignore[arg-type]
         return (yield)
 
     @pytest.hookimpl(wrapper=True)

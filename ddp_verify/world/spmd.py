@@ -13,11 +13,13 @@ What can go wrong, and what every rank then sees:
 - a rank raises: it destroys its process group at once (peers waiting on it in a collective
   fail within milliseconds instead of waiting out the time-out), every rank reports that rank's
   traceback, and all re-form the group before the next job;
-- a rank hangs (a mismatched collective, a loop): the others wait until the job's deadline,
-  then ask the late rank for its stack (a watchdog thread on every rank answers from the
-  store), report it, and mark the world broken: a process group that timed out cannot be
-  trusted, so the session ends, and the stuck rank's watchdog ends its process once the others
-  are done, so the launcher tears the job down;
+- a collective hangs (ranks that called different collectives): the group's own time-out,
+  the job time-out, makes it raise; every rank reports it, and the world is broken: a process
+  group that timed out cannot be trusted, so the session ends;
+- a rank is stuck outside collectives (a loop): the others wait until the job's deadline,
+  then ask it for its stack (a watchdog thread on every rank answers from the store), report
+  it, and the world is broken; the stuck rank's watchdog ends its process once rank 0 has
+  reported, so the launcher tears the job down;
 - a rank dies: its heartbeat stops, and the others report which rank within seconds.
 """
 
@@ -84,8 +86,6 @@ class _Posted:
 
     tag: str
     value: Any = None
-    # Set by a rank that gave up on this agreement (so the rest stop waiting for it).
-    broken: str = ""
 
 
 class Member:
@@ -122,7 +122,8 @@ class Member:
         self.debug = debug
         self.connected = False
         self.joined = False
-        # Whether this process formed the default group (or found one the user had formed).
+        # Whether the default group is one the user formed before ddp_verify needed one
+        # (used as it is; after a failed job every rank forms ddp_verify's own instead).
         self.adopted = False
         self.broken = ""
         # Ranks known to be gone (dead or stuck): later agreements do not wait for them.
@@ -281,7 +282,9 @@ class Member:
 
     def abandon_group(self) -> None:
         """Destroy this rank's process group now: peers waiting on it in a collective fail
-        at once rather than at the time-out."""
+        at once rather than at the time-out. (Only if nothing else holds the group: with
+        ``torch._inductor`` imported after it was formed, C++ keeps it alive, and the peers
+        wait for the time-out; see :meth:`connect`.)"""
         import torch.distributed as dist
 
         if dist.is_initialized():
@@ -315,7 +318,8 @@ class Member:
         key = f"agree/{self._sequence}"
         self._post(f"{key}/{self.rank}", _Posted(tag, value))
         if self._sequence > 2:
-            # Every rank has read agreement n-2 once this one posts n (see the module text).
+            # A rank posts n after reading everyone's n-1, and each of them posted n-1 after
+            # reading everyone's n-2: agreement n-2 has been read by all, and can go.
             with contextlib.suppress(Exception):
                 self._store.delete_key(f"agree/{self._sequence - 2}/{self.rank}")
         deadline = (since or time.monotonic()) + (timeout or self.timeout)
@@ -324,10 +328,6 @@ class Member:
             posted = self._gather(key, tag, deadline)
         finally:
             self._waiting = ""
-        breaks = [p.broken for p in posted.values() if p is not None and p.broken]
-        if breaks:
-            self.broken = breaks[0]
-            raise WorldError(self.broken)
         steps = {r: p.tag for r, p in posted.items() if p is not None and p.tag != tag}
         if steps:
             where = "; ".join(f"rank {r} at {t!r}" for r, t in sorted(steps.items()))
