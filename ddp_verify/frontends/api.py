@@ -17,6 +17,7 @@ from ..world import WorldPool
 from ..world.backends import check_device, require_devices
 from ..world.launch import Launched, resolve
 from ..world.spmd import Member
+from .options import parse_launch
 from .verifying import VerifyingSpmdWorld, VerifyingWorld
 
 # One pool per way of starting worlds (backend, device, TF32), each world kept for the process.
@@ -69,7 +70,7 @@ def check(
     __tracebackhide__ = True
     check_signature(fn, kind)  # before a device is looked for
     if world is None:
-        launched = resolve(launch, os.environ)
+        launched = resolve(parse_launch(launch, source="launch="), os.environ)
         if launched is not None:
             world = _launched_world(
                 launched, world_size, timeout, backend, device, allow_tf32, debug

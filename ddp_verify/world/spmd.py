@@ -250,7 +250,9 @@ class Member:
                 f"rank {self.rank} could not reach the job's store at "
                 f"{launched.master_addr}:{launched.master_port} ({launched.launcher}) within "
                 f"{self.start_timeout:g} s: {exc}\nCheck MASTER_ADDR/MASTER_PORT (for Slurm, "
-                "export MASTER_PORT, or let ddp_verify derive one from SLURM_JOB_ID)"
+                "export MASTER_PORT, or let ddp_verify derive one from SLURM_JOB_ID). If this "
+                "process was not launched as one rank of a job (RANK and WORLD_SIZE are left "
+                "over in the environment), run with --ddp-launch fork"
             ) from None
 
     def _form_group(self) -> None:

@@ -422,3 +422,10 @@ def test_srun_runs_one_session_on_a_world_of_its_tasks(tmp_path: Path) -> None:
     assert len(reports(done.stdout)) == 1 and "2 passed" in reports(done.stdout)[0]
     assert "SPMD under slurm: this is rank 0 of 4" in done.stdout
     assert ranks_left(tmp_path / "pids") == []
+
+
+def test_check_refuses_an_unknown_launch_mode_before_anything_starts() -> None:
+    import ddp_verify
+
+    with pytest.raises(ValueError, match="launch= expects one of auto, fork, spmd, got 'mpi'"):
+        ddp_verify.check(lambda model: None, kind="grad-sync", launch="mpi")
