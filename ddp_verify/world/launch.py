@@ -104,10 +104,11 @@ def resolve(mode: str, environ: Mapping[str, str]) -> Launched | None:
     launched = detect(environ)
     if launched is None and mode == "spmd":
         raise LaunchError(
-            "SPMD mode (--ddp-launch spmd) needs a launcher's environment, and this process has "
-            "none: start it with torchrun (torchrun --nproc-per-node 4 -m pytest ...) or srun, "
-            "or set RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT yourself; "
-            "--ddp-launch fork forks the ranks here instead"
+            "SPMD mode (launch mode spmd) needs a launcher's environment, and this process has "
+            "none: start it with torchrun (torchrun --nproc-per-node 4 -m pytest ..., or -m "
+            "ddp_verify ...) or srun, or set RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and "
+            "MASTER_PORT yourself; launch mode fork (pytest --ddp-launch fork, ddp-verify "
+            "--launch fork) forks the ranks here instead"
         )
     return launched
 

@@ -314,7 +314,7 @@ def test_spmd_without_a_launcher_is_a_usage_error(pytester: pytest.Pytester) -> 
     pytester.makepyfile("def test_x():\n    pass\n")
     result = pytester.runpytest_subprocess("--ddp-launch", "spmd", "-p", "no:xdist")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*SPMD mode (--ddp-launch spmd) needs a launcher's environment*"])
+    result.stderr.fnmatch_lines(["*SPMD mode (launch mode spmd) needs a launcher's environment*"])
 
 
 def test_a_group_the_users_conftest_formed_is_used_and_junit_is_rank_0s(tmp_path: Path) -> None:
