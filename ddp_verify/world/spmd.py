@@ -547,10 +547,11 @@ class Member:
                         last, since = beat, time.monotonic()
         if self.rank != 0:
             self._stop.set()
-        if not self.adopted and self.broken:
+        if self.joined:
             import torch.distributed as dist
 
-            # Left to the interpreter's exit, a group whose collective timed out aborts it.
+            # Left to the interpreter's exit, a gloo group (ours or the user's) can abort it
+            # ("terminate called without an active exception"), the more so after a time-out.
             with contextlib.suppress(Exception):
                 if dist.is_initialized():
                     dist.destroy_process_group()
