@@ -43,7 +43,13 @@ warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
 from ..engine.scenario import DTYPES, FEATURES, MODEL_KINDS  # noqa: E402
 from ..usercode.kinds import KINDS, SIGNATURES, KindError, check_signature  # noqa: E402
 from ..world.backends import BACKENDS, DEVICES  # noqa: E402
-from .options import LAUNCH_ENV, LAUNCH_MODES, parse_timeout, parse_wrapper  # noqa: E402
+from .options import (  # noqa: E402
+    LAUNCH_ENV,
+    LAUNCH_MODES,
+    parse_launch,
+    parse_timeout,
+    parse_wrapper,
+)
 
 DEFAULT_WORLD_SIZE = 4
 # A launched rank other than 0: it reports nothing (rank 0 reports the same verdict).
@@ -117,10 +123,9 @@ def _launched(args: argparse.Namespace) -> Any:
     """The launched job this process is a rank of (SPMD mode), or None to fork the ranks."""
     from ..world.launch import LaunchError, resolve
 
-    mode = args.launch or os.environ.get(LAUNCH_ENV) or "auto"
     try:
-        launched = resolve(mode, os.environ)
-    except LaunchError as exc:
+        launched = resolve(_launch_mode(args), os.environ)
+    except (ValueError, LaunchError) as exc:
         raise UsageError(str(exc)) from None
     if launched is not None and args.world_size not in (None, launched.world_size):
         raise UsageError(
@@ -131,12 +136,32 @@ def _launched(args: argparse.Namespace) -> Any:
     return launched
 
 
+def _launch_mode(args: argparse.Namespace) -> str:
+    """``--launch``, else ``DDP_VERIFY_LAUNCH``, else ``auto``; a ``ValueError`` names a bad one."""
+    if args.launch:
+        return args.launch
+    return parse_launch(os.environ.get(LAUNCH_ENV) or "auto", source=LAUNCH_ENV)
+
+
 def _quiet_unless_rank0(argv: Sequence[str]) -> None:
     """Under a launcher every rank runs the command and reaches the same verdict: rank 0
     says it, the others only exit with the same code (their stderr stays, for crashes)."""
     from ..world.launch import LaunchError, detect
 
-    if "fork" in argv or os.environ.get(LAUNCH_ENV) == "fork":
+    flags = list(argv)
+    asked = next(
+        (
+            value
+            for i, flag in enumerate(flags)
+            for value in (
+                flags[i + 1] if flag == "--launch" and i + 1 < len(flags) else None,
+                flag.partition("=")[2] if flag.startswith("--launch=") else None,
+            )
+            if value
+        ),
+        os.environ.get(LAUNCH_ENV),
+    )
+    if asked == "fork":
         return
     try:
         launched = detect(os.environ)
@@ -343,8 +368,11 @@ def conformance_args(args: argparse.Namespace, extra: Sequence[str]) -> list[str
         ['--pyargs', 'ddp_verify.conformance', '--world-size', '2']
     """
     command = ["--pyargs", "ddp_verify.conformance"]
-    if args.world_size is not None:
-        command += ["--world-size", str(args.world_size)]
+    size = args.world_size
+    if size is None and _launched_quietly(args) is None:
+        size = DEFAULT_WORLD_SIZE  # forked worlds; under a launcher, the launched size
+    if size is not None:
+        command += ["--world-size", str(size)]
     for flag, value in (
         ("--ddp-launch", args.launch),
         ("--ddp-wrapper", args.ddp_wrapper),
@@ -358,6 +386,16 @@ def conformance_args(args: argparse.Namespace, extra: Sequence[str]) -> list[str
     if args.allow_tf32:
         command.append("--ddp-allow-tf32")
     return command + [a for a in extra if a != "--"]
+
+
+def _launched_quietly(args: argparse.Namespace) -> Any:
+    """The launched job, or None (a bad launch setting is pytest's to report)."""
+    from ..world.launch import LaunchError, resolve
+
+    try:
+        return resolve(_launch_mode(args), os.environ)
+    except (ValueError, LaunchError):
+        return None
 
 
 def _run_conformance(args: argparse.Namespace, extra: Sequence[str]) -> int:

@@ -442,3 +442,33 @@ def test_a_wrapped_step_gets_the_model_in_the_teams_own_wrapper(tmp_path):
     )
     assert misplaced.returncode == 2
     assert "--ddp-wrapper applies to wrapped-step" in json.loads(misplaced.stdout)["report"]
+
+
+@pytest.mark.parametrize(
+    ("environment", "expected"),
+    [
+        ({}, ["--world-size", "4"]),  # forked worlds: the command's default size
+        # Under torchrun: the launched size, so no --world-size that could contradict it.
+        (
+            {
+                "RANK": "0",
+                "WORLD_SIZE": "2",
+                "LOCAL_RANK": "0",
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": "29500",
+            },
+            [],
+        ),
+    ],
+)
+def test_conformance_without_a_world_size_runs_at_4_unless_launched(
+    monkeypatch, environment, expected
+):
+    from ddp_verify.frontends.cli import _parser, conformance_args
+
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "SLURM_PROCID"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    args = _parser().parse_args(["conformance"])
+    assert conformance_args(args, []) == ["--pyargs", "ddp_verify.conformance", *expected]
