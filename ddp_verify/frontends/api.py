@@ -17,7 +17,7 @@ from ..world import WorldPool
 from ..world.backends import check_device, require_devices
 from ..world.launch import Launched, resolve
 from ..world.spmd import Member
-from .options import parse_launch
+from .options import launched_sizes, parse_launch
 from .verifying import VerifyingSpmdWorld, VerifyingWorld
 
 # One pool per way of starting worlds (backend, device, TF32), each world kept for the process.
@@ -130,12 +130,7 @@ def _launched_world(
     debug: bool,
 ) -> VerifyingSpmdWorld:
     global _launched
-    if size is not None and size != launched.world_size:
-        raise ValueError(
-            f"world_size={size} was asked for, but {launched.launcher} launched "
-            f"{launched.world_size} processes: leave world_size out (the launched size is the "
-            f"world size), or launch {size} processes"
-        )
+    launched_sizes(None if size is None else (size,), launched, source="world_size=")
     if _launched is None:
         member = Member(
             launched,

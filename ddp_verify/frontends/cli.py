@@ -46,6 +46,7 @@ from ..world.backends import BACKENDS, DEVICES  # noqa: E402
 from .options import (  # noqa: E402
     LAUNCH_ENV,
     LAUNCH_MODES,
+    launched_sizes,
     parse_launch,
     parse_timeout,
     parse_wrapper,
@@ -125,14 +126,11 @@ def _launched(args: argparse.Namespace) -> Any:
 
     try:
         launched = resolve(_launch_mode(args), os.environ)
+        if launched is not None:
+            asked = (args.world_size,) if args.world_size else None
+            launched_sizes(asked, launched, source="--world-size")
     except (ValueError, LaunchError) as exc:
         raise UsageError(str(exc)) from None
-    if launched is not None and args.world_size not in (None, launched.world_size):
-        raise UsageError(
-            f"--world-size {args.world_size} was asked for, but {launched.launcher} launched "
-            f"{launched.world_size} processes: drop --world-size (the launched size is the "
-            f"world size), or launch {args.world_size} processes"
-        )
     return launched
 
 

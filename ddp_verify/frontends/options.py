@@ -112,6 +112,30 @@ def parse_device(text: str, *, source: str = "--ddp-device") -> str:
     return value
 
 
+def launched_sizes(sizes: tuple[int, ...] | None, launched: Any, *, source: str) -> tuple[int, ...]:
+    """The world sizes to run under a launcher: the launched size when none was asked for;
+    those asked for when the launched one is among them (the others skip); a ``ValueError``
+    that names both otherwise.
+
+    Example::
+
+        >>> from ddp_verify.world.launch import Launched
+        >>> launched_sizes(None, Launched("torchrun", 0, 4, 0, "127.0.0.1", 29500), source="-")
+        (4,)
+    """
+    size = launched.world_size
+    if not sizes:
+        return (size,)
+    if size not in sizes:
+        asked_for = ",".join(map(str, sizes))
+        raise ValueError(
+            f"{source} asks for world size {asked_for}, but {launched.launcher} launched "
+            f"{size} processes: drop {source} (the launched size is the world size), or launch "
+            f"{sizes[0]} processes"
+        )
+    return sizes
+
+
 def parse_launch(text: str, *, source: str = "--ddp-launch") -> str:
     """``auto``, ``fork`` or ``spmd``; a ``ValueError`` that names ``source`` otherwise.
 

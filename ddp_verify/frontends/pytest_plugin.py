@@ -263,7 +263,9 @@ def _resolve_options(config: pytest.Config, launched: Any = None) -> opts.WorldO
             else defaults.world_sizes
         )
         if launched is not None:
-            sizes = _launched_sizes(sizes, bool(world_size[1]), world_size[0], launched)
+            sizes = opts.launched_sizes(
+                sizes if world_size[1] else None, launched, source=world_size[0]
+            )
         return opts.WorldOptions(
             world_sizes=sizes,
             backend=opts.parse_backend(backend[1], source=backend[0]) if backend[1] else "gloo",
@@ -289,22 +291,6 @@ def _resolve_options(config: pytest.Config, launched: Any = None) -> opts.WorldO
         )
     except ValueError as exc:
         raise pytest.UsageError(str(exc)) from None
-
-
-def _launched_sizes(
-    sizes: tuple[int, ...], asked: bool, source: str, launched: Any
-) -> tuple[int, ...]:
-    size = launched.world_size
-    if not asked:
-        return (size,)
-    if size not in sizes:
-        asked_for = ",".join(map(str, sizes))
-        raise ValueError(
-            f"{source} asks for world size {asked_for}, but {launched.launcher} launched "
-            f"{size} processes: drop {source} (the launched size is the world size), or launch "
-            f"{sizes[0]} processes"
-        )
-    return sizes
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
