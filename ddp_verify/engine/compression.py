@@ -114,7 +114,7 @@ def contribution_scales(scenario: Scenario) -> list[float]:
         for rank in range(scenario.world_size):
             step.model.zero_grad(set_to_none=True)
             batch = step.rank_batch(rank)
-            share = len(batch[0]) / scenario.global_batch(step.index)
+            share = step.items(batch) / step.global_items()
             (step.loss(step.model, batch) * share).backward()
             for acc, p in zip(total, params, strict=True):
                 if p.grad is not None:

@@ -9,12 +9,14 @@ float32 and a float64 run of one scenario start from exactly the same numbers (w
 from __future__ import annotations
 
 import contextlib
+import functools
+import math
 from collections.abc import Iterator
 
 import torch
 from torch import nn
 
-from .scenario import ModelSpec, OptimizerSpec, Scenario
+from .scenario import IGNORE_INDEX, ModelSpec, OptimizerSpec, Scenario
 
 # A slice of a batch: inputs and their targets.
 MicroBatch = tuple[torch.Tensor, torch.Tensor]
@@ -22,6 +24,9 @@ MicroBatch = tuple[torch.Tensor, torch.Tensor]
 # Shapes of the non-dense inputs: a short sequence of channels, or of token ids.
 CONV_CHANNELS, SEQUENCE = 2, 3
 VOCABULARY = 7
+# The transformer's sequences: up to TOKENS long, padded at the end.
+TOKENS = 4
+PAD_ID = 0
 
 _ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "gelu": nn.GELU}
 
@@ -45,6 +50,10 @@ class SpecModel(nn.Module):
         layers: list[nn.Module] = []
         for i, size in enumerate(spec.hidden):
             layers.append(nn.Linear(width, size))
+            if spec.batch_norm and i == 0:
+                # "sync" is converted to SyncBatchNorm on the ranks (methods.ddp), where a
+                # process group exists; here, and in the reference, it is the full batch's.
+                layers.append(nn.BatchNorm1d(size))
             if spec.layernorm and i == 0:
                 layers.append(nn.LayerNorm(size))
             layers.append(act())
@@ -78,7 +87,48 @@ class SpecModel(nn.Module):
         return self.head(x)
 
 
+class TinyTransformer(nn.Module):
+    """One pre-norm causal transformer block over token ids: embedding plus learned positions,
+    single-head self-attention, an MLP, a final LayerNorm and per-token logits over the
+    vocabulary (from the embedding itself when ``spec.tied``). Padding sits at the end of a
+    sequence, so causal attention never lets a counted token see it."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.spec = spec
+        d = spec.in_features + 1
+        self.embedding = nn.Embedding(VOCABULARY, d)
+        self.position = nn.Parameter(torch.randn(TOKENS, d) * 0.1)
+        self.ln1, self.ln2, self.ln_f = nn.LayerNorm(d), nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv = nn.Linear(d, 3 * d)
+        self.proj = nn.Linear(d, d)
+        act = _ACTIVATIONS[spec.activation]
+        self.mlp = nn.Sequential(nn.Linear(d, spec.hidden[0]), act(), nn.Linear(spec.hidden[0], d))
+        self.head = None if spec.tied else nn.Linear(d, VOCABULARY, bias=False)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        length = tokens.shape[1]
+        h = self.embedding(tokens) + self.position[:length]
+        q, k, v = self.qkv(self.ln1(h)).chunk(3, dim=-1)
+        scores = q @ k.transpose(1, 2) / math.sqrt(q.shape[-1])
+        future = torch.ones(length, length, dtype=torch.bool, device=tokens.device).triu(1)
+        attention = scores.masked_fill(future, float("-inf")).softmax(dim=-1)
+        h = h + self.proj(attention @ v)
+        h = self.ln_f(h + self.mlp(self.ln2(h)))
+        return h @ self.embedding.weight.T if self.head is None else self.head(h)
+
+
 _DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def _module(spec: ModelSpec) -> nn.Module:
+    if spec.kind == "user":
+        from .user_models import user_model
+
+        return user_model(spec.factory).module()
+    if spec.kind == "transformer":
+        return TinyTransformer(spec)
+    return SpecModel(spec)
 
 
 def torch_dtype(name: str) -> torch.dtype:
@@ -87,7 +137,7 @@ def torch_dtype(name: str) -> torch.dtype:
 
 def build_model(
     scenario: Scenario, dtype: str | None = None, device: torch.device | str | None = None
-) -> SpecModel:
+) -> nn.Module:
     """The scenario's model with its seeded initial weights, in ``dtype`` (default: the
     scenario's), on ``device`` (default: the CPU). The weights are drawn on the CPU and then
     moved, so every device starts from the same numbers.
@@ -100,7 +150,7 @@ def build_model(
         # The CPU generator alone: torch.manual_seed also queues a lazy seeding call for every
         # accelerator API, each recording a stack trace, on every model built.
         torch.default_generator.manual_seed(scenario.seed)
-        model = SpecModel(scenario.model)
+        model = _module(scenario.model)
     return model.to(device=device, dtype=torch_dtype(dtype or scenario.dtype))
 
 
@@ -114,20 +164,91 @@ def build_data(
     batches = []
     for step in range(scenario.steps):
         n = scenario.global_batch(step)
-        if spec.kind == "conv":
+        if spec.kind == "user":
+            from .user_models import user_model
+
+            inputs, targets = user_model(spec.factory).batch(n, generator)
+        elif spec.kind == "transformer":
+            inputs, targets = _token_batch(n, generator)
+        elif spec.kind == "conv":
             inputs = torch.randn(n, CONV_CHANNELS, SEQUENCE, generator=generator)
         elif spec.kind == "embedding":
             inputs = torch.randint(0, VOCABULARY, (n, SEQUENCE), generator=generator)
         else:
             inputs = torch.randn(n, spec.in_features, generator=generator)
-        if scenario.loss == "cross_entropy":
+        if spec.kind in ("user", "transformer"):
+            pass
+        elif scenario.loss == "cross_entropy":
             targets = torch.randint(0, spec.out_features, (n,), generator=generator)
         else:
-            targets = torch.randn(n, spec.out_features, generator=generator).to(float_type)
+            targets = torch.randn(n, spec.out_features, generator=generator)
+        if targets.is_floating_point():
+            targets = targets.to(float_type)
         if inputs.is_floating_point():
             inputs = inputs.to(float_type)
         batches.append((inputs.to(device), targets.to(device)))
     return batches
+
+
+def _token_batch(n: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """``n`` sequences of 1 to TOKENS tokens, padded at the end; a target per position, with
+    ``IGNORE_INDEX`` where it must not count: the padding, and some earlier positions (a
+    prompt's tokens, say). The last real token of every sequence always counts, so no sample
+    is empty."""
+    lengths = torch.randint(1, TOKENS + 1, (n,), generator=generator)
+    inputs = torch.randint(1, VOCABULARY, (n, TOKENS), generator=generator)
+    targets = torch.randint(0, VOCABULARY, (n, TOKENS), generator=generator)
+    ignored = torch.rand(n, TOKENS, generator=generator) < 0.25
+    positions = torch.arange(TOKENS).expand(n, TOKENS)
+    padding = positions >= lengths.unsqueeze(1)
+    last = positions == (lengths - 1).unsqueeze(1)
+    inputs[padding] = PAD_ID
+    targets[padding | (ignored & ~last)] = IGNORE_INDEX
+    return inputs, targets
+
+
+def count_items(scenario: Scenario, targets: torch.Tensor) -> int:
+    """How many loss items ``targets`` hold: samples, or with the token-level loss the tokens
+    that count (not ``IGNORE_INDEX``). The mean loss is a mean over these.
+
+    Example::
+
+        count_items(scenario, targets)  # 5 of a (2, 4) batch whose other 3 are padding
+    """
+    if scenario.loss == "tokens":
+        return int((targets != IGNORE_INDEX).sum())
+    return len(targets)
+
+
+@functools.lru_cache(maxsize=32)
+def item_counts(scenario: Scenario) -> tuple[tuple[tuple[int, ...], ...], ...]:
+    """Per step, per rank, the loss items of each micro-batch (as ``schedule`` lays out
+    samples): the schedule itself unless the loss counts tokens.
+
+    Example::
+
+        item_counts(scenario)[0][1]  # rank 1's micro-batches at step 0: (5, 2) tokens
+    """
+    if scenario.loss != "tokens":
+        return scenario.schedule
+    data = build_data(scenario, "float64")
+    return tuple(
+        tuple(
+            tuple(count_items(scenario, y) for _, y in micro_batches(scenario, step, rank, batch))
+            for rank in range(scenario.world_size)
+        )
+        for step, batch in enumerate(data)
+    )
+
+
+def rank_items(scenario: Scenario, step: int) -> list[int]:
+    """The loss items each rank holds at ``step``."""
+    return [sum(sizes) for sizes in item_counts(scenario)[step]]
+
+
+def global_items(scenario: Scenario, step: int) -> int:
+    """The loss items of ``step``'s global batch: what its mean loss divides by."""
+    return sum(rank_items(scenario, step))
 
 
 def micro_batches(scenario: Scenario, step: int, rank: int, batch: MicroBatch) -> list[MicroBatch]:
@@ -164,6 +285,8 @@ def loss_function(scenario: Scenario, reduction: str = "mean") -> nn.Module:
     """
     if reduction not in LOSS_REDUCTIONS:
         raise ValueError(f"reduction must be one of {LOSS_REDUCTIONS}, got {reduction!r}")
+    if scenario.loss == "tokens":
+        return TokenCrossEntropy(reduction)
     if scenario.loss == "cross_entropy":
         return nn.CrossEntropyLoss(reduction=reduction)
     if reduction == "mean":
@@ -183,6 +306,26 @@ class _PerSampleMSE(nn.Module):
     def forward(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         per_sample = ((output - target) ** 2).flatten(1).mean(dim=1)
         return per_sample.sum() if self.summed else per_sample
+
+
+class TokenCrossEntropy(nn.Module):
+    """Cross-entropy over every position of a batch of sequences, ``IGNORE_INDEX`` targets
+    not counted: ``mean`` divides by the tokens that count, ``sum`` adds them, ``none`` gives
+    a loss per position (0 where ignored), as ``F.cross_entropy`` does for logits
+    ``(n, length, classes)`` flattened."""
+
+    def __init__(self, reduction: str = "mean") -> None:
+        super().__init__()
+        self.reduction = reduction
+
+    def forward(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        losses = nn.functional.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]),
+            targets.reshape(-1),
+            ignore_index=IGNORE_INDEX,
+            reduction=self.reduction,
+        )
+        return losses.view(targets.shape) if self.reduction == "none" else losses
 
 
 def optimizer_settings(spec: OptimizerSpec) -> tuple[type[torch.optim.Optimizer], dict[str, float]]:

@@ -9,17 +9,27 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Literal
 
-ModelKind = Literal["mlp", "conv", "embedding"]
+ModelKind = Literal["mlp", "conv", "embedding", "transformer", "user"]
 Activation = Literal["tanh", "relu", "gelu"]
-LossName = Literal["mse", "cross_entropy"]
+LossName = Literal["mse", "cross_entropy", "tokens"]
+BatchNorm = Literal["", "batch", "sync"]
 OptimizerName = Literal["sgd", "adam", "adamw"]
 DType = Literal["float64", "float32", "bfloat16"]
 
+# The built-in kinds hypothesis draws by default; "transformer" (per-token logits, for the
+# token-level loss) and "user" (a factory of the user's) are asked for by name.
 MODEL_KINDS: tuple[ModelKind, ...] = ("mlp", "conv", "embedding")
+ALL_MODEL_KINDS: tuple[ModelKind, ...] = (*MODEL_KINDS, "transformer", "user")
+BATCH_NORMS: tuple[BatchNorm, ...] = ("", "batch", "sync")
 # The structural features a ModelSpec can switch on (its boolean fields).
 FEATURES = ("layernorm", "tied", "unused", "frozen", "buffer")
 ACTIVATIONS: tuple[Activation, ...] = ("tanh", "relu", "gelu")
+# The losses drawn by default; "tokens" (token-level cross-entropy over sequences with padding
+# and ignore_index targets, averaged over the tokens that count) is asked for by name.
 LOSSES: tuple[LossName, ...] = ("mse", "cross_entropy")
+ALL_LOSSES: tuple[LossName, ...] = (*LOSSES, "tokens")
+# The target that does not count (torch's CrossEntropyLoss default): padding, prompt tokens.
+IGNORE_INDEX = -100
 OPTIMIZERS: tuple[OptimizerName, ...] = ("sgd", "adam", "adamw")
 DTYPES: tuple[DType, ...] = ("float64", "float32", "bfloat16")
 
@@ -48,10 +58,16 @@ class ModelSpec:
     """A small model: an input stage by ``kind``, hidden layers, optional structural features.
 
     ``kind``: ``mlp`` (dense inputs), ``conv`` (a Conv1d over a short sequence) or
-    ``embedding`` (token ids through an Embedding). The features each exercise one thing DDP
-    must get right: ``layernorm``; ``tied`` (one weight shared by two layers); ``unused`` (a
-    parameter forward never touches); ``frozen`` (a layer with ``requires_grad=False``);
-    ``buffer`` (a registered buffer used in forward).
+    ``embedding`` (token ids through an Embedding), ``transformer`` (a tiny causal
+    transformer block over token ids: attention, layernorms, an MLP, per-token logits; with
+    ``tied`` its output head is the embedding), or ``user`` (``factory="module:callable"``,
+    the user's own model: see :mod:`ddp_verify.engine.user_models`). The features each
+    exercise one thing DDP must get right: ``layernorm``; ``tied`` (one weight shared by two
+    layers); ``unused`` (a parameter forward never touches); ``frozen`` (a layer with
+    ``requires_grad=False``); ``buffer`` (a registered buffer used in forward).
+    ``batch_norm="batch"`` puts a BatchNorm1d after the first hidden layer (each forward
+    normalises by its own batch: DDP then differs from full-batch training, as documented);
+    ``"sync"`` makes it a SyncBatchNorm on the ranks (global statistics; CUDA only).
     """
 
     kind: ModelKind = "mlp"
@@ -64,10 +80,25 @@ class ModelSpec:
     unused: bool = False
     frozen: bool = False
     buffer: bool = False
+    batch_norm: BatchNorm = ""
+    factory: str = ""
 
     def __post_init__(self) -> None:
-        if self.kind not in MODEL_KINDS:
-            raise ValueError(f"model kind must be one of {MODEL_KINDS}, got {self.kind!r}")
+        if self.kind not in ALL_MODEL_KINDS:
+            raise ValueError(f"model kind must be one of {ALL_MODEL_KINDS}, got {self.kind!r}")
+        if (self.kind == "user") != bool(self.factory):
+            raise ValueError("a user model is kind='user' with factory='module:callable'")
+        if self.batch_norm not in BATCH_NORMS:
+            raise ValueError(f"batch_norm must be one of {BATCH_NORMS}, got {self.batch_norm!r}")
+        if self.kind == "transformer" and (
+            self.layernorm or self.unused or self.frozen or self.buffer or not self.hidden
+        ):
+            raise ValueError(
+                "the transformer block has its own layernorms and takes only tied (its output "
+                "head is the embedding) and one hidden size (its MLP's)"
+            )
+        if self.batch_norm and (not self.hidden or self.kind in ("transformer", "user")):
+            raise ValueError("batch_norm needs a hidden layer of a built-in mlp, conv or embedding")
         if self.activation not in ACTIVATIONS:
             raise ValueError(f"activation must be one of {ACTIVATIONS}, got {self.activation!r}")
         if self.in_features < 1 or self.out_features < 1 or not all(h >= 1 for h in self.hidden):
@@ -80,11 +111,17 @@ class ModelSpec:
 
     def describe(self) -> str:
         """``mlp 2→[3, 2]→1 tanh +layernorm +tied``."""
-        features = [
+        if self.kind == "user":
+            return f"user model {self.factory}"
+        features = [f"+{self.batch_norm}norm"] if self.batch_norm else []
+        features += [
             f"+{name}"
             for name in ("layernorm", "tied", "unused", "frozen", "buffer")
             if getattr(self, name)
         ]
+        if self.kind == "transformer":
+            head = "tied head" if self.tied else "own head"
+            return f"transformer d={self.in_features + 1} mlp {list(self.hidden)}, {head}"
         shape = f"{self.in_features}→{list(self.hidden)}→{self.out_features}"
         return " ".join([self.kind, shape, self.activation, *features])
 
@@ -158,11 +195,18 @@ class Scenario:
                         f"step {step}, rank {rank}: every rank needs at least one micro-batch "
                         f"of at least one sample, got {sizes}"
                     )
-        if self.loss not in LOSSES:
-            raise ValueError(f"loss must be one of {LOSSES}, got {self.loss!r}")
+        if self.loss not in ALL_LOSSES:
+            raise ValueError(f"loss must be one of {ALL_LOSSES}, got {self.loss!r}")
+        if (self.loss == "tokens") != (self.model.kind == "transformer") and (
+            self.model.kind != "user"
+        ):
+            raise ValueError(
+                "the token-level loss goes with the transformer model (per-token logits), and "
+                f"the transformer with it: got model {self.model.kind!r} and loss {self.loss!r}"
+            )
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
-        if self.loss == "cross_entropy" and self.model.out_features < 2:
+        if self.loss == "cross_entropy" and self.model.kind != "user" and self.model.out_features < 2:
             raise ValueError("cross_entropy needs a model with at least 2 outputs (classes)")
 
     __repr__ = _compact_repr

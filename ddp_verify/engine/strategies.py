@@ -27,6 +27,9 @@ from hypothesis.errors import InvalidArgument
 
 from .scenario import (
     ACTIVATIONS,
+    ALL_LOSSES,
+    ALL_MODEL_KINDS,
+    BATCH_NORMS,
     DTYPES,
     FEATURES,
     LOSSES,
@@ -51,17 +54,26 @@ def models(
     max_out_features: int = 2,
     required_features: Sequence[str] = (),
     excluded_features: Sequence[str] = (),
+    batch_norm: str = "",
 ) -> st.SearchStrategy[ModelSpec]:
     """Small models of the given ``kinds``; ``features`` adds layernorm, tied, unused, frozen
     and buffer variants; ``required_features`` names those every model has,
-    ``excluded_features`` those none has. Shrinks toward ``mlp 1→[2]→1 tanh`` with no features
-    (but the required ones).
+    ``excluded_features`` those none has. ``kinds`` may name ``transformer`` (a causal block
+    over token ids, trained with the token-level loss; of the features it takes only
+    ``tied``). ``batch_norm="batch"`` gives every model a BatchNorm after its first hidden
+    layer, ``"sync"`` a SyncBatchNorm on the ranks (CUDA worlds only). Shrinks toward
+    ``mlp 1→[2]→1 tanh`` with no features (but the required ones).
 
     Example::
 
         models(required_features=("unused",))  # for find_unused_parameters=True
+        models(kinds=("transformer",))         # token-level losses, padding, ignore_index
     """
-    _check_choices("kinds", kinds, MODEL_KINDS)
+    _check_choices("kinds", kinds, [k for k in ALL_MODEL_KINDS if k != "user"])
+    if batch_norm not in BATCH_NORMS:
+        raise InvalidArgument(f"batch_norm={batch_norm!r} must be one of {BATCH_NORMS}")
+    if batch_norm and "transformer" in kinds:
+        raise InvalidArgument("batch_norm applies to mlp, conv and embedding models")
     if required_features:
         _check_choices("required_features", required_features, FEATURES)
         if not features:
@@ -83,14 +95,20 @@ def models(
             or (draw(st.booleans()) if features and name not in excluded_features else False)
             for name in FEATURES
         }
+        kind = draw(st.sampled_from(list(kinds)))
+        hidden = tuple(
+            draw(st.lists(st.integers(2, max_width), min_size=1, max_size=max_hidden_layers))
+        )
+        if kind == "transformer":
+            flags = {name: flags[name] if name == "tied" else False for name in FEATURES}
+            hidden = hidden[:1]
         return ModelSpec(
-            kind=draw(st.sampled_from(list(kinds))),
+            kind=kind,  # type: ignore[arg-type]
             in_features=draw(st.integers(1, 3)),
-            hidden=tuple(
-                draw(st.lists(st.integers(2, max_width), min_size=1, max_size=max_hidden_layers))
-            ),
+            hidden=hidden,
             out_features=draw(st.integers(min_out_features, max_out_features)),
             activation=draw(st.sampled_from(ACTIVATIONS)),
+            batch_norm=batch_norm,  # type: ignore[arg-type]
             **flags,
         )
 
@@ -206,6 +224,7 @@ def scenarios(
     losses: Sequence[str] = LOSSES,
     models: st.SearchStrategy[ModelSpec] | None = None,
     optimizers: st.SearchStrategy[OptimizerSpec] | None = None,
+    model: str | None = None,
 ) -> st.SearchStrategy[Scenario]:
     """Whole scenarios for a world of ``world_size`` ranks; the drawn one is ``note()``d.
 
@@ -213,6 +232,17 @@ def scenarios(
     ``even=True`` keeps every rank's count equal (to check code that is only meant for even
     batches); ``same_micro_batch_counts=True`` gives every rank of a step as many
     micro-batches. ``models`` and ``optimizers`` replace the default strategies.
+    ``losses=("tokens",)`` trains a tiny transformer with the token-level loss: sequences of
+    different lengths, padding and ``ignore_index`` targets, averaged over the tokens that
+    count (the count a plug-in is given is then tokens, not samples).
+    ``model="module:factory"`` (or ``"path.py:factory"``) trains the user's own model: the
+    factory returns ``(module, make_batch)``, see :mod:`ddp_verify.engine.user_models`; it is
+    checked here, and its loss follows from its targets.
+
+    Example::
+
+        scenarios(world_size=4, losses=("tokens",), max_micro_batches=3)
+        scenarios(world_size=2, model="my_project.models:tiny_gpt")
     """
     schedules = accumulation_schedules(
         world_size=world_size,
@@ -224,17 +254,36 @@ def scenarios(
         same_micro_batch_counts=same_micro_batch_counts,
     )
     _check_choices("dtypes", dtypes, DTYPES)
-    _check_choices("losses", losses, LOSSES)
+    _check_choices("losses", losses, ALL_LOSSES)
+    user_spec: ModelSpec | None = None
+    if model is not None:
+        from .user_models import UserModelError, inspect_user_model, resolve_reference
+
+        if models is not None:
+            raise InvalidArgument("give model= (your factory) or models= (a strategy), not both")
+        reference = resolve_reference(model)
+        try:
+            losses = (inspect_user_model(reference),)
+        except UserModelError as exc:
+            raise InvalidArgument(str(exc)) from None
+        user_spec = ModelSpec(kind="user", factory=reference)
     model_strategy = models if models is not None else _default_models()
     optimizer_strategy = optimizers if optimizers is not None else _default_optimizers()
 
     @st.composite
     def draw_scenario(draw: st.DrawFn) -> Scenario:
         loss = draw(st.sampled_from(list(losses)))
-        model = draw(model_strategy)
-        if loss == "cross_entropy" and model.out_features < 2:
-            # Cross-entropy needs classes; the smallest model has one output.
-            model = dataclasses.replace(model, out_features=2)
+        if user_spec is not None:
+            model = user_spec
+        else:
+            model = draw(model_strategy)
+            if model.kind == "transformer":
+                loss = "tokens"  # per-token logits: the token-level loss is the one that fits
+            elif loss == "tokens":
+                model = _as_transformer(model)
+            if loss == "cross_entropy" and model.out_features < 2:
+                # Cross-entropy needs classes; the smallest model has one output.
+                model = dataclasses.replace(model, out_features=2)
         scenario = Scenario(
             world_size=world_size,
             schedule=draw(schedules),
@@ -248,6 +297,17 @@ def scenarios(
         return scenario
 
     return draw_scenario()
+
+
+def _as_transformer(model: ModelSpec) -> ModelSpec:
+    """The transformer block of the same size: what the token-level loss trains."""
+    return ModelSpec(
+        kind="transformer",
+        in_features=model.in_features,
+        hidden=model.hidden[:1],
+        activation=model.activation,
+        tied=model.tied,
+    )
 
 
 # The parameters of scenarios() shadow these two strategies' names. Built once: making a

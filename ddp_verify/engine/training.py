@@ -19,7 +19,10 @@ from .models import (
     build_data,
     build_model,
     build_optimizer,
+    count_items,
+    global_items,
     loss_function,
+    rank_items,
     micro_batches,
     one_thread,
 )
@@ -59,6 +62,18 @@ class Step:
     def micro_batches(self, rank: int) -> list[MicroBatch]:
         """``rank``'s micro-batches at this step, in order."""
         return micro_batches(self.scenario, self.index, rank, (self.inputs, self.targets))
+
+    def items(self, batch: MicroBatch) -> int:
+        """The loss items of ``batch``: samples, or tokens that count."""
+        return count_items(self.scenario, batch[1])
+
+    def rank_items(self) -> list[int]:
+        """The loss items each rank holds at this step."""
+        return rank_items(self.scenario, self.index)
+
+    def global_items(self) -> int:
+        """The loss items of this step's global batch."""
+        return global_items(self.scenario, self.index)
 
     def step_optimizers(self) -> None:
         """Step every replica's optimizer now (a simulation that steps per micro-batch); the

@@ -15,8 +15,11 @@ from ..engine.models import (
     build_data,
     build_model,
     build_optimizer,
+    count_items,
+    global_items,
     loss_function,
     micro_batches,
+    rank_items,
 )
 from ..engine.scenario import Scenario
 from ..engine.trace import RankTrace, gradients, parameters
@@ -42,6 +45,13 @@ class RankRun:
         # tensor a user's code receives live there.
         self.device = rank_device()
         self.model = model if model is not None else build_model(scenario, device=self.device)
+        if scenario.model.batch_norm == "sync" and model is None:
+            if self.device.type == "cpu":
+                raise ValueError(
+                    "SyncBatchNorm runs on GPUs only (torch raises for CPU tensors): check "
+                    "batch_norm='sync' models on a cuda world (--device cuda)"
+                )
+            self.model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(self.model)
         self.loss_fn = loss_function(scenario)
         self.data = build_data(scenario, device=self.device)
         self.trace = RankTrace()
@@ -60,14 +70,19 @@ class RankRun:
 
     def local_backward(self, step: int) -> torch.Tensor:
         """Backward of this rank's mean loss over its micro-batches of ``step`` (each weighted
-        by its share of the rank's samples); returns the sum of per-sample losses, float64."""
+        by its share of the rank's loss items); returns the sum of per-item losses, float64."""
         n = self.local_samples(step)
         local_sum = self.zero()
         for inputs, targets in self.micro_batches(step):
             loss = self.loss_fn(self.model(inputs), targets)
-            (loss * (len(inputs) / n)).backward()
-            local_sum += loss.detach().double() * len(inputs)
+            items = self.items(targets)
+            (loss * (items / n)).backward()
+            local_sum += loss.detach().double() * items
         return local_sum
+
+    def items(self, targets: torch.Tensor) -> int:
+        """The loss items of a micro-batch: samples, or tokens that count."""
+        return count_items(self.scenario, targets)
 
     def zero(self) -> torch.Tensor:
         """A float64 zero on this rank's device, to sum losses into (nccl reduces CUDA
@@ -75,10 +90,13 @@ class RankRun:
         return torch.zeros((), dtype=torch.float64, device=self.device)
 
     def local_samples(self, step: int) -> int:
-        return self.scenario.samples(step)[self.rank]
+        """This rank's loss items at ``step``: samples, or tokens that count (the count a
+        plug-in is given)."""
+        return rank_items(self.scenario, step)[self.rank]
 
     def global_samples(self, step: int) -> int:
-        return self.scenario.global_batch(step)
+        """The loss items of ``step``'s global batch."""
+        return global_items(self.scenario, step)
 
     def record_gradients(self, model: torch.nn.Module | None = None) -> None:
         assert self.trace.grads is not None
@@ -124,12 +142,13 @@ def train_data_parallel(
             last = j == len(batches) - 1
             with contextlib.nullcontext() if last or no_sync is None else no_sync():
                 loss = run.loss_fn(wrapped(inputs), targets)
-                scaled = loss * (len(inputs) * weight)
+                items = run.items(targets)
+                scaled = loss * (items * weight)
                 if no_sync is not None:
                     scaled.backward()
                 else:
                     pending = scaled if pending is None else pending + scaled
-            local_sum += loss.detach().double() * len(inputs)
+            local_sum += loss.detach().double() * items
         if pending is not None:
             pending.backward()
         dist.all_reduce(local_sum)

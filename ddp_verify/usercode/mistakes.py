@@ -125,14 +125,14 @@ def _stepping_once(step: Step, mistake: Mistake) -> tuple[list[float], float]:
     """Each rank weights its micro-batches the mistake's way, then gradients are combined
     across ranks; returns each rank's local mean loss and the global mean loss."""
     scenario, world = step.scenario, step.scenario.world_size
-    total = scenario.global_batch(step.index)
-    counts = scenario.samples(step.index)
+    total = step.global_items()
+    counts = step.rank_items()
     local_means = []
     for rank, (model, optimizer) in enumerate(zip(step.models, step.optimizers, strict=True)):
         batches = step.micro_batches(rank)
         local_sum = 0.0
         for batch in batches:
-            size = len(batch[0])
+            size = step.items(batch)
             if mistake.micro == "last-only":
                 optimizer.zero_grad(set_to_none=True)
             loss = step.loss(model, batch)
@@ -154,7 +154,7 @@ def _stepping_each(step: Step, mistake: Mistake) -> tuple[list[float], float]:
     local_sums = [0.0] * world
     for j in range(len(per_rank[0])):
         batches = [per_rank[rank][j] for rank in range(world)]
-        sizes = [len(batch[0]) for batch in batches]
+        sizes = [step.items(batch) for batch in batches]
         for rank, (model, optimizer) in enumerate(zip(step.models, step.optimizers, strict=True)):
             optimizer.zero_grad(set_to_none=True)
             loss = step.loss(model, batches[rank])
@@ -162,9 +162,9 @@ def _stepping_each(step: Step, mistake: Mistake) -> tuple[list[float], float]:
             local_sums[rank] += loss.item() * sizes[rank]
         _combine(step.models, sizes, sum(sizes), mistake)
         step.step_optimizers()
-    counts = scenario.samples(step.index)
+    counts = step.rank_items()
     local_means = [s / n for s, n in zip(local_sums, counts, strict=True)]
-    return local_means, sum(local_sums) / scenario.global_batch(step.index)
+    return local_means, sum(local_sums) / step.global_items()
 
 
 def _combine(models: list[torch.nn.Module], counts: list[int], total: int, mistake: Mistake):

@@ -18,7 +18,14 @@ from collections.abc import Mapping
 
 import torch
 
-from ..engine.models import build_data, build_model, loss_function, micro_batches, one_thread
+from ..engine.models import (
+    build_data,
+    build_model,
+    count_items,
+    loss_function,
+    micro_batches,
+    one_thread,
+)
 from ..engine.scenario import Scenario
 
 # Weights closer than this (relative to 1/N) to what they should be count as right.
@@ -144,7 +151,7 @@ def group_gradients(scenario: Scenario, step: int = 0) -> tuple[list[Group], tor
                 model.zero_grad(set_to_none=True)
                 loss_fn(model(x), y).backward()
                 columns.append(_flat(model, {n: p.grad for n, p in model.named_parameters()}))
-                groups.append(Group(rank, micro, len(x)))
+                groups.append(Group(rank, micro, count_items(scenario, y)))
     return groups, torch.stack(columns, dim=1)
 
 
