@@ -206,7 +206,8 @@ class Scenario:
             )
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
-        if self.loss == "cross_entropy" and self.model.kind != "user" and self.model.out_features < 2:
+        user = self.model.kind == "user"
+        if self.loss == "cross_entropy" and not user and self.model.out_features < 2:
             raise ValueError("cross_entropy needs a model with at least 2 outputs (classes)")
 
     __repr__ = _compact_repr

@@ -22,9 +22,9 @@ from .models import (
     count_items,
     global_items,
     loss_function,
-    rank_items,
     micro_batches,
     one_thread,
+    rank_items,
 )
 from .scenario import Scenario
 from .trace import RankTrace, Trace, gradients, parameters

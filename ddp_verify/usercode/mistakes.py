@@ -124,7 +124,7 @@ def simulate(scenario: Scenario, mistake: Mistake) -> Trace:
 def _stepping_once(step: Step, mistake: Mistake) -> tuple[list[float], float]:
     """Each rank weights its micro-batches the mistake's way, then gradients are combined
     across ranks; returns each rank's local mean loss and the global mean loss."""
-    scenario, world = step.scenario, step.scenario.world_size
+    world = step.scenario.world_size
     total = step.global_items()
     counts = step.rank_items()
     local_means = []
@@ -149,7 +149,7 @@ def _stepping_once(step: Step, mistake: Mistake) -> tuple[list[float], float]:
 def _stepping_each(step: Step, mistake: Mistake) -> tuple[list[float], float]:
     """Every micro-batch is a step of its own: each rank's micro-batch mean loss, combined
     across ranks by the micro-batch sizes, then an optimizer step."""
-    scenario, world = step.scenario, step.scenario.world_size
+    world = step.scenario.world_size
     per_rank = [step.micro_batches(rank) for rank in range(world)]
     local_sums = [0.0] * world
     for j in range(len(per_rank[0])):
