@@ -1,9 +1,13 @@
-"""The likely cause of a divergence: which known mistake reproduces the user's trace.
+"""Why a run diverged: every likely cause, most important first, each with its evidence.
 
-First a structural look (do the ranks agree on some parameters but not others?), then the
-user's trace is compared with simulated runs of known mistakes (:mod:`ddp_verify.mistakes`),
-fewest mistakes first; the first that reproduces every rank's losses, gradients and
-parameters is the likely cause.
+First what the ranks' parameters show at a glance (rank 0 alone combined, some parameters not
+synchronised, compression rounding, a result held by rank 0 only, BatchNorm's per-batch
+statistics). Then the gradients and the reported loss are explained separately, by the weights
+each sample (or token) effectively carried (:mod:`ddp_verify.usercode.weights`), so a mistake
+in one never hides the other. What is not linear (the optimizer stepped per micro-batch, say)
+is recognised by simulating the known mistakes (:mod:`ddp_verify.usercode.mistakes`) and
+finding the one that reproduces the run. "No known mistake" is kept for what fits nothing,
+and then the fitted weights are shown anyway.
 """
 
 from __future__ import annotations
@@ -18,6 +22,9 @@ from ..engine.tolerances import Float64Tolerance, Tolerance
 from ..engine.trace import Trace
 from .kinds import RESULT_KINDS
 from .mistakes import Mistake, applies, candidates, simulate
+from .weights import Cause, gradient_causes, gradient_fits, loss_causes
+
+__all__ = ["Cause", "failure_cause", "likely_cause", "likely_causes", "matches"]
 
 # Loose on purpose: a simulated mistake need only be told apart from the other mistakes,
 # which differ by far more; float32 and bfloat16 runs are matched against float64
@@ -33,58 +40,174 @@ _MATCH = {
 # a few parts in a thousand at these world sizes, far less than what tells mistakes apart.
 _COMPRESSED_MATCH = Float64Tolerance(rtol=2e-2, atol=1e-4)
 
+NO_KNOWN_MISTAKE = "no known mistake reproduces this divergence"
+
 
 def likely_cause(kind: str, scenario: Scenario, reference: Trace, got: Trace) -> str:
-    """A sentence naming the likely bug, or saying that no known mistake reproduces it.
+    """The first of :func:`likely_causes`, in words.
 
     Example::
 
         likely_cause("grad-sync", outcome.scenario, outcome.reference, outcome.got)
         # 'gradients averaged over ranks by the world size, not weighted by ...'
     """
+    return likely_causes(kind, scenario, reference, got)[0].text
+
+
+def likely_causes(kind: str, scenario: Scenario, reference: Trace, got: Trace) -> list[Cause]:
+    """Every cause found for ``got``'s divergence from ``reference``, most important first
+    (what changes the model before what is only reported); never empty.
+
+    Example::
+
+        for cause in likely_causes("step", scenario, reference, got):
+            print(cause.subject, cause.text, cause.evidence)
+    """
+    structural = _structural(kind, scenario, reference, got)
+    if any(c.pattern in ("lossy", "batch-norm") for c in structural):
+        return structural
+    with one_thread():
+        fits = []
+        gradient: list[Cause] = []
+        if not any(c.subject in ("gradient", "parameters") for c in structural):
+            fits = gradient_fits(scenario, got)
+            gradient = gradient_causes(scenario, fits)
+        loss: list[Cause] = []
+        if not any(c.subject == "loss" for c in structural):
+            loss = loss_causes(scenario, reference, got)
+        causes = structural + gradient + loss
+        open_questions = {"nonlinear", "loss:unexplained"}
+        if not causes or any(c.pattern in open_questions for c in causes):
+            causes = _with_simulated(kind, scenario, got, causes)
+    if causes:
+        return causes
+    failed = failure_cause(kind, scenario)
+    if failed:
+        return [Cause(failed, "run", "collectives-per-micro-batch")]
+    shown = fits[0] if fits else None
+    return [
+        Cause(
+            f"{NO_KNOWN_MISTAKE}: the gradients each rank ended with"
+            + (" are the correct weighting of the samples" if shown else " could not be read")
+            + " and the reported loss is the global mean, so the difference lies elsewhere "
+            "(the optimizer, the parameters' update); see the first divergence above",
+            "run",
+            "unexplained",
+            shown.evidence() if shown else "",
+            shown.table() if shown else (),
+        )
+    ]
+
+
+def _with_simulated(kind: str, scenario: Scenario, got: Trace, causes: list[Cause]) -> list[Cause]:
+    """``causes`` with what the fit could not say (a nonlinear gradient, an unexplained loss)
+    replaced by the known mistake that reproduces the run, when one does."""
+    tolerance = _MATCH[scenario.dtype]
+    simulated = [
+        (mistake, simulate(scenario, mistake))
+        for mistake in candidates(kind)
+        if applies(mistake, scenario)
+    ]
+    unexplained_loss = any(c.pattern == "loss:unexplained" for c in causes)
+    for mistake, trace in simulated:
+        if matches(trace, got, tolerance, losses=unexplained_loss):
+            return _merge(causes, mistake, unexplained_loss)
+    if kind == "comm-hook":
+        # A hook that compresses and also makes a mistake: the mistake, up to the
+        # compression's rounding (float16: a few parts in a thousand).
+        for mistake, trace in simulated:
+            if matches(trace, got, _COMPRESSED_MATCH, losses=unexplained_loss):
+                merged = _merge(causes, mistake, unexplained_loss)
+                return [
+                    Cause(
+                        c.text + " (up to compression rounding: the hook also compresses)",
+                        c.subject,
+                        c.pattern,
+                        c.evidence,
+                        c.weights,
+                    )
+                    if c.pattern.startswith("simulated")
+                    else c
+                    for c in merged
+                ]
+    return causes
+
+
+def _merge(causes: list[Cause], mistake: Mistake, with_loss: bool) -> list[Cause]:
+    """The mistake's gradient causes in place of a nonlinear fit (or none), its loss cause in
+    place of an unexplained loss; what the fits found stands."""
+    evidence = f"simulating {mistake} reproduces every rank's parameters" + (
+        " and losses" if with_loss else ""
+    )
+    from_mistake = [
+        Cause(text, subject, f"simulated:{subject}", evidence)
+        for subject, text in mistake.parts()
+        if subject == "gradient" or with_loss
+    ]
+    kept = [c for c in causes if c.pattern not in ("nonlinear", "loss:unexplained")]
+    fitted_gradient = any(c.subject == "gradient" for c in kept)
+    if fitted_gradient:
+        from_mistake = [c for c in from_mistake if c.subject != "gradient"]
+    gradients = [c for c in kept if c.subject in ("gradient", "parameters")]
+    rest = [c for c in kept if c not in gradients]
+    return (
+        gradients
+        + [c for c in from_mistake if c.subject == "gradient"]
+        + rest
+        + [c for c in from_mistake if c.subject != "gradient"]
+    )
+
+
+def _structural(kind: str, scenario: Scenario, reference: Trace, got: Trace) -> list[Cause]:
+    """What the ranks' parameters or losses show at a glance."""
+    found = []
+    if scenario.model.batch_norm == "batch":
+        found.append(
+            Cause(
+                "BatchNorm normalises each forward by its own batch's statistics: data-parallel "
+                "training normalises each rank's micro-batch by its own, full-batch training "
+                "the whole global batch (documented DDP behaviour; use SyncBatchNorm with one "
+                "micro-batch per rank for global statistics)",
+                "run",
+                "batch-norm",
+            )
+        )
+        return found
     if _only_rank_zero_synchronised(scenario, reference, got):
-        return (
-            "gradients reduced onto rank 0 only (dist.reduce where all_reduce was needed): "
-            "rank 0 holds the combined gradient after step 0, the other ranks do not"
+        found.append(
+            Cause(
+                "gradients reduced onto rank 0 only (dist.reduce where all_reduce was needed): "
+                "rank 0 holds the combined gradient after step 0, the other ranks do not",
+                "gradient",
+                "ranks:reduce-to-0",
+            )
         )
     partial = _partly_synchronised(reference, got)
     if partial:
-        return (
-            "some parameters are not synchronised across ranks (ranks disagree on "
-            + ", ".join(repr(n) for n in partial)
-            + " after step 0, and agree on the others)"
+        found.append(
+            Cause(
+                "some parameters are not synchronised across ranks (ranks disagree on "
+                + ", ".join(repr(n) for n in partial)
+                + " after step 0, and agree on the others)",
+                "parameters",
+                "partial-sync",
+            )
         )
     lossy = _lossy_compression(kind, scenario, reference, got)
     if lossy:
-        return lossy
+        return [Cause(lossy, "gradient", "lossy")]
     if kind in RESULT_KINDS and _held_by_rank_zero_only(scenario, got):
-        return (
-            "only rank 0 holds the result: the other ranks report their own local loss, as a "
-            "helper that reduces onto rank 0 (dist.reduce, gather to rank 0) leaves them; if "
-            "only rank 0's result is meant to be used, check with --result-on rank0 "
-            "(result_on='rank0'), which holds rank 0's result to the global mean"
+        found.append(
+            Cause(
+                "only rank 0 holds the result: the other ranks report their own local loss, as "
+                "a helper that reduces onto rank 0 (dist.reduce, gather to rank 0) leaves "
+                "them; if only rank 0's result is meant to be used, check with --result-on "
+                "rank0 (result_on='rank0'), which holds rank 0's result to the global mean",
+                "loss",
+                "loss:rank0-only",
+            )
         )
-    tolerance = _MATCH[scenario.dtype]
-    with one_thread():
-        simulated = [
-            (mistake, simulate(scenario, mistake))
-            for mistake in candidates(kind)
-            if applies(mistake, scenario)
-        ]
-        for mistake, trace in simulated:
-            if matches(trace, got, tolerance):
-                return "; and ".join(mistake.causes)
-        if kind == "comm-hook":
-            # A hook that compresses and also makes a mistake: the mistake, up to the
-            # compression's rounding (float16: a few parts in a thousand).
-            for mistake, trace in simulated:
-                if matches(trace, got, _COMPRESSED_MATCH):
-                    return "; and ".join(mistake.causes) + (
-                        " (up to compression rounding: the hook also compresses)"
-                    )
-    return failure_cause(kind, scenario) or (
-        "no known mistake reproduces this divergence; see the first divergence above"
-    )
+    return found
 
 
 def _held_by_rank_zero_only(scenario: Scenario, got: Trace) -> bool:
@@ -157,13 +280,18 @@ def failure_cause(kind: str, scenario: Scenario) -> str | None:
     return None
 
 
-def matches(expected: Trace, got: Trace, tolerance: Tolerance) -> bool:
-    """Every rank of ``got`` follows the same rank of ``expected`` at every step."""
+def matches(expected: Trace, got: Trace, tolerance: Tolerance, *, losses: bool = True) -> bool:
+    """Every rank of ``got`` follows the same rank of ``expected`` at every step (its
+    parameters and gradients; its losses too unless ``losses=False``)."""
     if len(expected.ranks) != len(got.ranks) or got.steps != expected.steps:
         return False
     for mine, theirs in zip(expected.ranks, got.ranks, strict=True):
         for step in range(expected.steps):
-            pairs = [("loss", torch.tensor(mine.losses[step]), torch.tensor(theirs.losses[step]))]
+            pairs = []
+            if losses:
+                pairs.append(
+                    ("loss", torch.tensor(mine.losses[step]), torch.tensor(theirs.losses[step]))
+                )
             pairs += [
                 ("parameter", v, theirs.params[step][n]) for n, v in mine.params[step].items()
             ]
@@ -219,8 +347,7 @@ def _partly_synchronised(reference: Trace, got: Trace) -> list[str]:
     """Trained parameters the ranks disagree on after step 0, when they agree on others."""
     if len(got.ranks) < 2 or not reference.ranks[0].grads:
         return []
-    # Parameters with a nonzero gradient: others may agree by standing still.
-    trained = [n for n, g in reference.ranks[0].grads[0].items() if g is not None and bool(g.any())]
+    trained = _trained(reference)
     first = got.ranks[0].params[0]
     disagree = [
         name

@@ -58,6 +58,25 @@ class Mistake:
     prescaled: bool = False
     stepping: str = "once"
 
+    def parts(self) -> list[tuple[str, str]]:
+        """``(subject, text)`` for each of this mistake's wrong choices: the gradient's (how
+        ranks combine, how micro-batches weigh, when the optimizer steps), then the loss's."""
+        texts = self.causes
+        subjects = [
+            subject
+            for subject, wrong in (
+                (
+                    "gradient",
+                    self.combine != "samples" and not (self.prescaled and self.combine == "world"),
+                ),
+                ("gradient", bool(MICRO[self.micro])),
+                ("loss", bool(REPORT[self.report])),
+                ("gradient", bool(STEPPING[self.stepping])),
+            )
+            if wrong
+        ]
+        return list(zip(subjects, texts, strict=True))
+
     @property
     def causes(self) -> list[str]:
         combine = self.combine

@@ -1,20 +1,26 @@
-"""What each sample effectively counted for: a gradient explained as a weighted sum.
+"""What each sample (or token) effectively counted for: a divergence explained by its weights.
 
-At a scenario's first step every rank starts from the same parameters, and what a data-parallel
-step leaves in ``.grad`` is (for the linear mistakes: weightings, sums, dropped micro-batches,
-another rank's gradient) a weighted sum of the micro-batches' mean-loss gradients there. The
-correct weighting gives each sample ``1/N`` of the global batch of ``N``. Fitting the weights
-(least squares over the reference's per-micro-batch gradients, float64) says which samples,
-micro-batches or ranks counted for how much, in numbers, whatever form the code took.
+At a step, every rank starts from known parameters, and what a data-parallel step leaves in
+``.grad`` is (for the linear mistakes: weightings, sums, dropped micro-batches, another rank's
+gradient) a weighted sum of the micro-batches' mean-loss gradients there; the loss a rank
+reports is likewise a weighted sum of the micro-batches' mean losses. The correct weighting
+gives each loss item (sample, or token that counts) ``1/N`` of the global batch's ``N``.
 
-Issue 16 groundwork: :func:`fit_gradient` and :meth:`WeightFit.deviations` are tested on their
-own; the diagnosis does not call them yet.
+:func:`fit_gradient` fits the gradient's weights by least squares over the micro-batches'
+float64 gradients, whatever form the code took, and :func:`gradient_causes` says in words, with
+the numbers, which ranks and micro-batches counted for how much and why that is wrong.
+:func:`loss_causes` does the same for the reported loss, which is one number per rank and step:
+it is held against every weighting of ranks (by share, 1/world size, summed, its own only, item
+sums) and micro-batches (by items, equally, last only), carried over steps or not. Gradients and
+losses are explained separately, so a mistake in one never hides the other.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+import itertools
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 
@@ -27,23 +33,61 @@ from ..engine.models import (
     one_thread,
 )
 from ..engine.scenario import Scenario
+from ..engine.trace import Trace
 
-# Weights closer than this (relative to 1/N) to what they should be count as right.
-_CLOSE = 1e-3
+Params = Mapping[str, torch.Tensor]
+
+# How close (relative) a weight must come to a pattern's to be that pattern, by dtype: the
+# fit of a float64 run is exact to ~1e-12; float32 gradients carry ~1e-6 of rounding; bfloat16
+# ~1e-2.
+CLOSE = {"float64": 1e-3, "float32": 1e-3, "bfloat16": 3e-2}
+# A fit explains the gradient when what it leaves over is below this share of it.
+RESIDUAL = {"float64": 1e-6, "float32": 1e-3, "bfloat16": 5e-2}
+
+
+@dataclasses.dataclass(frozen=True)
+class Cause:
+    """One cause of a divergence. ``subject``: what it is about (``gradient``, ``loss``,
+    ``parameters``, ``run``); ``pattern``: a stable code for the finding (``ranks:world``,
+    ``micro:equal``, ...), derived from the fitted weights, never from the code's text;
+    ``evidence``: the numbers behind it; ``weights``: the fitted weights, per rank and
+    micro-batch, where a fit found it.
+
+    Example::
+
+        cause.text      # "gradients averaged over ranks by the world size, ..."
+        cause.pattern   # "ranks:world"
+    """
+
+    text: str
+    subject: str
+    pattern: str
+    evidence: str = ""
+    weights: tuple[dict[str, Any], ...] = ()
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "cause": self.text,
+            "subject": self.subject,
+            "pattern": self.pattern,
+            "evidence": self.evidence,
+            "weights": list(self.weights),
+        }
 
 
 @dataclasses.dataclass(frozen=True)
 class Group:
-    """One micro-batch of one rank at the fitted step."""
+    """One micro-batch of one rank at the fitted step: ``items`` loss items (samples, or
+    tokens that count)."""
 
     rank: int
     micro: int
-    samples: int
+    items: int
 
 
 @dataclasses.dataclass(frozen=True)
 class WeightFit:
-    """The per-sample weight each micro-batch's samples carried in one observed gradient.
+    """The per-item weight each micro-batch carried in one rank's gradient at ``step``.
 
     ``expected`` is ``1/N`` for every group; ``residual`` is the share of the observed
     gradient that no weighting of the micro-batches explains (near 0: the fit holds);
@@ -52,121 +96,275 @@ class WeightFit:
     """
 
     world_size: int
+    rank: int
+    step: int
     groups: tuple[Group, ...]
     fitted: tuple[float, ...]
     expected: float
     residual: float
     identifiable: bool
+    unit: str = "sample"
 
     def ratio(self, index: int) -> float:
         return self.fitted[index] / self.expected
 
-    def deviations(self) -> list[str]:
-        """What is wrong with the weights, in words with the numbers, most telling first
-        (empty when every sample counted ``1/N``).
+    def rank_total(self, rank: int) -> float:
+        """The weight rank ``rank``'s items carried together (its share of the gradient)."""
+        return sum(
+            w * g.items for w, g in zip(self.fitted, self.groups, strict=True) if g.rank == rank
+        )
 
-        Example::
+    def rank_items(self, rank: int) -> int:
+        return sum(g.items for g in self.groups if g.rank == rank)
 
-            fit.deviations()
-            # ['rank 3\\'s 2 samples counted 0.125 each instead of 0.2 (weighted by 1/world
-            #   size, not by its share of the batch)']
-        """
-        wrong = [i for i in range(len(self.groups)) if abs(self.ratio(i) - 1) > _CLOSE]
-        if not wrong:
-            return []
-        ratios = [self.ratio(i) for i in range(len(self.groups))]
-        if max(ratios) - min(ratios) <= _CLOSE * max(1.0, abs(max(ratios))):
-            factor = ratios[0]
-            why = (
-                " (summed across ranks, not averaged)"
-                if abs(factor - self.world_size) <= _CLOSE * self.world_size
-                else ""
+    def table(self) -> tuple[dict[str, Any], ...]:
+        """Every group's fitted and expected per-item weight, for reports and ``--json``."""
+        return tuple(
+            {
+                "rank": g.rank,
+                "micro_batch": g.micro,
+                "items": g.items,
+                "weight": w,
+                "expected": self.expected,
+            }
+            for g, w in zip(self.groups, self.fitted, strict=True)
+        )
+
+    def evidence(self) -> str:
+        per = ", ".join(
+            f"rank {g.rank} mb {g.micro}: {g.items} x {w:.4g}"
+            for g, w in zip(self.groups, self.fitted, strict=True)
+        )
+        return (
+            f"weights fitted to rank {self.rank}'s gradient at step {self.step} (per {self.unit}, "
+            f"expected {self.expected:.4g} each; residual {self.residual:.1e}): {per}"
+        )
+
+
+def _plural(unit: str, n: int) -> str:
+    return unit if n == 1 else unit + "s"
+
+
+def _near(value: float, target: float, close: float, scale: float | None = None) -> bool:
+    return abs(value - target) <= close * (abs(target) if scale is None else scale) + 1e-15
+
+
+def explain_fit(fit: WeightFit, close: float) -> list[tuple[str, str]]:
+    """``(pattern, text)`` for what is wrong with ``fit``'s weights, most telling first; empty
+    when every item counted ``1/N``.
+
+    Example::
+
+        explain_fit(fit, 1e-3)
+        # [('ranks:world', "gradients averaged over ranks by the world size, ...")]
+    """
+    n = len(fit.groups)
+    if all(_near(fit.ratio(i), 1.0, close, 1.0) for i in range(n)):
+        return []
+    unit, world = fit.unit, fit.world_size
+    ranks = sorted({g.rank for g in fit.groups})
+    ratios = [fit.ratio(i) for i in range(n)]
+    if max(ratios) - min(ratios) <= close * max(1.0, abs(max(ratios))):
+        k = ratios[0]
+        if world > 1 and _near(k, world, close):
+            why = "gradients summed across ranks but not divided by the world size"
+        elif world > 1 and _near(k, 1 / world, close):
+            why = "gradients divided by the world size once too often"
+        else:
+            why = "the gradient is scaled"
+        return [("scale", f"{why}: every {unit} counted {k:.4g}x what it should")]
+    found: list[tuple[str, str]] = []
+    totals = {r: fit.rank_total(r) for r in ranks}
+    shares = {r: fit.rank_items(r) * fit.expected for r in ranks}
+    if any(not _near(totals[r], shares[r], close, max(shares.values())) for r in ranks):
+        found.append(_rank_pattern(fit, totals, shares, close))
+    found.extend(_micro_patterns(fit, totals, close))
+    return found
+
+
+def _rank_pattern(
+    fit: WeightFit, totals: dict[int, float], shares: dict[int, float], close: float
+) -> tuple[str, str]:
+    unit, world, me = fit.unit, fit.world_size, fit.rank
+    ranks = sorted(totals)
+    nonzero = [r for r in ranks if not _near(totals[r], 0.0, close, 1.0)]
+    wrong = [r for r in ranks if not _near(totals[r], shares[r], close, max(shares.values()))]
+    numbers = "; ".join(
+        f"rank {r}'s {fit.rank_items(r)} {_plural(unit, fit.rank_items(r))} counted "
+        f"{totals[r]:.4g} in all instead of {shares[r]:.4g}"
+        for r in wrong
+    )
+    if nonzero == [me] and fit.world_size > 1:
+        return (
+            "ranks:own",
+            f"gradients never synchronised: rank {me}'s gradient is the mean over its own "
+            f"{unit}s only ({numbers})",
+        )
+    if len(nonzero) == 1 and fit.world_size > 1:
+        source = nonzero[0]
+        return (
+            "ranks:one",
+            f"rank {source}'s gradient used on rank {me} (broadcast or copied from rank "
+            f"{source} instead of combined over ranks) ({numbers})",
+        )
+    values = list(totals.values())
+    same = max(values) - min(values) <= close * max(abs(v) for v in values)
+    if same and _near(values[0], 1 / world, close):
+        tokens = (
+            " (normalised per rank by its own token count instead of the global count)"
+            if unit == "token"
+            else ""
+        )
+        return (
+            "ranks:world",
+            "gradients averaged over ranks by the world size, not weighted by each rank's "
+            f"{unit}s{tokens}: {numbers}",
+        )
+    if same and _near(values[0], 1.0, close):
+        return (
+            "ranks:sum",
+            f"gradients summed across ranks but not divided: each rank's mean counted 1 in "
+            f"all instead of its share of the {unit}s ({numbers})",
+        )
+    total = sum(fit.rank_items(r) for r in ranks)
+    if same and _near(values[0], 1 / total, close):
+        return (
+            "ranks:means-over-count",
+            f"each rank's mean gradient summed and divided by the global {unit} count "
+            f"({total}): a mean is already divided by its own count, so weight it by its "
+            f"share, or sum the ranks' sums ({numbers})",
+        )
+    if same:
+        return (
+            "ranks:equal",
+            f"every rank's gradient counted {values[0]:.4g} in all, whatever its share of the "
+            f"{unit}s ({numbers})",
+        )
+    return ("ranks:other", f"ranks weighted wrongly: {numbers}")
+
+
+def _micro_patterns(
+    fit: WeightFit, totals: dict[int, float], close: float
+) -> list[tuple[str, str]]:
+    """Micro-batches weighted wrongly within a rank, whatever the rank's total."""
+    unit = fit.unit
+    by_rank: dict[int, list[int]] = {}
+    for i, g in enumerate(fit.groups):
+        by_rank.setdefault(g.rank, []).append(i)
+    found: dict[str, list[int]] = {}
+    details: dict[str, list[str]] = {}
+    for rank, indices in by_rank.items():
+        total = totals[rank]
+        if len(indices) < 2 or _near(total, 0.0, close, 1.0):
+            continue
+        items = fit.rank_items(rank)
+        shares = [fit.fitted[i] * fit.groups[i].items / total for i in indices]
+        expected = [fit.groups[i].items / items for i in indices]
+        if all(_near(s, e, close, 1.0) for s, e in zip(shares, expected, strict=True)):
+            continue
+        m = len(indices)
+        if all(_near(s, 1 / m, close, 1.0) for s in shares):
+            pattern = "micro:equal"
+        elif all(_near(s, 0.0, close, 1.0) for s in shares[:-1]) and _near(shares[-1], 1, close):
+            pattern = "micro:last-only"
+        elif any(_near(s, 0.0, close, 1.0) for s in shares):
+            pattern = "micro:dropped"
+        else:
+            pattern = "micro:other"
+        found.setdefault(pattern, []).append(rank)
+        details.setdefault(pattern, []).append(
+            f"rank {rank}: "
+            + ", ".join(
+                f"micro-batch {j} ({fit.groups[i].items} {_plural(unit, fit.groups[i].items)}) "
+                f"{s:.3g} of the rank instead of {e:.3g}"
+                for j, (i, s, e) in enumerate(zip(indices, shares, expected, strict=True))
             )
-            return [f"every sample counted {factor:.4g}x what it should{why}"]
-        found = []
-        zero = [i for i in wrong if abs(self.ratio(i)) <= _CLOSE]
-        micros = {self.groups[i].micro for i in zero}
-        for micro in sorted(micros):
-            ranks = [self.groups[i].rank for i in zero if self.groups[i].micro == micro]
-            holders = {g.rank for g in self.groups if g.micro == micro}
-            who = (
-                "every rank"
-                if set(ranks) == holders and len(holders) > 1
-                else ("rank " + ", ".join(map(str, ranks)))
-            )
-            found.append(f"micro-batch {micro} of {who} counted 0")
-        for rank in sorted({self.groups[i].rank for i in wrong if i not in zero}):
-            mine = [i for i in range(len(self.groups)) if self.groups[i].rank == rank]
-            weights = [self.fitted[i] for i in mine]
-            if max(weights) - min(weights) > _CLOSE * self.expected:
-                continue  # uneven within the rank: said per micro-batch below
-            samples = sum(self.groups[i].samples for i in mine)
-            weight = weights[0]
-            share = 1 / (self.world_size * samples)
-            why = (
-                " (weighted by 1/world size, not by its share of the batch)"
-                if abs(weight - share) <= _CLOSE * share
-                else ""
-            )
-            found.append(
-                f"rank {rank}'s {samples} sample{'s' if samples > 1 else ''} counted "
-                f"{weight:.4g} each instead of {self.expected:.4g}{why}"
-            )
-        said = {g.rank for g in self.groups} if found else set()
-        for i in wrong:
-            if i in zero or (self.groups[i].rank in said and found):
-                continue
-            g = self.groups[i]
-            found.append(
-                f"micro-batch {g.micro} of rank {g.rank} counted {self.fitted[i]:.4g} per "
-                f"sample instead of {self.expected:.4g}"
-            )
-        if not self.identifiable:
-            found.append(
-                "(the micro-batches' gradients are linearly dependent here, so other weights "
-                "would explain it as well)"
-            )
-        return found
+        )
+    texts = {
+        "micro:equal": (
+            "normalised per micro-batch by its own token count instead of the global count: "
+            "each micro-batch's mean counted the same, whatever its tokens"
+            if unit == "token"
+            else "micro-batch losses divided by the number of micro-batches instead of "
+            "weighted by their sizes (a mean of micro-batch means)"
+        ),
+        "micro:last-only": "only the last micro-batch's gradient kept (zero_grad() inside the "
+        "accumulation loop)",
+        "micro:dropped": "some micro-batches counted 0 (their gradients were dropped)",
+        "micro:other": "micro-batches weighted wrongly within a rank",
+    }
+    return [
+        (pattern, f"{texts[pattern]}: {'; '.join(details[pattern])}")
+        for pattern in ("micro:last-only", "micro:equal", "micro:dropped", "micro:other")
+        if pattern in found
+    ]
+
+
+def _unit(scenario: Scenario) -> str:
+    return "token" if scenario.loss == "tokens" else "sample"
+
+
+def _model_at(scenario: Scenario, params: Params | None) -> torch.nn.Module:
+    model = build_model(scenario, "float64")
+    if params is not None:
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name in params:
+                    p.copy_(params[name].detach().to("cpu", torch.float64))
+    return model
+
+
+def group_terms(
+    scenario: Scenario, step: int = 0, starts: Sequence[Params | None] | None = None
+) -> tuple[list[Group], torch.Tensor, list[float]]:
+    """Every micro-batch of ``step`` (rank-major): its mean-loss gradient, float64, as the
+    columns of a ``(parameters, groups)`` matrix, and its mean loss, each at the parameters
+    its rank started the step from (``starts[rank]``; the initial ones where None).
+
+    Example::
+
+        groups, columns, losses = group_terms(scenario)
+    """
+    with one_thread():
+        inputs, targets = build_data(scenario, "float64")[step]
+        loss_fn = loss_function(scenario)
+        groups, columns, losses = [], [], []
+        for rank in range(scenario.world_size):
+            model = _model_at(scenario, None if starts is None else starts[rank])
+            for micro, (x, y) in enumerate(micro_batches(scenario, step, rank, (inputs, targets))):
+                model.zero_grad(set_to_none=True)
+                loss = loss_fn(model(x), y)
+                loss.backward()
+                columns.append(_flat(model, {n: p.grad for n, p in model.named_parameters()}))
+                losses.append(float(loss.detach()))
+                groups.append(Group(rank, micro, count_items(scenario, y)))
+    return groups, torch.stack(columns, dim=1), losses
 
 
 def group_gradients(scenario: Scenario, step: int = 0) -> tuple[list[Group], torch.Tensor]:
-    """Every micro-batch of ``step`` (rank-major) and its mean-loss gradient at the step's
-    starting parameters, float64, as the columns of a ``(parameters, groups)`` matrix.
-
-    Only step 0 starts from parameters every correct run shares.
-
-    Example::
-
-        groups, columns = group_gradients(scenario)
-    """
-    if step != 0:
-        raise ValueError("only step 0 starts from the parameters every rank shares")
-    with one_thread():
-        model = build_model(scenario, "float64")
-        inputs, targets = build_data(scenario, "float64")[step]
-        loss_fn = loss_function(scenario)
-        groups, columns = [], []
-        for rank in range(scenario.world_size):
-            for micro, (x, y) in enumerate(micro_batches(scenario, step, rank, (inputs, targets))):
-                model.zero_grad(set_to_none=True)
-                loss_fn(model(x), y).backward()
-                columns.append(_flat(model, {n: p.grad for n, p in model.named_parameters()}))
-                groups.append(Group(rank, micro, count_items(scenario, y)))
-    return groups, torch.stack(columns, dim=1)
+    """The groups and gradient columns of :func:`group_terms` at the initial parameters."""
+    groups, columns, _ = group_terms(scenario, step)
+    return groups, columns
 
 
 def fit_gradient(
-    scenario: Scenario, observed: Mapping[str, torch.Tensor | None], step: int = 0
+    scenario: Scenario,
+    observed: Mapping[str, torch.Tensor | None],
+    step: int = 0,
+    *,
+    rank: int = 0,
+    starts: Sequence[Params | None] | None = None,
 ) -> WeightFit:
-    """The weights that explain ``observed`` (one rank's ``.grad`` by parameter name after
-    ``step``) as a weighted sum of the micro-batches' mean gradients.
+    """The weights that explain ``observed`` (``rank``'s ``.grad`` by parameter name at
+    ``step``, every rank having started it from ``starts``) as a weighted sum of the
+    micro-batches' mean gradients.
 
     Example::
 
-        fit = fit_gradient(outcome.scenario, outcome.got.ranks[3].grads[0])
-        print(fit.deviations())
+        fit = fit_gradient(outcome.scenario, outcome.got.ranks[3].grads[0], rank=3)
+        print(explain_fit(fit, 1e-3))
     """
-    groups, columns = group_gradients(scenario, step)
+    groups, columns, _ = group_terms(scenario, step, starts)
     with one_thread():
         model = build_model(scenario, "float64")
         target = _flat(model, observed).to(torch.float64)
@@ -175,16 +373,280 @@ def fit_gradient(
         explained = columns @ coefficients
         scale = float(target.norm()) or 1.0
         residual = float((explained - target).norm()) / scale
-        rank = int(torch.linalg.matrix_rank(columns))
-    total = sum(g.samples for g in groups)
+        matrix_rank = int(torch.linalg.matrix_rank(columns))
+    total = sum(g.items for g in groups)
     return WeightFit(
         world_size=scenario.world_size,
+        rank=rank,
+        step=step,
         groups=tuple(groups),
-        fitted=tuple(float(c) / g.samples for c, g in zip(coefficients, groups, strict=True)),
+        fitted=tuple(float(c) / g.items for c, g in zip(coefficients, groups, strict=True)),
         expected=1 / total,
         residual=residual,
-        identifiable=rank == len(groups),
+        identifiable=matrix_rank == len(groups),
+        unit=_unit(scenario),
     )
+
+
+def observed_gradients(scenario: Scenario, got: Trace, step: int) -> list[dict | None]:
+    """Each rank's gradient at ``step``: recorded, or (SGD at step 0, for step functions that
+    keep their gradients to themselves) read back from the update, ``(p0 - p1) / lr`` less
+    the weight decay. None where neither can be had (Adam's update is not linear in it)."""
+    if got.ranks[0].grads is not None and len(got.ranks[0].grads) > step:
+        return [rank.grads[step] for rank in got.ranks]  # type: ignore[index]
+    if step != 0 or scenario.optimizer.name != "sgd":
+        return [None] * len(got.ranks)
+    start = dict(build_model(scenario, "float64").named_parameters())
+    lr, decay = scenario.optimizer.lr, scenario.optimizer.weight_decay
+    found: list[dict | None] = []
+    for rank in got.ranks:
+        grads = {}
+        for name, after in rank.params[0].items():
+            before = start[name].detach()
+            after = after.to(torch.float64)
+            if not before.requires_grad:
+                continue
+            moved = before - after
+            # A parameter that did not move had no gradient: SGD skips it, decay included.
+            grads[name] = (
+                moved / lr - decay * before if bool(moved.any()) else torch.zeros_like(moved)
+            )
+        found.append(grads)
+    return found
+
+
+def starts_of(scenario: Scenario, got: Trace, step: int) -> list[Params | None]:
+    """The parameters each rank started ``step`` from (the initial ones at step 0)."""
+    if step == 0:
+        return [None] * scenario.world_size
+    # A one-process trace (the reference's) stands for every rank.
+    return [
+        got.ranks[min(r, len(got.ranks) - 1)].params[step - 1] for r in range(scenario.world_size)
+    ]
+
+
+def gradient_fits(scenario: Scenario, got: Trace) -> list[WeightFit]:
+    """Every rank's fit at the first step whose gradients some rank got wrong (empty when
+    no step's gradient can be read or every one is right)."""
+    close = CLOSE[scenario.dtype]
+    for step in range(got.steps):
+        observed = observed_gradients(scenario, got, step)
+        if any(g is None for g in observed):
+            return []
+        starts = starts_of(scenario, got, step)
+        fits = [
+            fit_gradient(scenario, g, step, rank=r, starts=starts)  # type: ignore[arg-type]
+            for r, g in enumerate(observed)
+        ]
+        if any(explain_fit(f, close) or f.residual > RESIDUAL[scenario.dtype] for f in fits):
+            return fits
+    return []
+
+
+def gradient_causes(scenario: Scenario, fits: list[WeightFit]) -> list[Cause]:
+    """What the fitted weights say is wrong with the gradients, one cause per finding (said
+    once when every rank shows it), most telling first; a cause saying the gradient is not a
+    weighted sum of the micro-batches' when the fit does not hold."""
+    if not fits:
+        return []
+    close, limit = CLOSE[scenario.dtype], RESIDUAL[scenario.dtype]
+    if any(f.residual > limit for f in fits):
+        worst = max(fits, key=lambda f: f.residual)
+        return [
+            Cause(
+                "the gradient is not a weighted sum of the micro-batches' gradients (not a "
+                "linear mistake: the optimizer stepped between micro-batches, gradients "
+                "were clipped or compressed, or the loss was changed)",
+                "gradient",
+                "nonlinear",
+                worst.evidence(),
+                worst.table(),
+            )
+        ]
+    per_rank = [(f, explain_fit(f, close)) for f in fits]
+    causes: list[Cause] = []
+    patterns = [tuple(p for p, _ in found) for _, found in per_rank]
+    if len(fits) > 1 and all(p == ("ranks:own",) for p in patterns):
+        f = fits[0]
+        causes.append(
+            Cause(
+                f"gradients never synchronised: each rank trained on its own {f.unit}s only",
+                "gradient",
+                "ranks:own",
+                "; ".join(fit.evidence() for fit in fits),
+                f.table(),
+            )
+        )
+        return causes
+    seen: dict[str, Cause] = {}
+    for fit, found in per_rank:
+        for pattern, text in found:
+            if pattern in seen:
+                continue
+            same = all(pattern in p for p in patterns)
+            where = "" if same or len(fits) == 1 else f" (on rank {fit.rank})"
+            seen[pattern] = Cause(text + where, "gradient", pattern, fit.evidence(), fit.table())
+    causes.extend(seen.values())
+    if causes and not all(f.identifiable for f in fits):
+        causes = [
+            dataclasses.replace(
+                c,
+                evidence=c.evidence + " (the micro-batches' gradients are linearly dependent "
+                "here, so other weights would explain it as well)",
+            )
+            for c in causes
+        ]
+    return causes
+
+
+# Reported-loss weightings: how ranks, then micro-batches within a rank, are weighted, and
+# whether the value carries over steps. Simplest (fewest mistakes) first.
+_RANKS = ("share", "own", "sum", "world", "items")
+_MICROS = ("items", "equal", "last")
+
+
+def _loss_weights(groups: list[Group], rank: int, ranks_mode: str, micro_mode: str) -> list[float]:
+    total = sum(g.items for g in groups)
+    counts: dict[int, int] = {}
+    pieces: dict[int, int] = {}
+    for g in groups:
+        counts[g.rank] = counts.get(g.rank, 0) + g.items
+        pieces[g.rank] = pieces.get(g.rank, 0) + 1
+    last = {g.rank: g.micro for g in groups}
+    world = len(counts)
+    weights = []
+    for g in groups:
+        rank_weight = {
+            "share": counts[g.rank] / total,
+            "own": 1.0 if g.rank == rank else 0.0,
+            "sum": 1.0,
+            "world": 1 / world,
+            "items": float(counts[g.rank]),
+        }[ranks_mode]
+        micro_weight = {
+            "items": g.items / counts[g.rank],
+            "equal": 1 / pieces[g.rank],
+            "last": 1.0 if g.micro == last[g.rank] else 0.0,
+        }[micro_mode]
+        weights.append(rank_weight * micro_weight)
+    return weights
+
+
+_LOSS_TEXTS = {
+    "own": "the reported loss is the rank's local loss, not the global mean",
+    "sum": "the reported loss is summed across ranks but not divided",
+    "world": "the reported loss is the unweighted mean of rank means (only right when every "
+    "rank holds as many {unit}s)",
+    "items": "the reported loss is the sum of per-{unit} losses, not divided by their count",
+    "equal": "the reported loss averages micro-batch means, not weighted by their {unit}s",
+    "last": "the reported loss is the last micro-batch's only",
+    "carry": "the reported loss accumulates across steps (never reset)",
+}
+_LOSS_PATTERNS = {
+    "own": "loss:local",
+    "sum": "loss:sum",
+    "world": "loss:world",
+    "items": "loss:item-sum",
+    "equal": "loss:micro-equal",
+    "last": "loss:last-only",
+    "carry": "loss:carried",
+}
+
+
+def loss_causes(scenario: Scenario, reference: Trace, got: Trace) -> list[Cause]:
+    """What is wrong with the loss each rank reports: the simplest weighting of the
+    micro-batches' mean losses (at the parameters each rank really had) that reproduces every
+    step, with the numbers; or, when none does, the reported and the global mean side by side.
+
+    Example::
+
+        loss_causes(scenario, reference, got)
+        # [Cause('the reported loss is the rank's local loss, not the global mean', ...)]
+    """
+    unit = _unit(scenario)
+    terms = [group_terms(scenario, s, starts_of(scenario, got, s)) for s in range(got.steps)]
+    rtol = {"float64": 1e-7, "float32": 1e-4, "bfloat16": 3e-2}[scenario.dtype]
+    candidates = sorted(
+        itertools.product(_RANKS, _MICROS, (False, True)),
+        key=lambda c: (c[0] != "share") + (c[1] != "items") + c[2],
+    )
+    found: dict[str, tuple[str, ...]] = {}
+    unexplained = []
+    for r, rank in enumerate(got.ranks):
+        reported = rank.losses
+        for ranks_mode, micro_mode, carry in candidates:
+            total = 0.0
+            ok = True
+            for s, (groups, _, losses) in enumerate(terms):
+                value = sum(
+                    w * ell
+                    for w, ell in zip(
+                        _loss_weights(groups, r, ranks_mode, micro_mode), losses, strict=True
+                    )
+                )
+                total = total + value if carry else value
+                if abs(reported[s] - total) > rtol * max(abs(total), 1e-3):
+                    ok = False
+                    break
+            if ok:
+                parts = tuple(
+                    p
+                    for p, wrong in (
+                        (ranks_mode, ranks_mode != "share"),
+                        (micro_mode, micro_mode != "items"),
+                        ("carry", carry),
+                    )
+                    if wrong
+                )
+                found[f"rank {r}"] = parts
+                break
+        else:
+            unexplained.append(r)
+    causes: list[Cause] = []
+    everyone = {parts for parts in found.values()}
+    said: set[str] = set()
+    for r, parts in ((int(k.split()[1]), v) for k, v in found.items()):
+        for part in parts:
+            if part in said:
+                continue
+            said.add(part)
+            on_all = len(everyone) == 1 and not unexplained
+            where = "" if on_all or len(got.ranks) == 1 else f" (rank {r})"
+            reported = got.ranks[r].losses[0]
+            causes.append(
+                Cause(
+                    _LOSS_TEXTS[part].format(unit=unit) + where,
+                    "loss",
+                    _LOSS_PATTERNS[part],
+                    f"rank {r} reported {reported:.6g} at step 0, the global mean there is "
+                    f"{reference.ranks[0].losses[0]:.6g}; every step of it is reproduced by "
+                    f"that weighting of the micro-batches' mean losses",
+                )
+            )
+    if unexplained:
+        r = unexplained[0]
+        steps = ", ".join(
+            f"step {s}: {got.ranks[r].losses[s]:.6g} vs {reference.ranks[0].losses[s]:.6g}"
+            for s in range(got.steps)
+        )
+        causes.append(
+            Cause(
+                "the reported loss fits no weighting of the micro-batches' mean losses tried "
+                f"(by share, own, summed, 1/world size, item sums; micro-batches by {unit}s, "
+                "equally, last only; carried over steps or not)",
+                "loss",
+                "loss:unexplained",
+                f"rank {r} reported vs the global mean: {steps}",
+            )
+        )
+    return causes
+
+
+def loss_is_right(scenario: Scenario, reference: Trace, got: Trace) -> bool:
+    """Every rank reported the global mean at every step, up to the dtype's rounding, where
+    the global mean is taken at the parameters the ranks had (a run whose parameters went
+    wrong reports other losses than the reference, rightly)."""
+    return not loss_causes(scenario, reference, got)
 
 
 def _flat(model: torch.nn.Module, grads: Mapping[str, torch.Tensor | None]) -> torch.Tensor:
