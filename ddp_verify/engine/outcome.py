@@ -21,6 +21,9 @@ class EquivalenceError(AssertionError):
     ) -> None:
         self.outcome = outcome
         self.cause: str | None = None
+        # Every likely cause, most important first (objects with text, subject, pattern,
+        # evidence and weights; see ddp_verify.usercode.weights.Cause); cause is the first's.
+        self.causes: list = []
         self.reproducer: str | None = None
         # For check(): the example (1-based) at which the first counterexample turned up.
         self.found_at: int | None = None

@@ -557,6 +557,7 @@ def _run_check(args: argparse.Namespace, fn: Callable[..., Any], outcome: dict[s
             scenario=exc.scenario,
             examples=progress.tried,
             cause=exc.cause,
+            causes=[c.as_json() for c in exc.causes],
             reproducer=exc.reproducer,
         )
     except (KindError, JobPicklingError, DeviceUnavailable) as exc:
@@ -596,6 +597,7 @@ def _finish(
     examples: int | None = None,
     scenario: Any = None,
     cause: str | None = None,
+    causes: list[dict[str, Any]] | None = None,
     reproducer: str | None = None,
 ) -> int:
     launched = getattr(sys.modules.get(__package__ + ".api"), "_launched", None)
@@ -617,6 +619,7 @@ def _finish(
                     "examples": examples,
                     "scenario": repr(scenario) if scenario is not None else None,
                     "likely_cause": cause,
+                    "likely_causes": causes or [],
                     "reproducer": reproducer,
                     "seconds": round(time.monotonic() - started, 3) if started else None,
                     "report": text,

@@ -70,8 +70,9 @@ def likely_causes(kind: str, scenario: Scenario, reference: Trace, got: Trace) -
         fits = []
         gradient: list[Cause] = []
         if not any(c.subject in ("gradient", "parameters") for c in structural):
-            fits = gradient_fits(scenario, got)
-            gradient = gradient_causes(scenario, fits)
+            compressed = kind == "comm-hook"
+            fits = gradient_fits(scenario, got, compressed=compressed)
+            gradient = gradient_causes(scenario, fits, compressed=compressed)
         loss: list[Cause] = []
         if not any(c.subject == "loss" for c in structural):
             loss = loss_causes(scenario, reference, got)

@@ -22,9 +22,10 @@ from ..engine.strategies import optimizers, scenarios
 from ..methods.equivalence import HarnessError, assert_equivalent
 from ..world import FailureKind, RankError, World, WorldError
 from .adapters import DEFAULT_BOUNDS, KindError, adapt
-from .diagnose import failure_cause, likely_cause
+from .diagnose import failure_cause, likely_causes
 from .kinds import Call
 from .reproducer import write_reproducer
+from .weights import Cause
 
 # Called with (examples tried, phase): phase is "searching", then "shrinking" once a
 # counterexample has been found.
@@ -213,6 +214,8 @@ def search(
             scenario=stop.scenario,
         )
         failed_error.cause = cause
+        if cause:
+            failed_error.causes = [Cause(cause, "run", "collectives-per-micro-batch")]
         raise failed_error from None
     return Verdict(kind, method.name.split(" ", 1)[1], world_size, tried, lossy=fmt)
 
@@ -273,14 +276,17 @@ def _explained(
     if outcome is None:
         return error
     try:
-        cause = world.helper.run_job(
-            likely_cause,
+        causes = world.helper.run_job(
+            likely_causes,
             (kind, outcome.scenario, outcome.reference, outcome.got),
             name="the diagnosis",
         )[0]
     except RankError as exc:
         # The counterexample stands; only its explanation is missing.
-        cause = f"not found: the diagnosis failed ({str(exc).splitlines()[0]})"
+        causes = [
+            Cause(f"not found: the diagnosis failed ({str(exc).splitlines()[0]})", "run", "none")
+        ]
+    cause = causes[0].text
     try:
         script = str(
             write_reproducer(fn, kind, outcome.scenario, device=world.device, result_on=result_on)
@@ -291,8 +297,27 @@ def _explained(
     headline, _, body = str(error).partition("\n")
     called = f"Called as: {call.describe()}\n" if call is not None else ""
     explained = EquivalenceError(
-        f"{headline}\n{called}{body}\nLikely cause: {cause}\nReproducer: python {script}",
+        f"{headline}\n{called}{body}\n{describe_causes(causes)}\nReproducer: python {script}",
         outcome=outcome,
     )
-    explained.cause, explained.reproducer = cause, script
+    explained.cause, explained.causes, explained.reproducer = cause, causes, script
     return explained
+
+
+def describe_causes(causes: list[Cause]) -> str:
+    """The report's lines for ``causes``: the first as ``Likely cause:``, the others after,
+    each with its evidence.
+
+    Example::
+
+        print(describe_causes(error.causes))
+    """
+    lines = []
+    for i, cause in enumerate(causes):
+        head = "Likely cause: " if i == 0 else f"Also ({cause.subject}): "
+        if i == 1:
+            lines.append("Other causes found:")
+        lines.append(("" if i == 0 else "  ") + head + cause.text)
+        if cause.evidence:
+            lines.append(("  " if i == 0 else "    ") + "evidence: " + cause.evidence)
+    return "\n".join(lines)
