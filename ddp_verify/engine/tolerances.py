@@ -251,19 +251,22 @@ def _variant(
         params = [p for p in step.model.parameters() if p.requires_grad]
         sums: list[torch.Tensor | None] = [None] * len(params)
         reported = 0.0
+        total = step.global_items()
         for start, end in zip([0, *cuts], [*cuts, n], strict=True):
             factor = rng.uniform(1.0, 2.0)
-            loss = step.loss(step.model, (inputs[start:end], targets[start:end]))
-            weight = (end - start) * factor / n
+            chunk = (inputs[start:end], targets[start:end])
+            loss = step.loss(step.model, chunk)
+            items = step.items(chunk)  # samples, or the tokens that count
+            weight = items * factor / total
             grads = torch.autograd.grad(loss * weight, params, allow_unused=True)
             for i, grad in enumerate(grads):
                 if grad is not None:
                     grad = grad / factor
                     sums[i] = grad if sums[i] is None else sums[i] + grad
-            reported += loss.item() * (end - start)
-        for p, total in zip(params, sums, strict=True):
-            p.grad = total
-        return [reported / n]
+            reported += loss.item() * items
+        for p, summed in zip(params, sums, strict=True):
+            p.grad = summed
+        return [reported / total]
 
     return train(scenario, reordered, dtype=dtype, device=device, name=f"{dtype} variant {variant}")
 

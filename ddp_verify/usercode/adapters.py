@@ -6,6 +6,7 @@
 | step        | ``fn(model, optimizer, micro_batches, loss_fn)``     | once per step, does it all  |
 | comm-hook   | ``hook(state, bucket) -> Future``                    | registered on DDP           |
 | wrapper     | ``fn(module) -> module``                             | once per scenario, like DDP |
+| loss-fn     | ``fn(logits, labels[, num_items_in_batch])``         | per micro-batch, as Trainer |
 
 Everything the user's code does not own, the harness does the correct way, so a divergence is
 the user's code's own.
@@ -107,6 +108,8 @@ def adapt(
         )
     elif kind == "comm-hook":
         method = CommHook(fn, name, hook_state)
+    elif kind == "loss-fn":
+        method = LossFunction(fn, name, call)
     else:
         method = Wrapper(fn, name)
     method.call = call  # type: ignore[attr-defined]  # reports say how the code was called
@@ -249,6 +252,74 @@ class TrainingStep(UserMethod):
             reported = self.fn(model, optimizer, run.micro_batches(step), loss_fn)
             run.record_step(_as_float(reported, "step"))
         return run.trace
+
+
+class LossFunction(UserMethod):
+    """``fn`` is the loss a Trainer-style loop calls on every micro-batch (Hugging Face's
+    ``fixed_cross_entropy(source, target, num_items_in_batch)``, say). Logits come flattened
+    to ``(positions, classes)`` with labels ``(positions,)`` for the token-level loss, as such
+    functions take them; as the model gives them otherwise.
+
+    Given a count, it is the loss items of the whole step (every micro-batch of every rank,
+    ``num_items_in_batch`` counted across devices): the loop backpropagates what ``fn``
+    returns as it is, sums the gradients over ranks and reports the sum, so ``fn`` must
+    return its micro-batch's share of the global mean (its summed loss over the count).
+    Without a count, the loop does what Trainers did before the count existed: each result
+    divided by the number of micro-batches, gradients and loss averaged over ranks, which is
+    right only when every micro-batch holds as many items."""
+
+    def __init__(self, fn: Callable[..., Any], name: str, call: Call) -> None:
+        super().__init__(fn, name)
+        self.call = call
+
+    def train_rank(self, scenario: Scenario) -> RankTrace:
+        run = RankRun(scenario)
+        optimizer = run.optimizer()
+        params = run.trainable()
+        counted = self.call.takes_count
+        for step in range(scenario.steps):
+            optimizer.zero_grad(set_to_none=True)
+            batches = run.micro_batches(step)
+            reported = run.zero()
+            for inputs, targets in batches:
+                logits, labels = _flattened(scenario, run.model(inputs), targets)
+                if counted:
+                    args, kwargs = self.call.arguments((logits, labels), run.global_samples(step))
+                    value = self.fn(*args, **kwargs)
+                else:
+                    value = self.fn(logits, labels)
+                value = _as_loss(value) / (1 if counted else len(batches))
+                value.backward()
+                reported += value.detach().double()
+            divisor = 1.0 if counted else float(run.world_size)
+            loss = all_reduce_weighted(params, 1.0, divisor, reported)
+            run.record_gradients()
+            optimizer.step()
+            run.record_step(loss)  # type: ignore[arg-type]
+        return run.trace
+
+
+def _flattened(
+    scenario: Scenario, logits: torch.Tensor, labels: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    if scenario.loss == "tokens":
+        return logits.reshape(-1, logits.shape[-1]), labels.reshape(-1)
+    return logits, labels
+
+
+def _as_loss(value: Any) -> torch.Tensor:
+    if not isinstance(value, torch.Tensor) or value.numel() != 1 or not value.requires_grad:
+        got = (
+            f"a tensor of shape {tuple(value.shape)}"
+            + ("" if value.requires_grad else " that does not require grad")
+            if isinstance(value, torch.Tensor)
+            else type(value).__name__
+        )
+        raise KindError(
+            "a loss-fn plug-in must return the loss as a one-element tensor that "
+            f"backpropagates to the logits, got {got}"
+        )
+    return value.reshape(())
 
 
 class CommHook(DDP):

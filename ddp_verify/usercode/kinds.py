@@ -20,6 +20,7 @@ KINDS = (
     "wrapped-step",
     "comm-hook",
     "wrapper",
+    "loss-fn",
 )
 
 # What each kind's callable must accept, for the error that says so.
@@ -34,6 +35,7 @@ SIGNATURES = {
     "the model already in DistributedDataParallel",
     "comm-hook": "hook(state, bucket) -> torch.futures.Future",
     "wrapper": "fn(module) -> module",
+    "loss-fn": "fn(logits, labels) or fn(logits, labels, num_items_in_batch) -> tensor",
 }
 # Scenario bounds a kind checks under unless the user says otherwise. A step function owns its
 # accumulation loop, and training loops give every rank the same number of accumulation steps;
@@ -41,6 +43,9 @@ SIGNATURES = {
 DEFAULT_BOUNDS: dict[str, dict[str, Any]] = {
     "step": {"same_micro_batch_counts": True},
     "wrapped-step": {"same_micro_batch_counts": True},
+    # A loss function takes logits and class labels: language-model tokens (padding and
+    # ignore_index included) or one class per sample.
+    "loss-fn": {"losses": ("tokens", "cross_entropy")},
 }
 
 _ARITIES = {
@@ -52,6 +57,7 @@ _ARITIES = {
     "wrapped-step": (4,),
     "comm-hook": (2,),
     "wrapper": (1,),
+    "loss-fn": (2, 3),
 }
 # Kinds whose result may be held by rank 0 only (--result-on rank0): logging helpers that
 # reduce onto one rank.
@@ -64,7 +70,10 @@ COUNTED = {
     "loss": "local_loss",
     "reduce": "tensor",
     "reduce-dict": "metrics",
+    "loss-fn": "logits, labels",
 }
+# How many arguments a counted kind passes before the count.
+LEADING = {"loss-fn": 2}
 # Names that say a parameter is a count: the count is passed to such a parameter, or to one
 # without a default, and never to another optional parameter (Megatron's
 # allreduce_params(reduce_after=True, ...) must not get reduce_after=num_samples).
@@ -169,8 +178,11 @@ class Call:
             "wrapped-step": ["ddp_model", "optimizer", "micro_batches", "loss_fn"],
             "comm-hook": ["state", "bucket"],
             "wrapper": ["module"],
+            "loss-fn": ["logits", "labels"],
         }[self.kind][: self.positional]
         count = "<this rank's samples>"
+        if self.kind == "loss-fn":
+            count = "<the step's loss items, every micro-batch of every rank>"
         if self.count_positional:
             names.append(f"{self.count_parameter}={count}" if self.count_parameter else count)
         elif self.count_keyword is not None:
@@ -203,7 +215,8 @@ def check_signature(fn: Callable[..., Any], kind: str) -> Call:
         # Builtins and C callables: trust the user, as documented.
         arity = _ARITIES[kind][-1]
         if kind in COUNTED:
-            return Call(name, kind, arity - 1, count_positional=arity == 2)
+            lead = LEADING.get(kind, 1)
+            return Call(name, kind, lead, count_positional=arity == lead + 1)
         return Call(name, kind, arity)
     if kind in COUNTED:
         return _counted_call(name, kind, signature)
@@ -224,17 +237,23 @@ LEADING_NAMES = {
     "loss": ("loss", "local_loss", "value", "tensor"),
     "reduce": ("tensor", "t", "x", "value", "loss", "losses", "tensors", "values"),
     "reduce-dict": ("metrics", "input_dict", "loss_dict", "losses", "values", "d"),
+    "loss-fn": ("logits", "source", "input", "outputs", "output", "x"),
 }
 
 
 def _counted_call(name: str, kind: str, signature: inspect.Signature) -> Call:
     leading = COUNTED[kind]
+    lead = LEADING.get(kind, 1)
     expected = SIGNATURES[kind]
     params = list(signature.parameters.values())
     positional_kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    takes_leading = bool(params) and (
-        params[0].kind in positional_kinds or params[0].kind is inspect.Parameter.VAR_POSITIONAL
-    )
+    if params and params[0].kind is inspect.Parameter.VAR_POSITIONAL:
+        takes_leading = True
+    else:
+        takes_leading = len(params) >= lead and all(
+            p.kind in positional_kinds or p.kind is inspect.Parameter.VAR_POSITIONAL
+            for p in params[:lead]
+        )
     if not takes_leading:
         raise KindError(f"{name}{signature} cannot be a {kind} plug-in: expected {expected}")
     first = params[0]
@@ -246,7 +265,7 @@ def _counted_call(name: str, kind: str, signature: inspect.Signature) -> Call:
             f"a function that takes the {leading} and calls it, such as lambda {leading}: "
             f"{short}({first.name}=<from {leading}>)"
         )
-    rest = [p for p in params[1:] if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    rest = [p for p in params[lead:] if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
     if params[0].kind is inspect.Parameter.VAR_POSITIONAL:
         rest = []
     required = [p for p in rest if p.default is p.empty]
@@ -269,8 +288,8 @@ def _counted_call(name: str, kind: str, signature: inspect.Signature) -> Call:
     if required:
         only = required[0]
         if only.kind is inspect.Parameter.KEYWORD_ONLY:
-            return Call(name, kind, 1, count_keyword=only.name)
-        return Call(name, kind, 1, count_positional=True, count_parameter=only.name)
+            return Call(name, kind, lead, count_keyword=only.name)
+        return Call(name, kind, lead, count_positional=True, count_parameter=only.name)
     if len(counted) > 1:
         raise KindError(
             f"{name}{signature}: ambiguous for a {kind} plug-in: the count could go to any of "
@@ -279,5 +298,5 @@ def _counted_call(name: str, kind: str, signature: inspect.Signature) -> Call:
             f"{counted[0].name}=n)"
         )
     if counted:
-        return Call(name, kind, 1, count_keyword=counted[0].name)
-    return Call(name, kind, 1)
+        return Call(name, kind, lead, count_keyword=counted[0].name)
+    return Call(name, kind, lead)

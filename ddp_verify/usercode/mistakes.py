@@ -94,6 +94,13 @@ def candidates(kind: str) -> list[Mistake]:
         return [Mistake(combine=c) for c in ("world", "sum", "none")]
     if kind in ("loss", "reduce", "reduce-dict"):
         return [Mistake(report=r) for r in ("local", "sum", "world", "accumulated")]
+    if kind == "loss-fn":
+        found = [
+            Mistake(combine=c, micro=m)
+            for c, m in itertools.product(COMBINE, MICRO)
+            if (c, m) != ("samples", "samples")
+        ]
+        return sorted(found, key=lambda mistake: len(mistake.causes))
     if kind in ("comm-hook", "wrapper"):
         return [Mistake(combine=c, prescaled=True) for c in ("sum", "none")]
     found = [

@@ -494,6 +494,21 @@ def gradient_causes(
             )
         )
         return causes
+    sources = {_only_source(f, close) for f in fits}
+    if len(fits) > 1 and len(sources) == 1 and None not in sources:
+        (source,) = sources
+        f = fits[-1]
+        causes.append(
+            Cause(
+                f"rank {source}'s gradient used on every rank (broadcast or copied from rank "
+                f"{source} instead of combined over ranks): the other ranks' {f.unit}s counted 0",
+                "gradient",
+                "ranks:one",
+                f.evidence(),
+                f.table(),
+            )
+        )
+        return causes
     seen: dict[str, Cause] = {}
     for fit, found in per_rank:
         for pattern, text in found:
@@ -513,6 +528,13 @@ def gradient_causes(
             for c in causes
         ]
     return causes
+
+
+def _only_source(fit: WeightFit, close: float) -> int | None:
+    """The one rank whose items carry every weight in ``fit``, if there is one."""
+    ranks = sorted({g.rank for g in fit.groups})
+    nonzero = [r for r in ranks if not _near(fit.rank_total(r), 0.0, close, 1.0)]
+    return nonzero[0] if len(nonzero) == 1 else None
 
 
 # Reported-loss weightings: how ranks, then micro-batches within a rank, are weighted, and

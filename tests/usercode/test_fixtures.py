@@ -7,6 +7,7 @@ from hypothesis import settings
 
 from ddp_verify import EquivalenceError, check
 from tests.user_code import FIXTURES, load
+from tests.usercode.patterns import NUMERIC, weights_show
 
 KINDS = {
     "grad_sync": "grad-sync",
@@ -32,18 +33,47 @@ CASES = [
     for name, (verdict, cause) in module.EXPECTED.items()
 ]
 # A file's HOOK_STATE (a comm hook's state factory) and LOSS_REDUCTION (the loss_fn its step
-# functions are written for) are check() options for its fixtures.
+# functions are written for) are check() options for its fixtures; SCENARIO_BOUNDS are the
+# scenarios it is written for (token-level losses, say).
 FILE_OPTIONS = (("hook_state", "HOOK_STATE"), ("loss_reduction", "LOSS_REDUCTION"))
 OPTIONS = {
     id(getattr(module, name)): {
-        option: getattr(module, attribute)
-        for option, attribute in FILE_OPTIONS
-        if hasattr(module, attribute)
+        **{
+            option: getattr(module, attribute)
+            for option, attribute in FILE_OPTIONS
+            if hasattr(module, attribute)
+        },
+        **getattr(module, "SCENARIO_BOUNDS", {}),
     }
     for stem in REAL_STYLE
     for module in [load(f"real_style/{stem}")]
     for name in module.EXPECTED
 }
+# What the fitted weights must show, per buggy fixture that says (EXPECTED_PATTERNS).
+PATTERNS = {
+    id(getattr(module, name)): patterns
+    for stem in REAL_STYLE
+    for module in [load(f"real_style/{stem}")]
+    for name, patterns in getattr(module, "EXPECTED_PATTERNS", {}).items()
+}
+
+
+def assert_patterns(fn, error) -> None:
+    """Every finding the fixture expects is among the causes, and where a pattern has a
+    numeric meaning, the cause's own fitted weights show it."""
+    found = {c.pattern: c for c in error.causes}
+    for wanted in PATTERNS.get(id(fn), ()):
+        present = [p for p in wanted.split("|") if p in found]
+        assert present, f"none of {wanted} among the causes {[c.pattern for c in error.causes]}"
+        cause = found[present[0]]
+        if cause.pattern in NUMERIC and cause.weights:
+            scenario = error.scenario
+            assert weights_show(
+                cause.pattern, list(cause.weights), scenario.world_size, scenario.dtype
+            ), (
+                cause.pattern,
+                cause.weights,
+            )
 
 
 def options(fn) -> dict:
@@ -70,7 +100,9 @@ def test_fixture_verdict_and_cause(kind, fn, verdict, cause, tmp_path, monkeypat
     assert error.found_at is not None and error.found_at <= 25
     report = str(error)
     assert "is not equivalent to single-process full-batch training" in report
-    assert cause in error.cause, f"likely cause {error.cause!r} does not name {cause!r}"
+    if cause is not None:
+        assert cause in error.cause, f"likely cause {error.cause!r} does not name {cause!r}"
+    assert_patterns(fn, error)
     assert f"Likely cause: {error.cause}" in report
     assert (tmp_path / error.reproducer).is_file()
     assert f"Reproducer: python {error.reproducer}" in report
@@ -85,7 +117,9 @@ def test_buggy_fixtures_are_caught_in_float32_too(kind, fn, verdict, cause, tmp_
             fn, kind=kind, world_size=2, max_examples=25, seed=0, dtypes=("float32",), **options(fn)
         )
     assert info.value.scenario.dtype == "float32"
-    assert cause in info.value.cause, f"likely cause {info.value.cause!r} does not name {cause!r}"
+    if cause is not None:
+        assert cause in info.value.cause, f"cause {info.value.cause!r} does not name {cause!r}"
+    assert_patterns(fn, info.value)
 
 
 @pytest.mark.parametrize(
@@ -98,9 +132,19 @@ def test_grad_sync_bugs_are_caught_in_bfloat16_with_their_cause(
     # (benchmarks/float32_sweep.py --dtype bfloat16 runs every buggy fixture).
     monkeypatch.chdir(tmp_path)
     with pytest.raises(EquivalenceError) as info:
-        check(fn, kind=kind, world_size=2, max_examples=50, seed=0, dtypes=("bfloat16",))
+        check(
+            fn,
+            kind=kind,
+            world_size=2,
+            max_examples=50,
+            seed=0,
+            dtypes=("bfloat16",),
+            **options(fn),
+        )
     assert info.value.scenario.dtype == "bfloat16"
-    assert cause in info.value.cause, f"likely cause {info.value.cause!r} does not name {cause!r}"
+    if cause is not None:
+        assert cause in info.value.cause, f"cause {info.value.cause!r} does not name {cause!r}"
+    assert_patterns(fn, info.value)
 
 
 def test_there_are_fixtures_of_every_kind_both_correct_and_buggy():
