@@ -94,6 +94,14 @@ class RankRun:
         plug-in is given)."""
         return rank_items(self.scenario, step)[self.rank]
 
+    def local_rows(self, step: int) -> int:
+        """This rank's samples at ``step`` (rows of its batches), whatever the loss counts."""
+        return self.scenario.samples(step)[self.rank]
+
+    def global_rows(self, step: int) -> int:
+        """The samples of ``step``'s global batch."""
+        return self.scenario.global_batch(step)
+
     def global_samples(self, step: int) -> int:
         """The loss items of ``step``'s global batch."""
         return global_items(self.scenario, step)

@@ -136,7 +136,9 @@ class GradSync(UserMethod):
         run = RankRun(scenario)
 
         def users_sync(step: int, local_sum: torch.Tensor) -> torch.Tensor:
-            args, kwargs = self.call.arguments((run.model,), run.local_samples(step))
+            args, kwargs = self.call.arguments(
+                (run.model,), run.local_samples(step), samples=run.local_rows(step)
+            )
             self.fn(*args, **kwargs)
             dist.all_reduce(local_sum)
             return local_sum / run.global_samples(step)
@@ -173,7 +175,9 @@ class LossAggregation(UserMethod):
             n = run.local_samples(step)
             all_reduce_weighted(params, float(n), run.global_samples(step))
             local = (local_sum / n).to(dtype).clone()
-            args, kwargs = self.call.arguments((_handed_over(self.form, local),), n)
+            args, kwargs = self.call.arguments(
+                (_handed_over(self.form, local),), n, samples=run.local_rows(step)
+            )
             reported = _taken_back(self.form, self.fn(*args, **kwargs), local)
             if self.result_on == "rank0":
                 held = torch.tensor([reported], dtype=torch.float64, device=run.device)
@@ -284,7 +288,9 @@ class LossFunction(UserMethod):
             for inputs, targets in batches:
                 logits, labels = _flattened(scenario, run.model(inputs), targets)
                 if counted:
-                    args, kwargs = self.call.arguments((logits, labels), run.global_samples(step))
+                    args, kwargs = self.call.arguments(
+                        (logits, labels), run.global_samples(step), samples=run.global_rows(step)
+                    )
                     value = self.fn(*args, **kwargs)
                 else:
                     value = self.fn(logits, labels)

@@ -101,6 +101,24 @@ COUNT_NAMES = frozenset(
 )
 
 
+# Names for a count of samples (rows of the batch), and words that name a count of loss items
+# (tokens that count): a callable that takes one of each gets both.
+SAMPLE_NAMES = frozenset(
+    {"num_samples", "n_samples", "nsamples", "num_examples", "samples", "batch_size", "bsz"}
+)
+
+
+def is_items_name(name: str) -> bool:
+    """Whether a count parameter's name says it counts loss items or tokens, not samples.
+
+    Example::
+
+        >>> is_items_name("num_items_in_batch"), is_items_name("num_samples")
+        (True, False)
+    """
+    return is_count_name(name) and ("item" in name or "token" in name)
+
+
 def is_count_name(name: str) -> bool:
     """Whether a parameter's name says it is a count of samples or tokens.
 
@@ -152,15 +170,21 @@ class Call:
     count_positional: bool = False
     # The parameter a positional count lands in, for describe().
     count_parameter: str | None = None
+    # Where the count of samples goes when the callable takes one beside the count of loss
+    # items (fn(model, num_samples, num_items)).
+    samples_keyword: str | None = None
 
     @property
     def takes_count(self) -> bool:
         return self.count_keyword is not None or self.count_positional
 
     def arguments(
-        self, leading: tuple[Any, ...], count: int
+        self, leading: tuple[Any, ...], count: int, samples: int | None = None
     ) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        """The ``(args, kwargs)`` to call the plug-in with."""
+        """The ``(args, kwargs)`` to call the plug-in with: ``count`` loss items (samples, or
+        tokens that count), and ``samples`` where it takes a count of samples beside them."""
+        if self.samples_keyword is not None:
+            return leading, {self.count_keyword: count, self.samples_keyword: samples or count}
         if self.count_positional:
             return (*leading, count), {}
         if self.count_keyword is not None:
@@ -187,6 +211,9 @@ class Call:
             names.append(f"{self.count_parameter}={count}" if self.count_parameter else count)
         elif self.count_keyword is not None:
             names.append(f"{self.count_keyword}={count}")
+        if self.samples_keyword is not None:
+            names[-1] = f"{self.count_keyword}=<loss items: samples, or tokens that count>"
+            names.append(f"{self.samples_keyword}=<samples>")
         return f"{self.name}({', '.join(names)})"
 
 
@@ -270,6 +297,16 @@ def _counted_call(name: str, kind: str, signature: inspect.Signature) -> Call:
         rest = []
     required = [p for p in rest if p.default is p.empty]
     counted = [p for p in rest if p.default is not p.empty and is_count_name(p.name)]
+    named = [p for p in rest if is_count_name(p.name)]
+    items = [p for p in named if is_items_name(p.name)]
+    samples = [p for p in named if p.name in SAMPLE_NAMES]
+    if len(items) == 1 and len(samples) == 1 and all(p in items + samples for p in required):
+        # Both counts, each where its name says: passed by keyword.
+        positional_only = [p for p in items + samples if p.kind is p.POSITIONAL_ONLY]
+        if not positional_only:
+            return Call(
+                name, kind, lead, count_keyword=items[0].name, samples_keyword=samples[0].name
+            )
     if len(required) > 1:
         raise KindError(
             f"{name}{signature} cannot be a {kind} plug-in: besides {leading} it needs "

@@ -83,6 +83,7 @@ class Group:
     rank: int
     micro: int
     items: int
+    samples: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -215,6 +216,17 @@ def _rank_pattern(
         )
     values = list(totals.values())
     same = max(values) - min(values) <= close * max(abs(v) for v in values)
+    rows = {r: sum(g.samples for g in fit.groups if g.rank == r) for r in ranks}
+    by_rows = {r: rows[r] / sum(rows.values()) for r in ranks}
+    by_samples = unit == "token" and all(_near(totals[r], by_rows[r], close) for r in ranks)
+    # Where ranks hold as many samples, weighting by samples is averaging by the world size:
+    # the plainer reading is said.
+    if by_samples and not (same and _near(values[0], 1 / world, close)):
+        return (
+            "ranks:samples",
+            "ranks weighted by their samples, not by the tokens that count (a count of "
+            f"sequences where the loss averages tokens): {numbers}",
+        )
     if same and _near(values[0], 1 / world, close):
         tokens = (
             " (normalised per rank by its own token count instead of the global count)"
@@ -269,8 +281,13 @@ def _micro_patterns(
         if all(_near(s, e, close, 1.0) for s, e in zip(shares, expected, strict=True)):
             continue
         m = len(indices)
+        rows = [fit.groups[i].samples for i in indices]
         if all(_near(s, 1 / m, close, 1.0) for s in shares):
             pattern = "micro:equal"
+        elif unit == "token" and all(
+            _near(s, r / sum(rows), close, 1.0) for s, r in zip(shares, rows, strict=True)
+        ):
+            pattern = "micro:samples"
         elif all(_near(s, 0.0, close, 1.0) for s in shares[:-1]) and _near(shares[-1], 1, close):
             pattern = "micro:last-only"
         elif any(_near(s, 0.0, close, 1.0) for s in shares):
@@ -297,11 +314,18 @@ def _micro_patterns(
         "micro:last-only": "only the last micro-batch's gradient kept (zero_grad() inside the "
         "accumulation loop)",
         "micro:dropped": "some micro-batches counted 0 (their gradients were dropped)",
+        "micro:samples": "micro-batches weighted by their samples, not by the tokens that count",
         "micro:other": "micro-batches weighted wrongly within a rank",
     }
     return [
         (pattern, f"{texts[pattern]}: {'; '.join(details[pattern])}")
-        for pattern in ("micro:last-only", "micro:equal", "micro:dropped", "micro:other")
+        for pattern in (
+            "micro:last-only",
+            "micro:equal",
+            "micro:samples",
+            "micro:dropped",
+            "micro:other",
+        )
         if pattern in found
     ]
 
@@ -343,7 +367,7 @@ def group_terms(
                 loss.backward()
                 columns.append(_flat(model, {n: p.grad for n, p in model.named_parameters()}))
                 losses.append(float(loss.detach()))
-                groups.append(Group(rank, micro, count_items(scenario, y)))
+                groups.append(Group(rank, micro, count_items(scenario, y), len(y)))
     return groups, torch.stack(columns, dim=1), losses
 
 
