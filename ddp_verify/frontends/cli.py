@@ -7,7 +7,7 @@
         [--result-on all|rank0] [--hook-state PATH.py:FACTORY] [--loss-reduction R]
         [--ddp-wrapper MODULE:CALLABLE]
         [--exclude-features F,...]
-        [--model-kinds K,...]
+        [--model-kinds K,...] [--losses L,...] [--model MODULE:FACTORY|PATH.py:FACTORY]
         [--timeout S] [--json]
 
     ddp-verify conformance [--world-size N] [--ddp-wrapper MODULE:CALLABLE] [--examples N]
@@ -40,7 +40,7 @@ from typing import Any, NoReturn
 # torch warns at import when numpy is missing; ddp_verify needs none (tests/adapters/test_cli.py).
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
 
-from ..engine.scenario import DTYPES, FEATURES, MODEL_KINDS  # noqa: E402
+from ..engine.scenario import ALL_LOSSES, DTYPES, FEATURES, MODEL_KINDS  # noqa: E402
 from ..usercode.kinds import KINDS, SIGNATURES, KindError, check_signature  # noqa: E402
 from ..world.backends import BACKENDS, DEVICES  # noqa: E402
 from .options import (  # noqa: E402
@@ -115,9 +115,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         fn = load_function(path, name)
         outcome["call"] = check_signature(fn, args.kind).describe()
         args.hook_state_factory = load_factory(args.hook_state) if args.hook_state else None
+        args.model = _user_model(args)
     except (UsageError, KindError) as exc:
         return _finish(wants_json, EXIT_USAGE, f"ddp-verify: error: {exc}", **outcome)
     return _run_check(args, fn, outcome)
+
+
+def _user_model(args: argparse.Namespace) -> str | None:
+    """``--model``, checked before any rank trains it (the reference made absolute)."""
+    if args.model is None:
+        return None
+    if args.losses or args.exclude_features or tuple(args.model_kinds) != MODEL_KINDS:
+        raise UsageError(
+            "--model trains your model: --model-kinds, --exclude-features and --losses "
+            "choose among the built-in ones (the loss follows from your targets)"
+        )
+    from ..engine.user_models import UserModelError, inspect_user_model, resolve_reference
+
+    reference = resolve_reference(args.model)
+    try:
+        inspect_user_model(reference)
+    except UserModelError as exc:
+        raise UsageError(f"--model {args.model}: {exc}") from None
+    return reference
 
 
 def _launched(args: argparse.Namespace) -> Any:
@@ -246,6 +266,24 @@ def _parser() -> argparse.ArgumentParser:
         default=MODEL_KINDS,
         metavar="K[,K...]",
         help=f"model kinds to draw: {', '.join(MODEL_KINDS)} (default: all)",
+    )
+    check.add_argument(
+        "--losses",
+        type=_losses,
+        default=None,
+        metavar="L[,L...]",
+        help="losses to draw: mse, cross_entropy, tokens (token-level cross-entropy over padded "
+        "sequences with -100 targets, averaged over the tokens that count; the count your "
+        "code gets is then tokens). Default: mse,cross_entropy (tokens,cross_entropy for "
+        "--kind loss-fn)",
+    )
+    check.add_argument(
+        "--model",
+        metavar="MODULE:FACTORY|PATH.py:FACTORY",
+        default=None,
+        help="train your own model: FACTORY() returns (module, make_batch), make_batch(n, "
+        "generator) -> (inputs, targets) drawn from that generator; the loss follows from the "
+        "targets (float: mse, class ids: cross_entropy, sequences with -100: tokens)",
     )
     check.add_argument("--max-micro-batches", type=_positive, default=3)
     check.add_argument("--max-steps", type=_positive, default=3)
@@ -429,6 +467,10 @@ def _features(text: str) -> tuple[str, ...]:
     return _choices_list(text, FEATURES, "model features")
 
 
+def _losses(text: str) -> tuple[str, ...]:
+    return _choices_list(text, ALL_LOSSES, "losses")
+
+
 def _model_kinds(text: str) -> tuple[str, ...]:
     return _choices_list(text, MODEL_KINDS, "model kinds")
 
@@ -527,6 +569,10 @@ def _run_check(args: argparse.Namespace, fn: Callable[..., Any], outcome: dict[s
         bounds["models"] = models(kinds=args.model_kinds, excluded_features=args.exclude_features)
     if args.micro_batch_counts:
         bounds["same_micro_batch_counts"] = args.micro_batch_counts == "same"
+    if args.losses:
+        bounds["losses"] = args.losses
+    if args.model:
+        bounds["model"] = args.model
     outcome["started"] = time.monotonic()
     progress = _Progress(quiet=args.launched is not None and args.launched.rank != 0)
     try:

@@ -472,3 +472,67 @@ def test_conformance_without_a_world_size_runs_at_4_unless_launched(
         monkeypatch.setenv(name, value)
     args = _parser().parse_args(["conformance"])
     assert conformance_args(args, []) == ["--pyargs", "ddp_verify.conformance", *expected]
+
+
+def test_the_2024_accumulation_bug_on_the_cli_lists_every_cause_in_json(tmp_path):
+    # A Trainer-style loss without num_items_in_batch, on token-level scenarios (loss-fn's
+    # default): per micro-batch (or per rank) normalisation, found by the fitted weights.
+    result = ddp_verify(
+        *check_command(
+            f"{FIXTURES}/real_style/trainer_losses.py:mean_cross_entropy",
+            "--max-examples",
+            "25",
+            "--seed",
+            "0",
+            "--json",
+            kind="loss-fn",
+        ),
+        cwd=tmp_path,
+    )
+    assert result.returncode == 1, result.stderr
+    verdict = json.loads(result.stdout)
+    assert verdict["call"] == "mean_cross_entropy(logits, labels)"
+    causes = verdict["likely_causes"]
+    assert causes and causes[0]["cause"] == verdict["likely_cause"]
+    assert {"cause", "subject", "pattern", "evidence", "weights"} <= set(causes[0])
+    assert {c["pattern"] for c in causes} & {"micro:equal", "ranks:world"}
+    assert "by its own token count instead of the global count" in verdict["likely_cause"]
+    assert "loss='tokens'" in verdict["scenario"]
+
+
+def test_a_users_model_is_trained_and_a_bad_factory_is_a_usage_error(tmp_path):
+    good = ddp_verify(
+        *check_command(
+            f"{FIXTURES}/real_style/token_grad_sync.py:weight_by_tokens",
+            "--model",
+            f"{FIXTURES}/user_models.py:tiny_lm",
+            "--max-examples",
+            "5",
+            "--json",
+        ),
+        cwd=tmp_path,
+    )
+    assert good.returncode == 0, good.stdout + good.stderr
+    assert json.loads(good.stdout)["examples"] == 5
+    bad = ddp_verify(
+        *check_command(
+            f"{FIXTURES}/grad_sync.py:sample_weighted",
+            "--model",
+            f"{FIXTURES}/user_models.py:same_batch_every_time",
+            "--json",
+        ),
+        cwd=tmp_path,
+    )
+    assert bad.returncode == 2
+    assert "ignores the generator it is given" in json.loads(bad.stdout)["report"]
+    mixed = ddp_verify(
+        *check_command(
+            f"{FIXTURES}/grad_sync.py:sample_weighted",
+            "--model",
+            f"{FIXTURES}/user_models.py:tiny_lm",
+            "--losses",
+            "mse",
+        ),
+        cwd=tmp_path,
+    )
+    assert mixed.returncode == 2 and "the loss follows from your targets" in mixed.stderr
