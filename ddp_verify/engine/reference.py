@@ -30,3 +30,29 @@ def _full_batch(step: Step) -> list[float]:
     loss = step.loss(step.model, (step.inputs, step.targets))
     loss.backward()
     return [loss.item()]
+
+
+def train_per_batch_statistics(scenario: Scenario) -> Trace:
+    """What data-parallel training computes for a model with BatchNorm, float64: every
+    micro-batch of every rank forwarded on its own (so normalised by its own statistics), its
+    mean loss weighted by its share of the global batch, one optimizer step. DDP's documented
+    divergence from full-batch training is exactly the difference from
+    :func:`train_reference`; SyncBatchNorm removes it where each rank forwards once per step.
+
+    Example::
+
+        expected = train_per_batch_statistics(scenario)  # what DDP must match with BatchNorm
+    """
+
+    def per_micro_batch(step: Step) -> list[float]:
+        total = step.global_items()
+        reported = 0.0
+        for rank in range(scenario.world_size):
+            for batch in step.micro_batches(rank):
+                loss = step.loss(step.model, batch)
+                share = step.items(batch) / total
+                (loss * share).backward()
+                reported += loss.item() * share
+        return [reported]
+
+    return train(scenario, per_micro_batch, dtype="float64", name="per-batch statistics")
