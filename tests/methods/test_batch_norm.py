@@ -82,6 +82,6 @@ def test_sync_batch_norm_is_equivalent_to_the_full_batch_with_uneven_batches():
             scenario = Scenario(
                 world_size=2,
                 schedule=schedule,
-                model=BATCH_NORM.__class__(in_features=2, hidden=(3,), batch_norm="sync"),
+                model=SYNC_BATCH_NORM,
             )
             world.assert_equivalent(ddp(), scenario)
