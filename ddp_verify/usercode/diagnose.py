@@ -22,7 +22,15 @@ from ..engine.tolerances import Float64Tolerance, Tolerance
 from ..engine.trace import Trace
 from .kinds import RESULT_KINDS
 from .mistakes import Mistake, applies, candidates, simulate
-from .weights import Cause, gradient_causes, gradient_fits, loss_causes
+from .weights import (
+    Cause,
+    WeightFit,
+    fit_gradient,
+    gradient_causes,
+    gradient_fits,
+    loss_causes,
+    observed_gradients,
+)
 
 __all__ = ["Cause", "failure_cause", "likely_cause", "likely_causes", "matches"]
 
@@ -85,7 +93,7 @@ def likely_causes(kind: str, scenario: Scenario, reference: Trace, got: Trace) -
     failed = failure_cause(kind, scenario)
     if failed:
         return [Cause(failed, "run", "collectives-per-micro-batch")]
-    shown = fits[0] if fits else None
+    shown = fits[0] if fits else _first_fit(scenario, got)
     return [
         Cause(
             f"{NO_KNOWN_MISTAKE}: the gradients each rank ended with"
@@ -98,6 +106,15 @@ def likely_causes(kind: str, scenario: Scenario, reference: Trace, got: Trace) -
             shown.table() if shown else (),
         )
     ]
+
+
+def _first_fit(scenario: Scenario, got: Trace) -> WeightFit | None:
+    """Rank 0's fit at step 0, to show the weights when nothing else explains the run."""
+    observed = observed_gradients(scenario, got, 0)[0]
+    if observed is None:
+        return None
+    with one_thread():
+        return fit_gradient(scenario, observed, 0, rank=0)
 
 
 def _with_simulated(kind: str, scenario: Scenario, got: Trace, causes: list[Cause]) -> list[Cause]:

@@ -117,3 +117,35 @@ def test_a_reference_process_that_dies_is_a_harness_error_and_the_world_goes_on(
     assert "died: killed by SIGKILL" in str(info.value)
     assert not isinstance(info.value, EquivalenceError)  # not the method's fault
     assert world.check_equivalent(ddp(), scenario).equivalent  # both relaunched
+
+
+@pytest.mark.parametrize("world_size", [2, 4], indirect=True, ids=lambda n: f"ws{n}")
+@DTYPES
+@settings(max_examples=15)
+@given(data=st.data())
+def test_token_level_losses_average_over_the_tokens_that_count(world, dtype, data):
+    # Sequences of different lengths, padding and ignore_index targets: DDP and the manual
+    # all-reduce weighted by tokens match the full batch's mean over its counted tokens.
+    scenario = data.draw(
+        scenarios(world_size=world.size, losses=("tokens",), dtypes=(dtype,), max_micro_batches=3)
+    )
+    assert scenario.model.kind == "transformer"
+    world.assert_equivalent(ddp(), scenario)
+    world.assert_equivalent(manual_allreduce(weighting="samples"), scenario)
+
+
+@pytest.mark.parametrize("world_size", [2], indirect=True, ids=["ws2"])
+def test_weighting_by_samples_is_caught_on_tokens(world):
+    # One sequence on each rank, counting different numbers of tokens: averaging rank means
+    # by the world size is wrong even where the samples are even.
+    scenario = Scenario(
+        world_size=2,
+        schedule=(((1,), (1,)),),
+        model=ModelSpec(kind="transformer", hidden=(2,)),
+        loss="tokens",
+    )
+    from ddp_verify.engine.models import item_counts
+
+    assert item_counts(scenario)[0][0] != item_counts(scenario)[0][1]
+    with pytest.raises(EquivalenceError):
+        world.assert_equivalent(manual_allreduce(weighting="world"), scenario)
