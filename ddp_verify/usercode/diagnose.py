@@ -121,15 +121,16 @@ def _with_simulated(kind: str, scenario: Scenario, got: Trace, causes: list[Caus
     """``causes`` with what the fit could not say (a nonlinear gradient, an unexplained loss)
     replaced by the known mistake that reproduces the run, when one does."""
     tolerance = _MATCH[scenario.dtype]
-    simulated = [
-        (mistake, simulate(scenario, mistake))
-        for mistake in candidates(kind)
-        if applies(mistake, scenario)
-    ]
     unexplained_loss = any(c.pattern == "loss:unexplained" for c in causes)
-    for mistake, trace in simulated:
+    simulated = []
+    # Simplest first, and no further than the first that reproduces the run.
+    for mistake in candidates(kind):
+        if not applies(mistake, scenario):
+            continue
+        trace = simulate(scenario, mistake)
         if matches(trace, got, tolerance, losses=unexplained_loss):
             return _merge(causes, mistake, unexplained_loss)
+        simulated.append((mistake, trace))
     if kind == "comm-hook":
         # A hook that compresses and also makes a mistake: the mistake, up to the
         # compression's rounding (float16: a few parts in a thousand).
