@@ -70,5 +70,20 @@ class Outcome:
             got = ", ".join(f"{r.losses[m.step]:.6g}" for r in self.got.ranks)
             lines.append(f"Losses at step {m.step}: reference {expected:.6g}, ranks {got}")
         lines.append("Scenario: " + self.scenario.describe())
+        if self.scenario.loss == "tokens":
+            lines.append(tokens_line(self.scenario))
         lines.append(f"Reproduce with: {self.scenario!r}")
         return "\n".join(lines)
+
+
+def tokens_line(scenario: Scenario) -> str:
+    """Per step and rank, the tokens that count in each micro-batch: what a token-level loss
+    averages over, beside the micro-batch sizes in samples."""
+    from .models import item_counts
+
+    steps = "\n".join(
+        f"  step {s}: "
+        + "  ".join(f"rank {r}: {'+'.join(map(str, sizes))}" for r, sizes in enumerate(per_rank))
+        for s, per_rank in enumerate(item_counts(scenario))
+    )
+    return f"tokens that count per micro-batch:\n{steps}"

@@ -498,6 +498,7 @@ def test_the_2024_accumulation_bug_on_the_cli_lists_every_cause_in_json(tmp_path
     assert {c["pattern"] for c in causes} & {"micro:equal", "ranks:world"}
     assert "by its own token count instead of the global count" in verdict["likely_cause"]
     assert "loss='tokens'" in verdict["scenario"]
+    assert "tokens that count per micro-batch:\n  step 0: rank 0: " in verdict["report"]
 
 
 def test_a_users_model_is_trained_and_a_bad_factory_is_a_usage_error(tmp_path):
