@@ -204,8 +204,8 @@ def _rank_pattern(
     if nonzero == [me] and fit.world_size > 1:
         return (
             "ranks:own",
-            f"gradients never synchronised: rank {me}'s gradient is the mean over its own "
-            f"{unit}s only ({numbers})",
+            f"gradients never synchronised: rank {me}'s gradient is made of its own {unit}s "
+            f"only ({numbers})",
         )
     if len(nonzero) == 1 and fit.world_size > 1:
         source = nonzero[0]
@@ -400,10 +400,15 @@ def fit_gradient(
         target = _flat(model, observed).to(torch.float64)
         solution = torch.linalg.lstsq(columns, target.unsqueeze(1), driver="gelsd").solution
         coefficients = solution.squeeze(1)
-        explained = columns @ coefficients
         scale = float(target.norm()) or 1.0
-        residual = float((explained - target).norm()) / scale
+        residual = float((columns @ coefficients - target).norm()) / scale
         matrix_rank = int(torch.linalg.matrix_rank(columns))
+        if matrix_rank < len(groups):
+            # Many weightings explain it equally well, and least squares picks the smallest,
+            # not the true one: the simplest structured weighting that explains it instead.
+            structured = _structured(groups, rank, columns, target, RESIDUAL[scenario.dtype])
+            if structured is not None:
+                coefficients, residual = structured
     total = sum(g.items for g in groups)
     return WeightFit(
         world_size=scenario.world_size,
@@ -416,6 +421,63 @@ def fit_gradient(
         identifiable=matrix_rank == len(groups),
         unit=_unit(scenario),
     )
+
+
+def _structured(
+    groups: list[Group], rank: int, columns: torch.Tensor, target: torch.Tensor, limit: float
+) -> tuple[torch.Tensor, float] | None:
+    """Each group's total weight under the simplest weighting of ranks (by share, 1/world
+    size, summed, over the global count, this rank alone, one rank alone; or the right one
+    scaled) and of micro-batches within a rank (by items, equally, last only, by samples) that
+    explains ``target`` to within ``limit``; None if none does."""
+    items = torch.tensor([float(g.items) for g in groups], dtype=torch.float64)
+    rows = torch.tensor([float(g.samples or g.items) for g in groups], dtype=torch.float64)
+    ranks = sorted({g.rank for g in groups})
+    of = torch.tensor([g.rank for g in groups])
+    per_rank = {r: (of == r) for r in ranks}
+    last = torch.tensor(
+        [g.micro == max(h.micro for h in groups if h.rank == g.rank) for g in groups],
+        dtype=torch.float64,
+    )
+    total = float(items.sum())
+
+    def micro(mode: str) -> torch.Tensor:
+        weights = {"items": items, "equal": torch.ones_like(items), "last": last, "samples": rows}
+        share = torch.zeros(len(groups), dtype=torch.float64)
+        for mask in per_rank.values():
+            share[mask] = weights[mode][mask] / weights[mode][mask].sum()
+        return share
+
+    def by_rank(mode: str) -> torch.Tensor:
+        out = torch.zeros(len(groups), dtype=torch.float64)
+        for r, mask in per_rank.items():
+            held = float(items[mask].sum())
+            value = {
+                "share": held / total,
+                "world": 1 / len(ranks),
+                "sum": 1.0,
+                "means-over-count": 1 / total,
+                "own": 1.0 if r == rank else 0.0,
+            }.get(mode)
+            if value is None:  # "one:S": rank S's alone
+                value = 1.0 if r == int(mode.split(":")[1]) else 0.0
+            out[mask] = value
+        return out
+
+    scale = float(target.norm()) or 1.0
+    modes = ["share", "world", "sum", "means-over-count", "own"] + [f"one:{r}" for r in ranks]
+    for micro_mode in ("items", "equal", "last", "samples"):
+        for rank_mode in modes:
+            coefficients = by_rank(rank_mode) * micro(micro_mode)
+            explained = columns @ coefficients
+            if rank_mode == "share" and micro_mode == "items":
+                # The right weighting, scaled by k (summed, not averaged: k = world size).
+                k = float(explained @ target) / (float(explained @ explained) or 1.0)
+                coefficients, explained = coefficients * k, explained * k
+            residual = float((explained - target).norm()) / scale
+            if residual <= limit:
+                return coefficients, residual
+    return None
 
 
 def observed_gradients(scenario: Scenario, got: Trace, step: int) -> list[dict | None]:

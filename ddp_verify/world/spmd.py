@@ -25,6 +25,7 @@ What can go wrong, and what every rank then sees:
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
 import datetime
@@ -193,7 +194,17 @@ class Member:
             signal.signal(signal.SIGTERM, self._terminated)
         self._watchdog = threading.Thread(target=self._watch, name="ddp_verify-spmd", daemon=True)
         self._watchdog.start()
+        # Stopped and joined before the interpreter finalises: a daemon thread still inside
+        # a store call then would be unwound through C++ and abort the process ("terminate
+        # called without an active exception") after a session that passed.
+        atexit.register(self._stop_watchdog)
         return self
+
+    def _stop_watchdog(self) -> None:
+        self._stop.set()
+        watchdog = getattr(self, "_watchdog", None)
+        if watchdog is not None and watchdog is not threading.current_thread():
+            watchdog.join(timeout=_END_WAIT_S)
 
     def join(self) -> Member:
         """:meth:`connect`, then form (or adopt) the default process group."""
@@ -546,7 +557,7 @@ class Member:
                     if beat != last:
                         last, since = beat, time.monotonic()
         if self.rank != 0:
-            self._stop.set()
+            self._stop_watchdog()
         if self.joined:
             import torch.distributed as dist
 

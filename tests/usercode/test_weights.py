@@ -166,3 +166,18 @@ def test_the_reported_loss_is_explained_by_its_weighting(mistake, pattern) -> No
         return
     assert [c.pattern for c in causes] == [pattern]
     assert loss_causes(scenario, reference, reference) == []
+
+
+def test_where_many_weightings_fit_the_simplest_structured_one_is_taken() -> None:
+    # 8 micro-batches and a model of 7 parameters: their gradients are linearly dependent, so
+    # least squares alone would pick the smallest weights, not the true ones.
+    crowded = Scenario(
+        world_size=4,
+        schedule=(((1, 2), (1, 1), (2, 1), (3, 1)),),
+        model=ModelSpec(in_features=1, hidden=(2,)),
+    )
+    counts = [sum(item_counts(crowded)[0][r]) for r in range(4)]
+    fit = fit_gradient(crowded, observed(crowded, lambda g: 1 / (4 * counts[g.rank])))
+    assert not fit.identifiable
+    assert [p for p, _ in explain_fit(fit, 1e-3)] == ["ranks:world"]
+    assert [round(fit.rank_total(r), 9) for r in range(4)] == [0.25] * 4
