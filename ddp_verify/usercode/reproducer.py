@@ -55,6 +55,9 @@ KIND = {kind!r}
 # Where the ranks train: "cuda" puts rank r on GPU r % (visible GPUs), as the check did.
 DEVICE = {device!r}
 RESULT_ON = {result_on!r}
+# The reduction of the loss_fn a step function gets, and the wrapper a wrapped step gets.
+LOSS_REDUCTION = {loss_reduction!r}
+DDP_WRAPPER = {ddp_wrapper!r}
 
 
 def load_function():
@@ -80,7 +83,8 @@ def train(rank, port, results):
         world_size=SCENARIO.world_size,
     )
     method = adapt(
-        load_function(), KIND, result_on=RESULT_ON, hook_state=load_hook_state()
+        load_function(), KIND, result_on=RESULT_ON, hook_state=load_hook_state(),
+        loss_reduction=LOSS_REDUCTION, ddp_wrapper=DDP_WRAPPER,
     )
     trace = method.train_rank(SCENARIO)
     # Bytes, not tensors: shared-memory tensors die with the rank that made them.
@@ -146,9 +150,12 @@ def write_reproducer(
     device: str = "cpu",
     result_on: str = "all",
     hook_state: Callable[..., Any] | None = None,
+    loss_reduction: str = "mean",
+    ddp_wrapper: str | None = None,
 ) -> Path:
-    """Write the script for ``fn`` on ``scenario``, its ranks training on ``device``; return
-    its path.
+    """Write the script for ``fn`` on ``scenario``, its ranks training on ``device``, called
+    as the check called it (``result_on``, ``hook_state``, ``loss_reduction``,
+    ``ddp_wrapper``); return its path.
 
     Example::
 
@@ -156,7 +163,8 @@ def write_reproducer(
         # python path  ->  exits 1 while average_gradients is wrong on that scenario
     """
     name = getattr(fn, "__qualname__", type(fn).__name__)
-    digest = hashlib.sha1(f"{kind}{name}{scenario!r}{device}".encode()).hexdigest()[:8]
+    called = f"{kind}{name}{scenario!r}{device}{result_on}{loss_reduction}{ddp_wrapper}"
+    digest = hashlib.sha1(called.encode()).hexdigest()[:8]
     directory = directory or DEFAULT_DIRECTORY
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{_slug(name)}-{digest}.py"
@@ -169,6 +177,8 @@ def write_reproducer(
             scenario=scenario,
             device=device,
             result_on=result_on,
+            loss_reduction=loss_reduction,
+            ddp_wrapper=ddp_wrapper,
             loader=_loader(fn),
             state_loader="    return None" if hook_state is None else _loader(hook_state),
         )

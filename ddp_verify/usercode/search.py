@@ -189,8 +189,11 @@ def search(
             fn,
             kind,
             world,
-            method.call,
-            result_on,  # type: ignore[attr-defined]
+            method.call,  # type: ignore[attr-defined]
+            result_on,
+            hook_state,
+            loss_reduction=loss_reduction,
+            ddp_wrapper=ddp_wrapper,
         )
         explained.found_at = found_at
         raise explained from None
@@ -268,6 +271,9 @@ def _explained(
     call: Call | None = None,
     result_on: str = "all",
     hook_state: Callable[..., Any] | None = None,
+    *,
+    loss_reduction: str = "mean",
+    ddp_wrapper: str | None = None,
 ) -> EquivalenceError:
     """The error with its likely cause and a reproducer script added to the report. The
     diagnosis trains simulations, so it runs on the world's helper process, as the reference
@@ -289,7 +295,16 @@ def _explained(
     cause = causes[0].text
     try:
         script = str(
-            write_reproducer(fn, kind, outcome.scenario, device=world.device, result_on=result_on)
+            write_reproducer(
+                fn,
+                kind,
+                outcome.scenario,
+                device=world.device,
+                result_on=result_on,
+                hook_state=hook_state,
+                loss_reduction=loss_reduction,
+                ddp_wrapper=ddp_wrapper,
+            )
         )
     except OSError as exc:
         script = f"(could not be written: {exc})"

@@ -124,3 +124,24 @@ def test_a_reproducer_reports_even_when_a_rank_dies_after_its_trace_arrived(tmp_
     result = _run_script(script)
     assert result.returncode == 1, result.stdout + result.stderr
     assert "First divergence: step 0 of 1" in result.stdout, result.stderr
+
+
+def test_a_reproducer_calls_the_code_as_the_check_did(tmp_path):
+    # A step written for a summed loss_fn on token-level scenarios: right as it was checked
+    # (loss_reduction="sum"), wrong if the script handed it the default mean loss_fn.
+    from tests.user_code import load
+
+    steps = load("real_style/token_steps")
+    scenario = Scenario(
+        world_size=2,
+        schedule=(((1, 2), (2, 1)),),
+        model=ModelSpec(kind="transformer", hidden=(2,)),
+        loss="tokens",
+    )
+    as_checked = write_reproducer(
+        steps.global_token_count, "step", scenario, tmp_path, loss_reduction="sum"
+    )
+    with_mean = write_reproducer(steps.global_token_count, "step", scenario, tmp_path)
+    assert as_checked != with_mean
+    assert _run_script(as_checked).returncode == 0
+    assert _run_script(with_mean).returncode == 1
