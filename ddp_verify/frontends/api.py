@@ -52,12 +52,13 @@ def check(
     """Check ``fn`` as a ``kind`` plug-in on generated scenarios; return if it is equivalent.
 
     Raises :class:`~ddp_verify.EquivalenceError` with the shrunk scenario and the divergence
-    otherwise, or when ``fn`` raises, crashes a rank or hangs. ``scenario_bounds`` go to
-    :func:`ddp_verify.strategies.scenarios` (``max_micro_batches=3``, ``even=True``, ...);
-    ``step`` functions are checked with ``same_micro_batch_counts=True`` unless you pass
-    ``False``. ``world`` runs the check on a world you already have (its size wins over
-    ``world_size``); otherwise a shared one of ``world_size`` ranks is started and kept for
-    later checks.
+    otherwise, or when ``fn`` raises, crashes a rank or hangs; its ``causes`` list every likely
+    cause with its evidence. ``scenario_bounds`` go to :func:`ddp_verify.strategies.scenarios`
+    (``max_micro_batches=3``, ``even=True``, ``losses=("tokens",)``,
+    ``model="my_models.py:tiny_lm"``, ...); ``step`` functions are checked with
+    ``same_micro_batch_counts=True`` unless you pass ``False``. ``world`` runs the check on a
+    world you already have (its size wins over ``world_size``); otherwise a shared one of
+    ``world_size`` ranks is started and kept for later checks.
 
     Example::
 
