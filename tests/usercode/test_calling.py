@@ -122,3 +122,31 @@ def test_count_names():
         assert is_count_name(name), name
     for name in ("reduce_after", "elements_per_buffer", "group", "fp32_allreduce", "average"):
         assert not is_count_name(name), name
+
+
+def test_a_trainer_loss_gets_the_global_count_by_its_name():
+    from tests.user_code import load
+
+    losses = load("real_style/trainer_losses")
+    call = check_signature(losses.fixed_cross_entropy, "loss-fn")
+    assert call.count_keyword == "num_items_in_batch" and call.positional == 2
+    assert call.describe() == (
+        "fixed_cross_entropy(logits, labels, num_items_in_batch=<the step's loss items, every "
+        "micro-batch of every rank>)"
+    )
+    assert not check_signature(losses.mean_cross_entropy, "loss-fn").takes_count
+
+
+def test_a_count_of_samples_and_one_of_tokens_each_go_where_named():
+    def sync(model, num_samples, num_tokens): ...
+
+    call = check_signature(sync, "grad-sync")
+    assert call.arguments(("m",), 7, samples=2) == (("m",), {"num_tokens": 7, "num_samples": 2})
+
+
+def test_a_loss_fn_that_returns_a_number_is_a_usage_error(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    from ddp_verify import check
+
+    with pytest.raises(KindError, match="one-element tensor that backpropagates"):
+        check(lambda logits, labels: 1.0, kind="loss-fn", world_size=2, max_examples=2, seed=0)
