@@ -70,10 +70,10 @@ def prove(
 ) -> Callable[[st.SearchStrategy[Any], Callable[[Any], None]], None]:
     """``prove(strategy, check)``: ``check`` holds for ``--conformance-examples`` values drawn
     from ``strategy``, or hypothesis shrinks the counterexample and the test fails with it.
-    A known torch issue (an xfail mark) is not shrunk: one counterexample shows it, and every
+    A known torch issue (its mark) is not shrunk: one counterexample shows it, and every
     shrink of a failure that leaves a rank's collectives behind costs a regrouped world (under
     a launcher, the job itself if a rank aborts)."""
-    known = request.node.get_closest_marker("xfail") is not None
+    known = request.node.get_closest_marker("known_torch_issue") is not None
     phases = [Phase.explicit, Phase.reuse, Phase.generate] if known else list(Phase)
 
     def run(strategy: st.SearchStrategy[Any], check: Callable[[Any], None]) -> None:
@@ -105,6 +105,29 @@ def finding(request: pytest.FixtureRequest) -> Callable[[str], None]:
         request.config.stash.setdefault(_FINDINGS, []).append(f"{request.node.nodeid}: {text}")
 
     return record
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "known_torch_issue(issue): the installed torch is known to break this property; a "
+        "failure matching the issue's signature reads as xfail, another is a failure (see "
+        "ddp_verify.conformance.known)",
+    )
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    report = yield
+    from ddp_verify.conformance.known import issue_of, judge
+
+    issue = issue_of(item)
+    if issue is not None and report.when == "call":
+        import torch
+
+        error = call.excinfo.value if call.excinfo is not None else None
+        judge(issue, report, error, torch.__version__)
+    return report
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:

@@ -1,23 +1,104 @@
 """Places where the installed torch is known not to be equivalent, kept as failing checks.
 
 A property that fails because of a torch bug stays in the suite, marked with
-:func:`known_torch_issue`: it runs, and its failure reads as an expected failure naming the
-issue. When torch fixes it the test passes and pytest reports XPASS, the signal to drop the
-mark. A wrapper under ``--ddp-wrapper`` is held to the same property: the mark says what torch
-gets wrong, not what the wrapper may.
+:func:`known_torch_issue`. The mark names the issue by its signature: the kind of failure, a
+pattern its message must match (searched in the report, and in every rank's summary, details
+and output when a rank failed), and the torch versions it is known on. A failure that matches
+reads as an expected failure naming the issue; one that does not (a wrapper's own bug, another
+crash) is a failure, with a note saying what the mark expected. On a version the mark covers, a
+pass is reported as a failure that says to drop the mark (or bound it with ``fixed_in``),
+unless the issue is ``flaky`` (it depends on timing). Outside its versions the mark is inert:
+the test gates as any other. A wrapper under ``--ddp-wrapper`` is held to the same property:
+the mark says what torch gets wrong, not what the wrapper may.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from typing import Any
 
 import pytest
+
+MARKER = "known_torch_issue"
+
+
+def version_tuple(version: str) -> tuple[int, ...]:
+    """``"2.13.0+cpu"`` -> ``(2, 13, 0)``: the release numbers, local and pre-release labels
+    dropped.
+
+    Example::
+
+        >>> version_tuple("2.14.1+cu128") >= version_tuple("2.14")
+        True
+    """
+    numbers = []
+    for part in version.split("+")[0].split("."):
+        digits = re.match(r"\d+", part)
+        if digits is None:
+            break
+        numbers.append(int(digits.group()))
+    return tuple(numbers)
+
+
+@dataclasses.dataclass(frozen=True)
+class KnownIssue:
+    """A torch issue by its signature: ``raises`` (the failure's kinds), ``match`` (a regular
+    expression its text must contain), ``since`` and ``fixed_in`` (the torch versions it is
+    known on: ``since <= version < fixed_in``, either open)."""
+
+    what: str
+    raises: tuple[type[BaseException], ...]
+    match: str
+    since: str | None = None
+    fixed_in: str | None = None
+    flaky: bool = False
+    url: str | None = None
+    repro: str | None = None
+
+    @property
+    def reason(self) -> str:
+        where = self.url or "not found in torch's tracker"
+        if self.repro:
+            where += f"; standalone reproducer: {self.repro}"
+        return f"known torch issue: {self.what} ({where})"
+
+    def applies_to(self, version: str) -> bool:
+        """Whether torch ``version`` is one the issue is known on."""
+        mine = version_tuple(version)
+        if self.since is not None and mine < version_tuple(self.since):
+            return False
+        return self.fixed_in is None or mine < version_tuple(self.fixed_in)
+
+    def matches(self, error: BaseException) -> bool:
+        """Whether ``error`` is this issue: of one of its kinds, its pattern in its text."""
+        return (
+            isinstance(error, self.raises)
+            and re.search(self.match, failure_text(error)) is not None
+        )
+
+
+def failure_text(error: BaseException) -> str:
+    """Everything a failure says: its message, and for a rank's failure every rank's summary,
+    details and output (an abort's message is in the rank's stderr)."""
+    parts = [f"{type(error).__name__}: {error}"]
+    for failure in getattr(error, "failures", ()) or ():
+        parts += [failure.summary, failure.details, failure.stdout, failure.stderr]
+        if failure.exception is not None:
+            parts.append(f"{type(failure.exception).__name__}: {failure.exception}")
+    for inner in getattr(error, "exceptions", ()) or ():  # a FlakyFailure's group
+        parts.append(failure_text(inner))
+    return "\n".join(p for p in parts if p)
 
 
 def known_torch_issue(
     what: str,
     *,
     raises: type[BaseException] | tuple[type[BaseException], ...],
+    match: str,
+    since: str | None = None,
+    fixed_in: str | None = None,
+    flaky: bool = False,
     url: str | None = None,
     repro: str | None = None,
 ) -> Any:
@@ -25,13 +106,47 @@ def known_torch_issue(
 
     Example::
 
-        @known_torch_issue("static_graph with no_sync() asserts", raises=RankError, url="...")
+        @known_torch_issue(
+            "static_graph with no_sync() asserts",
+            raises=RankError,
+            match=r"expect_autograd_hooks_",
+            since="2.0",
+            url="https://github.com/pytorch/pytorch/issues/143580",
+        )
         def test_static_graph_with_no_sync_accumulation(world, data_parallel, prove): ...
     """
-    where = url or "not found in torch's tracker"
-    if repro:
-        where += f"; standalone reproducer: {repro}"
-    # ``raises``: a failure of any other kind is a failure, not the known issue.
-    return pytest.mark.xfail(
-        reason=f"known torch issue: {what} ({where})", raises=raises, strict=False
-    )
+    kinds = raises if isinstance(raises, tuple) else (raises,)
+    issue = KnownIssue(what, kinds, match, since, fixed_in, flaky, url, repro)
+    return pytest.mark.known_torch_issue(issue)
+
+
+def issue_of(item: pytest.Item) -> KnownIssue | None:
+    """The known issue a test is marked with, if any."""
+    marker = item.get_closest_marker(MARKER)
+    return marker.args[0] if marker is not None else None
+
+
+def judge(
+    issue: KnownIssue, report: pytest.TestReport, error: BaseException | None, version: str
+) -> None:
+    """Turn a marked test's call report into what the mark says it is (in place)."""
+    if not issue.applies_to(version):
+        return
+    if report.failed and error is not None and issue.matches(error):
+        report.outcome = "skipped"
+        report.wasxfail = issue.reason  # type: ignore[attr-defined]
+    elif report.failed:
+        report.sections.append(
+            (
+                "known torch issue",
+                f"this failure is not the known torch issue the test is marked with, which "
+                f"is {', '.join(k.__name__ for k in issue.raises)} matching {issue.match!r}: "
+                f"{issue.what}",
+            )
+        )
+    elif report.passed and not issue.flaky:
+        report.outcome = "failed"
+        report.longrepr = (
+            f"[XPASS(strict)] the known torch issue no longer reproduces on torch {version}: "
+            f"{issue.what}. Drop the mark, or bound it with fixed_in={version!r}"
+        )

@@ -1,0 +1,90 @@
+"""Known torch issues are matched by their signature (kind, message, torch versions): any other
+failure fails, and a pass where the issue is expected says to drop the mark."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ddp_verify.conformance.known import KnownIssue, failure_text, version_tuple
+from ddp_verify.world import RankError
+from ddp_verify.world.errors import FailureKind, RankFailure
+
+pytest_plugins = ["pytester"]
+
+CONFTEST = """
+from ddp_verify.conformance.conftest import pytest_configure, pytest_runtest_makereport
+"""
+TESTS = """
+import pytest
+from ddp_verify.conformance.known import known_torch_issue
+
+ISSUE = dict(what="the reducer asserts", raises=RuntimeError, match=r"expect_autograd_hooks_")
+
+@known_torch_issue(**ISSUE)
+def test_the_issue_itself():
+    raise RuntimeError("expect_autograd_hooks_ INTERNAL ASSERT FAILED at reducer.cpp")
+
+@known_torch_issue(**ISSUE)
+def test_another_crash_of_the_same_type():
+    raise RuntimeError("the wrapper's own bug: bucket sizes disagree")
+
+@known_torch_issue(**ISSUE)
+def test_fixed_in_this_torch():
+    pass
+
+@known_torch_issue(**ISSUE, flaky=True)
+def test_a_timing_dependent_issue_may_pass():
+    pass
+
+@known_torch_issue(**ISSUE, fixed_in="1.0")
+def test_outside_its_versions_a_failure_is_a_failure():
+    raise RuntimeError("expect_autograd_hooks_ INTERNAL ASSERT FAILED at reducer.cpp")
+"""
+
+
+def test_a_failure_is_the_known_issue_only_by_its_signature(pytester: pytest.Pytester) -> None:
+    pytester.makeconftest(CONFTEST)
+    pytester.makepyfile(test_marked=TESTS)
+    result = pytester.runpytest("-p", "no:ddp_verify", "-n", "0", "-rxXf")
+    result.assert_outcomes(passed=1, failed=3, xfailed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*XFAIL*test_the_issue_itself - known torch issue: the reducer asserts*",
+            "*FAILED*test_another_crash_of_the_same_type*",
+            "*FAILED*test_fixed_in_this_torch*",
+            "*FAILED*test_outside_its_versions_a_failure_is_a_failure*",
+        ]
+    )
+    text = result.stdout.str()
+    assert "is not the known torch issue the test is marked with" in text
+    assert f"no longer reproduces on torch {torch.__version__}" in text
+    assert "Drop the mark, or bound it with fixed_in=" in text
+
+
+def test_versions_compare_by_their_release_numbers() -> None:
+    assert version_tuple("2.13.0+cpu") == (2, 13, 0)
+    assert version_tuple("2.14.1+cu128") > version_tuple("2.14")
+    assert version_tuple("2.12.0a0+git1234") < version_tuple("2.13")
+    issue = KnownIssue("x", (RuntimeError,), "x", since="2.13", fixed_in="2.14.1")
+    assert [issue.applies_to(v) for v in ("2.12.1", "2.13.0+cpu", "2.14.0", "2.14.1")] == [
+        False,
+        True,
+        True,
+        False,
+    ]
+
+
+def test_a_ranks_failure_is_searched_in_every_ranks_output() -> None:
+    # An abort's message is only in the dead rank's stderr: the signature is found there.
+    died = RankFailure(
+        rank=0,
+        kind=FailureKind.DIED,
+        summary="killed by SIGABRT",
+        stderr="terminate called after throwing an instance of 'gloo::EnforceNotMet'",
+    )
+    error = RankError("ddp", 2, "gloo", [died], world_relaunched=True)
+    issue = KnownIssue("gloo aborts", (RankError,), r"gloo::EnforceNotMet")
+    assert "gloo::EnforceNotMet" in failure_text(error)
+    assert issue.matches(error)
+    assert not issue.matches(RuntimeError("gloo::EnforceNotMet"))  # not a rank's failure
