@@ -110,6 +110,28 @@ def test_powersgd_at_full_rank_is_exact(world, data_parallel, prove):
     )
 
 
+def test_powersgd_at_full_rank_is_exact_on_matrices_wider_than_two(world, data_parallel, prove):
+    # The part of the property the known issue above leaves standing, so that it still gates:
+    # every weight matrix 3 or more on each side (the issue needs a side of 2 or less), the
+    # biases and layernorms PowerSGD leaves uncompressed included.
+    method = data_parallel(comm_hook=powersgd.powerSGD_hook, hook_state=FULL_RANK)
+    prove(
+        scenarios(
+            world_size=world.size,
+            max_micro_batches=3,
+            models=models(
+                kinds=("mlp",),
+                min_width=3,
+                max_width=4,
+                min_out_features=3,
+                max_out_features=3,
+                excluded_features=("unused",),
+            ),
+        ),
+        lambda scenario: world.assert_equivalent(method, scenario),
+    )
+
+
 @known_torch_issue(
     "powerSGD_hook on DDP(find_unused_parameters=True) with a parameter forward never uses: "
     "the ranks call collectives of different sizes and gloo aborts (EnforceNotMet "

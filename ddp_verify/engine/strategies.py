@@ -55,13 +55,16 @@ def models(
     required_features: Sequence[str] = (),
     excluded_features: Sequence[str] = (),
     batch_norm: str = "",
+    min_width: int = 1,
 ) -> st.SearchStrategy[ModelSpec]:
     """Small models of the given ``kinds``; ``features`` adds layernorm, tied, unused, frozen
     and buffer variants; ``required_features`` names those every model has,
     ``excluded_features`` those none has. ``kinds`` may name ``transformer`` (a causal block
     over token ids, trained with the token-level loss; of the features it takes only
-    ``tied``). ``batch_norm="batch"`` gives every model a BatchNorm after its first hidden
-    layer, ``"sync"`` a SyncBatchNorm on the ranks (CUDA worlds only). Shrinks toward
+    ``tied``). ``min_width`` bounds the inputs and every hidden layer from below (3: no weight
+    matrix has a side of 2 or less, but the head's). ``batch_norm="batch"`` gives every model
+    a BatchNorm after its first hidden layer, ``"sync"`` a SyncBatchNorm on the ranks (CUDA
+    worlds only). Shrinks toward
     ``mlp 1→[2]→1 tanh`` with no features (but the required ones).
 
     Example::
@@ -85,6 +88,9 @@ def models(
         raise InvalidArgument(f"{sorted(both)} both required and excluded")
     _check_int("max_hidden_layers", max_hidden_layers, 1)
     _check_int("max_width", max_width, 2)
+    _check_int("min_width", min_width, 1)
+    if min_width > max_width:
+        raise InvalidArgument(f"min_width={min_width} is above max_width={max_width}")
     _check_int("min_out_features", min_out_features, 1)
     _check_int("max_out_features", max_out_features, min_out_features)
 
@@ -97,14 +103,20 @@ def models(
         }
         kind = draw(st.sampled_from(list(kinds)))
         hidden = tuple(
-            draw(st.lists(st.integers(2, max_width), min_size=1, max_size=max_hidden_layers))
+            draw(
+                st.lists(
+                    st.integers(max(2, min_width), max_width),
+                    min_size=1,
+                    max_size=max_hidden_layers,
+                )
+            )
         )
         if kind == "transformer":
             flags = {name: flags[name] if name == "tied" else False for name in FEATURES}
             hidden = hidden[:1]
         return ModelSpec(
             kind=kind,  # type: ignore[arg-type]
-            in_features=draw(st.integers(1, 3)),
+            in_features=draw(st.integers(min_width, max(3, min_width))),
             hidden=hidden,
             out_features=draw(st.integers(min_out_features, max_out_features)),
             activation=draw(st.sampled_from(ACTIVATIONS)),

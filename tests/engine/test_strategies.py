@@ -147,3 +147,13 @@ def test_scenarios_note_the_drawn_scenario():
     with pytest.raises(AssertionError) as info:
         inner()
     assert "Scenario: world_size=2" in "\n".join(getattr(info.value, "__notes__", []))
+
+
+@given(models(kinds=("mlp",), min_width=3, max_width=4, min_out_features=3, max_out_features=3))
+def test_min_width_keeps_every_weight_matrix_wider_than_two(spec):
+    assert spec.in_features >= 3 and all(3 <= h <= 4 for h in spec.hidden)
+
+
+def test_min_width_above_max_width_is_refused():
+    with pytest.raises(InvalidArgument, match="min_width=5 is above max_width=4"):
+        models(min_width=5, max_width=4).example()
