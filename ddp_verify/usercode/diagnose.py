@@ -12,6 +12,8 @@ and then the fitted weights are shown anyway.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from ..engine.compare import compare, outside
@@ -138,12 +140,8 @@ def _with_simulated(kind: str, scenario: Scenario, got: Trace, causes: list[Caus
             if matches(trace, got, _COMPRESSED_MATCH, losses=unexplained_loss):
                 merged = _merge(causes, mistake, unexplained_loss)
                 return [
-                    Cause(
-                        c.text + " (up to compression rounding: the hook also compresses)",
-                        c.subject,
-                        c.pattern,
-                        c.evidence,
-                        c.weights,
+                    dataclasses.replace(
+                        c, text=c.text + " (up to compression rounding: the hook also compresses)"
                     )
                     if c.pattern.startswith("simulated")
                     else c

@@ -61,31 +61,23 @@ class Mistake:
     def parts(self) -> list[tuple[str, str]]:
         """``(subject, text)`` for each of this mistake's wrong choices: the gradient's (how
         ranks combine, how micro-batches weigh, when the optimizer steps), then the loss's."""
-        texts = self.causes
-        subjects = [
-            subject
-            for subject, wrong in (
-                (
-                    "gradient",
-                    self.combine != "samples" and not (self.prescaled and self.combine == "world"),
-                ),
-                ("gradient", bool(MICRO[self.micro])),
-                ("loss", bool(REPORT[self.report])),
-                ("gradient", bool(STEPPING[self.stepping])),
-            )
-            if wrong
-        ]
-        return list(zip(subjects, texts, strict=True))
-
-    @property
-    def causes(self) -> list[str]:
         combine = self.combine
         if self.prescaled and combine == "world":
             combine = "samples"  # a plain average is right after DDP-style scaling
-        texts = [COMBINE[combine], MICRO[self.micro], REPORT[self.report], STEPPING[self.stepping]]
+        combined = COMBINE[combine]
         if self.prescaled and self.combine == "sum":
-            texts[0] = "gradients summed across ranks but not divided by the world size"
-        return [t for t in texts if t]
+            combined = "gradients summed across ranks but not divided by the world size"
+        found = [
+            ("gradient", combined),
+            ("gradient", MICRO[self.micro]),
+            ("loss", REPORT[self.report]),
+            ("gradient", STEPPING[self.stepping]),
+        ]
+        return [(subject, text) for subject, text in found if text]
+
+    @property
+    def causes(self) -> list[str]:
+        return [text for _, text in self.parts()]
 
 
 def candidates(kind: str) -> list[Mistake]:

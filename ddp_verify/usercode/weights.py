@@ -766,13 +766,6 @@ def loss_causes(scenario: Scenario, reference: Trace, got: Trace) -> list[Cause]
     return causes
 
 
-def loss_is_right(scenario: Scenario, reference: Trace, got: Trace) -> bool:
-    """Every rank reported the global mean at every step, up to the dtype's rounding, where
-    the global mean is taken at the parameters the ranks had (a run whose parameters went
-    wrong reports other losses than the reference, rightly)."""
-    return not loss_causes(scenario, reference, got)
-
-
 def _flat(model: torch.nn.Module, grads: Mapping[str, torch.Tensor | None]) -> torch.Tensor:
     # Parameters in the model's order; a missing gradient counts as zeros.
     parts = []
