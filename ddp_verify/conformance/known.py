@@ -70,12 +70,11 @@ class KnownIssue:
             return False
         return self.fixed_in is None or mine < version_tuple(self.fixed_in)
 
-    def matches(self, error: BaseException) -> bool:
-        """Whether ``error`` is this issue: of one of its kinds, its pattern in its text."""
-        return (
-            isinstance(error, self.raises)
-            and re.search(self.match, failure_text(error)) is not None
-        )
+    def matches(self, error: BaseException, output: str = "") -> bool:
+        """Whether ``error`` is this issue: of one of its kinds, its pattern in its text or in
+        ``output`` (what the ranks printed during the test)."""
+        text = failure_text(error) + "\n" + output
+        return isinstance(error, self.raises) and re.search(self.match, text) is not None
 
 
 def failure_text(error: BaseException) -> str:
@@ -132,7 +131,10 @@ def judge(
     """Turn a marked test's call report into what the mark says it is (in place)."""
     if not issue.applies_to(version):
         return
-    if report.failed and error is not None and issue.matches(error):
+    # The ranks' output as the report shows it: a rank that aborted while its peer hung may have
+    # printed the abort after the failure was put together, and the report still has it.
+    output = "\n".join(body for title, body in report.sections if " rank " in title)
+    if report.failed and error is not None and issue.matches(error, output):
         report.outcome = "skipped"
         report.wasxfail = issue.reason  # type: ignore[attr-defined]
     elif report.failed:
