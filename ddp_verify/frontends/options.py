@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Sequence
 from typing import Any
 
 from ..world.backends import BACKENDS, DEVICES, check_device
@@ -40,6 +41,7 @@ class WorldOptions:
     debug: bool = False
     wrapper: str | None = None
     conformance_examples: int = DEFAULT_CONFORMANCE_EXAMPLES
+    preload: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         # nccl with device cpu is refused here, with the words every front end shows.
@@ -55,6 +57,10 @@ class WorldOptions:
             "start_timeout": self.start_timeout,
             "debug": self.debug,
         }
+
+    def pool_kwargs(self) -> dict[str, Any]:
+        """:meth:`world_kwargs` and the modules every rank imports first (``--ddp-preload``)."""
+        return {**self.world_kwargs(), "preload": self.preload}
 
 
 def parse_world_sizes(text: str | int, *, source: str = "--world-size") -> tuple[int, ...]:
@@ -176,6 +182,26 @@ def parse_wrapper(text: str, *, source: str = "--ddp-wrapper") -> str:
             f"my_team.parallel:MyDDP, got {text!r}"
         )
     return f"{module}:{name}"
+
+
+def parse_modules(text: str | Sequence[str], *, source: str = "--ddp-preload") -> tuple[str, ...]:
+    """``"a.b, c"`` (or a list of such) → ``("a.b", "c")``: dotted module names, checked for
+    shape only (the ranks import them).
+
+    Example::
+
+        >>> parse_modules("my_team.backend, my_team.patches")
+        ('my_team.backend', 'my_team.patches')
+    """
+    items = [text] if isinstance(text, str) else list(text)
+    names = [n.strip() for item in items for n in str(item).replace(",", " ").split() if n.strip()]
+    for name in names:
+        if not all(part.isidentifier() for part in name.split(".")):
+            raise ValueError(
+                f"{source} expects importable module names such as my_team.backend "
+                f"(comma-separated), got {name!r}"
+            )
+    return tuple(dict.fromkeys(names))
 
 
 def parse_count(text: str | int, *, source: str) -> int:

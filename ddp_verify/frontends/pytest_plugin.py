@@ -104,6 +104,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "(ini ddp_wrapper)",
     )
     group.addoption(
+        "--ddp-preload",
+        dest="ddp_preload",
+        metavar="MODULE[,MODULE...]",
+        action="append",
+        default=None,
+        help="modules every rank imports before its first job (a custom backend's "
+        "registration, a patch under test); repeatable (ini ddp_preload)",
+    )
+    group.addoption(
         "--conformance-examples",
         dest="ddp_conformance_examples",
         metavar="N",
@@ -131,6 +140,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addini("ddp_launch", "how the ranks come to be: auto, fork or spmd", default=None)
     parser.addini("ddp_log_dir", "SPMD mode: directory of the other ranks' logs", default=None)
     parser.addini("ddp_wrapper", "DDP-like MODULE:CALLABLE for the conformance suite", default=None)
+    parser.addini("ddp_preload", "modules every rank imports before its first job", type="args")
     parser.addini("ddp_conformance_examples", "scenarios per conformance property", default=None)
     parser.addini("ddp_world_size", "ranks per world, or a comma-separated list", default=None)
     parser.addini("ddp_backend", "process group backend: gloo or nccl", default=None)
@@ -195,6 +205,7 @@ def pytest_configure(config: pytest.Config) -> None:
     except (ValueError, LaunchError) as exc:
         raise pytest.UsageError(str(exc)) from None
     options = _resolve_options(config, launched)
+    _check_preload(config, options)
     config.stash[_options_key] = options
     if launched is not None and not hasattr(config, "workerinput"):
         if config.getoption("numprocesses", None):
@@ -215,7 +226,7 @@ def _join_launched_world(config: pytest.Config, launched: Any, options: opts.Wor
     from .pytest_spmd import SpmdSession
     from .verifying import VerifyingSpmdWorld
 
-    world = VerifyingSpmdWorld(Member(launched, **options.world_kwargs()))
+    world = VerifyingSpmdWorld(Member(launched, **options.world_kwargs()), preload=options.preload)
     try:
         # The store now (the ranks agree on the collected tests); the group at the first
         # test, once collection has imported what it imports (see Member.connect).
@@ -255,6 +266,7 @@ def _resolve_options(config: pytest.Config, launched: Any = None) -> opts.WorldO
     debug = config.getoption("ddp_debug") or config.getini("ddp_debug")
     wrapper = option_then_ini("--ddp-wrapper", "ddp_wrapper")
     examples = option_then_ini("--conformance-examples", "ddp_conformance_examples")
+    preload = option_then_ini("--ddp-preload", "ddp_preload")
     defaults = opts.WorldOptions()
     try:
         sizes = (
@@ -288,9 +300,31 @@ def _resolve_options(config: pytest.Config, launched: Any = None) -> opts.WorldO
                 if examples[1]
                 else defaults.conformance_examples
             ),
+            preload=opts.parse_modules(preload[1], source=preload[0]) if preload[1] else (),
         )
     except ValueError as exc:
         raise pytest.UsageError(str(exc)) from None
+
+
+def _check_preload(config: pytest.Config, options: opts.WorldOptions) -> None:
+    """A module the ranks cannot import fails here, once, not at every world's start. The
+    ranks start after collection, whose import mode may put the tests' directories on sys.path:
+    those (the invocation and root directories, the arguments') count too."""
+    import importlib.machinery
+    import importlib.util
+
+    places = [str(config.invocation_params.dir), str(config.rootpath)]
+    for arg in config.args:
+        path = config.invocation_params.dir / arg.split("::")[0]
+        places.append(str(path if path.is_dir() else path.parent))
+    for name in options.preload:
+        top = name.split(".")[0]
+        found = importlib.machinery.PathFinder.find_spec(top, [*places, *sys.path]) is not None
+        if not found and importlib.util.find_spec(top) is None:
+            raise pytest.UsageError(
+                f"--ddp-preload: no module named {top!r} is importable here (the ranks import "
+                "from this process's sys.path: install it, or run from its directory)"
+            )
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -311,6 +345,8 @@ def pytest_report_header(config: pytest.Config) -> str:
     plural = "s" if len(options.world_sizes) > 1 else ""
     debug = ", debug" if options.debug else ""
     wrapper = f", DDP wrapper {options.wrapper}" if options.wrapper else ""
+    if options.preload:
+        wrapper += f", ranks preload {','.join(options.preload)}"
     launched = config.stash.get(_launched_key, None)
     if config.stash.get(_xdist_off_key, False):
         wrapper += "; pytest-xdist's -n is off under a launcher (each process is one rank)"
@@ -345,7 +381,7 @@ def _pool(config: pytest.Config) -> WorldPool:
         from ..world import WorldPool
         from .verifying import VerifyingWorld
 
-        options = config.stash[_options_key].world_kwargs()
+        options = config.stash[_options_key].pool_kwargs()
         pool = config.stash[_pool_key] = WorldPool(VerifyingWorld, **options)
     return pool
 

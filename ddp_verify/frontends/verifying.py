@@ -72,8 +72,10 @@ class VerifyingWorld(Verifying, World):
             world.assert_equivalent(ddp(), scenario)
     """
 
-    def __init__(self, size: int, *, preload: Sequence[str] = RANK_PRELOAD, **options: Any):
-        super().__init__(size, preload=preload, **options)
+    def __init__(self, size: int, *, preload: Sequence[str] = (), **options: Any):
+        # What every verifying rank needs first, then the caller's own modules.
+        modules = tuple(dict.fromkeys((*RANK_PRELOAD, *preload)))
+        super().__init__(size, preload=modules, **options)
 
     def start(self) -> VerifyingWorld:
         if not self._ready and not self._closed:
@@ -95,15 +97,16 @@ class VerifyingSpmdWorld(Verifying, SpmdWorld):
         world.check(my_average_gradients, kind="grad-sync")
     """
 
-    def __init__(self, member: Member) -> None:
+    def __init__(self, member: Member, *, preload: Sequence[str] = ()) -> None:
         super().__init__(member)
+        self.preload = tuple(dict.fromkeys((*RANK_PRELOAD, *preload)))
 
     def start(self) -> VerifyingSpmdWorld:
         if not self.member.joined:
             # What a forked rank has from its fork server before its first job: paid at
             # start-up, not by the first example, and before the group exists (see
             # Member.connect: torch._dynamo's imports would otherwise keep it alive).
-            for module in RANK_PRELOAD:
+            for module in self.preload:
                 importlib.import_module(module)
             SpmdWorld.start(self)
         return self

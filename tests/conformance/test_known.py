@@ -40,7 +40,7 @@ def test_a_timing_dependent_issue_may_pass():
 @known_torch_issue(what="gloo aborts", raises=RuntimeError, match=r"gloo::EnforceNotMet")
 def test_the_signature_in_a_ranks_captured_output(request):
     # A rank aborted while its peer hung: the abort is only in what the ranks printed.
-    request.node.add_report_section("call", "stderr rank 1", "terminate called: gloo::EnforceNotMet")
+    request.node.add_report_section("call", "stderr rank 1", "abort: gloo::EnforceNotMet")
     raise RuntimeError("rank 0 did not finish within the 30 s timeout; killed")
 
 @known_torch_issue(**ISSUE, fixed_in="1.0")

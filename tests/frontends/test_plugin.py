@@ -172,6 +172,8 @@ def test_world_size_from_ini_and_env_with_command_line_first(pytester, monkeypat
         (["--world-size", "zero"], "--world-size expects a positive integer or a comma-separated*"),
         (["--world-size", "2,0"], "--world-size expects*got '2,0'"),
         (["--ddp-timeout", "-1"], "--ddp-timeout expects a positive number of seconds*"),
+        (["--ddp-preload", "my-team.patch"], "--ddp-preload expects importable module names*"),
+        (["--ddp-preload", "no_module_here"], "--ddp-preload: no module named 'no_module_here'*"),
     ],
 )
 def test_bad_options_are_usage_errors(pytester, args, message):
@@ -179,6 +181,29 @@ def test_bad_options_are_usage_errors(pytester, args, message):
     result = run(pytester, *args)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([f"*{message}"])
+
+
+def test_preloaded_modules_are_imported_by_every_rank_before_its_first_job(pytester):
+    # The module records the process that imported it: every rank has it (forked from a
+    # server that imported it, or importing it itself), and the controller never does.
+    pytester.makepyfile(
+        rank_patch="import os\nIMPORTED_BY = os.getpid()\n",
+        test_preload="""
+        import os, sys, pytest
+
+        @pytest.mark.distributed
+        def test_ranks_have_it(rank):
+            assert "rank_patch" in sys.modules, f"rank {rank} did not import rank_patch"
+
+        def test_the_controller_does_not():
+            assert "rank_patch" not in sys.modules
+        """,
+    )
+    result = run(pytester, "--ddp-preload", "rank_patch", "--world-size", "2")
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["ddp_verify: *ranks preload rank_patch*"])
+    pytester.makeini("[pytest]\nddp_preload = rank_patch\n")
+    run(pytester, "--world-size", "2").assert_outcomes(passed=2)
 
 
 def test_bad_env_world_size_names_the_variable(pytester, monkeypatch):
