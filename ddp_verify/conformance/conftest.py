@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 # Measured facts the tests report, listed at the end of the run (see pytest_terminal_summary).
@@ -64,33 +64,81 @@ def require(
             pytest.skip(f"the DDP wrapper {label} has no {', '.join(absent)}")
 
 
+class _Unshrunk(BaseException):
+    """A failure carried out of hypothesis as it is (hypothesis shrinks every ``Exception``):
+    a hang, whose every replay would wait out the time-out again, or a known torch issue,
+    which one counterexample shows."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(error)  # in args, so that it pickles (SPMD ranks agree on outcomes)
+
+    @property
+    def error(self) -> BaseException:
+        return self.args[0]
+
+
+def _hook_in_use(error: BaseException) -> str | None:
+    """The reason to skip when the wrapper's own comm hook leaves no room for the test's."""
+    from ddp_verify.methods.ddp import CommHookInUse
+
+    raised = [f.exception for f in getattr(error, "failures", ()) or ()]
+    if raised and all(isinstance(e, CommHookInUse) for e in raised):
+        return str(raised[0])
+    return None
+
+
+def _timed_out(error: BaseException) -> bool:
+    from ddp_verify.world.errors import FailureKind
+
+    kinds = {f.kind for f in getattr(error, "failures", ()) or ()}
+    return FailureKind.TIMED_OUT in kinds
+
+
 @pytest.fixture
 def prove(
     conformance_examples: int, lockstep: Callable[[Any], Any], request: pytest.FixtureRequest
 ) -> Callable[[st.SearchStrategy[Any], Callable[[Any], None]], None]:
     """``prove(strategy, check)``: ``check`` holds for ``--conformance-examples`` values drawn
     from ``strategy``, or hypothesis shrinks the counterexample and the test fails with it.
-    A known torch issue (its mark) is not shrunk: one counterexample shows it, and every
-    shrink of a failure that leaves a rank's collectives behind costs a regrouped world (under
-    a launcher, the job itself if a rank aborts)."""
-    known = request.node.get_closest_marker("known_torch_issue") is not None
-    phases = [Phase.explicit, Phase.reuse, Phase.generate] if known else list(Phase)
+    The phases are the loaded hypothesis profile's. A failure that matches a known torch
+    issue the test is marked with is not shrunk: one counterexample shows it, and every shrink
+    of a failure that leaves a rank's collectives behind costs a regrouped world (under a
+    launcher, the job itself if a rank aborts). A hang is not shrunk or retried either: the
+    first job that outlives ``--ddp-timeout`` fails the test with where each rank waited."""
+    from ddp_verify.conformance.known import issues_of
+
+    import torch
+
+    known = [i for i in issues_of(request.node) if i.applies_to(torch.__version__)]
 
     def run(strategy: st.SearchStrategy[Any], check: Callable[[Any], None]) -> None:
         @settings(
             max_examples=conformance_examples,
             deadline=None,
-            phases=phases,
+            phases=settings.default.phases,
             # One counterexample, of the kind a known-issue mark expects, not a group of them.
             report_multiple_bugs=False,
             suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
         )
         @given(strategy)
         def holds(value: Any) -> None:
-            check(value)
+            try:
+                check(value)
+            except Exception as exc:
+                reason = _hook_in_use(exc)
+                if reason is not None:
+                    skip = pytest.skip.Exception(reason)
+                    skip._use_item_location = True  # the test's location, not this line
+                    raise skip from None
+                if _timed_out(exc) or any(i.matches(exc) for i in known):
+                    raise _Unshrunk(exc) from exc
+                raise
 
         # Under torchrun every rank runs this property: in lockstep (a no-op otherwise).
-        lockstep(holds)()
+        try:
+            lockstep(holds)()
+        except _Unshrunk as failure:
+            raise failure.error from None
 
     return run
 
@@ -119,14 +167,14 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
     report = yield
-    from ddp_verify.conformance.known import issue_of, judge
+    from ddp_verify.conformance.known import issues_of, judge
 
-    issue = issue_of(item)
-    if issue is not None and report.when == "call":
+    issues = issues_of(item)
+    if issues and report.when == "call":
         import torch
 
         error = call.excinfo.value if call.excinfo is not None else None
-        judge(issue, report, error, torch.__version__)
+        judge(issues, report, error, torch.__version__)
     return report
 
 

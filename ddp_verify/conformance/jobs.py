@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -14,15 +15,79 @@ from ..world.runtime import rank_device
 
 
 def buffers_after_forward(method: DDP, scenario: Scenario) -> tuple[float, ...]:
-    """Each rank shifts its buffer by its rank, runs one forward through the wrapped model and
+    """Each rank shifts its buffer by its rank *after* wrapping (so only the broadcast before
+    each forward can make them agree again), runs one forward through the wrapped model and
     returns the buffer it then holds."""
     run = RankRun(scenario)
+    wrapped = method.wrap(run.model, scenario)
     with torch.no_grad():
         run.model.scale.add_(run.rank)
-    wrapped = method.wrap(run.model, scenario)
     inputs, _ = run.micro_batches(0)[0]
     wrapped(inputs)
     return tuple(float(v) for v in run.model.scale)
+
+
+def state_after_wrapping(method: DDP, scenario: Scenario) -> tuple[float, ...]:
+    """Each rank shifts every parameter and buffer by its rank, wraps the model, and returns
+    its state then (DDP's constructor must have given every rank rank 0's)."""
+    run = RankRun(scenario)
+    with torch.no_grad():
+        for tensor in [*run.model.parameters(), *run.model.buffers()]:
+            if tensor.is_floating_point():
+                tensor.add_(run.rank)
+    method.wrap(run.model, scenario)
+    state = [t.detach().reshape(-1) for t in [*run.model.parameters(), *run.model.buffers()]]
+    return tuple(float(v) for v in torch.cat(state))
+
+
+class _GivenGradient(torch.nn.Module):
+    """A parameter whose gradient is exactly the input: ``loss = (weight * x).sum()``."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.zeros(size, device=rank_device()))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (self.weight * x).sum()
+
+
+def gradient_through(
+    method: DDP, scenario: Scenario, gradients: tuple[tuple[float, ...], ...]
+) -> tuple[float, ...]:
+    """Rank r's gradient is ``gradients[r]`` (float32); returns what the wrapped model's
+    backward (its communication hook included) leaves as the gradient."""
+    rank = dist.get_rank()
+    module = _GivenGradient(len(gradients[rank]))
+    wrapped = method.wrap(module, scenario)
+    given = torch.tensor(gradients[rank], dtype=torch.float32, device=rank_device())
+    wrapped(given).backward()
+    return tuple(float(v) for v in module.weight.grad)
+
+
+def objects_gathered(objects: tuple[object, ...], dst: int) -> tuple[object, object]:
+    """Rank r contributes ``objects[r]``: what ``all_gather_object`` gives it, and what
+    ``gather_object`` gives it (the list on ``dst``, None elsewhere). A collective that raises
+    (an object that does not unpickle) is a wrong answer, returned as its message: the other
+    ranks have already finished the collective, so nothing is left waiting."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+
+    def attempt(collect: Any) -> object:
+        try:
+            return collect()
+        except Exception as exc:  # noqa: BLE001 (the failure is the answer)
+            return f"raised {type(exc).__name__}: {exc}"
+
+    def all_gather() -> list[object]:
+        received: list[object] = [None] * size
+        dist.all_gather_object(received, objects[rank])
+        return received
+
+    def gather() -> list[object] | None:
+        received: list[object] | None = [None] * size if rank == dst else None
+        dist.gather_object(objects[rank], received, dst=dst)
+        return received
+
+    return attempt(all_gather), attempt(gather)
 
 
 def gradients_inside_and_after_no_sync(method: DDP, scenario: Scenario) -> tuple[bool, bool]:

@@ -119,36 +119,48 @@ def known_torch_issue(
     return pytest.mark.known_torch_issue(issue)
 
 
-def issue_of(item: pytest.Item) -> KnownIssue | None:
-    """The known issue a test is marked with, if any."""
-    marker = item.get_closest_marker(MARKER)
-    return marker.args[0] if marker is not None else None
+def issues_of(item: pytest.Item) -> list[KnownIssue]:
+    """The known issues a test is marked with (a test may meet more than one), closest first."""
+    return [marker.args[0] for marker in item.iter_markers(MARKER)]
 
 
 def judge(
-    issue: KnownIssue, report: pytest.TestReport, error: BaseException | None, version: str
+    issues: list[KnownIssue],
+    report: pytest.TestReport,
+    error: BaseException | None,
+    version: str,
 ) -> None:
-    """Turn a marked test's call report into what the mark says it is (in place)."""
-    if not issue.applies_to(version):
+    """Turn a marked test's call report into what its marks say it is (in place): a failure
+    that matches one issue known on ``version`` is that issue; another failure stays one, with
+    a note; a pass where a steady (not flaky) issue is known fails, saying to drop its mark."""
+    issues = [i for i in issues if i.applies_to(version)]
+    if not issues:
         return
     # The ranks' output as the report shows it: a rank that aborted while its peer hung may have
     # printed the abort after the failure was put together, and the report still has it.
     output = "\n".join(body for title, body in report.sections if " rank " in title)
-    if report.failed and error is not None and issue.matches(error, output):
+    matched = next((i for i in issues if error is not None and i.matches(error, output)), None)
+    if report.failed and matched is not None:
         report.outcome = "skipped"
-        report.wasxfail = issue.reason  # type: ignore[attr-defined]
+        report.wasxfail = matched.reason  # type: ignore[attr-defined]
     elif report.failed:
+        expected = "; or ".join(
+            f"{', '.join(k.__name__ for k in i.raises)} matching {i.match!r}: {i.what}"
+            for i in issues
+        )
         report.sections.append(
             (
                 "known torch issue",
                 f"this failure is not the known torch issue the test is marked with, which "
-                f"is {', '.join(k.__name__ for k in issue.raises)} matching {issue.match!r}: "
-                f"{issue.what}",
+                f"is {expected}",
             )
         )
-    elif report.passed and not issue.flaky:
-        report.outcome = "failed"
-        report.longrepr = (
-            f"[XPASS(strict)] the known torch issue no longer reproduces on torch {version}: "
-            f"{issue.what}. Drop the mark, or bound it with fixed_in={version!r}"
-        )
+    elif report.passed:
+        steady = [i for i in issues if not i.flaky]
+        if steady:
+            report.outcome = "failed"
+            report.longrepr = (
+                f"[XPASS(strict)] the known torch issue no longer reproduces on torch "
+                f"{version}: {steady[0].what}. Drop the mark, or bound it with "
+                f"fixed_in={version!r}"
+            )

@@ -81,12 +81,29 @@ def test_broadcast_buffers_with_models_that_have_buffers(world, data_parallel, p
     )
 
 
+def test_ddp_starts_every_rank_from_rank_0s_state(world, data_parallel, prove):
+    # Each rank shifts its parameters and buffers by its rank before wrapping: DDP's
+    # constructor must hand every rank rank 0's (unshifted) state.
+    method = data_parallel()
+
+    def check(scenario):
+        states = world.run(jobs.state_after_wrapping, method, scenario)
+        for rank, state in enumerate(states):
+            assert state == states[0], (
+                f"after wrapping, rank {rank}'s parameters and buffers differ from rank 0's: "
+                f"{state} vs {states[0]}"
+            )
+
+    prove(scenarios(world_size=world.size, models=models(required_features=("buffer",))), check)
+
+
 @pytest.mark.parametrize("broadcast", [True, False], ids=["broadcast", "no_broadcast"])
 def test_broadcast_buffers_means_every_rank_uses_rank_0s_buffers(
     world, data_parallel, prove, broadcast
 ):
     # The documented semantics: with broadcast_buffers, each forward starts by broadcasting
-    # rank 0's buffers; without it, a rank keeps its own. Each rank perturbs its buffer first.
+    # rank 0's buffers; without it, a rank keeps its own. Each rank perturbs its buffer after
+    # wrapping, so that the constructor's broadcast cannot be what makes them agree.
     method = data_parallel(broadcast_buffers=broadcast)
 
     def check(scenario):

@@ -72,9 +72,40 @@ class DDP(DistributedMethod):
             kwargs.setdefault("find_unused_parameters", True)
         wrapped = factory(model, **kwargs)
         if self.comm_hook is not None:
+            own = [getattr(h, "__name__", repr(h)) for h, _ in getattr(wrapped, "_comm_hooks", ())]
+            if own:
+                raise CommHookInUse(self.label, self.comm_hook, own)
             state = self.hook_state(model) if self.hook_state is not None else None
-            wrapped.register_comm_hook(state, self.comm_hook)
+            try:
+                wrapped.register_comm_hook(state, self.comm_hook)
+            except RuntimeError as exc:
+                if "register_comm_hook" not in str(exc) or "once" not in str(exc):
+                    raise
+                raise CommHookInUse(self.label, self.comm_hook, []) from None
         return wrapped
+
+    @property
+    def label(self) -> str:
+        return self.wrapper or "DistributedDataParallel"
+
+
+class CommHookInUse(RuntimeError):
+    """The wrapper registered a communication hook of its own: DDP takes one per model, so
+    a hook under test cannot be registered beside it."""
+
+    def __init__(self, wrapper: str, hook: Callable[..., Any] | str, own: list[str]) -> None:
+        self.wrapper = wrapper
+        self.hook = hook if isinstance(hook, str) else getattr(hook, "__name__", repr(hook))
+        self.own = own
+        theirs = f" ({', '.join(own)})" if own else ""
+        super().__init__(
+            f"{wrapper} registers its own communication hook{theirs}; DDP takes one per model, "
+            f"so {self.hook} cannot be checked on it (check the wrapper's own hook with "
+            "ddp-verify check --kind comm-hook)"
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.wrapper, self.hook, self.own))
 
 
 def zero_redundancy(scenario: Scenario, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:

@@ -1,0 +1,523 @@
+"""Regressions injected into torch's data-parallel code at run time, one at a time.
+
+Each :class:`Mutant` is a plausible regression in torch's Python code (a hook that forgets to
+divide, a broadcast skipped, a sampler that pads wrongly), written as a replacement for one
+function or method and named with the conformance test that must catch it. The replacement is
+our own code with the regression in it, or the original wrapped so that its result carries the
+regression's effect; torch's files are never edited.
+
+:func:`install` (run in every rank by the ``--ddp-preload`` module
+:mod:`tests.mutation.rank_patches`) replaces each targeted attribute by a dispatcher that calls
+the active mutant's replacement, or the original when no mutant is active. Which mutant is
+active is read from the file ``$DDP_VERIFY_MUTANT_FILE`` names, on every call, so that one
+session of the conformance suite can run every mutant, one test at a time (see
+:mod:`tests.mutation.plugin`). Nothing changes outside a process group's ranks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import importlib
+import os
+import pickle
+from collections.abc import Callable, Iterator
+from typing import Any
+
+MUTANT_FILE_ENV = "DDP_VERIFY_MUTANT_FILE"
+
+
+@dataclasses.dataclass(frozen=True)
+class Mutant:
+    """One regression: ``target`` (``"module:attribute.path"``) replaced by
+    ``make(original)``; ``caught_by`` names the conformance test (with its parameters' id, if
+    any) that must fail on it with a property's failure, not a crash or a time-out."""
+
+    name: str
+    area: str
+    regression: str
+    target: str
+    make: Callable[[Callable[..., Any]], Callable[..., Any]]
+    caught_by: str
+
+    @property
+    def test_function(self) -> str:
+        return self.caught_by.partition("[")[0]
+
+    @property
+    def test_params(self) -> str:
+        return self.caught_by.partition("[")[2].rstrip("]")
+
+
+def _world_size() -> int:
+    import torch.distributed as dist
+
+    return dist.get_world_size()
+
+
+def _result_tensor(fut: Any) -> Any:
+    value = fut.value()
+    return value[0] if isinstance(value, list) else value
+
+
+# --- communication hooks --------------------------------------------------------------------
+
+
+def _hook_sums(original: Callable[..., Any]) -> Callable[..., Any]:
+    def hook(state: Any, bucket: Any) -> Any:
+        return original(state, bucket).then(lambda f: _result_tensor(f).mul_(_world_size()))
+
+    return hook
+
+
+def _hook_local_only(original: Callable[..., Any]) -> Callable[..., Any]:
+    def hook(state: Any, bucket: Any) -> Any:
+        import torch
+
+        fut: Any = torch.futures.Future()
+        fut.set_result(bucket.buffer())
+        return fut
+
+    return hook
+
+
+def _fp16_divides_after_the_all_reduce(original: Callable[..., Any]) -> Callable[..., Any]:
+    # The division moved after the all-reduce: the sum of every rank's gradient is formed in
+    # float16 first, and overflows to inf once it passes 65504.
+    def hook(state: Any, bucket: Any) -> Any:
+        import torch
+        import torch.distributed as dist
+
+        buffer = bucket.buffer()
+        compressed = buffer.to(torch.float16)
+        fut = dist.all_reduce(compressed, group=state, async_op=True).get_future()
+
+        def decompress(f: Any) -> Any:
+            return buffer.copy_(_result_tensor(f).div_(_world_size()))
+
+        return fut.then(decompress)
+
+    return hook
+
+
+def _slices(bucket: Any, matrices: bool) -> Iterator[tuple[int, int]]:
+    """(offset, length) in the bucket's buffer of each gradient PowerSGD compresses
+    (``matrices``) or leaves uncompressed (1-D tensors)."""
+    offset = 0
+    for grad in bucket.gradients():
+        if (grad.dim() > 1) == matrices:
+            yield offset, grad.numel()
+        offset += grad.numel()
+
+
+def _powersgd_scales(matrices: bool) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    def make(original: Callable[..., Any]) -> Callable[..., Any]:
+        def hook(state: Any, bucket: Any) -> Any:
+            def rescale(f: Any) -> Any:
+                result = _result_tensor(f)
+                for offset, length in _slices(bucket, matrices):
+                    result[offset : offset + length].mul_(_world_size())
+                return result
+
+            return original(state, bucket).then(rescale)
+
+        return hook
+
+    return make
+
+
+# --- DistributedDataParallel ----------------------------------------------------------------
+
+
+def _never(original: Callable[..., Any]) -> Callable[..., Any]:
+    return lambda self, *args, **kwargs: False
+
+
+def _nothing(original: Callable[..., Any]) -> Callable[..., Any]:
+    return lambda *args, **kwargs: None
+
+
+def _no_sync_does_nothing(original: Callable[..., Any]) -> Callable[..., Any]:
+    @contextlib.contextmanager
+    def no_sync(self: Any) -> Iterator[None]:
+        yield
+
+    return no_sync
+
+
+def _no_sync_never_restores(original: Callable[..., Any]) -> Callable[..., Any]:
+    @contextlib.contextmanager
+    def no_sync(self: Any) -> Iterator[None]:
+        self.require_backward_grad_sync = False
+        yield
+
+    return no_sync
+
+
+def _ignores_the_last_parameter(original: Callable[..., Any]) -> Callable[..., Any]:
+    def build(self: Any) -> Any:
+        # The last trainable parameter joins the ignored ones as if the user had asked: the
+        # reducer leaves it out and its gradient is never all-reduced.
+        trainable = [name for name, p in self.module.named_parameters() if p.requires_grad]
+        self.parameters_to_ignore.add(trainable[-1])
+        return original(self)
+
+    return build
+
+
+def _join_divisor_inverted(original: Callable[..., Any]) -> Callable[..., Any]:
+    def init(self: Any, ddp: Any, divide_by_initial_world_size: bool) -> None:
+        original(self, ddp, not divide_by_initial_world_size)
+
+    return init
+
+
+# --- ZeroRedundancyOptimizer ----------------------------------------------------------------
+
+
+def _zero_broadcasts_from_the_next_rank(original: Callable[..., Any]) -> Callable[..., Any]:
+    # Every rank agrees on the wrong source, so the broadcasts still match: the shard's owner
+    # receives its neighbour's stale copy instead of sending its update.
+    def broadcast(self: Any, rank: int) -> Any:
+        import torch.distributed as dist
+
+        handles = []
+        src = dist.distributed_c10d.get_global_rank(self.process_group, (rank + 1) % _world_size())
+        for group in self._partition_parameters()[rank]:
+            handles.extend(
+                dist.broadcast(p.data, src=src, group=self.process_group, async_op=True)
+                for p in group["params"]
+            )
+        return handles
+
+    return broadcast
+
+
+# --- DistributedSampler ---------------------------------------------------------------------
+
+
+def _sampler_without_padding(original: Callable[..., Any]) -> Callable[..., Any]:
+    def iterate(self: Any) -> Iterator[int]:
+        mine = list(original(self))
+        # Position k of rank r's shard is item r + k * replicas of the padded order: keep the
+        # real items only, so that ranks get different numbers of them.
+        real = len(self.dataset)
+        return iter(
+            [
+                i
+                for k, i in enumerate(mine)
+                if self.drop_last or self.rank + k * self.num_replicas < real
+            ]
+        )
+
+    return iterate
+
+
+def _with_attribute(name: str, value: Callable[[Any], Any]) -> Callable[..., Any]:
+    def make(original: Callable[..., Any]) -> Callable[..., Any]:
+        def iterate(self: Any) -> Iterator[int]:
+            kept = getattr(self, name)
+            setattr(self, name, value(self))
+            try:
+                return iter(list(original(self)))
+            finally:
+                setattr(self, name, kept)
+
+        return iterate
+
+    return make
+
+
+# --- fully_shard ------------------------------------------------------------------------------
+
+
+def _fsdp_divisor(how: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    def make(original: Callable[..., Any]) -> Callable[..., Any]:
+        def factors(*args: Any, **kwargs: Any) -> Any:
+            from torch.distributed import ReduceOp
+
+            if how == "sum":  # the reduce-scatter sums and nothing divides
+                return None, None, ReduceOp.SUM, ReduceOp.SUM
+            size = float(_world_size())  # divided before and after: by the size squared
+            return size, size, ReduceOp.SUM, ReduceOp.SUM
+
+        return factors
+
+    return make
+
+
+# --- object collectives ----------------------------------------------------------------------
+
+
+def _all_gather_object_missized(original: Callable[..., Any]) -> Callable[..., Any]:
+    # Every rank's bytes are read back with rank 0's size: a larger object is cut short.
+    def all_gather_object(object_list: list[Any], obj: Any, group: Any = None) -> None:
+        import torch
+        import torch.distributed as dist
+
+        data = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
+        size = torch.tensor([data.numel()])
+        sizes = [torch.zeros_like(size) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(sizes, size, group=group)
+        longest = int(max(sizes))
+        padded = torch.zeros(longest, dtype=torch.uint8)
+        padded[: data.numel()] = data
+        received = [torch.empty_like(padded) for _ in sizes]
+        dist.all_gather(received, padded, group=group)
+        for i, tensor in enumerate(received):
+            object_list[i] = pickle.loads(tensor[: int(sizes[0])].numpy().tobytes())
+
+    return all_gather_object
+
+
+def _gather_object_reversed(original: Callable[..., Any]) -> Callable[..., Any]:
+    def gather_object(obj: Any, object_gather_list: Any = None, dst: Any = None, **kw: Any) -> None:
+        original(obj, object_gather_list, dst, **kw)
+        if object_gather_list is not None:
+            object_gather_list.reverse()
+
+    return gather_object
+
+
+_DDP = "torch.nn.parallel.distributed:DistributedDataParallel"
+_HOOKS = "torch.distributed.algorithms.ddp_comm_hooks"
+_ZERO = "torch.distributed.optim.zero_redundancy_optimizer:ZeroRedundancyOptimizer"
+_SAMPLER = "torch.utils.data.distributed:DistributedSampler.__iter__"
+_FSDP = "torch.distributed.fsdp._fully_shard._fsdp_collectives:_get_gradient_divide_factors"
+_OPTIONS = "test_ddp_option_keeps_training_equivalent[defaults]"
+_FP16 = "test_compression_hook_is_within_its_formats_precision[fp16_compress_hook]"
+_FP16_LARGE = "test_compression_hook_averages_large_gradients[fp16_compress_hook]"
+_POWERSGD = "test_powersgd_at_full_rank_is_exact_on_matrices_wider_than_two"
+_BUFFERS = "test_broadcast_buffers_means_every_rank_uses_rank_0s_buffers[broadcast]"
+_NO_SYNC = "test_no_sync_leaves_gradients_local_until_the_syncing_backward"
+_JOIN = "test_join_with_uneven_batch_counts_follows_the_documented_semantics"
+_OBJECTS = "test_object_collectives_deliver_every_ranks_object"
+
+MUTANTS: tuple[Mutant, ...] = (
+    Mutant(
+        "allreduce_hook_sums",
+        "comm hooks",
+        "allreduce_hook sums the gradients and forgets to divide by the world size",
+        f"{_HOOKS}.default_hooks:allreduce_hook",
+        _hook_sums,
+        "test_allreduce_hook_is_exact",
+    ),
+    Mutant(
+        "allreduce_hook_local",
+        "comm hooks",
+        "allreduce_hook returns the rank's own gradient without communicating",
+        f"{_HOOKS}.default_hooks:allreduce_hook",
+        _hook_local_only,
+        "test_allreduce_hook_is_exact",
+    ),
+    Mutant(
+        "fp16_divides_after_all_reduce",
+        "comm hooks",
+        "fp16_compress_hook divides by the world size after the float16 all-reduce (the sum "
+        "overflows on large gradients)",
+        f"{_HOOKS}.default_hooks:fp16_compress_hook",
+        _fp16_divides_after_the_all_reduce,
+        _FP16_LARGE,
+    ),
+    Mutant(
+        "fp16_sums",
+        "comm hooks",
+        "fp16_compress_hook decompresses the sum, not the average",
+        f"{_HOOKS}.default_hooks:fp16_compress_hook",
+        _hook_sums,
+        _FP16,
+    ),
+    Mutant(
+        "powersgd_sums_uncompressed",
+        "PowerSGD",
+        "powerSGD_hook sums, not averages, the 1-D tensors it leaves uncompressed",
+        f"{_HOOKS}.powerSGD_hook:powerSGD_hook",
+        _powersgd_scales(matrices=False),
+        _POWERSGD,
+    ),
+    Mutant(
+        "powersgd_sums_compressed",
+        "PowerSGD",
+        "powerSGD_hook sums, not averages, the matrices it compresses",
+        f"{_HOOKS}.powerSGD_hook:powerSGD_hook",
+        _powersgd_scales(matrices=True),
+        _POWERSGD,
+    ),
+    Mutant(
+        "ddp_skips_buffer_broadcast",
+        "DDP",
+        "DDP skips the broadcast of rank 0's buffers before each forward",
+        f"{_DDP}._check_sync_bufs_pre_fwd",
+        _never,
+        _BUFFERS,
+    ),
+    Mutant(
+        "ddp_skips_initial_sync",
+        "DDP",
+        "DDP's constructor no longer broadcasts rank 0's parameters and buffers",
+        "torch.nn.parallel.distributed:_sync_module_states",
+        _nothing,
+        "test_ddp_starts_every_rank_from_rank_0s_state",
+    ),
+    Mutant(
+        "no_sync_does_nothing",
+        "DDP",
+        "no_sync() is a no-op: gradients are all-reduced inside it",
+        f"{_DDP}.no_sync",
+        _no_sync_does_nothing,
+        _NO_SYNC,
+    ),
+    Mutant(
+        "no_sync_never_restores",
+        "DDP",
+        "no_sync() does not restore gradient synchronisation when it exits",
+        f"{_DDP}.no_sync",
+        _no_sync_never_restores,
+        _NO_SYNC,
+    ),
+    Mutant(
+        "ddp_ignores_a_parameter",
+        "DDP",
+        "DDP leaves the last parameter out of its reducer, as if told to ignore it: its "
+        "gradient stays local",
+        f"{_DDP}._build_params_for_reducer",
+        _ignores_the_last_parameter,
+        _OPTIONS,
+    ),
+    Mutant(
+        "join_skips_final_sync",
+        "Join",
+        "under Join, the last joiner's parameters are not broadcast after the loop",
+        f"{_DDP}._sync_final_model",
+        _nothing,
+        _JOIN,
+    ),
+    Mutant(
+        "join_divisor_inverted",
+        "Join",
+        "Join's divide_by_initial_world_size is read inverted",
+        "torch.nn.parallel.distributed:_DDPJoinHook.__init__",
+        _join_divisor_inverted,
+        _JOIN,
+    ),
+    Mutant(
+        "zero_skips_parameter_sync",
+        "ZeRO",
+        "ZeroRedundancyOptimizer steps its shard but never broadcasts the updated parameters",
+        f"{_ZERO}._sync_params",
+        _nothing,
+        "test_zero_redundancy_optimizer_matches_the_reference[sgd]",
+    ),
+    Mutant(
+        "zero_broadcasts_from_wrong_rank",
+        "ZeRO",
+        "ZeroRedundancyOptimizer broadcasts each shard from the next rank, not its owner",
+        f"{_ZERO}._broadcast_params_from_rank",
+        _zero_broadcasts_from_the_next_rank,
+        "test_zero_redundancy_optimizer_matches_the_reference[adam]",
+    ),
+    Mutant(
+        "sampler_without_padding",
+        "DistributedSampler",
+        "DistributedSampler(drop_last=False) no longer pads: ranks get different counts",
+        _SAMPLER,
+        _sampler_without_padding,
+        "test_sampler_without_drop_last_covers_the_dataset_and_pads_with_duplicates",
+    ),
+    Mutant(
+        "sampler_ignores_epoch",
+        "DistributedSampler",
+        "DistributedSampler shuffles with the seed alone, ignoring set_epoch()",
+        _SAMPLER,
+        _with_attribute("epoch", lambda sampler: 0),
+        "test_set_epoch_reshuffles_and_forgetting_it_does_not",
+    ),
+    Mutant(
+        "sampler_seeds_by_rank",
+        "DistributedSampler",
+        "DistributedSampler seeds its shuffle with the rank: ranks shard different orders",
+        _SAMPLER,
+        _with_attribute("seed", lambda sampler: sampler.seed + sampler.rank),
+        "test_sampler_with_drop_last_shards_are_disjoint_and_equal",
+    ),
+    Mutant(
+        "fsdp_reduce_scatter_sums",
+        "fully_shard",
+        "fully_shard's reduce-scatter sums the gradients: its divisor is lost",
+        _FSDP,
+        _fsdp_divisor("sum"),
+        "test_fully_shard_matches_the_reference",
+    ),
+    Mutant(
+        "fsdp_divides_twice",
+        "fully_shard",
+        "fully_shard divides the gradients by the world size before and after the reduce-scatter",
+        _FSDP,
+        _fsdp_divisor("twice"),
+        "test_fully_shard_matches_the_reference",
+    ),
+    Mutant(
+        "all_gather_object_missized",
+        "object collectives",
+        "all_gather_object reads every rank's object with rank 0's size",
+        "torch.distributed:all_gather_object",
+        _all_gather_object_missized,
+        _OBJECTS,
+    ),
+    Mutant(
+        "gather_object_reversed",
+        "object collectives",
+        "gather_object hands the destination the objects in reverse rank order",
+        "torch.distributed:gather_object",
+        _gather_object_reversed,
+        _OBJECTS,
+    ),
+)
+
+BY_NAME = {m.name: m for m in MUTANTS}
+
+
+def active() -> str:
+    """The mutant this process runs now ("" for none): only inside a process group's ranks."""
+    import torch.distributed as dist
+
+    path = os.environ.get(MUTANT_FILE_ENV)
+    if not path or not dist.is_initialized():
+        return ""
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def _resolve(target: str) -> tuple[Any, str]:
+    module, _, path = target.partition(":")
+    owner: Any = importlib.import_module(module)
+    *parents, attribute = path.split(".")
+    for part in parents:
+        owner = getattr(owner, part)
+    return owner, attribute
+
+
+def install() -> None:
+    """Put a dispatcher in place of every mutant's target (idempotent)."""
+    targets: dict[str, list[Mutant]] = {}
+    for mutant in MUTANTS:
+        targets.setdefault(mutant.target, []).append(mutant)
+    for target, mutants in targets.items():
+        owner, attribute = _resolve(target)
+        original = (
+            owner.__dict__[attribute] if isinstance(owner, type) else getattr(owner, attribute)
+        )
+        if getattr(original, "_mutation_dispatcher", False):
+            continue
+        replacements = {m.name: m.make(original) for m in mutants}
+
+        @functools.wraps(original)
+        def dispatch(*args: Any, _original=original, _by=replacements, **kwargs: Any) -> Any:
+            return _by.get(active(), _original)(*args, **kwargs)
+
+        dispatch._mutation_dispatcher = True  # type: ignore[attr-defined]
+        setattr(owner, attribute, dispatch)
