@@ -105,9 +105,9 @@ def prove(
     of a failure that leaves a rank's collectives behind costs a regrouped world (under a
     launcher, the job itself if a rank aborts). A hang is not shrunk or retried either: the
     first job that outlives ``--ddp-timeout`` fails the test with where each rank waited."""
-    from ddp_verify.conformance.known import issues_of
-
     import torch
+
+    from ddp_verify.conformance.known import issues_of
 
     known = [i for i in issues_of(request.node) if i.applies_to(torch.__version__)]
 
