@@ -20,3 +20,17 @@ def test_zero_redundancy_optimizer_matches_the_reference(world, data_parallel, p
         ),
         lambda scenario: world.assert_equivalent(method, scenario),
     )
+
+
+def test_zero_with_parameters_as_bucket_view_matches_the_reference(world, data_parallel, prove):
+    # Parameters packed into one flat buffer per rank, broadcast bucket by bucket.
+    method = data_parallel(zero={"parameters_as_bucket_view": True})
+    prove(
+        scenarios(
+            world_size=world.size,
+            max_micro_batches=3,
+            optimizers=optimizers(names=("adam", "sgd")),
+            dtypes=("float64", "float32"),
+        ),
+        lambda scenario: world.assert_equivalent(method, scenario),
+    )

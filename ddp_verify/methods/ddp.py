@@ -31,7 +31,8 @@ class DDP(DistributedMethod):
     ``wrapper`` (``"module:callable"``) replaces DDP by a team's own class or factory, called
     as DDP is: ``wrapper(module, **ddp_kwargs)``. ``comm_hook`` is registered with the state
     ``hook_state(module)`` returns for the unwrapped module (``None`` without it).
-    ``zero=True`` steps with ``ZeroRedundancyOptimizer`` around the scenario's optimizer.
+    ``zero=True`` steps with ``ZeroRedundancyOptimizer`` around the scenario's optimizer;
+    a dict (``zero={"parameters_as_bucket_view": True}``) also gives it those keywords.
     """
 
     def __init__(
@@ -40,7 +41,7 @@ class DDP(DistributedMethod):
         wrapper: str | None = None,
         comm_hook: Callable[..., Any] | None = None,
         hook_state: Callable[[torch.nn.Module], Any] | None = None,
-        zero: bool = False,
+        zero: bool | dict[str, Any] = False,
         **ddp_kwargs: Any,
     ) -> None:
         self.wrapper = wrapper
@@ -52,14 +53,18 @@ class DDP(DistributedMethod):
         if comm_hook is not None:
             args.append(f"comm_hook={getattr(comm_hook, '__name__', comm_hook)}")
         if zero:
-            args.append("zero=True")
+            args.append(f"zero={zero!r}")
         self.name = f"{'ddp' if wrapper is None else wrapper}({', '.join(args)})"
 
     def train_rank(self, scenario: Scenario) -> RankTrace:
         run = RankRun(scenario)
         wrapped = self.wrap(run.model, scenario)
         params = list(wrapped.parameters())
-        optimizer = zero_redundancy(scenario, params) if self.zero else run.optimizer(params)
+        if self.zero:
+            options = self.zero if isinstance(self.zero, dict) else {}
+            optimizer = zero_redundancy(scenario, params, **options)
+        else:
+            optimizer = run.optimizer(params)
         return train_data_parallel(run, wrapped, optimizer)
 
     def wrap(self, model: torch.nn.Module, scenario: Scenario) -> torch.nn.Module:
@@ -108,13 +113,15 @@ class CommHookInUse(RuntimeError):
         return (type(self), (self.wrapper, self.hook, self.own))
 
 
-def zero_redundancy(scenario: Scenario, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
+def zero_redundancy(
+    scenario: Scenario, params: list[torch.nn.Parameter], **zero_kwargs: Any
+) -> torch.optim.Optimizer:
     """``ZeroRedundancyOptimizer`` sharding the scenario's optimizer (same class and settings)
-    over the ranks."""
+    over the ranks; ``zero_kwargs`` are its own (``parameters_as_bucket_view``)."""
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
     optimizer, kwargs = optimizer_settings(scenario.optimizer)
-    return ZeroRedundancyOptimizer(params, optimizer_class=optimizer, **kwargs)
+    return ZeroRedundancyOptimizer(params, optimizer_class=optimizer, **zero_kwargs, **kwargs)
 
 
 def accepts(factory: Callable[..., Any], keyword: str) -> bool:

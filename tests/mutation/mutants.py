@@ -194,6 +194,18 @@ def _zero_broadcasts_from_the_next_rank(original: Callable[..., Any]) -> Callabl
     return broadcast
 
 
+def _zero_buckets_detached(original: Callable[..., Any]) -> Callable[..., Any]:
+    # The buckets are built, but the parameters are not re-pointed into them: broadcasting a
+    # bucket no longer updates the parameters it stands for.
+    def build(self: Any) -> None:
+        original(self)
+        for group in self.param_groups:
+            for param in group["params"]:
+                param.data = param.data.clone()
+
+    return build
+
+
 # --- DistributedSampler ---------------------------------------------------------------------
 
 
@@ -416,6 +428,15 @@ MUTANTS: tuple[Mutant, ...] = (
         f"{_ZERO}._broadcast_params_from_rank",
         _zero_broadcasts_from_the_next_rank,
         "test_zero_redundancy_optimizer_matches_the_reference[adam]",
+    ),
+    Mutant(
+        "zero_bucket_view_detached",
+        "ZeRO",
+        "ZeroRedundancyOptimizer(parameters_as_bucket_view=True) broadcasts buckets the "
+        "parameters no longer view",
+        f"{_ZERO}._build_param_buckets",
+        _zero_buckets_detached,
+        "test_zero_with_parameters_as_bucket_view_matches_the_reference",
     ),
     Mutant(
         "sampler_without_padding",
