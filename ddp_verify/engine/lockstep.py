@@ -8,6 +8,10 @@ example on every rank, with the same exception raised from the same place, so hy
 notion of "the same bug" agrees too). What hypothesis decides by the clock (deadlines, the
 too-slow health check) is switched off: clocks differ between ranks.
 
+Hypothesis also mixes in constants it finds in the local modules a process has imported, and
+the ranks need not have imported the same ones (rank 0 reports; an editable install is local
+code): in lockstep those constants are left out, or the ranks would draw different examples.
+
 In fork mode nothing here applies: :func:`in_lockstep` returns the test as it is.
 """
 
@@ -51,6 +55,7 @@ def in_lockstep(test: Callable[..., Any], world: Agreeing, *, name: str = "") ->
         return test
     if getattr(test.hypothesis.inner_test, "_ddp_verify_agreed", False):  # type: ignore[attr-defined]
         return test  # already in lockstep (a parametrized test's next case, say)
+    _without_local_constants()
     name = name or getattr(test, "__qualname__", "test")
     current = test._hypothesis_internal_use_settings  # type: ignore[attr-defined]
     database = current.database
@@ -70,6 +75,24 @@ def in_lockstep(test: Callable[..., Any], world: Agreeing, *, name: str = "") ->
     inner = test.hypothesis.inner_test  # type: ignore[attr-defined]
     test.hypothesis.inner_test = agreed(inner, world, name)  # type: ignore[attr-defined]
     return test
+
+
+def _without_local_constants() -> None:
+    """Stop hypothesis drawing constants from this process's local modules (a private hook:
+    where a hypothesis release has none, there is nothing to switch off)."""
+    try:
+        from hypothesis.internal.conjecture import providers
+    except ImportError:  # pragma: no cover - a hypothesis without the module
+        return
+    constants = getattr(providers, "Constants", None)
+    if constants is None or not hasattr(providers, "_get_local_constants"):
+        return
+    nothing = constants()
+    providers._get_local_constants = lambda: nothing
+    # What was drawn from before: the pools it cached per kind of choice.
+    cached = getattr(getattr(providers, "CONSTANTS_CACHE", None), "cache", None)
+    if isinstance(cached, dict):
+        cached.clear()
 
 
 def agreed(inner: Callable[..., Any], world: Agreeing, name: str) -> Callable[..., Any]:

@@ -75,3 +75,52 @@ def test_an_outcome_every_rank_shares_carries_no_note() -> None:
     with pytest.raises(KeyError) as caught:
         run()
     assert not getattr(caught.value, "__notes__", [])
+
+
+DRAWS = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from hypothesis import Phase, given, settings, strategies as st
+from ddp_verify.engine import lockstep
+if sys.argv[2] == "with-module":
+    import local_constants  # noqa: F401 (its constants are what hypothesis may mix in)
+if sys.argv[3] == "in-lockstep":
+    lockstep._without_local_constants()
+seen = []
+
+@settings(derandomize=True, max_examples=300, database=None, phases=[Phase.generate])
+@given(st.integers())
+def draw(x):
+    seen.append(x)
+
+draw()
+print(json.dumps(seen))
+"""
+
+
+def test_ranks_that_imported_different_local_modules_draw_the_same_examples(tmp_path) -> None:
+    # Hypothesis mixes in constants from the local modules a process imported: two ranks that
+    # imported different ones draw different examples, unless lockstep leaves them out.
+    import json
+    import subprocess
+    import sys
+
+    (tmp_path / "local_constants").mkdir()
+    (tmp_path / "local_constants" / "__init__.py").write_text(
+        "ODD = 918273645\nODDER = -56473829\nODDEST = 192837465564738\n"
+    )
+    script = tmp_path / "draws.py"
+    script.write_text(DRAWS)
+
+    def draws(module: str, mode: str) -> list[int]:
+        out = subprocess.run(
+            [sys.executable, str(script), str(tmp_path), module, mode],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        )
+        return json.loads(out.stdout)
+
+    assert draws("with-module", "alone") != draws("without", "alone")  # the hazard is real
+    assert draws("with-module", "in-lockstep") == draws("without", "in-lockstep")
