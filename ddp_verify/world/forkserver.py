@@ -108,7 +108,9 @@ class ForkServer:
         if not wanted:
             return
         with self._lock:
-            self._send(("preload", wanted))
+            # Where the controller imports from now (collection may have added the tests'
+            # directories): the server looks there too.
+            self._send(("preload", wanted, list(sys.path)))
             self._requested.update(wanted)
             self._pending_preloads += 1
 
@@ -299,7 +301,7 @@ def serve(argv: list[str] | None = None) -> None:
             os._exit(0)  # the controller closed its end
         message = pickle.loads(data)
         if message[0] == "preload":
-            _send(sock, ("preloaded", _preload(message[1])))
+            _send(sock, ("preloaded", _preload(message[1], message[2] if len(message) > 2 else [])))
         elif message[0] == "fork":
             env = {**boot_env, **message[2]}
             for key in message[3]:
@@ -364,14 +366,16 @@ def _become_rank(
     rank.main(argv)
 
 
-def _preload(modules: list[str]) -> str:
+def _preload(modules: list[str], paths: Sequence[str] = ()) -> str:
+    """Import ``modules`` here, so that every rank forked later has them. One that does not
+    import is left to the ranks, which import their preloads themselves and report a failure
+    as theirs (a fork server that gave up would spawn every later rank of the session)."""
     import importlib
 
+    sys.path.extend(p for p in paths if p not in sys.path)
     for name in modules:
-        try:
+        with contextlib.suppress(Exception):
             importlib.import_module(name)
-        except BaseException:
-            return traceback.format_exc()
     try:
         _assert_single_threaded()
     except RuntimeError as exc:

@@ -100,3 +100,30 @@ def test_a_rank_gets_variables_its_server_did_not_start_with():
     with World(2, env={"TORCHINDUCTOR_CACHE_DIR": "/tmp/ddp_verify-test-cache"}) as world:
         assert world.run(_who)[0][1] == server  # the same server
         assert world.run(cache_dir) == ["/tmp/ddp_verify-test-cache"] * 2
+
+
+def test_a_preload_found_only_on_the_controllers_path_of_now_keeps_the_fork_server(
+    tmp_path, monkeypatch
+):
+    # The tests' directories join sys.path at collection, after the server started: it looks
+    # where the controller looks. A preload it still cannot import is the ranks' to report;
+    # the server goes on forking (giving up would spawn every later rank of the session).
+    (tmp_path / "late_module.py").write_text("LOADED = True\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    def has_it() -> bool:
+        import sys
+
+        return "late_module" in sys.modules
+
+    with World(2, preload=("late_module",)) as world:
+        assert world.run(has_it) == [True, True]
+        assert world.start_method == "fork server"
+    with (
+        pytest.raises(Exception, match="No module named 'never_there'"),
+        World(2, preload=("never_there",), start_timeout=60) as world,
+    ):
+        world.run(has_it)
+    with World(2) as world:
+        world.run(has_it)
+        assert world.start_method == "fork server"
