@@ -54,7 +54,8 @@ def require(
     every attribute in ``needs``."""
     from ddp_verify.methods.ddp import accepts
 
-    ddp_only = {"comm_hook", "hook_state", "zero"}  # the method's, not the wrapper's
+    # The method's, not the wrapper's.
+    ddp_only = {"comm_hook", "hook_state", "zero", "set_to_none", "checkpoint"}
     missing = [k for k in kwargs if k not in ddp_only and not accepts(factory, k)]
     if missing:
         pytest.skip(f"the DDP wrapper {label} takes no {', '.join(missing)}")

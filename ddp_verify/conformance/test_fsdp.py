@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from ddp_verify.engine.scenario import Scenario
-from ddp_verify.engine.strategies import scenarios
+from ddp_verify.engine.strategies import optimizers, scenarios
 from ddp_verify.methods import fully_shard
 from ddp_verify.world import RankError
 
@@ -34,4 +34,51 @@ def test_fully_shard_matches_the_reference(world, fsdp, prove):
             dtypes=("float64", "float32"),
         ),
         lambda scenario: world.assert_equivalent(fsdp, scenario),
+    )
+
+
+def test_fully_shard_clips_by_the_total_norm_across_shards(world, fsdp, prove):
+    # Each rank holds a shard of every gradient (DTensors): clip_grad_norm_ must clip by the
+    # norm of the whole model's gradient, not of the shard it holds.
+    prove(
+        scenarios(
+            world_size=world.size,
+            max_micro_batches=3,
+            same_micro_batch_counts=True,
+            optimizers=optimizers(clip=True),
+        ),
+        lambda scenario: world.assert_equivalent(fsdp, scenario),
+    )
+
+
+def test_hybrid_sharding_on_a_2d_mesh_matches_the_reference(world, fsdp, prove):
+    # HSDP: 2 replica groups of world size / 2 ranks; gradients reduce-scattered in a group and
+    # all-reduced across the groups must still be the full batch's.
+    if world.size < 4 or world.size % 2:
+        pytest.skip(f"a 2 x N mesh needs an even world size of 4 or more, not {world.size}")
+    method = fully_shard(replicas=2)
+    prove(
+        scenarios(
+            world_size=world.size,
+            max_micro_batches=2,
+            same_micro_batch_counts=True,
+            dtypes=("float64", "float32"),
+        ),
+        lambda scenario: world.assert_equivalent(method, scenario),
+    )
+
+
+def test_mixed_precision_reduction_in_float32_of_a_bfloat16_model(world, fsdp, prove):
+    # MixedPrecisionPolicy(reduce_dtype=float32) on a bfloat16 model: gradients upcast for the
+    # reduce-scatter, so the result must be within bfloat16's derived tolerance (the rounding
+    # of bfloat16 training; the reduction itself only rounds less).
+    method = fully_shard(reduce_dtype="float32")
+    prove(
+        scenarios(
+            world_size=world.size,
+            max_micro_batches=2,
+            same_micro_batch_counts=True,
+            dtypes=("bfloat16",),
+        ),
+        lambda scenario: world.assert_equivalent(method, scenario),
     )

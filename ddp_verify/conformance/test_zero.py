@@ -34,3 +34,17 @@ def test_zero_with_parameters_as_bucket_view_matches_the_reference(world, data_p
         ),
         lambda scenario: world.assert_equivalent(method, scenario),
     )
+
+
+def test_zero_with_clip_grad_norm_clips_by_the_global_norm(world, data_parallel, prove):
+    # Every rank holds the averaged gradients when ZeRO steps: clipping them all before the
+    # sharded step clips by the full batch's norm.
+    method = data_parallel(zero=True)
+    prove(
+        scenarios(
+            world_size=world.size,
+            max_micro_batches=3,
+            optimizers=optimizers(names=("adam", "sgd"), clip=True),
+        ),
+        lambda scenario: world.assert_equivalent(method, scenario),
+    )

@@ -345,7 +345,28 @@ def optimizer_settings(spec: OptimizerSpec) -> tuple[type[torch.optim.Optimizer]
 
 def build_optimizer(spec: OptimizerSpec, params: object) -> torch.optim.Optimizer:
     optimizer, kwargs = optimizer_settings(spec)
-    return optimizer(params, **kwargs)  # type: ignore[arg-type]
+    return clipping(spec, optimizer(params, **kwargs))  # type: ignore[arg-type]
+
+
+def clipping(spec: OptimizerSpec, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """``optimizer``, clipping the total gradient norm of its parameters to ``spec.max_norm``
+    before every step (``clip_grad_norm_``, as a training loop calls it), if the spec says so.
+    Sharded parameters (FSDP2's DTensors) are clipped by the norm of the whole model.
+
+    Example::
+
+        optimizer = clipping(OptimizerSpec(max_norm=1.0), torch.optim.SGD(params, lr=0.1))
+    """
+    if spec.max_norm is None:
+        return optimizer
+    max_norm = spec.max_norm
+
+    def clip(opt: torch.optim.Optimizer, args: object, kwargs: object) -> None:
+        params = [p for group in opt.param_groups for p in group["params"]]
+        torch.nn.utils.clip_grad_norm_(params, max_norm)
+
+    optimizer.register_step_pre_hook(clip)
+    return optimizer
 
 
 @contextlib.contextmanager

@@ -128,12 +128,14 @@ class ModelSpec:
 
 @dataclasses.dataclass(frozen=True, repr=False)
 class OptimizerSpec:
-    """An optimizer and its hyper-parameters: SGD (momentum, weight decay), Adam, AdamW."""
+    """An optimizer and its hyper-parameters: SGD (momentum, weight decay), Adam, AdamW;
+    ``max_norm`` clips the gradients' total norm (``clip_grad_norm_``) before every step."""
 
     name: OptimizerName = "sgd"
     lr: float = 0.1
     momentum: float = 0.0
     weight_decay: float = 0.0
+    max_norm: float | None = None
 
     def __post_init__(self) -> None:
         if self.name not in OPTIMIZERS:
@@ -142,6 +144,8 @@ class OptimizerSpec:
             raise ValueError(f"impossible optimizer settings: {self}")
         if self.momentum and self.name != "sgd":
             raise ValueError("momentum applies to sgd only (Adam has its own betas)")
+        if self.max_norm is not None and not self.max_norm > 0:
+            raise ValueError(f"max_norm must be positive (or None), got {self.max_norm!r}")
 
     __repr__ = _compact_repr
     _repr_pretty_ = _pretty
@@ -152,7 +156,8 @@ class OptimizerSpec:
             extras.append(f"momentum={self.momentum:g}")
         if self.weight_decay:
             extras.append(f"weight_decay={self.weight_decay:g}")
-        return f"{self.name}(lr={self.lr:g}{''.join(', ' + e for e in extras)})"
+        clip = f", gradients clipped to norm {self.max_norm:g}" if self.max_norm else ""
+        return f"{self.name}(lr={self.lr:g}{''.join(', ' + e for e in extras)}){clip}"
 
 
 @dataclasses.dataclass(frozen=True, repr=False)

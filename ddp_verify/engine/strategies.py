@@ -42,6 +42,8 @@ from .scenario import (
 )
 
 LEARNING_RATES = (0.1, 0.05, 0.01)
+# Gradient norms to clip to: the toy models' gradients run from about 0.05 to 5, so both bite.
+MAX_NORMS = (0.1, 0.01)
 
 
 def models(
@@ -202,10 +204,16 @@ def _draw_micro_batches(
 
 
 def optimizers(
-    *, names: Sequence[str] = OPTIMIZERS, weight_decay: bool = True
+    *, names: Sequence[str] = OPTIMIZERS, weight_decay: bool = True, clip: bool = False
 ) -> st.SearchStrategy[OptimizerSpec]:
-    """SGD (with and without momentum), Adam, AdamW, with and without weight decay. Shrinks
-    toward plain SGD at the largest learning rate."""
+    """SGD (with and without momentum), Adam, AdamW, with and without weight decay; with
+    ``clip=True`` every step clips the gradients' total norm to a bound small enough to bite.
+    Shrinks toward plain SGD at the largest learning rate.
+
+    Example::
+
+        scenarios(world_size=4, optimizers=optimizers(names=("adam",), clip=True))
+    """
     _check_choices("names", names, OPTIMIZERS)
 
     @st.composite
@@ -216,8 +224,13 @@ def optimizers(
         # count as simpler and the shrinker could never get back to SGD.
         momentum = draw(st.sampled_from((0.0, 0.9)))
         decay = draw(st.sampled_from((0.0, 0.01))) if weight_decay else 0.0
+        max_norm = draw(st.sampled_from(MAX_NORMS)) if clip else None
         return OptimizerSpec(
-            name=name, lr=lr, momentum=momentum if name == "sgd" else 0.0, weight_decay=decay
+            name=name,
+            lr=lr,
+            momentum=momentum if name == "sgd" else 0.0,
+            weight_decay=decay,
+            max_norm=max_norm,
         )
 
     return draw_optimizer()

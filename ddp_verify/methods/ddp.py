@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from ..engine.models import optimizer_settings
+from ..engine.models import clipping, optimizer_settings
 from ..engine.scenario import Scenario
 from ..engine.trace import RankTrace
 from .base import DistributedMethod
@@ -33,6 +33,10 @@ class DDP(DistributedMethod):
     ``hook_state(module)`` returns for the unwrapped module (``None`` without it).
     ``zero=True`` steps with ``ZeroRedundancyOptimizer`` around the scenario's optimizer;
     a dict (``zero={"parameters_as_bucket_view": True}``) also gives it those keywords.
+    ``set_to_none=False`` zeroes gradients in place between steps (``zero_grad``'s other
+    mode; with ``gradient_as_bucket_view`` the gradients are DDP's bucket views).
+    ``checkpoint="reentrant"`` or ``"non_reentrant"`` runs the model's forward under
+    activation checkpointing (``torch.utils.checkpoint``), recomputed during backward.
     """
 
     def __init__(
@@ -42,14 +46,24 @@ class DDP(DistributedMethod):
         comm_hook: Callable[..., Any] | None = None,
         hook_state: Callable[[torch.nn.Module], Any] | None = None,
         zero: bool | dict[str, Any] = False,
+        set_to_none: bool = True,
+        checkpoint: str = "",
         **ddp_kwargs: Any,
     ) -> None:
+        if checkpoint not in CHECKPOINTING:
+            raise ValueError(f"checkpoint must be one of {CHECKPOINTING}, got {checkpoint!r}")
         self.wrapper = wrapper
         self.comm_hook = comm_hook
         self.hook_state = hook_state
         self.zero = zero
+        self.set_to_none = set_to_none
+        self.checkpoint = checkpoint
         self.ddp_kwargs = ddp_kwargs
         args = [f"{k}={v!r}" for k, v in sorted(ddp_kwargs.items())]
+        if not set_to_none:
+            args.append("zero_grad(set_to_none=False)")
+        if checkpoint:
+            args.append(f"checkpoint={checkpoint}")
         if comm_hook is not None:
             args.append(f"comm_hook={getattr(comm_hook, '__name__', comm_hook)}")
         if zero:
@@ -65,7 +79,7 @@ class DDP(DistributedMethod):
             optimizer = zero_redundancy(scenario, params, **options)
         else:
             optimizer = run.optimizer(params)
-        return train_data_parallel(run, wrapped, optimizer)
+        return train_data_parallel(run, wrapped, optimizer, set_to_none=self.set_to_none)
 
     def wrap(self, model: torch.nn.Module, scenario: Scenario) -> torch.nn.Module:
         """``model`` in DDP (or the wrapper) with this method's options and hook (on a rank)."""
@@ -75,7 +89,9 @@ class DDP(DistributedMethod):
             # A parameter forward never uses is an error for DDP unless it is told to look;
             # a wrapper without the option must cope by itself.
             kwargs.setdefault("find_unused_parameters", True)
-        wrapped = factory(model, **kwargs)
+        wrapped = factory(
+            Checkpointed(model, self.checkpoint) if self.checkpoint else model, **kwargs
+        )
         if self.comm_hook is not None:
             own = [getattr(h, "__name__", repr(h)) for h, _ in getattr(wrapped, "_comm_hooks", ())]
             if own:
@@ -92,6 +108,27 @@ class DDP(DistributedMethod):
     @property
     def label(self) -> str:
         return self.wrapper or "DistributedDataParallel"
+
+
+CHECKPOINTING = ("", "reentrant", "non_reentrant")
+
+
+class Checkpointed(torch.nn.Module):
+    """``inner`` whose forward runs under activation checkpointing: nothing but the inputs is
+    kept, and the forward is recomputed during backward. The reentrant form needs an input
+    that requires grad (torch documents it), so floating inputs are made to."""
+
+    def __init__(self, inner: torch.nn.Module, how: str) -> None:
+        super().__init__()
+        self.inner = inner
+        self.reentrant = how == "reentrant"
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        from torch.utils.checkpoint import checkpoint
+
+        if self.reentrant and inputs.is_floating_point():
+            inputs = inputs.detach().requires_grad_()
+        return checkpoint(self.inner, inputs, use_reentrant=self.reentrant)
 
 
 class CommHookInUse(RuntimeError):
@@ -121,7 +158,8 @@ def zero_redundancy(
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
     optimizer, kwargs = optimizer_settings(scenario.optimizer)
-    return ZeroRedundancyOptimizer(params, optimizer_class=optimizer, **zero_kwargs, **kwargs)
+    zero = ZeroRedundancyOptimizer(params, optimizer_class=optimizer, **zero_kwargs, **kwargs)
+    return clipping(scenario.optimizer, zero)
 
 
 def accepts(factory: Callable[..., Any], keyword: str) -> bool:

@@ -121,6 +121,7 @@ def train_data_parallel(
     optimizer: torch.optim.Optimizer,
     *,
     no_sync: Callable[[], AbstractContextManager[object]] | None = None,
+    set_to_none: bool = True,
 ) -> RankTrace:
     """Train ``run``'s scenario through ``wrapped``, which must average gradients over the
     ranks during backward, as DDP does; each micro-batch's loss is scaled by
@@ -130,7 +131,8 @@ def train_data_parallel(
     synchronisation back for all but each rank's last micro-batch of a step. Without it,
     every backward may synchronise, and ranks holding different numbers of micro-batches would
     call different numbers of collectives: then each rank's weighted micro-batch losses are
-    summed into one backward, which gives the same gradient.
+    summed into one backward, which gives the same gradient. ``set_to_none=False`` zeroes the
+    gradients in place between steps instead of dropping them.
 
     Example (on a rank)::
 
@@ -141,7 +143,7 @@ def train_data_parallel(
     if no_sync is None:
         no_sync = getattr(wrapped, "no_sync", None)
     for step in range(run.scenario.steps):
-        optimizer.zero_grad(set_to_none=True)
+        optimizer.zero_grad(set_to_none=set_to_none)
         weight = run.world_size / run.global_samples(step)
         batches = run.micro_batches(step)
         local_sum = run.zero()

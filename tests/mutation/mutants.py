@@ -130,6 +130,14 @@ def _powersgd_scales(matrices: bool) -> Callable[[Callable[..., Any]], Callable[
 # --- DistributedDataParallel ----------------------------------------------------------------
 
 
+def _zero_grad_in_place_skipped(original: Callable[..., Any]) -> Callable[..., Any]:
+    def zero_grad(self: Any, set_to_none: bool = True) -> None:
+        if set_to_none:  # only the in-place mode regressed: it leaves the gradients as they are
+            original(self, set_to_none)
+
+    return zero_grad
+
+
 def _never(original: Callable[..., Any]) -> Callable[..., Any]:
     return lambda self, *args, **kwargs: False
 
@@ -257,6 +265,22 @@ def _fsdp_divisor(how: str) -> Callable[[Callable[..., Any]], Callable[..., Any]
         return factors
 
     return make
+
+
+def _clip_by_the_local_norm(original: Callable[..., Any]) -> Callable[..., Any]:
+    # Each rank clips by the norm of the gradient shards it holds, not the whole model's.
+    def clip_grad_norm_(parameters: Any, max_norm: float, *args: Any, **kwargs: Any) -> Any:
+        import torch
+
+        grads = [p.grad for p in parameters if p.grad is not None]
+        local = [g.to_local() if hasattr(g, "to_local") else g for g in grads]
+        norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in local]))
+        scale = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+        for g in local:
+            g.mul_(scale)
+        return norm
+
+    return clip_grad_norm_
 
 
 # --- object collectives ----------------------------------------------------------------------
@@ -477,6 +501,22 @@ MUTANTS: tuple[Mutant, ...] = (
         _FSDP,
         _fsdp_divisor("twice"),
         "test_fully_shard_matches_the_reference",
+    ),
+    Mutant(
+        "fsdp_clips_by_local_norm",
+        "fully_shard",
+        "clip_grad_norm_ on sharded gradients clips by the norm of the rank's own shards",
+        "torch.nn.utils:clip_grad_norm_",
+        _clip_by_the_local_norm,
+        "test_fully_shard_clips_by_the_total_norm_across_shards",
+    ),
+    Mutant(
+        "zero_grad_in_place_skipped",
+        "optimizer",
+        "Optimizer.zero_grad(set_to_none=False) leaves the gradients as they are",
+        "torch.optim.optimizer:Optimizer.zero_grad",
+        _zero_grad_in_place_skipped,
+        "test_ddp_option_keeps_training_equivalent[zero_grad_in_place]",
     ),
     Mutant(
         "all_gather_object_missized",

@@ -36,6 +36,7 @@ AREAS = {
     "DistributedSampler",
     "fully_shard",
     "object collectives",
+    "optimizer",
 }
 
 
