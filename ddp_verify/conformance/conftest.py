@@ -55,7 +55,10 @@ def require(
     from ddp_verify.methods.ddp import accepts
 
     # The method's, not the wrapper's.
-    ddp_only = {"comm_hook", "hook_state", "zero", "set_to_none", "checkpoint"}
+    ddp_only = {
+        *("comm_hook", "hook_state", "zero", "set_to_none", "checkpoint", "resume_at"),
+        "compile_backend",
+    }
     missing = [k for k in kwargs if k not in ddp_only and not accepts(factory, k)]
     if missing:
         pytest.skip(f"the DDP wrapper {label} takes no {', '.join(missing)}")

@@ -77,6 +77,34 @@ def test_clip_grad_norm_under_ddp_clips_by_the_global_norm(world, data_parallel,
     )
 
 
+def test_checkpoint_and_resume_continues_as_the_uninterrupted_run(world, data_parallel, prove):
+    # The state dicts saved before a step and loaded into a fresh (perturbed) model and
+    # optimizer: training goes on as if never interrupted (optimizer state included: Adam's
+    # moments, SGD's momentum), so it still matches the reference at every step.
+    def check(scenario):
+        method = data_parallel(resume_at=scenario.steps - 1)
+        world.assert_equivalent(method, scenario)
+
+    prove(
+        scenarios(world_size=world.size, max_micro_batches=3).filter(lambda s: s.steps >= 2),
+        check,
+    )
+
+
+def test_compiled_ddp_keeps_training_equivalent(world, data_parallel, prove, finding):
+    # torch.compile on the DDP model: dynamo's DDP optimizer splits the graph at bucket
+    # boundaries so that all-reduces still overlap backward. The aot_eager backend runs the
+    # captured graphs with eager kernels, so the compiled model must give eager's numbers:
+    # the float64 tolerance, not a looser one. (Inductor's generated kernels may reorder
+    # float32 sums; on a machine with its compiler, compare them with --ddp-... not here.)
+    method = data_parallel(compile_backend="aot_eager")
+    prove(
+        scenarios(world_size=world.size, max_micro_batches=2, models=models(kinds=("mlp",))),
+        lambda scenario: world.assert_equivalent(method, scenario),
+    )
+    finding("torch.compile(backend='aot_eager') DDP: equivalent within float64 rounding")
+
+
 def test_sync_batch_norm_on_uneven_batches(world, data_parallel, prove):
     # SyncBatchNorm normalises each forward by the statistics of every rank's batch: with one
     # micro-batch per rank per step, that is the full batch's, however unevenly it is split.

@@ -82,3 +82,20 @@ def test_mixed_precision_reduction_in_float32_of_a_bfloat16_model(world, fsdp, p
         ),
         lambda scenario: world.assert_equivalent(method, scenario),
     )
+
+
+def test_fully_shard_resumes_from_a_distributed_checkpoint(world, fsdp, prove):
+    # torch.distributed.checkpoint: every rank saves its shards of the model and optimizer,
+    # a fresh sharded model loads them, and training goes on as if never interrupted.
+    def check(scenario):
+        world.assert_equivalent(fully_shard(resume_at=scenario.steps - 1), scenario)
+
+    prove(
+        scenarios(
+            world_size=world.size,
+            max_micro_batches=2,
+            same_micro_batch_counts=True,
+            optimizers=optimizers(names=("adam", "sgd")),
+        ).filter(lambda s: s.steps >= 2),
+        check,
+    )

@@ -48,3 +48,20 @@ def test_zero_with_clip_grad_norm_clips_by_the_global_norm(world, data_parallel,
         ),
         lambda scenario: world.assert_equivalent(method, scenario),
     )
+
+
+def test_zero_resumes_from_its_consolidated_state(world, data_parallel, prove):
+    # consolidate_state_dict() on rank 0, saved, loaded by every rank into a fresh optimizer
+    # (each takes its shard): training goes on as if never interrupted.
+    def check(scenario):
+        method = data_parallel(zero=True, resume_at=scenario.steps - 1)
+        world.assert_equivalent(method, scenario)
+
+    prove(
+        scenarios(
+            world_size=world.size,
+            max_micro_batches=2,
+            optimizers=optimizers(names=("adam", "sgd")),
+        ).filter(lambda s: s.steps >= 2),
+        check,
+    )

@@ -15,7 +15,7 @@ from ..engine.models import clipping, optimizer_settings
 from ..engine.scenario import Scenario
 from ..engine.trace import RankTrace
 from .base import DistributedMethod
-from .loop import RankRun, train_data_parallel
+from .loop import RankRun, fresh_model, train_data_parallel
 
 DDP_TARGET = "torch.nn.parallel:DistributedDataParallel"
 
@@ -37,6 +37,11 @@ class DDP(DistributedMethod):
     mode; with ``gradient_as_bucket_view`` the gradients are DDP's bucket views).
     ``checkpoint="reentrant"`` or ``"non_reentrant"`` runs the model's forward under
     activation checkpointing (``torch.utils.checkpoint``), recomputed during backward.
+    ``resume_at=k`` saves the model's and optimizer's state dicts before step k (ZeRO's
+    consolidated on rank 0, as a training script saves it, and loaded on every rank), builds
+    a fresh model (perturbed, so that only the load can make it right), loads them, and
+    trains on. ``compile_backend`` compiles the wrapped model with ``torch.compile`` (dynamo's
+    DDP optimizer splits the graph at bucket boundaries).
     """
 
     def __init__(
@@ -48,6 +53,8 @@ class DDP(DistributedMethod):
         zero: bool | dict[str, Any] = False,
         set_to_none: bool = True,
         checkpoint: str = "",
+        resume_at: int = 0,
+        compile_backend: str = "",
         **ddp_kwargs: Any,
     ) -> None:
         if checkpoint not in CHECKPOINTING:
@@ -58,12 +65,18 @@ class DDP(DistributedMethod):
         self.zero = zero
         self.set_to_none = set_to_none
         self.checkpoint = checkpoint
+        self.resume_at = resume_at
+        self.compile_backend = compile_backend
         self.ddp_kwargs = ddp_kwargs
         args = [f"{k}={v!r}" for k, v in sorted(ddp_kwargs.items())]
         if not set_to_none:
             args.append("zero_grad(set_to_none=False)")
         if checkpoint:
             args.append(f"checkpoint={checkpoint}")
+        if resume_at:
+            args.append(f"resumed from a checkpoint before step {resume_at}")
+        if compile_backend:
+            args.append(f"torch.compile(backend={compile_backend!r})")
         if comm_hook is not None:
             args.append(f"comm_hook={getattr(comm_hook, '__name__', comm_hook)}")
         if zero:
@@ -73,13 +86,42 @@ class DDP(DistributedMethod):
     def train_rank(self, scenario: Scenario) -> RankTrace:
         run = RankRun(scenario)
         wrapped = self.wrap(run.model, scenario)
+        optimizer = self._optimizer(run, wrapped)
+
+        def restart(old: Any, old_optimizer: torch.optim.Optimizer) -> Any:
+            model_state, optimizer_state = self._save(run, old_optimizer)
+            run.model = fresh_model(run)
+            run.model.load_state_dict(model_state)
+            wrapped = self.wrap(run.model, scenario)
+            optimizer = self._optimizer(run, wrapped)
+            optimizer.load_state_dict(optimizer_state)
+            return wrapped, optimizer
+
+        resume = (self.resume_at, restart) if self.resume_at else None
+        return train_data_parallel(
+            run, wrapped, optimizer, set_to_none=self.set_to_none, resume=resume
+        )
+
+    def _optimizer(self, run: RankRun, wrapped: torch.nn.Module) -> torch.optim.Optimizer:
         params = list(wrapped.parameters())
         if self.zero:
             options = self.zero if isinstance(self.zero, dict) else {}
-            optimizer = zero_redundancy(scenario, params, **options)
+            return zero_redundancy(run.scenario, params, **options)
+        return run.optimizer(params)
+
+    def _save(self, run: RankRun, optimizer: torch.optim.Optimizer) -> tuple[Any, Any]:
+        """The model's and optimizer's state, through the bytes a checkpoint file holds; ZeRO's
+        optimizer state consolidated on rank 0 and sent to every rank, as if read from disk."""
+        import torch.distributed as dist
+
+        if self.zero:
+            optimizer.consolidate_state_dict(to=0)  # type: ignore[attr-defined]
+            whole = [optimizer.state_dict() if run.rank == 0 else None]
+            dist.broadcast_object_list(whole, src=0)
+            optimizer_state = whole[0]
         else:
-            optimizer = run.optimizer(params)
-        return train_data_parallel(run, wrapped, optimizer, set_to_none=self.set_to_none)
+            optimizer_state = optimizer.state_dict()
+        return round_trip(run.model.state_dict()), round_trip(optimizer_state)
 
     def wrap(self, model: torch.nn.Module, scenario: Scenario) -> torch.nn.Module:
         """``model`` in DDP (or the wrapper) with this method's options and hook (on a rank)."""
@@ -103,6 +145,8 @@ class DDP(DistributedMethod):
                 if "register_comm_hook" not in str(exc) or "once" not in str(exc):
                     raise
                 raise CommHookInUse(self.label, self.comm_hook, []) from None
+        if self.compile_backend:
+            return torch.compile(wrapped, backend=self.compile_backend, dynamic=True)
         return wrapped
 
     @property
@@ -111,6 +155,16 @@ class DDP(DistributedMethod):
 
 
 CHECKPOINTING = ("", "reentrant", "non_reentrant")
+
+
+def round_trip(state: Any) -> Any:
+    """``state`` saved with ``torch.save`` and loaded back, as from a checkpoint file."""
+    import io
+
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    buffer.seek(0)
+    return torch.load(buffer, weights_only=True)
 
 
 class Checkpointed(torch.nn.Module):

@@ -10,7 +10,7 @@ import torch
 from ..engine.scenario import Scenario
 from ..engine.trace import RankTrace
 from .base import DistributedMethod
-from .loop import RankRun, train_data_parallel
+from .loop import RankRun, fresh_model, train_data_parallel
 
 
 class FullyShard(DistributedMethod):
@@ -22,9 +22,14 @@ class FullyShard(DistributedMethod):
 
     ``replicas=R`` shards over a 2-D mesh instead (HSDP): R groups of world size / R ranks,
     each sharding the model, gradients reduce-scattered in a group and all-reduced across the
-    groups. ``reduce_dtype`` (a ``MixedPrecisionPolicy``) reduces gradients in that dtype."""
+    groups. ``reduce_dtype`` (a ``MixedPrecisionPolicy``) reduces gradients in that dtype.
+    ``resume_at=k`` checkpoints model and optimizer with ``torch.distributed.checkpoint``
+    before step k (each rank writes its shards), shards a fresh (perturbed) model, loads the
+    checkpoint into it and trains on."""
 
-    def __init__(self, *, replicas: int = 1, reduce_dtype: str | None = None) -> None:
+    def __init__(
+        self, *, replicas: int = 1, reduce_dtype: str | None = None, resume_at: int = 0
+    ) -> None:
         if replicas < 1:
             raise ValueError(f"replicas must be at least 1, got {replicas}")
         self.replicas = replicas
@@ -32,14 +37,39 @@ class FullyShard(DistributedMethod):
         options = [f"replicas={replicas}"] if replicas > 1 else []
         if reduce_dtype:
             options.append(f"reduce_dtype={reduce_dtype}")
+        self.resume_at = resume_at
+        if resume_at:
+            options.append(f"resumed from a distributed checkpoint before step {resume_at}")
         self.name = f"fully_shard({', '.join(options)})"
 
     def train_rank(self, scenario: Scenario) -> RankTrace:
+        run = RankRun(scenario)
+        self._shard(run)
+        optimizer = run.optimizer(run.model.parameters())
+
+        def restart(old: object, old_optimizer: torch.optim.Optimizer) -> tuple[object, object]:
+            model = run.model
+            with _checkpoint_directory(run) as directory:
+                _save(model, old_optimizer, directory)
+                run.model = fresh_model(run)
+                self._shard(run)
+                optimizer = run.optimizer(run.model.parameters())
+                _load(run.model, optimizer, directory)
+            return run.model, optimizer
+
+        return train_data_parallel(
+            run,
+            run.model,
+            optimizer,
+            no_sync=lambda: _without_gradient_sync(run.model),
+            resume=(self.resume_at, restart) if self.resume_at else None,
+        )
+
+    def _shard(self, run: RankRun) -> None:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy
         from torch.distributed.fsdp import fully_shard as shard
 
-        run = RankRun(scenario)
         if run.world_size % self.replicas:
             raise ValueError(
                 f"replicas={self.replicas} does not divide the world size {run.world_size}"
@@ -55,10 +85,48 @@ class FullyShard(DistributedMethod):
             reduce_dtype=getattr(torch, self.reduce_dtype) if self.reduce_dtype else None
         )
         shard(run.model, mesh=mesh, mp_policy=policy)
-        optimizer = run.optimizer(run.model.parameters())
-        return train_data_parallel(
-            run, run.model, optimizer, no_sync=lambda: _without_gradient_sync(run.model)
-        )
+
+
+@contextlib.contextmanager
+def _checkpoint_directory(run: RankRun) -> Iterator[str]:
+    """A directory every rank writes its shards to: rank 0's temporary one, removed after."""
+    import shutil
+    import tempfile
+
+    import torch.distributed as dist
+
+    made = [tempfile.mkdtemp(prefix="ddp_verify-dcp-") if run.rank == 0 else None]
+    dist.broadcast_object_list(made, src=0)
+    try:
+        yield str(made[0])
+    finally:
+        dist.barrier()
+        if run.rank == 0:
+            shutil.rmtree(str(made[0]), ignore_errors=True)
+
+
+def _save(model: torch.nn.Module, optimizer: torch.optim.Optimizer, directory: str) -> None:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=directory)
+
+
+def _load(model: torch.nn.Module, optimizer: torch.optim.Optimizer, directory: str) -> None:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    state = {"model": model_state, "optimizer": optimizer_state}
+    # get_state_dict gives a fresh optimizer state for every parameter, the ones that never
+    # had a gradient included; the checkpoint has none for those (nothing ever stepped them):
+    # they keep their fresh, unused state.
+    dcp.load(state, checkpoint_id=directory, planner=DefaultLoadPlanner(allow_partial_load=True))
+    set_state_dict(
+        model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"]
+    )
 
 
 @contextlib.contextmanager
@@ -71,7 +139,9 @@ def _without_gradient_sync(model: torch.nn.Module) -> Iterator[None]:
         model.set_requires_gradient_sync(True)  # type: ignore[operator]
 
 
-def fully_shard(*, replicas: int = 1, reduce_dtype: str | None = None) -> FullyShard:
+def fully_shard(
+    *, replicas: int = 1, reduce_dtype: str | None = None, resume_at: int = 0
+) -> FullyShard:
     """FSDP2's ``fully_shard`` (HSDP with ``replicas`` > 1; gradients reduced in
     ``reduce_dtype``). Every forward all-gathers parameters, so scenarios need equal
     micro-batch counts per rank (``scenarios(same_micro_batch_counts=True)``).
@@ -81,4 +151,4 @@ def fully_shard(*, replicas: int = 1, reduce_dtype: str | None = None) -> FullyS
         world.assert_equivalent(fully_shard(), scenario)
         world.assert_equivalent(fully_shard(replicas=2), scenario)  # a 2 x 2 mesh at size 4
     """
-    return FullyShard(replicas=replicas, reduce_dtype=reduce_dtype)
+    return FullyShard(replicas=replicas, reduce_dtype=reduce_dtype, resume_at=resume_at)

@@ -115,6 +115,26 @@ class RankRun:
         self.trace.params.append(parameters(model or self.model))
 
 
+def fresh_model(run: RankRun) -> torch.nn.Module:
+    """The scenario's model built anew, every floating parameter and buffer shifted: only a
+    checkpoint's load can make it the trained model again."""
+    model = build_model(run.scenario, device=run.device)
+    if run.scenario.model.batch_norm == "sync":
+        model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    with torch.no_grad():
+        for tensor in [*model.parameters(), *model.buffers()]:
+            if tensor.is_floating_point():
+                tensor.add_(1.0)
+    return model
+
+
+# Checkpoint (wrapped model, optimizer), rebuild both from it, return the rebuilt pair.
+Restart = Callable[
+    [Callable[..., torch.Tensor], torch.optim.Optimizer],
+    tuple[Callable[..., torch.Tensor], torch.optim.Optimizer],
+]
+
+
 def train_data_parallel(
     run: RankRun,
     wrapped: Callable[..., torch.Tensor],
@@ -122,6 +142,7 @@ def train_data_parallel(
     *,
     no_sync: Callable[[], AbstractContextManager[object]] | None = None,
     set_to_none: bool = True,
+    resume: tuple[int, Restart] | None = None,
 ) -> RankTrace:
     """Train ``run``'s scenario through ``wrapped``, which must average gradients over the
     ranks during backward, as DDP does; each micro-batch's loss is scaled by
@@ -132,7 +153,10 @@ def train_data_parallel(
     every backward may synchronise, and ranks holding different numbers of micro-batches would
     call different numbers of collectives: then each rank's weighted micro-batch losses are
     summed into one backward, which gives the same gradient. ``set_to_none=False`` zeroes the
-    gradients in place between steps instead of dropping them.
+    gradients in place between steps instead of dropping them. ``resume=(k, restart)``
+    interrupts training before step ``k``: ``restart(wrapped, optimizer)`` checkpoints them,
+    rebuilds both from the checkpoint (a fresh model in ``run.model``) and returns the new
+    pair, which trains on as if nothing had happened.
 
     Example (on a rank)::
 
@@ -140,9 +164,14 @@ def train_data_parallel(
         wrapped = DistributedDataParallel(run.model)
         trace = train_data_parallel(run, wrapped, run.optimizer(wrapped.parameters()))
     """
+    given_no_sync = no_sync
     if no_sync is None:
         no_sync = getattr(wrapped, "no_sync", None)
     for step in range(run.scenario.steps):
+        if resume is not None and step == resume[0]:
+            wrapped, optimizer = resume[1](wrapped, optimizer)
+            if given_no_sync is None:
+                no_sync = getattr(wrapped, "no_sync", None)
         optimizer.zero_grad(set_to_none=set_to_none)
         weight = run.world_size / run.global_samples(step)
         batches = run.micro_batches(step)

@@ -138,6 +138,14 @@ def _zero_grad_in_place_skipped(original: Callable[..., Any]) -> Callable[..., A
     return zero_grad
 
 
+def _state_dict_without_state(original: Callable[..., Any]) -> Callable[..., Any]:
+    def state_dict(self: Any) -> Any:
+        saved = original(self)
+        return {**saved, "state": {}}  # the moments and momentum buffers are not saved
+
+    return state_dict
+
+
 def _never(original: Callable[..., Any]) -> Callable[..., Any]:
     return lambda self, *args, **kwargs: False
 
@@ -517,6 +525,22 @@ MUTANTS: tuple[Mutant, ...] = (
         "torch.optim.optimizer:Optimizer.zero_grad",
         _zero_grad_in_place_skipped,
         "test_ddp_option_keeps_training_equivalent[zero_grad_in_place]",
+    ),
+    Mutant(
+        "optimizer_state_not_saved",
+        "checkpointing",
+        "Optimizer.state_dict() leaves out the per-parameter state (moments, momentum)",
+        "torch.optim.optimizer:Optimizer.state_dict",
+        _state_dict_without_state,
+        "test_checkpoint_and_resume_continues_as_the_uninterrupted_run",
+    ),
+    Mutant(
+        "dcp_load_does_nothing",
+        "checkpointing",
+        "torch.distributed.checkpoint.load returns without loading",
+        "torch.distributed.checkpoint:load",
+        _nothing,
+        "test_fully_shard_resumes_from_a_distributed_checkpoint",
     ),
     Mutant(
         "all_gather_object_missized",

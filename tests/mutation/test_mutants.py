@@ -37,6 +37,7 @@ AREAS = {
     "fully_shard",
     "object collectives",
     "optimizer",
+    "checkpointing",
 }
 
 
