@@ -177,8 +177,18 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     if issues and report.when == "call":
         import torch
 
+        from ddp_verify.frontends.options import DEFAULT_CONFORMANCE_EXAMPLES
+
         error = call.excinfo.value if call.excinfo is not None else None
-        judge(issues, report, error, torch.__version__)
+        searched = getattr(item, "funcargs", {}).get("conformance_examples")
+        judge(
+            issues,
+            report,
+            error,
+            torch.__version__,
+            searched=searched,
+            enough=DEFAULT_CONFORMANCE_EXAMPLES,
+        )
     return report
 
 

@@ -129,10 +129,15 @@ def judge(
     report: pytest.TestReport,
     error: BaseException | None,
     version: str,
+    *,
+    searched: int | None = None,
+    enough: int = 0,
 ) -> None:
     """Turn a marked test's call report into what its marks say it is (in place): a failure
     that matches one issue known on ``version`` is that issue; another failure stays one, with
-    a note; a pass where a steady (not flaky) issue is known fails, saying to drop its mark."""
+    a note; a pass where a steady (not flaky) issue is known fails, saying to drop its mark,
+    unless fewer than ``enough`` scenarios were ``searched`` (a short search that misses the
+    issue shows nothing about a fix: the pass stands, with a note)."""
     issues = [i for i in issues if i.applies_to(version)]
     if not issues:
         return
@@ -157,7 +162,15 @@ def judge(
         )
     elif report.passed:
         steady = [i for i in issues if not i.flaky]
-        if steady:
+        if steady and searched is not None and searched < enough:
+            report.sections.append(
+                (
+                    "known torch issue",
+                    f"not reproduced in {searched} scenarios (fewer than {enough}): "
+                    f"{steady[0].what}",
+                )
+            )
+        elif steady:
             report.outcome = "failed"
             report.longrepr = (
                 f"[XPASS(strict)] the known torch issue no longer reproduces on torch "

@@ -3,6 +3,8 @@ single-process full-batch training (sample-weighted, uneven batches and accumula
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from ddp_verify.conformance import jobs
@@ -105,6 +107,21 @@ def test_compiled_ddp_keeps_training_equivalent(world, data_parallel, prove, fin
     finding("torch.compile(backend='aot_eager') DDP: equivalent within float64 rounding")
 
 
+def test_autocast_bfloat16_forward_keeps_training_equivalent(world, data_parallel, prove):
+    # A float32 model whose forward runs under torch.autocast(bfloat16), the loss and the
+    # optimizer in float32, as mixed-precision training loops do. The tolerance is float32's,
+    # measured on the scenario (ddp_verify.engine.tolerances): its rounding variants run under
+    # the same autocast, so bfloat16's roundings are in the bound. GradScaler does not apply:
+    # bfloat16 has float32's exponent range, nothing underflows that scaling would save.
+    method = data_parallel()
+    prove(
+        scenarios(world_size=world.size, max_micro_batches=3, dtypes=("float32",)).map(
+            lambda scenario: dataclasses.replace(scenario, autocast="bfloat16")
+        ),
+        lambda scenario: world.assert_equivalent(method, scenario),
+    )
+
+
 def test_sync_batch_norm_on_uneven_batches(world, data_parallel, prove):
     # SyncBatchNorm normalises each forward by the statistics of every rank's batch: with one
     # micro-batch per rank per step, that is the full batch's, however unevenly it is split.
@@ -140,7 +157,8 @@ def test_static_graph_without_accumulation(world, data_parallel, prove):
 def test_static_graph_with_no_sync_accumulation(world, data_parallel, prove):
     method = data_parallel(static_graph=True, find_unused_parameters=False)
     prove(
-        scenarios(world_size=world.size, max_micro_batches=3),
+        # Every scenario accumulates: each is a test of the property, however few are drawn.
+        scenarios(world_size=world.size, max_micro_batches=3).filter(lambda s: s.accumulates),
         lambda scenario: world.assert_equivalent(method, scenario),
     )
 

@@ -151,7 +151,29 @@ def build_model(
         # accelerator API, each recording a stack trace, on every model built.
         torch.default_generator.manual_seed(scenario.seed)
         model = _module(scenario.model)
-    return model.to(device=device, dtype=torch_dtype(dtype or scenario.dtype))
+    model = model.to(device=device, dtype=torch_dtype(dtype or scenario.dtype))
+    if scenario.autocast:
+        _forward_under_autocast(model, scenario.autocast, torch.device(device or "cpu").type)
+    return model
+
+
+def _forward_under_autocast(model: nn.Module, dtype: str, device_type: str) -> None:
+    """Run ``model``'s forward (not the loss, not backward) under ``torch.autocast``, as a
+    training loop's ``with autocast(...): output = model(x)`` does; the hooks keep the model's
+    parameter names and run inside any wrapper that calls it. On a float64 model (the exact
+    reference) autocast changes nothing: it lowers float32 operations only."""
+    active: list[torch.autocast] = []
+
+    def enter(module: nn.Module, args: object) -> None:
+        context = torch.autocast(device_type, dtype=torch_dtype(dtype))
+        context.__enter__()
+        active.append(context)
+
+    def leave(module: nn.Module, args: object, output: object) -> None:
+        active.pop().__exit__(None, None, None)
+
+    model.register_forward_pre_hook(enter)
+    model.register_forward_hook(leave, always_call=True)  # left even if forward raises
 
 
 def build_data(

@@ -32,6 +32,8 @@ ALL_LOSSES: tuple[LossName, ...] = (*LOSSES, "tokens")
 IGNORE_INDEX = -100
 OPTIMIZERS: tuple[OptimizerName, ...] = ("sgd", "adam", "adamw")
 DTYPES: tuple[DType, ...] = ("float64", "float32", "bfloat16")
+# Lower precisions a float32 model's forward may run in under torch.autocast ("" for none).
+AUTOCASTS = ("", "bfloat16")
 
 # step -> rank -> micro-batch sizes
 Schedule = tuple[tuple[tuple[int, ...], ...], ...]
@@ -183,6 +185,7 @@ class Scenario:
     optimizer: OptimizerSpec = OptimizerSpec()
     dtype: DType = "float64"
     seed: int = 0
+    autocast: str = ""
 
     def __post_init__(self) -> None:
         if self.world_size < 1:
@@ -211,6 +214,13 @@ class Scenario:
             )
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.autocast not in AUTOCASTS:
+            raise ValueError(f"autocast must be one of {AUTOCASTS}, got {self.autocast!r}")
+        if self.autocast and self.dtype != "float32":
+            raise ValueError(
+                f"autocast lowers a float32 model's forward; this scenario's model is "
+                f"{self.dtype}: use dtype='float32' with autocast={self.autocast!r}"
+            )
         user = self.model.kind == "user"
         if self.loss == "cross_entropy" and not user and self.model.out_features < 2:
             raise ValueError("cross_entropy needs a model with at least 2 outputs (classes)")
@@ -254,6 +264,8 @@ class Scenario:
         )
         return (
             f"world_size={self.world_size}, {self.steps} step(s), model {self.model.describe()}, "
-            f"loss {self.loss}, {self.optimizer.describe()}, {self.dtype}, seed {self.seed}\n"
+            f"loss {self.loss}, {self.optimizer.describe()}, {self.dtype}"
+            f"{f' (forward under autocast to {self.autocast})' if self.autocast else ''}, "
+            f"seed {self.seed}\n"
             f"micro-batch sizes per rank:\n{steps}"
         )

@@ -140,3 +140,27 @@ def test_sum_and_none_reductions_count_samples_as_the_mean_does(loss):
     torch.testing.assert_close(loss_function(scenario, "sum")(output, targets), 5 * mean)
     with pytest.raises(ValueError, match="reduction must be one of"):
         loss_function(scenario, "max")
+
+
+def test_autocast_lowers_the_forward_of_a_float32_model_only():
+    scenario = Scenario(world_size=1, schedule=(((3,),),), dtype="float32", autocast="bfloat16")
+    inputs, _ = build_data(scenario)[0]
+    assert build_model(scenario)(inputs).dtype == torch.bfloat16
+    assert not torch.is_autocast_enabled("cpu")  # left when the forward returns
+    # The exact reference is float64, which autocast leaves alone.
+    inputs64, _ = build_data(scenario, "float64")[0]
+    assert build_model(scenario, "float64")(inputs64).dtype == torch.float64
+    assert "autocast to bfloat16" in scenario.describe()
+    with pytest.raises(ValueError, match="autocast lowers a float32 model's forward"):
+        Scenario(world_size=1, schedule=(((3,),),), autocast="bfloat16")
+
+
+def test_an_optimizer_with_max_norm_clips_the_total_gradient_norm_before_each_step():
+    weight = torch.nn.Parameter(torch.zeros(2, dtype=torch.float64))
+    optimizer = build_optimizer(OptimizerSpec("sgd", lr=1.0, max_norm=0.5), [weight])
+    weight.grad = torch.tensor([3.0, 4.0], dtype=torch.float64)  # norm 5
+    optimizer.step()
+    assert torch.allclose(weight.detach(), torch.tensor([-0.3, -0.4], dtype=torch.float64))
+    assert "gradients clipped to norm 0.5" in OptimizerSpec(max_norm=0.5).describe()
+    with pytest.raises(ValueError, match="max_norm must be positive"):
+        OptimizerSpec(max_norm=0.0)
