@@ -52,14 +52,9 @@ def require(
 ) -> None:
     """Skip unless ``factory`` takes every keyword in ``kwargs`` and, when it is a class, has
     every attribute in ``needs``."""
-    from ddp_verify.methods.ddp import accepts
+    from ddp_verify.methods.ddp import METHOD_OPTIONS, accepts
 
-    # The method's, not the wrapper's.
-    ddp_only = {
-        *("comm_hook", "hook_state", "zero", "set_to_none", "checkpoint", "resume_at"),
-        "compile_backend",
-    }
-    missing = [k for k in kwargs if k not in ddp_only and not accepts(factory, k)]
+    missing = [k for k in kwargs if k not in METHOD_OPTIONS and not accepts(factory, k)]
     if missing:
         pytest.skip(f"the DDP wrapper {label} takes no {', '.join(missing)}")
     if inspect.isclass(factory):

@@ -154,6 +154,12 @@ class DDP(DistributedMethod):
         return self.wrapper or "DistributedDataParallel"
 
 
+# The method's own keywords (how it trains around the model), not the DDP constructor's.
+METHOD_OPTIONS = frozenset(
+    name
+    for name, parameter in inspect.signature(DDP.__init__).parameters.items()
+    if parameter.kind is parameter.KEYWORD_ONLY and name != "wrapper"
+)
 CHECKPOINTING = ("", "reentrant", "non_reentrant")
 
 

@@ -42,11 +42,11 @@ class Mutant:
     caught_by: str
 
     @property
-    def test_function(self) -> str:
+    def catcher_function(self) -> str:
         return self.caught_by.partition("[")[0]
 
     @property
-    def test_params(self) -> str:
+    def catcher_params(self) -> str:
         return self.caught_by.partition("[")[2].rstrip("]")
 
 

@@ -74,7 +74,7 @@ def _catcher(config: pytest.Config, mutant: Mutant) -> tuple[str, str]:
     against = config.getoption("mutants_against")
     if against:
         mutant = dataclasses.replace(mutant, caught_by=against)
-    return mutant.test_function, mutant.test_params
+    return mutant.catcher_function, mutant.catcher_params
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

@@ -86,7 +86,7 @@ def test_the_catalogue_covers_every_area_and_names_real_tests() -> None:
         for node in ast.parse((package / f"{module}.py").read_text()).body
         if isinstance(node, ast.FunctionDef) and node.name.startswith("test_")
     }
-    unknown = [m.caught_by for m in MUTANTS if m.test_function not in tests]
+    unknown = [m.caught_by for m in MUTANTS if m.catcher_function not in tests]
     assert not unknown, f"mutants name tests the suite does not have: {unknown}"
 
 
