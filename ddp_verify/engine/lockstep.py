@@ -25,7 +25,7 @@ from typing import Any, Protocol
 from hypothesis import HealthCheck, settings
 from hypothesis.database import ExampleDatabase
 
-from ..world import protocol
+from ..world import frames, protocol
 
 
 class Agreeing(Protocol):
@@ -133,7 +133,7 @@ def _describe(exc: BaseException | None, rank: int) -> tuple[str, bytes | None, 
     if exc is None:
         return None
     kind = f"{type(exc).__module__}.{type(exc).__qualname__}"
-    return kind, protocol.dump_exception(exc), protocol.format_exception(exc)
+    return kind, protocol.dump_exception(exc), frames.format_exception(exc)
 
 
 class RankFailed(AssertionError):

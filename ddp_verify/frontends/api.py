@@ -47,6 +47,7 @@ def check(
     progress: Progress | None = None,
     world: VerifyingWorld | None = None,
     launch: str = "auto",
+    full_trace: bool = False,
     **scenario_bounds: Any,
 ) -> Verdict:
     """Check ``fn`` as a ``kind`` plug-in on generated scenarios; return if it is equivalent.
@@ -58,7 +59,8 @@ def check(
     ``model="my_models.py:tiny_lm"``, ...); ``step`` functions are checked with
     ``same_micro_batch_counts=True`` unless you pass ``False``. ``world`` runs the check on a
     world you already have (its size wins over ``world_size``); otherwise a shared one of
-    ``world_size`` ranks is started and kept for later checks.
+    ``world_size`` ranks is started and kept for later checks. ``full_trace``: when ``fn``
+    fails, the ranks' tracebacks keep the harness's frames (as pytest's ``--full-trace``).
 
     Example::
 
@@ -93,6 +95,7 @@ def check(
         hook_state=hook_state,
         loss_reduction=loss_reduction,
         ddp_wrapper=ddp_wrapper,
+        full_trace=full_trace,
         **scenario_bounds,
     )
 

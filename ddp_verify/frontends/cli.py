@@ -8,7 +8,7 @@
         [--ddp-wrapper MODULE:CALLABLE]
         [--exclude-features F,...]
         [--model-kinds K,...] [--losses L,...] [--model MODULE:FACTORY|PATH.py:FACTORY]
-        [--timeout S] [--json]
+        [--timeout S] [--full-trace] [--json]
 
     ddp-verify conformance [--world-size N] [--ddp-wrapper MODULE:CALLABLE] [--examples N]
         [--backend gloo|nccl] [--device cpu|cuda] [--allow-tf32] [--timeout S]
@@ -342,6 +342,11 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument(
         "--timeout", type=_positive_seconds, default=60.0, help="seconds per example"
     )
+    check.add_argument(
+        "--full-trace",
+        action="store_true",
+        help="when the code fails, show the harness's frames in the ranks' tracebacks too",
+    )
     check.add_argument("--json", action="store_true", help="print one JSON verdict")
     conformance = commands.add_parser(
         "conformance",
@@ -590,6 +595,7 @@ def _run_check(args: argparse.Namespace, fn: Callable[..., Any], outcome: dict[s
             hook_state=args.hook_state_factory,
             loss_reduction=args.loss_reduction,
             ddp_wrapper=args.ddp_wrapper,
+            full_trace=args.full_trace,
             **_world_options(args),
             **bounds,
         )

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from ..world.errors import RankError
 from . import options as opts
 
 if TYPE_CHECKING:
@@ -527,7 +528,7 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     marker = pyfuncitem.get_closest_marker(_MARKER)
     if marker is None:
         return None
-    from ..world import JobPicklingError, RankError
+    from ..world import JobPicklingError
 
     world = pyfuncitem.stash[_item_world_key]
     argnames = pyfuncitem._fixtureinfo.argnames
@@ -558,7 +559,7 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
         message = _unpicklable_fixture_message(pyfuncitem.name, kwargs) or str(exc)
     except RankError as exc:
         _reraise_outcome(pyfuncitem, exc)
-        message = str(exc)
+        message = exc.report(full_trace=pyfuncitem.config.option.fulltrace)
     else:
         return True
     # Outside the except blocks, so the report is not doubled by exception chaining.
@@ -612,6 +613,11 @@ def _reporting_rank_output(when: str) -> Any:
     def hook(item: pytest.Item) -> Generator[None, Any, Any]:
         try:
             return (yield)
+        except RankError as exc:
+            # A world.run() in a test or fixture: its ranks' frames in full, as pytest's own.
+            if item.config.option.fulltrace:
+                exc.args = (exc.report(full_trace=True),)
+            raise
         finally:
             _report_rank_output(item, when)
 

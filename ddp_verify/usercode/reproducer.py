@@ -15,9 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import cloudpickle
-
 from ..engine.scenario import Scenario
+from ..world import protocol
 from ..world.protocol import modules_ranks_cannot_import, pickled_by_value
 
 DEFAULT_DIRECTORY = Path(".ddp_verify") / "reproducers"
@@ -214,7 +213,9 @@ def _loader(fn: Callable[..., Any]) -> str:
     # its own module it uses (the script may run where that module cannot be imported).
     own = [module] if module is not None and _import_root(module) else []
     with pickled_by_value([*own, *modules_ranks_cannot_import(fn)]):
-        data = base64.b64encode(cloudpickle.dumps(fn)).decode()
+        # The harness's pickler: the function keeps its file name, so a failure in the script
+        # names the user's file and line (cloudpickle 3.1.3 alone would say "<dynamic-code>").
+        data = base64.b64encode(protocol.dumps(fn)).decode()
     return f"    return cloudpickle.loads(base64.b64decode({data!r}))"
 
 

@@ -93,6 +93,7 @@ def search(
     hook_state: Callable[..., Any] | None = None,
     loss_reduction: str = "mean",
     ddp_wrapper: str | None = None,
+    full_trace: bool = False,
     **scenario_bounds: Any,
 ) -> Verdict:
     """Check ``fn`` as a ``kind`` plug-in on scenarios generated for ``world``.
@@ -112,6 +113,7 @@ def search(
     ``factory(module)``), once the process group exists. ``loss_reduction``: the reduction of
     the ``loss_fn`` a step function gets (``mean``, ``sum`` or ``none``); ``ddp_wrapper``
     (``"module:callable"``) wraps the model a ``wrapped-step`` function gets instead of DDP.
+    ``full_trace``: when the code fails, the ranks' tracebacks keep the harness's frames.
 
     Example::
 
@@ -211,7 +213,7 @@ def search(
         failed_error = CodeFailed(
             f"{method.name} failed to run on a world of {world_size}:\n"
             f"Called as: {method.call.describe()}\n"  # type: ignore[attr-defined]
-            f"{stop.error}\n"
+            f"{stop.error.report(full_trace=full_trace)}\n"
             f"Scenario: {stop.scenario.describe()}\nReproduce with: {stop.scenario!r}"
             + (f"\nLikely cause: {cause}" if cause else ""),
             scenario=stop.scenario,

@@ -57,7 +57,10 @@ class RankFailure:
     rank: int
     kind: FailureKind
     summary: str
+    # Its traceback or stack, cut to the user's frames; ``full_details`` keeps the harness's
+    # too (``--full-trace``), where they differ.
     details: str = ""
+    full_details: str = ""
     stdout: str = ""
     stderr: str = ""
     exception: BaseException | None = None
@@ -71,10 +74,11 @@ class RankFailure:
         """A rank that failed on its own, as opposed to one stuck or broken by another's failure."""
         return self.kind is not FailureKind.STUCK and not self.consequence
 
-    def render(self) -> str:
+    def render(self, *, full_trace: bool = False) -> str:
         parts = [f"━━ rank {self.rank} {self.summary}"]
-        if self.details:
-            parts.append(textwrap.indent(self.details.rstrip(), "  "))
+        details = (self.full_details or self.details) if full_trace else self.details
+        if details:
+            parts.append(textwrap.indent(details.rstrip(), "  "))
         for name, text in (("stdout", self.stdout), ("stderr", self.stderr)):
             if text.strip():
                 parts.append(f"  ── rank {self.rank} {name} ──")
@@ -120,7 +124,12 @@ class RankError(WorldError):
         """The ranks that failed on their own (not those stuck behind them)."""
         return sorted(f.rank for f in self.failures if f.is_primary)
 
-    def _message(self) -> str:
+    def report(self, *, full_trace: bool = False) -> str:
+        """The message; ``full_trace`` shows the harness's frames in the ranks' tracebacks and
+        stacks too (pytest's ``--full-trace``)."""
+        return self._message(full_trace=full_trace)
+
+    def _message(self, *, full_trace: bool = False) -> str:
         primary = [f for f in self.failures if f.is_primary]
         broken = [f for f in self.failures if f.consequence]
         stuck = [f for f in self.failures if f.kind is FailureKind.STUCK]
@@ -130,7 +139,7 @@ class RankError(WorldError):
         if stuck:
             headline += f"; {_ranks(stuck)} stuck waiting and killed"
         lines = [f"{self.job} failed on {self.where}: {headline}"]
-        lines.extend(f.render() for f in self.failures)
+        lines.extend(f.render(full_trace=full_trace) for f in self.failures)
         if self.finished:
             ranks = ", ".join(map(str, self.finished))
             lines.append(

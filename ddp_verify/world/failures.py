@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from . import protocol
+from . import frames, protocol
 from .errors import DEBUG_HINT, FailureKind, RankFailure
 from .processes import RankProcess, collect_stack_dumps
 
@@ -25,6 +25,7 @@ def raised(
         kind=FailureKind(outcome.error_kind),
         summary=outcome.error_summary,
         details=outcome.error_traceback,
+        full_details=outcome.error_traceback_full,
         stdout=stdout,
         stderr=stderr,
         exception=protocol.load_exception(outcome.exception),
@@ -58,16 +59,13 @@ def hung(
     waits in."""
     if not ranks:
         return []
-    stacks = {rank: user_frames(text) for rank, text in collect_stack_dumps(ranks).items()}
+    dumps = collect_stack_dumps(ranks)
     failures = []
     for r in ranks:
         stdout, stderr = r.output_since(marks[r.rank])
-        stack = stacks.get(r.rank, "").strip()
-        where = (
-            "where it waits (most recent call first):\n" + stack
-            if stack
-            else "(no stack dump came back)"
-        )
+        dump = dumps.get(r.rank, "")
+        where = _where_it_waits(frames.format_dump(dump))
+        where_in_full = _where_it_waits(frames.format_dump(dump, full=True))
         failures.append(
             RankFailure(
                 rank=r.rank,
@@ -78,6 +76,7 @@ def hung(
                     else f"did not finish within the {timeout:g} s timeout; killed"
                 ),
                 details=where,
+                full_details=where_in_full,
                 stdout=stdout,
                 stderr=stderr,
                 order=float("inf"),
@@ -121,22 +120,10 @@ def hint(failures: Sequence[RankFailure], *, debug: bool) -> str:
     return ""
 
 
-def user_frames(dump: str) -> str:
-    """A faulthandler dump without the rank's watchdog thread and its own dispatch frames."""
-    blocks = [b for b in dump.strip().split("\n\n") if b.strip()]
-    kept = []
-    for block in blocks:
-        lines = block.splitlines()
-        if any("ddp_verify/world/rank.py" in line and " in watch" in line for line in lines):
-            continue
-        kept.append(
-            "\n".join(
-                line
-                for line in lines
-                if "ddp_verify/world/rank.py" not in line and 'File "<string>"' not in line
-            )
-        )
-    return "\n\n".join(kept)
+def _where_it_waits(stack: str) -> str:
+    if not stack.strip():
+        return "(no stack dump came back)"
+    return "where it waits (most recent call last):\n" + stack.rstrip()
 
 
 def _looks_like_lost_peer(failure: RankFailure) -> bool:

@@ -17,10 +17,11 @@ import hashlib
 import importlib
 import importlib.machinery
 import io
+import linecache
+import os
 import pickle
 import sys
 import threading
-import traceback
 import types
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -74,6 +75,8 @@ class Outcome:
     error_kind: str = ""
     error_summary: str = ""
     error_traceback: str = ""
+    # The same traceback with the harness's frames (``--full-trace``).
+    error_traceback_full: str = ""
     # The exception object, cloudpickled, when it could be (pytest's skip/xfail need it).
     exception: bytes | None = None
     # False when the job destroyed the default process group.
@@ -167,13 +170,26 @@ def dumps(obj: Any) -> bytes:
 
 
 class _Pickler(cloudpickle.Pickler):
-    """cloudpickle, plus modules that replace themselves in ``sys.modules`` with an instance
-    of a ``ModuleType`` subclass (``torch.backends.cudnn`` is a ``CudnnModule``): cloudpickle
-    pickles plain modules by name but refuses these, so a test that reads
-    ``torch.backends.cudnn.allow_tf32`` could not be sent to the ranks. They are imported by
-    name on the other side, as plain modules are."""
+    """cloudpickle, with two differences.
+
+    Code pickled by value keeps its file name. cloudpickle 3.1.3 and later name every such
+    code object ``"<dynamic-code>"`` (so that payloads do not depend on where code lives), and
+    a rank's traceback or stack dump could then not say which file and line failed. Where the
+    file is not on disk (a notebook cell, which IPython keeps in ``linecache``), its source
+    travels too, so the ranks can still print the line.
+
+    Modules that replace themselves in ``sys.modules`` with an instance of a ``ModuleType``
+    subclass (``torch.backends.cudnn`` is a ``CudnnModule``) are imported by name on the other
+    side, as plain modules are: cloudpickle refuses them, so a test that reads
+    ``torch.backends.cudnn.allow_tf32`` could not be sent to the ranks."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._sources: dict[str, tuple[str, ...] | None] = {}
 
     def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, types.CodeType):
+            return self._reduce_code(obj)
         if (
             isinstance(obj, types.ModuleType)
             and type(obj) is not types.ModuleType
@@ -181,6 +197,42 @@ class _Pickler(cloudpickle.Pickler):
         ):
             return importlib.import_module, (obj.__name__,)
         return super().reducer_override(obj)
+
+    def _reduce_code(self, code: types.CodeType) -> Any:
+        # cloudpickle's own reduction (it follows each Python's code constructor); the file
+        # name is put back after it.
+        reduce = self.dispatch_table.get(types.CodeType)
+        if reduce is None:  # pragma: no cover - a cloudpickle that no longer reduces code so
+            return NotImplemented
+        constructor, args = reduce(code)
+        filename = code.co_filename
+        if filename not in self._sources:
+            self._sources[filename] = _source_off_disk(filename)
+        return _code_in_file, (constructor, args, filename, self._sources[filename])
+
+
+def _source_off_disk(filename: str) -> tuple[str, ...] | None:
+    """The source lines of a file that is not on disk but in ``linecache`` (a notebook cell,
+    code from ``exec`` whose author registered it), else None: a file on disk is read where
+    it is needed."""
+    if os.path.exists(filename):
+        return None
+    lines = linecache.getlines(filename)
+    return tuple(lines) if lines else None
+
+
+def _code_in_file(
+    constructor: Callable[..., types.CodeType],
+    args: tuple[Any, ...],
+    filename: str,
+    source: tuple[str, ...] | None,
+) -> types.CodeType:
+    """On the receiving side: the code object, named for its file again."""
+    code = constructor(*args)
+    if source is not None and filename not in linecache.cache:
+        # mtime None: linecache.checkcache() keeps it (there is no file to compare with).
+        linecache.cache[filename] = (sum(map(len, source)), None, list(source), filename)
+    return code if code.co_filename == filename else code.replace(co_filename=filename)
 
 
 def load_result(payload: bytes) -> Any:
@@ -236,24 +288,6 @@ def load_exception(payload: bytes | None) -> BaseException | None:
         return pickle.loads(payload)
     except Exception:
         return None
-
-
-def format_exception(exc: BaseException, *, skip_frames: int = 0) -> str:
-    """The traceback as Python prints it, without the rank's own dispatch frames and without
-    frames that set ``__tracebackhide__`` (pytest's convention for helper frames)."""
-    tb = exc.__traceback__
-    for _ in range(skip_frames):
-        if tb is not None and tb.tb_next is not None:
-            tb = tb.tb_next
-    frames = [
-        (frame, lineno)
-        for frame, lineno in traceback.walk_tb(tb)
-        if not frame.f_locals.get("__tracebackhide__", False)
-    ]
-    stack = traceback.StackSummary.extract(iter(frames), capture_locals=False)
-    lines = ["Traceback (most recent call last):\n", *stack.format()] if frames else []
-    lines += traceback.format_exception_only(type(exc), exc)
-    return "".join(lines)
 
 
 def callable_name(fn: Callable[..., Any]) -> str:
@@ -312,14 +346,31 @@ def _importable_from_sys_path(module: types.ModuleType) -> bool:
     if origin in ("built-in", "frozen"):
         return True
     parts = module.__name__.split(".")
-    path: list[str] | None = list(sys.path)
+    path: list[str] | None = None
     found = None
     for depth in range(len(parts)):
-        found = importlib.machinery.PathFinder.find_spec(".".join(parts[: depth + 1]), path)
+        found = _find_spec(".".join(parts[: depth + 1]), path)
         if found is None:
             return False
         path = list(found.submodule_search_locations or [])
     return found is not None and found.origin == origin
+
+
+def _find_spec(name: str, path: list[str] | None) -> importlib.machinery.ModuleSpec | None:
+    """What an import of ``name`` would find now, ignoring ``sys.modules``: the meta path's
+    finders in order, as the ranks have them (an editable install's finder among them, which
+    ``PathFinder`` alone does not see)."""
+    for finder in sys.meta_path:
+        find_spec = getattr(finder, "find_spec", None)
+        if find_spec is None:
+            continue
+        try:
+            spec = find_spec(name, path)
+        except Exception:
+            continue
+        if spec is not None:
+            return spec
+    return None
 
 
 def first_unpicklable(named: Mapping[str, Any]) -> tuple[str, Any, Exception] | None:

@@ -20,11 +20,9 @@ import warnings
 from multiprocessing.connection import Connection
 from typing import Any
 
-from . import protocol, runtime
+from . import frames, protocol, runtime
 from .errors import FailureKind
 
-# Frames of this module above the user's job in a traceback: _run_job.
-_DISPATCH_FRAMES = 1
 _WATCHDOG_PERIOD_S = 0.2
 
 
@@ -41,7 +39,9 @@ def main(argv: list[str] | None = None) -> None:
     try:
         member = _Member(launch)
     except BaseException as exc:
-        results.send_bytes(protocol.encode((protocol.START_FAILED, protocol.format_exception(exc))))
+        # The harness failed, not a job: its frames are the story.
+        start_failed = (protocol.START_FAILED, frames.format_exception(exc, full=True))
+        results.send_bytes(protocol.encode(start_failed))
         _flush()
         os._exit(1)
     results.send_bytes(protocol.encode((protocol.READY, os.getpid())))
@@ -152,7 +152,7 @@ def _run_job(job_id: int, payload: bytes) -> protocol.Outcome:
         value = fn(*args, **kwargs)
     except SystemExit as exc:
         # sys.exit() in a job ends the rank, as it would in a script; the controller reports it.
-        sys.stderr.write(protocol.format_exception(exc, skip_frames=_DISPATCH_FRAMES))
+        sys.stderr.write(frames.format_exception(exc))
         _flush()
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         os._exit(code)
@@ -178,9 +178,8 @@ def _failed(job_id: int, kind: FailureKind, exc: BaseException, summary: str) ->
         ok=False,
         error_kind=kind.value,
         error_summary=summary,
-        error_traceback=(
-            protocol.format_exception(exc, skip_frames=_DISPATCH_FRAMES) if user_code else ""
-        ),
+        error_traceback=frames.format_exception(exc) if user_code else "",
+        error_traceback_full=frames.format_exception(exc, full=True) if user_code else "",
         exception=protocol.dump_exception(exc),
     )
 

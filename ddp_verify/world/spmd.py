@@ -35,12 +35,11 @@ import signal
 import sys
 import threading
 import time
-import traceback
 from collections.abc import Callable, Mapping, Sequence
 from types import ModuleType
 from typing import Any
 
-from . import protocol, runtime
+from . import frames, protocol, runtime
 from .backends import check_backend, check_device, placement
 from .errors import FailureKind, RankError, RankFailure, WorldError
 from .launch import Launched
@@ -56,15 +55,6 @@ _STUCK_EXIT_WAIT_S = 60.0
 _POLL_S = 0.05
 # A blocking wait on the store lasts at most this long before the waiter looks around.
 _WAIT_SLICE_S = 0.25
-# Frames of these files are the harness's, not the user's, in a stuck rank's stack.
-_HARNESS_FILES = (
-    "/_pytest/",
-    "/pluggy/",
-    "<frozen runpy>",
-    "/pytest/__main__",
-    "/hypothesis/",
-    "/ddp_verify/",
-)
 # At the end, how long a rank waits for the others to be done.
 _END_WAIT_S = 30.0
 # The job's deadline is shared; the others get this much more to post what they did.
@@ -391,6 +381,7 @@ class Member:
     def _give_up(self, tag: str, late: list[int], dead: list[int], deadline: float) -> None:
         __tracebackhide__ = True
         stacks = self._stacks_of([r for r in late if r not in dead])
+        unanswered = "(no stack came back: the rank did not answer)"
         failures = []
         for r in late:
             if r in dead:
@@ -409,7 +400,8 @@ class Member:
                         FailureKind.TIMED_OUT,
                         f"did not finish {tag} in time (rank {self.rank} waited until the "
                         "deadline)",
-                        details=stacks.get(r, "(no stack came back: the rank did not answer)"),
+                        details=stacks[r][0] if r in stacks else unanswered,
+                        full_details=stacks[r][1] if r in stacks else unanswered,
                     )
                 )
         self.gone.update(late)
@@ -447,16 +439,19 @@ class Member:
         except Exception:
             return -1
 
-    def _stacks_of(self, ranks: Sequence[int]) -> dict[int, str]:
+    def _stacks_of(self, ranks: Sequence[int]) -> dict[int, tuple[str, str]]:
+        """Each rank's stack as it answered: cut to the user's frames, and in full."""
         for r in ranks:
             with contextlib.suppress(Exception):
                 self._store.set(f"stack-request/{r}", b"1")
-        stacks: dict[int, str] = {}
+        stacks: dict[int, tuple[str, str]] = {}
         until = time.monotonic() + _STACK_WAIT_S
         while len(stacks) < len(ranks) and time.monotonic() < until:
             for r in ranks:
-                if r not in stacks and self._store.check([f"stack/{r}"]):
-                    stacks[r] = self._store.get(f"stack/{r}").decode(errors="replace")
+                keys = [f"stack/{r}", f"stack-full/{r}"]
+                if r not in stacks and self._store.check(keys):
+                    cut, full = (self._store.get(k).decode(errors="replace") for k in keys)
+                    stacks[r] = (cut, full)
             time.sleep(_POLL_S)
         return stacks
 
@@ -477,6 +472,8 @@ class Member:
                 if self._watch_store.check([f"stack-request/{self.rank}"]):
                     self._watch_store.delete_key(f"stack-request/{self.rank}")
                     self._watch_store.set(f"stack/{self.rank}", self._own_stack().encode())
+                    full = self._own_stack(full=True).encode()
+                    self._watch_store.set(f"stack-full/{self.rank}", full)
                 if not self.broken and self._watch_store.check(["broken"]):
                     # The others gave up; a main thread that has not noticed is stuck.
                     stuck_since = stuck_since or time.monotonic()
@@ -491,15 +488,16 @@ class Member:
                     return
                 self._exit_stuck(lost_store=True)
 
-    def _own_stack(self) -> str:
+    def _own_stack(self, *, full: bool = False) -> str:
         frame = sys._current_frames().get(self._main_thread)
         doing = self._activity[0] if self._activity else "nothing (between jobs)"
         since = f" for {time.monotonic() - self._activity[1]:.1f} s" if self._activity else ""
-        frames = traceback.extract_stack(frame) if frame is not None else []
-        # From where the job (or test) starts: pytest's, pluggy's and our frames say nothing.
-        mine = [f for f in frames if not any(part in f.filename for part in _HARNESS_FILES)]
-        stack = "".join(traceback.format_list(mine or frames[-8:]))
-        return f"busy with {doing}{since}; its main thread:\n{stack}"
+        stack = frames.of_stack(frame) if frame is not None else []
+        shown = stack if full else frames.user_frames(stack)
+        return (
+            f"busy with {doing}{since}; its main thread (most recent call last):\n"
+            + frames.render(shown)
+        )
 
     def _exit_stuck(self, *, lost_store: bool = False) -> None:
         doing = self._activity[0] if self._activity else "its test"
@@ -810,13 +808,13 @@ def _run_here(
     except BaseException as exc:
         if isinstance(exc, KeyboardInterrupt):
             raise
-        text = protocol.format_exception(exc, skip_frames=1)
         return protocol.Outcome(
             0,
             ok=False,
             error_kind=FailureKind.RAISED.value,
             error_summary=f"raised {_one_line(exc)}",
-            error_traceback=text,
+            error_traceback=frames.format_exception(exc),
+            error_traceback_full=frames.format_exception(exc, full=True),
             exception=protocol.dump_exception(exc),
         )
     try:
@@ -838,6 +836,7 @@ def _failure(rank: int, outcome: protocol.Outcome, *, order: float = 0.0) -> Ran
         FailureKind(outcome.error_kind),
         outcome.error_summary,
         details=outcome.error_traceback,
+        full_details=outcome.error_traceback_full,
         exception=protocol.load_exception(outcome.exception),
         order=order,
     )

@@ -26,7 +26,7 @@ from types import ModuleType
 from typing import Any
 
 from . import failures as fail
-from . import forkserver, protocol
+from . import forkserver, frames, protocol
 from .backends import check_backend, check_device, placement, require_devices, visible_gpus
 from .errors import FailureKind, RankError, RankFailure, WorldError, WorldStartError
 from .jobs import Collected, PendingJob
@@ -467,7 +467,8 @@ class World:
             report = "".join(
                 f"── rank {r.rank} stderr ──\n{r.take_new('stderr')}"
                 + (
-                    f"── rank {r.rank} stack (still starting) ──\n{stacks[r.rank]}"
+                    f"── rank {r.rank} stack (still starting) ──\n"
+                    + frames.format_dump(stacks[r.rank], full=True)
                     if stacks.get(r.rank)
                     else ""
                 )

@@ -194,6 +194,41 @@ def test_every_outcome_has_its_exit_code_and_one_json_document(
     assert words in document["report"], document["report"]
 
 
+_RAISES_IN_A_HELPER = """\
+import torch.distributed as dist
+
+
+def scale(grad):
+    raise RuntimeError(f"no scale for rank {dist.get_rank()}")
+
+
+def sync(model):
+    for p in model.parameters():
+        scale(p.grad)
+"""
+
+
+def test_an_error_verdict_names_the_users_file_and_line_and_cuts_the_harness(tmp_path):
+    (tmp_path / "my_sync.py").write_text(_RAISES_IN_A_HELPER)
+    command = check_command("my_sync.py:sync", "--max-examples", "2", "--json")
+    cut = json.loads(ddp_verify(*command, cwd=tmp_path).stdout)
+    assert cut["verdict"] == "error"
+    traceback = (
+        "  Traceback (most recent call last):\n"
+        '    File "my_sync.py", line 10, in sync\n'
+        "      scale(p.grad)\n"
+        '    File "my_sync.py", line 5, in scale\n'
+        '      raise RuntimeError(f"no scale for rank {dist.get_rank()}")\n'
+        "  RuntimeError: no scale for rank 0\n"
+    )
+    assert traceback in cut["report"], cut["report"]
+    full = json.loads(ddp_verify(*command, "--full-trace", cwd=tmp_path).stdout)
+    # The training loop and the adapter that called the code, and the rank that ran it.
+    for harness in ("in train_local_then_sync", "in users_sync", "in _run_job"):
+        assert harness not in cut["report"]
+        assert harness in full["report"], full["report"]
+
+
 _USAGE_ERROR_IN_PROCESS = """
 import os, sys
 from ddp_verify.frontends.cli import main

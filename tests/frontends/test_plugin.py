@@ -102,8 +102,11 @@ def test_a_failing_rank_is_named_with_its_assertion_and_output(pytester):
             "*test_only_rank_0_is_happy failed on a world of 2 (gloo): "
             "rank 1 raised AssertionError: assert 10 == 0",
             "*rank 1 raised AssertionError*",
-            "*in test_only_rank_0_is_happy",
-            "*assert value == 0",
+            "  Traceback (most recent call last):",
+            '    File "*test_a_failing_rank_is_named_with_its_assertion_and_output.py", line 7, '
+            "in test_only_rank_0_is_happy",
+            "      assert value == 0",
+            "  AssertionError: assert 10 == 0",
             "Finished the job normally: rank 0.",
             "*Captured stdout rank 0 call*",
             "checking rank 0",
@@ -112,6 +115,40 @@ def test_a_failing_rank_is_named_with_its_assertion_and_output(pytester):
         ]
     )
     assert "During handling of the above exception" not in result.stdout.str()
+    # The harness's frames are cut, as pytest cuts its own.
+    assert "_run_test_on_rank" not in result.stdout.str()
+
+
+def test_full_trace_shows_the_harness_frames_of_rank_tracebacks_and_stacks(pytester):
+    pytester.makepyfile(
+        """
+        import time, pytest
+
+        @pytest.mark.distributed
+        def test_raises(rank):
+            assert rank == 0
+
+        @pytest.mark.distributed(timeout=2)
+        def test_hangs(rank):
+            time.sleep(60 if rank == 0 else 0)
+
+        def test_world_run(world):
+            def job():
+                raise ValueError("from the job")
+            world.run(job)
+        """
+    )
+    cut = run(pytester, "--world-size", "2")
+    cut.assert_outcomes(failed=3)
+    full = run(pytester, "--world-size", "2", "--full-trace")
+    full.assert_outcomes(failed=3)
+    # What delivered each job: the rank's loop, the plugin's runner, the fork server.
+    for harness in ("in _run_job", "in _run_test_on_rank", "forkserver.py"):
+        assert harness not in cut.stdout.str()
+        assert harness in full.stdout.str()
+    # The world.run() of a test says the same in full.
+    full.stdout.fnmatch_lines(["*ValueError: from the job", "*in _run_job*"], consecutive=False)
+    assert full.stdout.str().count("in _run_job") >= 3
 
 
 def test_world_size_list_parametrizes_and_marker_overrides(pytester):
@@ -314,9 +351,11 @@ def test_a_hang_is_reported_after_the_timeout_with_stacks(pytester):
     result.stdout.fnmatch_lines(
         [
             "*rank 0 did not finish within the 2 s timeout; killed",
-            "*where it waits*",
-            "*all_reduce*",
-            "*in test_hangs*",
+            "*where it waits (most recent call last):",
+            '*File "*test_a_hang_is_reported_after_the_timeout_with_stacks.py", line 6, '
+            "in test_hangs",
+            "*dist.all_reduce(torch.ones(1))",
+            "*in all_reduce",
             "*rerun with --ddp-debug*",
         ]
     )

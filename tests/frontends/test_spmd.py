@@ -168,6 +168,10 @@ def test_a_raising_rank_fails_the_test_on_every_rank_and_the_session_goes_on(
     out = job.stdout
     # The raising rank's traceback, the others named as consequences.
     assert "rank 3 raised ValueError: rank 3 gives up before the collective" in out
+    # It names the test's file, line and source; the harness's frames are cut.
+    assert 'test_raise.py", line 8, in test_raise_mid_collective' in out
+    assert 'raise ValueError("rank 3 gives up before the collective")' in out
+    assert "_run_test_on_rank" not in out and "_run_here" not in out
     assert "failed in a collective as a consequence" in out
     # hypothesis shrank in lockstep to the smallest failing example, the same on every rank.
     assert "rank 2 rejects 41" in out and "n=41," in out
@@ -230,9 +234,39 @@ def test_a_stuck_rank_is_reported_with_its_stack_and_ended(tmp_path: Path) -> No
     assert job.returncode == 1, job.output
     out = job.stdout
     assert "rank 2 did not finish" in out
-    # Its stack, from its watchdog: where it was stuck.
-    assert "time.sleep(0.05)  # stuck here" in out
+    # Its stack, from its watchdog: where it was stuck, from the test down, as a traceback.
+    lines = out.splitlines()
+    at = next(
+        i for i, line in enumerate(lines) if "its main thread (most recent call last)" in line
+    )
+    assert [line.strip() for line in lines[at + 1 : at + 6]] == [
+        f'E           File "{tmp_path / "test_stuck.py"}", line 9, in test_stuck_rank',
+        "E             world.run(job)",
+        f'E           File "{tmp_path / "test_stuck.py"}", line 8, in job',
+        "E             time.sleep(0.05)  # stuck here",
+        "E       Finished the job normally: ranks 0, 1, 3.",
+    ]
     assert "test_never_runs" not in out
+    assert ranks_left(tmp_path / "pids") == []
+
+
+def test_full_trace_under_a_launcher_shows_the_harness_frames(tmp_path: Path) -> None:
+    write(
+        tmp_path,
+        test_full="""
+        import pytest
+
+        @pytest.mark.distributed
+        def test_raise(rank):
+            assert rank != 1, "rank 1 is out"
+        """,
+    )
+    job = torchrun([*PYTEST, "test_full.py", "--full-trace"], cwd=tmp_path, nproc=2)
+    assert job.returncode == 1, job.output
+    assert "AssertionError: rank 1 is out" in job.stdout
+    # The SPMD runner and the plugin's test runner, between the test and the assertion.
+    for harness in ("in _run_here", "in _run_test_on_rank", 'test_full.py", line 6, in test_raise'):
+        assert harness in job.stdout, job.stdout
     assert ranks_left(tmp_path / "pids") == []
 
 

@@ -126,7 +126,8 @@ def test_a_world_whose_ranks_never_join_says_where_they_are_and_is_not_waited_ou
         report = str(first.value)
         assert "rank 0 did not join within 2 s" in report
         assert "rank 0 stack (still starting)" in report
-        assert f'File "{tmp_path / "slow_start_module.py"}", line 5 in <module>' in report
+        where = f'  File "{tmp_path / "slow_start_module.py"}", line 5, in <module>\n'
+        assert where + "    time.sleep(120)\n" in report
         assert wait_gone(pids, timeout=10) == []
         with pytest.raises(WorldStartError) as again:
             world.run(lambda: None)
