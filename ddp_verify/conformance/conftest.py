@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 # Measured facts the tests report, listed at the end of the run (see pytest_terminal_summary).
@@ -96,9 +96,11 @@ def _timed_out(error: BaseException) -> bool:
 @pytest.fixture
 def prove(
     conformance_examples: int, lockstep: Callable[[Any], Any], request: pytest.FixtureRequest
-) -> Callable[[st.SearchStrategy[Any], Callable[[Any], None]], None]:
-    """``prove(strategy, check)``: ``check`` holds for ``--conformance-examples`` values drawn
-    from ``strategy``, or hypothesis shrinks the counterexample and the test fails with it.
+) -> Callable[..., None]:
+    """``prove(strategy, check, examples=())``: ``check`` holds for ``examples`` (the cases a
+    property must never leave to chance, checked first) and for ``--conformance-examples``
+    values drawn from ``strategy``, or hypothesis shrinks the counterexample and the test
+    fails with it.
     The phases are the loaded hypothesis profile's. A failure that matches a known torch
     issue the test is marked with is not shrunk: one counterexample shows it, and every shrink
     of a failure that leaves a rank's collectives behind costs a regrouped world (under a
@@ -110,16 +112,12 @@ def prove(
 
     known = [i for i in issues_of(request.node) if i.applies_to(torch.__version__)]
 
-    def run(strategy: st.SearchStrategy[Any], check: Callable[[Any], None]) -> None:
-        @settings(
-            max_examples=conformance_examples,
-            deadline=None,
-            phases=settings.default.phases,
-            # One counterexample, of the kind a known-issue mark expects, not a group of them.
-            report_multiple_bugs=False,
-            suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-        )
-        @given(strategy)
+    def run(
+        strategy: st.SearchStrategy[Any],
+        check: Callable[[Any], None],
+        *,
+        examples: Sequence[Any] = (),
+    ) -> None:
         def holds(value: Any) -> None:
             try:
                 check(value)
@@ -133,9 +131,20 @@ def prove(
                     raise _Unshrunk(exc) from exc
                 raise
 
+        test = given(strategy)(holds)
+        for value in examples:
+            test = example(value)(test)
+        test = settings(
+            max_examples=conformance_examples,
+            deadline=None,
+            phases=settings.default.phases,
+            # One counterexample, of the kind a known-issue mark expects, not a group of them.
+            report_multiple_bugs=False,
+            suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+        )(test)
         # Under torchrun every rank runs this property: in lockstep (a no-op otherwise).
         try:
-            lockstep(holds)()
+            lockstep(test)()
         except _Unshrunk as failure:
             raise failure.error from None
 

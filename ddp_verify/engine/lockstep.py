@@ -150,7 +150,9 @@ def _rebuilt(
         return RankFailed(f"rank {rank} of {size} raised {kind}:\n{text}")
     exc.__traceback__ = None
     if note:
-        exc.add_note(f"[ddp_verify] raised on rank {rank} of {size}; there:\n{text.rstrip()}")
+        said = f"[ddp_verify] raised on rank {rank} of {size}; there:\n{text.rstrip()}"
+        # BaseException.add_note is Python 3.11's; pytest and hypothesis read __notes__ on 3.10.
+        exc.__notes__ = [*getattr(exc, "__notes__", []), said]
     return exc
 
 

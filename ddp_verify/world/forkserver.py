@@ -33,9 +33,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+# The package root leads sys.path only while ddp_verify itself is imported: for an installed
+# package it is site-packages, which must not come before what PYTHONPATH puts first (a
+# patched torch under test, a module hidden from the ranks).
 _BOOT = (
     "import sys; sys.path.insert(0, {root!r}); "
-    "from ddp_verify.world.forkserver import serve; serve()"
+    "from ddp_verify.world.forkserver import serve; sys.path.remove({root!r}); serve()"
 )
 _MESSAGE_BYTES = 1 << 16
 _PARENT_CHECK_S = 0.5

@@ -45,6 +45,7 @@ _RUNNERS = (
     "/execnet/",
     "/pytest/__main__",
     "<frozen runpy>",
+    "/runpy.py",
     "/threading.py",
 )
 # Where console scripts (``pytest``, ``ddp-verify``) live: their one frame starts the runner.
@@ -64,7 +65,8 @@ class Frame:
 
     @property
     def delivers_job(self) -> bool:
-        return self.filename.startswith(_DISPATCH_DIR) or self.filename == _BOOTSTRAP
+        bootstrap = self.filename == _BOOTSTRAP and self.name == "<module>"
+        return self.filename.startswith(_DISPATCH_DIR) or bootstrap
 
     @property
     def is_harness(self) -> bool:

@@ -17,7 +17,11 @@ from .forkserver import ForkServer
 
 # The rank imports the package from wherever the controller imported it, installed or not:
 # the folder that holds ddp_verify/world/processes.py's package.
-_BOOT = "import sys; sys.path.insert(0, {root!r}); from ddp_verify.world.rank import main; main()"
+# As the fork server's (see forkserver._BOOT): the package root leads sys.path only for the import.
+_BOOT = (
+    "import sys; sys.path.insert(0, {root!r}); "
+    "from ddp_verify.world.rank import main; sys.path.remove({root!r}); main()"
+)
 PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 
 

@@ -122,5 +122,12 @@ def test_ranks_that_imported_different_local_modules_draw_the_same_examples(tmp_
         )
         return json.loads(out.stdout)
 
-    assert draws("with-module", "alone") != draws("without", "alone")  # the hazard is real
+    # The hazard is real where hypothesis draws local constants at all (its newer releases;
+    # the lowest release pyproject.toml allows has no such provider, and nothing to leave out).
+    try:
+        from hypothesis.internal.conjecture import providers
+    except ImportError:  # older releases: no providers at all
+        providers = None
+    hazard = hasattr(providers, "_get_local_constants")
+    assert (draws("with-module", "alone") != draws("without", "alone")) == hazard
     assert draws("with-module", "in-lockstep") == draws("without", "in-lockstep")

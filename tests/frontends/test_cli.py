@@ -145,21 +145,21 @@ def returns_a_word(model, optimizer, micro_batches, loss_fn):
     [
         (["{f}/grad_sync.py:sample_weighted"], {}, 0, "equivalent", "equivalent on 3"),
         (
-            ["{t}/code.py:crashes"],
+            ["{t}/my_code.py:crashes"],
             {},
             1,
             "error",
             "failed on a world of 2 (gloo): rank 1 exited with code 7 without a result",
         ),
         (
-            ["{t}/code.py:returns_a_word", "--kind", "step"],
+            ["{t}/my_code.py:returns_a_word", "--kind", "step"],
             {},
             2,
             "usage-error",
             "must return the global mean loss",
         ),
-        (["{t}/code.py:crashes", "--timeout", "0"], {}, 2, "usage-error", "--timeout"),
-        (["{t}/code.py:crashes", "--no-such-option"], {}, 2, "usage-error", "--no-such-option"),
+        (["{t}/my_code.py:crashes", "--timeout", "0"], {}, 2, "usage-error", "--timeout"),
+        (["{t}/my_code.py:crashes", "--no-such-option"], {}, 2, "usage-error", "--no-such-option"),
         (["{t}/missing.py:fn"], {}, 2, "usage-error", "no such file"),
         (
             ["{f}/grad_sync.py:sample_weighted"],
@@ -182,7 +182,7 @@ def returns_a_word(model, optimizer, micro_batches, loss_fn):
 def test_every_outcome_has_its_exit_code_and_one_json_document(
     tmp_path, args, env, code, verdict, words
 ):
-    (tmp_path / "code.py").write_text(MISBEHAVING)
+    (tmp_path / "my_code.py").write_text(MISBEHAVING)
     target, *options = (a.format(f=FIXTURES, t=tmp_path) for a in args)
     kind = options.pop(options.index("--kind") + 1) if "--kind" in options else "grad-sync"
     options = [o for o in options if o != "--kind"]
@@ -352,8 +352,8 @@ def mismatched(model):
 def test_ddp_debug_on_the_cli_names_the_mismatched_collective(tmp_path):
     # Without it, the report of a crashed or stuck world suggests it; with it, torch names
     # the mismatch. Either way the verdict is "error": the code failed to run.
-    (tmp_path / "code.py").write_text(MISMATCHED)
-    command = check_command(f"{tmp_path}/code.py:mismatched", "--max-examples", "2", "--json")
+    (tmp_path / "my_code.py").write_text(MISMATCHED)
+    command = check_command(f"{tmp_path}/my_code.py:mismatched", "--max-examples", "2", "--json")
     plain = json.loads(ddp_verify(*command, "--timeout", "10", cwd=tmp_path).stdout)
     assert plain["verdict"] == "error" and "rerun with --ddp-debug" in plain["report"]
     debug = json.loads(ddp_verify(*command, "--timeout", "10", "--ddp-debug", cwd=tmp_path).stdout)
@@ -381,8 +381,8 @@ def flat_sync(model, num_samples):
 
 
 def test_model_features_the_code_does_not_support_can_be_left_out(tmp_path):
-    (tmp_path / "code.py").write_text(EVERY_GRADIENT)
-    command = check_command(f"{tmp_path}/code.py:flat_sync", "--max-examples", "30", "--json")
+    (tmp_path / "my_code.py").write_text(EVERY_GRADIENT)
+    command = check_command(f"{tmp_path}/my_code.py:flat_sync", "--max-examples", "30", "--json")
     with_all = json.loads(ddp_verify(*command, "--seed", "1", cwd=tmp_path).stdout)
     assert with_all["verdict"] == "error", with_all["report"]
     assert "a parameter without a gradient" in with_all["report"]
@@ -459,10 +459,10 @@ def team_step(ddp_model, optimizer, micro_batches, loss_fn):
 
 def test_a_wrapped_step_gets_the_model_in_the_teams_own_wrapper(tmp_path):
     (tmp_path / "team_parallel.py").write_text(TEAM_WRAPPER)
-    (tmp_path / "code.py").write_text(TEAM_STEP)
+    (tmp_path / "my_code.py").write_text(TEAM_STEP)
     env = {"PYTHONPATH": str(tmp_path)}
     command = check_command(
-        f"{tmp_path}/code.py:team_step", "--max-examples", "5", "--json", kind="wrapped-step"
+        f"{tmp_path}/my_code.py:team_step", "--max-examples", "5", "--json", kind="wrapped-step"
     )
     wrapped = ddp_verify(*command, "--ddp-wrapper", "team_parallel:TeamDDP", cwd=tmp_path, env=env)
     assert json.loads(wrapped.stdout)["verdict"] == "equivalent", wrapped.stdout

@@ -213,6 +213,11 @@ def test_frames_are_cut_where_the_users_code_starts(stack, shown):
     assert [f.filename for f in frames.user_frames([_frame(s) for s in stack])] == shown
 
 
+def test_code_from_python_c_is_the_users_though_a_rank_starts_from_python_c_too():
+    stack = [_frame("<string>", "<module>"), _frame(RANK), _frame("<string>", "job")]
+    assert [(f.filename, f.name) for f in frames.user_frames(stack)] == [("<string>", "job")]
+
+
 def test_a_frame_that_sets_tracebackhide_hides_itself():
     stack = [_frame(USER, "test"), _frame(USER, "helper", hides=True), _frame(TORCH)]
     assert [f.name for f in frames.user_frames(stack)] == ["test", "f"]
