@@ -202,7 +202,7 @@ class _Pickler(cloudpickle.Pickler):
         # cloudpickle's own reduction (it follows each Python's code constructor); the file
         # name is put back after it.
         reduce = self.dispatch_table.get(types.CodeType)
-        if reduce is None:  # pragma: no cover - a cloudpickle that no longer reduces code so
+        if reduce is None:  # pragma: no cover - a cloudpickle whose table lacks code objects
             return NotImplemented
         constructor, args = reduce(code)
         filename = code.co_filename
