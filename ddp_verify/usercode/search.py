@@ -20,7 +20,7 @@ from ..engine.outcome import EquivalenceError
 from ..engine.scenario import Scenario
 from ..engine.strategies import optimizers, scenarios
 from ..methods.equivalence import HarnessError, assert_equivalent
-from ..world import FailureKind, RankError, World, WorldError
+from ..world import RankError, World, WorldError
 from .adapters import DEFAULT_BOUNDS, KindError, adapt
 from .diagnose import failure_cause, likely_causes
 from .kinds import Call
@@ -204,11 +204,9 @@ def search(
         if misuse:
             # The code ran but gave the harness something its kind cannot be: a usage error.
             raise KindError(f"{method.name}: {misuse}") from None
-        # Only trouble in collectives (a hang, a death, a gloo error) can come from the
-        # ranks' micro-batch counts; an exception of the user's own is its own news.
-        in_collectives = bool(stop.error.hint) or any(
-            f.kind is not FailureKind.RAISED for f in stop.error.failures
-        )
+        # Only trouble in collectives (a hang, a death, a mismatch) can come from the ranks'
+        # micro-batch counts; an exception of the user's own is its own news.
+        in_collectives = stop.error.in_collectives
         cause = failure_cause(kind, stop.scenario) if in_collectives else None
         failed_error = CodeFailed(
             f"{method.name} failed to run on a world of {world_size}:\n"

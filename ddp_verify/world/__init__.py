@@ -10,6 +10,7 @@ Usable without pytest::
 
 from .errors import (
     BackendUnavailable,
+    Category,
     DeviceUnavailable,
     FailureKind,
     JobPicklingError,
@@ -24,6 +25,7 @@ from .world import World
 
 __all__ = [
     "BackendUnavailable",
+    "Category",
     "DeviceUnavailable",
     "FailureKind",
     "JobPicklingError",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import textwrap
 from collections.abc import Sequence
 from typing import Any
@@ -43,11 +44,86 @@ class JobPicklingError(WorldError, TypeError):
 
 
 class FailureKind(str, enum.Enum):
+    """How a rank's job ended: what the rank process did."""
+
     RAISED = "raised"
     DIED = "died"
     TIMED_OUT = "timed out"
     STUCK = "stuck"
     UNPICKLABLE_RESULT = "unpicklable result"
+
+
+class Category(str, enum.Enum):
+    """What a rank's failure was, for whoever must act on it (:attr:`RankFailure.category`):
+    the code's own exception, or trouble in collectives."""
+
+    RAISED = "raised"
+    COLLECTIVE_TIMEOUT = "collective time-out"
+    COLLECTIVE_MISMATCH = "collective mismatch"
+    LOST_PEER = "lost peer"
+    DIED = "died"
+    HUNG = "hung"
+    UNPICKLABLE_RESULT = "unpicklable result"
+
+    @property
+    def in_collectives(self) -> bool:
+        """Trouble between ranks (a time-out, a mismatch, a lost peer, a death, a hang), as
+        opposed to an exception of the code's own or a result that cannot travel."""
+        return self not in (Category.RAISED, Category.UNPICKLABLE_RESULT)
+
+
+# torch's exception types that say what happened, by name (so that nothing here imports
+# torch): found anywhere in the exception's class hierarchy.
+_TYPES = {"DistNetworkError": Category.LOST_PEER}
+# Where torch raises a plain RuntimeError (gloo does for everything) or a rank dies with
+# gloo's abort on stderr: its words, lowercased, most specific first.
+_WORDS = (
+    (
+        Category.COLLECTIVE_MISMATCH,
+        (
+            "detected mismatch between collectives",  # TORCH_DISTRIBUTED_DEBUG=DETAIL
+            "collective mismatch",
+            "op.preamble.length <= op.nbytes",  # gloo's abort on mismatched sizes
+            "gloo::enforcenotmet",
+        ),
+    ),
+    (
+        Category.COLLECTIVE_TIMEOUT,
+        (
+            "timed out waiting",  # gloo: "Timed out waiting 60000ms for recv operation"
+            "collective operation timeout",  # NCCL's watchdog
+            "operation timed out",
+        ),
+    ),
+    (
+        Category.LOST_PEER,
+        (
+            "connection reset",
+            "connection closed",
+            "broken pipe",
+            "connection refused",
+        ),
+    ),
+)
+
+
+def categorize(failure: RankFailure) -> Category:
+    """The one place failures are classified: by how the rank ended, then by torch's
+    exception type, then by torch's and gloo's words."""
+    if failure.kind in (FailureKind.TIMED_OUT, FailureKind.STUCK):
+        return Category.HUNG
+    if failure.kind is FailureKind.UNPICKLABLE_RESULT:
+        return Category.UNPICKLABLE_RESULT
+    if failure.exception is not None:
+        for cls in type(failure.exception).__mro__:
+            if cls.__module__.startswith("torch") and cls.__name__ in _TYPES:
+                return _TYPES[cls.__name__]
+    # A raising rank's own words are its summary; a dying rank's are what it printed.
+    text = (failure.summary if failure.kind is FailureKind.RAISED else failure.stderr).lower()
+    for category, words in _WORDS:
+        if any(w in text for w in words):
+            return category
+    return Category.DIED if failure.kind is FailureKind.DIED else Category.RAISED
 
 
 @dataclasses.dataclass
@@ -68,6 +144,11 @@ class RankFailure:
     order: float = 0.0
     # Failed only because another rank did (a collective's peer vanished, say).
     consequence: bool = False
+
+    @functools.cached_property
+    def category(self) -> Category:
+        """What the failure was (see :func:`categorize`)."""
+        return categorize(self)
 
     @property
     def is_primary(self) -> bool:
@@ -123,6 +204,12 @@ class RankError(WorldError):
     def ranks(self) -> list[int]:
         """The ranks that failed on their own (not those stuck behind them)."""
         return sorted(f.rank for f in self.failures if f.is_primary)
+
+    @property
+    def in_collectives(self) -> bool:
+        """Whether any rank's failure was trouble between ranks (see
+        :attr:`Category.in_collectives`), not only the code's own exceptions."""
+        return any(f.category.in_collectives for f in self.failures)
 
     def report(self, *, full_trace: bool = False) -> str:
         """The message; ``full_trace`` shows the harness's frames in the ranks' tracebacks and

@@ -6,13 +6,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from . import frames, protocol
-from .errors import DEBUG_HINT, FailureKind, RankFailure
+from .errors import DEBUG_HINT, Category, FailureKind, RankFailure
 from .processes import RankProcess, collect_stack_dumps
 
 # How long a rank that closed its pipe gets to finish exiting, so its exit code can be read.
 EXIT_WAIT_S = 2.0
-_DISTRIBUTED_ERROR_WORDS = ("gloo", "nccl", "collective", "connection reset", "connection closed")
-_LOST_PEER_WORDS = ("connection reset", "connection closed", "broken pipe")
+# Failures that mismatched collectives can cause, which debug mode would name.
+_DEBUGGABLE = (
+    Category.COLLECTIVE_TIMEOUT,
+    Category.COLLECTIVE_MISMATCH,
+    Category.LOST_PEER,
+    Category.HUNG,
+)
 
 
 def raised(
@@ -99,7 +104,7 @@ def mark_consequences(failures: list[RankFailure]) -> None:
     """A rank whose collective lost its peer failed because another rank failed first, if
     another failed for a reason of its own: judged once all reports are in, since the broken
     peer's report can arrive before the death that broke it."""
-    lost = [f for f in failures if f.kind is FailureKind.RAISED and _looks_like_lost_peer(f)]
+    lost = [f for f in failures if f.category is Category.LOST_PEER]
     if len(lost) < len(failures):
         for failure in lost:
             failure.consequence = True
@@ -110,12 +115,9 @@ def hint(failures: Sequence[RankFailure], *, debug: bool) -> str:
     if debug:
         return ""
     for f in failures:
-        if f.kind in (FailureKind.TIMED_OUT, FailureKind.STUCK):
+        if f.category in _DEBUGGABLE:
             return DEBUG_HINT
-        if f.kind is FailureKind.DIED and (f.exitcode or 0) < 0:
-            return DEBUG_HINT
-        text = f"{f.summary} {f.stderr}".lower()
-        if f.kind is FailureKind.RAISED and any(w in text for w in _DISTRIBUTED_ERROR_WORDS):
+        if f.category is Category.DIED and (f.exitcode or 0) < 0:
             return DEBUG_HINT
     return ""
 
@@ -124,8 +126,3 @@ def _where_it_waits(stack: str) -> str:
     if not stack.strip():
         return "(no stack dump came back)"
     return "where it waits (most recent call last):\n" + stack.rstrip()
-
-
-def _looks_like_lost_peer(failure: RankFailure) -> bool:
-    text = failure.summary.lower()
-    return any(w in text for w in _LOST_PEER_WORDS)

@@ -41,7 +41,7 @@ from typing import Any
 
 from . import frames, protocol, runtime
 from .backends import check_backend, check_device, placement
-from .errors import FailureKind, RankError, RankFailure, WorldError
+from .errors import Category, FailureKind, RankError, RankFailure, WorldError
 from .launch import Launched
 
 # How often the watchdog beats and looks for requests; how long a silent heart means dead.
@@ -766,7 +766,7 @@ class SpmdWorld:
         from .failures import hint, mark_consequences
 
         mark_consequences(failures)
-        timed_out = [f.rank for f in failures if _timed_out(f)]
+        timed_out = [f.rank for f in failures if f.category is Category.COLLECTIVE_TIMEOUT]
         if timed_out:
             # The collective may be half-done on some ranks: the group cannot be trusted.
             which = ", ".join(map(str, timed_out))
@@ -846,11 +846,6 @@ def _one_line(exc: BaseException) -> str:
     lines = str(exc).strip().splitlines()
     first = lines[0][:300] if lines else ""
     return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
-
-
-def _timed_out(failure: RankFailure) -> bool:
-    text = failure.summary.lower()
-    return "timed out" in text or ("timeout" in text and ("gloo" in text or "nccl" in text))
 
 
 class LocalHelper:

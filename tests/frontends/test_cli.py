@@ -229,6 +229,27 @@ def test_an_error_verdict_names_the_users_file_and_line_and_cuts_the_harness(tmp
         assert harness in full["report"], full["report"]
 
 
+def test_ddp_debug_does_not_hide_the_cause_of_collectives_that_do_not_pair_up(tmp_path):
+    # Per-micro-batch collectives on ranks with different micro-batch counts: gloo aborts, or
+    # (with --ddp-debug, as the report advises) torch names the mismatch. Either way the
+    # cause is the same: classified from what failed, not from whether advice was given.
+    command = check_command(
+        f"{FIXTURES}/step.py:sync_each_micro_batch",
+        "--micro-batch-counts",
+        "varied",
+        "--seed",
+        "1",
+        "--json",
+        kind="step",
+    )
+    plain = json.loads(ddp_verify(*command, cwd=tmp_path).stdout)
+    debug = json.loads(ddp_verify(*command, "--ddp-debug", cwd=tmp_path).stdout)
+    assert "Detected mismatch between collectives" in debug["report"]
+    assert plain["verdict"] == debug["verdict"] == "error"
+    assert plain["likely_cause"].startswith("collectives called once per micro-batch")
+    assert debug["likely_cause"] == plain["likely_cause"]
+
+
 _USAGE_ERROR_IN_PROCESS = """
 import os, sys
 from ddp_verify.frontends.cli import main

@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from ddp_verify.world import FailureKind, RankError, RankFailure, World
+from ddp_verify.world import Category, FailureKind, RankError, RankFailure, World
 from ddp_verify.world.errors import DEBUG_HINT
 from tests.processes import alive, default_sigint, wait_gone
 
@@ -64,7 +64,7 @@ def test_a_raising_rank_fails_fast_names_the_rank_and_kills_the_stuck(world2):
     _assert_reported_without_waiting_for_the_timeout(error)
     assert error.ranks == [1]
     first, second = error.failures
-    assert (first.rank, first.kind) == (1, FailureKind.RAISED)
+    assert (first.rank, first.kind, first.category) == (1, FailureKind.RAISED, Category.RAISED)
     assert "ValueError: boom on rank 1" in first.details
     assert "raise_on_rank_1" in first.details
     assert (second.rank, second.kind) == (0, FailureKind.STUCK)
@@ -89,6 +89,7 @@ def test_a_hang_times_out_with_every_ranks_stack_then_relaunches(world2):
     error = _fail(world2, hang_on_rank_0, timeout=HANG_TIMEOUT)
     assert error.elapsed >= HANG_TIMEOUT  # never reported before its time
     assert {f.kind for f in error.failures} == {FailureKind.TIMED_OUT}
+    assert {f.category for f in error.failures} == {Category.HUNG}
     stacks = {f.rank: f.details for f in error.failures}
     assert "all_reduce" in stacks[0] and "hang_on_rank_0" in stacks[0]
     assert "sleep" in stacks[1] or "hang_on_rank_0" in stacks[1]
@@ -121,22 +122,27 @@ def shape_mismatch():
 
 
 @pytest.mark.parametrize(
-    ("job", "dead_rank", "summary"),
+    ("job", "dead_rank", "summary", "category"),
     [
-        (segfault, 1, "died: killed by SIGSEGV"),
-        (hard_exit, 1, "exited with code 3 without a result"),
-        (soft_exit, 1, "exited with code 3 without a result"),
-        (shape_mismatch, 0, "died: killed by SIGABRT"),
+        (segfault, 1, "died: killed by SIGSEGV", Category.DIED),
+        (hard_exit, 1, "exited with code 3 without a result", Category.DIED),
+        (soft_exit, 1, "exited with code 3 without a result", Category.DIED),
+        # gloo aborts the rank whose receive did not fit: a mismatch, said on its stderr.
+        (shape_mismatch, 0, "died: killed by SIGABRT", Category.COLLECTIVE_MISMATCH),
     ],
     ids=["segfault", "os._exit", "sys.exit", "gloo-abort"],
 )
-def test_a_dying_rank_is_reported_with_how_it_died(world2, job, dead_rank, summary):
+def test_a_dying_rank_is_reported_with_how_it_died(world2, job, dead_rank, summary, category):
     old = world2.pids
     error = _fail(world2, job)
     _assert_reported_without_waiting_for_the_timeout(error)
     assert error.ranks == [dead_rank]
     assert error.failures[0].rank == dead_rank
     assert error.failures[0].summary == summary
+    assert error.failures[0].category is category
+    assert error.in_collectives
+    # The peer that lost it in the all-reduce, where it reports at all, is a consequence.
+    assert all(f.category is Category.LOST_PEER for f in error.failures[1:] if f.consequence)
     assert f"rank {dead_rank} {summary}" in str(error).splitlines()[0]
     _assert_relaunched_and_usable(world2, old)
 
@@ -165,6 +171,9 @@ def test_debug_mode_names_mismatched_collectives_without_hanging():
     with World(2, timeout=TIMEOUT, debug=True) as world:
         error = _fail(world, op_mismatch)
         assert "Detected mismatch between collectives" in str(error)
+        # Classified from torch's words, not from the hint (which debug mode leaves out).
+        assert {f.category for f in error.failures} == {Category.COLLECTIVE_MISMATCH}
+        assert error.in_collectives
         _assert_reported_without_waiting_for_the_timeout(error)
         assert "BROADCAST" in str(error) and "ALLREDUCE" in str(error)
         assert DEBUG_HINT not in str(error)
