@@ -16,7 +16,9 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "check": "ddp_verify.frontends.api",
-    "CodeFailed": "ddp_verify.usercode.search",
+    "CodeFailed": "ddp_verify.usercode.verdict",
+    "NotEquivalent": "ddp_verify.usercode.verdict",
+    "Verdict": "ddp_verify.usercode.verdict",
     "VerifyingWorld": "ddp_verify.frontends.verifying",
     "EquivalenceError": "ddp_verify.engine.outcome",
     "HarnessError": "ddp_verify.methods.equivalence",
@@ -43,9 +45,11 @@ __all__ = [
     "HarnessError",
     "JobPicklingError",
     "ModelSpec",
+    "NotEquivalent",
     "OptimizerSpec",
     "RankError",
     "Scenario",
+    "Verdict",
     "VerifyingWorld",
     "World",
     "WorldError",
@@ -62,7 +66,7 @@ if TYPE_CHECKING:
     from .frontends.api import check
     from .frontends.verifying import VerifyingWorld
     from .methods.equivalence import HarnessError, assert_equivalent, check_equivalent
-    from .usercode.search import CodeFailed
+    from .usercode.verdict import CodeFailed, NotEquivalent, Verdict
     from .world import (
         BackendUnavailable,
         DeviceUnavailable,

@@ -4,29 +4,27 @@ the first divergence that :class:`EquivalenceError` carries."""
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
-from .compare import Mismatch, allowance_used
-from .scenario import Scenario
-from .tolerances import Tolerance
-from .trace import Trace
+# Types only: the error must import without torch (the command line's usage errors, which
+# start nothing, are reported through it).
+if TYPE_CHECKING:
+    from .compare import Mismatch
+    from .scenario import Scenario
+    from .tolerances import Tolerance
+    from .trace import Trace
 
 
 class EquivalenceError(AssertionError):
     """Training left single-process full-batch training, or the code under test failed to
     run; the message says where and why. ``scenario`` is the (shrunk) scenario, ``outcome``
-    the traces when there are any."""
+    the traces when there are any. A check of user code raises a subclass that also carries
+    its verdict, causes and reproducer (``ddp_verify.usercode.verdict.CheckFailed``)."""
 
     def __init__(
         self, report: str, *, scenario: Scenario | None = None, outcome: Outcome | None = None
     ) -> None:
         self.outcome = outcome
-        self.cause: str | None = None
-        # Every likely cause, most important first (objects with text, subject, pattern,
-        # evidence and weights; see ddp_verify.usercode.weights.Cause); cause is the first's.
-        self.causes: list = []
-        self.reproducer: str | None = None
-        # For check(): the example (1-based) at which the first counterexample turned up.
-        self.found_at: int | None = None
         self.scenario = scenario if scenario is not None else getattr(outcome, "scenario", None)
         self.mismatch = outcome.mismatch if outcome is not None else None
         super().__init__(report)
@@ -55,6 +53,8 @@ class Outcome:
     def allowance_used(self) -> float:
         """The largest difference from the reference as a share of what the tolerance allows
         there (below 1 passes; see :func:`~ddp_verify.engine.compare.allowance_used`)."""
+        from .compare import allowance_used
+
         return allowance_used(self.reference, self.got, self.tolerance)
 
     def report(self) -> str:

@@ -12,7 +12,8 @@ from collections.abc import Callable
 from typing import Any
 
 from ..usercode.kinds import check_signature
-from ..usercode.search import Progress, Verdict, search
+from ..usercode.search import Progress, search
+from ..usercode.verdict import Verdict
 from ..world import WorldPool
 from ..world.backends import check_device, require_devices
 from ..world.launch import Launched, resolve
@@ -52,9 +53,13 @@ def check(
 ) -> Verdict:
     """Check ``fn`` as a ``kind`` plug-in on generated scenarios; return if it is equivalent.
 
-    Raises :class:`~ddp_verify.EquivalenceError` with the shrunk scenario and the divergence
-    otherwise, or when ``fn`` raises, crashes a rank or hangs; its ``causes`` list every likely
-    cause with its evidence. ``scenario_bounds`` go to :func:`ddp_verify.strategies.scenarios`
+    Returns the :class:`~ddp_verify.usercode.verdict.Verdict` (equivalent, with the examples
+    tried). Raises :class:`~ddp_verify.EquivalenceError` otherwise (``NotEquivalent``, or
+    ``CodeFailed`` when ``fn`` raises, crashes a rank or hangs), complete: its ``verdict`` has
+    the shrunk scenario, every likely cause with its evidence, the reproducer, the exit code
+    and ``to_json()``, the document ``ddp-verify check --json`` prints.
+
+    ``scenario_bounds`` go to :func:`ddp_verify.strategies.scenarios`
     (``max_micro_batches=3``, ``even=True``, ``losses=("tokens",)``,
     ``model="my_models.py:tiny_lm"``, ...); ``step`` functions are checked with
     ``same_micro_batch_counts=True`` unless you pass ``False``. ``world`` runs the check on a
@@ -83,21 +88,27 @@ def check(
             size = DEFAULT_WORLD_SIZE if world_size is None else world_size
             require_devices(backend, size, device)
             world = _world(size, timeout, backend, device, allow_tf32, debug)
-    return search(
-        fn,
-        kind=kind,
-        world=world,
-        max_examples=max_examples,
-        seed=seed,
-        progress=progress,
-        lossy=lossy,
-        result_on=result_on,
-        hook_state=hook_state,
-        loss_reduction=loss_reduction,
-        ddp_wrapper=ddp_wrapper,
-        full_trace=full_trace,
-        **scenario_bounds,
-    )
+    try:
+        return search(
+            fn,
+            kind=kind,
+            world=world,
+            max_examples=max_examples,
+            seed=seed,
+            progress=progress,
+            lossy=lossy,
+            result_on=result_on,
+            hook_state=hook_state,
+            loss_reduction=loss_reduction,
+            ddp_wrapper=ddp_wrapper,
+            full_trace=full_trace,
+            **scenario_bounds,
+        )
+    except BaseException:
+        if isinstance(world, VerifyingSpmdWorld):
+            # Rank 0 then leaves the launched job first, so the launcher names it.
+            world.member.failed = True
+        raise
 
 
 def _world(

@@ -26,6 +26,7 @@ pytest does (0 all passed, 1 some failed, ...).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import json
 import os
@@ -55,18 +56,6 @@ from .options import (  # noqa: E402
 DEFAULT_WORLD_SIZE = 4
 # A launched rank other than 0: it reports nothing (rank 0 reports the same verdict).
 _QUIET = False
-
-EXIT_EQUIVALENT, EXIT_NOT_EQUIVALENT, EXIT_USAGE, EXIT_HARNESS = 0, 1, 2, 3
-EXIT_INTERRUPTED = 128 + 2  # SIGINT, as shells report it
-VERDICTS = {
-    EXIT_EQUIVALENT: "equivalent",
-    EXIT_NOT_EQUIVALENT: "not-equivalent",
-    EXIT_USAGE: "usage-error",
-    EXIT_HARNESS: "harness-error",
-    EXIT_INTERRUPTED: "interrupted",
-}
-# The code raised, crashed a rank or hung: exit 1 as a counterexample does, its own verdict.
-VERDICT_ERROR = "error"
 
 
 class UsageError(Exception):
@@ -100,12 +89,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.world_size = args.world_size or args.launched.world_size
             args.device = args.device or ("cuda" if args.backend == "nccl" else "cpu")
     except UsageError as exc:
-        return _finish(wants_json, EXIT_USAGE, f"ddp-verify: error: {exc}")
+        return _finish(_usage_error(exc), wants_json)
     if args.launched is None:
         # The arguments hold: the ranks' fork server imports torch while this process
         # imports the user's file (and torch with it).
         _prestart(args)
-    outcome = {
+    context: dict[str, Any] = {
         "target": args.target,
         "kind": args.kind,
         "world_size": args.world_size,
@@ -113,12 +102,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     try:
         fn = load_function(path, name)
-        outcome["call"] = check_signature(fn, args.kind).describe()
+        context["call"] = check_signature(fn, args.kind).describe()
         args.hook_state_factory = load_factory(args.hook_state) if args.hook_state else None
         args.model = _user_model(args)
     except (UsageError, KindError) as exc:
-        return _finish(wants_json, EXIT_USAGE, f"ddp-verify: error: {exc}", **outcome)
-    return _run_check(args, fn, outcome)
+        return _finish(_usage_error(exc, **context), wants_json)
+    return _finish(_run_check(args, fn, context), args.json)
 
 
 def _user_model(args: argparse.Namespace) -> str | None:
@@ -455,12 +444,6 @@ def _choices_list(text: str, allowed: Sequence[str], what: str) -> tuple[str, ..
     return chosen
 
 
-def _lossy_words(lossy: str) -> str:
-    if lossy.startswith("low rank"):
-        return " (lossy by design: low rank, exact at the full rank its state gives)"
-    return f" (lossy by design: within {lossy}'s bound)"
-
-
 def _wrapper(text: str) -> str:
     try:
         return parse_wrapper(text, source="--ddp-wrapper")
@@ -554,11 +537,9 @@ def load_factory(target: str) -> Callable[..., Any]:
     return getattr(module, name)
 
 
-def _run_check(args: argparse.Namespace, fn: Callable[..., Any], outcome: dict[str, Any]) -> int:
-    from ..engine.outcome import EquivalenceError
-    from ..methods.equivalence import HarnessError
-    from ..usercode.search import CodeFailed
-    from ..world import DeviceUnavailable, JobPicklingError, WorldError
+def _run_check(args: argparse.Namespace, fn: Callable[..., Any], context: dict[str, Any]) -> Any:
+    """The verdict of ``check()`` on the parsed arguments, whatever it raised."""
+    from ..usercode.verdict import verdict_for
     from .api import check
 
     bounds: dict[str, Any] = {
@@ -578,7 +559,7 @@ def _run_check(args: argparse.Namespace, fn: Callable[..., Any], outcome: dict[s
         bounds["losses"] = args.losses
     if args.model:
         bounds["model"] = args.model
-    outcome["started"] = time.monotonic()
+    started = time.monotonic()
     progress = _Progress(quiet=args.launched is not None and args.launched.rank != 0)
     try:
         verdict = check(
@@ -599,89 +580,27 @@ def _run_check(args: argparse.Namespace, fn: Callable[..., Any], outcome: dict[s
             **_world_options(args),
             **bounds,
         )
-    except EquivalenceError as exc:
-        return _finish(
-            args.json,
-            EXIT_NOT_EQUIVALENT,
-            str(exc),
-            **outcome,
-            verdict=VERDICT_ERROR if isinstance(exc, CodeFailed) else None,
-            scenario=exc.scenario,
-            examples=progress.tried,
-            cause=exc.cause,
-            causes=[c.as_json() for c in exc.causes],
-            reproducer=exc.reproducer,
-        )
-    except (KindError, JobPicklingError, DeviceUnavailable) as exc:
-        # The code cannot be used as this kind (what it returned), or cannot be sent to ranks;
-        # or the GPUs asked for went away after the first look.
-        return _finish(args.json, EXIT_USAGE, f"ddp-verify: error: {exc}", **outcome)
-    except (WorldError, HarnessError) as exc:
-        # A world that could not start, a backend that is not there, the reference's process
-        # failing: the machine's or the harness's failure, not the code's.
-        return _finish(args.json, EXIT_HARNESS, f"ddp-verify: harness error: {exc}", **outcome)
-    except KeyboardInterrupt:
-        return _finish(args.json, EXIT_INTERRUPTED, "ddp-verify: interrupted", **outcome)
-    except Exception:
-        report = f"ddp-verify: internal error, please report it:\n{traceback.format_exc()}"
-        return _finish(args.json, EXIT_HARNESS, report, **outcome)
-    summary = (
-        f"{outcome['target']} ({args.kind}): equivalent on {verdict.examples} generated "
-        f"scenarios at world size {args.world_size}; no counterexample found"
-        + (_lossy_words(verdict.lossy) if verdict.lossy else "")
-        + f"\nCalled as: {outcome['call']}"
-    )
-    return _finish(args.json, EXIT_EQUIVALENT, summary, **outcome, examples=verdict.examples)
+    except BaseException as exc:
+        return verdict_for(exc, seconds=time.monotonic() - started, **context)
+    return dataclasses.replace(verdict, seconds=time.monotonic() - started, **context)
 
 
-def _finish(
-    wants_json: bool,
-    code: int,
-    text: str,
-    *,
-    target: str | None = None,
-    kind: str | None = None,
-    world_size: int | None = None,
-    device: str | None = None,
-    call: str | None = None,
-    verdict: str | None = None,
-    started: float | None = None,
-    examples: int | None = None,
-    scenario: Any = None,
-    cause: str | None = None,
-    causes: list[dict[str, Any]] | None = None,
-    reproducer: str | None = None,
-) -> int:
-    launched = getattr(sys.modules.get(__package__ + ".api"), "_launched", None)
-    if launched is not None:
-        launched.member.failed = code != 0  # rank 0 then leaves first (see Member.finish)
-    if _QUIET:
-        return code
-    if wants_json:
-        print(
-            json.dumps(
-                {
-                    "verdict": verdict or VERDICTS[code],
-                    "exit_code": code,
-                    "target": target,
-                    "kind": kind,
-                    "world_size": world_size,
-                    "device": device,
-                    "call": call,
-                    "examples": examples,
-                    "scenario": repr(scenario) if scenario is not None else None,
-                    "likely_cause": cause,
-                    "likely_causes": causes or [],
-                    "reproducer": reproducer,
-                    "seconds": round(time.monotonic() - started, 3) if started else None,
-                    "report": text,
-                }
-            )
-        )
-    else:
-        verdicts = (EXIT_EQUIVALENT, EXIT_NOT_EQUIVALENT)
-        print(text, file=sys.stdout if code in verdicts else sys.stderr)
-    return code
+def _usage_error(exc: Exception, **context: Any) -> Any:
+    from ..usercode.verdict import Status, Verdict
+
+    return Verdict(Status.USAGE_ERROR, message=f"ddp-verify: error: {exc}", **context)
+
+
+def _finish(verdict: Any, wants_json: bool) -> int:
+    """Say the verdict (one JSON document with ``--json``) and give its exit code. A launched
+    rank other than 0 says nothing: rank 0 says the same verdict."""
+    if not _QUIET:
+        if wants_json:
+            print(json.dumps(verdict.to_json()))
+        else:
+            said_on = sys.stdout if verdict.exit_code in (0, 1) else sys.stderr
+            print(verdict.report, file=said_on)
+    return int(verdict.exit_code)
 
 
 class _Progress:

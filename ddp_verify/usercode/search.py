@@ -8,6 +8,7 @@ the world it runs on.
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -25,41 +26,14 @@ from .adapters import DEFAULT_BOUNDS, KindError, adapt
 from .diagnose import failure_cause, likely_causes
 from .kinds import Call
 from .reproducer import write_reproducer
+from .verdict import CodeFailed, NotEquivalent, Status, Verdict
 from .weights import Cause
+
+__all__ = ["CodeFailed", "NotEquivalent", "Progress", "Verdict", "describe_causes", "search"]
 
 # Called with (examples tried, phase): phase is "searching", then "shrinking" once a
 # counterexample has been found.
 Progress = Callable[[int, str], None]
-
-
-@dataclasses.dataclass
-class Verdict:
-    """The answer for code that passed: how many examples it was tried on."""
-
-    kind: str
-    function: str
-    world_size: int
-    examples: int
-    # The format a lossy comm hook was held to ("float16"), or None for exact equivalence.
-    lossy: str | None = None
-
-    @property
-    def equivalent(self) -> bool:
-        """Always True: code that is not equivalent raises instead of returning a verdict."""
-        return True
-
-
-class CodeFailed(EquivalenceError):
-    """The code under check raised, crashed a rank or hung: the verdict ``error``, not
-    ``not-equivalent`` (an ``EquivalenceError`` still, so callers that catch those see it).
-
-    Example::
-
-        try:
-            check(fn, kind="grad-sync")
-        except CodeFailed as error:
-            print("the code failed to run:", error)
-    """
 
 
 class _CodeFailed(BaseException):
@@ -98,11 +72,12 @@ def search(
 ) -> Verdict:
     """Check ``fn`` as a ``kind`` plug-in on scenarios generated for ``world``.
 
-    Returns a :class:`Verdict` when no counterexample turned up. Raises
-    :class:`~ddp_verify.engine.outcome.EquivalenceError` with the shrunk scenario, the
-    divergence, its likely cause and a reproducer script otherwise, or when ``fn`` raises,
-    crashes a rank or hangs; :class:`~ddp_verify.usercode.kinds.KindError` when ``fn`` cannot
-    be a ``kind`` plug-in (its signature, or what it returned on the ranks).
+    Returns an equivalent :class:`~ddp_verify.usercode.verdict.Verdict` when no
+    counterexample turned up. Raises :class:`~ddp_verify.usercode.verdict.NotEquivalent` (an
+    ``EquivalenceError``) with the verdict, its shrunk scenario, the divergence, every likely
+    cause and a reproducer script otherwise; :class:`CodeFailed` when ``fn`` raises, crashes a
+    rank or hangs; :class:`~ddp_verify.usercode.kinds.KindError` when ``fn`` cannot be a
+    ``kind`` plug-in (its signature, or what it returned on the ranks).
     ``scenario_bounds`` go to :func:`ddp_verify.engine.strategies.scenarios`; ``step``
     functions are checked with ``same_micro_batch_counts=True`` unless told otherwise.
     ``lossy="fp16"`` or ``"bf16"`` holds a compressing comm hook to the bound that format's
@@ -121,6 +96,7 @@ def search(
             search(average_gradients, kind="grad-sync", world=world, max_examples=50)
     """
     __tracebackhide__ = True
+    started = time.monotonic()
     method = adapt(
         fn,
         kind,
@@ -181,24 +157,32 @@ def search(
         search = hypothesis.seed(seed)(search)
     # Under a launcher every rank runs this search: in lockstep, with agreed outcomes.
     in_lockstep(search, world, name=f"the search for {method.name}")  # type: ignore[arg-type]
+    call: Call = method.call  # type: ignore[attr-defined]
+    verdict = Verdict(
+        Status.EQUIVALENT,
+        kind=kind,
+        function=call.name,
+        call=call.describe(),
+        world_size=world_size,
+        device=world.device,
+        lossy=fmt,
+    )
     try:
         search()
     except _HarnessFailed as stop:
         raise stop.error from None
     except EquivalenceError as error:
-        explained = _explained(
+        verdict = _explained(
+            dataclasses.replace(verdict, examples=tried, found_at=found_at),
             error,
             fn,
-            kind,
             world,
-            method.call,  # type: ignore[attr-defined]
             result_on,
             hook_state,
             loss_reduction=loss_reduction,
             ddp_wrapper=ddp_wrapper,
         )
-        explained.found_at = found_at
-        raise explained from None
+        raise NotEquivalent(_timed(verdict, started)) from None
     except _CodeFailed as stop:
         misuse = _kind_errors(stop.error)
         if misuse:
@@ -208,19 +192,27 @@ def search(
         # micro-batch counts; an exception of the user's own is its own news.
         in_collectives = stop.error.in_collectives
         cause = failure_cause(kind, stop.scenario) if in_collectives else None
-        failed_error = CodeFailed(
+        report = (
             f"{method.name} failed to run on a world of {world_size}:\n"
-            f"Called as: {method.call.describe()}\n"  # type: ignore[attr-defined]
+            f"Called as: {verdict.call}\n"
             f"{stop.error.report(full_trace=full_trace)}\n"
             f"Scenario: {stop.scenario.describe()}\nReproduce with: {stop.scenario!r}"
-            + (f"\nLikely cause: {cause}" if cause else ""),
-            scenario=stop.scenario,
+            + (f"\nLikely cause: {cause}" if cause else "")
         )
-        failed_error.cause = cause
-        if cause:
-            failed_error.causes = [Cause(cause, "run", "collectives-per-micro-batch")]
-        raise failed_error from None
-    return Verdict(kind, method.name.split(" ", 1)[1], world_size, tried, lossy=fmt)
+        failed = dataclasses.replace(
+            verdict,
+            status=Status.ERROR,
+            examples=tried,
+            scenario=stop.scenario,
+            causes=(Cause(cause, "run", "collectives-per-micro-batch"),) if cause else (),
+            message=report,
+        )
+        raise CodeFailed(_timed(failed, started)) from None
+    return _timed(dataclasses.replace(verdict, examples=tried), started)
+
+
+def _timed(verdict: Verdict, started: float) -> Verdict:
+    return dataclasses.replace(verdict, seconds=time.monotonic() - started)
 
 
 # A low-rank hook (PowerSGD) is exact when its state's rank reaches every matrix's side: it is
@@ -264,59 +256,68 @@ def _kind_errors(error: RankError) -> str | None:
 
 
 def _explained(
+    verdict: Verdict,
     error: EquivalenceError,
     fn: Callable[..., Any],
-    kind: str,
     world: World,
-    call: Call | None = None,
     result_on: str = "all",
     hook_state: Callable[..., Any] | None = None,
     *,
     loss_reduction: str = "mean",
     ddp_wrapper: str | None = None,
-) -> EquivalenceError:
-    """The error with its likely cause and a reproducer script added to the report. The
-    diagnosis trains simulations, so it runs on the world's helper process, as the reference
-    does."""
+) -> Verdict:
+    """The verdict of a counterexample: the divergence, every likely cause and a reproducer
+    script. The diagnosis trains simulations, so it runs on the world's helper process, as
+    the reference does."""
     outcome = error.outcome
-    if outcome is None:
-        return error
-    try:
-        causes = world.helper.run_job(
-            likely_causes,
-            (kind, outcome.scenario, outcome.reference, outcome.got),
-            name="the diagnosis",
-        )[0]
-    except RankError as exc:
-        # The counterexample stands; only its explanation is missing.
-        causes = [
-            Cause(f"not found: the diagnosis failed ({str(exc).splitlines()[0]})", "run", "none")
-        ]
-    cause = causes[0].text
-    try:
-        script = str(
-            write_reproducer(
-                fn,
-                kind,
-                outcome.scenario,
-                device=world.device,
-                result_on=result_on,
-                hook_state=hook_state,
-                loss_reduction=loss_reduction,
-                ddp_wrapper=ddp_wrapper,
+    kind = verdict.kind or ""
+    scenario = error.scenario if outcome is None else outcome.scenario
+    causes: tuple[Cause, ...] = ()
+    script = None
+    if outcome is not None:
+        try:
+            found = world.helper.run_job(
+                likely_causes,
+                (kind, outcome.scenario, outcome.reference, outcome.got),
+                name="the diagnosis",
+            )[0]
+            causes = tuple(found)
+        except RankError as exc:
+            # The counterexample stands; only its explanation is missing.
+            causes = (
+                Cause(
+                    f"not found: the diagnosis failed ({str(exc).splitlines()[0]})", "run", "none"
+                ),
             )
-        )
-    except OSError as exc:
-        script = f"(could not be written: {exc})"
+        try:
+            script = str(
+                write_reproducer(
+                    fn,
+                    kind,
+                    outcome.scenario,
+                    device=world.device,
+                    result_on=result_on,
+                    hook_state=hook_state,
+                    loss_reduction=loss_reduction,
+                    ddp_wrapper=ddp_wrapper,
+                )
+            )
+        except OSError as exc:
+            script = f"(could not be written: {exc})"
     # How the code was called goes in the header, under the verdict's first line.
     headline, _, body = str(error).partition("\n")
-    called = f"Called as: {call.describe()}\n" if call is not None else ""
-    explained = EquivalenceError(
-        f"{headline}\n{called}{body}\n{describe_causes(causes)}\nReproducer: python {script}",
+    report = f"{headline}\nCalled as: {verdict.call}\n{body}"
+    if outcome is not None:
+        report += f"\n{describe_causes(list(causes))}\nReproducer: python {script}"
+    return dataclasses.replace(
+        verdict,
+        status=Status.NOT_EQUIVALENT,
+        scenario=scenario,
+        causes=causes,
+        reproducer=script,
+        message=report,
         outcome=outcome,
     )
-    explained.cause, explained.causes, explained.reproducer = cause, causes, script
-    return explained
 
 
 def describe_causes(causes: list[Cause]) -> str:

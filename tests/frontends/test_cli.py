@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from ddp_verify.usercode.verdict import JSON_FIELDS
 from tests.user_code import FIXTURES
 
 
@@ -190,6 +191,7 @@ def test_every_outcome_has_its_exit_code_and_one_json_document(
     result = ddp_verify(*command, cwd=tmp_path, env=env)
     assert result.returncode == code, result.stdout + result.stderr
     document = json.loads(result.stdout)  # the whole of stdout is one JSON document
+    assert document.keys() == JSON_FIELDS.keys()  # the documented schema, in every outcome
     assert (document["verdict"], document["exit_code"]) == (verdict, code)
     assert words in document["report"], document["report"]
 

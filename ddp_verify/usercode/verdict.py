@@ -1,0 +1,234 @@
+"""The answer of a check, whatever it is: one :class:`Verdict`, its exit code and its JSON.
+
+``check()`` returns the verdict when no counterexample turned up and raises it (inside a
+:class:`NotEquivalent` or :class:`CodeFailed`, complete when raised) otherwise; what the
+command line does with any other exception is :func:`verdict_for`. The command line only
+prints a verdict: its text, or :meth:`Verdict.to_json`, one document of the shape
+:data:`JSON_FIELDS` documents.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import TYPE_CHECKING, Any
+
+from ..engine.outcome import EquivalenceError
+
+if TYPE_CHECKING:
+    from ..engine.outcome import Outcome
+    from ..engine.scenario import Scenario
+    from .weights import Cause
+
+
+class Status(str, enum.Enum):
+    """What a check concluded, as ``--json`` spells it."""
+
+    EQUIVALENT = "equivalent"
+    NOT_EQUIVALENT = "not-equivalent"
+    # The code raised, crashed a rank or hung.
+    ERROR = "error"
+    USAGE_ERROR = "usage-error"
+    HARNESS_ERROR = "harness-error"
+    INTERRUPTED = "interrupted"
+
+    @property
+    def exit_code(self) -> int:
+        """0 equivalent; 1 not equivalent, or the code failed; 2 a usage error; 3 the
+        harness or the machine failed; 130 interrupted (SIGINT, as shells report it)."""
+        return _EXIT_CODES[self]
+
+
+_EXIT_CODES = {
+    Status.EQUIVALENT: 0,
+    Status.NOT_EQUIVALENT: 1,
+    Status.ERROR: 1,
+    Status.USAGE_ERROR: 2,
+    Status.HARNESS_ERROR: 3,
+    Status.INTERRUPTED: 128 + 2,
+}
+
+# The JSON document of every verdict: each key, always present (null where it does not apply).
+JSON_FIELDS = {
+    "verdict": "the status: " + ", ".join(s.value for s in Status),
+    "exit_code": "the command's exit code for it",
+    "target": "what was checked (PATH.py:FUNCTION on the command line)",
+    "kind": "the plug-in kind it was checked as",
+    "world_size": "ranks of the world it ran on",
+    "device": "cpu or cuda",
+    "call": "how the harness called the code: 'sync(model, num_samples=<...>)'",
+    "examples": "scenarios tried",
+    "scenario": "the (shrunk) counterexample, as a Scenario(...) expression",
+    "likely_cause": "the first cause's words",
+    "likely_causes": "every cause: {cause, subject, pattern, evidence, weights}",
+    "reproducer": "the path of a script that reproduces the counterexample",
+    "seconds": "how long the check took",
+    "report": "the report, as the command prints it",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    """A check's answer: ``status``, and what backs it.
+
+    Example::
+
+        verdict = ddp_verify.check(sample_weighted, kind="grad-sync")
+        verdict.equivalent, verdict.examples, verdict.exit_code   # True, 100, 0
+        json.dumps(verdict.to_json())
+    """
+
+    status: Status
+    kind: str | None = None
+    # The code's name (its qualified name); ``target`` is how the user named it, if otherwise.
+    function: str | None = None
+    target: str | None = None
+    call: str | None = None
+    world_size: int | None = None
+    device: str | None = None
+    examples: int | None = None
+    # The example (1-based) at which the first counterexample turned up.
+    found_at: int | None = None
+    scenario: Scenario | None = None
+    causes: tuple[Cause, ...] = ()
+    reproducer: str | None = None
+    # The format a lossy comm hook was held to ("float16"), or None for exact equivalence.
+    lossy: str | None = None
+    seconds: float | None = None
+    # The report of a verdict other than equivalent (the equivalent one is composed).
+    message: str = ""
+    # The traces of a counterexample, where there are some.
+    outcome: Outcome | None = dataclasses.field(default=None, repr=False, compare=False)
+
+    @property
+    def equivalent(self) -> bool:
+        return self.status is Status.EQUIVALENT
+
+    @property
+    def exit_code(self) -> int:
+        return self.status.exit_code
+
+    @property
+    def cause(self) -> str | None:
+        """The first cause's words, or None."""
+        return self.causes[0].text if self.causes else None
+
+    @property
+    def report(self) -> str:
+        if self.message or self.status is not Status.EQUIVALENT:
+            return self.message
+        lossy = ""
+        if self.lossy:
+            lossy = (
+                " (lossy by design: low rank, exact at the full rank its state gives)"
+                if self.lossy.startswith("low rank")
+                else f" (lossy by design: within {self.lossy}'s bound)"
+            )
+        return (
+            f"{self.target or self.function} ({self.kind}): equivalent on {self.examples} "
+            f"generated scenarios at world size {self.world_size}; no counterexample found"
+            f"{lossy}\nCalled as: {self.call}"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """The verdict as one JSON-ready document (keys: :data:`JSON_FIELDS`)."""
+        document = {
+            "verdict": self.status.value,
+            "exit_code": self.exit_code,
+            "target": self.target,
+            "kind": self.kind,
+            "world_size": self.world_size,
+            "device": self.device,
+            "call": self.call,
+            "examples": self.examples,
+            "scenario": repr(self.scenario) if self.scenario is not None else None,
+            "likely_cause": self.cause,
+            "likely_causes": [c.as_json() for c in self.causes],
+            "reproducer": self.reproducer,
+            "seconds": round(self.seconds, 3) if self.seconds is not None else None,
+            "report": self.report,
+        }
+        assert document.keys() == JSON_FIELDS.keys()
+        return document
+
+
+class CheckFailed(EquivalenceError):
+    """A check that did not pass, with its :class:`Verdict` (``error.verdict``), complete
+    when raised: ``causes``, ``reproducer`` and ``found_at`` read from it."""
+
+    def __init__(self, verdict: Verdict) -> None:
+        super().__init__(verdict.report, scenario=verdict.scenario, outcome=verdict.outcome)
+        self.verdict = verdict
+
+    @property
+    def cause(self) -> str | None:
+        return self.verdict.cause
+
+    @property
+    def causes(self) -> tuple[Cause, ...]:
+        return self.verdict.causes
+
+    @property
+    def reproducer(self) -> str | None:
+        return self.verdict.reproducer
+
+    @property
+    def found_at(self) -> int | None:
+        return self.verdict.found_at
+
+    def __reduce__(self) -> Any:
+        return type(self), (self.verdict,)
+
+
+class NotEquivalent(CheckFailed):
+    """A counterexample: the code trains something other than single-process full-batch
+    training. An :class:`~ddp_verify.engine.outcome.EquivalenceError`, as the methods'."""
+
+
+class CodeFailed(CheckFailed):
+    """The code under check raised, crashed a rank or hung: the verdict ``error``, not
+    ``not-equivalent`` (an ``EquivalenceError`` still, so callers that catch those see it).
+
+    Example::
+
+        try:
+            check(fn, kind="grad-sync")
+        except CodeFailed as error:
+            print("the code failed to run:", error)
+    """
+
+
+def verdict_for(exc: BaseException, **context: Any) -> Verdict:
+    """The verdict an exception out of a check means (``context``: the verdict's other
+    fields, such as ``target`` and ``kind``). A failed check carries its own; the code that
+    cannot be used as its kind, or cannot be sent to the ranks, or asks for GPUs that are not
+    there is a usage error; a world that cannot start, a backend that is not there, the
+    reference failing is the harness's; anything else is an internal error, said as such.
+
+    Example::
+
+        try:
+            verdict = check(fn, kind=kind)
+        except BaseException as exc:
+            verdict = verdict_for(exc, kind=kind)
+        sys.exit(verdict.exit_code)
+    """
+    import traceback
+
+    from ..methods.equivalence import HarnessError
+    from ..world import DeviceUnavailable, JobPicklingError, WorldError
+    from .kinds import KindError
+
+    if isinstance(exc, CheckFailed):
+        return dataclasses.replace(exc.verdict, **context)
+    if isinstance(exc, (KindError, JobPicklingError, DeviceUnavailable)):
+        status, text = Status.USAGE_ERROR, f"ddp-verify: error: {exc}"
+    elif isinstance(exc, (WorldError, HarnessError)):
+        status, text = Status.HARNESS_ERROR, f"ddp-verify: harness error: {exc}"
+    elif isinstance(exc, KeyboardInterrupt):
+        status, text = Status.INTERRUPTED, "ddp-verify: interrupted"
+    else:
+        trace = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        status = Status.HARNESS_ERROR
+        text = f"ddp-verify: internal error, please report it:\n{trace}"
+    return Verdict(status, message=text, **context)

@@ -1,0 +1,99 @@
+"""A check's verdict is one object, complete when check() returns or raises it: the same
+document ``ddp-verify check --json`` prints, the same exit code."""
+
+from __future__ import annotations
+
+import json
+import pickle
+
+import pytest
+
+from ddp_verify import CodeFailed, EquivalenceError, NotEquivalent, check
+from ddp_verify.methods.equivalence import HarnessError
+from ddp_verify.usercode.kinds import KindError
+from ddp_verify.usercode.verdict import JSON_FIELDS, Status, Verdict, verdict_for
+from ddp_verify.world import JobPicklingError, WorldStartError
+from tests.user_code import load
+
+grad_sync = load("grad_sync")
+
+
+def test_an_equivalent_check_returns_its_verdict_as_the_command_prints_it():
+    verdict = check(grad_sync.sample_weighted, kind="grad-sync", world_size=2, max_examples=4)
+    assert (verdict.status, verdict.exit_code, verdict.examples) == (Status.EQUIVALENT, 0, 4)
+    assert verdict.equivalent and verdict.cause is None and verdict.seconds > 0
+    document = json.loads(json.dumps(verdict.to_json()))
+    assert document.keys() == JSON_FIELDS.keys()
+    assert document["verdict"] == "equivalent" and document["call"] == verdict.call
+    assert verdict.report.startswith("sample_weighted (grad-sync): equivalent on 4 generated")
+
+
+def test_a_counterexample_is_raised_complete(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(NotEquivalent) as info:
+        check(grad_sync.average_gradients, kind="grad-sync", world_size=2, seed=0)
+    error = info.value
+    verdict = error.verdict
+    assert isinstance(error, EquivalenceError)
+    assert (verdict.status, verdict.exit_code) == (Status.NOT_EQUIVALENT, 1)
+    # Everything the report says is in the verdict, not assigned after the raise.
+    assert str(error) == verdict.report
+    assert error.causes == verdict.causes and verdict.causes
+    assert error.cause == verdict.causes[0].text
+    assert f"Likely cause: {verdict.cause}" in verdict.report
+    assert (tmp_path / verdict.reproducer).is_file()
+    assert 1 <= verdict.found_at <= verdict.examples
+    assert error.scenario == verdict.scenario and verdict.scenario.world_size == 2
+    document = verdict.to_json()
+    assert document["likely_causes"][0]["pattern"] == verdict.causes[0].pattern
+    assert document["scenario"] == repr(verdict.scenario)
+    # It crosses process boundaries whole (pytest-xdist, users' own pools).
+    copy = pickle.loads(pickle.dumps(error))
+    assert isinstance(copy, NotEquivalent) and copy.verdict.to_json() == document
+
+
+def fails_on_rank_1(model):
+    import torch.distributed as dist
+
+    if dist.get_rank() == 1:
+        raise RuntimeError("rank 1 gives up")
+
+
+def test_code_that_fails_is_an_error_verdict():
+    with pytest.raises(CodeFailed) as info:
+        check(fails_on_rank_1, kind="grad-sync", world_size=2, max_examples=3)
+    verdict = info.value.verdict
+    assert (verdict.status, verdict.exit_code) == (Status.ERROR, 1)
+    assert verdict.to_json()["verdict"] == "error" and verdict.scenario is not None
+    assert "rank 1 raised RuntimeError: rank 1 gives up" in verdict.report
+
+
+@pytest.mark.parametrize(
+    ("exc", "status", "words"),
+    [
+        (KindError("not a grad-sync"), Status.USAGE_ERROR, "ddp-verify: error: not a grad"),
+        (JobPicklingError("a lock"), Status.USAGE_ERROR, "ddp-verify: error: a lock"),
+        (WorldStartError("no ranks"), Status.HARNESS_ERROR, "harness error: no ranks"),
+        (HarnessError("reference"), Status.HARNESS_ERROR, "harness error: reference"),
+        (KeyboardInterrupt(), Status.INTERRUPTED, "ddp-verify: interrupted"),
+        (ZeroDivisionError("ours"), Status.HARNESS_ERROR, "internal error, please report it"),
+    ],
+    ids=["kind", "pickling", "world-start", "harness", "interrupt", "internal"],
+)
+def test_every_other_exception_has_its_verdict_and_exit_code(exc, status, words):
+    verdict = verdict_for(exc, target="sync.py:sync", kind="grad-sync")
+    assert verdict.status is status and verdict.exit_code == status.exit_code
+    assert verdict.report.startswith(words) or words in verdict.report
+    assert verdict.to_json()["target"] == "sync.py:sync"
+
+
+def test_exit_codes_are_the_documented_ones():
+    assert {s.value: s.exit_code for s in Status} == {
+        "equivalent": 0,
+        "not-equivalent": 1,
+        "error": 1,
+        "usage-error": 2,
+        "harness-error": 3,
+        "interrupted": 130,
+    }
+    assert Verdict(Status.USAGE_ERROR, message="x").to_json().keys() == JSON_FIELDS.keys()
