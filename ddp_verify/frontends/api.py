@@ -18,14 +18,14 @@ from ..world import WorldPool
 from ..world.backends import check_device, require_devices
 from ..world.launch import Launched, resolve
 from ..world.spmd import Member
-from .options import launched_sizes, parse_launch
+from .options import launched_sizes, resolve_with_source
+from .options import resolve as resolve_option
 from .verifying import VerifyingSpmdWorld, VerifyingWorld
 
 # One pool per way of starting worlds (backend, device, TF32), each world kept for the process.
 _pools: dict[tuple[str, str | None, bool, bool], WorldPool] = {}
 # Under a launcher: the launched job, joined on the first check and kept for the process.
 _launched: VerifyingSpmdWorld | None = None
-DEFAULT_WORLD_SIZE = 4
 
 
 def check(
@@ -35,8 +35,8 @@ def check(
     world_size: int | None = None,
     max_examples: int = 100,
     seed: int | None = None,
-    timeout: float = 60.0,
-    backend: str = "gloo",
+    timeout: float | None = None,
+    backend: str | None = None,
     device: str | None = None,
     allow_tf32: bool = False,
     debug: bool = False,
@@ -47,7 +47,7 @@ def check(
     ddp_wrapper: str | None = None,
     progress: Progress | None = None,
     world: VerifyingWorld | None = None,
-    launch: str = "auto",
+    launch: str | None = None,
     full_trace: bool = False,
     **scenario_bounds: Any,
 ) -> Verdict:
@@ -77,17 +77,24 @@ def check(
     """
     __tracebackhide__ = True
     check_signature(fn, kind)  # before a device is looked for
+    # Arguments not given come from the environment (DDP_VERIFY_WORLD_SIZE, ..._DEVICE,
+    # ..._LAUNCH), then the defaults, as on the command line.
+    timeout = resolve_option("timeout", "python", given=timeout)
+    backend = resolve_option("backend", "python", given=backend)
+    device = resolve_option("device", "python", given=device)
+    sizes, source = resolve_with_source("world_sizes", "python", given=world_size)
+    if len(sizes) != 1:
+        raise ValueError(f"{source} asks for world sizes {sizes}: a check runs at one size")
     if world is None:
-        launched = resolve(parse_launch(launch, source="launch="), os.environ)
+        launched = resolve(resolve_option("launch", "python", given=launch), os.environ)
         if launched is not None:
-            world = _launched_world(
-                launched, world_size, timeout, backend, device, allow_tf32, debug
-            )
+            # A size asked for must be the launched one (a ValueError that says so otherwise).
+            launched_sizes(sizes if source else None, launched, source=source or "-")
+            world = _launched_world(launched, timeout, backend, device, allow_tf32, debug)
         else:
             device = check_device(backend, device)
-            size = DEFAULT_WORLD_SIZE if world_size is None else world_size
-            require_devices(backend, size, device)
-            world = _world(size, timeout, backend, device, allow_tf32, debug)
+            require_devices(backend, sizes[0], device)
+            world = _world(sizes[0], timeout, backend, device, allow_tf32, debug)
     try:
         return search(
             fn,
@@ -137,7 +144,6 @@ def _world(
 
 def _launched_world(
     launched: Launched,
-    size: int | None,
     timeout: float,
     backend: str,
     device: str | None,
@@ -145,7 +151,6 @@ def _launched_world(
     debug: bool,
 ) -> VerifyingSpmdWorld:
     global _launched
-    launched_sizes(None if size is None else (size,), launched, source="world_size=")
     if _launched is None:
         member = Member(
             launched,

@@ -44,16 +44,16 @@ warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
 from ..engine.scenario import ALL_LOSSES, DTYPES, FEATURES, MODEL_KINDS  # noqa: E402
 from ..usercode.kinds import KINDS, SIGNATURES, KindError, check_signature  # noqa: E402
 from ..world.backends import BACKENDS, DEVICES  # noqa: E402
+from ..world.naming import spelled_as  # noqa: E402
+from . import options as opts  # noqa: E402
 from .options import (  # noqa: E402
     LAUNCH_ENV,
     LAUNCH_MODES,
     launched_sizes,
-    parse_launch,
     parse_timeout,
     parse_wrapper,
 )
 
-DEFAULT_WORLD_SIZE = 4
 # A launched rank other than 0: it reports nothing (rank 0 reports the same verdict).
 _QUIET = False
 
@@ -72,25 +72,37 @@ class _Parser(argparse.ArgumentParser):
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    with spelled_as(opts.SPELLINGS["cli"]):
+        return _main(argv)
+
+
+def _main(argv: list[str]) -> int:
     wants_json = "--json" in argv
-    _quiet_unless_rank0(argv)
     try:
         args, extra = _parser().parse_known_args(argv)
-        if args.command == "conformance":
-            return _run_conformance(args, extra)
+        parse_error = None
+    except UsageError as exc:
+        args, extra, parse_error = None, [], exc
+    launched, launch_error = _launched(getattr(args, "launch", None))
+    # Under a launcher every rank runs the command and reaches the same verdict: rank 0 says
+    # it, the others only exit with the same code (their stderr stays, for crashes).
+    if launched is not None and launched.rank != 0:
+        _quiet()
+    if args is None or parse_error is not None:
+        return _finish(_usage_error(parse_error), wants_json)
+    if args.command == "conformance":
+        return _run_conformance(args, extra)
+    try:
         if extra:
             raise UsageError(f"unrecognized arguments: {' '.join(extra)}")
         path, name = parse_target(args.target)
-        args.launched = _launched(args)
-        if args.launched is None:
-            args.world_size = args.world_size or DEFAULT_WORLD_SIZE
-            args.device = _devices_here(args.backend, args.device, args.world_size)
-        else:
-            args.world_size = args.world_size or args.launched.world_size
-            args.device = args.device or ("cuda" if args.backend == "nccl" else "cpu")
+        if launch_error is not None:
+            raise launch_error
+        _resolve_world_options(args, launched)
     except UsageError as exc:
         return _finish(_usage_error(exc), wants_json)
-    if args.launched is None:
+    args.launched = launched
+    if launched is None:
         # The arguments hold: the ranks' fork server imports torch while this process
         # imports the user's file (and torch with it).
         _prestart(args)
@@ -108,6 +120,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (UsageError, KindError) as exc:
         return _finish(_usage_error(exc, **context), wants_json)
     return _finish(_run_check(args, fn, context), args.json)
+
+
+def _resolve_world_options(args: argparse.Namespace, launched: Any) -> None:
+    """The world's options, each from its flag, environment variable or the command's
+    default (:func:`ddp_verify.frontends.options.resolve`), into ``args``; a usage error for a
+    bad one, or for GPUs this machine does not have."""
+    try:
+        sizes, source = opts.resolve_with_source("world_sizes", "cli", given=args.world_size)
+        if launched is not None:
+            sizes = launched_sizes(sizes if source else None, launched, source=source or "-")
+        if len(sizes) != 1:
+            raise UsageError(
+                f"{source} asks for world sizes {','.join(map(str, sizes))}: a check runs at "
+                "one world size (run it once per size)"
+            )
+        args.world_size = sizes[0]
+        for name in ("backend", "device", "timeout", "debug", "allow_tf32"):
+            setattr(args, name, opts.resolve(name, "cli", given=getattr(args, name)))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if launched is None:
+        args.device = _devices_here(args.backend, args.device, args.world_size)
+    else:
+        args.device = args.device or ("cuda" if args.backend == "nccl" else "cpu")
 
 
 def _user_model(args: argparse.Namespace) -> str | None:
@@ -129,58 +165,25 @@ def _user_model(args: argparse.Namespace) -> str | None:
     return reference
 
 
-def _launched(args: argparse.Namespace) -> Any:
-    """The launched job this process is a rank of (SPMD mode), or None to fork the ranks."""
+def _launched(asked: str | None) -> tuple[Any, UsageError | None]:
+    """The launched job this process is a rank of (SPMD mode; None to fork the ranks), from
+    ``--launch``, else ``DDP_VERIFY_LAUNCH``, else ``auto``; or the usage error that a bad
+    setting is (said once the others ranks have been quietened)."""
     from ..world.launch import LaunchError, resolve
 
     try:
-        launched = resolve(_launch_mode(args), os.environ)
-        if launched is not None:
-            asked = (args.world_size,) if args.world_size else None
-            launched_sizes(asked, launched, source="--world-size")
+        return resolve(opts.resolve("launch", "cli", given=asked), os.environ), None
     except (ValueError, LaunchError) as exc:
-        raise UsageError(str(exc)) from None
-    return launched
+        return None, UsageError(str(exc))
 
 
-def _launch_mode(args: argparse.Namespace) -> str:
-    """``--launch``, else ``DDP_VERIFY_LAUNCH``, else ``auto``; a ``ValueError`` names a bad one."""
-    if args.launch:
-        return args.launch
-    return parse_launch(os.environ.get(LAUNCH_ENV) or "auto", source=LAUNCH_ENV)
-
-
-def _quiet_unless_rank0(argv: Sequence[str]) -> None:
-    """Under a launcher every rank runs the command and reaches the same verdict: rank 0
-    says it, the others only exit with the same code (their stderr stays, for crashes)."""
-    from ..world.launch import LaunchError, detect
-
-    flags = list(argv)
-    asked = next(
-        (
-            value
-            for i, flag in enumerate(flags)
-            for value in (
-                flags[i + 1] if flag == "--launch" and i + 1 < len(flags) else None,
-                flag.partition("=")[2] if flag.startswith("--launch=") else None,
-            )
-            if value
-        ),
-        os.environ.get(LAUNCH_ENV),
-    )
-    if asked == "fork":
-        return
-    try:
-        launched = detect(os.environ)
-    except LaunchError:
-        return
-    if launched is not None and launched.rank != 0:
-        global _QUIET
-        _QUIET = True
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        sys.stdout.flush()
-        os.dup2(devnull, 1)
-        os.close(devnull)
+def _quiet() -> None:
+    global _QUIET
+    _QUIET = True
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    sys.stdout.flush()
+    os.dup2(devnull, 1)
+    os.close(devnull)
 
 
 def _devices_here(backend: str, device: str | None, world_size: int) -> str:
@@ -211,7 +214,7 @@ def _world_options(args: argparse.Namespace) -> dict[str, Any]:
         "backend": args.backend,
         "device": args.device,
         "allow_tf32": args.allow_tf32,
-        "debug": args.ddp_debug,
+        "debug": args.debug,
     }
 
 
@@ -283,7 +286,7 @@ def _parser() -> argparse.ArgumentParser:
         help="whether every rank of a step holds as many micro-batches (default: same for "
         "--kind step, whose loop owns accumulation; varied for the other kinds)",
     )
-    _add_device_options(check)
+    _add_device_options(check, backend_default=None)
     check.add_argument(
         "--result-on",
         choices=("all", "rank0"),
@@ -324,12 +327,16 @@ def _parser() -> argparse.ArgumentParser:
     )
     check.add_argument(
         "--ddp-debug",
+        dest="debug",
         action="store_true",
         help="set TORCH_DISTRIBUTED_DEBUG=DETAIL in the ranks, so torch names mismatched "
         "collectives (what a hang or a gloo abort report suggests)",
     )
     check.add_argument(
-        "--timeout", type=_positive_seconds, default=60.0, help="seconds per example"
+        "--timeout",
+        type=_positive_seconds,
+        default=None,
+        help=f"seconds per example (default {opts.DEFAULT_TIMEOUT_S:g})",
     )
     check.add_argument(
         "--full-trace",
@@ -357,9 +364,7 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _add_device_options(
-    parser: argparse.ArgumentParser, backend_default: str | None = "gloo"
-) -> None:
+def _add_device_options(parser: argparse.ArgumentParser, backend_default: str | None) -> None:
     parser.add_argument(
         "--backend",
         choices=BACKENDS,
@@ -390,7 +395,8 @@ def _add_device_options(
 
 
 def conformance_args(args: argparse.Namespace, extra: Sequence[str]) -> list[str]:
-    """The pytest command line ``ddp-verify conformance`` stands for.
+    """The pytest command line ``ddp-verify conformance`` stands for: the command's own world
+    size default (4, or the launched size under a launcher) unless one was asked for.
 
     Example::
 
@@ -398,11 +404,10 @@ def conformance_args(args: argparse.Namespace, extra: Sequence[str]) -> list[str
         ['--pyargs', 'ddp_verify.conformance', '--world-size', '2']
     """
     command = ["--pyargs", "ddp_verify.conformance"]
-    size = args.world_size
-    if size is None and _launched_quietly(args) is None:
-        size = DEFAULT_WORLD_SIZE  # forked worlds; under a launcher, the launched size
-    if size is not None:
-        command += ["--world-size", str(size)]
+    sizes, source = opts.resolve_with_source("world_sizes", "cli", given=args.world_size)
+    # A bad launch setting is pytest's to report.
+    if source or _launched(args.launch)[0] is None:
+        command += ["--world-size", ",".join(map(str, sizes))]
     for flag, value in (
         ("--ddp-launch", args.launch),
         ("--ddp-wrapper", args.ddp_wrapper),
@@ -416,16 +421,6 @@ def conformance_args(args: argparse.Namespace, extra: Sequence[str]) -> list[str
     if args.allow_tf32:
         command.append("--ddp-allow-tf32")
     return command + [a for a in extra if a != "--"]
-
-
-def _launched_quietly(args: argparse.Namespace) -> Any:
-    """The launched job, or None (a bad launch setting is pytest's to report)."""
-    from ..world.launch import LaunchError, resolve
-
-    try:
-        return resolve(_launch_mode(args), os.environ)
-    except (ValueError, LaunchError):
-        return None
 
 
 def _run_conformance(args: argparse.Namespace, extra: Sequence[str]) -> int:

@@ -1,17 +1,20 @@
-"""World options as users spell them (``--world-size 2,4``, ``--ddp-timeout 30``), validated once.
-
-Shared by every front end so that the pytest plugin and the command line accept and reject the
-same things with the same words.
+"""The options every front end has, resolved one way: the front end's flag (or argument),
+then the environment variable, then the ini key, then the front end's default
+(:func:`resolve`); validated once, so that the pytest plugin, the command line and ``check()``
+accept and reject the same things with the same words. Each front end's spelling of each
+option is here too (:data:`SPELLINGS`): the lower layers name parameters, and messages spell
+them as the front end in use does (:mod:`ddp_verify.world.naming`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..world.backends import BACKENDS, DEVICES, check_device
+from ..world.naming import Spelling
 
 WORLD_SIZE_ENV = "DDP_VERIFY_WORLD_SIZE"
 DEVICE_ENV = "DDP_VERIFY_DEVICE"
@@ -19,6 +22,8 @@ LAUNCH_ENV = "DDP_VERIFY_LAUNCH"
 # How worlds come to be: forked here, or the launched job itself (see ddp_verify.world.launch).
 LAUNCH_MODES = ("auto", "fork", "spmd")
 DEFAULT_WORLD_SIZE = 2
+# A check of one function (ddp-verify check, check()) forks 4 ranks unless told otherwise.
+DEFAULT_CHECK_SIZE = 4
 DEFAULT_TIMEOUT_S = 60.0
 # How long the ranks of a world may take to join: a torch import, an NCCL communicator.
 DEFAULT_START_TIMEOUT_S = 120.0
@@ -156,16 +161,6 @@ def parse_launch(text: str, *, source: str = "--ddp-launch") -> str:
     return value
 
 
-def launch_from_env() -> str | None:
-    """The ``DDP_VERIFY_LAUNCH`` environment variable, when set and not empty."""
-    return os.environ.get(LAUNCH_ENV) or None
-
-
-def device_from_env() -> str | None:
-    """The ``DDP_VERIFY_DEVICE`` environment variable, when set and not empty."""
-    return os.environ.get(DEVICE_ENV) or None
-
-
 def parse_wrapper(text: str, *, source: str = "--ddp-wrapper") -> str:
     """``"package.module:Callable"`` as given, once its shape is right (it is imported where
     it is used, so that naming it costs no import).
@@ -211,6 +206,165 @@ def parse_count(text: str | int, *, source: str) -> int:
     return int(text)
 
 
-def world_size_from_env() -> str | None:
-    """The ``DDP_VERIFY_WORLD_SIZE`` environment variable, when set and not empty."""
-    return os.environ.get(WORLD_SIZE_ENV) or None
+# -- one precedence chain ------------------------------------------------------------------------
+
+FRONT_ENDS = ("pytest", "cli", "python")
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    """One option: the parameter it sets, how a given value is parsed (``parse(value,
+    source=...)``, a ``ValueError`` naming the source otherwise), its environment variable and
+    ini key where it has them."""
+
+    name: str
+    parse: Callable[..., Any]
+    env: str | None = None
+    ini: str | None = None
+
+
+def _flag(value: Any, *, source: str) -> bool:
+    return bool(value)
+
+
+def _text(value: Any, *, source: str) -> str:
+    return str(value)
+
+
+SETTINGS = {
+    s.name: s
+    for s in (
+        Setting("world_sizes", parse_world_sizes, env=WORLD_SIZE_ENV, ini="ddp_world_size"),
+        Setting("backend", parse_backend, ini="ddp_backend"),
+        Setting("device", parse_device, env=DEVICE_ENV, ini="ddp_device"),
+        Setting("allow_tf32", _flag, ini="ddp_allow_tf32"),
+        Setting("timeout", parse_timeout, ini="ddp_timeout"),
+        Setting("start_timeout", parse_timeout, ini="ddp_start_timeout"),
+        Setting("debug", _flag, ini="ddp_debug"),
+        Setting("launch", parse_launch, env=LAUNCH_ENV, ini="ddp_launch"),
+        Setting("wrapper", parse_wrapper, ini="ddp_wrapper"),
+        Setting("conformance_examples", parse_count, ini="ddp_conformance_examples"),
+        Setting("preload", parse_modules, ini="ddp_preload"),
+        Setting("log_dir", _text, ini="ddp_log_dir"),
+    )
+}
+
+# What each front end does when nothing was given: a pytest session runs small worlds next to
+# other tests; a check of one function runs the world size its scenarios are drawn for.
+DEFAULTS: dict[str, dict[str, Any]] = {
+    front_end: {
+        "world_sizes": (DEFAULT_WORLD_SIZE if front_end == "pytest" else DEFAULT_CHECK_SIZE,),
+        "backend": "gloo",
+        "device": None,
+        "allow_tf32": False,
+        "timeout": DEFAULT_TIMEOUT_S,
+        "start_timeout": DEFAULT_START_TIMEOUT_S,
+        "debug": False,
+        "launch": "auto",
+        "wrapper": None,
+        "conformance_examples": DEFAULT_CONFORMANCE_EXAMPLES,
+        "preload": (),
+        "log_dir": None,
+    }
+    for front_end in FRONT_ENDS
+}
+
+
+def _micro_batch_counts(value: Any) -> str:
+    return f"--micro-batch-counts {'same' if value else 'varied'}"
+
+
+# How each front end's users set each parameter (see ddp_verify.world.naming): a flag, or a
+# function of the value. Python's spelling (name=value) needs no table.
+SPELLINGS: dict[str, Mapping[str, Spelling]] = {
+    "pytest": {
+        "world_sizes": "--world-size",
+        "world_size": "--world-size",
+        "backend": "--ddp-backend",
+        "device": "--ddp-device",
+        "allow_tf32": "--ddp-allow-tf32",
+        "timeout": "--ddp-timeout",
+        "start_timeout": "--ddp-start-timeout",
+        "debug": "--ddp-debug",
+        "launch": "--ddp-launch",
+        "wrapper": "--ddp-wrapper",
+        "conformance_examples": "--conformance-examples",
+        "preload": "--ddp-preload",
+        "log_dir": "--ddp-log-dir",
+    },
+    "cli": {
+        "world_sizes": "--world-size",
+        "world_size": "--world-size",
+        "backend": "--backend",
+        "device": "--device",
+        "allow_tf32": "--allow-tf32",
+        "timeout": "--timeout",
+        "debug": "--ddp-debug",
+        "launch": "--launch",
+        "kind": "--kind",
+        "lossy": "--lossy",
+        "result_on": "--result-on",
+        "hook_state": "--hook-state",
+        "loss_reduction": "--loss-reduction",
+        "ddp_wrapper": "--ddp-wrapper",
+        "same_micro_batch_counts": _micro_batch_counts,
+        "full_trace": "--full-trace",
+    },
+    "python": {},
+}
+
+
+def source_name(name: str, front_end: str) -> str:
+    """How errors name the given value's source: ``--ddp-timeout``, ``timeout=``."""
+    spelling = SPELLINGS[front_end].get(name)
+    return spelling if isinstance(spelling, str) else f"{name}="
+
+
+def resolve(
+    name: str,
+    front_end: str,
+    *,
+    given: Any = None,
+    ini: Any = None,
+    environ: Mapping[str, str] | None = None,
+) -> Any:
+    """Option ``name`` for ``front_end``: ``given`` (its flag or argument), else the
+    environment variable, else ``ini``, else the front end's default; given values are parsed,
+    and a bad one is a ``ValueError`` that names where it came from.
+
+    Example::
+
+        >>> resolve("world_sizes", "cli", environ={})
+        (4,)
+        >>> resolve("world_sizes", "pytest", given="2,4", environ={})
+        (2, 4)
+    """
+    return resolve_with_source(name, front_end, given=given, ini=ini, environ=environ)[0]
+
+
+def resolve_with_source(
+    name: str,
+    front_end: str,
+    *,
+    given: Any = None,
+    ini: Any = None,
+    environ: Mapping[str, str] | None = None,
+) -> tuple[Any, str | None]:
+    """:func:`resolve`, and where the value came from (None: the front end's default).
+
+    Example::
+
+        >>> resolve_with_source("device", "cli", environ={DEVICE_ENV: "cpu"})
+        ('cpu', 'DDP_VERIFY_DEVICE')
+    """
+    setting = SETTINGS[name]
+    environ = os.environ if environ is None else environ
+    candidates = (
+        (source_name(name, front_end), given),
+        (setting.env, environ.get(setting.env) if setting.env else None),
+        (f"ini {setting.ini}", ini),
+    )
+    for source, value in candidates:
+        if source is not None and value is not None and value != "" and value != []:
+            return setting.parse(value, source=source), source
+    return DEFAULTS[front_end][name], None

@@ -13,6 +13,7 @@ Nothing here imports torch: a session pays for it only when a test asks for a wo
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import os
 import sys
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from ..world.errors import RankError
+from ..world.naming import speak_as
 from . import options as opts
 
 if TYPE_CHECKING:
@@ -33,6 +35,7 @@ _pool_key = pytest.StashKey["WorldPool"]()
 _item_world_key = pytest.StashKey["World"]()
 _launched_key = pytest.StashKey[Any]()
 _xdist_off_key = pytest.StashKey[bool]()
+_unspell_key = pytest.StashKey[Callable[[], None]]()
 
 _MARKER = "distributed"
 
@@ -152,16 +155,22 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addini("ddp_debug", "set TORCH_DISTRIBUTED_DEBUG=DETAIL in the ranks", type="bool")
 
 
-def _launch_mode(config: pytest.Config) -> tuple[str, str]:
-    """The launch mode asked for and where: option, environment, ini, or the default."""
-    for source, value in (
-        ("--ddp-launch", config.getoption("ddp_launch", None)),
-        (opts.LAUNCH_ENV, opts.launch_from_env()),
-        ("ini ddp_launch", _ini(config, "ddp_launch")),
-    ):
-        if value:
-            return source, value
-    return "", "auto"
+def _option(config: pytest.Config, name: str) -> tuple[Any, str | None]:
+    """Option ``name`` as this session has it, and where from: its flag, environment
+    variable, ini key or (None) the default (see :func:`ddp_verify.frontends.options.resolve`).
+    Early in the session (initial conftests) the flags are only in the known arguments."""
+    setting = opts.SETTINGS[name]
+    dest = "ddp_world_size" if name == "world_sizes" else f"ddp_{name}"
+    given = config.getoption(dest, None)
+    if given is None:
+        given = getattr(getattr(config, "known_args_namespace", None), dest, None)
+    ini = _ini(config, setting.ini) if setting.ini else None
+    return opts.resolve_with_source(name, "pytest", given=given, ini=ini)
+
+
+def _launch_mode(config: pytest.Config) -> str:
+    """The launch mode asked for (auto unless said); a ``ValueError`` for a bad one."""
+    return str(_option(config, "launch")[0])
 
 
 def _ini(config: pytest.Config, name: str) -> Any:
@@ -178,15 +187,13 @@ def pytest_load_initial_conftests(early_config: pytest.Config) -> Generator[None
     from ..world.launch import LaunchError, resolve
 
     try:
-        source, mode = _launch_mode(early_config)
-        launched = resolve(opts.parse_launch(mode, source=source), os.environ)
+        launched = resolve(_launch_mode(early_config), os.environ)
     except (ValueError, LaunchError):
         launched = None  # pytest_configure reports it
     if launched is not None and launched.rank != 0:
         from .pytest_spmd import quiet
 
-        log_dir = early_config.known_args_namespace.ddp_log_dir or _ini(early_config, "ddp_log_dir")
-        quiet(launched.rank, log_dir)
+        quiet(launched.rank, _option(early_config, "log_dir")[0])
     return (yield)
 
 
@@ -200,13 +207,14 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     from ..world.launch import LaunchError, resolve
 
-    source, mode = _launch_mode(config)
     try:
-        launched = resolve(opts.parse_launch(mode, source=source), os.environ)
+        launched = resolve(_launch_mode(config), os.environ)
     except (ValueError, LaunchError) as exc:
         raise pytest.UsageError(str(exc)) from None
     options = _resolve_options(config, launched)
     _check_preload(config, options)
+    # Advice made below (and on the ranks) spells options as this front end's flags.
+    config.stash[_unspell_key] = speak_as(opts.SPELLINGS["pytest"])
     config.stash[_options_key] = options
     if launched is not None and not hasattr(config, "workerinput"):
         if config.getoption("numprocesses", None):
@@ -240,71 +248,24 @@ def _join_launched_world(config: pytest.Config, launched: Any, options: opts.Wor
 
 
 def _resolve_options(config: pytest.Config, launched: Any = None) -> opts.WorldOptions:
-    """Command line, then environment, then ini, then defaults; under a launcher, the
-    launched world's size unless sizes were asked for (one that differs is a usage error)."""
-
-    def first(*candidates: tuple[str, Any]) -> tuple[str, Any]:
-        return next(((src, v) for src, v in candidates if v not in (None, "")), ("", None))
-
-    world_size = first(
-        ("--world-size", config.getoption("ddp_world_size")),
-        (opts.WORLD_SIZE_ENV, opts.world_size_from_env()),
-        ("ini ddp_world_size", config.getini("ddp_world_size")),
-    )
-
-    def option_then_ini(flag: str, name: str) -> tuple[str, Any]:
-        return first((flag, config.getoption(name)), (f"ini {name}", config.getini(name)))
-
-    backend = option_then_ini("--ddp-backend", "ddp_backend")
-    device = first(
-        ("--ddp-device", config.getoption("ddp_device")),
-        (opts.DEVICE_ENV, opts.device_from_env()),
-        ("ini ddp_device", config.getini("ddp_device")),
-    )
-    timeout = option_then_ini("--ddp-timeout", "ddp_timeout")
-    start_timeout = option_then_ini("--ddp-start-timeout", "ddp_start_timeout")
-    allow_tf32 = config.getoption("ddp_allow_tf32") or config.getini("ddp_allow_tf32")
-    debug = config.getoption("ddp_debug") or config.getini("ddp_debug")
-    wrapper = option_then_ini("--ddp-wrapper", "ddp_wrapper")
-    examples = option_then_ini("--conformance-examples", "ddp_conformance_examples")
-    preload = option_then_ini("--ddp-preload", "ddp_preload")
-    defaults = opts.WorldOptions()
+    """Each option from its flag, environment variable, ini key or default; under a launcher,
+    the launched world's size unless sizes were asked for (one that differs is a usage
+    error)."""
     try:
-        sizes = (
-            opts.parse_world_sizes(world_size[1], source=world_size[0])
-            if world_size[1]
-            else defaults.world_sizes
-        )
+        chosen = {name: _option(config, name) for name in _WORLD_OPTIONS}
+        values = {name: value for name, (value, _) in chosen.items()}
         if launched is not None:
-            sizes = opts.launched_sizes(
-                sizes if world_size[1] else None, launched, source=world_size[0]
+            sizes, source = chosen["world_sizes"]
+            values["world_sizes"] = opts.launched_sizes(
+                sizes if source else None, launched, source=source or "--world-size"
             )
-        return opts.WorldOptions(
-            world_sizes=sizes,
-            backend=opts.parse_backend(backend[1], source=backend[0]) if backend[1] else "gloo",
-            device=opts.parse_device(device[1], source=device[0]) if device[1] else None,
-            allow_tf32=bool(allow_tf32),
-            timeout=(
-                opts.parse_timeout(timeout[1], source=timeout[0])
-                if timeout[1]
-                else defaults.timeout
-            ),
-            start_timeout=(
-                opts.parse_timeout(start_timeout[1], source=start_timeout[0])
-                if start_timeout[1]
-                else defaults.start_timeout
-            ),
-            debug=bool(debug),
-            wrapper=opts.parse_wrapper(wrapper[1], source=wrapper[0]) if wrapper[1] else None,
-            conformance_examples=(
-                opts.parse_count(examples[1], source=examples[0])
-                if examples[1]
-                else defaults.conformance_examples
-            ),
-            preload=opts.parse_modules(preload[1], source=preload[0]) if preload[1] else (),
-        )
+        return opts.WorldOptions(**values)
     except ValueError as exc:
         raise pytest.UsageError(str(exc)) from None
+
+
+# The options of WorldOptions, each resolved by _option.
+_WORLD_OPTIONS = tuple(f.name for f in dataclasses.fields(opts.WorldOptions))
 
 
 def _check_preload(config: pytest.Config, options: opts.WorldOptions) -> None:
@@ -332,6 +293,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     pool = config.stash.get(_pool_key, None)
     if pool is not None:
         pool.close()
+    config.stash.get(_unspell_key, lambda: None)()
 
 
 def pytest_report_header(config: pytest.Config) -> str:

@@ -14,6 +14,7 @@ from torch.nn.parallel import DistributedDataParallel
 from ..engine.models import clipping, optimizer_settings
 from ..engine.scenario import Scenario
 from ..engine.trace import RankTrace
+from ..world.naming import option
 from .base import DistributedMethod
 from .loop import RankRun, fresh_model, train_data_parallel
 
@@ -202,8 +203,8 @@ class CommHookInUse(RuntimeError):
         theirs = f" ({', '.join(own)})" if own else ""
         super().__init__(
             f"{wrapper} registers its own communication hook{theirs}; DDP takes one per model, "
-            f"so {self.hook} cannot be checked on it (check the wrapper's own hook with "
-            "ddp-verify check --kind comm-hook)"
+            f"so {self.hook} cannot be checked on it (check the wrapper's own hook as "
+            f"{option('kind', 'comm-hook')})"
         )
 
     def __reduce__(self) -> tuple[Any, ...]:

@@ -23,6 +23,7 @@ from ..engine.models import (
 )
 from ..engine.scenario import Scenario
 from ..engine.trace import RankTrace, gradients, parameters
+from ..world.naming import option
 from ..world.runtime import rank_device
 
 
@@ -49,7 +50,7 @@ class RankRun:
             if self.device.type == "cpu":
                 raise ValueError(
                     "SyncBatchNorm runs on GPUs only (torch raises for CPU tensors): check "
-                    "batch_norm='sync' models on a cuda world (--device cuda)"
+                    f"batch_norm='sync' models on a cuda world ({option('device', 'cuda')})"
                 )
             self.model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(self.model)
         self.loss_fn = loss_function(scenario)

@@ -28,6 +28,7 @@ from ..methods.base import DistributedMethod
 from ..methods.ddp import DDP
 from ..methods.loop import RankRun, train_data_parallel, train_local_then_sync
 from ..methods.manual import all_reduce_weighted
+from ..world.naming import option
 from ..world.protocol import modules_ranks_cannot_import
 from .kinds import (
     DEFAULT_BOUNDS,
@@ -72,22 +73,27 @@ def adapt(
     if result_on not in RESULT_ON:
         raise KindError(f"result_on must be one of {', '.join(RESULT_ON)}, got {result_on!r}")
     if ddp_wrapper is not None and kind != "wrapped-step":
-        raise KindError(f"--ddp-wrapper applies to wrapped-step functions, not to {kind}")
+        raise KindError(f"{option('ddp_wrapper')} applies to wrapped-step functions, not to {kind}")
     if loss_reduction != "mean" and kind not in ("step", "wrapped-step"):
         raise KindError(
-            f"--loss-reduction applies to step functions (step, wrapped-step), not to {kind}"
+            f"{option('loss_reduction')} applies to step functions (step, wrapped-step), not to "
+            f"{kind}"
         )
     if loss_reduction not in LOSS_REDUCTIONS:
         raise KindError(
             f"loss_reduction must be one of {', '.join(LOSS_REDUCTIONS)}, got {loss_reduction!r}"
         )
     if hook_state is not None and kind != "comm-hook":
-        raise KindError(f"--hook-state applies to comm hooks (kind comm-hook), not to {kind}")
+        raise KindError(
+            f"{option('hook_state')} applies to comm hooks ({option('kind', 'comm-hook')}), "
+            f"not to {kind}"
+        )
     if hook_state is not None and not callable(hook_state):
         raise KindError(f"the hook state factory {hook_state!r} is not callable")
     if result_on != "all" and kind not in RESULT_KINDS:
         raise KindError(
-            f"--result-on {result_on} applies to {', '.join(RESULT_KINDS)} helpers, not {kind}"
+            f"{option('result_on', result_on)} applies to {', '.join(RESULT_KINDS)} helpers, "
+            f"not {kind}"
         )
     name = f"{kind} {getattr(fn, '__qualname__', repr(fn))}"
     if result_on != "all":

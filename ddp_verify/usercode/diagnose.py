@@ -22,6 +22,7 @@ from ..engine.models import one_thread
 from ..engine.scenario import Scenario
 from ..engine.tolerances import Float64Tolerance, Tolerance
 from ..engine.trace import Trace
+from ..world.naming import option
 from .kinds import RESULT_KINDS
 from .mistakes import Mistake, applies, candidates, simulate
 from .weights import (
@@ -218,8 +219,9 @@ def _structural(kind: str, scenario: Scenario, reference: Trace, got: Trace) -> 
             Cause(
                 "only rank 0 holds the result: the other ranks report their own local loss, as "
                 "a helper that reduces onto rank 0 (dist.reduce, gather to rank 0) leaves "
-                "them; if only rank 0's result is meant to be used, check with --result-on "
-                "rank0 (result_on='rank0'), which holds rank 0's result to the global mean",
+                "them; if only rank 0's result is meant to be used, check with "
+                f"{option('result_on', 'rank0')}, which holds rank 0's result to the global "
+                "mean",
                 "loss",
                 "loss:rank0-only",
             )
@@ -265,7 +267,7 @@ def _lossy_compression(kind: str, scenario: Scenario, reference: Trace, got: Tra
             return (
                 f"lossy compression ({fmt} rounding): every gradient, parameter and loss is "
                 f"within what {fmt}'s rounding allows ({tolerance.describe()}); if the hook "
-                f"compresses on purpose, check it with --lossy {flag} (lossy='{flag}')"
+                f"compresses on purpose, check it with {option('lossy', flag)}"
             )
     return ""
 
@@ -291,7 +293,7 @@ def failure_cause(kind: str, scenario: Scenario) -> str | None:
                 f"optimizer stepped per micro-batch), and in step {step} the ranks held "
                 f"different numbers of micro-batches ({held}), so their collectives did not "
                 "pair up. If every rank of your training always has as many micro-batches, "
-                "check with same_micro_batch_counts=True (--micro-batch-counts same); "
+                f"check with {option('same_micro_batch_counts', True)}; "
                 "otherwise synchronise once per step"
             )
     return None

@@ -22,6 +22,7 @@ from ..engine.scenario import Scenario
 from ..engine.strategies import optimizers, scenarios
 from ..methods.equivalence import HarnessError, assert_equivalent
 from ..world import RankError, World, WorldError
+from ..world.naming import option
 from .adapters import DEFAULT_BOUNDS, KindError, adapt
 from .diagnose import failure_cause, likely_causes
 from .kinds import Call
@@ -237,12 +238,15 @@ def lossy_format(
     if lossy not in LOSSY:
         raise KindError(f"lossy must be one of {', '.join(LOSSY)}, got {lossy!r}")
     if kind != "comm-hook":
-        raise KindError(f"--lossy applies to comm hooks (kind comm-hook), not to {kind}")
+        raise KindError(
+            f"{option('lossy')} applies to comm hooks ({option('kind', 'comm-hook')}), not to "
+            f"{kind}"
+        )
     if lossy == "lowrank" and hook_state is None:
         raise KindError(
-            "--lossy lowrank checks a low-rank hook at full rank: give its state with "
-            "--hook-state (e.g. a PowerSGDState whose matrix_approximation_rank is at least "
-            "every weight matrix's smaller side)"
+            f"{option('lossy', 'lowrank')} checks a low-rank hook at full rank: give its state "
+            f"with {option('hook_state')} (e.g. a PowerSGDState whose "
+            "matrix_approximation_rank is at least every weight matrix's smaller side)"
         )
     return LOSSY[lossy]
 

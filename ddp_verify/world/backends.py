@@ -4,6 +4,7 @@ run a world of them at a size."""
 from __future__ import annotations
 
 from .errors import DeviceUnavailable
+from .naming import option
 
 BACKENDS = ("gloo", "nccl")
 DEVICES = ("cpu", "cuda")
@@ -102,10 +103,10 @@ def require_devices(backend: str, size: int, device: str) -> int:
     gpus = visible_gpus()
     if backend == "nccl" and gpus < size:
         instead = (
-            "--ddp-backend gloo (backend='gloo') on CPU"
+            f"{option('backend', 'gloo')} on CPU"
             if gpus == 0
-            else f"--world-size {gpus} or fewer, or --ddp-backend gloo --ddp-device cuda to "
-            "share the GPUs between ranks"
+            else f"{option('world_size', gpus)} or fewer, or {option('backend', 'gloo')} "
+            f"{option('device', 'cuda')} to share the GPUs between ranks"
         )
         raise DeviceUnavailable(
             f"nccl needs one GPU per rank: a world of {size} needs {size} GPUs, {gpus} "
@@ -114,8 +115,8 @@ def require_devices(backend: str, size: int, device: str) -> int:
     if gpus == 0:
         raise DeviceUnavailable(
             f"device 'cuda' asked for, but no GPU is visible here (torch "
-            f"{_torch_version()}, CUDA {_cuda_version()}); use device 'cpu' "
-            "(--ddp-device cpu, --device cpu) with the gloo backend"
+            f"{_torch_version()}, CUDA {_cuda_version()}); use {option('device', 'cpu')} "
+            "with the gloo backend"
         )
     return gpus
 

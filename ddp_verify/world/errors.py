@@ -14,12 +14,17 @@ import textwrap
 from collections.abc import Sequence
 from typing import Any
 
-DEBUG_HINT = (
-    "If the ranks may have called different collectives (or one collective with different "
-    "shapes), rerun with --ddp-debug (pytest, ddp-verify check; World(debug=True) or "
-    "check(debug=True) from Python): it sets "
-    "TORCH_DISTRIBUTED_DEBUG=DETAIL in the ranks, and torch then names the mismatch."
-)
+from .naming import option
+
+
+def debug_hint() -> str:
+    """The advice for failures that mismatched collectives can cause, spelled for the front
+    end in use (``--ddp-debug``, ``debug=True``)."""
+    return (
+        "If the ranks may have called different collectives (or one collective with different "
+        f"shapes), rerun with {option('debug', True)}: it sets TORCH_DISTRIBUTED_DEBUG=DETAIL "
+        "in the ranks, and torch then names the mismatch."
+    )
 
 
 class WorldError(Exception):

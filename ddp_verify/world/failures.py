@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from . import frames, protocol
-from .errors import DEBUG_HINT, Category, FailureKind, RankFailure
+from .errors import Category, FailureKind, RankFailure, debug_hint
 from .processes import RankProcess, collect_stack_dumps
 
 # How long a rank that closed its pipe gets to finish exiting, so its exit code can be read.
@@ -116,9 +116,9 @@ def hint(failures: Sequence[RankFailure], *, debug: bool) -> str:
         return ""
     for f in failures:
         if f.category in _DEBUGGABLE:
-            return DEBUG_HINT
+            return debug_hint()
         if f.category is Category.DIED and (f.exitcode or 0) < 0:
-            return DEBUG_HINT
+            return debug_hint()
     return ""
 
 

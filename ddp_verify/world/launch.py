@@ -12,6 +12,8 @@ import dataclasses
 import re
 from collections.abc import Mapping
 
+from .naming import option
+
 # torchrun (and torch.distributed.launch) set these on every process it starts.
 TORCHRUN = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 # srun sets these; the rendezvous address is the job's first host.
@@ -107,8 +109,7 @@ def resolve(mode: str, environ: Mapping[str, str]) -> Launched | None:
             "SPMD mode (launch mode spmd) needs a launcher's environment, and this process has "
             "none: start it with torchrun (torchrun --nproc-per-node 4 -m pytest ..., or -m "
             "ddp_verify ...) or srun, or set RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and "
-            "MASTER_PORT yourself; launch mode fork (pytest --ddp-launch fork, ddp-verify "
-            "--launch fork) forks the ranks here instead"
+            f"MASTER_PORT yourself; {option('launch', 'fork')} forks the ranks here instead"
         )
     return launched
 

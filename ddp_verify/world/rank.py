@@ -20,7 +20,7 @@ import warnings
 from multiprocessing.connection import Connection
 from typing import Any
 
-from . import frames, protocol, runtime
+from . import frames, naming, protocol, runtime
 from .errors import FailureKind
 
 _WATCHDOG_PERIOD_S = 0.2
@@ -127,11 +127,13 @@ class _Member:
                 break
             if message[0] == protocol.EXIT:
                 break
-            _, job_id, generation, payload, sys_path, cwd = message
+            _, job_id, generation, payload, sys_path, cwd, spellings = message
             if sys_path is not None:
                 sys.path[:] = sys_path
             if cwd is not None:
                 os.chdir(cwd)
+            if spellings is not None:
+                naming.speak_as(spellings)
             if generation != self.generation:
                 self._rejoin(generation)
             outcome = _run_job(job_id, payload)

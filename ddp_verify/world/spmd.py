@@ -43,6 +43,7 @@ from . import frames, protocol, runtime
 from .backends import check_backend, check_device, placement
 from .errors import Category, FailureKind, RankError, RankFailure, WorldError
 from .launch import Launched
+from .naming import option
 
 # How often the watchdog beats and looks for requests; how long a silent heart means dead.
 _BEAT_S = 0.5
@@ -157,7 +158,8 @@ class Member:
             if gpus == 0:
                 raise WorldError(
                     f"rank {self.rank} was asked to train on CUDA but sees no GPU "
-                    "(CUDA_VISIBLE_DEVICES?): launch where GPUs are, or pass --ddp-device cpu"
+                    f"(CUDA_VISIBLE_DEVICES?): launch where GPUs are, or pass "
+                    f"{option('device', 'cpu')}"
                 )
             gpu = self.launched.local_rank % gpus
             torch.cuda.set_device(gpu)
@@ -253,7 +255,7 @@ class Member:
                 f"{self.start_timeout:g} s: {exc}\nCheck MASTER_ADDR/MASTER_PORT (for Slurm, "
                 "export MASTER_PORT, or let ddp_verify derive one from SLURM_JOB_ID). If this "
                 "process was not launched as one rank of a job (RANK and WORLD_SIZE are left "
-                "over in the environment), run with --ddp-launch fork"
+                f"over in the environment), run with {option('launch', 'fork')}"
             ) from None
 
     def _form_group(self) -> None:
@@ -412,7 +414,7 @@ class Member:
             failures,
             world_relaunched=False,
             where=self.label,
-            hint=BROKEN_HINT,
+            hint=broken_hint(),
             world_state="The process group cannot be trusted any more.",
             finished=[r for r in range(self.size) if r not in late],
         )
@@ -571,11 +573,13 @@ class Member:
         return f"the launched world of {self.size} ({self.backend}{on}, {self.launched.launcher})"
 
 
-BROKEN_HINT = (
-    "A rank that hangs or dies leaves the process group in a state that cannot be trusted "
-    "again: this job ends after this test (the launcher then tears it down). Rerun with "
-    "--ddp-debug to have torch name mismatched collectives."
-)
+def broken_hint() -> str:
+    """What a broken launched world means, and what to try."""
+    return (
+        "A rank that hangs or dies leaves the process group in a state that cannot be trusted "
+        "again: this job ends after this test (the launcher then tears it down). Rerun with "
+        f"{option('debug', True)} to have torch name mismatched collectives."
+    )
 
 
 class _Done:
@@ -789,7 +793,7 @@ class SpmdWorld:
                 failures,
                 world_relaunched=False,
                 where=self.label,
-                hint=(BROKEN_HINT if member.broken else hint(failures, debug=self.debug)),
+                hint=(broken_hint() if member.broken else hint(failures, debug=self.debug)),
                 world_state=(
                     "The process group cannot be trusted any more."
                     if member.broken

@@ -26,7 +26,7 @@ from types import ModuleType
 from typing import Any
 
 from . import failures as fail
-from . import forkserver, frames, protocol
+from . import forkserver, frames, naming, protocol
 from .backends import check_backend, check_device, placement, require_devices, visible_gpus
 from .errors import FailureKind, RankError, RankFailure, WorldError, WorldStartError
 from .jobs import Collected, PendingJob
@@ -121,6 +121,7 @@ class World:
         self._job_ids = itertools.count(1)
         self._sent_sys_path: list[str] = []
         self._sent_cwd = ""
+        self._sent_spellings: dict[str, Any] = {}
         self._untaken_output: list[tuple[str, str]] = []
         self._pending: PendingJob | None = None
         self.launches = 0
@@ -324,17 +325,20 @@ class World:
 
     # -- internals ---------------------------------------------------------------------------
 
-    def _environment_changes(self) -> tuple[list[str] | None, str | None]:
+    def _environment_changes(self) -> tuple[Any, ...]:
         # Ranks follow the controller's sys.path and working directory, so by-reference
-        # pickles resolve and relative paths mean the same thing on both sides.
+        # pickles resolve and relative paths mean the same thing on both sides; and its front
+        # end's spelling of options, so that advice made there reads as the user's flags.
         sys_path = None
         if sys.path != self._sent_sys_path:
             sys_path = self._sent_sys_path = list(sys.path)
-        cwd = os.getcwd()
-        if cwd == self._sent_cwd:
-            return sys_path, None
-        self._sent_cwd = cwd
-        return sys_path, cwd
+        cwd = None
+        if os.getcwd() != self._sent_cwd:
+            cwd = self._sent_cwd = os.getcwd()
+        spellings = None
+        if naming.current() != self._sent_spellings:
+            spellings = self._sent_spellings = dict(naming.current())
+        return sys_path, cwd, spellings
 
     def prestart(self) -> World:
         """Start what the ranks are forked from (and its preloads) without waiting for it, so
@@ -367,6 +371,7 @@ class World:
         self._generation = 0
         self._sent_sys_path = list(sys.path)
         self._sent_cwd = os.getcwd()
+        self._sent_spellings = {}  # a new rank speaks Python's spelling until told
         try:
             self._spawn_ranks()
         except BaseException:

@@ -39,7 +39,7 @@ def test_a_reduce_onto_rank_0_is_held_to_the_global_mean_there(tmp_path, monkeyp
 
 
 def test_result_on_is_for_helpers_that_return_a_result():
-    with pytest.raises(KindError, match="--result-on rank0 applies to loss, reduce, reduce-dict"):
+    with pytest.raises(KindError, match="result_on='rank0' applies to loss, reduce, reduce-dict"):
         check(lambda model: None, kind="grad-sync", world_size=2, result_on="rank0")
 
 

@@ -58,7 +58,7 @@ def test_ranks_share_gpus_round_robin_and_the_header_words_say_so():
 @NO_GPU
 def test_cuda_without_a_gpu_is_refused_at_once_and_starts_nothing():
     for backend, words in [
-        ("gloo", "no GPU is visible here.*use device 'cpu'"),
+        ("gloo", "no GPU is visible here.*use --ddp-device cpu"),
         ("nccl", "nccl needs one GPU per rank.*0 visible here; use --ddp-backend gloo"),
     ]:
         world = World(2, backend=backend, device="cuda")

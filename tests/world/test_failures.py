@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from ddp_verify.world import Category, FailureKind, RankError, RankFailure, World
-from ddp_verify.world.errors import DEBUG_HINT
+from ddp_verify.world.errors import debug_hint
 from tests.processes import alive, default_sigint, wait_gone
 
 # A job's timeout far beyond what these tests need: a failure that the world reports as soon
@@ -95,7 +95,7 @@ def test_a_hang_times_out_with_every_ranks_stack_then_relaunches(world2):
     assert "sleep" in stacks[1] or "hang_on_rank_0" in stacks[1]
     assert "watch" not in stacks[0]  # the rank's own watchdog thread is left out
     assert f"did not finish within the {HANG_TIMEOUT:g} s timeout" in str(error)
-    assert DEBUG_HINT in str(error)
+    assert debug_hint() in str(error)
     _assert_relaunched_and_usable(world2, old)
 
 
@@ -176,7 +176,7 @@ def test_debug_mode_names_mismatched_collectives_without_hanging():
         assert error.in_collectives
         _assert_reported_without_waiting_for_the_timeout(error)
         assert "BROADCAST" in str(error) and "ALLREDUCE" in str(error)
-        assert DEBUG_HINT not in str(error)
+        assert debug_hint() not in str(error)
 
 
 def test_a_rank_killed_between_jobs_is_reported_on_the_next_job(world2):
