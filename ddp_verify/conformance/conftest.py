@@ -10,6 +10,8 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from ddp_verify.engine import compat
+
 # Measured facts the tests report, listed at the end of the run (see pytest_terminal_summary).
 _FINDINGS = pytest.StashKey[list[str]]()
 
@@ -124,9 +126,8 @@ def prove(
             except Exception as exc:
                 reason = _hook_in_use(exc)
                 if reason is not None:
-                    skip = pytest.skip.Exception(reason)
-                    skip._use_item_location = True  # the test's location, not this line
-                    raise skip from None
+                    # At the test's location, not this line.
+                    raise compat.at_test_location(pytest.skip.Exception(reason)) from None
                 if _timed_out(exc) or any(i.matches(exc) for i in known):
                     raise _Unshrunk(exc) from exc
                 raise

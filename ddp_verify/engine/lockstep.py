@@ -22,10 +22,12 @@ import random
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
+import hypothesis
 from hypothesis import HealthCheck, settings
 from hypothesis.database import ExampleDatabase
 
 from ..world import frames, protocol
+from . import compat
 
 
 class Agreeing(Protocol):
@@ -55,44 +57,29 @@ def in_lockstep(test: Callable[..., Any], world: Agreeing, *, name: str = "") ->
         return test
     if getattr(test.hypothesis.inner_test, "_ddp_verify_agreed", False):  # type: ignore[attr-defined]
         return test  # already in lockstep (a parametrized test's next case, say)
-    _without_local_constants()
+    compat.without_local_constants()
     name = name or getattr(test, "__qualname__", "test")
-    current = test._hypothesis_internal_use_settings  # type: ignore[attr-defined]
+    current = compat.settings_of(test)
     database = current.database
-    test._hypothesis_internal_use_settings = settings(  # type: ignore[attr-defined]
-        current,
-        deadline=None,
-        suppress_health_check=[*current.suppress_health_check, HealthCheck.too_slow],
-        database=LockstepDatabase(database, world, name) if database is not None else None,
+    # Every example waits on the slowest rank: what is slow is the world, not the data.
+    suppressed = dict.fromkeys([*current.suppress_health_check, HealthCheck.too_slow])
+    compat.set_settings(
+        test,
+        settings(
+            current,
+            deadline=None,
+            suppress_health_check=list(suppressed),
+            database=LockstepDatabase(database, world, name) if database is not None else None,
+        ),
     )
-    if getattr(test, "_hypothesis_internal_use_seed", None) is None and not current.derandomize:
-        from hypothesis import core
-
-        mine = core.global_force_seed
+    if compat.seed_of(test) is None and not current.derandomize:
+        mine = compat.forced_seed()
         if mine is None:
             mine = random.SystemRandom().getrandbits(64)
-        test._hypothesis_internal_use_seed = world.agree(f"seed of {name}", mine)[0]  # type: ignore[attr-defined]
+        hypothesis.seed(world.agree(f"seed of {name}", mine)[0])(test)
     inner = test.hypothesis.inner_test  # type: ignore[attr-defined]
     test.hypothesis.inner_test = agreed(inner, world, name)  # type: ignore[attr-defined]
     return test
-
-
-def _without_local_constants() -> None:
-    """Stop hypothesis drawing constants from this process's local modules (a private hook:
-    where a hypothesis release has none, there is nothing to switch off)."""
-    try:
-        from hypothesis.internal.conjecture import providers
-    except ImportError:  # pragma: no cover - a hypothesis without the module
-        return
-    constants = getattr(providers, "Constants", None)
-    if constants is None or not hasattr(providers, "_get_local_constants"):
-        return
-    nothing = constants()
-    providers._get_local_constants = lambda: nothing
-    # What was drawn from before: the pools it cached per kind of choice.
-    cached = getattr(getattr(providers, "CONSTANTS_CACHE", None), "cache", None)
-    if isinstance(cached, dict):
-        cached.clear()
 
 
 def agreed(inner: Callable[..., Any], world: Agreeing, name: str) -> Callable[..., Any]:

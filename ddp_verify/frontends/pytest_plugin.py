@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from ..engine import compat
 from ..world.errors import RankError
 from ..world.naming import speak_as
 from . import options as opts
@@ -217,13 +218,10 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[_unspell_key] = speak_as(opts.SPELLINGS["pytest"])
     config.stash[_options_key] = options
     if launched is not None and not hasattr(config, "workerinput"):
-        if config.getoption("numprocesses", None):
-            # Under a launcher every process already is one rank: xdist workers would each run
-            # a share of the tests, out of step with the other ranks. (A project's addopts
-            # often say -n auto: turned off here, and the header says so.)
-            config.option.numprocesses = None
-            config.option.dist = "no"
-            config.option.tx = []
+        # Under a launcher every process already is one rank: xdist workers would each run a
+        # share of the tests, out of step with the other ranks. (A project's addopts often
+        # say -n auto: turned off here, and the header says so.)
+        if compat.without_xdist(config):
             config.stash[_xdist_off_key] = True
         _join_launched_world(config, launched, options)
 
@@ -493,7 +491,7 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     from ..world import JobPicklingError
 
     world = pyfuncitem.stash[_item_world_key]
-    argnames = pyfuncitem._fixtureinfo.argnames
+    argnames = compat.fixture_argnames(pyfuncitem)
     if "world" in argnames:
         pytest.fail(
             f"{pyfuncitem.name} is marked distributed, so its body already runs on every rank; "
@@ -560,7 +558,7 @@ def _reraise_outcome(item: pytest.Function, error: Any) -> None:
     outcomes = (pytest.skip.Exception, pytest.xfail.Exception)
     if all(isinstance(e, outcomes) for e in excs) and len({type(e) for e in excs}) == 1:
         if isinstance(excs[0], pytest.skip.Exception):
-            excs[0]._use_item_location = True  # Report the test's location, not this line.
+            compat.at_test_location(excs[0])  # the test's location, not this line
         raise excs[0]
     xfail = item.get_closest_marker("xfail")
     raises = xfail.kwargs.get("raises") if xfail else None

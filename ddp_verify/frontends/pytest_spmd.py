@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from ..engine import compat
 from ..engine.lockstep import in_lockstep
 from ..world import WorldError
 from ..world.spmd import SpmdWorld
@@ -57,15 +58,13 @@ class SpmdSession:
         self.member = world.member
         if self.member.rank != 0:
             # One report: rank 0's. (The others' failures reach it through the agreement.)
-            config.option.xmlpath = None
+            compat.without_junit_xml(config)
         # Every @given in the session, even one built inside a test and not wrapped with the
         # lockstep fixture, draws from one agreed seed (as --hypothesis-seed would make it).
-        from hypothesis import core
-
-        if core.global_force_seed is None:
+        if compat.forced_seed() is None:
             mine = random.SystemRandom().getrandbits(32)
-            core.global_force_seed = self.world.agree("the hypothesis seed", mine)[0]
-        self.seed = core.global_force_seed
+            compat.force_seed(self.world.agree("the hypothesis seed", mine)[0])
+        self.seed = compat.forced_seed()
 
     @pytest.hookimpl(trylast=True)
     def pytest_collection_finish(self, session: pytest.Session) -> None:

@@ -81,11 +81,11 @@ DRAWS = """
 import json, sys
 sys.path.insert(0, sys.argv[1])
 from hypothesis import Phase, given, settings, strategies as st
-from ddp_verify.engine import lockstep
+from ddp_verify.engine import compat
 if sys.argv[2] == "with-module":
     import local_constants  # noqa: F401 (its constants are what hypothesis may mix in)
 if sys.argv[3] == "in-lockstep":
-    lockstep._without_local_constants()
+    compat.without_local_constants()
 seen = []
 
 @settings(derandomize=True, max_examples=300, database=None, phases=[Phase.generate])
@@ -122,12 +122,10 @@ def test_ranks_that_imported_different_local_modules_draw_the_same_examples(tmp_
         )
         return json.loads(out.stdout)
 
-    # The hazard is real where hypothesis draws local constants at all (its newer releases;
-    # the lowest release pyproject.toml allows has no such provider, and nothing to leave out).
-    try:
-        from hypothesis.internal.conjecture import providers
-    except ImportError:  # older releases: no providers at all
-        providers = None
-    hazard = hasattr(providers, "_get_local_constants")
+    # The hazard is real where hypothesis draws local constants at all: from 6.131.1 (the
+    # lowest release pyproject.toml allows draws none, and has nothing to leave out).
+    from ddp_verify.engine.compat import LOCAL_CONSTANTS_SINCE, release
+
+    hazard = release("hypothesis") >= LOCAL_CONSTANTS_SINCE
     assert (draws("with-module", "alone") != draws("without", "alone")) == hazard
     assert draws("with-module", "in-lockstep") == draws("without", "in-lockstep")
