@@ -138,7 +138,7 @@ def prove(
         test = settings(
             max_examples=conformance_examples,
             deadline=None,
-            phases=settings.default.phases,
+            phases=settings().phases,
             # One counterexample, of the kind a known-issue mark expects, not a group of them.
             report_multiple_bugs=False,
             suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],

@@ -147,7 +147,7 @@ def judge(
     matched = next((i for i in issues if error is not None and i.matches(error, output)), None)
     if report.failed and matched is not None:
         report.outcome = "skipped"
-        report.wasxfail = matched.reason  # type: ignore[attr-defined]
+        report.wasxfail = matched.reason
     elif report.failed:
         expected = "; or ".join(
             f"{', '.join(k.__name__ for k in i.raises)} matching {i.match!r}: {i.what}"

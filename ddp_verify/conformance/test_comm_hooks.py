@@ -204,7 +204,7 @@ def test_powersgd_at_full_rank_is_exact_on_matrices_wider_than_two(world, data_p
 
 @FINDING_UNUSED
 def test_powersgd_runs_with_unused_parameters(world, data_parallel, prove):
-    if getattr(world, "spmd", False):
+    if world.lockstep:
         pytest.skip(
             "this known torch issue aborts a rank's process (gloo's EnforceNotMet), and under "
             "a launcher a rank that dies ends the whole job: it runs in fork mode only"

@@ -106,14 +106,14 @@ def compare(
             found = _rank_disagreement(got, quantity, step, steps, tolerance)
             if found:
                 return found
-        if compare_grads:
+        if compare_grads and expected_rank.grads is not None:
             found = _against_reference(
                 "gradient",
                 step,
                 steps,
                 expected_rank.grads[step],
                 got,
-                tolerance,  # type: ignore[index]
+                tolerance,
             )
             if found:
                 return found
@@ -202,10 +202,11 @@ def _names_and_shapes(layout: Layout) -> list[list[tuple[str, object]]]:
 def _values(trace: Trace, rank: int, quantity: str, step: int) -> dict[str, torch.Tensor | None]:
     record = trace.ranks[rank]
     if quantity == "gradient":
-        return record.grads[step]  # type: ignore[index,return-value]
+        assert record.grads is not None, f"{trace.method} recorded no gradients"
+        return record.grads[step]
     if quantity == "loss":
         return {"loss": torch.tensor(record.losses[step], dtype=torch.float64)}
-    return record.params[step]  # type: ignore[return-value]
+    return record.params[step]
 
 
 def _against_reference(
@@ -273,7 +274,7 @@ def _rank_disagreement(
                 differing = [
                     r
                     for r in range(1, len(got.ranks))
-                    if not torch.equal(_values(got, r, quantity, step)[name], base)  # type: ignore[arg-type]
+                    if not torch.equal(_values(got, r, quantity, step)[name], base)
                 ]
                 return Mismatch(
                     step,

@@ -131,7 +131,7 @@ def force_seed(seed: int) -> None:
     from hypothesis import core
 
     forced_seed()  # checked
-    core.global_force_seed = seed
+    setattr(core, "global_force_seed", seed)  # noqa: B010 (typed None in hypothesis)
 
 
 # hypothesis draws constants from the process's local modules from this release on.

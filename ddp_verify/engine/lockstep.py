@@ -20,30 +20,23 @@ from __future__ import annotations
 import functools
 import random
 from collections.abc import Callable, Iterable
-from typing import Any, Protocol
+from typing import Any, TypeGuard
 
 import hypothesis
 from hypothesis import HealthCheck, settings
 from hypothesis.database import ExampleDatabase
 
 from ..world import frames, protocol
+from ..world.interface import Agreeing, Ranked
 from . import compat
 
 
-class Agreeing(Protocol):
-    """What lockstep needs of a world: its rank, and an agreement between all ranks."""
-
-    rank: int
-
-    def agree(self, tag: str, value: Any) -> list[Any]: ...
-
-
-def is_lockstep(world: object) -> bool:
+def is_lockstep(world: Ranked) -> TypeGuard[Agreeing]:
     """Whether ``world`` is a launched world whose ranks must run hypothesis in lockstep."""
-    return bool(getattr(world, "spmd", False))
+    return world.lockstep and isinstance(world, Agreeing)
 
 
-def in_lockstep(test: Callable[..., Any], world: Agreeing, *, name: str = "") -> Callable[..., Any]:
+def in_lockstep(test: Callable[..., Any], world: Ranked, *, name: str = "") -> Callable[..., Any]:
     """Make a ``@given`` test run in lockstep on every rank of ``world`` (in place; returns it).
 
     Example::
@@ -139,7 +132,7 @@ def _rebuilt(
     if note:
         said = f"[ddp_verify] raised on rank {rank} of {size}; there:\n{text.rstrip()}"
         # BaseException.add_note is Python 3.11's; pytest and hypothesis read __notes__ on 3.10.
-        exc.__notes__ = [*getattr(exc, "__notes__", []), said]
+        setattr(exc, "__notes__", [*getattr(exc, "__notes__", []), said])  # noqa: B010
     return exc
 
 

@@ -367,7 +367,7 @@ def optimizer_settings(spec: OptimizerSpec) -> tuple[type[torch.optim.Optimizer]
 
 def build_optimizer(spec: OptimizerSpec, params: object) -> torch.optim.Optimizer:
     optimizer, kwargs = optimizer_settings(spec)
-    return clipping(spec, optimizer(params, **kwargs))  # type: ignore[arg-type]
+    return clipping(spec, optimizer(params, **kwargs))
 
 
 def clipping(spec: OptimizerSpec, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:

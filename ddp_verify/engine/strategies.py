@@ -20,6 +20,7 @@ import dataclasses
 import functools
 import itertools
 from collections.abc import Sequence
+from typing import Any
 
 from hypothesis import note
 from hypothesis import strategies as st
@@ -98,7 +99,7 @@ def models(
 
     @st.composite
     def draw_model(draw: st.DrawFn) -> ModelSpec:
-        flags = {
+        flags: dict[str, Any] = {
             name: name in required_features
             or (draw(st.booleans()) if features and name not in excluded_features else False)
             for name in FEATURES
@@ -122,7 +123,7 @@ def models(
             hidden=hidden,
             out_features=draw(st.integers(min_out_features, max_out_features)),
             activation=draw(st.sampled_from(ACTIVATIONS)),
-            batch_norm=batch_norm,  # type: ignore[arg-type]
+            batch_norm=batch_norm,
             **flags,
         )
 
@@ -226,7 +227,7 @@ def optimizers(
         decay = draw(st.sampled_from((0.0, 0.01))) if weight_decay else 0.0
         max_norm = draw(st.sampled_from(MAX_NORMS)) if clip else None
         return OptimizerSpec(
-            name=name,
+            name=name,  # type: ignore[arg-type]
             lr=lr,
             momentum=momentum if name == "sgd" else 0.0,
             weight_decay=decay,

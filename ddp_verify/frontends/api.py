@@ -9,7 +9,7 @@ from __future__ import annotations
 import atexit
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..usercode.kinds import check_signature
 from ..usercode.search import Progress, search
@@ -21,6 +21,9 @@ from ..world.spmd import Member
 from .options import launched_sizes, resolve_with_source
 from .options import resolve as resolve_option
 from .verifying import VerifyingSpmdWorld, VerifyingWorld
+
+if TYPE_CHECKING:
+    from ..world.interface import Ranked
 
 # One pool per way of starting worlds (backend, device, TF32), each world kept for the process.
 _pools: dict[tuple[str, str | None, bool, bool], WorldPool] = {}
@@ -46,7 +49,7 @@ def check(
     loss_reduction: str = "mean",
     ddp_wrapper: str | None = None,
     progress: Progress | None = None,
-    world: VerifyingWorld | None = None,
+    world: Ranked | None = None,
     launch: str | None = None,
     full_trace: bool = False,
     **scenario_bounds: Any,
@@ -139,7 +142,7 @@ def _world(
     # example starts the world, so a usage error never waits for one.
     world = pool.get(size, start=False)
     world.timeout = timeout
-    return world  # type: ignore[return-value]
+    return world
 
 
 def _launched_world(

@@ -88,8 +88,8 @@ def _main(argv: list[str]) -> int:
     # it, the others only exit with the same code (their stderr stays, for crashes).
     if launched is not None and launched.rank != 0:
         _quiet()
-    if args is None or parse_error is not None:
-        return _finish(_usage_error(parse_error), wants_json)
+    if parse_error is not None or args is None:
+        return _finish(_usage_error(parse_error or UsageError("no arguments")), wants_json)
     if args.command == "conformance":
         return _run_conformance(args, extra)
     try:

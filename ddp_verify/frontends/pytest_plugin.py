@@ -29,11 +29,14 @@ from . import options as opts
 
 if TYPE_CHECKING:
     from ..world import WorldPool
-    from .verifying import VerifyingWorld
+    from ..world.spmd import SpmdPool
+    from .verifying import AnyVerifyingWorld, VerifyingSpmdWorld, VerifyingWorld
+
+    VerifyingPool = WorldPool[VerifyingWorld] | SpmdPool[VerifyingSpmdWorld]
 
 _options_key = pytest.StashKey["opts.WorldOptions"]()
-_pool_key = pytest.StashKey["WorldPool"]()
-_item_world_key = pytest.StashKey["World"]()
+_pool_key = pytest.StashKey["VerifyingPool"]()
+_item_world_key = pytest.StashKey["AnyVerifyingWorld"]()
 _launched_key = pytest.StashKey[Any]()
 _xdist_off_key = pytest.StashKey[bool]()
 _unspell_key = pytest.StashKey[Callable[[], None]]()
@@ -241,7 +244,7 @@ def _join_launched_world(config: pytest.Config, launched: Any, options: opts.Wor
     except WorldError as exc:
         raise pytest.UsageError(str(exc)) from None
     config.stash[_launched_key] = launched
-    config.stash[_pool_key] = SpmdPool(world)  # type: ignore[assignment]
+    config.stash[_pool_key] = SpmdPool(world)
     config.pluginmanager.register(SpmdSession(config, world), "ddp_verify-spmd")
 
 
@@ -336,14 +339,15 @@ def _placement(options: opts.WorldOptions) -> str:
     return "; ".join(placement(n, "cuda", gpus) for n in options.world_sizes) + tf32
 
 
-def _pool(config: pytest.Config) -> WorldPool:
+def _pool(config: pytest.Config) -> VerifyingPool:
     pool = config.stash.get(_pool_key, None)
     if pool is None:
         from ..world import WorldPool
         from .verifying import VerifyingWorld
 
         options = config.stash[_options_key].pool_kwargs()
-        pool = config.stash[_pool_key] = WorldPool(VerifyingWorld, **options)
+        pool = WorldPool(VerifyingWorld, **options)
+        config.stash[_pool_key] = pool
     return pool
 
 
@@ -389,7 +393,7 @@ def world_size(request: pytest.FixtureRequest) -> int:
 
 
 @pytest.fixture(scope="session")
-def world(request: pytest.FixtureRequest, world_size: int) -> VerifyingWorld:
+def world(request: pytest.FixtureRequest, world_size: int) -> AnyVerifyingWorld:
     """The running world of ``world_size`` ranks, shared by every test of that size.
 
     Besides ``world.run(...)`` it checks methods: ``world.assert_equivalent(method, scenario)``.

@@ -99,7 +99,7 @@ class SpmdSession:
     def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, Any, Any]:
         function = getattr(getattr(item, "obj", None), "__func__", getattr(item, "obj", None))
         if function is not None:
-            in_lockstep(function, self.world, name=item.nodeid)  # type: ignore[arg-type]
+            in_lockstep(function, self.world, name=item.nodeid)
         return (yield)
 
     @pytest.hookimpl(wrapper=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from ..world import World
 from ..world.spmd import Member, SpmdWorld
@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from ..engine.scenario import Scenario
     from ..engine.tolerances import Tolerance
     from ..methods import Method
+    from ..world.interface import Ranked
 
 # What ranks and the helper import before their first job, once, in the fork server: torch's
 # first optimizer imports torch._dynamo (seconds of CPU per process otherwise); the rest is
@@ -37,7 +38,7 @@ class Verifying:
         """See :func:`ddp_verify.methods.equivalence.check_equivalent`."""
         from ..methods.equivalence import check_equivalent
 
-        return check_equivalent(self, method, scenario, tolerance=tolerance)
+        return check_equivalent(self._world(), method, scenario, tolerance=tolerance)
 
     def assert_equivalent(
         self, method: Method, scenario: Scenario, *, tolerance: Tolerance | None = None
@@ -46,7 +47,7 @@ class Verifying:
         __tracebackhide__ = True
         from ..methods.equivalence import assert_equivalent
 
-        assert_equivalent(self, method, scenario, tolerance=tolerance)
+        assert_equivalent(self._world(), method, scenario, tolerance=tolerance)
 
     def check(self, fn: Any, *, kind: str, **options: Any) -> Any:
         """:func:`ddp_verify.check` on this world: search scenarios for a counterexample.
@@ -59,7 +60,11 @@ class Verifying:
         __tracebackhide__ = True
         from ..usercode.search import search
 
-        return search(fn, kind=kind, world=self, **options)
+        return search(fn, kind=kind, world=self._world(), **options)
+
+    def _world(self) -> Ranked:
+        # A mixin: the classes below are worlds (World, SpmdWorld).
+        return cast("Ranked", self)
 
 
 class VerifyingWorld(Verifying, World):
@@ -110,3 +115,7 @@ class VerifyingSpmdWorld(Verifying, SpmdWorld):
                 importlib.import_module(module)
             SpmdWorld.start(self)
         return self
+
+
+# Either kind of world the plugin and check() hand out.
+AnyVerifyingWorld = VerifyingWorld | VerifyingSpmdWorld

@@ -12,7 +12,7 @@ from ..engine.trace import RankTrace, Trace
 from ..world.protocol import Shipped
 
 if TYPE_CHECKING:
-    from ..world import World
+    from ..world.interface import Ranked
 
 
 class Method(abc.ABC):
@@ -21,7 +21,7 @@ class Method(abc.ABC):
     name: str = "method"
 
     @abc.abstractmethod
-    def run(self, scenario: Scenario, world: World | None = None) -> Trace:
+    def run(self, scenario: Scenario, world: Ranked | None = None) -> Trace:
         """Train ``scenario`` and return the trace."""
 
     def __repr__(self) -> str:
@@ -41,7 +41,7 @@ class DistributedMethod(Method):
     def train_rank(self, scenario: Scenario) -> RankTrace:
         """Runs on each rank with the default process group initialised."""
 
-    def run(self, scenario: Scenario, world: World | None = None) -> Trace:
+    def run(self, scenario: Scenario, world: Ranked | None = None) -> Trace:
         if world is None:
             raise TypeError(f"{self.name} trains on a world: pass world=World(...)")
         return self.collect(

@@ -116,7 +116,7 @@ class DDP(DistributedMethod):
         import torch.distributed as dist
 
         if self.zero:
-            optimizer.consolidate_state_dict(to=0)  # type: ignore[attr-defined]
+            optimizer.consolidate_state_dict(to=0)
             whole = [optimizer.state_dict() if run.rank == 0 else None]
             dist.broadcast_object_list(whole, src=0)
             optimizer_state = whole[0]

@@ -26,7 +26,8 @@ from ..engine.tolerances import (
     rounding_may_branch,
 )
 from ..engine.trace import Trace
-from ..world import RankError, World
+from ..world import RankError
+from ..world.interface import Ranked
 from .base import DistributedMethod, Method, train_on_rank
 
 __all__ = [
@@ -43,7 +44,7 @@ class HarnessError(RuntimeError):
 
 
 def check_equivalent(
-    world: World | None, method: Method, scenario: Scenario, *, tolerance: Tolerance | None = None
+    world: Ranked | None, method: Method, scenario: Scenario, *, tolerance: Tolerance | None = None
 ) -> Outcome:
     """Train ``scenario`` with ``method`` and with the reference; compare them.
 
@@ -109,7 +110,7 @@ def reference_and_tolerance(
 
 
 def _truth(
-    world: World | None,
+    world: Ranked | None,
     scenario: Scenario,
     derive_tolerance: bool,
     variants: int = FLOAT32_VARIANTS,
@@ -124,7 +125,7 @@ def _truth(
 
 
 def assert_equivalent(
-    world: World | None, method: Method, scenario: Scenario, *, tolerance: Tolerance | None = None
+    world: Ranked | None, method: Method, scenario: Scenario, *, tolerance: Tolerance | None = None
 ) -> None:
     """Raise :class:`EquivalenceError` unless ``method`` matches the reference on ``scenario``.
 
@@ -143,7 +144,7 @@ def assert_equivalent(
         raise EquivalenceError.from_outcome(outcome)
 
 
-def _start(world: World | None, method: Method, scenario: Scenario) -> Callable[[], Trace]:
+def _start(world: Ranked | None, method: Method, scenario: Scenario) -> Callable[[], Trace]:
     if isinstance(method, DistributedMethod):
         if world is None:
             raise TypeError(f"{method.name} trains on a world: pass a World")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -47,7 +47,9 @@ class FullyShard(DistributedMethod):
         self._shard(run)
         optimizer = run.optimizer(run.model.parameters())
 
-        def restart(old: object, old_optimizer: torch.optim.Optimizer) -> tuple[object, object]:
+        def restart(
+            old: Callable[..., torch.Tensor], old_optimizer: torch.optim.Optimizer
+        ) -> tuple[Callable[..., torch.Tensor], torch.optim.Optimizer]:
             model = run.model
             with _checkpoint_directory(run) as directory:
                 _save(model, old_optimizer, directory)
@@ -132,11 +134,11 @@ def _load(model: torch.nn.Module, optimizer: torch.optim.Optimizer, directory: s
 @contextlib.contextmanager
 def _without_gradient_sync(model: torch.nn.Module) -> Iterator[None]:
     """FSDP2's counterpart of DDP's ``no_sync()``."""
-    model.set_requires_gradient_sync(False)  # type: ignore[operator]
+    model.set_requires_gradient_sync(False)
     try:
         yield
     finally:
-        model.set_requires_gradient_sync(True)  # type: ignore[operator]
+        model.set_requires_gradient_sync(True)
 
 
 def fully_shard(

@@ -41,7 +41,7 @@ class ManualAllReduce(DistributedMethod):
                 scale, divisor = 1.0, float(run.world_size)
             return all_reduce_weighted(params, scale, divisor, local_sum / n)
 
-        return train_local_then_sync(run, average)  # type: ignore[arg-type]
+        return train_local_then_sync(run, average)
 
 
 def all_reduce_weighted(
@@ -51,8 +51,8 @@ def all_reduce_weighted(
     one flat all-reduce; returns the reduced loss. ``None`` gradients (unused parameters) stay
     ``None``."""
     with_grad = [p for p in params if p.grad is not None]
-    dtype = with_grad[0].grad.dtype if with_grad else torch.float64  # type: ignore[union-attr]
-    pieces = [p.grad.reshape(-1) for p in with_grad]  # type: ignore[union-attr]
+    dtype = with_grad[0].grad.dtype if with_grad else torch.float64
+    pieces = [p.grad.reshape(-1) for p in with_grad]
     if loss is not None:
         pieces.append(loss.to(dtype).reshape(1))
     # On the gradients' device: nccl reduces CUDA tensors only.
@@ -63,7 +63,7 @@ def all_reduce_weighted(
     offset = 0
     for p in with_grad:
         numel = p.numel()
-        p.grad.copy_(flat[offset : offset + numel].view_as(p.grad))  # type: ignore[union-attr]
+        p.grad.copy_(flat[offset : offset + numel].view_as(p.grad))
         offset += numel
     return flat[-1].item() if loss is not None else None
 

@@ -10,7 +10,7 @@ from ..engine.trace import Trace
 from .base import Method
 
 if TYPE_CHECKING:
-    from ..world import World
+    from ..world.interface import Ranks
 
 
 class Reference(Method):
@@ -23,7 +23,7 @@ class Reference(Method):
         self.dtype = dtype
         self.name = "reference" if dtype is None else f"reference({dtype})"
 
-    def run(self, scenario: Scenario, world: World | None = None) -> Trace:
+    def run(self, scenario: Scenario, world: Ranks | None = None) -> Trace:
         return train_reference(scenario, self.dtype)
 
 

@@ -61,7 +61,7 @@ def adapt(
     hook_state: Callable[..., Any] | None = None,
     loss_reduction: str = "mean",
     ddp_wrapper: str | None = None,
-) -> DistributedMethod:
+) -> UserMethod | CommHook:
     """The method that runs ``fn`` as a ``kind`` plug-in, after checking its signature.
 
     Example::
@@ -118,11 +118,14 @@ def adapt(
         method = LossFunction(fn, name, call)
     else:
         method = Wrapper(fn, name)
-    method.call = call  # type: ignore[attr-defined]  # reports say how the code was called
+    method.call = call  # reports say how the code was called
     return method
 
 
 class UserMethod(DistributedMethod):
+    # How the harness calls the code (set by adapt()).
+    call: Call | None = None
+
     def __init__(self, fn: Callable[..., Any], name: str) -> None:
         self.fn = fn
         self.name = name
@@ -133,6 +136,8 @@ class GradSync(UserMethod):
     """The harness does the local backward of each rank's mean loss; ``fn`` must leave the
     global mean gradient in every ``.grad``. It is called as ``call`` says (the count only
     where the signature asks for one)."""
+
+    call: Call
 
     def __init__(self, fn: Callable[..., Any], name: str, call: Call) -> None:
         super().__init__(fn, name)
@@ -159,6 +164,8 @@ class LossAggregation(UserMethod):
     ``reduce`` (a tensor in, one of the same shape out), ``list`` (a list of one tensor in and
     out), ``reduce-dict`` (``{"loss": tensor}`` in and out). ``result_on="rank0"``: only rank
     0's result counts (a helper that reduces onto rank 0); the other ranks report rank 0's."""
+
+    call: Call
 
     def __init__(
         self,
@@ -278,6 +285,8 @@ class LossFunction(UserMethod):
     divided by the number of micro-batches, gradients and loss averaged over ranks, which is
     right only when every micro-batch holds as many items."""
 
+    call: Call
+
     def __init__(self, fn: Callable[..., Any], name: str, call: Call) -> None:
         super().__init__(fn, name)
         self.call = call
@@ -307,7 +316,7 @@ class LossFunction(UserMethod):
             loss = all_reduce_weighted(params, 1.0, divisor, reported)
             run.record_gradients()
             optimizer.step()
-            run.record_step(loss)  # type: ignore[arg-type]
+            run.record_step(loss)
         return run.trace
 
 
@@ -339,6 +348,8 @@ class CommHook(DDP):
     state ``hook_state`` makes on each rank once the process group exists (``hook_state()``
     or ``hook_state(module)``: PowerSGD's ``PowerSGDState``, a state holding a group or an
     error-feedback buffer)."""
+
+    call: Call | None = None
 
     def __init__(
         self,

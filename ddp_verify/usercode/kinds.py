@@ -183,7 +183,7 @@ class Call:
     ) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """The ``(args, kwargs)`` to call the plug-in with: ``count`` loss items (samples, or
         tokens that count), and ``samples`` where it takes a count of samples beside them."""
-        if self.samples_keyword is not None:
+        if self.samples_keyword is not None and self.count_keyword is not None:
             return leading, {self.count_keyword: count, self.samples_keyword: samples or count}
         if self.count_positional:
             return (*leading, count), {}

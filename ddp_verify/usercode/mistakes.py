@@ -200,7 +200,7 @@ def _combine(models: list[torch.nn.Module], counts: list[int], total: int, mista
         else:  # "world", or the plain average after DDP-style scaling
             combined = sum(grads) / len(grads)
         for p in params:
-            p.grad = combined.clone()  # type: ignore[union-attr]
+            p.grad = combined.clone()
 
 
 def _reported(

@@ -190,7 +190,7 @@ def _loader(fn: Callable[..., Any]) -> str:
     module = sys.modules.get(getattr(fn, "__module__", "") or "")
     qualname = getattr(fn, "__qualname__", "")
     plain = module is not None and "<" not in qualname and "." not in qualname
-    if plain and getattr(module, qualname, None) is fn:
+    if module is not None and plain and getattr(module, qualname, None) is fn:
         if not modules_ranks_cannot_import(fn):
             root = _import_root(module)
             insert = f"    sys.path.insert(0, {root!r})\n" if root else ""

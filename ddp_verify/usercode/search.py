@@ -21,11 +21,11 @@ from ..engine.outcome import EquivalenceError
 from ..engine.scenario import Scenario
 from ..engine.strategies import optimizers, scenarios
 from ..methods.equivalence import HarnessError, assert_equivalent
-from ..world import RankError, World, WorldError
+from ..world import RankError, WorldError
+from ..world.interface import Ranked
 from ..world.naming import option
 from .adapters import DEFAULT_BOUNDS, KindError, adapt
 from .diagnose import failure_cause, likely_causes
-from .kinds import Call
 from .reproducer import write_reproducer
 from .verdict import CodeFailed, NotEquivalent, Status, Verdict
 from .weights import Cause
@@ -59,7 +59,7 @@ def search(
     fn: Callable[..., Any],
     *,
     kind: str,
-    world: World,
+    world: Ranked,
     max_examples: int = 100,
     seed: int | None = None,
     progress: Progress | None = None,
@@ -158,8 +158,9 @@ def search(
     if seed is not None:
         search = hypothesis.seed(seed)(search)
     # Under a launcher every rank runs this search: in lockstep, with agreed outcomes.
-    in_lockstep(search, world, name=f"the search for {method.name}")  # type: ignore[arg-type]
-    call: Call = method.call  # type: ignore[attr-defined]
+    in_lockstep(search, world, name=f"the search for {method.name}")
+    call = method.call
+    assert call is not None  # adapt() says how it calls the code
     verdict = Verdict(
         Status.EQUIVALENT,
         kind=kind,
@@ -201,7 +202,7 @@ def search(
             f"Scenario: {stop.scenario.describe()}\nReproduce with: {stop.scenario!r}"
             + (f"\nLikely cause: {cause}" if cause else "")
         )
-        failed = dataclasses.replace(
+        errored = dataclasses.replace(
             verdict,
             status=Status.ERROR,
             examples=tried,
@@ -209,7 +210,7 @@ def search(
             causes=(Cause(cause, "run", "collectives-per-micro-batch"),) if cause else (),
             message=report,
         )
-        raise CodeFailed(_timed(failed, started)) from None
+        raise CodeFailed(_timed(errored, started)) from None
     return _timed(dataclasses.replace(verdict, examples=tried), started)
 
 
@@ -264,7 +265,7 @@ def _explained(
     verdict: Verdict,
     error: EquivalenceError,
     fn: Callable[..., Any],
-    world: World,
+    world: Ranked,
     result_on: str = "all",
     hook_state: Callable[..., Any] | None = None,
     *,

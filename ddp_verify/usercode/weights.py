@@ -736,13 +736,13 @@ def loss_causes(scenario: Scenario, reference: Trace, got: Trace) -> list[Cause]
             said.add(part)
             on_all = len(everyone) == 1 and not unexplained
             where = "" if on_all or len(got.ranks) == 1 else f" (rank {r})"
-            reported = got.ranks[r].losses[0]
+            said_first = got.ranks[r].losses[0]
             causes.append(
                 Cause(
                     _LOSS_TEXTS[part].format(unit=unit) + where,
                     "loss",
                     _LOSS_PATTERNS[part],
-                    f"rank {r} reported {reported:.6g} at step 0, the global mean there is "
+                    f"rank {r} reported {said_first:.6g} at step 0, the global mean there is "
                     f"{reference.ranks[0].losses[0]:.6g}; every step of it is reproduced by "
                     f"that weighting of the micro-batches' mean losses",
                 )

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from multiprocessing import connection as mp_connection
+from multiprocessing.connection import Connection
 from typing import Any
 
 from . import failures as fail
@@ -77,7 +78,7 @@ def collect(job: PendingJob) -> Collected:
         remaining = until - time.monotonic()
         if remaining <= 0:
             break
-        for conn in mp_connection.wait(list(pending), timeout=remaining):
+        for conn in ready(pending, remaining):
             r = pending.pop(conn)
             now = time.monotonic()
             try:
@@ -96,3 +97,10 @@ def collect(job: PendingJob) -> Collected:
             if failures and grace_deadline is None:
                 grace_deadline = time.monotonic() + FAILURE_GRACE_S
     return Collected(results, failures, list(pending.values()), regroup)
+
+
+def ready(pipes: Iterable[Connection], timeout: float) -> list[Connection]:
+    """Those of ``pipes`` that have something to read (or were closed) within ``timeout``."""
+    return [
+        c for c in mp_connection.wait(list(pipes), timeout=timeout) if isinstance(c, Connection)
+    ]

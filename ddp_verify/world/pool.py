@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from .world import World
 
+W = TypeVar("W", bound=World)
 
-class WorldPool:
+
+class WorldPool(Generic[W]):
     """Keeps one running :class:`World` per configuration, so every test of a size shares it.
 
     Example::
@@ -18,12 +20,12 @@ class WorldPool:
         pool.close()
     """
 
-    def __init__(self, factory: type[World] = World, **world_options: Any) -> None:
+    def __init__(self, factory: type[W] = World, **world_options: Any) -> None:  # type: ignore[assignment]
         self._factory = factory
         self._options = world_options
-        self._worlds: dict[tuple[int, str], World] = {}
+        self._worlds: dict[tuple[int, str], W] = {}
 
-    def get(self, size: int, backend: str | None = None, *, start: bool = True) -> World:
+    def get(self, size: int, backend: str | None = None, *, start: bool = True) -> W:
         """The running world of ``size`` ranks (started, or restarted after a failure);
         ``start=False`` hands it over as it is, for a caller whose first job starts it."""
         backend = backend or self._options.get("backend", "gloo")
@@ -32,9 +34,11 @@ class WorldPool:
         if world is None:
             options = {**self._options, "backend": backend}
             world = self._worlds[key] = self._factory(size, **options)
-        return world.start() if start else world
+        if start:
+            world.start()
+        return world
 
-    def worlds(self) -> list[World]:
+    def worlds(self) -> list[W]:
         """Every world created so far."""
         return list(self._worlds.values())
 

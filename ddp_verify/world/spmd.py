@@ -37,7 +37,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from types import ModuleType
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from . import frames, protocol, runtime
 from .backends import check_backend, check_device, placement
@@ -133,7 +133,7 @@ class Member:
         # so that the launcher (which ends the job at the first failing exit) names it.
         self.failed = False
         self._waiting = ""
-        self._main_thread = threading.main_thread().ident
+        self._main_thread = threading.main_thread().ident or 0
 
     # -- joining -----------------------------------------------------------------------------
 
@@ -342,7 +342,7 @@ class Member:
                 "and seeds; no rank-dependent branches around jobs)"
             )
             raise OutOfStep(self.broken)
-        return [posted[r].value if posted.get(r) is not None else None for r in range(self.size)]
+        return [p.value if (p := posted.get(r)) is not None else None for r in range(self.size)]
 
     def _gather(self, key: str, tag: str, deadline: float) -> dict[int, _Posted | None]:
         __tracebackhide__ = True
@@ -609,7 +609,8 @@ class SpmdWorld:
         assert world.run(lambda: dist.get_rank()) == [0, 1, 2, 3]
     """
 
-    spmd = True
+    # Every rank runs the same program: hypothesis must draw the same examples on each.
+    lockstep = True
 
     def __init__(self, member: Member) -> None:
         self.member = member
@@ -875,6 +876,10 @@ class LocalHelper:
         self.label = f"the helper work of {world.label}"
         self._jobs = 0
 
+    @property
+    def timeout(self) -> float:
+        return self._world.timeout
+
     def run(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> list[Any]:
         __tracebackhide__ = True
         return self.run_job(fn, args, kwargs)
@@ -934,7 +939,10 @@ class LocalHelper:
         """Nothing to stop."""
 
 
-class SpmdPool:
+S = TypeVar("S", bound=SpmdWorld)
+
+
+class SpmdPool(Generic[S]):
     """:class:`~ddp_verify.world.WorldPool`'s interface over the one launched world: a size
     that is not the launched one cannot be had (callers skip it with the reason).
 
@@ -944,10 +952,10 @@ class SpmdPool:
         pool.get(world.size) is world
     """
 
-    def __init__(self, world: SpmdWorld) -> None:
+    def __init__(self, world: S) -> None:
         self.world = world
 
-    def get(self, size: int, backend: str | None = None, *, start: bool = True) -> SpmdWorld:
+    def get(self, size: int, backend: str | None = None, *, start: bool = True) -> S:
         from .errors import BackendUnavailable
 
         if size != self.world.size:
@@ -957,9 +965,11 @@ class SpmdPool:
             )
         if backend is not None and backend != self.world.backend:
             raise BackendUnavailable(f"the launched world uses {self.world.backend}, not {backend}")
-        return self.world.start() if start else self.world
+        if start:
+            self.world.start()
+        return self.world
 
-    def worlds(self) -> list[SpmdWorld]:
+    def worlds(self) -> list[S]:
         return [self.world] if self.world.member.joined else []
 
     def close(self) -> None:

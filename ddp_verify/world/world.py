@@ -20,7 +20,6 @@ import time
 import uuid
 import weakref
 from collections.abc import Callable, Mapping, Sequence
-from multiprocessing import connection as mp_connection
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -29,7 +28,7 @@ from . import failures as fail
 from . import forkserver, frames, naming, protocol
 from .backends import check_backend, check_device, placement, require_devices, visible_gpus
 from .errors import FailureKind, RankError, RankFailure, WorldError, WorldStartError
-from .jobs import Collected, PendingJob
+from .jobs import Collected, PendingJob, ready
 from .processes import PACKAGE_ROOT, RankProcess, collect_stack_dumps, terminate
 
 
@@ -64,6 +63,9 @@ class World:
     in the fork server, where ranks are forked from one; see ``start_method``).
     ``process_group=False`` starts the processes without one: see :attr:`helper`.
     """
+
+    # Forked ranks run the controller's jobs: hypothesis runs here only, never in lockstep.
+    lockstep = False
 
     def __init__(
         self,
@@ -447,14 +449,14 @@ class World:
         problems: list[str] = []
         while waiting and not problems:
             remaining = deadline - time.monotonic()
-            ready = mp_connection.wait(list(waiting), timeout=max(0.0, remaining))
-            if not ready:
+            answered = ready(waiting, max(0.0, remaining))
+            if not answered:
                 problems += [
                     f"rank {r.rank} did not join within {self.start_timeout:g} s"
                     for r in waiting.values()
                 ]
                 break
-            for conn in ready:
+            for conn in answered:
                 r = waiting.pop(conn)
                 try:
                     message = protocol.decode(conn.recv_bytes())
