@@ -6,6 +6,7 @@ each element may be from the reference's; ``describe()`` says it in the words a 
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Iterator, Mapping
 
@@ -70,6 +71,44 @@ UNIT_ROUNDOFF = {
     "bfloat16": torch.finfo(torch.bfloat16).eps / 2,
 }
 TF32_UNIT_ROUNDOFF = 2.0**-11
+
+
+def unit_roundoff_of(dtype: str) -> float:
+    """Half the distance from 1 to the next number of ``dtype`` (``"float64"``,
+    ``"float32"``, ``"bfloat16"``, ``"float16"``): 2^-53, 2^-24, 2^-8, 2^-11.
+
+    Example::
+
+        >>> unit_roundoff_of("bfloat16") == 2.0**-8
+        True
+    """
+    return float(torch.finfo(getattr(torch, dtype)).eps) / 2
+
+
+def by_roundoff(dtype: str, measured: Mapping[str, float]) -> float:
+    """A threshold for ``dtype`` from the values it was measured to need at other dtypes:
+    log-linear in the unit roundoff between the two measured dtypes nearest it (beyond them,
+    along the line through the nearest two), so that a dtype nobody measured (float16) gets
+    one between its neighbours' rather than a KeyError, and the measured ones keep theirs.
+
+    Example::
+
+        >>> close = {"float64": 1e-6, "float32": 1e-3, "bfloat16": 5e-2}
+        >>> by_roundoff("float32", close), 1e-3 < by_roundoff("float16", close) < 5e-2
+        (0.001, True)
+    """
+    if dtype in measured:
+        return measured[dtype]
+    points = sorted((math.log(unit_roundoff_of(d)), math.log(v)) for d, v in measured.items())
+    if len(points) < 2:
+        raise ValueError(f"a threshold for {dtype} needs two measured dtypes, got {measured}")
+    x = math.log(unit_roundoff_of(dtype))
+    # The segment around x; outside the measured range, the nearest end segment.
+    i = next((i for i in range(1, len(points) - 1) if x < points[i][0]), len(points) - 1)
+    (x0, y0), (x1, y1) = points[i - 1], points[i]
+    return math.exp(y0 + (y1 - y0) * (x - x0) / (x1 - x0))
+
+
 # Adam and AdamW turn a gradient that is zero up to rounding into a step of +lr or -lr by its
 # sign, so a run's rounding can land in one of two places, one of them rare: in bfloat16, a
 # bias before a two-feature LayerNorm flipped sign in 4 of 200 runs of one scenario, and a

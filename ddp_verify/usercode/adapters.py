@@ -1,4 +1,5 @@
-"""Adapters: a user's aggregation code, of one of five kinds, turned into a method.
+"""Adapters: a user's aggregation code, of one of its kinds (usercode/kinds.py), turned into a
+method.
 
 | kind        | the user's callable                                  | called                      |
 | grad-sync   | ``fn(model)`` or ``fn(model, num_samples)``          | after the local backward    |
@@ -14,6 +15,7 @@ the user's code's own.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import Callable
 from typing import Any
@@ -32,10 +34,12 @@ from ..world.naming import option
 from ..world.protocol import modules_ranks_cannot_import
 from .kinds import (
     DEFAULT_BOUNDS,
+    KIND,
     KINDS,
     RESULT_KINDS,
     SIGNATURES,
     Call,
+    Kind,
     KindError,
     check_signature,
     takes_a_list,
@@ -62,7 +66,8 @@ def adapt(
     loss_reduction: str = "mean",
     ddp_wrapper: str | None = None,
 ) -> UserMethod | CommHook:
-    """The method that runs ``fn`` as a ``kind`` plug-in, after checking its signature.
+    """The method that runs ``fn`` as a ``kind`` plug-in, after checking its signature and
+    that each option applies to the kind.
 
     Example::
 
@@ -70,56 +75,59 @@ def adapt(
         world.assert_equivalent(method, scenario)
     """
     call = check_signature(fn, kind)
-    if result_on not in RESULT_ON:
-        raise KindError(f"result_on must be one of {', '.join(RESULT_ON)}, got {result_on!r}")
-    if ddp_wrapper is not None and kind != "wrapped-step":
-        raise KindError(f"{option('ddp_wrapper')} applies to wrapped-step functions, not to {kind}")
-    if loss_reduction != "mean" and kind not in ("step", "wrapped-step"):
-        raise KindError(
-            f"{option('loss_reduction')} applies to step functions (step, wrapped-step), not to "
-            f"{kind}"
-        )
-    if loss_reduction not in LOSS_REDUCTIONS:
-        raise KindError(
-            f"loss_reduction must be one of {', '.join(LOSS_REDUCTIONS)}, got {loss_reduction!r}"
-        )
-    if hook_state is not None and kind != "comm-hook":
-        raise KindError(
-            f"{option('hook_state')} applies to comm hooks ({option('kind', 'comm-hook')}), "
-            f"not to {kind}"
-        )
-    if hook_state is not None and not callable(hook_state):
-        raise KindError(f"the hook state factory {hook_state!r} is not callable")
-    if result_on != "all" and kind not in RESULT_KINDS:
-        raise KindError(
-            f"{option('result_on', result_on)} applies to {', '.join(RESULT_KINDS)} helpers, "
-            f"not {kind}"
-        )
+    spec = KIND[kind]
+    options = Options(result_on, hook_state, loss_reduction, ddp_wrapper)
+    _check_options(spec, options)
     name = f"{kind} {getattr(fn, '__qualname__', repr(fn))}"
     if result_on != "all":
         name += f" (result on {result_on})"
-    method: DistributedMethod
-    if kind == "grad-sync":
-        method = GradSync(fn, name, call)
-    elif kind in RESULT_KINDS:
-        form = "list" if kind == "reduce" and takes_a_list(fn) else kind
-        method = LossAggregation(fn, name, call, form=form, result_on=result_on)
-    elif kind in ("step", "wrapped-step"):
-        method = TrainingStep(
-            fn,
-            name,
-            loss_reduction=loss_reduction,
-            wrapped=kind == "wrapped-step",
-            ddp_wrapper=ddp_wrapper,
-        )
-    elif kind == "comm-hook":
-        method = CommHook(fn, name, hook_state)
-    elif kind == "loss-fn":
-        method = LossFunction(fn, name, call)
-    else:
-        method = Wrapper(fn, name)
+    method = ADAPTERS[spec.adapter](fn, name, call, spec, options)
     method.call = call  # reports say how the code was called
     return method
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """The options a user gave beside the code (see :func:`adapt`)."""
+
+    result_on: str = "all"
+    hook_state: Callable[..., Any] | None = None
+    loss_reduction: str = "mean"
+    ddp_wrapper: str | None = None
+
+
+def _check_options(kind: Kind, options: Options) -> None:
+    """A :class:`KindError` for an option the kind does not take, or a bad value."""
+    if options.result_on not in RESULT_ON:
+        raise KindError(
+            f"result_on must be one of {', '.join(RESULT_ON)}, got {options.result_on!r}"
+        )
+    if options.ddp_wrapper is not None and not kind.wrapped:
+        raise KindError(
+            f"{option('ddp_wrapper')} applies to wrapped-step functions, not to {kind.name}"
+        )
+    if options.loss_reduction != "mean" and not kind.owns_micro_batches:
+        raise KindError(
+            f"{option('loss_reduction')} applies to step functions (step, wrapped-step), not to "
+            f"{kind.name}"
+        )
+    if options.loss_reduction not in LOSS_REDUCTIONS:
+        raise KindError(
+            f"loss_reduction must be one of {', '.join(LOSS_REDUCTIONS)}, got "
+            f"{options.loss_reduction!r}"
+        )
+    if options.hook_state is not None and not kind.hook_state:
+        raise KindError(
+            f"{option('hook_state')} applies to comm hooks ({option('kind', 'comm-hook')}), "
+            f"not to {kind.name}"
+        )
+    if options.hook_state is not None and not callable(options.hook_state):
+        raise KindError(f"the hook state factory {options.hook_state!r} is not callable")
+    if options.result_on != "all" and not kind.result_on_rank0:
+        raise KindError(
+            f"{option('result_on', options.result_on)} applies to {', '.join(RESULT_KINDS)} "
+            f"helpers, not {kind.name}"
+        )
 
 
 class UserMethod(DistributedMethod):
@@ -407,3 +415,26 @@ def _as_float(value: Any, kind: str) -> float:
             f"a {kind} plug-in must return the global mean loss as a number or a one-element "
             f"tensor, got {type(value).__name__}: {exc}"
         ) from None
+
+
+# How each kind's callable becomes a method (Kind.adapter names an entry).
+Adapter = Callable[[Callable[..., Any], str, Call, Kind, Options], "UserMethod | CommHook"]
+ADAPTERS: dict[str, Adapter] = {
+    "grad-sync": lambda fn, name, call, kind, o: GradSync(fn, name, call),
+    "loss": lambda fn, name, call, kind, o: LossAggregation(
+        fn, name, call, form="loss", result_on=o.result_on
+    ),
+    # A helper named for several tensors (``losses``) gets a list of one, as Megatron's does.
+    "reduce": lambda fn, name, call, kind, o: LossAggregation(
+        fn, name, call, form="list" if takes_a_list(fn) else "reduce", result_on=o.result_on
+    ),
+    "reduce-dict": lambda fn, name, call, kind, o: LossAggregation(
+        fn, name, call, form="reduce-dict", result_on=o.result_on
+    ),
+    "step": lambda fn, name, call, kind, o: TrainingStep(
+        fn, name, loss_reduction=o.loss_reduction, wrapped=kind.wrapped, ddp_wrapper=o.ddp_wrapper
+    ),
+    "comm-hook": lambda fn, name, call, kind, o: CommHook(fn, name, o.hook_state),
+    "loss-fn": lambda fn, name, call, kind, o: LossFunction(fn, name, call),
+    "wrapper": lambda fn, name, call, kind, o: Wrapper(fn, name),
+}

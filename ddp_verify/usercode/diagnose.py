@@ -20,38 +20,36 @@ from ..engine.compare import compare, outside
 from ..engine.compression import CompressionTolerance
 from ..engine.models import one_thread
 from ..engine.scenario import Scenario
-from ..engine.tolerances import Float64Tolerance, Tolerance
+from ..engine.tolerances import Float64Tolerance, Tolerance, by_roundoff
 from ..engine.trace import Trace
 from ..world.naming import option
-from .kinds import RESULT_KINDS
+from . import findings as f
+from .explain import gradient_causes, gradient_fits, loss_causes
+from .findings import Cause
+from .kinds import KIND
 from .mistakes import Mistake, applies, candidates, simulate
-from .weights import (
-    Cause,
-    WeightFit,
-    fit_gradient,
-    gradient_causes,
-    gradient_fits,
-    loss_causes,
-    observed_gradients,
-)
+from .weights import WeightFit, fit_gradient, observed_gradients, unit_of
 
 __all__ = ["Cause", "failure_cause", "likely_cause", "likely_causes", "matches"]
 
 # Loose on purpose: a simulated mistake need only be told apart from the other mistakes,
 # which differ by far more; float32 and bfloat16 runs are matched against float64
-# simulations, bfloat16's at about ten of its roundings (2^-8 each) per value.
-_MATCH = {
-    "float64": Float64Tolerance(rtol=1e-5, atol=1e-7),
-    "float32": Float64Tolerance(1e-3, 1e-5),
-    "bfloat16": Float64Tolerance(4e-2, 4e-3),
-}
+# simulations, bfloat16's at about ten of its roundings (2^-8 each) per value. Other dtypes
+# get theirs from the unit roundoff (engine.tolerances.by_roundoff).
+_MATCH_RTOL = {"float64": 1e-5, "float32": 1e-3, "bfloat16": 4e-2}
+_MATCH_ATOL = {"float64": 1e-7, "float32": 1e-5, "bfloat16": 4e-3}
+
+
+def _match(dtype: str) -> Float64Tolerance:
+    """How close a run must come to a simulated mistake's to be that mistake."""
+    return Float64Tolerance(by_roundoff(dtype, _MATCH_RTOL), by_roundoff(dtype, _MATCH_ATOL))
 
 
 # float16 compression rounds each contribution by 2^-11 of its size and the sum again per rank:
 # a few parts in a thousand at these world sizes, far less than what tells mistakes apart.
 _COMPRESSED_MATCH = Float64Tolerance(rtol=2e-2, atol=1e-4)
 
-NO_KNOWN_MISTAKE = "no known mistake reproduces this divergence"
+NO_KNOWN_MISTAKE = f.NO_KNOWN_MISTAKE
 
 
 def likely_cause(kind: str, scenario: Scenario, reference: Trace, got: Trace) -> str:
@@ -75,38 +73,35 @@ def likely_causes(kind: str, scenario: Scenario, reference: Trace, got: Trace) -
             print(cause.subject, cause.text, cause.evidence)
     """
     structural = _structural(kind, scenario, reference, got)
-    if any(c.pattern in ("lossy", "batch-norm") for c in structural):
+    if any(c.pattern in (f.LOSSY.code, f.BATCH_NORM.code) for c in structural):
         return structural
     with one_thread():
         fits = []
         gradient: list[Cause] = []
         if not any(c.subject in ("gradient", "parameters") for c in structural):
-            compressed = kind == "comm-hook"
+            # A kind that may compress (a comm hook) is fitted more loosely.
+            compressed = KIND[kind].lossy
             fits = gradient_fits(scenario, got, compressed=compressed)
             gradient = gradient_causes(scenario, fits, compressed=compressed)
         loss: list[Cause] = []
         if not any(c.subject == "loss" for c in structural):
             loss = loss_causes(scenario, reference, got)
         causes = structural + gradient + loss
-        open_questions = {"nonlinear", "loss:unexplained"}
+        open_questions = {finding.code for finding in f.OPEN_QUESTIONS}
         if not causes or any(c.pattern in open_questions for c in causes):
             causes = _with_simulated(kind, scenario, got, causes)
     if causes:
         return causes
     failed = failure_cause(kind, scenario)
     if failed:
-        return [Cause(failed, "run", "collectives-per-micro-batch")]
+        return [failed]
     shown = fits[0] if fits else _first_fit(scenario, got)
+    read = "are the correct weighting of the samples" if shown else "could not be read"
     return [
-        Cause(
-            f"{NO_KNOWN_MISTAKE}: the gradients each rank ended with"
-            + (" are the correct weighting of the samples" if shown else " could not be read")
-            + " and the reported loss is the global mean, so the difference lies elsewhere "
-            "(the optimizer, the parameters' update); see the first divergence above",
-            "run",
-            "unexplained",
-            shown.evidence() if shown else "",
-            shown.table() if shown else (),
+        f.UNEXPLAINED.cause(
+            evidence=shown.evidence() if shown else "",
+            weights=shown.table() if shown else (),
+            read=read,
         )
     ]
 
@@ -123,8 +118,8 @@ def _first_fit(scenario: Scenario, got: Trace) -> WeightFit | None:
 def _with_simulated(kind: str, scenario: Scenario, got: Trace, causes: list[Cause]) -> list[Cause]:
     """``causes`` with what the fit could not say (a nonlinear gradient, an unexplained loss)
     replaced by the known mistake that reproduces the run, when one does."""
-    tolerance = _MATCH[scenario.dtype]
-    unexplained_loss = any(c.pattern == "loss:unexplained" for c in causes)
+    tolerance = _match(scenario.dtype)
+    unexplained_loss = any(c.pattern == f.LOSS_UNEXPLAINED.code for c in causes)
     simulated = []
     # Simplest first, and no further than the first that reproduces the run.
     for mistake in candidates(kind):
@@ -132,37 +127,35 @@ def _with_simulated(kind: str, scenario: Scenario, got: Trace, causes: list[Caus
             continue
         trace = simulate(scenario, mistake)
         if matches(trace, got, tolerance, losses=unexplained_loss):
-            return _merge(causes, mistake, unexplained_loss)
+            return _merge(causes, mistake, unexplained_loss, unit_of(scenario))
         simulated.append((mistake, trace))
-    if kind == "comm-hook":
+    if KIND[kind].lossy:
         # A hook that compresses and also makes a mistake: the mistake, up to the
         # compression's rounding (float16: a few parts in a thousand).
         for mistake, trace in simulated:
             if matches(trace, got, _COMPRESSED_MATCH, losses=unexplained_loss):
-                merged = _merge(causes, mistake, unexplained_loss)
-                return [
-                    dataclasses.replace(
-                        c, text=c.text + " (up to compression rounding: the hook also compresses)"
-                    )
-                    if c.pattern.startswith("simulated")
-                    else c
-                    for c in merged
-                ]
+                rounded = " (up to compression rounding: the hook also compresses)"
+                return _merge(causes, mistake, unexplained_loss, unit_of(scenario), said=rounded)
     return causes
 
 
-def _merge(causes: list[Cause], mistake: Mistake, with_loss: bool) -> list[Cause]:
+def _merge(
+    causes: list[Cause], mistake: Mistake, with_loss: bool, unit: str, *, said: str = ""
+) -> list[Cause]:
     """The mistake's gradient causes in place of a nonlinear fit (or none), its loss cause in
-    place of an unexplained loss; what the fits found stands."""
+    place of an unexplained loss; what the fits found stands. The mistake's causes are the
+    same findings the fits make, with the simulation as their evidence (and ``said`` after
+    their words)."""
     evidence = f"simulating {mistake} reproduces every rank's parameters" + (
         " and losses" if with_loss else ""
     )
     from_mistake = [
-        Cause(text, subject, f"simulated:{subject}", evidence)
-        for subject, text in mistake.parts()
-        if subject == "gradient" or with_loss
+        dataclasses.replace(c, text=c.text + said)
+        for c in mistake.causes(unit=unit, evidence=evidence)
+        if c.subject == "gradient" or with_loss
     ]
-    kept = [c for c in causes if c.pattern not in ("nonlinear", "loss:unexplained")]
+    open_questions = {finding.code for finding in f.OPEN_QUESTIONS}
+    kept = [c for c in causes if c.pattern not in open_questions]
     fitted_gradient = any(c.subject == "gradient" for c in kept)
     if fitted_gradient:
         from_mistake = [c for c in from_mistake if c.subject != "gradient"]
@@ -178,54 +171,19 @@ def _merge(causes: list[Cause], mistake: Mistake, with_loss: bool) -> list[Cause
 
 def _structural(kind: str, scenario: Scenario, reference: Trace, got: Trace) -> list[Cause]:
     """What the ranks' parameters or losses show at a glance."""
-    found = []
     if scenario.model.batch_norm == "batch":
-        found.append(
-            Cause(
-                "BatchNorm normalises each forward by its own batch's statistics: data-parallel "
-                "training normalises each rank's micro-batch by its own, full-batch training "
-                "the whole global batch (documented DDP behaviour; use SyncBatchNorm with one "
-                "micro-batch per rank for global statistics)",
-                "run",
-                "batch-norm",
-            )
-        )
-        return found
+        return [f.BATCH_NORM.cause()]
+    found = []
     if _only_rank_zero_synchronised(scenario, reference, got):
-        found.append(
-            Cause(
-                "gradients reduced onto rank 0 only (dist.reduce where all_reduce was needed): "
-                "rank 0 holds the combined gradient after step 0, the other ranks do not",
-                "gradient",
-                "ranks:reduce-to-0",
-            )
-        )
+        found.append(f.RANKS_REDUCE_TO_0.cause())
     partial = _partly_synchronised(reference, got)
     if partial:
-        found.append(
-            Cause(
-                "some parameters are not synchronised across ranks (ranks disagree on "
-                + ", ".join(repr(n) for n in partial)
-                + " after step 0, and agree on the others)",
-                "parameters",
-                "partial-sync",
-            )
-        )
+        found.append(f.PARTIAL_SYNC.cause(names=", ".join(repr(n) for n in partial)))
     lossy = _lossy_compression(kind, scenario, reference, got)
-    if lossy:
-        return [Cause(lossy, "gradient", "lossy")]
-    if kind in RESULT_KINDS and _held_by_rank_zero_only(scenario, got):
-        found.append(
-            Cause(
-                "only rank 0 holds the result: the other ranks report their own local loss, as "
-                "a helper that reduces onto rank 0 (dist.reduce, gather to rank 0) leaves "
-                "them; if only rank 0's result is meant to be used, check with "
-                f"{option('result_on', 'rank0')}, which holds rank 0's result to the global "
-                "mean",
-                "loss",
-                "loss:rank0-only",
-            )
-        )
+    if lossy is not None:
+        return [lossy]
+    if KIND[kind].result_on_rank0 and _held_by_rank_zero_only(scenario, got):
+        found.append(f.LOSS_RANK0_ONLY.cause(result_on=option("result_on", "rank0")))
     return found
 
 
@@ -235,7 +193,7 @@ def _held_by_rank_zero_only(scenario: Scenario, got: Trace) -> bool:
         return False
     with one_thread():
         local = simulate(scenario, Mistake(report="local"))
-    tolerance = _MATCH[scenario.dtype]
+    tolerance = _match(scenario.dtype)
 
     def reports_local(rank: int) -> bool:
         return all(
@@ -255,46 +213,39 @@ def _held_by_rank_zero_only(scenario: Scenario, got: Trace) -> bool:
     return others_local and not reports_local(0)
 
 
-def _lossy_compression(kind: str, scenario: Scenario, reference: Trace, got: Trace) -> str:
-    """A comm hook whose every value is within a compression format's rounding bound (the
-    bound is derived for SGD only): it compresses, which may be its design."""
-    if kind != "comm-hook" or scenario.optimizer.name != "sgd":
-        return ""
+def _lossy_compression(kind: str, scenario: Scenario, reference: Trace, got: Trace) -> Cause | None:
+    """A kind that may compress (a comm hook) whose every value is within a compression
+    format's rounding bound (the bound is derived for SGD only): it compresses, which may be
+    its design."""
+    if not KIND[kind].lossy or scenario.optimizer.name != "sgd":
+        return None
     for fmt, flag in (("float16", "fp16"), ("bfloat16", "bf16")):
         with one_thread():
             tolerance = CompressionTolerance(scenario, fmt)
         if compare(reference, got, scenario, tolerance) is None:
-            return (
-                f"lossy compression ({fmt} rounding): every gradient, parameter and loss is "
-                f"within what {fmt}'s rounding allows ({tolerance.describe()}); if the hook "
-                f"compresses on purpose, check it with {option('lossy', flag)}"
-            )
-    return ""
+            return f.LOSSY.cause(fmt=fmt, bound=tolerance.describe(), lossy=option("lossy", flag))
+    return None
 
 
-def failure_cause(kind: str, scenario: Scenario) -> str | None:
+def failure_cause(kind: str, scenario: Scenario) -> Cause | None:
     """Why a step function hung, crashed in a collective or computed nonsense, when the
     scenario itself says: its ranks held different numbers of micro-batches, so code that
     calls collectives per micro-batch pairs them up wrongly or leaves ranks waiting.
 
     Example::
 
-        failure_cause("step", scenario)
+        failure_cause("step", scenario).text
         # 'collectives called once per micro-batch (...), and in step 0 the ranks held ...'
     """
-    if kind not in ("step", "wrapped-step"):
+    if not KIND[kind].owns_micro_batches:
         return None  # the harness owns the micro-batch loop of every other kind
     for step, per_rank in enumerate(scenario.schedule):
         counts = [len(sizes) for sizes in per_rank]
         if len(set(counts)) > 1:
-            held = ", ".join(f"rank {r}: {c}" for r, c in enumerate(counts))
-            return (
-                "collectives called once per micro-batch (gradients synchronised or the "
-                f"optimizer stepped per micro-batch), and in step {step} the ranks held "
-                f"different numbers of micro-batches ({held}), so their collectives did not "
-                "pair up. If every rank of your training always has as many micro-batches, "
-                f"check with {option('same_micro_batch_counts', True)}; "
-                "otherwise synchronise once per step"
+            return f.COLLECTIVES_PER_MICRO_BATCH.cause(
+                step=step,
+                held=", ".join(f"rank {r}: {c}" for r, c in enumerate(counts)),
+                same_counts=option("same_micro_batch_counts", True),
             )
     return None
 
@@ -344,7 +295,7 @@ def _only_rank_zero_synchronised(scenario: Scenario, reference: Trace, got: Trac
         simulate(scenario, Mistake("world")).ranks[0].params[0],
     ]
     # As close as the dtype lets a run come to a float64 simulation (bfloat16: far from 1e-4).
-    match = _MATCH[scenario.dtype]
+    match = _match(scenario.dtype)
     rtol, atol = max(1e-4, match.rtol), max(1e-6, match.atol)
     return any(
         all(

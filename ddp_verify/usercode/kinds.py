@@ -1,4 +1,6 @@
-"""The plug-in kinds: what each kind's callable must accept, checked before anything runs.
+"""The plug-in kinds as data: a registry of :class:`Kind` objects (what each kind's callable
+takes and returns, how the harness calls it, which adapter and which known mistakes go with it),
+and the check of a callable's signature against its kind, before anything runs.
 
 No torch here: the command line reads these to build its arguments and check a signature
 before it pays for importing torch.
@@ -7,73 +9,186 @@ before it pays for importing torch.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
-KINDS = (
-    "grad-sync",
-    "loss",
-    "reduce",
-    "reduce-dict",
-    "step",
-    "wrapped-step",
-    "comm-hook",
-    "wrapper",
-    "loss-fn",
+
+@dataclass(frozen=True)
+class Kind:
+    """One plug-in kind: what its callable takes and returns, how the harness calls it, and
+    what the adapters and the diagnosis do with it. Read, never branched on by name: a new
+    kind is a new entry of :data:`REGISTRY` (tests/usercode/test_kinds.py walks it).
+
+    Example::
+
+        >>> KIND["grad-sync"].arities, KIND["grad-sync"].counted_after
+        ((1, 2), 'model')
+    """
+
+    name: str
+    # What the callable must accept and return, for the error that says so.
+    signature: str
+    # How many positional arguments it may take.
+    arities: tuple[int, ...]
+    # The names a report gives the positional arguments the harness passes.
+    parameters: tuple[str, ...]
+    # The adapter that trains with it (an entry of ddp_verify.usercode.adapters.ADAPTERS).
+    adapter: str
+    # The family of known mistakes the diagnosis simulates for it (mistakes.FAMILIES).
+    mistakes: str
+    # What is passed before the count of loss items, for kinds that may take one ("model").
+    counted_after: str | None = None
+    # How many arguments come before the count.
+    lead: int = 1
+    # What its first parameter may be called when it has a default (see check_signature).
+    leading_names: tuple[str, ...] = ()
+    # The count, as a report says it.
+    count_words: str = "<this rank's samples>"
+    # Scenario bounds it is checked under unless the user says otherwise.
+    default_bounds: Mapping[str, Any] = field(default_factory=dict)
+    # Its result may be held by rank 0 only (result_on="rank0"): logging helpers.
+    result_on_rank0: bool = False
+    # A lossy format may be allowed (lossy=): compression is a comm hook's design choice.
+    lossy: bool = False
+    # Takes a state made per rank (hook_state=).
+    hook_state: bool = False
+    # Owns the micro-batch loop (loss_reduction=; collectives per micro-batch can misfire).
+    owns_micro_batches: bool = False
+    # Gets the model inside DDP or a wrapper (ddp_wrapper=).
+    wrapped: bool = False
+
+
+# A step function owns its accumulation loop, and training loops give every rank the same
+# number of accumulation steps; code that synchronises per micro-batch would only hang on
+# other schedules.
+_SAME_COUNTS = {"same_micro_batch_counts": True}
+
+REGISTRY: tuple[Kind, ...] = (
+    Kind(
+        "grad-sync",
+        "fn(model) or fn(model, num_samples)",
+        (1, 2),
+        ("model",),
+        adapter="grad-sync",
+        mistakes="combine",
+        counted_after="model",
+        leading_names=("model", "module", "net", "network", "ddp_model", "m"),
+    ),
+    Kind(
+        "loss",
+        "fn(local_loss, num_samples) or fn(local_loss) -> tensor or float",
+        (1, 2),
+        ("local_loss",),
+        adapter="loss",
+        mistakes="report",
+        counted_after="local_loss",
+        leading_names=("loss", "local_loss", "value", "tensor"),
+        result_on_rank0=True,
+    ),
+    Kind(
+        "reduce",
+        "fn(tensor) or fn(tensor, num_samples) -> tensor of the same shape (or a list of "
+        "tensors in and out)",
+        (1, 2),
+        ("tensor",),
+        adapter="reduce",
+        mistakes="report",
+        counted_after="tensor",
+        leading_names=("tensor", "t", "x", "value", "loss", "losses", "tensors", "values"),
+        result_on_rank0=True,
+    ),
+    Kind(
+        "reduce-dict",
+        "fn(metrics) or fn(metrics, num_samples) -> dict of the same keys",
+        (1, 2),
+        ("metrics",),
+        adapter="reduce-dict",
+        mistakes="report",
+        counted_after="metrics",
+        leading_names=("metrics", "input_dict", "loss_dict", "losses", "values", "d"),
+        result_on_rank0=True,
+    ),
+    Kind(
+        "step",
+        "fn(model, optimizer, micro_batches, loss_fn) -> tensor or float",
+        (4,),
+        ("model", "optimizer", "micro_batches", "loss_fn"),
+        adapter="step",
+        mistakes="step",
+        default_bounds=_SAME_COUNTS,
+        owns_micro_batches=True,
+    ),
+    Kind(
+        "wrapped-step",
+        "fn(ddp_model, optimizer, micro_batches, loss_fn) -> tensor or float, the model "
+        "already in DistributedDataParallel",
+        (4,),
+        ("ddp_model", "optimizer", "micro_batches", "loss_fn"),
+        adapter="step",
+        mistakes="step",
+        default_bounds=_SAME_COUNTS,
+        owns_micro_batches=True,
+        wrapped=True,
+    ),
+    Kind(
+        "comm-hook",
+        "hook(state, bucket) -> torch.futures.Future",
+        (2,),
+        ("state", "bucket"),
+        adapter="comm-hook",
+        mistakes="prescaled",
+        lossy=True,
+        hook_state=True,
+    ),
+    Kind(
+        "wrapper",
+        "fn(module) -> module",
+        (1,),
+        ("module",),
+        adapter="wrapper",
+        mistakes="prescaled",
+    ),
+    Kind(
+        "loss-fn",
+        "fn(logits, labels) or fn(logits, labels, num_items_in_batch) -> tensor",
+        (2, 3),
+        ("logits", "labels"),
+        adapter="loss-fn",
+        mistakes="loss-fn",
+        counted_after="logits, labels",
+        lead=2,
+        leading_names=("logits", "source", "input", "outputs", "output", "x"),
+        count_words="<the step's loss items, every micro-batch of every rank>",
+        # A loss function takes logits and class labels: language-model tokens (padding and
+        # ignore_index included) or one class per sample.
+        default_bounds={"losses": ("tokens", "cross_entropy")},
+    ),
 )
+KIND = {kind.name: kind for kind in REGISTRY}
 
-# What each kind's callable must accept, for the error that says so.
-SIGNATURES = {
-    "grad-sync": "fn(model) or fn(model, num_samples)",
-    "loss": "fn(local_loss, num_samples) or fn(local_loss) -> tensor or float",
-    "reduce": "fn(tensor) or fn(tensor, num_samples) -> tensor of the same shape (or a list of "
-    "tensors in and out)",
-    "reduce-dict": "fn(metrics) or fn(metrics, num_samples) -> dict of the same keys",
-    "step": "fn(model, optimizer, micro_batches, loss_fn) -> tensor or float",
-    "wrapped-step": "fn(ddp_model, optimizer, micro_batches, loss_fn) -> tensor or float, "
-    "the model already in DistributedDataParallel",
-    "comm-hook": "hook(state, bucket) -> torch.futures.Future",
-    "wrapper": "fn(module) -> module",
-    "loss-fn": "fn(logits, labels) or fn(logits, labels, num_items_in_batch) -> tensor",
-}
-# Scenario bounds a kind checks under unless the user says otherwise. A step function owns its
-# accumulation loop, and training loops give every rank the same number of accumulation steps;
-# code that synchronises per micro-batch would only hang on other schedules.
-DEFAULT_BOUNDS: dict[str, dict[str, Any]] = {
-    "step": {"same_micro_batch_counts": True},
-    "wrapped-step": {"same_micro_batch_counts": True},
-    # A loss function takes logits and class labels: language-model tokens (padding and
-    # ignore_index included) or one class per sample.
-    "loss-fn": {"losses": ("tokens", "cross_entropy")},
-}
+# Views of the registry for the command line (no torch here: it reads these to build its
+# arguments and check a signature before it pays for importing torch).
+KINDS = tuple(KIND)
+SIGNATURES = {kind.name: kind.signature for kind in REGISTRY}
+DEFAULT_BOUNDS = {kind.name: dict(kind.default_bounds) for kind in REGISTRY}
+RESULT_KINDS = tuple(kind.name for kind in REGISTRY if kind.result_on_rank0)
 
-_ARITIES = {
-    "grad-sync": (1, 2),
-    "loss": (1, 2),
-    "reduce": (1, 2),
-    "reduce-dict": (1, 2),
-    "step": (4,),
-    "wrapped-step": (4,),
-    "comm-hook": (2,),
-    "wrapper": (1,),
-    "loss-fn": (2, 3),
-}
-# Kinds whose result may be held by rank 0 only (--result-on rank0): logging helpers that
-# reduce onto one rank.
-RESULT_KINDS = ("loss", "reduce", "reduce-dict")
 
-# Kinds whose callable may be given the count of loss items (samples) on this rank, and what
-# the harness passes before it.
-COUNTED = {
-    "grad-sync": "model",
-    "loss": "local_loss",
-    "reduce": "tensor",
-    "reduce-dict": "metrics",
-    "loss-fn": "logits, labels",
-}
-# How many arguments a counted kind passes before the count.
-LEADING = {"loss-fn": 2}
+def kind_named(name: str) -> Kind:
+    """The kind called ``name``; :class:`KindError` naming the kinds otherwise.
+
+    Example::
+
+        >>> kind_named("step").owns_micro_batches
+        True
+    """
+    try:
+        return KIND[name]
+    except KeyError:
+        raise KindError(f"unknown kind {name!r}; choose one of {', '.join(KINDS)}") from None
+
+
 # Names that say a parameter is a count: the count is passed to such a parameter, or to one
 # without a default, and never to another optional parameter (Megatron's
 # allreduce_params(reduce_after=True, ...) must not get reduce_after=num_samples).
@@ -193,20 +308,9 @@ class Call:
 
     def describe(self) -> str:
         """The call the harness makes, as a report header shows it."""
-        names = {
-            "grad-sync": ["model"],
-            "loss": ["local_loss"],
-            "reduce": ["tensor"],
-            "reduce-dict": ["metrics"],
-            "step": ["model", "optimizer", "micro_batches", "loss_fn"],
-            "wrapped-step": ["ddp_model", "optimizer", "micro_batches", "loss_fn"],
-            "comm-hook": ["state", "bucket"],
-            "wrapper": ["module"],
-            "loss-fn": ["logits", "labels"],
-        }[self.kind][: self.positional]
-        count = "<this rank's samples>"
-        if self.kind == "loss-fn":
-            count = "<the step's loss items, every micro-batch of every rank>"
+        kind = KIND[self.kind]
+        names = list(kind.parameters[: self.positional])
+        count = kind.count_words
         if self.count_positional:
             names.append(f"{self.count_parameter}={count}" if self.count_parameter else count)
         elif self.count_keyword is not None:
@@ -231,47 +335,35 @@ def check_signature(fn: Callable[..., Any], kind: str) -> Call:
         >>> check_signature(allreduce_params, "grad-sync").describe()
         'allreduce_params(model)'
     """
-    if kind not in KINDS:
-        raise KindError(f"unknown kind {kind!r}; choose one of {', '.join(KINDS)}")
+    spec = kind_named(kind)
     if not callable(fn):
-        raise KindError(f"{fn!r} is not callable; a {kind} plug-in is {SIGNATURES[kind]}")
+        raise KindError(f"{fn!r} is not callable; a {kind} plug-in is {spec.signature}")
     name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
     try:
         signature = inspect.signature(fn)
     except (TypeError, ValueError):
         # Builtins and C callables: trust the user, as documented.
-        arity = _ARITIES[kind][-1]
-        if kind in COUNTED:
-            lead = LEADING.get(kind, 1)
-            return Call(name, kind, lead, count_positional=arity == lead + 1)
+        arity = spec.arities[-1]
+        if spec.counted_after is not None:
+            return Call(name, kind, spec.lead, count_positional=arity == spec.lead + 1)
         return Call(name, kind, arity)
-    if kind in COUNTED:
-        return _counted_call(name, kind, signature)
-    for arity in reversed(_ARITIES[kind]):
+    if spec.counted_after is not None:
+        return _counted_call(name, spec, signature)
+    for arity in reversed(spec.arities):
         try:
             signature.bind(*range(arity))
         except TypeError:
             continue
         return Call(name, kind, arity)
-    raise KindError(f"{name}{signature} cannot be a {kind} plug-in: expected {SIGNATURES[kind]}")
+    raise KindError(f"{name}{signature} cannot be a {kind} plug-in: expected {spec.signature}")
 
 
-# What the first parameter of a counted kind may be called when it has a default: anything
-# else with a default (DeepSpeed's buffered_allreduce_fallback(grads=None, ...)) is an optional
-# argument the harness must not fill with the model.
-LEADING_NAMES = {
-    "grad-sync": ("model", "module", "net", "network", "ddp_model", "m"),
-    "loss": ("loss", "local_loss", "value", "tensor"),
-    "reduce": ("tensor", "t", "x", "value", "loss", "losses", "tensors", "values"),
-    "reduce-dict": ("metrics", "input_dict", "loss_dict", "losses", "values", "d"),
-    "loss-fn": ("logits", "source", "input", "outputs", "output", "x"),
-}
-
-
-def _counted_call(name: str, kind: str, signature: inspect.Signature) -> Call:
-    leading = COUNTED[kind]
-    lead = LEADING.get(kind, 1)
-    expected = SIGNATURES[kind]
+def _counted_call(name: str, spec: Kind, signature: inspect.Signature) -> Call:
+    # The first parameter may have a default only under a name for what the harness passes
+    # first: anything else with a default (DeepSpeed's buffered_allreduce_fallback(grads=None,
+    # ...)) is an optional argument the harness must not fill with the model.
+    kind, lead, expected = spec.name, spec.lead, spec.signature
+    leading = spec.counted_after
     params = list(signature.parameters.values())
     positional_kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
     if params and params[0].kind is inspect.Parameter.VAR_POSITIONAL:
@@ -284,7 +376,7 @@ def _counted_call(name: str, kind: str, signature: inspect.Signature) -> Call:
     if not takes_leading:
         raise KindError(f"{name}{signature} cannot be a {kind} plug-in: expected {expected}")
     first = params[0]
-    if first.default is not first.empty and first.name not in LEADING_NAMES[kind]:
+    if first.default is not first.empty and first.name not in spec.leading_names:
         short = name.split(".")[-1]
         raise KindError(
             f"{name}{signature}: its first parameter {first.name!r} is optional, so it is not "

@@ -2,47 +2,45 @@
 
 One process holds a replica per rank and trains them the way a mistaken implementation would:
 how each rank weights its micro-batches, how gradients are combined across ranks, what loss
-is reported. :mod:`ddp_verify.diagnose` matches a user's trace against these runs.
+is reported. :mod:`ddp_verify.usercode.diagnose` matches a user's trace against these runs, and
+says what a matching one gets wrong in the words of :mod:`ddp_verify.usercode.findings`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
+from collections.abc import Callable
 
 import torch
 
 from ..engine.scenario import Scenario
 from ..engine.trace import Trace
 from ..engine.training import Step, train
+from . import findings
+from .findings import Cause, Finding
+from .kinds import KIND
 
-# Each dimension: the correct choice first, then the mistakes, with the words a report uses.
-COMBINE = {
-    "samples": "",
-    "world": "gradients averaged over ranks by the world size, not weighted by each rank's "
-    "samples (only right when every rank holds as many samples)",
-    "sum": "gradients summed across ranks but not divided",
-    "none": "gradients never synchronised: each rank trained on its own samples only",
+# Each dimension: the correct choice first (no finding), then the mistakes, each with the
+# finding a report makes of it: the same vocabulary the fitted weights use.
+COMBINE: dict[str, Finding | None] = {
+    "samples": None,
+    "world": findings.RANKS_WORLD,
+    "sum": findings.RANKS_SUM,
+    "none": findings.RANKS_OWN,
 }
-MICRO = {
-    "samples": "",
-    "mean-of-means": "micro-batch losses divided by the number of micro-batches instead of "
-    "weighted by their sizes (a mean of micro-batch means)",
-    "last-only": "only the last micro-batch's gradient kept (zero_grad() inside the "
-    "accumulation loop)",
+MICRO: dict[str, Finding | None] = {
+    "samples": None,
+    "mean-of-means": findings.MICRO_EQUAL,
+    "last-only": findings.MICRO_LAST_ONLY,
 }
-STEPPING = {
-    "once": "",
-    "each": "optimizer stepped once per micro-batch instead of once per step after "
-    "accumulating the micro-batches",
-}
-REPORT = {
-    "global": "",
-    "local": "the reported loss is the rank's local loss, not the global mean",
-    "sum": "the reported loss is summed across ranks but not divided",
-    "world": "the reported loss is the unweighted mean of rank means (only right when every "
-    "rank holds as many samples)",
-    "accumulated": "the reported loss accumulates across steps (never reset)",
+STEPPING: dict[str, Finding | None] = {"once": None, "each": findings.STEP_EACH}
+REPORT: dict[str, Finding | None] = {
+    "global": None,
+    "local": findings.LOSS_LOCAL,
+    "sum": findings.LOSS_SUM,
+    "world": findings.LOSS_WORLD,
+    "accumulated": findings.LOSS_CARRIED,
 }
 
 
@@ -58,53 +56,76 @@ class Mistake:
     prescaled: bool = False
     stepping: str = "once"
 
-    def parts(self) -> list[tuple[str, str]]:
-        """``(subject, text)`` for each of this mistake's wrong choices: the gradient's (how
-        ranks combine, how micro-batches weigh, when the optimizer steps), then the loss's."""
-        combine = self.combine
-        if self.prescaled and combine == "world":
-            combine = "samples"  # a plain average is right after DDP-style scaling
-        combined = COMBINE[combine]
+    def causes(self, *, unit: str = "sample", evidence: str = "") -> list[Cause]:
+        """A cause for each of this mistake's wrong choices: the gradient's (how ranks
+        combine, how micro-batches weigh, when the optimizer steps), then the loss's."""
+        found: list[Cause] = []
+        combine = COMBINE[self.combine]
+        if self.prescaled and self.combine == "world":
+            combine = None  # a plain average is right after DDP-style scaling
         if self.prescaled and self.combine == "sum":
-            combined = "gradients summed across ranks but not divided by the world size"
-        found = [
-            ("gradient", combined),
-            ("gradient", MICRO[self.micro]),
-            ("loss", REPORT[self.report]),
-            ("gradient", STEPPING[self.stepping]),
-        ]
-        return [(subject, text) for subject, text in found if text]
+            # Each rank's loss was already scaled to its share: summing is scaling by W.
+            found.append(Cause(findings.SUMMED_NOT_DIVIDED_BY_WORLD, "gradient", "scale", evidence))
+        elif combine is not None:
+            found.append(combine.cause(evidence=evidence, unit=unit))
+        for finding in (MICRO[self.micro], REPORT[self.report], STEPPING[self.stepping]):
+            if finding is not None:
+                found.append(finding.cause(evidence=evidence, unit=unit))
+        return sorted(found, key=lambda c: c.subject != "gradient")
 
     @property
-    def causes(self) -> list[str]:
-        return [text for _, text in self.parts()]
+    def findings(self) -> list[str]:
+        """The codes of what this mistake gets wrong (fewest first sorts the candidates)."""
+        return [c.pattern for c in self.causes()]
 
 
-def candidates(kind: str) -> list[Mistake]:
-    """The mistakes a plug-in of ``kind`` can make, fewest mistakes first."""
-    if kind == "grad-sync":
-        return [Mistake(combine=c) for c in ("world", "sum", "none")]
-    if kind in ("loss", "reduce", "reduce-dict"):
-        return [Mistake(report=r) for r in ("local", "sum", "world", "accumulated")]
-    if kind == "loss-fn":
-        found = [
-            Mistake(combine=c, micro=m)
-            for c, m in itertools.product(COMBINE, MICRO)
-            if (c, m) != ("samples", "samples")
-        ]
-        return sorted(found, key=lambda mistake: len(mistake.causes))
-    if kind in ("comm-hook", "wrapper"):
-        return [Mistake(combine=c, prescaled=True) for c in ("sum", "none")]
+def _combine_family() -> list[Mistake]:
+    return [Mistake(combine=c) for c in ("world", "sum", "none")]
+
+
+def _report_family() -> list[Mistake]:
+    return [Mistake(report=r) for r in ("local", "sum", "world", "accumulated")]
+
+
+def _prescaled_family() -> list[Mistake]:
+    return [Mistake(combine=c, prescaled=True) for c in ("sum", "none")]
+
+
+def _loss_fn_family() -> list[Mistake]:
+    return [
+        Mistake(combine=c, micro=m)
+        for c, m in itertools.product(COMBINE, MICRO)
+        if (c, m) != ("samples", "samples")
+    ]
+
+
+def _step_family() -> list[Mistake]:
     found = [
         Mistake(combine=c, micro=m, report=r)
         for c, m, r in itertools.product(COMBINE, MICRO, REPORT)
         if (c, m, r) != ("samples", "samples", "global")
     ]
     # Stepping per micro-batch treats each micro-batch as a batch: no micro-batch weighting.
-    found += [
+    return found + [
         Mistake(combine=c, report=r, stepping="each") for c, r in itertools.product(COMBINE, REPORT)
     ]
-    return sorted(found, key=lambda mistake: len(mistake.causes))
+
+
+# The mistakes a kind's code can make, by family (Kind.mistakes names one): the harness owns
+# what the kind does not, so only the kind's own choices can be wrong.
+FAMILIES: dict[str, Callable[[], list[Mistake]]] = {
+    "combine": _combine_family,
+    "report": _report_family,
+    "prescaled": _prescaled_family,
+    "loss-fn": _loss_fn_family,
+    "step": _step_family,
+}
+
+
+def candidates(kind: str) -> list[Mistake]:
+    """The mistakes a plug-in of ``kind`` can make, fewest mistakes first."""
+    found = FAMILIES[KIND[kind].mistakes]()
+    return sorted(found, key=lambda mistake: len(mistake.findings))
 
 
 def applies(mistake: Mistake, scenario: Scenario) -> bool:

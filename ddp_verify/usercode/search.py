@@ -24,11 +24,13 @@ from ..methods.equivalence import HarnessError, assert_equivalent
 from ..world import RankError, WorldError
 from ..world.interface import Ranked
 from ..world.naming import option
+from . import findings
 from .adapters import DEFAULT_BOUNDS, KindError, adapt
 from .diagnose import failure_cause, likely_causes
+from .findings import Cause
+from .kinds import KIND
 from .reproducer import write_reproducer
 from .verdict import CodeFailed, NotEquivalent, Status, Verdict
-from .weights import Cause
 
 __all__ = ["CodeFailed", "NotEquivalent", "Progress", "Verdict", "describe_causes", "search"]
 
@@ -200,14 +202,14 @@ def search(
             f"Called as: {verdict.call}\n"
             f"{stop.error.report(full_trace=full_trace)}\n"
             f"Scenario: {stop.scenario.describe()}\nReproduce with: {stop.scenario!r}"
-            + (f"\nLikely cause: {cause}" if cause else "")
+            + (f"\nLikely cause: {cause.text}" if cause else "")
         )
         errored = dataclasses.replace(
             verdict,
             status=Status.ERROR,
             examples=tried,
             scenario=stop.scenario,
-            causes=(Cause(cause, "run", "collectives-per-micro-batch"),) if cause else (),
+            causes=(cause,) if cause else (),
             message=report,
         )
         raise CodeFailed(_timed(errored, started)) from None
@@ -239,7 +241,7 @@ def lossy_format(
         return None
     if lossy not in LOSSY:
         raise KindError(f"lossy must be one of {', '.join(LOSSY)}, got {lossy!r}")
-    if kind != "comm-hook":
+    if not KIND[kind].lossy:
         raise KindError(
             f"{option('lossy')} applies to comm hooks ({option('kind', 'comm-hook')}), not to "
             f"{kind}"
@@ -290,11 +292,7 @@ def _explained(
             causes = tuple(found)
         except RankError as exc:
             # The counterexample stands; only its explanation is missing.
-            causes = (
-                Cause(
-                    f"not found: the diagnosis failed ({str(exc).splitlines()[0]})", "run", "none"
-                ),
-            )
+            causes = (findings.DIAGNOSIS_FAILED.cause(reason=str(exc).splitlines()[0]),)
         try:
             script = str(
                 write_reproducer(

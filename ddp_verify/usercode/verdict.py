@@ -18,7 +18,7 @@ from ..engine.outcome import EquivalenceError
 if TYPE_CHECKING:
     from ..engine.outcome import Outcome
     from ..engine.scenario import Scenario
-    from .weights import Cause
+    from .findings import Cause
 
 
 class Status(str, enum.Enum):

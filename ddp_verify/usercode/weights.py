@@ -1,4 +1,5 @@
-"""What each sample (or token) effectively counted for: a divergence explained by its weights.
+"""What each sample (or token) effectively counted for: the numbers (the words are
+:mod:`ddp_verify.usercode.explain`'s).
 
 At a step, every rank starts from known parameters, and what a data-parallel step leaves in
 ``.grad`` is (for the linear mistakes: weightings, sums, dropped micro-batches, another rank's
@@ -7,12 +8,10 @@ reports is likewise a weighted sum of the micro-batches' mean losses. The correc
 gives each loss item (sample, or token that counts) ``1/N`` of the global batch's ``N``.
 
 :func:`fit_gradient` fits the gradient's weights by least squares over the micro-batches'
-float64 gradients, whatever form the code took, and :func:`gradient_causes` says in words, with
-the numbers, which ranks and micro-batches counted for how much and why that is wrong.
-:func:`loss_causes` does the same for the reported loss, which is one number per rank and step:
-it is held against every weighting of ranks (by share, 1/world size, summed, its own only, item
-sums) and micro-batches (by items, equally, last only), carried over steps or not. Gradients and
-losses are explained separately, so a mistake in one never hides the other.
+float64 gradients, whatever form the code took. :func:`fit_losses` holds the loss a rank
+reports, one number per step, against every weighting of ranks (by share, 1/world size,
+summed, its own only, item sums) and micro-batches (by items, equally, last only), carried
+over steps or not.
 """
 
 from __future__ import annotations
@@ -33,46 +32,29 @@ from ..engine.models import (
     one_thread,
 )
 from ..engine.scenario import Scenario
+from ..engine.tolerances import by_roundoff
 from ..engine.trace import Trace
 
 Params = Mapping[str, torch.Tensor]
 
-# How close (relative) a weight must come to a pattern's to be that pattern, by dtype: the
+# How close (relative) a weight must come to a pattern's to be that pattern, as measured: the
 # fit of a float64 run is exact to ~1e-12; float32 gradients carry ~1e-6 of rounding; bfloat16
-# ~1e-2.
+# ~1e-2. Other dtypes get theirs from the unit roundoff (engine.tolerances.by_roundoff).
 CLOSE = {"float64": 1e-3, "float32": 1e-3, "bfloat16": 3e-2}
 # A fit explains the gradient when what it leaves over is below this share of it.
 RESIDUAL = {"float64": 1e-6, "float32": 1e-3, "bfloat16": 5e-2}
+# A reported loss is reproduced by a weighting when it is this close (relative) at every step.
+LOSS_RTOL = {"float64": 1e-7, "float32": 1e-4, "bfloat16": 3e-2}
 
 
-@dataclasses.dataclass(frozen=True)
-class Cause:
-    """One cause of a divergence. ``subject``: what it is about (``gradient``, ``loss``,
-    ``parameters``, ``run``); ``pattern``: a stable code for the finding (``ranks:world``,
-    ``micro:equal``, ...), derived from the fitted weights, never from the code's text;
-    ``evidence``: the numbers behind it; ``weights``: the fitted weights, per rank and
-    micro-batch, where a fit found it.
+def close_for(dtype: str) -> float:
+    """:data:`CLOSE` for ``dtype``, derived where it was not measured."""
+    return by_roundoff(dtype, CLOSE)
 
-    Example::
 
-        cause.text      # "gradients averaged over ranks by the world size, ..."
-        cause.pattern   # "ranks:world"
-    """
-
-    text: str
-    subject: str
-    pattern: str
-    evidence: str = ""
-    weights: tuple[dict[str, Any], ...] = ()
-
-    def as_json(self) -> dict[str, Any]:
-        return {
-            "cause": self.text,
-            "subject": self.subject,
-            "pattern": self.pattern,
-            "evidence": self.evidence,
-            "weights": list(self.weights),
-        }
+def residual_for(dtype: str) -> float:
+    """:data:`RESIDUAL` for ``dtype``, derived where it was not measured."""
+    return by_roundoff(dtype, RESIDUAL)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,195 +124,8 @@ class WeightFit:
         )
 
 
-def _plural(unit: str, n: int) -> str:
-    return unit if n == 1 else unit + "s"
-
-
-def _near(value: float, target: float, close: float, scale: float | None = None) -> bool:
-    return abs(value - target) <= close * (abs(target) if scale is None else scale) + 1e-15
-
-
-def explain_fit(fit: WeightFit, close: float) -> list[tuple[str, str]]:
-    """``(pattern, text)`` for what is wrong with ``fit``'s weights, most telling first; empty
-    when every item counted ``1/N``.
-
-    Example::
-
-        explain_fit(fit, 1e-3)
-        # [('ranks:world', "gradients averaged over ranks by the world size, ...")]
-    """
-    n = len(fit.groups)
-    if all(_near(fit.ratio(i), 1.0, close, 1.0) for i in range(n)):
-        return []
-    unit, world = fit.unit, fit.world_size
-    ranks = sorted({g.rank for g in fit.groups})
-    ratios = [fit.ratio(i) for i in range(n)]
-    if max(ratios) - min(ratios) <= close * max(1.0, abs(max(ratios))):
-        k = ratios[0]
-        if world > 1 and _near(k, world, close):
-            why = "gradients summed across ranks but not divided by the world size"
-        elif world > 1 and _near(k, 1 / world, close):
-            why = "gradients divided by the world size once too often"
-        else:
-            why = "the gradient is scaled"
-        return [("scale", f"{why}: every {unit} counted {k:.4g}x what it should")]
-    found: list[tuple[str, str]] = []
-    totals = {r: fit.rank_total(r) for r in ranks}
-    shares = {r: fit.rank_items(r) * fit.expected for r in ranks}
-    # Micro-batches first: a dropped one also shrinks its rank's total, which is then no
-    # mistake of its own; the ranks' weighting is wrong only if the items that did count
-    # counted other than 1/N.
-    found.extend(_micro_patterns(fit, totals, close))
-    counted = [i for i in range(n) if not _near(ratios[i], 0.0, close, 1.0)]
-    surviving_right = all(_near(ratios[i], 1.0, close, 1.0) for i in counted)
-    wrong_totals = any(not _near(totals[r], shares[r], close, max(shares.values())) for r in ranks)
-    if wrong_totals and not (found and surviving_right):
-        found.append(_rank_pattern(fit, totals, shares, close))
-    return found
-
-
-def _rank_pattern(
-    fit: WeightFit, totals: dict[int, float], shares: dict[int, float], close: float
-) -> tuple[str, str]:
-    unit, world, me = fit.unit, fit.world_size, fit.rank
-    ranks = sorted(totals)
-    nonzero = [r for r in ranks if not _near(totals[r], 0.0, close, 1.0)]
-    wrong = [r for r in ranks if not _near(totals[r], shares[r], close, max(shares.values()))]
-    numbers = "; ".join(
-        f"rank {r}'s {fit.rank_items(r)} {_plural(unit, fit.rank_items(r))} counted "
-        f"{totals[r]:.4g} in all instead of {shares[r]:.4g}"
-        for r in wrong
-    )
-    if nonzero == [me] and fit.world_size > 1:
-        return (
-            "ranks:own",
-            f"gradients never synchronised: rank {me}'s gradient is made of its own {unit}s "
-            f"only ({numbers})",
-        )
-    if len(nonzero) == 1 and fit.world_size > 1:
-        source = nonzero[0]
-        return (
-            "ranks:one",
-            f"rank {source}'s gradient used on rank {me} (broadcast or copied from rank "
-            f"{source} instead of combined over ranks) ({numbers})",
-        )
-    values = list(totals.values())
-    same = max(values) - min(values) <= close * max(abs(v) for v in values)
-    rows = {r: sum(g.samples for g in fit.groups if g.rank == r) for r in ranks}
-    by_rows = {r: rows[r] / sum(rows.values()) for r in ranks}
-    by_samples = unit == "token" and all(_near(totals[r], by_rows[r], close) for r in ranks)
-    # Where ranks hold as many samples, weighting by samples is averaging by the world size:
-    # the plainer reading is said.
-    if by_samples and not (same and _near(values[0], 1 / world, close)):
-        return (
-            "ranks:samples",
-            "ranks weighted by their samples, not by the tokens that count (a count of "
-            f"sequences where the loss averages tokens): {numbers}",
-        )
-    if same and _near(values[0], 1 / world, close):
-        tokens = (
-            " (normalised per rank by its own token count instead of the global count)"
-            if unit == "token"
-            else ""
-        )
-        return (
-            "ranks:world",
-            "gradients averaged over ranks by the world size, not weighted by each rank's "
-            f"{unit}s{tokens}: {numbers}",
-        )
-    if same and _near(values[0], 1.0, close):
-        return (
-            "ranks:sum",
-            f"gradients summed across ranks but not divided: each rank's mean counted 1 in "
-            f"all instead of its share of the {unit}s ({numbers})",
-        )
-    total = sum(fit.rank_items(r) for r in ranks)
-    if same and _near(values[0], 1 / total, close):
-        return (
-            "ranks:means-over-count",
-            f"each rank's mean gradient summed and divided by the global {unit} count "
-            f"({total}): a mean is already divided by its own count, so weight it by its "
-            f"share, or sum the ranks' sums ({numbers})",
-        )
-    if same:
-        return (
-            "ranks:equal",
-            f"every rank's gradient counted {values[0]:.4g} in all, whatever its share of the "
-            f"{unit}s ({numbers})",
-        )
-    return ("ranks:other", f"ranks weighted wrongly: {numbers}")
-
-
-def _micro_patterns(
-    fit: WeightFit, totals: dict[int, float], close: float
-) -> list[tuple[str, str]]:
-    """Micro-batches weighted wrongly within a rank, whatever the rank's total."""
-    unit = fit.unit
-    by_rank: dict[int, list[int]] = {}
-    for i, g in enumerate(fit.groups):
-        by_rank.setdefault(g.rank, []).append(i)
-    found: dict[str, list[int]] = {}
-    details: dict[str, list[str]] = {}
-    for rank, indices in by_rank.items():
-        total = totals[rank]
-        if len(indices) < 2 or _near(total, 0.0, close, 1.0):
-            continue
-        items = fit.rank_items(rank)
-        shares = [fit.fitted[i] * fit.groups[i].items / total for i in indices]
-        expected = [fit.groups[i].items / items for i in indices]
-        if all(_near(s, e, close, 1.0) for s, e in zip(shares, expected, strict=True)):
-            continue
-        m = len(indices)
-        rows = [fit.groups[i].samples for i in indices]
-        if all(_near(s, 1 / m, close, 1.0) for s in shares):
-            pattern = "micro:equal"
-        elif unit == "token" and all(
-            _near(s, r / sum(rows), close, 1.0) for s, r in zip(shares, rows, strict=True)
-        ):
-            pattern = "micro:samples"
-        elif all(_near(s, 0.0, close, 1.0) for s in shares[:-1]) and _near(shares[-1], 1, close):
-            pattern = "micro:last-only"
-        elif any(_near(s, 0.0, close, 1.0) for s in shares):
-            pattern = "micro:dropped"
-        else:
-            pattern = "micro:other"
-        found.setdefault(pattern, []).append(rank)
-        details.setdefault(pattern, []).append(
-            f"rank {rank}: "
-            + ", ".join(
-                f"micro-batch {j} ({fit.groups[i].items} {_plural(unit, fit.groups[i].items)}) "
-                f"{s:.3g} of the rank instead of {e:.3g}"
-                for j, (i, s, e) in enumerate(zip(indices, shares, expected, strict=True))
-            )
-        )
-    texts = {
-        "micro:equal": (
-            "normalised per micro-batch by its own token count instead of the global count: "
-            "each micro-batch's mean counted the same, whatever its tokens"
-            if unit == "token"
-            else "micro-batch losses divided by the number of micro-batches instead of "
-            "weighted by their sizes (a mean of micro-batch means)"
-        ),
-        "micro:last-only": "only the last micro-batch's gradient kept (zero_grad() inside the "
-        "accumulation loop)",
-        "micro:dropped": "some micro-batches counted 0 (their gradients were dropped)",
-        "micro:samples": "micro-batches weighted by their samples, not by the tokens that count",
-        "micro:other": "micro-batches weighted wrongly within a rank",
-    }
-    return [
-        (pattern, f"{texts[pattern]}: {'; '.join(details[pattern])}")
-        for pattern in (
-            "micro:last-only",
-            "micro:equal",
-            "micro:samples",
-            "micro:dropped",
-            "micro:other",
-        )
-        if pattern in found
-    ]
-
-
-def _unit(scenario: Scenario) -> str:
+def unit_of(scenario: Scenario) -> str:
+    """What a loss item is in ``scenario``: ``token`` or ``sample``."""
     return "token" if scenario.loss == "tokens" else "sample"
 
 
@@ -406,7 +201,7 @@ def fit_gradient(
         if matrix_rank < len(groups):
             # Many weightings explain it equally well, and least squares picks the smallest,
             # not the true one: the simplest structured weighting that explains it instead.
-            structured = _structured(groups, rank, columns, target, RESIDUAL[scenario.dtype])
+            structured = _structured(groups, rank, columns, target, residual_for(scenario.dtype))
             if structured is not None:
                 coefficients, residual = structured
     total = sum(g.items for g in groups)
@@ -419,7 +214,7 @@ def fit_gradient(
         expected=1 / total,
         residual=residual,
         identifiable=matrix_rank == len(groups),
-        unit=_unit(scenario),
+        unit=unit_of(scenario),
     )
 
 
@@ -517,116 +312,71 @@ def starts_of(scenario: Scenario, got: Trace, step: int) -> list[Params | None]:
     ]
 
 
-def gradient_fits(scenario: Scenario, got: Trace, *, compressed: bool = False) -> list[WeightFit]:
-    """Every rank's fit at the first step whose gradients some rank got wrong (empty when
-    no step's gradient can be read or every one is right)."""
-    close, limit = _bounds(scenario, compressed)
-    for step in range(got.steps):
-        observed = observed_gradients(scenario, got, step)
-        if any(g is None for g in observed):
-            return []
-        starts = starts_of(scenario, got, step)
-        fits = [
-            fit_gradient(scenario, g, step, rank=r, starts=starts)  # type: ignore[arg-type]
-            for r, g in enumerate(observed)
-        ]
-        if any(explain_fit(f, close) or f.residual > limit for f in fits):
-            return fits
-    return []
-
-
-def _bounds(scenario: Scenario, compressed: bool) -> tuple[float, float]:
-    """How close a weight must be, and how small the residual, for this run: a comm hook
-    may compress (float16 rounds each contribution by 2^-11 and the sum again), which moves
-    fitted weights by a few parts in a thousand to a percent."""
-    close, limit = CLOSE[scenario.dtype], RESIDUAL[scenario.dtype]
-    return (max(close, 3e-2), max(limit, 5e-2)) if compressed else (close, limit)
-
-
-def gradient_causes(
-    scenario: Scenario, fits: list[WeightFit], *, compressed: bool = False
-) -> list[Cause]:
-    """What the fitted weights say is wrong with the gradients, one cause per finding (said
-    once when every rank shows it), most telling first; a cause saying the gradient is not a
-    weighted sum of the micro-batches' when the fit does not hold."""
-    if not fits:
-        return []
-    close, limit = _bounds(scenario, compressed)
-    if any(f.residual > limit for f in fits):
-        worst = max(fits, key=lambda f: f.residual)
-        return [
-            Cause(
-                "the gradient is not a weighted sum of the micro-batches' gradients (not a "
-                "linear mistake: the optimizer stepped between micro-batches, gradients "
-                "were clipped or compressed, or the loss was changed)",
-                "gradient",
-                "nonlinear",
-                worst.evidence(),
-                worst.table(),
-            )
-        ]
-    per_rank = [(f, explain_fit(f, close)) for f in fits]
-    causes: list[Cause] = []
-    patterns = [tuple(p for p, _ in found) for _, found in per_rank]
-    if len(fits) > 1 and all(p == ("ranks:own",) for p in patterns):
-        f = fits[0]
-        causes.append(
-            Cause(
-                f"gradients never synchronised: each rank trained on its own {f.unit}s only",
-                "gradient",
-                "ranks:own",
-                "; ".join(fit.evidence() for fit in fits),
-                f.table(),
-            )
-        )
-        return causes
-    sources = {_only_source(f, close) for f in fits}
-    if len(fits) > 1 and len(sources) == 1 and None not in sources:
-        (source,) = sources
-        f = fits[-1]
-        causes.append(
-            Cause(
-                f"rank {source}'s gradient used on every rank (broadcast or copied from rank "
-                f"{source} instead of combined over ranks): the other ranks' {f.unit}s counted 0",
-                "gradient",
-                "ranks:one",
-                f.evidence(),
-                f.table(),
-            )
-        )
-        return causes
-    seen: dict[str, Cause] = {}
-    for fit, found in per_rank:
-        for pattern, text in found:
-            if pattern in seen:
-                continue
-            same = all(pattern in p for p in patterns)
-            where = "" if same or len(fits) == 1 else f" (on rank {fit.rank})"
-            seen[pattern] = Cause(text + where, "gradient", pattern, fit.evidence(), fit.table())
-    causes.extend(seen.values())
-    if causes and not all(f.identifiable for f in fits):
-        causes = [
-            dataclasses.replace(
-                c,
-                evidence=c.evidence + " (the micro-batches' gradients are linearly dependent "
-                "here, so other weights would explain it as well)",
-            )
-            for c in causes
-        ]
-    return causes
-
-
-def _only_source(fit: WeightFit, close: float) -> int | None:
-    """The one rank whose items carry every weight in ``fit``, if there is one."""
-    ranks = sorted({g.rank for g in fit.groups})
-    nonzero = [r for r in ranks if not _near(fit.rank_total(r), 0.0, close, 1.0)]
-    return nonzero[0] if len(nonzero) == 1 else None
-
-
 # Reported-loss weightings: how ranks, then micro-batches within a rank, are weighted, and
 # whether the value carries over steps. Simplest (fewest mistakes) first.
-_RANKS = ("share", "own", "sum", "world", "items")
-_MICROS = ("items", "equal", "last")
+LOSS_RANKS = ("share", "own", "sum", "world", "items")
+LOSS_MICROS = ("items", "equal", "last")
+
+
+@dataclasses.dataclass(frozen=True)
+class LossWeighting:
+    """How a reported loss weighted ranks (``share`` is right) and micro-batches (``items``
+    is right), and whether it carried over steps."""
+
+    ranks: str
+    micro: str
+    carried: bool
+
+    @property
+    def wrong(self) -> tuple[str, ...]:
+        """What it got wrong: its ranks', micro-batches' and carrying choices, as named."""
+        return tuple(
+            choice
+            for choice, is_wrong in (
+                (self.ranks, self.ranks != "share"),
+                (self.micro, self.micro != "items"),
+                ("carry", self.carried),
+            )
+            if is_wrong
+        )
+
+
+def fit_losses(scenario: Scenario, got: Trace) -> list[LossWeighting | None]:
+    """Per rank, the simplest weighting of the micro-batches' mean losses (at the parameters
+    each rank really had) that reproduces every step of the loss it reported; None for a rank
+    that no weighting tried reproduces.
+
+    Example::
+
+        fit_losses(scenario, got)   # [LossWeighting('own', 'items', False), ...]
+    """
+    terms = [group_terms(scenario, s, starts_of(scenario, got, s)) for s in range(got.steps)]
+    rtol = by_roundoff(scenario.dtype, LOSS_RTOL)
+    tried = sorted(
+        (LossWeighting(*c) for c in itertools.product(LOSS_RANKS, LOSS_MICROS, (False, True))),
+        key=lambda w: len(w.wrong),
+    )
+    found: list[LossWeighting | None] = []
+    for r, rank in enumerate(got.ranks):
+        found.append(next((w for w in tried if _reproduces(w, terms, r, rank.losses, rtol)), None))
+    return found
+
+
+def _reproduces(
+    weighting: LossWeighting,
+    terms: list[tuple[list[Group], torch.Tensor, list[float]]],
+    rank: int,
+    reported: Sequence[float],
+    rtol: float,
+) -> bool:
+    total = 0.0
+    for s, (groups, _, losses) in enumerate(terms):
+        weights = _loss_weights(groups, rank, weighting.ranks, weighting.micro)
+        value = sum(w * ell for w, ell in zip(weights, losses, strict=True))
+        total = total + value if weighting.carried else value
+        if abs(reported[s] - total) > rtol * max(abs(total), 1e-3):
+            return False
+    return True
 
 
 def _loss_weights(groups: list[Group], rank: int, ranks_mode: str, micro_mode: str) -> list[float]:
@@ -654,116 +404,6 @@ def _loss_weights(groups: list[Group], rank: int, ranks_mode: str, micro_mode: s
         }[micro_mode]
         weights.append(rank_weight * micro_weight)
     return weights
-
-
-_LOSS_TEXTS = {
-    "own": "the reported loss is the rank's local loss, not the global mean",
-    "sum": "the reported loss is summed across ranks but not divided",
-    "world": "the reported loss is the unweighted mean of rank means (only right when every "
-    "rank holds as many {unit}s)",
-    "items": "the reported loss is the sum of per-{unit} losses, not divided by their count",
-    "equal": "the reported loss averages micro-batch means, not weighted by their {unit}s",
-    "last": "the reported loss is the last micro-batch's only",
-    "carry": "the reported loss accumulates across steps (never reset)",
-}
-_LOSS_PATTERNS = {
-    "own": "loss:local",
-    "sum": "loss:sum",
-    "world": "loss:world",
-    "items": "loss:item-sum",
-    "equal": "loss:micro-equal",
-    "last": "loss:last-only",
-    "carry": "loss:carried",
-}
-
-
-def loss_causes(scenario: Scenario, reference: Trace, got: Trace) -> list[Cause]:
-    """What is wrong with the loss each rank reports: the simplest weighting of the
-    micro-batches' mean losses (at the parameters each rank really had) that reproduces every
-    step, with the numbers; or, when none does, the reported and the global mean side by side.
-
-    Example::
-
-        loss_causes(scenario, reference, got)
-        # [Cause('the reported loss is the rank's local loss, not the global mean', ...)]
-    """
-    unit = _unit(scenario)
-    terms = [group_terms(scenario, s, starts_of(scenario, got, s)) for s in range(got.steps)]
-    rtol = {"float64": 1e-7, "float32": 1e-4, "bfloat16": 3e-2}[scenario.dtype]
-    candidates = sorted(
-        itertools.product(_RANKS, _MICROS, (False, True)),
-        key=lambda c: (c[0] != "share") + (c[1] != "items") + c[2],
-    )
-    found: dict[str, tuple[str, ...]] = {}
-    unexplained = []
-    for r, rank in enumerate(got.ranks):
-        reported = rank.losses
-        for ranks_mode, micro_mode, carry in candidates:
-            total = 0.0
-            ok = True
-            for s, (groups, _, losses) in enumerate(terms):
-                value = sum(
-                    w * ell
-                    for w, ell in zip(
-                        _loss_weights(groups, r, ranks_mode, micro_mode), losses, strict=True
-                    )
-                )
-                total = total + value if carry else value
-                if abs(reported[s] - total) > rtol * max(abs(total), 1e-3):
-                    ok = False
-                    break
-            if ok:
-                parts = tuple(
-                    p
-                    for p, wrong in (
-                        (ranks_mode, ranks_mode != "share"),
-                        (micro_mode, micro_mode != "items"),
-                        ("carry", carry),
-                    )
-                    if wrong
-                )
-                found[f"rank {r}"] = parts
-                break
-        else:
-            unexplained.append(r)
-    causes: list[Cause] = []
-    everyone = {parts for parts in found.values()}
-    said: set[str] = set()
-    for r, parts in ((int(k.split()[1]), v) for k, v in found.items()):
-        for part in parts:
-            if part in said:
-                continue
-            said.add(part)
-            on_all = len(everyone) == 1 and not unexplained
-            where = "" if on_all or len(got.ranks) == 1 else f" (rank {r})"
-            said_first = got.ranks[r].losses[0]
-            causes.append(
-                Cause(
-                    _LOSS_TEXTS[part].format(unit=unit) + where,
-                    "loss",
-                    _LOSS_PATTERNS[part],
-                    f"rank {r} reported {said_first:.6g} at step 0, the global mean there is "
-                    f"{reference.ranks[0].losses[0]:.6g}; every step of it is reproduced by "
-                    f"that weighting of the micro-batches' mean losses",
-                )
-            )
-    if unexplained:
-        r = unexplained[0]
-        steps = ", ".join(
-            f"step {s}: {got.ranks[r].losses[s]:.6g} vs {reference.ranks[0].losses[s]:.6g}"
-            for s in range(got.steps)
-        )
-        causes.append(
-            Cause(
-                "the reported loss fits no weighting of the micro-batches' mean losses tried "
-                f"(by share, own, summed, 1/world size, item sums; micro-batches by {unit}s, "
-                "equally, last only; carried over steps or not)",
-                "loss",
-                "loss:unexplained",
-                f"rank {r} reported vs the global mean: {steps}",
-            )
-        )
-    return causes
 
 
 def _flat(model: torch.nn.Module, grads: Mapping[str, torch.Tensor | None]) -> torch.Tensor:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from ddp_verify import EquivalenceError, check
@@ -35,8 +35,13 @@ def test_ddp_with_batch_norm_diverges_exactly_as_documented(world, data):
         ).filter(lambda s: all(m >= 2 for step in s.schedule for sizes in step for m in sizes))
     )
     got = ddp().run(scenario, world)
-    assert compare(train_per_batch_statistics(scenario), got, scenario, Float64Tolerance()) is None
-    assert compare(train_reference(scenario), got, scenario, Float64Tolerance()) is not None
+    per_batch = train_per_batch_statistics(scenario)
+    assert compare(per_batch, got, scenario, Float64Tolerance()) is None
+    # Where the statistics make no difference (every unit behind a BatchNorm dead under ReLU,
+    # say: seen with seed 34669), there is no divergence to show.
+    reference = train_reference(scenario)
+    assume(compare(reference, per_batch, scenario, Float64Tolerance()) is not None)
+    assert compare(reference, got, scenario, Float64Tolerance()) is not None
 
 
 def test_the_diagnosis_names_batch_norm_for_correct_synchronisation(tmp_path, monkeypatch):

@@ -45,7 +45,7 @@ def test_every_candidate_mistake_differs_from_the_reference_on_an_uneven_split()
     refs = {s: as_ranks(reference().run(s), 3) for s in (UNEVEN, SAME_COUNTS)}
     for kind in ("grad-sync", "loss", "step", "comm-hook", "wrapper"):
         for mistake in candidates(kind):
-            assert mistake.causes, mistake
+            assert mistake.findings, mistake
             for scenario, ref in refs.items():
                 if applies(mistake, scenario):
                     assert not matches(simulate(scenario, mistake), ref, Float64Tolerance())
@@ -63,7 +63,7 @@ def test_stepping_per_micro_batch_needs_equal_counts_and_differs_from_every_othe
 
 
 def test_candidates_come_fewest_mistakes_first():
-    counts = [len(m.causes) for m in candidates("step")]
+    counts = [len(m.findings) for m in candidates("step")]
     assert counts == sorted(counts) and counts[0] == 1 and max(counts) == 3
 
 

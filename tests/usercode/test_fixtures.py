@@ -6,6 +6,7 @@ import pytest
 from hypothesis import settings
 
 from ddp_verify import EquivalenceError, check
+from ddp_verify.usercode.findings import finding
 from tests.user_code import FIXTURES, load
 from tests.usercode.patterns import NUMERIC, weights_show
 
@@ -62,6 +63,9 @@ def assert_patterns(fn, error) -> None:
     """Every finding the fixture expects is among the causes, and where a pattern has a
     numeric meaning, the cause's own fitted weights show it."""
     found = {c.pattern: c for c in error.causes}
+    # Every cause speaks the one vocabulary, whether a fit or a simulation found it.
+    for code in found:
+        finding(code)
     for wanted in PATTERNS.get(id(fn), ()):
         present = [p for p in wanted.split("|") if p in found]
         assert present, f"none of {wanted} among the causes {[c.pattern for c in error.causes]}"

@@ -11,14 +11,9 @@ import torch
 from ddp_verify.engine.models import build_model, item_counts
 from ddp_verify.engine.reference import train_reference
 from ddp_verify.engine.scenario import ModelSpec, Scenario
+from ddp_verify.usercode.explain import explain_fit, gradient_causes, loss_causes
 from ddp_verify.usercode.mistakes import Mistake, simulate
-from ddp_verify.usercode.weights import (
-    explain_fit,
-    fit_gradient,
-    gradient_causes,
-    group_gradients,
-    loss_causes,
-)
+from ddp_verify.usercode.weights import fit_gradient, group_gradients
 
 UNEVEN = Scenario(
     world_size=4,

@@ -1,0 +1,322 @@
+"""What the fitted weights say is wrong, in the words of :mod:`ddp_verify.usercode.findings`:
+which ranks and micro-batches counted for how much, and why that is wrong, with the numbers
+(the numbers themselves are :mod:`ddp_verify.usercode.weights`'s). Gradients and losses are
+explained separately, so a mistake in one never hides the other.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ..engine.scenario import Scenario
+from ..engine.trace import Trace
+from . import findings as f
+from .findings import Cause
+from .weights import (
+    WeightFit,
+    close_for,
+    fit_gradient,
+    fit_losses,
+    observed_gradients,
+    residual_for,
+    starts_of,
+    unit_of,
+)
+
+__all__ = ["bounds", "explain_fit", "gradient_causes", "gradient_fits", "loss_causes"]
+
+
+def _plural(unit: str, n: int) -> str:
+    return unit if n == 1 else unit + "s"
+
+
+def _near(value: float, target: float, close: float, scale: float | None = None) -> bool:
+    return abs(value - target) <= close * (abs(target) if scale is None else scale) + 1e-15
+
+
+def explain_fit(fit: WeightFit, close: float) -> list[tuple[str, str]]:
+    """``(code, words)`` for what is wrong with ``fit``'s weights, most telling first; empty
+    when every item counted ``1/N``.
+
+    Example::
+
+        explain_fit(fit, 1e-3)
+        # [('ranks:world', "gradients averaged over ranks by the world size, ...")]
+    """
+    n = len(fit.groups)
+    if all(_near(fit.ratio(i), 1.0, close, 1.0) for i in range(n)):
+        return []
+    unit, world = fit.unit, fit.world_size
+    ranks = sorted({g.rank for g in fit.groups})
+    ratios = [fit.ratio(i) for i in range(n)]
+    if max(ratios) - min(ratios) <= close * max(1.0, abs(max(ratios))):
+        k = ratios[0]
+        if world > 1 and _near(k, world, close):
+            why = f.SUMMED_NOT_DIVIDED_BY_WORLD
+        elif world > 1 and _near(k, 1 / world, close):
+            why = f.DIVIDED_TWICE
+        else:
+            why = f.SCALED
+        return [(f.SCALE.code, f.SCALE.says(why=why, unit=unit, factor=k))]
+    found: list[tuple[str, str]] = []
+    totals = {r: fit.rank_total(r) for r in ranks}
+    shares = {r: fit.rank_items(r) * fit.expected for r in ranks}
+    # Micro-batches first: a dropped one also shrinks its rank's total, which is then no
+    # mistake of its own; the ranks' weighting is wrong only if the items that did count
+    # counted other than 1/N.
+    found.extend(_micro_patterns(fit, totals, close))
+    counted = [i for i in range(n) if not _near(ratios[i], 0.0, close, 1.0)]
+    surviving_right = all(_near(ratios[i], 1.0, close, 1.0) for i in counted)
+    wrong_totals = any(not _near(totals[r], shares[r], close, max(shares.values())) for r in ranks)
+    if wrong_totals and not (found and surviving_right):
+        found.append(_rank_pattern(fit, totals, shares, close))
+    return found
+
+
+def _rank_pattern(
+    fit: WeightFit, totals: dict[int, float], shares: dict[int, float], close: float
+) -> tuple[str, str]:
+    unit, world, me = fit.unit, fit.world_size, fit.rank
+    ranks = sorted(totals)
+    nonzero = [r for r in ranks if not _near(totals[r], 0.0, close, 1.0)]
+    wrong = [r for r in ranks if not _near(totals[r], shares[r], close, max(shares.values()))]
+    numbers = "; ".join(
+        f"rank {r}'s {fit.rank_items(r)} {_plural(unit, fit.rank_items(r))} counted "
+        f"{totals[r]:.4g} in all instead of {shares[r]:.4g}"
+        for r in wrong
+    )
+    if nonzero == [me] and fit.world_size > 1:
+        return (
+            f.RANKS_OWN.code,
+            f"gradients never synchronised: rank {me}'s gradient is made of its own {unit}s "
+            f"only ({numbers})",
+        )
+    if len(nonzero) == 1 and fit.world_size > 1:
+        words = f.RANKS_ONE.says(source=nonzero[0], where=f"rank {me}")
+        return (f.RANKS_ONE.code, f"{words} ({numbers})")
+    values = list(totals.values())
+    same = max(values) - min(values) <= close * max(abs(v) for v in values)
+    rows = {r: sum(g.samples for g in fit.groups if g.rank == r) for r in ranks}
+    by_rows = {r: rows[r] / sum(rows.values()) for r in ranks}
+    by_samples = unit == "token" and all(_near(totals[r], by_rows[r], close) for r in ranks)
+    # Where ranks hold as many samples, weighting by samples is averaging by the world size:
+    # the plainer reading is said.
+    if by_samples and not (same and _near(values[0], 1 / world, close)):
+        return (f.RANKS_SAMPLES.code, f"{f.RANKS_SAMPLES.says()}: {numbers}")
+    if same and _near(values[0], 1 / world, close):
+        tokens = (
+            " (normalised per rank by its own token count instead of the global count)"
+            if unit == "token"
+            else ""
+        )
+        return (f.RANKS_WORLD.code, f"{f.RANKS_WORLD.says(unit=unit)}{tokens}: {numbers}")
+    if same and _near(values[0], 1.0, close):
+        return (
+            f.RANKS_SUM.code,
+            f"{f.RANKS_SUM.says()}: each rank's mean counted 1 in all instead of its share of "
+            f"the {unit}s ({numbers})",
+        )
+    total = sum(fit.rank_items(r) for r in ranks)
+    if same and _near(values[0], 1 / total, close):
+        words = f.RANKS_MEANS_OVER_COUNT.says(unit=unit, total=total)
+        return (f.RANKS_MEANS_OVER_COUNT.code, f"{words} ({numbers})")
+    if same:
+        words = f.RANKS_EQUAL.says(value=values[0], unit=unit)
+        return (f.RANKS_EQUAL.code, f"{words} ({numbers})")
+    return (f.RANKS_OTHER.code, f"{f.RANKS_OTHER.says()}: {numbers}")
+
+
+def _micro_patterns(
+    fit: WeightFit, totals: dict[int, float], close: float
+) -> list[tuple[str, str]]:
+    """Micro-batches weighted wrongly within a rank, whatever the rank's total."""
+    unit = fit.unit
+    by_rank: dict[int, list[int]] = {}
+    for i, g in enumerate(fit.groups):
+        by_rank.setdefault(g.rank, []).append(i)
+    found: dict[f.Finding, list[int]] = {}
+    details: dict[f.Finding, list[str]] = {}
+    for rank, indices in by_rank.items():
+        total = totals[rank]
+        if len(indices) < 2 or _near(total, 0.0, close, 1.0):
+            continue
+        items = fit.rank_items(rank)
+        shares = [fit.fitted[i] * fit.groups[i].items / total for i in indices]
+        expected = [fit.groups[i].items / items for i in indices]
+        if all(_near(s, e, close, 1.0) for s, e in zip(shares, expected, strict=True)):
+            continue
+        m = len(indices)
+        rows = [fit.groups[i].samples for i in indices]
+        if all(_near(s, 1 / m, close, 1.0) for s in shares):
+            pattern = f.MICRO_EQUAL
+        elif unit == "token" and all(
+            _near(s, r / sum(rows), close, 1.0) for s, r in zip(shares, rows, strict=True)
+        ):
+            pattern = f.MICRO_SAMPLES
+        elif all(_near(s, 0.0, close, 1.0) for s in shares[:-1]) and _near(shares[-1], 1, close):
+            pattern = f.MICRO_LAST_ONLY
+        elif any(_near(s, 0.0, close, 1.0) for s in shares):
+            pattern = f.MICRO_DROPPED
+        else:
+            pattern = f.MICRO_OTHER
+        found.setdefault(pattern, []).append(rank)
+        details.setdefault(pattern, []).append(
+            f"rank {rank}: "
+            + ", ".join(
+                f"micro-batch {j} ({fit.groups[i].items} {_plural(unit, fit.groups[i].items)}) "
+                f"{s:.3g} of the rank instead of {e:.3g}"
+                for j, (i, s, e) in enumerate(zip(indices, shares, expected, strict=True))
+            )
+        )
+
+    def words(finding: f.Finding) -> str:
+        if finding is f.MICRO_EQUAL and unit == "token":
+            return f.MICRO_EQUAL_TOKENS
+        return finding.says()
+
+    order = (f.MICRO_LAST_ONLY, f.MICRO_EQUAL, f.MICRO_SAMPLES, f.MICRO_DROPPED, f.MICRO_OTHER)
+    return [(p.code, f"{words(p)}: {'; '.join(details[p])}") for p in order if p in found]
+
+
+def bounds(scenario: Scenario, compressed: bool) -> tuple[float, float]:
+    """How close a weight must be, and how small the residual, for this run: a comm hook
+    may compress (float16 rounds each contribution by 2^-11 and the sum again), which moves
+    fitted weights by a few parts in a thousand to a percent."""
+    close, limit = close_for(scenario.dtype), residual_for(scenario.dtype)
+    return (max(close, 3e-2), max(limit, 5e-2)) if compressed else (close, limit)
+
+
+def gradient_fits(scenario: Scenario, got: Trace, *, compressed: bool = False) -> list[WeightFit]:
+    """Every rank's fit at the first step whose gradients some rank got wrong (empty when
+    no step's gradient can be read or every one is right)."""
+    close, limit = bounds(scenario, compressed)
+    for step in range(got.steps):
+        observed = observed_gradients(scenario, got, step)
+        if any(g is None for g in observed):
+            return []
+        starts = starts_of(scenario, got, step)
+        fits = [
+            fit_gradient(scenario, g, step, rank=r, starts=starts)  # type: ignore[arg-type]
+            for r, g in enumerate(observed)
+        ]
+        if any(explain_fit(fit, close) or fit.residual > limit for fit in fits):
+            return fits
+    return []
+
+
+def gradient_causes(
+    scenario: Scenario, fits: list[WeightFit], *, compressed: bool = False
+) -> list[Cause]:
+    """What the fitted weights say is wrong with the gradients, one cause per finding (said
+    once when every rank shows it), most telling first; a cause saying the gradient is not a
+    weighted sum of the micro-batches' when the fit does not hold."""
+    if not fits:
+        return []
+    close, limit = bounds(scenario, compressed)
+    if any(fit.residual > limit for fit in fits):
+        worst = max(fits, key=lambda fit: fit.residual)
+        return [f.NONLINEAR.cause(evidence=worst.evidence(), weights=worst.table())]
+    per_rank = [(fit, explain_fit(fit, close)) for fit in fits]
+    patterns = [tuple(p for p, _ in found) for _, found in per_rank]
+    if len(fits) > 1 and all(p == (f.RANKS_OWN.code,) for p in patterns):
+        first = fits[0]
+        evidence = "; ".join(fit.evidence() for fit in fits)
+        return [f.RANKS_OWN.cause(evidence=evidence, weights=first.table(), unit=first.unit)]
+    sources = {_only_source(fit, close) for fit in fits}
+    if len(fits) > 1 and len(sources) == 1 and None not in sources:
+        (source,) = sources
+        last = fits[-1]
+        return [
+            f.RANKS_ONE.cause(
+                f": the other ranks' {last.unit}s counted 0",
+                evidence=last.evidence(),
+                weights=last.table(),
+                source=source,
+                where="every rank",
+            )
+        ]
+    seen: dict[str, Cause] = {}
+    for fit, found in per_rank:
+        for pattern, text in found:
+            if pattern in seen:
+                continue
+            same = all(pattern in p for p in patterns)
+            where = "" if same or len(fits) == 1 else f" (on rank {fit.rank})"
+            seen[pattern] = Cause(text + where, "gradient", pattern, fit.evidence(), fit.table())
+    causes = list(seen.values())
+    if causes and not all(fit.identifiable for fit in fits):
+        causes = [
+            dataclasses.replace(
+                c,
+                evidence=c.evidence + " (the micro-batches' gradients are linearly dependent "
+                "here, so other weights would explain it as well)",
+            )
+            for c in causes
+        ]
+    return causes
+
+
+def _only_source(fit: WeightFit, close: float) -> int | None:
+    """The one rank whose items carry every weight in ``fit``, if there is one."""
+    ranks = sorted({g.rank for g in fit.groups})
+    nonzero = [r for r in ranks if not _near(fit.rank_total(r), 0.0, close, 1.0)]
+    return nonzero[0] if len(nonzero) == 1 else None
+
+
+# What each wrong choice of a reported loss's weighting is (weights.LossWeighting.wrong).
+_LOSS_FINDINGS = {
+    "own": f.LOSS_LOCAL,
+    "sum": f.LOSS_SUM,
+    "world": f.LOSS_WORLD,
+    "items": f.LOSS_ITEM_SUM,
+    "equal": f.LOSS_MICRO_EQUAL,
+    "last": f.LOSS_LAST_ONLY,
+    "carry": f.LOSS_CARRIED,
+}
+
+
+def loss_causes(scenario: Scenario, reference: Trace, got: Trace) -> list[Cause]:
+    """What is wrong with the loss each rank reports: the simplest weighting of the
+    micro-batches' mean losses that reproduces every step (:func:`weights.fit_losses`), with
+    the numbers; or, when none does, the reported and the global mean side by side.
+
+    Example::
+
+        loss_causes(scenario, reference, got)
+        # [Cause('the reported loss is the rank's local loss, not the global mean', ...)]
+    """
+    unit = unit_of(scenario)
+    fitted = fit_losses(scenario, got)
+    explained = {r: w for r, w in enumerate(fitted) if w is not None}
+    unexplained = [r for r, w in enumerate(fitted) if w is None]
+    everyone = {w.wrong for w in explained.values()}
+    causes: list[Cause] = []
+    said: set[str] = set()
+    for r, weighting in explained.items():
+        for part in weighting.wrong:
+            if part in said:
+                continue
+            said.add(part)
+            on_all = len(everyone) == 1 and not unexplained
+            where = "" if on_all or len(got.ranks) == 1 else f" (rank {r})"
+            causes.append(
+                _LOSS_FINDINGS[part].cause(
+                    where,
+                    evidence=f"rank {r} reported {got.ranks[r].losses[0]:.6g} at step 0, the "
+                    f"global mean there is {reference.ranks[0].losses[0]:.6g}; every step of it "
+                    "is reproduced by that weighting of the micro-batches' mean losses",
+                    unit=unit,
+                )
+            )
+    if unexplained:
+        r = unexplained[0]
+        steps = ", ".join(
+            f"step {s}: {got.ranks[r].losses[s]:.6g} vs {reference.ranks[0].losses[s]:.6g}"
+            for s in range(got.steps)
+        )
+        causes.append(
+            f.LOSS_UNEXPLAINED.cause(
+                evidence=f"rank {r} reported vs the global mean: {steps}", unit=unit
+            )
+        )
+    return causes

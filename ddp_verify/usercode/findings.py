@@ -1,0 +1,271 @@
+"""The diagnosis's vocabulary: every finding a report can make, its stable code (public, as
+``pattern`` in ``--json``) and its words, said the same whether the fitted weights found it or
+a simulated mistake reproduced it; and :class:`Cause`, one finding made with its evidence.
+
+Example::
+
+    MICRO_EQUAL.cause(evidence=fit.evidence(), unit="token")
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+
+@dataclasses.dataclass(frozen=True)
+class Cause:
+    """One cause of a divergence. ``subject``: what it is about (``gradient``, ``loss``,
+    ``parameters``, ``run``); ``pattern``: the finding's code (``ranks:world``,
+    ``micro:equal``, ...), derived from what the run did, never from the code's text;
+    ``evidence``: the numbers behind it; ``weights``: the fitted weights, per rank and
+    micro-batch, where a fit found it.
+
+    Example::
+
+        cause.text      # "gradients averaged over ranks by the world size, ..."
+        cause.pattern   # "ranks:world"
+    """
+
+    text: str
+    subject: str
+    pattern: str
+    evidence: str = ""
+    weights: tuple[dict[str, Any], ...] = ()
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "cause": self.text,
+            "subject": self.subject,
+            "pattern": self.pattern,
+            "evidence": self.evidence,
+            "weights": list(self.weights),
+        }
+
+
+@dataclasses.dataclass(frozen=True)
+class Finding:
+    """A finding: ``code`` (stable, public), ``subject`` and its words (``{unit}`` is
+    ``sample`` or ``token``)."""
+
+    code: str
+    subject: str
+    words: str
+
+    def says(self, **fill: Any) -> str:
+        """The words, filled in (``unit``, ...)."""
+        return self.words.format(**fill) if fill else self.words
+
+    def cause(
+        self,
+        details: str = "",
+        *,
+        evidence: str = "",
+        weights: tuple[dict[str, Any], ...] = (),
+        **fill: Any,
+    ) -> Cause:
+        """This finding made, its words followed by ``details`` (the numbers of this run)."""
+        return Cause(self.says(**fill) + details, self.subject, self.code, evidence, weights)
+
+
+_ALL: dict[str, Finding] = {}
+
+
+def _finding(code: str, subject: str, words: str) -> Finding:
+    finding = Finding(code, subject, words)
+    assert code not in _ALL, f"two findings coded {code!r}"
+    _ALL[code] = finding
+    return finding
+
+
+# -- how ranks were combined (the gradient) ---------------------------------------------------
+RANKS_WORLD = _finding(
+    "ranks:world",
+    "gradient",
+    "gradients averaged over ranks by the world size, not weighted by each rank's {unit}s",
+)
+RANKS_SUM = _finding("ranks:sum", "gradient", "gradients summed across ranks but not divided")
+RANKS_OWN = _finding(
+    "ranks:own",
+    "gradient",
+    "gradients never synchronised: each rank trained on its own {unit}s only",
+)
+RANKS_ONE = _finding(
+    "ranks:one",
+    "gradient",
+    "rank {source}'s gradient used on {where} (broadcast or copied from rank {source} instead "
+    "of combined over ranks)",
+)
+RANKS_SAMPLES = _finding(
+    "ranks:samples",
+    "gradient",
+    "ranks weighted by their samples, not by the tokens that count (a count of sequences "
+    "where the loss averages tokens)",
+)
+RANKS_MEANS_OVER_COUNT = _finding(
+    "ranks:means-over-count",
+    "gradient",
+    "each rank's mean gradient summed and divided by the global {unit} count ({total}): a mean "
+    "is already divided by its own count, so weight it by its share, or sum the ranks' sums",
+)
+RANKS_EQUAL = _finding(
+    "ranks:equal",
+    "gradient",
+    "every rank's gradient counted {value:.4g} in all, whatever its share of the {unit}s",
+)
+RANKS_OTHER = _finding("ranks:other", "gradient", "ranks weighted wrongly")
+RANKS_REDUCE_TO_0 = _finding(
+    "ranks:reduce-to-0",
+    "gradient",
+    "gradients reduced onto rank 0 only (dist.reduce where all_reduce was needed): rank 0 "
+    "holds the combined gradient after step 0, the other ranks do not",
+)
+SCALE = _finding("scale", "gradient", "{why}: every {unit} counted {factor:.4g}x what it should")
+# What SCALE says, by the factor: the world size, its inverse, or another.
+SUMMED_NOT_DIVIDED_BY_WORLD = "gradients summed across ranks but not divided by the world size"
+DIVIDED_TWICE = "gradients divided by the world size once too often"
+SCALED = "the gradient is scaled"
+
+# -- how micro-batches were weighted within a rank ---------------------------------------------
+MICRO_EQUAL = _finding(
+    "micro:equal",
+    "gradient",
+    "micro-batch losses divided by the number of micro-batches instead of weighted by their "
+    "sizes (a mean of micro-batch means)",
+)
+# MICRO_EQUAL's words where the loss averages tokens.
+MICRO_EQUAL_TOKENS = (
+    "normalised per micro-batch by its own token count instead of the global count: each "
+    "micro-batch's mean counted the same, whatever its tokens"
+)
+MICRO_LAST_ONLY = _finding(
+    "micro:last-only",
+    "gradient",
+    "only the last micro-batch's gradient kept (zero_grad() inside the accumulation loop)",
+)
+MICRO_DROPPED = _finding(
+    "micro:dropped", "gradient", "some micro-batches counted 0 (their gradients were dropped)"
+)
+MICRO_SAMPLES = _finding(
+    "micro:samples",
+    "gradient",
+    "micro-batches weighted by their samples, not by the tokens that count",
+)
+MICRO_OTHER = _finding("micro:other", "gradient", "micro-batches weighted wrongly within a rank")
+
+# -- when the optimizer stepped ----------------------------------------------------------------
+STEP_EACH = _finding(
+    "step:each-micro-batch",
+    "gradient",
+    "optimizer stepped once per micro-batch instead of once per step after accumulating the "
+    "micro-batches",
+)
+NONLINEAR = _finding(
+    "nonlinear",
+    "gradient",
+    "the gradient is not a weighted sum of the micro-batches' gradients (not a linear mistake: "
+    "the optimizer stepped between micro-batches, gradients were clipped or compressed, or the "
+    "loss was changed)",
+)
+
+# -- the reported loss -------------------------------------------------------------------------
+LOSS_LOCAL = _finding(
+    "loss:local", "loss", "the reported loss is the rank's local loss, not the global mean"
+)
+LOSS_SUM = _finding("loss:sum", "loss", "the reported loss is summed across ranks but not divided")
+LOSS_WORLD = _finding(
+    "loss:world",
+    "loss",
+    "the reported loss is the unweighted mean of rank means (only right when every rank holds "
+    "as many {unit}s)",
+)
+LOSS_ITEM_SUM = _finding(
+    "loss:item-sum",
+    "loss",
+    "the reported loss is the sum of per-{unit} losses, not divided by their count",
+)
+LOSS_MICRO_EQUAL = _finding(
+    "loss:micro-equal",
+    "loss",
+    "the reported loss averages micro-batch means, not weighted by their {unit}s",
+)
+LOSS_LAST_ONLY = _finding(
+    "loss:last-only", "loss", "the reported loss is the last micro-batch's only"
+)
+LOSS_CARRIED = _finding(
+    "loss:carried", "loss", "the reported loss accumulates across steps (never reset)"
+)
+LOSS_RANK0_ONLY = _finding(
+    "loss:rank0-only",
+    "loss",
+    "only rank 0 holds the result: the other ranks report their own local loss, as a helper "
+    "that reduces onto rank 0 (dist.reduce, gather to rank 0) leaves them; if only rank 0's "
+    "result is meant to be used, check with {result_on}, which holds rank 0's result to the "
+    "global mean",
+)
+LOSS_UNEXPLAINED = _finding(
+    "loss:unexplained",
+    "loss",
+    "the reported loss fits no weighting of the micro-batches' mean losses tried (by share, "
+    "own, summed, 1/world size, item sums; micro-batches by {unit}s, equally, last only; "
+    "carried over steps or not)",
+)
+
+# -- what the parameters or the run show at a glance ------------------------------------------
+PARTIAL_SYNC = _finding(
+    "partial-sync",
+    "parameters",
+    "some parameters are not synchronised across ranks (ranks disagree on {names} after step "
+    "0, and agree on the others)",
+)
+LOSSY = _finding(
+    "lossy",
+    "gradient",
+    "lossy compression ({fmt} rounding): every gradient, parameter and loss is within what "
+    "{fmt}'s rounding allows ({bound}); if the hook compresses on purpose, check it with "
+    "{lossy}",
+)
+BATCH_NORM = _finding(
+    "batch-norm",
+    "run",
+    "BatchNorm normalises each forward by its own batch's statistics: data-parallel training "
+    "normalises each rank's micro-batch by its own, full-batch training the whole global "
+    "batch (documented DDP behaviour; use SyncBatchNorm with one micro-batch per rank for "
+    "global statistics)",
+)
+COLLECTIVES_PER_MICRO_BATCH = _finding(
+    "collectives-per-micro-batch",
+    "run",
+    "collectives called once per micro-batch (gradients synchronised or the optimizer stepped "
+    "per micro-batch), and in step {step} the ranks held different numbers of micro-batches "
+    "({held}), so their collectives did not pair up. If every rank of your training always "
+    "has as many micro-batches, check with {same_counts}; otherwise synchronise once per step",
+)
+NO_KNOWN_MISTAKE = "no known mistake reproduces this divergence"
+UNEXPLAINED = _finding(
+    "unexplained",
+    "run",
+    NO_KNOWN_MISTAKE + ": the gradients each rank ended with {read} and the reported loss is "
+    "the global mean, so the difference lies elsewhere (the optimizer, the parameters' "
+    "update); see the first divergence above",
+)
+DIAGNOSIS_FAILED = _finding("none", "run", "not found: the diagnosis failed ({reason})")
+
+# Findings a simulated mistake's run is matched for, where the fit could not say.
+OPEN_QUESTIONS = (NONLINEAR, LOSS_UNEXPLAINED)
+
+
+def finding(code: str) -> Finding:
+    """The finding ``code`` names; a ``KeyError`` for none.
+
+    Example::
+
+        >>> finding("ranks:world").subject
+        'gradient'
+    """
+    return _ALL[code]
+
+
+def every_finding() -> tuple[Finding, ...]:
+    """The whole vocabulary, in the order it is written above."""
+    return tuple(_ALL.values())

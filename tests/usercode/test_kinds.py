@@ -1,0 +1,91 @@
+"""The plug-in kinds and the diagnosis's findings are data: a registry of Kind objects that the
+adapters, the diagnosis and the command line read, and one vocabulary of findings. This walks
+both, so that a new kind or finding that misses a piece fails here, not in a user's check."""
+
+from __future__ import annotations
+
+import pytest
+
+from ddp_verify.engine.strategies import scenarios
+from ddp_verify.engine.tolerances import by_roundoff
+from ddp_verify.usercode import findings
+from ddp_verify.usercode.adapters import ADAPTERS, adapt
+from ddp_verify.usercode.kinds import KIND, REGISTRY, KindError, check_signature
+from ddp_verify.usercode.mistakes import FAMILIES, candidates
+from ddp_verify.usercode.weights import CLOSE, RESIDUAL, close_for, residual_for
+
+
+def _taking(n: int):
+    """A callable of ``n`` positional parameters, as a plug-in of that arity is."""
+    names = ", ".join(f"a{i}" for i in range(n))
+    namespace: dict = {}
+    exec(f"def code({names}):\n    return None\n", namespace)
+    return namespace["code"]
+
+
+@pytest.mark.parametrize("kind", REGISTRY, ids=lambda k: k.name)
+def test_every_kind_has_every_piece_the_harness_reads(kind):
+    assert KIND[kind.name] is kind and kind.signature and kind.arities
+    assert kind.adapter in ADAPTERS and kind.mistakes in FAMILIES
+    # Its default bounds are bounds the scenarios take.
+    scenarios(world_size=2, **kind.default_bounds)
+    # Every mistake it can make is said in the one vocabulary.
+    for mistake in candidates(kind.name):
+        assert mistake.findings and all(findings.finding(code) for code in mistake.findings)
+    # A callable of each arity it takes is called as the kind says, and adapts.
+    for arity in kind.arities:
+        call = check_signature(_taking(arity), kind.name)
+        assert call.kind == kind.name
+        assert call.describe().startswith("code(" + kind.parameters[0])
+        method = adapt(_taking(arity), kind.name)
+        assert method.call == call and method.name.startswith(kind.name)
+
+
+@pytest.mark.parametrize("kind", REGISTRY, ids=lambda k: k.name)
+def test_an_option_applies_only_to_the_kinds_that_take_it(kind):
+    code = _taking(kind.arities[-1])
+    for option, value, takes in (
+        ("hook_state", lambda: None, kind.hook_state),
+        ("loss_reduction", "sum", kind.owns_micro_batches),
+        ("result_on", "rank0", kind.result_on_rank0),
+        ("ddp_wrapper", "torch.nn.parallel:DistributedDataParallel", kind.wrapped),
+    ):
+        if takes:
+            adapt(code, kind.name, **{option: value})
+        else:
+            with pytest.raises(KindError, match="applies to"):
+                adapt(code, kind.name, **{option: value})
+
+
+def test_an_unknown_kind_names_the_known_ones():
+    with pytest.raises(KindError, match="unknown kind 'gradsync'; choose one of grad-sync, loss"):
+        check_signature(lambda model: None, "gradsync")
+
+
+def test_every_finding_has_one_code_and_words_that_fill():
+    codes = [f.code for f in findings.every_finding()]
+    assert len(codes) == len(set(codes))
+    for finding in findings.every_finding():
+        fields = {
+            name for _, name, _, _ in __import__("string").Formatter().parse(finding.words) if name
+        }
+        filled = finding.cause(**{name: 1 for name in fields})
+        assert (filled.pattern, filled.subject) == (finding.code, finding.subject)
+        assert "{" not in filled.text
+
+
+def test_thresholds_derive_from_the_unit_roundoff_where_none_was_measured():
+    for measured, of in ((CLOSE, close_for), (RESIDUAL, residual_for)):
+        assert {d: of(d) for d in measured} == measured
+        # float16 (u = 2^-11) lies between float32 (2^-24) and bfloat16 (2^-8).
+        assert measured["float32"] <= of("float16") <= measured["bfloat16"]
+    assert by_roundoff("float16", {"float32": 1.0, "bfloat16": 1.0}) == pytest.approx(1.0)
+
+
+def test_the_command_line_offers_every_kind_of_the_registry():
+    from ddp_verify.frontends.cli import UsageError, _parser
+
+    for kind in KIND:
+        assert _parser().parse_args(["check", "x.py:f", "--kind", kind]).kind == kind
+    with pytest.raises(UsageError, match="invalid choice: 'gradsync'"):
+        _parser().parse_args(["check", "x.py:f", "--kind", "gradsync"])
