@@ -1,5 +1,5 @@
 """Uneven numbers of batches per rank under ``Join``: DDP (or the ``--ddp-wrapper``) must give
-what torch documents, computed on one process by :mod:`ddp_verify.uneven_batches`."""
+what torch documents, computed on one process by :mod:`ddp_verify.conformance.uneven_batches`."""
 
 from __future__ import annotations
 

@@ -25,7 +25,7 @@ from .training import Step, train
 # the reference), the largest difference was 5.5e-11. The smallest real aggregation bug in the
 # same run (the world-size average on an uneven split whose ranks had similar gradients)
 # differed by 2.7e-4. The bound sits three orders of magnitude from each:
-# |got - expected| <= 1e-8 + 1e-7 * |expected|. tests/engine/test_tolerances.py keeps both
+# |got - expected| <= 1e-8 + 1e-7 * |expected|. tests/methods/test_tolerances.py keeps both
 # margins under watch.
 FLOAT64_RTOL = 1e-7
 FLOAT64_ATOL = 1e-8

@@ -38,7 +38,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-# torch warns at import when numpy is missing; ddp_verify needs none (tests/adapters/test_cli.py).
+# torch warns at import when numpy is missing; ddp_verify needs none (tests/frontends/test_cli.py).
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
 
 from ..engine.scenario import ALL_LOSSES, DTYPES, FEATURES, MODEL_KINDS  # noqa: E402
@@ -479,7 +479,7 @@ def parse_target(target: str) -> tuple[Path, str]:
         >>> parse_target("fixtures/grad_sync.py")
         Traceback (most recent call last):
         ...
-        ddp_verify.cli.UsageError: expected PATH.py:FUNCTION, got 'fixtures/grad_sync.py'
+        ddp_verify.frontends.cli.UsageError: expected PATH.py:FUNCTION, got 'fixtures/grad_sync.py'
     """
     path_text, sep, name = target.rpartition(":")
     if not sep or not path_text or not name:

@@ -314,6 +314,9 @@ def pytest_report_header(config: pytest.Config) -> str:
     launched = config.stash.get(_launched_key, None)
     if config.stash.get(_xdist_off_key, False):
         wrapper += "; pytest-xdist's -n is off under a launcher (each process is one rank)"
+    spawned = _why_spawned() if launched is None else None
+    if spawned:
+        wrapper += f"; ranks are spawned, not forked ({spawned}): each start takes longer"
     if launched is not None:
         skipped = [n for n in options.world_sizes if n != launched.world_size]
         if skipped:
@@ -323,6 +326,22 @@ def pytest_report_header(config: pytest.Config) -> str:
         f"device {_placement(options)}, timeout {options.timeout:g} s{debug}{wrapper}, "
         f"torch {torch_version}"
     )
+
+
+def _why_spawned() -> str | None:
+    from ..world import forkserver
+
+    return forkserver.why_spawned()
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    # The fork server can fail in the middle of a session: later ranks are then spawned,
+    # which is slower; said here, since the header could not know.
+    if config.stash.get(_launched_key, None) is not None or _pool_key not in config.stash:
+        return
+    spawned = _why_spawned()
+    if spawned and spawned.startswith("the fork server failed"):
+        terminalreporter.write_line(f"ddp_verify: ranks were spawned after {spawned}", yellow=True)
 
 
 def _placement(options: opts.WorldOptions) -> str:

@@ -93,8 +93,9 @@ class VerifyingWorld(Verifying, World):
 
 
 class VerifyingSpmdWorld(Verifying, SpmdWorld):
-    """The launched world (SPMD mode) with the same checks; each rank trains the reference
-    itself, and the ranks agree on every verdict.
+    """The launched world (SPMD mode) with the same checks: the reference and the other
+    helper work are done by one rank at a time and shared through the job's store (see
+    :class:`~ddp_verify.world.spmd.LocalHelper`), and the ranks agree on every verdict.
 
     Example (under ``torchrun --nproc-per-node 4``)::
 

@@ -60,6 +60,23 @@ def enabled() -> bool:
     )
 
 
+def why_spawned() -> str | None:
+    """Why ranks of this process are spawned rather than forked from a fork server, or None
+    when they are forked.
+
+    Example::
+
+        why_spawned()   # "DDP_VERIFY_FORK_SERVER=0", or how the fork server failed
+    """
+    if _disabled is not None:
+        return f"the fork server failed: {_disabled.strip().splitlines()[-1]}"
+    if not sys.platform.startswith("linux"):
+        return f"no fork server on {sys.platform}"
+    if os.environ.get("DDP_VERIFY_FORK_SERVER") == "0":
+        return "DDP_VERIFY_FORK_SERVER=0"
+    return None
+
+
 def disable(reason: str) -> None:
     """Spawn ranks from now on in this process: the fork server failed (``reason`` says how)."""
     global _disabled
@@ -172,7 +189,7 @@ class ForkServer:
         self._dead = True
         with contextlib.suppress(OSError):
             self._sock.close()
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(subprocess.TimeoutExpired):
             self.process.wait(timeout=2.0)
         if self.process.poll() is None:
             with contextlib.suppress(ProcessLookupError):
@@ -377,6 +394,7 @@ def _preload(modules: list[str], paths: Sequence[str] = ()) -> str:
 
     sys.path.extend(p for p in paths if p not in sys.path)
     for name in modules:
+        # Any failure of the user's module is the ranks' to report (see above).
         with contextlib.suppress(Exception):
             importlib.import_module(name)
     try:
@@ -424,7 +442,8 @@ def _send(sock: socket.socket, message: tuple[Any, ...]) -> None:
 
 
 def _set_parent_death_signal() -> None:
-    with contextlib.suppress(Exception):
+    # Where libc cannot be loaded, the server's own check of its parent still ends it.
+    with contextlib.suppress(OSError, AttributeError):
         import ctypes
 
         libc = ctypes.CDLL(None, use_errno=True)

@@ -165,3 +165,40 @@ class Pool(Protocol):
     def close(self) -> None:
         """Stop every world."""
         ...
+
+
+class RunsJobs:
+    """:meth:`run`, and :meth:`run_job` where the world has :meth:`submit`, written once for
+    every kind of world.
+
+    Example::
+
+        class MyWorld(RunsJobs):
+            def submit(self, fn, args=(), kwargs=None, **options): ...
+    """
+
+    def run(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> list[Any]:
+        """Run ``fn(*args, **kwargs)`` on every rank; return the results in rank order.
+
+        The default process group is initialised on every rank; ``fn`` may be a closure or a
+        lambda. Raises ``RankError`` when any rank raises, dies or outlasts the timeout.
+        """
+        __tracebackhide__ = True
+        return self.run_job(fn, args, kwargs)
+
+    def run_job(
+        self,
+        fn: Callable[..., Any],
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        **options: Any,
+    ) -> list[Any]:
+        """:meth:`run` with the options of ``submit``: its own ``timeout``, modules to ship
+        ``by_value``, a ``name`` for reports.
+
+        Example::
+
+            world.run_job(step, (model,), timeout=5.0, name="training step")
+        """
+        __tracebackhide__ = True
+        return self.submit(fn, args, kwargs, **options).result()  # type: ignore[attr-defined]

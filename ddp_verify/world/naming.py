@@ -29,7 +29,8 @@ def option(name: str, value: Any = _UNSET) -> str:
 
     Example::
 
-        >>> option("device", "cpu")
+        >>> with spelled_as({}):
+        ...     option("device", "cpu")
         "device='cpu'"
         >>> with spelled_as({"device": "--device"}):
         ...     option("device", "cpu")

@@ -77,6 +77,8 @@ class Outcome:
     error_traceback: str = ""
     # The same traceback with the harness's frames (``--full-trace``).
     error_traceback_full: str = ""
+    # The code the job passed to sys.exit(), where it did (a forked rank then ends with it).
+    exit_code: int | None = None
     # The exception object, cloudpickled, when it could be (pytest's skip/xfail need it).
     exception: bytes | None = None
     # False when the job destroyed the default process group.

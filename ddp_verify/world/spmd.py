@@ -27,10 +27,8 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import dataclasses
 import datetime
 import os
-import pickle
 import signal
 import sys
 import threading
@@ -39,27 +37,27 @@ from collections.abc import Callable, Mapping, Sequence
 from types import ModuleType
 from typing import Any, Generic, TypeVar
 
-from . import frames, protocol, runtime
+from . import protocol
+from .agreement import DEAD_AFTER_S, Agreement, Late, OutOfStep
 from .backends import check_backend, check_device, placement
 from .errors import Category, FailureKind, RankError, RankFailure, WorldError
+from .interface import RunsJobs
 from .launch import Launched
 from .naming import option
+from .runtime import Group, flush, run_job, set_up_device
+from .watchdog import BEAT_S, Activity, Watchdog, request_stacks
+
+__all__ = ["DEAD_AFTER_S", "LauncherTerminated", "Member", "OutOfStep", "SpmdPool", "SpmdWorld"]
 
 # How often the watchdog beats and looks for requests; how long a silent heart means dead.
-_BEAT_S = 0.5
-DEAD_AFTER_S = 10.0
 # After a job's deadline, how long a waiting rank gives a late one to send its stack.
 _STACK_WAIT_S = 3.0
-# A stuck rank waits this long for the others to finish their report before it exits.
-_STUCK_EXIT_WAIT_S = 60.0
-# Waiting ranks poll the store this often (where they cannot block on it).
-_POLL_S = 0.05
-# A blocking wait on the store lasts at most this long before the waiter looks around.
-_WAIT_SLICE_S = 0.25
 # At the end, how long a rank waits for the others to be done.
 _END_WAIT_S = 30.0
 # The job's deadline is shared; the others get this much more to post what they did.
 _REPORT_GRACE_S = 1.0
+# How often a rank waiting at the end looks again.
+_POLL_S = 0.05
 
 
 class LauncherTerminated(KeyboardInterrupt):
@@ -67,22 +65,11 @@ class LauncherTerminated(KeyboardInterrupt):
     where the rank was, so that what was running is still reported, as for Ctrl-C."""
 
 
-class OutOfStep(WorldError):
-    """The ranks reached different points of the program (a rank skipped a job, or ran a test
-    the others did not): nothing they do together can be trusted any more."""
-
-
-@dataclasses.dataclass
-class _Posted:
-    """What one rank posts for one agreement: where it is, and what it has to say."""
-
-    tag: str
-    value: Any = None
-
-
 class Member:
-    """This process's membership of a launched world: its process group, its store, the
-    agreement between ranks and the watchdog that answers for this rank when it is stuck.
+    """This process's membership of a launched world: its device, its store, its process
+    group (:class:`~ddp_verify.world.runtime.Group`), the agreements between ranks
+    (:class:`~ddp_verify.world.agreement.Agreement`) and the watchdog that answers for this
+    rank when it is stuck (:class:`~ddp_verify.world.watchdog.Watchdog`).
 
     Example::
 
@@ -117,23 +104,33 @@ class Member:
         # Whether the default group is one the user formed before ddp_verify needed one
         # (used as it is; after a failed job every rank forms ddp_verify's own instead).
         self.adopted = False
-        self.broken = ""
-        # Ranks known to be gone (dead or stuck): later agreements do not wait for them.
-        self.gone: set[int] = set()
         self._store: Any = None
-        self._sequence = 0
-        self._generation = 0
+        self._agreement: Agreement | None = None
+        self._watchdog: Watchdog | None = None
+        self._group: Group | None = None
         self._regroup = False
-        self._activity: tuple[str, float] | None = None
-        self._watchdog: threading.Thread | None = None
-        self._stop = threading.Event()
+        self._activity: Activity = None
         self._finished = False
         self.terminated = False
         # Set by the front end when this rank's session failed: then rank 0 must leave first,
         # so that the launcher (which ends the job at the first failing exit) names it.
         self.failed = False
-        self._waiting = ""
-        self._main_thread = threading.main_thread().ident or 0
+
+    @property
+    def agreement(self) -> Agreement:
+        if self._agreement is None:
+            raise WorldError("this rank has not connected to the launched job's store yet")
+        return self._agreement
+
+    @property
+    def broken(self) -> str:
+        """Why the world cannot be used any more (empty while it can)."""
+        return self._agreement.broken if self._agreement is not None else ""
+
+    @property
+    def gone(self) -> set[int]:
+        """Ranks known to be dead or stuck."""
+        return self._agreement.gone if self._agreement is not None else set()
 
     # -- joining -----------------------------------------------------------------------------
 
@@ -147,28 +144,18 @@ class Member:
         """
         if self.connected:
             return self
-        import torch
         import torch.distributed as dist
 
-        torch.backends.cuda.matmul.allow_tf32 = self.allow_tf32
-        torch.backends.cudnn.allow_tf32 = self.allow_tf32
-        device_id = None
-        if self.device == "cuda":
-            gpus = torch.cuda.device_count()
-            if gpus == 0:
-                raise WorldError(
-                    f"rank {self.rank} was asked to train on CUDA but sees no GPU "
-                    f"(CUDA_VISIBLE_DEVICES?): launch where GPUs are, or pass "
-                    f"{option('device', 'cpu')}"
-                )
-            gpu = self.launched.local_rank % gpus
-            torch.cuda.set_device(gpu)
-            runtime.set_rank_device(f"cuda:{gpu}")
-            device_id = torch.device("cuda", gpu)
+        try:
+            device_id = set_up_device(self.device, self.allow_tf32, self.launched.local_rank)
+        except RuntimeError:
+            raise WorldError(
+                f"rank {self.rank} was asked to train on CUDA but sees no GPU "
+                f"(CUDA_VISIBLE_DEVICES?): launch where GPUs are, or pass "
+                f"{option('device', 'cpu')}"
+            ) from None
         if self.debug:
             os.environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
-        if self.backend == "nccl":
-            os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
         if dist.is_initialized():
             # The user's conftest (or script) formed it: use it, and its store.
             self.adopted = True
@@ -176,27 +163,32 @@ class Member:
         else:
             base = self._connect()
         self._store = dist.PrefixStore("ddp_verify", base)
+        self._agreement = Agreement(self._store, self.rank, self.size)
+        self._group = Group(
+            self.backend,
+            self._store,
+            rank=self.rank,
+            size=self.size,
+            timeout_s=self.timeout,
+            device_id=device_id,
+            prefix="group/",
+        )
         # The watchdog talks to the store on a connection of its own, so that it never waits
         # behind the main thread's blocking wait (an adopted group's store is shared).
         watch_base = base if self.adopted else self._connect(client=True)
-        self._watch_store = dist.PrefixStore("ddp_verify", watch_base)
-        self._device_id = device_id
+        self._watchdog = Watchdog(
+            dist.PrefixStore("ddp_verify", watch_base),
+            self.rank,
+            activity=lambda: self._activity,
+            broken=lambda: self.broken,
+        )
         self.connected = True
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self._terminated)
-        self._watchdog = threading.Thread(target=self._watch, name="ddp_verify-spmd", daemon=True)
         self._watchdog.start()
-        # Stopped and joined before the interpreter finalises: a daemon thread still inside
-        # a store call then would be unwound through C++ and abort the process ("terminate
-        # called without an active exception") after a session that passed.
-        atexit.register(self._stop_watchdog)
+        # Stopped and joined before the interpreter finalises (see Watchdog.stop).
+        atexit.register(self._watchdog.stop, _END_WAIT_S)
         return self
-
-    def _stop_watchdog(self) -> None:
-        self._stop.set()
-        watchdog = getattr(self, "_watchdog", None)
-        if watchdog is not None and watchdog is not threading.current_thread():
-            watchdog.join(timeout=_END_WAIT_S)
 
     def join(self) -> Member:
         """:meth:`connect`, then form (or adopt) the default process group."""
@@ -211,18 +203,20 @@ class Member:
             # Forming waits for the peers no longer than a job may run: meet first, with the
             # start time-out, so that a rank still importing does not fail the others' init.
             self.agree("forming the process group", None, timeout=self.start_timeout)
-            self._form_group()
+            assert self._group is not None
+            self._group.form()
         self.joined = True
         return self
 
     def _terminated(self, signum: int, frame: Any) -> None:
         # The launcher ends the job (a rank exited, often by dying): stop where we are, as
         # Ctrl-C would, so that pytest (or the CLI) still reports what was running.
+        waiting = self._agreement.waiting if self._agreement else ""
         doing = (
             f" during {self._activity[0]}"
             if self._activity
-            else f" while waiting for the other ranks at {self._waiting}"
-            if self._waiting
+            else f" while waiting for the other ranks at {waiting}"
+            if waiting
             else ""
         )
         # The others are being ended too: nothing to wait for at the end.
@@ -248,7 +242,7 @@ class Member:
                 timeout=datetime.timedelta(seconds=self.start_timeout),
                 multi_tenant=True,
             )
-        except Exception as exc:
+        except RuntimeError as exc:
             raise WorldError(
                 f"rank {self.rank} could not reach the job's store at "
                 f"{launched.master_addr}:{launched.master_port} ({launched.launcher}) within "
@@ -258,43 +252,20 @@ class Member:
                 f"over in the environment), run with {option('launch', 'fork')}"
             ) from None
 
-    def _form_group(self) -> None:
-        import torch.distributed as dist
-
-        dist.init_process_group(
-            self.backend,
-            store=dist.PrefixStore(f"group/{self._generation}", self._store),
-            rank=self.rank,
-            world_size=self.size,
-            # A collective stuck longer than a job may run raises instead of hanging.
-            timeout=datetime.timedelta(seconds=self.timeout),
-            device_id=self._device_id,
-        )
-
     def regroup_if_needed(self) -> None:
         """Form the default group anew after a failed job (every rank does, at the same
         point of the program, because every rank saw the same failure)."""
-        import torch.distributed as dist
-
         if not self._regroup:
             return
         self._regroup = False
-        if dist.is_initialized():
-            with contextlib.suppress(Exception):
-                dist.destroy_process_group()
-        self._generation += 1
-        self._form_group()
+        assert self._group is not None
+        self._group.reform()
 
     def abandon_group(self) -> None:
         """Destroy this rank's process group now: peers waiting on it in a collective fail
-        at once rather than at the time-out. (Only if nothing else holds the group: with
-        ``torch._inductor`` imported after it was formed, C++ keeps it alive, and the peers
-        wait for the time-out; see :meth:`connect`.)"""
-        import torch.distributed as dist
-
-        if dist.is_initialized():
-            with contextlib.suppress(Exception):
-                dist.destroy_process_group()
+        at once rather than at the time-out (see :meth:`Group.abandon`)."""
+        if self._group is not None:
+            self._group.abandon()
 
     def need_regroup(self) -> None:
         self._regroup = True
@@ -317,76 +288,22 @@ class Member:
         :class:`OutOfStep`.
         """
         __tracebackhide__ = True
-        if self.broken:
-            raise WorldError(self.broken)
-        self._sequence += 1
-        key = f"agree/{self._sequence}"
-        self._post(f"{key}/{self.rank}", _Posted(tag, value))
-        if self._sequence > 2:
-            # A rank posts n after reading everyone's n-1, and each of them posted n-1 after
-            # reading everyone's n-2: agreement n-2 has been read by all, and can go.
-            with contextlib.suppress(Exception):
-                self._store.delete_key(f"agree/{self._sequence - 2}/{self.rank}")
         deadline = (since or time.monotonic()) + (timeout or self.timeout)
-        self._waiting = tag
         try:
-            posted = self._gather(key, tag, deadline)
-        finally:
-            self._waiting = ""
-        steps = {r: p.tag for r, p in posted.items() if p is not None and p.tag != tag}
-        if steps:
-            where = "; ".join(f"rank {r} at {t!r}" for r, t in sorted(steps.items()))
-            self._break(
-                f"the ranks are out of step: rank {self.rank} is at {tag!r}, {where}. Every "
-                "rank must run the same tests and jobs in the same order (same files, options "
-                "and seeds; no rank-dependent branches around jobs)"
-            )
-            raise OutOfStep(self.broken)
-        return [p.value if (p := posted.get(r)) is not None else None for r in range(self.size)]
+            return self.agreement.agree(tag, value, deadline=deadline)
+        except Late as late:
+            raise self._gave_up(late) from None
 
-    def _gather(self, key: str, tag: str, deadline: float) -> dict[int, _Posted | None]:
-        __tracebackhide__ = True
-        waiting = [r for r in range(self.size) if r not in self.gone]
-        posted: dict[int, _Posted | None] = {r: None for r in self.gone}
-        beats = {r: (self._beat_of(r), time.monotonic()) for r in waiting}
-        while waiting:
-            # Blocks until every key is there (the store answers at once), in slices so that
-            # a broken world, a dead rank or the deadline is noticed meanwhile.
-            with contextlib.suppress(RuntimeError):
-                self._store.wait(
-                    [f"{key}/{r}" for r in waiting], datetime.timedelta(seconds=_WAIT_SLICE_S)
-                )
-            still = []
-            for r in waiting:
-                if self._store.check([f"{key}/{r}"]):
-                    posted[r] = pickle.loads(self._store.get(f"{key}/{r}"))
-                else:
-                    still.append(r)
-            waiting = still
-            if not waiting:
-                break
-            if self._store.check(["broken"]):
-                self.broken = pickle.loads(self._store.get("broken"))
-                raise WorldError(self.broken)
-            now = time.monotonic()
-            dead = []
-            for r in waiting:
-                beat = self._beat_of(r)
-                if beat != beats[r][0]:
-                    beats[r] = (beat, now)
-                elif now - beats[r][1] > DEAD_AFTER_S:
-                    dead.append(r)
-            if dead or now > deadline:
-                self._give_up(tag, waiting, dead, deadline)
-        return posted
-
-    def _give_up(self, tag: str, late: list[int], dead: list[int], deadline: float) -> None:
-        __tracebackhide__ = True
-        stacks = self._stacks_of([r for r in late if r not in dead])
+    def _gave_up(self, late: Late) -> RankError:
+        """The ranks ``late`` names, each with the stack its watchdog gave (or how it died),
+        as the error every waiting rank raises; the world is broken from now on."""
+        agreement = self.agreement
+        alive = [r for r in late.late if r not in late.dead]
+        stacks = request_stacks(self._store, alive, _STACK_WAIT_S)
         unanswered = "(no stack came back: the rank did not answer)"
         failures = []
-        for r in late:
-            if r in dead:
+        for r in late.late:
+            if r in late.dead:
                 failures.append(
                     RankFailure(
                         r,
@@ -400,15 +317,15 @@ class Member:
                     RankFailure(
                         r,
                         FailureKind.TIMED_OUT,
-                        f"did not finish {tag} in time (rank {self.rank} waited until the "
+                        f"did not finish {late.tag} in time (rank {self.rank} waited until the "
                         "deadline)",
                         details=stacks[r][0] if r in stacks else unanswered,
                         full_details=stacks[r][1] if r in stacks else unanswered,
                     )
                 )
-        self.gone.update(late)
+        agreement.gone.update(late.late)
         error = RankError(
-            tag,
+            late.tag,
             self.size,
             self.backend,
             failures,
@@ -416,48 +333,17 @@ class Member:
             where=self.label,
             hint=broken_hint(),
             world_state="The process group cannot be trusted any more.",
-            finished=[r for r in range(self.size) if r not in late],
+            finished=[r for r in range(self.size) if r not in late.late],
         )
-        self._break(str(error))
-        raise error
+        agreement.break_(str(error))
+        return error
 
     def declare_broken(self, reason: str) -> None:
         """Every rank saw the same reason to distrust the group: stop using it (no agreement
         needed: each rank reached this verdict from the same agreed outcomes)."""
-        self.broken = self.broken or reason
+        self.agreement.declare_broken(reason)
 
-    def _break(self, reason: str) -> None:
-        self.broken = self.broken or reason
-        # Tell the stuck ranks' watchdogs, and any rank that has yet to arrive.
-        with contextlib.suppress(Exception):
-            self._store.set("broken", pickle.dumps(self.broken))
-
-    def _post(self, key: str, posted: _Posted) -> None:
-        self._store.set(key, pickle.dumps(posted, protocol=5))
-
-    def _beat_of(self, rank: int) -> int:
-        try:
-            return int(self._store.add(f"beat/{rank}", 0))
-        except Exception:
-            return -1
-
-    def _stacks_of(self, ranks: Sequence[int]) -> dict[int, tuple[str, str]]:
-        """Each rank's stack as it answered: cut to the user's frames, and in full."""
-        for r in ranks:
-            with contextlib.suppress(Exception):
-                self._store.set(f"stack-request/{r}", b"1")
-        stacks: dict[int, tuple[str, str]] = {}
-        until = time.monotonic() + _STACK_WAIT_S
-        while len(stacks) < len(ranks) and time.monotonic() < until:
-            for r in ranks:
-                keys = [f"stack/{r}", f"stack-full/{r}"]
-                if r not in stacks and self._store.check(keys):
-                    cut, full = (self._store.get(k).decode(errors="replace") for k in keys)
-                    stacks[r] = (cut, full)
-            time.sleep(_POLL_S)
-        return stacks
-
-    # -- the watchdog ------------------------------------------------------------------------
+    # -- what the watchdog says --------------------------------------------------------------
 
     def begin(self, activity: str) -> None:
         """Say what this rank is doing (the watchdog's answer when asked for its stack)."""
@@ -465,59 +351,6 @@ class Member:
 
     def end(self) -> None:
         self._activity = None
-
-    def _watch(self) -> None:
-        stuck_since: float | None = None
-        while not self._stop.wait(_BEAT_S):
-            try:
-                self._watch_store.add(f"beat/{self.rank}", 1)
-                if self._watch_store.check([f"stack-request/{self.rank}"]):
-                    self._watch_store.delete_key(f"stack-request/{self.rank}")
-                    self._watch_store.set(f"stack/{self.rank}", self._own_stack().encode())
-                    full = self._own_stack(full=True).encode()
-                    self._watch_store.set(f"stack-full/{self.rank}", full)
-                if not self.broken and self._watch_store.check(["broken"]):
-                    # The others gave up; a main thread that has not noticed is stuck.
-                    stuck_since = stuck_since or time.monotonic()
-                    waited = time.monotonic() - stuck_since
-                    reported = self._watch_store.check(["ended/0" if self.rank else "ended/any"])
-                    if (reported and waited > 2 * _BEAT_S) or waited > _STUCK_EXIT_WAIT_S:
-                        self._exit_stuck()
-            except Exception:
-                # The store is gone: the job is ending. A main thread still busy a while
-                # later is stuck, and must not keep the job alive.
-                if self._stop.wait(_STUCK_EXIT_WAIT_S / 2):
-                    return
-                self._exit_stuck(lost_store=True)
-
-    def _own_stack(self, *, full: bool = False) -> str:
-        frame = sys._current_frames().get(self._main_thread)
-        doing = self._activity[0] if self._activity else "nothing (between jobs)"
-        since = f" for {time.monotonic() - self._activity[1]:.1f} s" if self._activity else ""
-        stack = frames.of_stack(frame) if frame is not None else []
-        shown = stack if full else frames.user_frames(stack)
-        return (
-            f"busy with {doing}{since}; its main thread (most recent call last):\n"
-            + frames.render(shown)
-        )
-
-    def _exit_stuck(self, *, lost_store: bool = False) -> None:
-        doing = self._activity[0] if self._activity else "its test"
-        if lost_store:
-            reason = "the job's store went away (the other ranks ended)"
-        else:
-            reason = pickle.loads(self._watch_store.get("broken"))
-        if self.rank == 0:
-            # Rank 0 reports, and its main thread cannot: say here what the others found.
-            sys.stdout.write(f"\nddp_verify: the other ranks gave up on rank 0:\n{reason}\n")
-        sys.stderr.write(
-            f"ddp_verify: rank {self.rank} was still busy with {doing} when the others gave "
-            f"up on it; ending this process.\n{self._own_stack()}\n"
-        )
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(Exception):
-                stream.flush()
-        os._exit(1)
 
     def finish(self) -> None:
         """End this rank's part: wait for the others at the end (so that no rank exits, and
@@ -529,43 +362,53 @@ class Member:
         if threading.current_thread() is threading.main_thread():
             # From here on the launcher may end this process at any time: let it, quietly.
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(Exception):
-                stream.flush()
+        flush()
         if self.terminated:
             return
-        with contextlib.suppress(Exception):
+        try:
             if not self.broken:
                 self.agree("the end of the session", None)
-        with contextlib.suppress(Exception):
-            self._store.set(f"ended/{self.rank}", b"1")
-            self._store.set("ended/any", b"1")
-            ended = self._store.add("ended", 1)
-            serving = self.rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
-            until = time.monotonic() + _END_WAIT_S
-            if serving:
-                # The store lives in this process: stay until the others are done with it.
-                while ended < self.size - len(self.gone) and time.monotonic() < until:
-                    time.sleep(_POLL_S)
-                    ended = self._store.add("ended", 0)
-            elif self.rank != 0 and 0 not in self.gone and self.failed:
-                # Rank 0's watchdog beats until its process is gone.
-                last, since = self._beat_of(0), time.monotonic()
-                while time.monotonic() < until and time.monotonic() - since < 3 * _BEAT_S:
-                    time.sleep(_POLL_S)
-                    beat = self._beat_of(0)
-                    if beat != last:
-                        last, since = beat, time.monotonic()
-        if self.rank != 0:
-            self._stop_watchdog()
+            self._leave()
+        except (WorldError, RuntimeError) as exc:
+            # The session's results are in; only leaving together failed (a rank that ran
+            # other tests, a store already gone): said, not hidden.
+            sys.stderr.write(f"ddp_verify: rank {self.rank} could not end with the others: {exc}\n")
+        if self.rank != 0 and self._watchdog is not None:
+            self._watchdog.stop(_END_WAIT_S)
         if self.joined:
             import torch.distributed as dist
 
             # Left to the interpreter's exit, a gloo group (ours or the user's) can abort it
             # ("terminate called without an active exception"), the more so after a time-out.
-            with contextlib.suppress(Exception):
-                if dist.is_initialized():
+            if dist.is_initialized():
+                with contextlib.suppress(RuntimeError, ValueError):
                     dist.destroy_process_group()
+
+    def _leave(self) -> None:
+        """Say this rank has ended; rank 0, whose process serves the store (unless a launcher
+        agent does), stays until the others are done with it; a failed session's other ranks
+        wait for rank 0 to be gone, so that the launcher names rank 0."""
+        store, agreement = self._store, self.agreement
+        store.set(f"ended/{self.rank}", b"1")
+        store.set("ended/any", b"1")
+        ended = store.add("ended", 1)
+        serving = self.rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
+        until = time.monotonic() + _END_WAIT_S
+        if serving:
+            while ended < self.size - len(agreement.gone) and time.monotonic() < until:
+                time.sleep(_POLL_S)
+                ended = store.add("ended", 0)
+        elif self.rank != 0 and 0 not in agreement.gone and self.failed:
+            # Rank 0's watchdog beats until its process is gone.
+            last, since = agreement.beat_of(0), time.monotonic()
+            while time.monotonic() < until and time.monotonic() - since < 3 * BEAT_S:
+                time.sleep(_POLL_S)
+                try:
+                    beat = agreement.beat_of(0)
+                except RuntimeError:
+                    return  # the store went with rank 0's process
+                if beat != last:
+                    last, since = beat, time.monotonic()
 
     @property
     def label(self) -> str:
@@ -596,7 +439,7 @@ class _Done:
         return self._results
 
 
-class SpmdWorld:
+class SpmdWorld(RunsJobs):
     """The launched job as a :class:`~ddp_verify.world.World`: the same ``run`` / ``submit``
     / ``helper`` interface, run by every rank together.
 
@@ -695,21 +538,7 @@ class SpmdWorld:
     def __repr__(self) -> str:
         return f"<SpmdWorld rank={self.rank} size={self.size} backend={self.backend}>"
 
-    # -- jobs --------------------------------------------------------------------------------
-
-    def run(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> list[Any]:
-        __tracebackhide__ = True
-        return self.run_job(fn, args, kwargs)
-
-    def run_job(
-        self,
-        fn: Callable[..., Any],
-        args: Sequence[Any] = (),
-        kwargs: Mapping[str, Any] | None = None,
-        **options: Any,
-    ) -> list[Any]:
-        __tracebackhide__ = True
-        return self.submit(fn, args, kwargs, **options).result()
+    # -- jobs (run and run_job: RunsJobs) ---------------------------------------------------
 
     def submit(
         self,
@@ -740,7 +569,7 @@ class SpmdWorld:
         try:
             # Through pickle, as a forked rank receives it: the job gets its own copies, and
             # what is shipped by value arrives as it would there.
-            outcome = _run_here(*protocol.load_job(protocol.dump_job(fn, args, dict(kwargs or {}))))
+            outcome = run_job(*protocol.load_job(protocol.dump_job(fn, args, dict(kwargs or {}))))
             if not outcome.ok:
                 member.abandon_group()
         finally:
@@ -805,35 +634,6 @@ class SpmdWorld:
         )
 
 
-def _run_here(
-    fn: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]
-) -> protocol.Outcome:
-    try:
-        value = fn(*args, **kwargs)
-    except BaseException as exc:
-        if isinstance(exc, KeyboardInterrupt):
-            raise
-        return protocol.Outcome(
-            0,
-            ok=False,
-            error_kind=FailureKind.RAISED.value,
-            error_summary=f"raised {_one_line(exc)}",
-            error_traceback=frames.format_exception(exc),
-            error_traceback_full=frames.format_exception(exc, full=True),
-            exception=protocol.dump_exception(exc),
-        )
-    try:
-        return protocol.Outcome(0, ok=True, result=protocol.dump_result(value))
-    except Exception as exc:
-        return protocol.Outcome(
-            0,
-            ok=False,
-            error_kind=FailureKind.UNPICKLABLE_RESULT.value,
-            error_summary=f"returned a {type(value).__name__} that cannot be pickled to the "
-            f"other ranks ({_one_line(exc)}); return plain data (numbers, tensors, lists, dicts)",
-        )
-
-
 def _failure(rank: int, outcome: protocol.Outcome, *, order: float = 0.0) -> RankFailure:
     """How ``rank`` failed, from the outcome it posted."""
     return RankFailure(
@@ -847,13 +647,7 @@ def _failure(rank: int, outcome: protocol.Outcome, *, order: float = 0.0) -> Ran
     )
 
 
-def _one_line(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    first = lines[0][:300] if lines else ""
-    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
-
-
-class LocalHelper:
+class LocalHelper(RunsJobs):
     """The helper of a launched world: work beside the ranks' (the reference, a tolerance's
     measuring runs) done by one rank, in turn, and shared with the others through the store.
 
@@ -880,10 +674,6 @@ class LocalHelper:
     def timeout(self) -> float:
         return self._world.timeout
 
-    def run(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> list[Any]:
-        __tracebackhide__ = True
-        return self.run_job(fn, args, kwargs)
-
     def run_job(
         self,
         fn: Callable[..., Any],
@@ -905,7 +695,7 @@ class LocalHelper:
         if member.rank == runner:
             member.begin(f"{name} (the helper work)")
             try:
-                outcome = _run_here(fn, args, dict(kwargs or {}))
+                outcome = run_job(fn, args, dict(kwargs or {}))
             finally:
                 member.end()
         outcome = member.agree(

@@ -28,11 +28,12 @@ from . import failures as fail
 from . import forkserver, frames, naming, protocol
 from .backends import check_backend, check_device, placement, require_devices, visible_gpus
 from .errors import FailureKind, RankError, RankFailure, WorldError, WorldStartError
+from .interface import RunsJobs
 from .jobs import Collected, PendingJob, ready
 from .processes import PACKAGE_ROOT, RankProcess, collect_stack_dumps, terminate
 
 
-class World:
+class World(RunsJobs):
     """``size`` rank processes joined in one process group, reused for every job.
 
     Example::
@@ -236,32 +237,6 @@ class World:
         return placement(self.size, self.device, gpus)
 
     # -- jobs --------------------------------------------------------------------------------
-
-    def run(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> list[Any]:
-        """Run ``fn(*args, **kwargs)`` on every rank; return the results in rank order.
-
-        The default process group is initialised on every rank; ``fn`` may be a closure or a
-        lambda. Raises :class:`RankError` when any rank raises, dies or outlasts the timeout.
-        """
-        __tracebackhide__ = True
-        return self.run_job(fn, args, kwargs)
-
-    def run_job(
-        self,
-        fn: Callable[..., Any],
-        args: Sequence[Any] = (),
-        kwargs: Mapping[str, Any] | None = None,
-        **options: Any,
-    ) -> list[Any]:
-        """:meth:`run` with the options of :meth:`submit`: its own ``timeout``, modules to ship
-        ``by_value``, a ``name`` for reports.
-
-        Example::
-
-            world.run_job(step, (model,), timeout=5.0, name="training step")
-        """
-        __tracebackhide__ = True
-        return self.submit(fn, args, kwargs, **options).result()
 
     def submit(
         self,
@@ -523,7 +498,7 @@ class World:
         self._shutdown(polite=False)
         # Start the next set of ranks now: they import torch while the caller reports. If that
         # fails, the next start() tries again and reports why.
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(WorldError, forkserver.ForkServerError, OSError):
             self._spawn()
 
     def _shutdown(self, *, polite: bool = True) -> None:

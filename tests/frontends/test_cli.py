@@ -226,7 +226,7 @@ def test_an_error_verdict_names_the_users_file_and_line_and_cuts_the_harness(tmp
     assert traceback in cut["report"], cut["report"]
     full = json.loads(ddp_verify(*command, "--full-trace", cwd=tmp_path).stdout)
     # The training loop and the adapter that called the code, and the rank that ran it.
-    for harness in ("in train_local_then_sync", "in users_sync", "in _run_job"):
+    for harness in ("in train_local_then_sync", "in users_sync", "in run_job"):
         assert harness not in cut["report"]
         assert harness in full["report"], full["report"]
 

@@ -32,6 +32,37 @@ def test_report_header_names_sizes_backend_and_torch(pytester):
     )
 
 
+def test_spawned_ranks_are_said_in_the_header_and_a_failed_fork_server_in_the_summary(
+    pytester, monkeypatch
+):
+    pytester.makepyfile(
+        """
+        import pytest
+        from ddp_verify.world import forkserver
+
+        def test_the_fork_server_fails_meanwhile():
+            forkserver.disable("it stopped answering")
+
+        @pytest.mark.distributed
+        def test_runs_on_spawned_ranks(rank):
+            assert rank in (0, 1)
+        """
+    )
+    spawned = pytester.runpytest_subprocess(
+        *QUIET, "--world-size", "2", "-n", "0", "-p", "no:randomly"
+    )
+    spawned.assert_outcomes(passed=2)
+    spawned.stdout.fnmatch_lines(
+        ["*ddp_verify: ranks were spawned after the fork server failed: it stopped answering"]
+    )
+    pytester.makepyfile(test_plain="def test_nothing(): pass")
+    told = pytester.runpytest_subprocess(*QUIET, "test_plain.py", "-n", "0")
+    assert "ranks are spawned" not in told.stdout.str()
+    monkeypatch.setenv("DDP_VERIFY_FORK_SERVER", "0")
+    told = pytester.runpytest_subprocess(*QUIET, "test_plain.py", "-n", "0")
+    told.stdout.fnmatch_lines(["*ranks are spawned, not forked (DDP_VERIFY_FORK_SERVER=0)*"])
+
+
 def test_distributed_tests_run_on_every_rank_with_fixtures(pytester):
     pytester.makepyfile(
         """
@@ -143,12 +174,12 @@ def test_full_trace_shows_the_harness_frames_of_rank_tracebacks_and_stacks(pytes
     full = run(pytester, "--world-size", "2", "--full-trace")
     full.assert_outcomes(failed=3)
     # What delivered each job: the rank's loop, the plugin's runner, the fork server.
-    for harness in ("in _run_job", "in _run_test_on_rank", "forkserver.py"):
+    for harness in ("in run_job", "in _run_test_on_rank", "forkserver.py"):
         assert harness not in cut.stdout.str()
         assert harness in full.stdout.str()
     # The world.run() of a test says the same in full.
-    full.stdout.fnmatch_lines(["*ValueError: from the job", "*in _run_job*"], consecutive=False)
-    assert full.stdout.str().count("in _run_job") >= 3
+    full.stdout.fnmatch_lines(["*ValueError: from the job", "*in run_job*"], consecutive=False)
+    assert full.stdout.str().count("in run_job") >= 3
 
 
 def test_world_size_list_parametrizes_and_marker_overrides(pytester):

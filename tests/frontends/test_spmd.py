@@ -171,7 +171,7 @@ def test_a_raising_rank_fails_the_test_on_every_rank_and_the_session_goes_on(
     # It names the test's file, line and source; the harness's frames are cut.
     assert 'test_raise.py", line 8, in test_raise_mid_collective' in out
     assert 'raise ValueError("rank 3 gives up before the collective")' in out
-    assert "_run_test_on_rank" not in out and "_run_here" not in out
+    assert "_run_test_on_rank" not in out and "in run_job" not in out
     assert "failed in a collective as a consequence" in out
     # hypothesis shrank in lockstep to the smallest failing example, the same on every rank.
     assert "rank 2 rejects 41" in out and "n=41," in out
@@ -265,7 +265,7 @@ def test_full_trace_under_a_launcher_shows_the_harness_frames(tmp_path: Path) ->
     assert job.returncode == 1, job.output
     assert "AssertionError: rank 1 is out" in job.stdout
     # The SPMD runner and the plugin's test runner, between the test and the assertion.
-    for harness in ("in _run_here", "in _run_test_on_rank", 'test_full.py", line 6, in test_raise'):
+    for harness in ("in run_job", "in _run_test_on_rank", 'test_full.py", line 6, in test_raise'):
         assert harness in job.stdout, job.stdout
     assert ranks_left(tmp_path / "pids") == []
 

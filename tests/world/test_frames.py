@@ -103,9 +103,9 @@ def test_a_raising_job_names_the_users_file_line_and_source(world2, tmp_path):
         "AssertionError: rank 1 is unhappy\n"
     )
     # The full report adds the frame that delivered the job, and only the report in full.
-    assert "ddp_verify/world/rank.py" in failure.full_details
-    assert "in _run_job" in info.value.report(full_trace=True)
-    assert "_run_job" not in str(info.value)
+    assert "ddp_verify/world/runtime.py" in failure.full_details
+    assert "in run_job" in info.value.report(full_trace=True)
+    assert "in run_job" not in str(info.value)
 
 
 def test_a_notebook_cells_source_travels_with_its_code(world2):
@@ -142,7 +142,7 @@ def test_a_stuck_ranks_stack_reads_as_a_traceback_cut_to_the_job(world2):
         "    time.sleep(60)  # rank 1 is stuck here"
     )
     # In full: how the job got there, and the rank's own threads.
-    for harness in ("ddp_verify/world/rank.py", "in _run_job", "in watch"):
+    for harness in ("ddp_verify/world/rank.py", "in run_job", "in watch"):
         assert harness in failure.full_details, failure.full_details
 
 
