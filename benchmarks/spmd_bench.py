@@ -32,10 +32,13 @@ DEFAULT_OUT = ROOT / "benchmarks" / "results" / "spmd_bench.json"
 TEST_FILE = """
 import json, os, time
 from hypothesis import given, settings, HealthCheck
+from ddp_verify.engine import compat
 from ddp_verify.methods import ddp
 from ddp_verify.strategies import scenarios
 
 def _fixed(world_size, count):
+    # The same list whatever the code around it (hypothesis mixes in local constants).
+    compat.without_local_constants()
     found = []
     @settings(max_examples=count, derandomize=True, database=None,
               suppress_health_check=list(HealthCheck))
