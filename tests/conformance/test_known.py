@@ -117,3 +117,25 @@ def test_a_ranks_failure_is_searched_in_every_ranks_output() -> None:
     assert "gloo::EnforceNotMet" in failure_text(error)
     assert issue.matches(error)
     assert not issue.matches(RuntimeError("gloo::EnforceNotMet"))  # not a rank's failure
+
+
+def test_the_powersgd_unused_parameter_issue_reads_as_the_issue_when_it_hangs_too() -> None:
+    # The same mismatched collectives either abort gloo or leave the ranks waiting inside
+    # PowerSGD's all-reduce until the timeout (seen in CI): both are the known issue, and a
+    # timeout anywhere else is not.
+    from ddp_verify.conformance.test_comm_hooks import FINDING_UNUSED
+
+    issue = FINDING_UNUSED.mark.args[0]
+
+    def hung(where: str) -> RankError:
+        stuck = RankFailure(
+            rank=0,
+            kind=FailureKind.TIMED_OUT,
+            summary="did not finish within the 20 s timeout; killed",
+            details=f'  File "{where}", line 589, in unpack_uncompressed_tensors\n    .wait()[0]',
+        )
+        return RankError("ddp", 2, "gloo", [stuck], world_relaunched=True)
+
+    site = "/site-packages/torch/distributed/algorithms/ddp_comm_hooks/"
+    assert issue.matches(hung(site + "powerSGD_hook.py"))
+    assert not issue.matches(hung(site + "default_hooks.py"))
