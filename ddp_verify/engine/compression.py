@@ -9,9 +9,12 @@ float16, ``world_size`` times its smallest subnormal where contributions underfl
 Contributions can be far larger than their sum (two ranks' cross-entropy bias gradients of
 +-0.5 summing to 0.002), so ``sum_i |c_i|`` is computed here: the reference's training is
 replayed and, at each step, every rank's share ``n_i / N * g_i`` of the global gradient is
-taken at the reference's parameters. As for float32 (see
-:mod:`ddp_verify.engine.tolerances`) the scale is pooled per step (the largest element over
-all gradients).
+taken at the reference's parameters. At the first step, where the ranks' parameters are the
+reference's, the bound is per element (``sum_i |c_i|`` of that element): a hook that is off by
+more than rounding anywhere (a low-rank approximation, 118% off on a small element) fails it.
+Later steps' gradients are taken at parameters the rounding already moved, so, as for float32
+(see :mod:`ddp_verify.engine.tolerances`), their scale is pooled per step (the largest element
+over all gradients).
 
 Parameters move by ``lr`` times the gradient error; with momentum (``mu <= 1``) an error made
 at step ``k`` is in every update from ``k`` on, so the error at step ``s`` is at most
@@ -49,7 +52,8 @@ class CompressionTolerance(Tolerance):
         outcome = world.check_equivalent(method, scenario, tolerance=tolerance)
     """
 
-    by_name = False
+    # The first step's bound is per element, of each gradient by name.
+    by_name = True
 
     def __init__(
         self,
@@ -71,10 +75,13 @@ class CompressionTolerance(Tolerance):
         # to be normal. bfloat16 has float32's range.
         underflow = size * 2.0**-24 if fmt == "float16" else 0.0
         self.unit = safety * size * u
-        self._grad = [
-            self.unit * scale + safety * underflow + FLOAT64_ATOL
-            for scale in contribution_scales(scenario)
-        ]
+        first: dict[str, torch.Tensor] = {}
+        scales = contribution_scales(scenario, first)
+        self._grad = [self.unit * scale + safety * underflow + FLOAT64_ATOL for scale in scales]
+        self._first = {
+            name: self.unit * total + safety * underflow + FLOAT64_ATOL
+            for name, total in first.items()
+        }
         lr = scenario.optimizer.lr
         self._param = [
             FLOAT64_ATOL + lr * sum((s - k + 1) * self._grad[k] for k in range(s + 1))
@@ -82,6 +89,9 @@ class CompressionTolerance(Tolerance):
         ]
 
     def allowed(self, quantity: str, step: int, name: str, expected: torch.Tensor) -> torch.Tensor:
+        first = self._first.get(name) if step == 0 and quantity == "gradient" else None
+        if first is not None and first.shape == expected.shape:
+            return first.to(device=expected.device, dtype=torch.float64)
         if quantity == "gradient":
             bound = self._grad[step]
         elif quantity == "parameter":
@@ -93,14 +103,18 @@ class CompressionTolerance(Tolerance):
     def describe(self) -> str:
         return (
             f"{self.fmt} compression: {self.safety:g} × world size × unit roundoff "
-            f"{unit_roundoff(self.fmt):.3g} × the largest sum of the ranks' |contributions| at "
-            "the step (parameters: lr × the gradient bounds so far)"
+            f"{unit_roundoff(self.fmt):.3g} × the sum of the ranks' |contributions| (per element "
+            "at the first step, the largest at later ones; parameters: lr × the gradient bounds "
+            "so far)"
         )
 
 
-def contribution_scales(scenario: Scenario) -> list[float]:
+def contribution_scales(
+    scenario: Scenario, first: dict[str, torch.Tensor] | None = None
+) -> list[float]:
     """Per step, the largest element of ``sum_i |n_i / N * g_i|`` over every gradient: the
     size of what the ranks add up, whatever cancels in the sum (reference training, float64).
+    ``first`` is filled with the first step's sums themselves, by parameter name.
 
     Example::
 
@@ -109,7 +123,8 @@ def contribution_scales(scenario: Scenario) -> list[float]:
     scales: list[float] = []
 
     def measure_then_full_batch(step: Step) -> list[float]:
-        params = [p for p in step.model.parameters() if p.requires_grad]
+        named = [(n, p) for n, p in step.model.named_parameters() if p.requires_grad]
+        params = [p for _, p in named]
         total = [torch.zeros_like(p) for p in params]
         for rank in range(scenario.world_size):
             step.model.zero_grad(set_to_none=True)
@@ -119,6 +134,9 @@ def contribution_scales(scenario: Scenario) -> list[float]:
             for acc, p in zip(total, params, strict=True):
                 if p.grad is not None:
                     acc.add_(p.grad.abs())
+        if first is not None and not scales:
+            for (name, _), t in zip(named, total, strict=True):
+                first[name] = t.detach().double().cpu()
         scales.append(max((float(t.max()) for t in total if t.numel()), default=0.0))
         step.model.zero_grad(set_to_none=True)
         loss = step.loss(step.model, (step.inputs, step.targets))

@@ -191,7 +191,7 @@ def build_data(
 
             inputs, targets = user_model(spec.factory).batch(n, generator)
         elif spec.kind == "transformer":
-            inputs, targets = _token_batch(n, generator)
+            inputs, targets = _token_batch(n, generator, unshifted=scenario.labels == "unshifted")
         elif spec.kind == "conv":
             inputs = torch.randn(n, CONV_CHANNELS, SEQUENCE, generator=generator)
         elif spec.kind == "embedding":
@@ -212,12 +212,15 @@ def build_data(
     return batches
 
 
-def _token_batch(n: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+def _token_batch(
+    n: int, generator: torch.Generator, *, unshifted: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``n`` sequences of 1 to TOKENS tokens, padded at the end; a target per position, with
     ``IGNORE_INDEX`` where it must not count: the padding, and some earlier positions (a
     prompt's tokens, say). The last real token of every sequence always counts, so no sample
-    is empty."""
-    lengths = torch.randint(1, TOKENS + 1, (n,), generator=generator)
+    is empty. ``unshifted``: at most TOKENS - 1 tokens, so that the last position is always
+    padding and labels handed over unshifted lose no target that counts."""
+    lengths = torch.randint(1, TOKENS + (0 if unshifted else 1), (n,), generator=generator)
     inputs = torch.randint(1, VOCABULARY, (n, TOKENS), generator=generator)
     targets = torch.randint(0, VOCABULARY, (n, TOKENS), generator=generator)
     ignored = torch.rand(n, TOKENS, generator=generator) < 0.25

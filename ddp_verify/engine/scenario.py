@@ -34,6 +34,10 @@ OPTIMIZERS: tuple[OptimizerName, ...] = ("sgd", "adam", "adamw")
 DTYPES: tuple[DType, ...] = ("float64", "float32", "bfloat16")
 # Lower precisions a float32 model's forward may run in under torch.autocast ("" for none).
 AUTOCASTS = ("", "bfloat16")
+# How a token batch's targets sit: aligned with the logits (a target per position), or
+# "unshifted" for a loss that shifts labels itself: the last position then never counts, so
+# labels handed over unshifted (the next token at each position) lose nothing.
+LABELS = ("aligned", "unshifted")
 
 # step -> rank -> micro-batch sizes
 Schedule = tuple[tuple[tuple[int, ...], ...], ...]
@@ -186,6 +190,7 @@ class Scenario:
     dtype: DType = "float64"
     seed: int = 0
     autocast: str = ""
+    labels: str = "aligned"
 
     def __post_init__(self) -> None:
         if self.world_size < 1:
@@ -222,6 +227,13 @@ class Scenario:
                 f"{self.dtype}: use dtype='float32' with autocast={self.autocast!r}"
             )
         user = self.model.kind == "user"
+        if self.labels not in LABELS:
+            raise ValueError(f"labels must be one of {LABELS}, got {self.labels!r}")
+        if self.labels != "aligned" and (self.loss != "tokens" or user):
+            raise ValueError(
+                "labels='unshifted' applies to the built-in token data (loss 'tokens' with the "
+                f"transformer), got loss {self.loss!r} and model {self.model.kind!r}"
+            )
         if self.loss == "cross_entropy" and not user and self.model.out_features < 2:
             raise ValueError("cross_entropy needs a model with at least 2 outputs (classes)")
 
@@ -266,6 +278,7 @@ class Scenario:
             f"world_size={self.world_size}, {self.steps} step(s), model {self.model.describe()}, "
             f"loss {self.loss}, {self.optimizer.describe()}, {self.dtype}"
             f"{f' (forward under autocast to {self.autocast})' if self.autocast else ''}, "
+            f"{'labels handed over unshifted, ' if self.labels == 'unshifted' else ''}"
             f"seed {self.seed}\n"
             f"micro-batch sizes per rank:\n{steps}"
         )

@@ -33,6 +33,7 @@ from .scenario import (
     BATCH_NORMS,
     DTYPES,
     FEATURES,
+    LABELS,
     LOSSES,
     MODEL_KINDS,
     OPTIMIZERS,
@@ -251,6 +252,7 @@ def scenarios(
     models: st.SearchStrategy[ModelSpec] | None = None,
     optimizers: st.SearchStrategy[OptimizerSpec] | None = None,
     model: str | None = None,
+    labels: str = "aligned",
 ) -> st.SearchStrategy[Scenario]:
     """Whole scenarios for a world of ``world_size`` ranks; the drawn one is ``note()``d.
 
@@ -263,7 +265,9 @@ def scenarios(
     count (the count a plug-in is given is then tokens, not samples).
     ``model="module:factory"`` (or ``"path.py:factory"``) trains the user's own model: the
     factory returns ``(module, make_batch)``, see :mod:`ddp_verify.engine.user_models`; it is
-    checked here, and its loss follows from its targets.
+    checked here, and its loss follows from its targets. ``labels="unshifted"`` draws token
+    data whose last position never counts, for a loss that shifts its labels itself (token
+    losses only).
 
     Example::
 
@@ -281,6 +285,12 @@ def scenarios(
     )
     _check_choices("dtypes", dtypes, DTYPES)
     _check_choices("losses", losses, ALL_LOSSES)
+    _check_choices("labels", (labels,), LABELS)
+    if labels != "aligned" and (model is not None or tuple(losses) != ("tokens",)):
+        raise InvalidArgument(
+            f"labels={labels!r} applies to the built-in token data: use it with "
+            "losses=('tokens',) and no model="
+        )
     user_spec: ModelSpec | None = None
     if model is not None:
         from .user_models import UserModelError, inspect_user_model, resolve_reference
@@ -318,6 +328,7 @@ def scenarios(
             optimizer=draw(optimizer_strategy),
             dtype=draw(st.sampled_from(list(dtypes))),
             seed=draw(st.integers(0, 2**16)),
+            labels=labels,
         )
         note(f"Scenario: {scenario.describe()}")
         return scenario

@@ -175,6 +175,9 @@ class MeasuredTolerance(Tolerance):
     """
 
     by_name = False
+    # Why a float64 scenario is held to it: "the code computes in float32" (set by the probe
+    # of ddp_verify.usercode.precision), or empty when the scenario's own dtype asks for it.
+    because = ""
 
     def __init__(
         self,
@@ -241,9 +244,10 @@ class MeasuredTolerance(Tolerance):
         return torch.full_like(expected, bound, dtype=torch.float64)
 
     def describe(self) -> str:
+        because = f"; {self.because}" if self.because else ""
         return (
             f"{self.safety:g} × the largest deviation of {self.runs} {self.precision} runs "
-            "that differ only in summation order and loss scaling"
+            f"that differ only in summation order and loss scaling{because}"
         )
 
 
@@ -308,6 +312,27 @@ def _variant(
         return [reported / total]
 
     return train(scenario, reordered, dtype=dtype, device=device, name=f"{dtype} variant {variant}")
+
+
+def relative_deviation(exact: Trace, got: Trace) -> float:
+    """The largest difference between ``got`` (every rank) and the ``exact`` reference, each
+    tensor's relative to its own largest magnitude: about the unit roundoff of the format the
+    computation rounded in (1e-16 for float64 code, 1e-8 to 1e-6 for float32), or order one
+    for a mistake.
+
+    Example::
+
+        relative_deviation(reference, ranks_trace)  # 3e-08: something rounded in float32
+    """
+    worst = 0.0
+    for rank in got.ranks:
+        for _, _, _, a, b in _pairs(exact, Trace(got.method, [rank])):
+            if a is None or b is None or not a.numel():
+                continue
+            scale = float(a.double().abs().max())
+            difference = float((b.double() - a.double()).abs().max())
+            worst = max(worst, difference / scale if scale else difference)
+    return worst
 
 
 def _pairs(

@@ -11,14 +11,15 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ..usercode.kinds import check_signature
+from ..usercode.kinds import Binds, check_signature
 from ..usercode.search import Progress, search
 from ..usercode.verdict import Verdict
 from ..world import WorldPool
 from ..world.backends import check_device, require_devices
 from ..world.launch import Launched, resolve
+from ..world.naming import current, spelled_as
 from ..world.spmd import Member
-from .options import launched_sizes, resolve_with_source
+from .options import SPELLINGS, launched_sizes, resolve_with_source
 from .options import resolve as resolve_option
 from .verifying import VerifyingSpmdWorld, VerifyingWorld
 
@@ -48,6 +49,9 @@ def check(
     hook_state: Callable[..., Any] | None = None,
     loss_reduction: str = "mean",
     ddp_wrapper: str | None = None,
+    bind: Binds = None,
+    logits: str = "3d",
+    labels: str = "aligned",
     progress: Progress | None = None,
     world: Ranked | None = None,
     launch: str | None = None,
@@ -69,6 +73,10 @@ def check(
     world you already have (its size wins over ``world_size``); otherwise a shared one of
     ``world_size`` ranks is started and kept for later checks. ``full_trace``: when ``fn``
     fails, the ranks' tracebacks keep the harness's frames (as pytest's ``--full-trace``).
+    ``bind`` fills parameters by name: ``{"n": "world_size"}`` (or ``"n=world_size"``), to
+    one of world_size, rank, count, global_count, vocab_size, device, group, or any value.
+    ``logits="2d"`` flattens a token loss's logits for a ``loss-fn`` (``3d``, ``(batch, seq,
+    vocab)``, by default); ``labels="unshifted"`` hands it labels it shifts itself.
 
     Example::
 
@@ -79,7 +87,7 @@ def check(
         ddp_verify.check(average_gradients, kind="grad-sync", world_size=4)
     """
     __tracebackhide__ = True
-    check_signature(fn, kind)  # before a device is looked for
+    check_signature(fn, kind, bind=bind)  # before a device is looked for
     # Arguments not given come from the environment (DDP_VERIFY_WORLD_SIZE, ..._DEVICE,
     # ..._LAUNCH), then the defaults, as on the command line.
     timeout = resolve_option("timeout", "python", given=timeout)
@@ -98,22 +106,29 @@ def check(
             device = check_device(backend, device)
             require_devices(backend, sizes[0], device)
             world = _world(sizes[0], timeout, backend, device, allow_tf32, debug)
+    # Advice reads as check()'s arguments are spelled, unless the command line, whose flags
+    # these arguments are, is the one calling (a pytest session's flags are not check()'s).
+    spellings = SPELLINGS["cli"] if current() is SPELLINGS["cli"] else SPELLINGS["python"]
     try:
-        return search(
-            fn,
-            kind=kind,
-            world=world,
-            max_examples=max_examples,
-            seed=seed,
-            progress=progress,
-            lossy=lossy,
-            result_on=result_on,
-            hook_state=hook_state,
-            loss_reduction=loss_reduction,
-            ddp_wrapper=ddp_wrapper,
-            full_trace=full_trace,
-            **scenario_bounds,
-        )
+        with spelled_as(spellings):
+            return search(
+                fn,
+                kind=kind,
+                world=world,
+                max_examples=max_examples,
+                seed=seed,
+                progress=progress,
+                lossy=lossy,
+                result_on=result_on,
+                hook_state=hook_state,
+                loss_reduction=loss_reduction,
+                ddp_wrapper=ddp_wrapper,
+                bind=bind,
+                logits=logits,
+                labels=labels,
+                full_trace=full_trace,
+                **scenario_bounds,
+            )
     except BaseException:
         if isinstance(world, VerifyingSpmdWorld):
             # Rank 0 then leaves the launched job first, so the launcher names it.

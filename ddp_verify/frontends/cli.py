@@ -5,8 +5,8 @@
         [--max-steps N] [--micro-batch-counts same|varied] [--backend gloo|nccl]
         [--device cpu|cuda] [--allow-tf32] [--ddp-debug] [--lossy fp16|bf16]
         [--result-on all|rank0] [--hook-state PATH.py:FACTORY] [--loss-reduction R]
-        [--ddp-wrapper MODULE:CALLABLE]
-        [--exclude-features F,...]
+        [--ddp-wrapper MODULE:CALLABLE] [--bind NAME=VALUE ...] [--logits 3d|2d]
+        [--labels aligned|unshifted] [--exclude-features F,...]
         [--model-kinds K,...] [--losses L,...] [--model MODULE:FACTORY|PATH.py:FACTORY]
         [--timeout S] [--full-trace] [--json]
 
@@ -114,7 +114,7 @@ def _main(argv: list[str]) -> int:
     }
     try:
         fn = load_function(path, name)
-        context["call"] = check_signature(fn, args.kind).describe()
+        context["call"] = check_signature(fn, args.kind, bind=args.bind).describe()
         args.hook_state_factory = load_factory(args.hook_state) if args.hook_state else None
         args.model = _user_model(args)
     except (UsageError, KindError) as exc:
@@ -308,6 +308,31 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="for --kind wrapped-step: your DDP-like wrapper around the model, called as DDP "
         "is, instead of torch's DistributedDataParallel",
+    )
+    check.add_argument(
+        "--bind",
+        metavar="NAME=VALUE",
+        action="append",
+        default=[],
+        help="fill your function's parameter NAME with VALUE: world_size, rank, count (this "
+        "rank's loss items), global_count (the step's, every rank's), vocab_size, device, "
+        "group (the world's process group), or a Python literal; repeat for several "
+        "(e.g. --bind n=world_size for timm's reduce_tensor(tensor, n))",
+    )
+    check.add_argument(
+        "--logits",
+        choices=("3d", "2d"),
+        default="3d",
+        help="--kind loss-fn: a token loss's logits as LM code takes them, (batch, seq, vocab) "
+        "with labels (batch, seq) (3d, default), or flattened to (positions, vocab) and "
+        "(positions,) (2d, as Hugging Face's fixed_cross_entropy takes them)",
+    )
+    check.add_argument(
+        "--labels",
+        choices=("aligned", "unshifted"),
+        default="aligned",
+        help="--kind loss-fn: labels aligned with the logits (default), or unshifted (the "
+        "input ids, as Hugging Face's ForCausalLMLoss takes them and shifts them itself)",
     )
     check.add_argument(
         "--hook-state",
@@ -571,13 +596,16 @@ def _run_check(args: argparse.Namespace, fn: Callable[..., Any], context: dict[s
             hook_state=args.hook_state_factory,
             loss_reduction=args.loss_reduction,
             ddp_wrapper=args.ddp_wrapper,
+            bind=args.bind,
+            logits=args.logits,
+            labels=args.labels,
             full_trace=args.full_trace,
             **_world_options(args),
             **bounds,
         )
     except BaseException as exc:
         return verdict_for(exc, seconds=time.monotonic() - started, **context)
-    return dataclasses.replace(verdict, seconds=time.monotonic() - started, **context)
+    return dataclasses.replace(verdict, seconds=time.monotonic() - started).filled(**context)
 
 
 def _usage_error(exc: Exception, **context: Any) -> Any:

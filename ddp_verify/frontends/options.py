@@ -270,12 +270,17 @@ DEFAULTS: dict[str, dict[str, Any]] = {
 }
 
 
+def _models_excluding(value: object) -> str:
+    # check() takes the models strategy itself (ddp_verify.strategies.models).
+    return f"models=models(excluded_features=({value!r},))"
+
+
 def _micro_batch_counts(value: Any) -> str:
     return f"--micro-batch-counts {'same' if value else 'varied'}"
 
 
 # How each front end's users set each parameter (see ddp_verify.world.naming): a flag, or a
-# function of the value. Python's spelling (name=value) needs no table.
+# function of the value. Python's spelling is name=value but where check() takes it otherwise.
 SPELLINGS: dict[str, Mapping[str, Spelling]] = {
     "pytest": {
         "world_sizes": "--world-size",
@@ -307,10 +312,17 @@ SPELLINGS: dict[str, Mapping[str, Spelling]] = {
         "hook_state": "--hook-state",
         "loss_reduction": "--loss-reduction",
         "ddp_wrapper": "--ddp-wrapper",
+        "bind": "--bind",
+        "logits": "--logits",
+        "labels": "--labels",
         "same_micro_batch_counts": _micro_batch_counts,
         "full_trace": "--full-trace",
+        "excluded_features": "--exclude-features",
     },
-    "python": {},
+    "python": {
+        # check() takes the models strategy itself: ddp_verify.strategies.models.
+        "excluded_features": _models_excluding,
+    },
 }
 
 

@@ -23,8 +23,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..engine.models import LOSS_REDUCTIONS, loss_function
-from ..engine.scenario import Scenario
+from ..engine.models import LOSS_REDUCTIONS, VOCABULARY, loss_function
+from ..engine.scenario import IGNORE_INDEX, Scenario
 from ..engine.trace import RankTrace
 from ..methods.base import DistributedMethod
 from ..methods.ddp import DDP
@@ -38,14 +38,20 @@ from .kinds import (
     KINDS,
     RESULT_KINDS,
     SIGNATURES,
+    Binds,
+    Bound,
     Call,
     Kind,
     KindError,
     check_signature,
+    parse_binds,
     takes_a_list,
 )
 
 RESULT_ON = ("all", "rank0")
+# How a token loss gets its logits and labels (--logits, --labels).
+LOGITS = ("3d", "2d")
+LABELS = ("aligned", "unshifted")
 
 __all__ = [
     "DEFAULT_BOUNDS",
@@ -65,19 +71,29 @@ def adapt(
     hook_state: Callable[..., Any] | None = None,
     loss_reduction: str = "mean",
     ddp_wrapper: str | None = None,
+    bind: Binds = None,
+    logits: str = "3d",
+    labels: str = "aligned",
 ) -> UserMethod | CommHook:
     """The method that runs ``fn`` as a ``kind`` plug-in, after checking its signature and
-    that each option applies to the kind.
+    that each option applies to the kind. ``bind`` fills parameters by name
+    (:func:`~ddp_verify.usercode.kinds.parse_binds`); ``logits`` and ``labels`` say how a
+    ``loss-fn`` gets a token loss's logits (``3d``: ``(batch, seq, vocab)`` as LM code takes
+    them, ``2d``: flattened to ``(positions, vocab)``) and labels (``aligned`` with the
+    logits, or ``unshifted``: the inputs' next tokens, for a loss that shifts them itself).
 
     Example::
 
         method = adapt(average_gradients, "grad-sync")
         world.assert_equivalent(method, scenario)
     """
-    call = check_signature(fn, kind)
+    options = Options(
+        result_on, hook_state, loss_reduction, ddp_wrapper, parse_binds(bind), logits, labels
+    )
     spec = KIND[kind]
-    options = Options(result_on, hook_state, loss_reduction, ddp_wrapper)
     _check_options(spec, options)
+    call = check_signature(fn, kind, bind=options.bind)
+    call = dataclasses.replace(call, shown=_shown(spec, options, fn))
     name = f"{kind} {getattr(fn, '__qualname__', repr(fn))}"
     if result_on != "all":
         name += f" (result on {result_on})"
@@ -94,6 +110,28 @@ class Options:
     hook_state: Callable[..., Any] | None = None
     loss_reduction: str = "mean"
     ddp_wrapper: str | None = None
+    bind: tuple[Bound, ...] = ()
+    logits: str = "3d"
+    labels: str = "aligned"
+
+
+def _shown(kind: Kind, options: Options, fn: Callable[..., Any]) -> tuple[str, ...]:
+    """How a report shows the arguments the harness passes first: with their shapes."""
+    if kind.adapter == "loss-fn":
+        flat = options.logits == "2d"
+        unshifted = " unshifted" if options.labels == "unshifted" else ""
+        return (
+            f"logits[{'batch*seq' if flat else 'batch, seq'}, vocab] or [batch, classes]",
+            f"labels[{'batch*seq' if flat else 'batch, seq'}]{unshifted} or [batch]",
+        )
+    if kind.adapter == "reduce" and takes_a_list(fn):
+        return ("[tensor[]]",)
+    # A rank's mean loss, a 0-d tensor.
+    return {
+        "loss": ("local_loss[]",),
+        "reduce": ("tensor[]",),
+        "reduce-dict": ("{'loss': tensor[]}",),
+    }.get(kind.adapter, ())
 
 
 def _check_options(kind: Kind, options: Options) -> None:
@@ -123,6 +161,19 @@ def _check_options(kind: Kind, options: Options) -> None:
         )
     if options.hook_state is not None and not callable(options.hook_state):
         raise KindError(f"the hook state factory {options.hook_state!r} is not callable")
+    if options.logits not in LOGITS:
+        raise KindError(f"logits must be one of {', '.join(LOGITS)}, got {options.logits!r}")
+    if options.labels not in LABELS:
+        raise KindError(f"labels must be one of {', '.join(LABELS)}, got {options.labels!r}")
+    for name, value, default in (
+        ("logits", options.logits, LOGITS[0]),
+        ("labels", options.labels, LABELS[0]),
+    ):
+        if value != default and kind.adapter != "loss-fn":
+            raise KindError(
+                f"{option(name, value)} applies to loss functions "
+                f"({option('kind', 'loss-fn')}), not to {kind.name}"
+            )
     if options.result_on != "all" and not kind.result_on_rank0:
         raise KindError(
             f"{option('result_on', options.result_on)} applies to {', '.join(RESULT_KINDS)} "
@@ -156,7 +207,10 @@ class GradSync(UserMethod):
 
         def users_sync(step: int, local_sum: torch.Tensor) -> torch.Tensor:
             args, kwargs = self.call.arguments(
-                (run.model,), run.local_samples(step), samples=run.local_rows(step)
+                (run.model,),
+                run.local_samples(step),
+                samples=run.local_rows(step),
+                values=rank_values(run, step),
             )
             self.fn(*args, **kwargs)
             dist.all_reduce(local_sum)
@@ -197,7 +251,10 @@ class LossAggregation(UserMethod):
             all_reduce_weighted(params, float(n), run.global_samples(step))
             local = (local_sum / n).to(dtype).clone()
             args, kwargs = self.call.arguments(
-                (_handed_over(self.form, local),), n, samples=run.local_rows(step)
+                (_handed_over(self.form, local),),
+                n,
+                samples=run.local_rows(step),
+                values=rank_values(run, step),
             )
             reported = _taken_back(self.form, self.fn(*args, **kwargs), local)
             if self.result_on == "rank0":
@@ -207,6 +264,22 @@ class LossAggregation(UserMethod):
             return reported
 
         return train_local_then_sync(run, users_loss)
+
+
+def rank_values(run: RankRun, step: int, classes: int | None = None) -> dict[str, Any]:
+    """What a bound parameter may get on this rank at ``step`` (kinds.BINDABLE)."""
+    scenario = run.scenario
+    if classes is None:
+        classes = VOCABULARY if scenario.loss == "tokens" else scenario.model.out_features
+    return {
+        "world_size": run.world_size,
+        "rank": run.rank,
+        "count": run.local_samples(step),
+        "global_count": run.global_samples(step),
+        "vocab_size": classes,
+        "device": run.device,
+        "group": dist.group.WORLD,
+    }
 
 
 def _handed_over(form: str, local: torch.Tensor) -> Any:
@@ -230,12 +303,22 @@ def _taken_back(form: str, result: Any, given: torch.Tensor) -> float:
             )
         result = result["loss"]
     elif form == "list":
-        if not isinstance(result, (list, tuple)) or len(result) != 1:
-            raise KindError(
-                "a reduce helper given a list of one tensor must return a list or tuple of one "
-                f"tensor, got {type(result).__name__}"
+        # A list back, or one tensor of the list's values (Megatron's
+        # average_losses_across_data_parallel_group returns torch.stack(...) reduced).
+        if isinstance(result, torch.Tensor) and result.numel() == 1:
+            result = result.reshape(given.shape)
+        elif isinstance(result, (list, tuple)) and len(result) == 1:
+            result = result[0]
+        else:
+            got = (
+                f"a tensor of shape {tuple(result.shape)}"
+                if isinstance(result, torch.Tensor)
+                else type(result).__name__
             )
-        result = result[0]
+            raise KindError(
+                "a reduce helper given a list of one tensor must return a list of one tensor "
+                f"or a tensor of its one value, got {got}"
+            )
     if not isinstance(result, torch.Tensor) or result.shape != given.shape:
         shape = tuple(result.shape) if isinstance(result, torch.Tensor) else type(result).__name__
         raise KindError(
@@ -281,9 +364,11 @@ class TrainingStep(UserMethod):
 
 class LossFunction(UserMethod):
     """``fn`` is the loss a Trainer-style loop calls on every micro-batch (Hugging Face's
-    ``fixed_cross_entropy(source, target, num_items_in_batch)``, say). Logits come flattened
-    to ``(positions, classes)`` with labels ``(positions,)`` for the token-level loss, as such
-    functions take them; as the model gives them otherwise.
+    ``ForCausalLMLoss(logits, labels, vocab_size, num_items_in_batch)``, say). A token loss's
+    logits come as LM code takes them, ``(batch, seq, vocab)`` with labels ``(batch, seq)``,
+    or flattened to ``(positions, vocab)`` and ``(positions,)`` (``logits="2d"``, for
+    ``fixed_cross_entropy``); labels aligned with the logits, or unshifted for a loss that
+    shifts them itself (``labels="unshifted"``); a class loss's as the model gives them.
 
     Given a count, it is the loss items of the whole step (every micro-batch of every rank,
     ``num_items_in_batch`` counted across devices): the loop backpropagates what ``fn``
@@ -295,9 +380,12 @@ class LossFunction(UserMethod):
 
     call: Call
 
-    def __init__(self, fn: Callable[..., Any], name: str, call: Call) -> None:
+    def __init__(
+        self, fn: Callable[..., Any], name: str, call: Call, options: Options = Options()
+    ) -> None:
         super().__init__(fn, name)
         self.call = call
+        self.flat, self.unshifted = options.logits == "2d", options.labels == "unshifted"
 
     def train_rank(self, scenario: Scenario) -> RankTrace:
         run = RankRun(scenario)
@@ -309,14 +397,14 @@ class LossFunction(UserMethod):
             batches = run.micro_batches(step)
             reported = run.zero()
             for inputs, targets in batches:
-                logits, labels = _flattened(scenario, run.model(inputs), targets)
-                if counted:
-                    args, kwargs = self.call.arguments(
-                        (logits, labels), run.global_samples(step), samples=run.global_rows(step)
-                    )
-                    value = self.fn(*args, **kwargs)
-                else:
-                    value = self.fn(logits, labels)
+                logits, labels = self._laid_out(scenario, run.model(inputs), targets)
+                args, kwargs = self.call.arguments(
+                    (logits, labels),
+                    run.global_samples(step),
+                    samples=run.global_rows(step),
+                    values=rank_values(run, step, classes=logits.shape[-1]),
+                )
+                value = self.fn(*args, **kwargs)
                 value = _as_loss(value) / (1 if counted else len(batches))
                 value.backward()
                 reported += value.detach().double()
@@ -327,13 +415,22 @@ class LossFunction(UserMethod):
             run.record_step(loss)
         return run.trace
 
-
-def _flattened(
-    scenario: Scenario, logits: torch.Tensor, labels: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    if scenario.loss == "tokens":
-        return logits.reshape(-1, logits.shape[-1]), labels.reshape(-1)
-    return logits, labels
+    def _laid_out(
+        self, scenario: Scenario, logits: torch.Tensor, labels: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Token logits and labels as the options say: ``(batch, seq, vocab)`` and
+        ``(batch, seq)`` or flattened; labels aligned, or unshifted (the target of position
+        ``i`` at ``i + 1``, as a loss that shifts them expects; the data's last position
+        never counts, so nothing is lost)."""
+        if scenario.loss != "tokens":
+            return logits, labels
+        if self.unshifted:
+            unshifted = torch.full_like(labels, IGNORE_INDEX)
+            unshifted[:, 1:] = labels[:, :-1]
+            labels = unshifted
+        if self.flat:
+            return logits.reshape(-1, logits.shape[-1]), labels.reshape(-1)
+        return logits, labels
 
 
 def _as_loss(value: Any) -> torch.Tensor:
@@ -435,6 +532,6 @@ ADAPTERS: dict[str, Adapter] = {
         fn, name, loss_reduction=o.loss_reduction, wrapped=kind.wrapped, ddp_wrapper=o.ddp_wrapper
     ),
     "comm-hook": lambda fn, name, call, kind, o: CommHook(fn, name, o.hook_state),
-    "loss-fn": lambda fn, name, call, kind, o: LossFunction(fn, name, call),
+    "loss-fn": lambda fn, name, call, kind, o: LossFunction(fn, name, call, o),
     "wrapper": lambda fn, name, call, kind, o: Wrapper(fn, name),
 }

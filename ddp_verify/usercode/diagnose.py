@@ -13,6 +13,7 @@ and then the fitted weights are shown anyway.
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import torch
 
@@ -22,6 +23,7 @@ from ..engine.models import one_thread
 from ..engine.scenario import Scenario
 from ..engine.tolerances import Float64Tolerance, Tolerance, by_roundoff
 from ..engine.trace import Trace
+from ..world import RankError
 from ..world.naming import option
 from . import findings as f
 from .explain import gradient_causes, gradient_fits, loss_causes
@@ -179,6 +181,9 @@ def _structural(kind: str, scenario: Scenario, reference: Trace, got: Trace) -> 
     partial = _partly_synchronised(reference, got)
     if partial:
         found.append(f.PARTIAL_SYNC.cause(names=", ".join(repr(n) for n in partial)))
+    low_rank = _low_rank(kind, reference, got)
+    if low_rank is not None:
+        return [low_rank]
     lossy = _lossy_compression(kind, scenario, reference, got)
     if lossy is not None:
         return [lossy]
@@ -188,29 +193,85 @@ def _structural(kind: str, scenario: Scenario, reference: Trace, got: Trace) -> 
 
 
 def _held_by_rank_zero_only(scenario: Scenario, got: Trace) -> bool:
-    """Every rank but 0 reports its own local loss at every step, and rank 0 does not."""
-    if scenario.world_size < 2:
+    """Every rank but 0 holds what a reduce onto rank 0 leaves it, at every step (its own
+    local loss, or the partial sum of its subtree: gloo's and nccl's reduce trees leave those
+    on the inner ranks from 4 ranks on), and rank 0 does not hold its own."""
+    size = scenario.world_size
+    if size < 2:
         return False
     with one_thread():
         local = simulate(scenario, Mistake(report="local"))
     tolerance = _match(scenario.dtype)
 
-    def reports_local(rank: int) -> bool:
-        return all(
+    def holds(rank: int, step: int, candidates: list[float]) -> bool:
+        value = torch.tensor(got.ranks[rank].losses[step])
+        return any(
             not bool(
                 outside(
-                    torch.tensor(got.ranks[rank].losses[step]),
-                    torch.tensor(local.ranks[rank].losses[step]),
-                    tolerance.allowed(
-                        "loss", step, "", torch.tensor(local.ranks[rank].losses[step])
-                    ),
+                    value,
+                    torch.tensor(candidate),
+                    tolerance.allowed("loss", step, "", torch.tensor(candidate)),
                 ).any()
             )
-            for step in range(got.steps)
+            for candidate in candidates
         )
 
-    others_local = all(reports_local(r) for r in range(1, scenario.world_size))
-    return others_local and not reports_local(0)
+    def partial_sums(rank: int, step: int) -> list[float]:
+        # Sums of the local losses of the rank and any of the others (2^(size-1) of them),
+        # as left, or divided by the world size where the helper divides on every rank.
+        mine = local.ranks[rank].losses[step]
+        others = [local.ranks[r].losses[step] for r in range(size) if r != rank]
+        sums = [
+            mine + sum(v for bit, v in enumerate(others) if chosen >> bit & 1)
+            for chosen in range(2 ** len(others))
+        ]
+        return sums + [s / size for s in sums]
+
+    steps = range(got.steps)
+    others_partial = all(
+        holds(r, step, partial_sums(r, step)) for r in range(1, size) for step in steps
+    )
+    own = all(holds(0, step, [local.ranks[0].losses[step]]) for step in steps)
+    # A result every rank holds alike (a sum, say) is not a reduce onto rank 0.
+    apart = any(
+        not holds(r, step, [got.ranks[0].losses[step]]) for r in range(1, size) for step in steps
+    )
+    return others_partial and apart and not own
+
+
+def _low_rank(kind: str, reference: Trace, got: Trace) -> Cause | None:
+    """A kind that may compress whose first-step gradient of some weight matrix has a lower
+    rank than the full-batch gradient's (the ranks' parameters are the reference's there, so
+    only the hook can have lowered it): a low-rank approximation, PowerSGD's design below full
+    rank. Named with the matrix, both ranks and the relative error."""
+    if not KIND[kind].lossy or not reference.ranks[0].grads or not got.ranks[0].grads:
+        return None
+    steps = zip(reference.ranks[0].grads, got.ranks[0].grads, strict=False)
+    for step, (expected, mine) in enumerate(steps):
+        for name, truth in expected.items():
+            value = mine.get(name)
+            if truth is None or value is None or truth.dim() < 2 or min(truth.shape) < 2:
+                continue
+            full, lowered = _rank(truth), _rank(value)
+            if lowered < full:
+                truth, value = truth.double(), value.double()
+                error = float((value - truth).norm() / truth.norm())
+                what = (
+                    f"the gradient of {name!r} {tuple(truth.shape)} at step {step} has rank "
+                    f"{lowered} where the full-batch gradient's has rank {full} (relative "
+                    f"error {error:.3g})"
+                )
+                return f.LOW_RANK.cause(what=what, lossy=option("lossy", "lowrank"))
+    return None
+
+
+def _rank(matrix: torch.Tensor) -> int:
+    """The numerical rank: singular values above float32's roundoff of the largest (a
+    low-rank product P Q^T computed in float64 or float32 leaves the rest at rounding)."""
+    values = torch.linalg.svdvals(matrix.double().reshape(matrix.shape[0], -1))
+    if not values.numel() or float(values[0]) == 0.0:
+        return 0
+    return int((values > values[0] * 1e-6).sum())
 
 
 def _lossy_compression(kind: str, scenario: Scenario, reference: Trace, got: Trace) -> Cause | None:
@@ -224,6 +285,25 @@ def _lossy_compression(kind: str, scenario: Scenario, reference: Trace, got: Tra
             tolerance = CompressionTolerance(scenario, fmt)
         if compare(reference, got, scenario, tolerance) is None:
             return f.LOSSY.cause(fmt=fmt, bound=tolerance.describe(), lossy=option("lossy", flag))
+    return None
+
+
+def known_issue_cause(scenario: Scenario, error: RankError) -> Cause | None:
+    """A torch issue the conformance suite knows, when the failure is its signature on a
+    scenario that reaches it (PowerSGD with a parameter forward never uses); the option that
+    avoids it is in the words.
+
+    Example::
+
+        known_issue_cause(scenario, error).pattern  # 'torch:powersgd-unused'
+    """
+    parts = [str(error)]
+    for failure in error.failures:
+        parts += [failure.summary, failure.details, failure.stdout, failure.stderr]
+    text = "\n".join(p for p in parts if p)
+    if scenario.model.unused and re.search(f.POWERSGD_UNUSED_SIGNATURE, text):
+        exclude = option("excluded_features", "unused")
+        return f.TORCH_POWERSGD_UNUSED.cause(exclude=exclude)
     return None
 
 

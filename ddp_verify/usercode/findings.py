@@ -198,8 +198,9 @@ LOSS_CARRIED = _finding(
 LOSS_RANK0_ONLY = _finding(
     "loss:rank0-only",
     "loss",
-    "only rank 0 holds the result: the other ranks report their own local loss, as a helper "
-    "that reduces onto rank 0 (dist.reduce, gather to rank 0) leaves them; if only rank 0's "
+    "only rank 0 holds the result: the other ranks report their own local loss or a partial "
+    "sum of some ranks' (what a reduce onto rank 0, dist.reduce or a gather, leaves on them; "
+    "the reduce tree of gloo and nccl leaves partial sums from 4 ranks on); if only rank 0's "
     "result is meant to be used, check with {result_on}, which holds rank 0's result to the "
     "global mean",
 )
@@ -224,6 +225,34 @@ LOSSY = _finding(
     "lossy compression ({fmt} rounding): every gradient, parameter and loss is within what "
     "{fmt}'s rounding allows ({bound}); if the hook compresses on purpose, check it with "
     "{lossy}",
+)
+LOW_RANK = _finding(
+    "lowrank",
+    "gradient",
+    "a low-rank approximation of the gradient, not rounding: {what}; a low-rank hook "
+    "(PowerSGD) is exact only at a rank that reaches every matrix's smaller side: check it "
+    "at full rank with {lossy} and a state of that rank",
+)
+# A torch issue the conformance suite knows (ddp_verify/conformance/test_comm_hooks.py marks
+# its tests with it), as a check's failure shows it: the ranks' words, then the finding.
+POWERSGD_UNUSED_SIGNATURE = (
+    r"gloo::EnforceNotMet|op\.preamble\.length <= op\.nbytes"
+    r"|(?s:did not finish within.*powerSGD_hook\.py)"
+)
+TORCH_POWERSGD_UNUSED = _finding(
+    "torch:powersgd-unused",
+    "run",
+    "torch's known PowerSGD issue, not your code's: with a parameter forward never uses, DDP "
+    "looks for unused parameters and powerSGD_hook's ranks call collectives of different "
+    "sizes (gloo aborts, or the ranks wait until the timeout); avoid it with {exclude}",
+)
+KEEPS_STATE = _finding(
+    "state:carried",
+    "run",
+    "the code keeps state between calls: the same scenario, trained again on the same ranks, "
+    "gave {second} where the first run gave {first} (a module global, a cache or an "
+    "attribute carried over from earlier calls, never reset); the causes after this one "
+    "describe one call's result with that state in it",
 )
 BATCH_NORM = _finding(
     "batch-norm",

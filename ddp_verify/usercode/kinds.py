@@ -8,10 +8,14 @@ before it pays for importing torch.
 
 from __future__ import annotations
 
+import ast
+import dataclasses
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from ..world.naming import option
 
 
 @dataclass(frozen=True)
@@ -203,7 +207,6 @@ COUNT_NAMES = frozenset(
         "local_batch_size",
         "bsz",
         "count",
-        "n",
         "n_samples",
         "n_items",
         "n_tokens",
@@ -234,14 +237,31 @@ def is_items_name(name: str) -> bool:
     return is_count_name(name) and ("item" in name or "token" in name)
 
 
+# Words that make a count something else than loss items: ``num_gpus``, ``n_classes``,
+# ``num_replicas``, ``bucket_count``. A bare ``n`` says nothing (timm's reduce_tensor(t, n)
+# takes the world size): it is bound by the user, never guessed.
+NOT_LOSS_ITEMS = frozenset(
+    {
+        "world", "rank", "ranks", "gpu", "gpus", "replica", "replicas", "device", "devices",
+        "proc", "procs", "process", "processes", "node", "nodes", "worker", "workers",
+        "class", "classes", "label", "labels", "vocab", "bucket", "buckets", "element",
+        "elements", "bits", "layers", "heads", "steps", "epochs", "iter", "iters",
+    }
+)  # fmt: skip
+
+
 def is_count_name(name: str) -> bool:
-    """Whether a parameter's name says it is a count of samples or tokens.
+    """Whether a parameter's name says it is a count of samples or tokens (loss items).
 
     Example::
 
         >>> is_count_name("num_items_in_batch"), is_count_name("reduce_after")
         (True, False)
+        >>> is_count_name("n"), is_count_name("num_gpus"), is_count_name("num_classes")
+        (False, False, False)
     """
+    if NOT_LOSS_ITEMS.intersection(name.lower().split("_")):
+        return False
     return name in COUNT_NAMES or name.startswith(("num_", "n_")) or name.endswith("_count")
 
 
@@ -266,11 +286,111 @@ class KindError(TypeError):
     """The callable cannot be used as the requested kind; the message says what was expected."""
 
 
+# What ``--bind NAME=VALUE`` (``bind={NAME: VALUE}``) may give a parameter, beside a Python
+# literal: values the rank knows when it calls the code.
+BINDABLE: dict[str, str] = {
+    "world_size": "the number of ranks",
+    "rank": "this rank's index",
+    "count": "this rank's loss items: samples, or tokens that count",
+    "global_count": "the step's loss items over every rank",
+    "vocab_size": "the scenario's classes: the vocabulary of a token loss",
+    "device": "the rank's device",
+    "group": "the world's process group",
+}
+# Parameters bound to the scenario's classes without asking: the name says what they are.
+CLASS_NAMES = frozenset({"vocab_size", "num_classes", "n_classes"})
+
+
+@dataclass(frozen=True)
+class Bound:
+    """A parameter the harness fills with a value the user named: one of :data:`BINDABLE`
+    (``source``), or a literal.
+
+    Example::
+
+        >>> Bound("n", "world_size").describe()
+        'n=<the number of ranks>'
+        >>> Bound("ignore_index", literal=-1).describe()
+        'ignore_index=-1'
+    """
+
+    parameter: str
+    source: str | None = None
+    literal: Any = None
+
+    def describe(self) -> str:
+        if self.source is None:
+            return f"{self.parameter}={self.literal!r}"
+        return f"{self.parameter}=<{BINDABLE[self.source]}>"
+
+    def text(self) -> str:
+        """``NAME=VALUE`` as ``--bind`` takes it (what :func:`parse_binds` reads back)."""
+        value = self.source if self.source is not None else repr(self.literal)
+        return f"{self.parameter}={value}"
+
+    def value(self, values: Mapping[str, Any]) -> Any:
+        return self.literal if self.source is None else values[self.source]
+
+
+Binds = Mapping[str, Any] | str | Iterable["str | Bound"] | None
+
+
+def parse_binds(binds: Binds) -> tuple[Bound, ...]:
+    """The bindings ``binds`` asks for: ``"NAME=VALUE"`` strings (the command line's
+    ``--bind``; VALUE one of :data:`BINDABLE` or a Python literal), or a mapping from
+    parameter names to one of :data:`BINDABLE` or to any value. :class:`KindError` for a
+    value that is neither.
+
+    Example::
+
+        >>> parse_binds(["n=world_size", "ignore_index=-1"])
+        (Bound(parameter='n', source='world_size', literal=None), Bound(parameter='ignore_index', source=None, literal=-1))
+        >>> parse_binds({"n": "world_size"}) == parse_binds("n=world_size")
+        True
+    """  # noqa: E501
+    if not binds:
+        return ()
+    if isinstance(binds, Mapping):
+        items = [(str(k), v, False) for k, v in binds.items()]
+    else:
+        items = []
+        for text in [binds] if isinstance(binds, str) else list(binds):
+            if isinstance(text, Bound):  # already parsed
+                items.append((text.parameter, text, False))
+                continue
+            name, equals, value = str(text).partition("=")
+            if not equals or not name.strip().isidentifier():
+                raise KindError(
+                    f"a binding is NAME=VALUE, got {text!r}: for example n=world_size "
+                    f"(VALUE: one of {', '.join(BINDABLE)}, or a Python literal)"
+                )
+            items.append((name.strip(), value.strip(), True))
+    bound: dict[str, Bound] = {}
+    for name, value, typed in items:
+        if isinstance(value, Bound):
+            bound[name] = value
+        elif isinstance(value, str) and value in BINDABLE:
+            bound[name] = Bound(name, value)
+        elif typed:
+            try:
+                bound[name] = Bound(name, literal=ast.literal_eval(value))
+            except (ValueError, SyntaxError):
+                raise KindError(
+                    f"cannot bind {name}={value}: {value!r} is neither a value the harness "
+                    f"knows ({', '.join(BINDABLE)}) nor a Python literal (quote a string: "
+                    f"{name}='{value}')"
+                ) from None
+        else:
+            bound[name] = Bound(name, literal=value)
+    return tuple(bound.values())
+
+
 @dataclass(frozen=True)
 class Call:
     """How the harness calls a plug-in: ``positional`` arguments it passes, and where the
     count goes (``count_keyword`` by name, ``count_positional`` as the next positional
-    argument, or nowhere). Optional parameters are never filled by position.
+    argument, or nowhere), and the parameters ``bound`` by keyword. Optional parameters are
+    never filled by position.
 
     Example::
 
@@ -288,16 +408,40 @@ class Call:
     # Where the count of samples goes when the callable takes one beside the count of loss
     # items (fn(model, num_samples, num_items)).
     samples_keyword: str | None = None
+    # Parameters filled by keyword with what the user bound (or what their names say).
+    bound: tuple[Bound, ...] = ()
+    # How the positional arguments are shown (their shapes), where the options decide it.
+    shown: tuple[str, ...] = ()
 
     @property
     def takes_count(self) -> bool:
         return self.count_keyword is not None or self.count_positional
 
     def arguments(
-        self, leading: tuple[Any, ...], count: int, samples: int | None = None
+        self,
+        leading: tuple[Any, ...],
+        count: int,
+        samples: int | None = None,
+        values: Mapping[str, Any] | None = None,
     ) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """The ``(args, kwargs)`` to call the plug-in with: ``count`` loss items (samples, or
-        tokens that count), and ``samples`` where it takes a count of samples beside them."""
+        tokens that count), ``samples`` where it takes a count of samples beside them, and
+        the bound parameters from ``values`` (the rank's :data:`BINDABLE` values)."""
+        args, kwargs = self._counted(leading, count, samples)
+        if self.bound:
+            known = {"count": count, **(values or {})}
+            for bound in self.bound:
+                if bound.source is not None and bound.source not in known:
+                    raise KindError(
+                        f"{bound.parameter} is bound to {bound.source}, which a {self.kind} "
+                        f"plug-in is not given; bind one of {', '.join(sorted(known))}"
+                    )
+                kwargs[bound.parameter] = bound.value(known)
+        return args, kwargs
+
+    def _counted(
+        self, leading: tuple[Any, ...], count: int, samples: int | None
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
         if self.samples_keyword is not None and self.count_keyword is not None:
             return leading, {self.count_keyword: count, self.samples_keyword: samples or count}
         if self.count_positional:
@@ -307,9 +451,16 @@ class Call:
         return leading, {}
 
     def describe(self) -> str:
-        """The call the harness makes, as a report header shows it."""
+        """The call the harness makes, as a report header shows it: what each argument is,
+        with its shape where that depends on the options.
+
+        Example::
+
+            >>> check_signature(lambda tensor, n: tensor, "reduce", bind="n=world_size").describe()
+            '<lambda>(tensor, n=<the number of ranks>)'
+        """
         kind = KIND[self.kind]
-        names = list(kind.parameters[: self.positional])
+        names = list(self.shown or kind.parameters)[: self.positional]
         count = kind.count_words
         if self.count_positional:
             names.append(f"{self.count_parameter}={count}" if self.count_parameter else count)
@@ -318,16 +469,27 @@ class Call:
         if self.samples_keyword is not None:
             names[-1] = f"{self.count_keyword}=<loss items: samples, or tokens that count>"
             names.append(f"{self.samples_keyword}=<samples>")
+        names.extend(bound.describe() for bound in self.bound)
         return f"{self.name}({', '.join(names)})"
 
 
-def check_signature(fn: Callable[..., Any], kind: str) -> Call:
-    """How the harness will call ``fn`` as a ``kind`` plug-in; :class:`KindError` if it
-    cannot take what ``kind`` passes, or if where the count goes is ambiguous.
+# Parameters whose exact name says what the harness should pass, bound without asking when
+# they have no default (fairseq's all_reduce_dict(data, device, group)).
+NAMED_VALUES = ("world_size", "rank", "device", "group", "global_count")
 
-    The count (of this rank's samples) goes to the one parameter after the leading ones that
-    has no default, or else to one whose name says it is a count (:func:`is_count_name`);
-    an optional parameter with another name is left to its default.
+
+def check_signature(fn: Callable[..., Any], kind: str, bind: Binds = None) -> Call:
+    """How the harness will call ``fn`` as a ``kind`` plug-in; :class:`KindError` if it
+    cannot take what ``kind`` passes, or if what a parameter should get is not said.
+
+    The count (of this rank's loss items) goes to the one parameter after the leading ones
+    that has no default, if its name says it is a count (:func:`is_count_name`), or else to
+    one with a default whose name says so; an optional parameter with another name is left
+    to its default. ``bind`` fills parameters with what the user names (:func:`parse_binds`);
+    a parameter named for the scenario's classes (``vocab_size``, ``num_classes``) or, with
+    no default, for a value the rank has (``world_size``, ``rank``, ``device``, ``group``)
+    is bound so without asking. Any other required parameter is a usage error that names it
+    and the bindings that would fit: never guessed.
 
     Example::
 
@@ -336,29 +498,135 @@ def check_signature(fn: Callable[..., Any], kind: str) -> Call:
         'allreduce_params(model)'
     """
     spec = kind_named(kind)
+    binds = parse_binds(bind)
     if not callable(fn):
         raise KindError(f"{fn!r} is not callable; a {kind} plug-in is {spec.signature}")
     name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
     try:
         signature = inspect.signature(fn)
     except (TypeError, ValueError):
+        if binds:
+            raise KindError(
+                f"{name} has no signature to read, so nothing can be bound by name; pass a "
+                f"function that calls it with what it needs"
+            ) from None
         # Builtins and C callables: trust the user, as documented.
         arity = spec.arities[-1]
         if spec.counted_after is not None:
             return Call(name, kind, spec.lead, count_positional=arity == spec.lead + 1)
         return Call(name, kind, arity)
+    bound = _bound(name, signature, spec, binds)
+    unbound = signature.replace(
+        parameters=[p for p in signature.parameters.values() if p.name not in bound]
+    )
     if spec.counted_after is not None:
-        return _counted_call(name, spec, signature)
+        call = _counted_call(name, spec, unbound, signature)
+    else:
+        call = _fixed_call(name, spec, unbound, signature)
+    return dataclasses.replace(call, bound=tuple(bound.values()))
+
+
+def _fixed_call(
+    name: str, spec: Kind, unbound: inspect.Signature, signature: inspect.Signature
+) -> Call:
     for arity in reversed(spec.arities):
         try:
-            signature.bind(*range(arity))
+            unbound.bind(*range(arity))
         except TypeError:
             continue
-        return Call(name, kind, arity)
-    raise KindError(f"{name}{signature} cannot be a {kind} plug-in: expected {spec.signature}")
+        return Call(name, spec.name, arity)
+    required = _required(unbound, min(spec.arities))
+    if required:
+        raise KindError(_unsaid(name, signature, spec, required))
+    raise KindError(f"{name}{signature} cannot be a {spec.name} plug-in: expected {spec.signature}")
 
 
-def _counted_call(name: str, spec: Kind, signature: inspect.Signature) -> Call:
+def _required(signature: inspect.Signature, lead: int) -> list[inspect.Parameter]:
+    params = list(signature.parameters.values())
+    if params and params[0].kind is inspect.Parameter.VAR_POSITIONAL:
+        return []
+    return [
+        p
+        for p in params[lead:]
+        if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+    ]
+
+
+def _bound(
+    name: str, signature: inspect.Signature, spec: Kind, binds: tuple[Bound, ...]
+) -> dict[str, Bound]:
+    """The parameters bound by the user's ``binds`` and by their own names, checked."""
+    params = signature.parameters
+    lead = spec.lead if spec.counted_after is not None else min(spec.arities)
+    passed = [p.name for p in list(params.values())[:lead]]
+    takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
+    bound: dict[str, Bound] = {}
+    for b in binds:
+        parameter = params.get(b.parameter)
+        if b.parameter in passed:
+            raise KindError(
+                f"{name}{signature}: {b.parameter!r} is what the harness passes as the "
+                f"{spec.parameters[passed.index(b.parameter)]}; it cannot be bound"
+            )
+        if parameter is None and not takes_any:
+            raise KindError(
+                f"{name}{signature} has no parameter {b.parameter!r} to bind; its parameters "
+                f"are {', '.join(params)}"
+            )
+        if parameter is not None and parameter.kind is parameter.POSITIONAL_ONLY:
+            raise KindError(
+                f"{name}{signature}: {b.parameter!r} is positional-only and bindings are "
+                f"passed by name; pass a function that calls it with the value in place"
+            )
+        bound[b.parameter] = b
+    for parameter in params.values():
+        if parameter.name in bound or parameter.name in passed:
+            continue
+        if parameter.kind in (parameter.POSITIONAL_ONLY, parameter.VAR_POSITIONAL):
+            continue
+        if parameter.kind is parameter.VAR_KEYWORD:
+            continue
+        if parameter.name in CLASS_NAMES:
+            bound[parameter.name] = Bound(parameter.name, "vocab_size")
+        elif parameter.name in NAMED_VALUES and parameter.default is parameter.empty:
+            bound[parameter.name] = Bound(parameter.name, parameter.name)
+    return bound
+
+
+def _fits(parameter: str) -> list[str]:
+    """The bindings that could be what a parameter named ``parameter`` means."""
+    words = set(parameter.lower().split("_"))
+    for source, hints in (
+        ("device", {"device", "dev"}),
+        ("group", {"group", "pg"}),
+        ("rank", {"rank"}),
+        ("world_size", {"world", "gpus", "replicas", "size"}),
+        ("vocab_size", {"vocab", "classes"}),
+    ):
+        if words & hints:
+            return [source] + (["count"] if source == "world_size" else [])
+    return ["world_size", "count", "global_count"]
+
+
+def _unsaid(
+    name: str, signature: inspect.Signature, spec: Kind, required: list[inspect.Parameter]
+) -> str:
+    """The usage error for required parameters whose names do not say what they get."""
+    which = ", ".join(repr(p.name) for p in required)
+    binds = "; ".join(
+        " or ".join(option("bind", f"{p.name}={fit}") for fit in _fits(p.name)) for p in required
+    )
+    return (
+        f"{name}{signature}: the harness cannot tell what {which} should get as a "
+        f"{spec.name} plug-in (its name says neither a count of loss items nor a value the "
+        f"rank has), and it never guesses. Bind it: {binds} (a binding's value is one of "
+        f"{', '.join(BINDABLE)}, or a Python literal)"
+    )
+
+
+def _counted_call(
+    name: str, spec: Kind, signature: inspect.Signature, shown: inspect.Signature
+) -> Call:
     # The first parameter may have a default only under a name for what the harness passes
     # first: anything else with a default (DeepSpeed's buffered_allreduce_fallback(grads=None,
     # ...)) is an optional argument the harness must not fill with the model.
@@ -374,12 +642,12 @@ def _counted_call(name: str, spec: Kind, signature: inspect.Signature) -> Call:
             for p in params[:lead]
         )
     if not takes_leading:
-        raise KindError(f"{name}{signature} cannot be a {kind} plug-in: expected {expected}")
+        raise KindError(f"{name}{shown} cannot be a {kind} plug-in: expected {expected}")
     first = params[0]
     if first.default is not first.empty and first.name not in spec.leading_names:
         short = name.split(".")[-1]
         raise KindError(
-            f"{name}{signature}: its first parameter {first.name!r} is optional, so it is not "
+            f"{name}{shown}: its first parameter {first.name!r} is optional, so it is not "
             f"the {leading} the harness passes first, and it is never filled by position; pass "
             f"a function that takes the {leading} and calls it, such as lambda {leading}: "
             f"{short}({first.name}=<from {leading}>)"
@@ -399,20 +667,15 @@ def _counted_call(name: str, spec: Kind, signature: inspect.Signature) -> Call:
             return Call(
                 name, kind, lead, count_keyword=items[0].name, samples_keyword=samples[0].name
             )
+    unnamed = [p for p in required if not is_count_name(p.name)]
+    if unnamed:
+        raise KindError(_unsaid(name, shown, spec, unnamed))
     if len(required) > 1:
         raise KindError(
-            f"{name}{signature} cannot be a {kind} plug-in: besides {leading} it needs "
-            f"{', '.join(p.name for p in required)}, and the harness passes one count at most "
-            f"(expected {expected})"
-        )
-    if required and counted and not is_count_name(required[0].name):
-        raise KindError(
-            f"{name}{signature}: ambiguous for a {kind} plug-in: the count of this rank's "
-            f"samples could go to {required[0].name!r} (it has no default) or to "
-            f"{counted[0].name!r} (its name says it is a count). Resolve it either way: give "
-            f"{required[0].name!r} a default so the count goes to {counted[0].name!r}, or pass "
-            f"a function that says which, such as lambda {leading}, n: "
-            f"{name.split('.')[-1]}({leading}, {counted[0].name}=n)"
+            f"{name}{shown} cannot be a {kind} plug-in as it stands: besides {leading} it "
+            f"needs {', '.join(p.name for p in required)}, and the harness passes one count; "
+            f"bind the others, such as "
+            f"{option('bind', f'{required[1].name}=count')}"
         )
     if required:
         only = required[0]
@@ -421,10 +684,10 @@ def _counted_call(name: str, spec: Kind, signature: inspect.Signature) -> Call:
         return Call(name, kind, lead, count_positional=True, count_parameter=only.name)
     if len(counted) > 1:
         raise KindError(
-            f"{name}{signature}: ambiguous for a {kind} plug-in: the count could go to any of "
+            f"{name}{shown}: ambiguous for a {kind} plug-in: the count could go to any of "
             f"{', '.join(repr(p.name) for p in counted)}; pass a function that says which, "
-            f"such as lambda {leading}, n: {name.split('.')[-1]}({leading}, "
-            f"{counted[0].name}=n)"
+            f"such as lambda {leading}, count: {name.split('.')[-1]}({leading}, "
+            f"{counted[0].name}=count)"
         )
     if counted:
         return Call(name, kind, lead, count_keyword=counted[0].name)

@@ -18,6 +18,7 @@ from typing import Any
 from ..engine.scenario import Scenario
 from ..world import protocol
 from ..world.protocol import modules_ranks_cannot_import, pickled_by_value
+from .kinds import Binds, parse_binds
 
 DEFAULT_DIRECTORY = Path(".ddp_verify") / "reproducers"
 
@@ -57,6 +58,12 @@ RESULT_ON = {result_on!r}
 # The reduction of the loss_fn a step function gets, and the wrapper a wrapped step gets.
 LOSS_REDUCTION = {loss_reduction!r}
 DDP_WRAPPER = {ddp_wrapper!r}
+# Parameters bound by name, and how a loss function gets its logits and labels.
+BIND = {bind!r}
+LOGITS, LABELS = {logits!r}, {labels!r}
+# How many times each rank trains the scenario with the same code (its state kept between
+# calls): more than once when the check found the code keeps state.
+REPEATS = {repeats!r}
 
 
 def load_function():
@@ -83,21 +90,35 @@ def train(rank, port, results):
     )
     method = adapt(
         load_function(), KIND, result_on=RESULT_ON, hook_state=load_hook_state(),
-        loss_reduction=LOSS_REDUCTION, ddp_wrapper=DDP_WRAPPER,
+        loss_reduction=LOSS_REDUCTION, ddp_wrapper=DDP_WRAPPER, bind=BIND, logits=LOGITS,
+        labels=LABELS,
     )
-    trace = method.train_rank(SCENARIO)
-    # Bytes, not tensors: shared-memory tensors die with the rank that made them.
-    results.put((rank, pickle.dumps(trace)))
+    for call in range(REPEATS):
+        trace = method.train_rank(SCENARIO)
+        # Bytes, not tensors: shared-memory tensors die with the rank that made them.
+        results.put((rank, call, pickle.dumps(trace)))
     dist.barrier()
     dist.destroy_process_group()
 
 
-class Spawned(Method):
-    """The user's code, trained on freshly spawned ranks."""
+class Recorded(Method):
+    """One call's traces, as the spawned ranks recorded them."""
+
+    def __init__(self, trace, call):
+        self.trace = trace
+        repeat = f" (call {{call + 1}} of {{REPEATS}})" if REPEATS > 1 else ""
+        self.name = f"{{KIND}} plug-in{{repeat}}"
+
+    def run(self, scenario, world=None):
+        return self.trace
+
+
+class Spawned:
+    """The user's code, trained on freshly spawned ranks, REPEATS times each."""
 
     name = f"{{KIND}} plug-in"
 
-    def run(self, scenario, world=None):
+    def run(self, scenario):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
@@ -106,35 +127,42 @@ class Spawned(Method):
             train, args=(port, results), nprocs=scenario.world_size, join=False
         )
         traces = {{}}
+        expected = scenario.world_size * REPEATS
 
         def receive():
             while not results.empty():
-                rank, data = results.get()
-                traces[rank] = pickle.loads(data)
+                rank, call, data = results.get()
+                traces[rank, call] = pickle.loads(data)
 
         try:
             # join() raises as soon as a rank fails, so a broken rank never leaves us waiting.
-            while len(traces) < scenario.world_size:
+            while len(traces) < expected:
                 receive()
-                if len(traces) < scenario.world_size and context.join(timeout=0.2):
+                if len(traces) < expected and context.join(timeout=0.2):
                     receive()
                     break
         except (mp.ProcessExitedException, mp.ProcessRaisedException):
             # Every trace arrived before a rank died: gloo can abort a rank as its peers close
             # their connections at exit, after the run is over. That is not the user's bug.
             receive()
-            if len(traces) < scenario.world_size:
+            if len(traces) < expected:
                 raise
         finally:
             for process in context.processes:
                 process.join(timeout=10)
                 if process.is_alive():
                     process.kill()
-        return Trace(self.name, [traces[r] for r in range(scenario.world_size)])
+        return [
+            Trace(self.name, [traces[r, call] for r in range(scenario.world_size)])
+            for call in range(REPEATS)
+        ]
 
 
 if __name__ == "__main__":
-    outcome = check_equivalent(None, Spawned(), SCENARIO)
+    for call, trace in enumerate(Spawned().run(SCENARIO)):
+        outcome = check_equivalent(None, Recorded(trace, call), SCENARIO)
+        if not outcome.equivalent:
+            break
     print(outcome.report())
     sys.exit(0 if outcome.equivalent else 1)
 '''
@@ -151,10 +179,15 @@ def write_reproducer(
     hook_state: Callable[..., Any] | None = None,
     loss_reduction: str = "mean",
     ddp_wrapper: str | None = None,
+    bind: Binds = None,
+    logits: str = "3d",
+    labels: str = "aligned",
+    repeats: int = 1,
 ) -> Path:
     """Write the script for ``fn`` on ``scenario``, its ranks training on ``device``, called
     as the check called it (``result_on``, ``hook_state``, ``loss_reduction``,
-    ``ddp_wrapper``); return its path.
+    ``ddp_wrapper``, ``bind``, ``logits``, ``labels``), ``repeats`` times on the same ranks
+    (code that keeps state shows it from its second call on); return its path.
 
     Example::
 
@@ -162,7 +195,11 @@ def write_reproducer(
         # python path  ->  exits 1 while average_gradients is wrong on that scenario
     """
     name = getattr(fn, "__qualname__", type(fn).__name__)
-    called = f"{kind}{name}{scenario!r}{device}{result_on}{loss_reduction}{ddp_wrapper}"
+    binds = [bound.text() for bound in parse_binds(bind)]
+    called = (
+        f"{kind}{name}{scenario!r}{device}{result_on}{loss_reduction}{ddp_wrapper}{binds}"
+        f"{logits}{labels}{repeats}"
+    )
     digest = hashlib.sha1(called.encode()).hexdigest()[:8]
     directory = directory or DEFAULT_DIRECTORY
     directory.mkdir(parents=True, exist_ok=True)
@@ -178,6 +215,10 @@ def write_reproducer(
             result_on=result_on,
             loss_reduction=loss_reduction,
             ddp_wrapper=ddp_wrapper,
+            bind=binds,
+            logits=logits,
+            labels=labels,
+            repeats=repeats,
             loader=_loader(fn),
             state_loader="    return None" if hook_state is None else _loader(hook_state),
         )

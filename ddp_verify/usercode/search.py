@@ -15,20 +15,25 @@ from typing import Any
 import hypothesis
 from hypothesis import HealthCheck, Phase, Verbosity, given, settings
 
+from ..engine.compare import compare
 from ..engine.compression import CompressionTolerance
 from ..engine.lockstep import in_lockstep
-from ..engine.outcome import EquivalenceError
+from ..engine.outcome import EquivalenceError, Outcome
 from ..engine.scenario import Scenario
 from ..engine.strategies import optimizers, scenarios
-from ..methods.equivalence import HarnessError, assert_equivalent
+from ..engine.tolerances import Float64Tolerance
+from ..engine.trace import Trace
+from ..methods.base import Method
+from ..methods.equivalence import HarnessError, assert_equivalent, check_equivalent
 from ..world import RankError, WorldError
 from ..world.interface import Ranked
 from ..world.naming import option
 from . import findings
 from .adapters import DEFAULT_BOUNDS, KindError, adapt
-from .diagnose import failure_cause, likely_causes
+from .diagnose import failure_cause, known_issue_cause, likely_causes
 from .findings import Cause
-from .kinds import KIND
+from .kinds import KIND, Binds, parse_binds
+from .precision import lowered_tolerance, measured_precision, probe_scenario
 from .reproducer import write_reproducer
 from .verdict import CodeFailed, NotEquivalent, Status, Verdict
 
@@ -70,6 +75,9 @@ def search(
     hook_state: Callable[..., Any] | None = None,
     loss_reduction: str = "mean",
     ddp_wrapper: str | None = None,
+    bind: Binds = None,
+    logits: str = "3d",
+    labels: str = "aligned",
     full_trace: bool = False,
     **scenario_bounds: Any,
 ) -> Verdict:
@@ -91,6 +99,9 @@ def search(
     ``factory(module)``), once the process group exists. ``loss_reduction``: the reduction of
     the ``loss_fn`` a step function gets (``mean``, ``sum`` or ``none``); ``ddp_wrapper``
     (``"module:callable"``) wraps the model a ``wrapped-step`` function gets instead of DDP.
+    ``bind`` fills parameters by name (``{"n": "world_size"}`` or ``"n=world_size"``; see
+    :func:`~ddp_verify.usercode.kinds.parse_binds`); ``logits`` (``3d`` or ``2d``) and
+    ``labels`` (``aligned`` or ``unshifted``) lay out what a ``loss-fn`` gets.
     ``full_trace``: when the code fails, the ranks' tracebacks keep the harness's frames.
 
     Example::
@@ -100,19 +111,31 @@ def search(
     """
     __tracebackhide__ = True
     started = time.monotonic()
-    method = adapt(
-        fn,
-        kind,
+    # How the code is called: the adapter's options, the reproducer's too.
+    called: dict[str, Any] = dict(
         result_on=result_on,
         hook_state=hook_state,
         loss_reduction=loss_reduction,
         ddp_wrapper=ddp_wrapper,
+        bind=parse_binds(bind),
+        logits=logits,
+        labels=labels,
     )
+    method = adapt(fn, kind, **called)
     world_size = world.size
     fmt = lossy_format(kind, lossy, hook_state)
     bounds = {**DEFAULT_BOUNDS.get(kind, {}), **scenario_bounds}
+    if labels == "unshifted":
+        # A loss that shifts its labels is a language model's: token data whose last
+        # position never counts.
+        bounds["losses"] = scenario_bounds.get("losses", ("tokens",))
+        bounds["labels"] = labels
     if fmt is not None and fmt != LOW_RANK:
         bounds.setdefault("optimizers", optimizers(names=("sgd",)))
+    # Code that computes in a lower precision inside is held to that precision, measured.
+    precision = None
+    if fmt is None:
+        precision = measured_precision(world, method, probe_scenario(world_size, bounds))
     strategy = scenarios(world_size=world_size, **bounds)
     tried = 0
     failed = False
@@ -145,6 +168,13 @@ def search(
                 tolerance = world.helper.run_job(
                     CompressionTolerance, (scenario, fmt), name="the compression bound"
                 )[0]
+            elif precision is not None and scenario.dtype == "float64":
+                tolerance = world.helper.run_job(
+                    lowered_tolerance,
+                    (scenario, precision),
+                    {"device": world.device},
+                    name=f"{precision}'s bound",
+                )[0]
             assert_equivalent(world, method, scenario, tolerance=tolerance)
         except EquivalenceError:
             if not failed:
@@ -171,6 +201,7 @@ def search(
         world_size=world_size,
         device=world.device,
         lossy=fmt,
+        precision=precision,
     )
     try:
         search()
@@ -182,10 +213,8 @@ def search(
             error,
             fn,
             world,
-            result_on,
-            hook_state,
-            loss_reduction=loss_reduction,
-            ddp_wrapper=ddp_wrapper,
+            called,
+            method,
         )
         raise NotEquivalent(_timed(verdict, started)) from None
     except _CodeFailed as stop:
@@ -196,7 +225,9 @@ def search(
         # Only trouble in collectives (a hang, a death, a mismatch) can come from the ranks'
         # micro-batch counts; an exception of the user's own is its own news.
         in_collectives = stop.error.in_collectives
-        cause = failure_cause(kind, stop.scenario) if in_collectives else None
+        cause = known_issue_cause(stop.scenario, stop.error)
+        if cause is None and in_collectives:
+            cause = failure_cause(kind, stop.scenario)
         report = (
             f"{method.name} failed to run on a world of {world_size}:\n"
             f"Called as: {verdict.call}\n"
@@ -268,11 +299,8 @@ def _explained(
     error: EquivalenceError,
     fn: Callable[..., Any],
     world: Ranked,
-    result_on: str = "all",
-    hook_state: Callable[..., Any] | None = None,
-    *,
-    loss_reduction: str = "mean",
-    ddp_wrapper: str | None = None,
+    called: dict[str, Any],
+    method: Method,
 ) -> Verdict:
     """The verdict of a counterexample: the divergence, every likely cause and a reproducer
     script. The diagnosis trains simulations, so it runs on the world's helper process, as
@@ -282,6 +310,7 @@ def _explained(
     scenario = error.scenario if outcome is None else outcome.scenario
     causes: tuple[Cause, ...] = ()
     script = None
+    state = _keeps_state(world, method, outcome) if outcome is not None else None
     if outcome is not None:
         try:
             found = world.helper.run_job(
@@ -289,7 +318,7 @@ def _explained(
                 (kind, outcome.scenario, outcome.reference, outcome.got),
                 name="the diagnosis",
             )[0]
-            causes = tuple(found)
+            causes = tuple(found) if state is None else (state, *found)
         except RankError as exc:
             # The counterexample stands; only its explanation is missing.
             causes = (findings.DIAGNOSIS_FAILED.cause(reason=str(exc).splitlines()[0]),)
@@ -300,10 +329,10 @@ def _explained(
                     kind,
                     outcome.scenario,
                     device=world.device,
-                    result_on=result_on,
-                    hook_state=hook_state,
-                    loss_reduction=loss_reduction,
-                    ddp_wrapper=ddp_wrapper,
+                    # Code that keeps state shows it from its second call on: the script
+                    # calls it as often as that takes.
+                    repeats=1 if state is None else STATE_REPEATS,
+                    **called,
                 )
             )
         except OSError as exc:
@@ -322,6 +351,41 @@ def _explained(
         message=report,
         outcome=outcome,
     )
+
+
+# How many times a reproducer trains the scenario on the same ranks when the code keeps state.
+STATE_REPEATS = 3
+
+
+def _keeps_state(world: Ranked, method: Method, outcome: Outcome) -> Cause | None:
+    """Train the counterexample again on the same ranks: code whose result changes from one
+    call to the next keeps state between calls (what it reported is not one call's)."""
+    try:
+        again = check_equivalent(world, method, outcome.scenario, tolerance=outcome.tolerance)
+    except (RankError, WorldError, HarnessError):
+        return None
+    # Rank by rank: ranks that never synchronise differ from each other, not from themselves.
+    changed = [
+        rank
+        for rank, (before, after) in enumerate(zip(outcome.got.ranks, again.got.ranks, strict=True))
+        if compare(
+            Trace("first", [before]),
+            Trace("again", [after]),
+            outcome.scenario,
+            Float64Tolerance(),
+        )
+        is not None
+    ]
+    if not changed:
+        return None
+    before, after = outcome.got.ranks[changed[0]], again.got.ranks[changed[0]]
+    step = next((s for s in range(len(before.losses)) if before.losses[s] != after.losses[s]), None)
+    if step is not None:
+        first_words = f"loss {before.losses[step]:.6g} at step {step}"
+        second_words = f"loss {after.losses[step]:.6g}"
+    else:
+        first_words, second_words = "one set of parameters", "another"
+    return findings.KEEPS_STATE.cause(first=first_words, second=second_words)
 
 
 def describe_causes(causes: list[Cause]) -> str:

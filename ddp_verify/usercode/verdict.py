@@ -58,6 +58,8 @@ JSON_FIELDS = {
     "device": "cpu or cuda",
     "call": "how the harness called the code: 'sync(model, num_samples=<...>)'",
     "examples": "scenarios tried",
+    "precision": "float32 where the code was measured to compute in float32 inside (it was "
+    "held to float32's measured bound); null otherwise",
     "scenario": "the (shrunk) counterexample, as a Scenario(...) expression",
     "likely_cause": "the first cause's words",
     "likely_causes": "every cause: {cause, subject, pattern, evidence, weights}",
@@ -94,6 +96,8 @@ class Verdict:
     reproducer: str | None = None
     # The format a lossy comm hook was held to ("float16"), or None for exact equivalence.
     lossy: str | None = None
+    # The format the code computes in, measured, where lower than float64 ("float32").
+    precision: str | None = None
     seconds: float | None = None
     # The report of a verdict other than equivalent (the equivalent one is composed).
     message: str = ""
@@ -124,10 +128,24 @@ class Verdict:
                 if self.lossy.startswith("low rank")
                 else f" (lossy by design: within {self.lossy}'s bound)"
             )
+        precision = ""
+        if self.precision:
+            precision = (
+                f"\nPrecision: computes in {self.precision}: held to {self.precision}'s "
+                "measured bound"
+            )
         return (
             f"{self.target or self.function} ({self.kind}): equivalent on {self.examples} "
             f"generated scenarios at world size {self.world_size}; no counterexample found"
-            f"{lossy}\nCalled as: {self.call}"
+            f"{lossy}\nCalled as: {self.call}{precision}"
+        )
+
+    def filled(self, **context: Any) -> Verdict:
+        """This verdict with the fields it lacks taken from ``context`` (what a front end
+        knows beside it: the target as the user named it); its own are kept (the call as the
+        check made it, shapes included)."""
+        return dataclasses.replace(
+            self, **{k: v for k, v in context.items() if getattr(self, k) is None}
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -141,6 +159,7 @@ class Verdict:
             "device": self.device,
             "call": self.call,
             "examples": self.examples,
+            "precision": self.precision,
             "scenario": repr(self.scenario) if self.scenario is not None else None,
             "likely_cause": self.cause,
             "likely_causes": [c.as_json() for c in self.causes],
@@ -220,7 +239,7 @@ def verdict_for(exc: BaseException, **context: Any) -> Verdict:
     from .kinds import KindError
 
     if isinstance(exc, CheckFailed):
-        return dataclasses.replace(exc.verdict, **context)
+        return exc.verdict.filled(**context)
     if isinstance(exc, (KindError, JobPicklingError, DeviceUnavailable)):
         status, text = Status.USAGE_ERROR, f"ddp-verify: error: {exc}"
     elif isinstance(exc, (WorldError, HarnessError)):

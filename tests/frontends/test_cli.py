@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -542,6 +543,8 @@ def test_the_2024_accumulation_bug_on_the_cli_lists_every_cause_in_json(tmp_path
             "25",
             "--seed",
             "0",
+            "--logits",
+            "2d",
             "--json",
             kind="loss-fn",
         ),
@@ -549,7 +552,10 @@ def test_the_2024_accumulation_bug_on_the_cli_lists_every_cause_in_json(tmp_path
     )
     assert result.returncode == 1, result.stderr
     verdict = json.loads(result.stdout)
-    assert verdict["call"] == "mean_cross_entropy(logits, labels)"
+    assert verdict["call"] == (
+        "mean_cross_entropy(logits[batch*seq, vocab] or [batch, classes], labels[batch*seq] or "
+        "[batch])"
+    )
     causes = verdict["likely_causes"]
     assert causes and causes[0]["cause"] == verdict["likely_cause"]
     assert {"cause", "subject", "pattern", "evidence", "weights"} <= set(causes[0])
@@ -595,3 +601,27 @@ def test_a_users_model_is_trained_and_a_bad_factory_is_a_usage_error(tmp_path):
         cwd=tmp_path,
     )
     assert mixed.returncode == 2 and "the loss follows from your targets" in mixed.stderr
+
+
+def test_a_parameter_that_says_nothing_is_a_usage_error_whose_suggested_bind_runs(tmp_path):
+    # timm's reduce_tensor(tensor, n) takes the world size as n: the command refuses to guess
+    # (exit 2), names the parameter and the --bind that would fit; run as suggested, the check
+    # runs and finds the world-size averaging it does (exit 1).
+    target = f"{FIXTURES}/real_style/bound_helpers.py:reduce_tensor"
+    refused = ddp_verify(*check_command(target, "--json", kind="reduce"), cwd=tmp_path)
+    assert refused.returncode == 2, refused.stderr
+    verdict = json.loads(refused.stdout)
+    assert verdict["verdict"] == "usage-error"
+    assert "cannot tell what 'n' should get" in verdict["report"]
+    suggested = re.findall(r"--bind (n=\w+)", verdict["report"])
+    assert suggested[:2] == ["n=world_size", "n=count"]
+    result = ddp_verify(
+        *check_command(
+            target, "--bind", suggested[0], "--max-examples", "20", "--json", kind="reduce"
+        ),
+        cwd=tmp_path,
+    )
+    assert result.returncode == 1, result.stderr
+    checked = json.loads(result.stdout)
+    assert checked["call"] == "reduce_tensor(tensor[], n=<the number of ranks>)"
+    assert "unweighted mean of rank means" in checked["likely_cause"]

@@ -4,6 +4,8 @@ resolve it. No world needed: the signature is read before anything starts."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from ddp_verify.usercode.kinds import KindError, check_signature, is_count_name
@@ -42,6 +44,15 @@ def two_counts(model, num_samples=None, batch_size=None): ...
 def too_many(model, a, b): ...
 
 
+def timm_reduce_tensor(tensor, n, average=True): ...
+
+
+def fairseq_all_reduce_dict(data, device, group): ...
+
+
+def hf_causal_lm_loss(logits, labels, vocab_size, num_items_in_batch=None, ignore_index=-100): ...
+
+
 def loss_without_count(loss): ...
 
 
@@ -54,7 +65,6 @@ def loss_helper(loss, num_tokens=None, average=True): ...
         (megatron, "grad-sync", "megatron(model)", ("m",), {}),
         (deepspeed, "grad-sync", "deepspeed(model)", ("m",), {}),
         (positional, "grad-sync", "positional(model, num_samples=<", ("m", 7), {}),
-        (renamed, "grad-sync", "renamed(model, weight=<", ("m", 7), {}),
         (keyword_only, "grad-sync", "keyword_only(model, num_tokens=<", ("m",), {"num_tokens": 7}),
         (
             optional_count,
@@ -82,22 +92,79 @@ def test_an_optional_flag_is_never_filled_by_position():
         assert args == ("model",) and kwargs == {}
 
 
-@pytest.mark.parametrize(
-    ("fn", "words"),
-    [
-        (ambiguous, "could go to 'group' (it has no default) or to 'num_samples'"),
-        (two_counts, "could go to any of 'num_samples', 'batch_size'"),
-        (too_many, "besides model it needs a, b"),
-    ],
-    ids=["required-or-named", "two-named", "two-required"],
-)
-def test_what_cannot_be_decided_is_a_usage_error_that_says_how_to_resolve_it(fn, words):
+def test_two_optional_counts_are_a_usage_error_whose_fix_runs():
     with pytest.raises(KindError) as caught:
-        check_signature(fn, "grad-sync")
+        check_signature(two_counts, "grad-sync")
     message = str(caught.value)
-    assert words in message
-    if fn is not too_many:
-        assert "lambda model, n:" in message  # one way to resolve it, spelled out
+    assert "could go to any of 'num_samples', 'batch_size'" in message
+    fix = message[message.index("lambda model, count:") :]
+    resolved = eval(fix)  # the suggested function, as written, takes what the harness passes
+    assert check_signature(resolved, "grad-sync").count_positional
+
+
+@pytest.mark.parametrize("fn", [renamed, too_many, timm_reduce_tensor], ids=lambda f: f.__name__)
+def test_a_required_parameter_that_says_nothing_is_never_guessed(fn):
+    # timm passes the world size as reduce_tensor(tensor, n): filling n with a count would be
+    # a guess, and a wrong one. The error names every such parameter and the bindings that
+    # fit, and each suggested binding, as written, makes the signature usable.
+    kind = "reduce" if fn is timm_reduce_tensor else "grad-sync"
+    with pytest.raises(KindError, match="never guesses") as caught:
+        check_signature(fn, kind)
+    message = str(caught.value)
+    unsaid = [p for p in ("weight", "a", "b", "n") if f"'{p}'" in message]
+    assert unsaid, message
+    for parameter in unsaid:
+        assert f"bind='{parameter}=world_size'" in message
+        assert f"bind='{parameter}=count'" in message
+    binds = [f"{p}=world_size" for p in unsaid]
+    call = check_signature(fn, kind, bind=binds)
+    values = {"world_size": 4}
+    assert call.arguments(("m",), 7, values=values) == (("m",), {p: 4 for p in unsaid})
+
+
+def test_what_a_binding_names_reaches_the_parameter():
+    call = check_signature(timm_reduce_tensor, "reduce", bind={"n": "world_size", "average": False})
+    assert call.describe() == "timm_reduce_tensor(tensor, n=<the number of ranks>, average=False)"
+    assert call.arguments(("t",), 7, values={"world_size": 3}) == (
+        ("t",),
+        {"n": 3, "average": False},
+    )
+    # From the command line: NAME=VALUE, VALUE a known name or a Python literal.
+    text = check_signature(timm_reduce_tensor, "reduce", bind=["n=count", "average='no'"])
+    assert text.arguments(("t",), 7) == (("t",), {"n": 7, "average": "no"})
+
+
+@pytest.mark.parametrize(
+    ("bind", "words"),
+    [
+        (["n"], "a binding is NAME=VALUE"),
+        (["n=world size"], "neither a value the harness knows"),
+        (["k=world_size"], "has no parameter 'k' to bind; its parameters are tensor, n, average"),
+        (["tensor=count"], "'tensor' is what the harness passes as the tensor"),
+    ],
+)
+def test_a_binding_that_cannot_be_is_a_usage_error(bind, words):
+    with pytest.raises(KindError, match=re.escape(words)):
+        check_signature(timm_reduce_tensor, "reduce", bind=bind)
+
+
+def test_parameters_whose_names_say_what_they_are_are_bound_without_asking():
+    # fairseq's all_reduce_dict(data, device, group); HF's ForCausalLMLoss(logits, labels,
+    # vocab_size, num_items_in_batch=None, ...): each parameter's name says what it gets.
+    call = check_signature(fairseq_all_reduce_dict, "reduce-dict")
+    assert call.describe() == (
+        "fairseq_all_reduce_dict(metrics, device=<the rank's device>, "
+        "group=<the world's process group>)"
+    )
+    lm = check_signature(hf_causal_lm_loss, "loss-fn")
+    assert lm.count_keyword == "num_items_in_batch"
+    values = {"vocab_size": 7, "device": "cpu", "group": None}
+    assert lm.arguments(("x", "y"), 9, values=values) == (
+        ("x", "y"),
+        {"num_items_in_batch": 9, "vocab_size": 7},
+    )
+    # A group named so, required, is the world's; the count still goes to the named count.
+    assert check_signature(ambiguous, "grad-sync").count_keyword == "num_samples"
 
 
 def test_an_optional_first_parameter_is_not_filled_with_the_model():
@@ -120,7 +187,17 @@ def test_count_names():
         "ntokens",
     ):
         assert is_count_name(name), name
-    for name in ("reduce_after", "elements_per_buffer", "group", "fp32_allreduce", "average"):
+    for name in (
+        "reduce_after",
+        "elements_per_buffer",
+        "group",
+        "fp32_allreduce",
+        "average",
+        "n",  # timm's reduce_tensor(tensor, n) takes the world size
+        "num_gpus",
+        "num_classes",
+        "n_replicas",
+    ):
         assert not is_count_name(name), name
 
 

@@ -33,10 +33,17 @@ CASES = [
     for module in [load(f"real_style/{stem}")]
     for name, (verdict, cause) in module.EXPECTED.items()
 ]
-# A file's HOOK_STATE (a comm hook's state factory) and LOSS_REDUCTION (the loss_fn its step
-# functions are written for) are check() options for its fixtures; SCENARIO_BOUNDS are the
-# scenarios it is written for (token-level losses, say).
-FILE_OPTIONS = (("hook_state", "HOOK_STATE"), ("loss_reduction", "LOSS_REDUCTION"))
+# A file's HOOK_STATE (a comm hook's state factory), LOSS_REDUCTION (the loss_fn its step
+# functions are written for), BIND (parameters bound by name), LOGITS and LABELS (how its loss
+# functions take a token loss's logits and labels) are check() options for its fixtures;
+# SCENARIO_BOUNDS are the scenarios it is written for (token-level losses, say).
+FILE_OPTIONS = (
+    ("hook_state", "HOOK_STATE"),
+    ("loss_reduction", "LOSS_REDUCTION"),
+    ("bind", "BIND"),
+    ("logits", "LOGITS"),
+    ("labels", "LABELS"),
+)
 OPTIONS = {
     id(getattr(module, name)): {
         **{

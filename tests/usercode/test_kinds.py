@@ -4,6 +4,8 @@ both, so that a new kind or finding that misses a piece fails here, not in a use
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from ddp_verify.engine.strategies import scenarios
@@ -15,9 +17,11 @@ from ddp_verify.usercode.mistakes import FAMILIES, candidates
 from ddp_verify.usercode.weights import CLOSE, RESIDUAL, close_for, residual_for
 
 
-def _taking(n: int):
-    """A callable of ``n`` positional parameters, as a plug-in of that arity is."""
-    names = ", ".join(f"a{i}" for i in range(n))
+def _taking(n: int, lead: int | None = None):
+    """A callable of ``n`` positional parameters, as a plug-in of that arity is: past the
+    ``lead`` ones the harness passes first, a count named as one."""
+    lead = n if lead is None else lead
+    names = ", ".join([f"a{i}" for i in range(min(n, lead))] + ["num_items"] * (n > lead))
     namespace: dict = {}
     exec(f"def code({names}):\n    return None\n", namespace)
     return namespace["code"]
@@ -33,18 +37,23 @@ def test_every_kind_has_every_piece_the_harness_reads(kind):
     for mistake in candidates(kind.name):
         assert mistake.findings and all(findings.finding(code) for code in mistake.findings)
     # A callable of each arity it takes is called as the kind says, and adapts.
+    lead = kind.lead if kind.counted_after else None
     for arity in kind.arities:
-        call = check_signature(_taking(arity), kind.name)
-        assert call.kind == kind.name
+        call = check_signature(_taking(arity, lead), kind.name)
+        assert call.kind == kind.name and call.takes_count == (lead is not None and arity > lead)
         assert call.describe().startswith("code(" + kind.parameters[0])
-        method = adapt(_taking(arity), kind.name)
-        assert method.call == call and method.name.startswith(kind.name)
+        method = adapt(_taking(arity, lead), kind.name)
+        # The adapter's call is the same, shown with the shapes its options give.
+        assert dataclasses.replace(method.call, shown=()) == call
+        assert method.name.startswith(kind.name)
 
 
 @pytest.mark.parametrize("kind", REGISTRY, ids=lambda k: k.name)
 def test_an_option_applies_only_to_the_kinds_that_take_it(kind):
-    code = _taking(kind.arities[-1])
+    code = _taking(kind.arities[-1], kind.lead if kind.counted_after else None)
     for option, value, takes in (
+        ("logits", "2d", kind.adapter == "loss-fn"),
+        ("labels", "unshifted", kind.adapter == "loss-fn"),
         ("hook_state", lambda: None, kind.hook_state),
         ("loss_reduction", "sum", kind.owns_micro_batches),
         ("result_on", "rank0", kind.result_on_rank0),

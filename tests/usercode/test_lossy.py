@@ -3,9 +3,12 @@ user says it compresses on purpose, and named as compression when the user does 
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from ddp_verify import EquivalenceError, check
+from ddp_verify.strategies import models
 from ddp_verify.usercode.kinds import KindError
 from tests.user_code import load
 
@@ -77,3 +80,54 @@ def test_lowrank_is_held_to_exact_equivalence_with_the_state_it_is_given(tmp_pat
             hook_state=stateful.counting_state,
         )
     assert "float64 rounding" in str(caught.value)  # held to exact equivalence, no bound
+
+
+powersgd = load("real_style/powersgd_hooks")
+
+
+@pytest.mark.parametrize("lossy", [None, "bf16", "lowrank"])
+def test_a_low_rank_approximation_is_named_as_such_and_never_passes_as_rounding(
+    lossy, tmp_path, monkeypatch
+):
+    # PowerSGD at rank 1 (torch's uneven-inputs test's state): named a low-rank approximation
+    # with the matrix, both ranks and the relative error, whatever --lossy says; held to
+    # bfloat16's bound it fails (its first compressed gradients are off far beyond rounding).
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(EquivalenceError) as caught:
+        check(
+            powersgd.powerSGD_hook,
+            kind="comm-hook",
+            world_size=2,
+            max_examples=30,
+            seed=0,
+            lossy=lossy,
+            hook_state=powersgd.rank_one_from_step_one,
+        )
+    cause = caught.value.causes[0]
+    assert cause.pattern == "lowrank", caught.value.cause
+    assert re.search(r"has rank 1 where the full-batch gradient's has rank [2-9]", cause.text)
+    assert re.search(r"relative error \d", cause.text)
+    assert "bfloat16" not in cause.text and "lossy='lowrank'" in cause.text
+
+
+def test_a_known_torch_issue_is_named_in_the_check_with_the_option_that_avoids_it(
+    tmp_path, monkeypatch
+):
+    # PowerSGD with a parameter forward never uses meets torch's PowerSGD x
+    # find_unused_parameters issue (the conformance suite marks it): the check names it, and
+    # the option that avoids it, spelled for check().
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(EquivalenceError) as caught:
+        check(
+            powersgd.powerSGD_hook,
+            kind="comm-hook",
+            world_size=2,
+            max_examples=10,
+            seed=0,
+            timeout=10,
+            hook_state=powersgd.compressing_everything,
+            models=models(required_features=("unused",)),
+        )
+    assert caught.value.verdict.status.value == "error"
+    assert caught.value.causes[0].pattern == "torch:powersgd-unused"
+    assert "models=models(excluded_features=('unused',))" in caught.value.cause
