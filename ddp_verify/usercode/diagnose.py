@@ -19,18 +19,18 @@ import torch
 
 from ..engine.compare import compare, outside
 from ..engine.compression import CompressionTolerance
-from ..engine.models import one_thread
+from ..engine.models import one_thread, rank_items
 from ..engine.scenario import Scenario
 from ..engine.tolerances import Float64Tolerance, Tolerance, by_roundoff
 from ..engine.trace import Trace
 from ..world import RankError
 from ..world.naming import option
 from . import findings as f
-from .explain import gradient_causes, gradient_fits, loss_causes
+from .explain import gradient_causes, gradient_fits, loss_causes, loss_ratio
 from .findings import Cause
 from .kinds import KIND
 from .mistakes import Mistake, applies, candidates, simulate
-from .weights import WeightFit, fit_gradient, observed_gradients, unit_of
+from .weights import WeightFit, close_for, fit_gradient, observed_gradients, unit_of
 
 __all__ = ["Cause", "failure_cause", "likely_cause", "likely_causes", "matches"]
 
@@ -88,10 +88,14 @@ def likely_causes(kind: str, scenario: Scenario, reference: Trace, got: Trace) -
         loss: list[Cause] = []
         if not any(c.subject == "loss" for c in structural):
             loss = loss_causes(scenario, reference, got)
-        causes = structural + gradient + loss
+        gradient = [_measured(c, fits, scenario, reference, got) for c in gradient]
+        causes = (
+            structural + gradient + _like_the_gradient(loss, gradient, scenario, reference, got)
+        )
         open_questions = {finding.code for finding in f.OPEN_QUESTIONS}
         if not causes or any(c.pattern in open_questions for c in causes):
             causes = _with_simulated(kind, scenario, got, causes)
+    causes = [c for c in causes if can_show(c.pattern, scenario)]
     if causes:
         return causes
     failed = failure_cause(kind, scenario)
@@ -106,6 +110,38 @@ def likely_causes(kind: str, scenario: Scenario, reference: Trace, got: Trace) -
             read=read,
         )
     ]
+
+
+# Findings only a scenario with accumulation can show, and only one whose ranks hold
+# different numbers of loss items at some step.
+_NEEDS_MICRO_BATCHES = {
+    f.MICRO_EQUAL.code,
+    f.MICRO_LAST_ONLY.code,
+    f.MICRO_DROPPED.code,
+    f.MICRO_SAMPLES.code,
+    f.MICRO_OTHER.code,
+    f.STEP_EACH.code,
+    f.LOSS_MICRO_EQUAL.code,
+    f.LOSS_LAST_ONLY.code,
+}
+_NEEDS_UNEVEN_RANKS = {f.RANKS_WORLD.code, f.LOSS_WORLD.code, f.RANKS_EQUAL.code}
+
+
+def can_show(pattern: str, scenario: Scenario) -> bool:
+    """Whether ``scenario`` can show the finding ``pattern`` at all: a mistake in weighting
+    micro-batches needs some rank to hold several, one in weighting ranks needs ranks with
+    different numbers of loss items. A cause is never named where it cannot show.
+
+    Example::
+
+        >>> can_show("micro:equal", Scenario(world_size=2, schedule=(((1,), (2,)),)))
+        False
+    """
+    if pattern in _NEEDS_MICRO_BATCHES:
+        return scenario.accumulates
+    if pattern in _NEEDS_UNEVEN_RANKS:
+        return any(len(set(rank_items(scenario, s))) > 1 for s in range(scenario.steps))
+    return True
 
 
 def _first_fit(scenario: Scenario, got: Trace) -> WeightFit | None:
@@ -169,6 +205,70 @@ def _merge(
         + rest
         + [c for c in from_mistake if c.subject != "gradient"]
     )
+
+
+def _measured(
+    cause: Cause, fits: list[WeightFit], scenario: Scenario, reference: Trace, got: Trace
+) -> Cause:
+    """A gradient no weighting explains, described by what was measured at the fitted step:
+    a factor per parameter, or how far from proportional to the full-batch gradient it is."""
+    if cause.pattern != f.NONLINEAR.code or not fits or not reference.ranks[0].grads:
+        return cause
+    step = fits[0].step
+    rank = max(fits, key=lambda fit: fit.residual).rank
+    expected = reference.ranks[0].grads[step]
+    # As the fit read it: .grad, or for a step function the first SGD update's.
+    observed = observed_gradients(scenario, got, step)[rank] or {}
+    pairs = []
+    for name, truth in expected.items():
+        value = observed.get(name)
+        if truth is not None and value is not None and float(truth.norm()) > 0:
+            pairs.append((name, truth.double().flatten(), value.double().flatten()))
+    if not pairs:
+        return cause
+    scales, proportional = [], True
+    for name, truth, value in pairs:
+        factor = float(value @ truth / (truth @ truth))
+        proportional &= float((value - factor * truth).norm()) <= 1e-6 * float(value.norm() + 1)
+        scales.append(f"{name!r} x{factor:.4g}")
+    if proportional:
+        measured = f.PER_PARAMETER_SCALE.format(scales=", ".join(scales))
+    else:
+        truth = torch.cat([t for _, t, _ in pairs])
+        value = torch.cat([v for _, _, v in pairs])
+        cosine = float(value @ truth / (value.norm() * truth.norm() + 1e-300))
+        measured = f.NOT_PROPORTIONAL.format(
+            cosine=cosine, ratio=float(value.norm() / truth.norm())
+        )
+    return dataclasses.replace(cause, text=f.NONLINEAR.says(measured=measured))
+
+
+def _like_the_gradient(
+    loss: list[Cause], gradient: list[Cause], scenario: Scenario, reference: Trace, got: Trace
+) -> list[Cause]:
+    """A reported loss scaled by the gradient's own factor is said to be so (the loss that
+    was backpropagated, scaled, is what was reported), on one step as on several."""
+    scales = [
+        row["weight"] / row["expected"]
+        for c in gradient
+        if c.pattern == f.SCALE.code and c.weights
+        for row in c.weights[:1]
+    ]
+    factor = loss_ratio(scenario, reference, got, 0)
+    close = close_for(scenario.dtype)
+    if factor is None or not any(abs(k - factor) <= close * abs(k) for k in scales):
+        return loss
+    scaled = f.LOSS_SCALED.cause(
+        evidence="rank 0 reported / the global mean: "
+        + ", ".join(
+            f"step {s}: {got.ranks[0].losses[s]:.6g} / {reference.ranks[0].losses[s]:.6g}"
+            for s in range(got.steps)
+        ),
+        factor=factor,
+        why=f.LOSS_SCALED_LIKE_GRADIENT,
+    )
+    unsaid = (f.LOSS_SCALED.code, f.LOSS_UNEXPLAINED.code)
+    return [scaled] + [c for c in loss if c.pattern not in unsaid]
 
 
 def _structural(kind: str, scenario: Scenario, reference: Trace, got: Trace) -> list[Cause]:

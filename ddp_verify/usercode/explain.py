@@ -51,10 +51,21 @@ def explain_fit(fit: WeightFit, close: float) -> list[tuple[str, str]]:
     ratios = [fit.ratio(i) for i in range(n)]
     if max(ratios) - min(ratios) <= close * max(1.0, abs(max(ratios))):
         k = ratios[0]
+        total = sum(g.items for g in fit.groups)
+        micro = {sum(1 for g in fit.groups if g.rank == r) for r in ranks}
+        m = micro.pop() if len(micro) == 1 else 0
         if world > 1 and _near(k, world, close):
             why = f.SUMMED_NOT_DIVIDED_BY_WORLD
         elif world > 1 and _near(k, 1 / world, close):
             why = f.DIVIDED_TWICE
+        elif total > 1 and _near(k, total, close):
+            why = f.SUMMED_OVER_ITEMS.format(n=total, unit=unit)
+        elif world > 1 and _near(k, total / world, close):
+            why = f.SUMMED_THEN_WORLD.format(n=total, unit=unit, world=world)
+        elif m > 1 and _near(k, m, close):
+            why = f.MICRO_NOT_DIVIDED.format(m=m)
+        elif m > 1 and _near(k, 1 / m, close):
+            why = f.MICRO_DIVIDED_TWICE.format(m=m)
         else:
             why = f.SCALED
         return [(f.SCALE.code, f.SCALE.says(why=why, unit=unit, factor=k))]
@@ -215,7 +226,7 @@ def gradient_causes(
     close, limit = bounds(scenario, compressed)
     if any(fit.residual > limit for fit in fits):
         worst = max(fits, key=lambda fit: fit.residual)
-        return [f.NONLINEAR.cause(evidence=worst.evidence(), weights=worst.table())]
+        return [f.NONLINEAR.cause(evidence=worst.evidence(), weights=worst.table(), measured="")]
     per_rank = [(fit, explain_fit(fit, close)) for fit in fits]
     patterns = [tuple(p for p, _ in found) for _, found in per_rank]
     if len(fits) > 1 and all(p == (f.RANKS_OWN.code,) for p in patterns):
@@ -254,6 +265,32 @@ def gradient_causes(
             for c in causes
         ]
     return causes
+
+
+def loss_ratio(scenario: Scenario, reference: Trace, got: Trace, rank: int) -> float | None:
+    """The one factor ``rank``'s reported loss is of the global mean at every step, if there
+    is one (and it is not 1).
+
+    Example::
+
+        loss_ratio(scenario, reference, got, 0)  # 1.5
+    """
+    return _constant_ratio(
+        [got.ranks[rank].losses[s] for s in range(got.steps)],
+        [reference.ranks[0].losses[s] for s in range(got.steps)],
+        residual_for(scenario.dtype),
+    )
+
+
+def _constant_ratio(got: list[float], expected: list[float], close: float) -> float | None:
+    """The one factor ``got`` is of ``expected`` at every step, if there is one (not 1)."""
+    if not got or any(e == 0 for e in expected):
+        return None
+    ratios = [g / e for g, e in zip(got, expected, strict=True)]
+    first = ratios[0]
+    if abs(first - 1.0) <= close or any(abs(r - first) > close * abs(first) for r in ratios):
+        return None
+    return first
 
 
 def _only_source(fit: WeightFit, close: float) -> int | None:
@@ -310,6 +347,22 @@ def loss_causes(scenario: Scenario, reference: Trace, got: Trace) -> list[Cause]
             )
     if unexplained:
         r = unexplained[0]
+        # One step's ratio is constant by itself: a scale needs two steps to show.
+        factor = loss_ratio(scenario, reference, got, r) if got.steps > 1 else None
+        if factor is not None:
+            causes.append(
+                f.LOSS_SCALED.cause(
+                    evidence=f"rank {r} reported / the global mean: "
+                    + ", ".join(
+                        f"step {s}: {got.ranks[r].losses[s]:.6g} / "
+                        f"{reference.ranks[0].losses[s]:.6g}"
+                        for s in range(got.steps)
+                    ),
+                    factor=factor,
+                    why="",
+                )
+            )
+            return causes
         steps = ", ".join(
             f"step {s}: {got.ranks[r].losses[s]:.6g} vs {reference.ranks[0].losses[s]:.6g}"
             for s in range(got.steps)

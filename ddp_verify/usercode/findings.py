@@ -19,7 +19,8 @@ class Cause:
     ``parameters``, ``run``); ``pattern``: the finding's code (``ranks:world``,
     ``micro:equal``, ...), derived from what the run did, never from the code's text;
     ``evidence``: the numbers behind it; ``weights``: the fitted weights, per rank and
-    micro-batch, where a fit found it.
+    micro-batch, where a fit found it; ``scenario``: the scenario that shows it, where that
+    is not the counterexample.
 
     Example::
 
@@ -32,6 +33,9 @@ class Cause:
     pattern: str
     evidence: str = ""
     weights: tuple[dict[str, Any], ...] = ()
+    # The scenario that shows it, where it is not the counterexample's (a Scenario(...)
+    # expression): a mistake found by a scenario that isolates one axis.
+    scenario: str = ""
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -40,6 +44,7 @@ class Cause:
             "pattern": self.pattern,
             "evidence": self.evidence,
             "weights": list(self.weights),
+            "scenario": self.scenario or None,
         }
 
 
@@ -125,6 +130,21 @@ SCALE = _finding("scale", "gradient", "{why}: every {unit} counted {factor:.4g}x
 SUMMED_NOT_DIVIDED_BY_WORLD = "gradients summed across ranks but not divided by the world size"
 DIVIDED_TWICE = "gradients divided by the world size once too often"
 SCALED = "the gradient is scaled"
+# Scale factors that are a ratio of counts say what was divided by what (N: the step's loss
+# items, W: the world size, M: the micro-batches each rank holds).
+SUMMED_OVER_ITEMS = (
+    "a sum over the step's {n} {unit}s never divided by their count (a loss with sum "
+    "reduction, or a mean multiplied back by its count)"
+)
+SUMMED_THEN_WORLD = (
+    "each rank's loss summed over its {unit}s, then averaged over ranks by the world size (as "
+    "DDP divides), never divided by the global count: {n} {unit}s / world size {world}"
+)
+MICRO_NOT_DIVIDED = (
+    "the {m} micro-batches' gradients summed, not divided by their number (or weighted by "
+    "their shares)"
+)
+MICRO_DIVIDED_TWICE = "the gradient divided by the number of micro-batches ({m}) once too often"
 
 # -- how micro-batches were weighted within a rank ---------------------------------------------
 MICRO_EQUAL = _finding(
@@ -163,9 +183,15 @@ STEP_EACH = _finding(
 NONLINEAR = _finding(
     "nonlinear",
     "gradient",
-    "the gradient is not a weighted sum of the micro-batches' gradients (not a linear mistake: "
-    "the optimizer stepped between micro-batches, gradients were clipped or compressed, or the "
-    "loss was changed)",
+    "the gradient is not a weighted sum of the micro-batches' gradients{measured}",
+)
+# What was measured of a gradient that no weighting explains.
+PER_PARAMETER_SCALE = (
+    ": each parameter's gradient is the full-batch one scaled by a factor of its own ({scales})"
+)
+NOT_PROPORTIONAL = (
+    ": it is not proportional to the full-batch gradient (cosine {cosine:.4g}, norm ratio "
+    "{ratio:.4g})"
 )
 
 # -- the reported loss -------------------------------------------------------------------------
@@ -203,6 +229,16 @@ LOSS_RANK0_ONLY = _finding(
     "the reduce tree of gloo and nccl leaves partial sums from 4 ranks on); if only rank 0's "
     "result is meant to be used, check with {result_on}, which holds rank 0's result to the "
     "global mean",
+)
+LOSS_SCALED = _finding(
+    "loss:scaled",
+    "loss",
+    "the reported loss is the global mean times {factor:.4g} at every step{why}",
+)
+# The words LOSS_SCALED adds when the gradient is off by the same factor.
+LOSS_SCALED_LIKE_GRADIENT = (
+    ", the gradient's own factor: the loss that was backpropagated, scaled as the gradient "
+    "is, is what was reported"
 )
 LOSS_UNEXPLAINED = _finding(
     "loss:unexplained",

@@ -89,6 +89,19 @@ def lowered_tolerance(scenario: Scenario, dtype: str, *, device: str = "cpu") ->
     return tolerance
 
 
+def held_to(world: Ranked, scenario: Scenario, dtype: str) -> MeasuredTolerance:
+    """:func:`lowered_tolerance`, measured on the world's helper (beside the ranks, on their
+    kind of device, as the reference is).
+
+    Example::
+
+        tolerance = held_to(world, scenario, "float32")
+    """
+    return world.helper.run_job(
+        lowered_tolerance, (scenario, dtype), {"device": world.device}, name=f"{dtype}'s bound"
+    )[0]
+
+
 def measured_precision(world: Ranked, method: Method, scenario: Scenario | None) -> str | None:
     """The format the code computes in, if lower than float64 (``"float32"``), measured on
     the probe ``scenario``; None for float64, or when the
@@ -105,12 +118,7 @@ def measured_precision(world: Ranked, method: Method, scenario: Scenario | None)
         if relative_deviation(outcome.reference, outcome.got) <= FLOAT64_LIMIT:
             return None
         for dtype in LOWER:
-            tolerance = world.helper.run_job(
-                lowered_tolerance,
-                (scenario, dtype),
-                {"device": world.device},
-                name=f"{dtype}'s bound",
-            )[0]
+            tolerance = held_to(world, scenario, dtype)
             if compare(outcome.reference, outcome.got, scenario, tolerance) is None:
                 return dtype
     except (RankError, WorldError, HarnessError):

@@ -32,8 +32,9 @@ from . import findings
 from .adapters import DEFAULT_BOUNDS, KindError, adapt
 from .diagnose import failure_cause, known_issue_cause, likely_causes
 from .findings import Cause
+from .isolate import every_mistake
 from .kinds import KIND, Binds, parse_binds
-from .precision import lowered_tolerance, measured_precision, probe_scenario
+from .precision import held_to, measured_precision, probe_scenario
 from .reproducer import write_reproducer
 from .verdict import CodeFailed, NotEquivalent, Status, Verdict
 
@@ -169,12 +170,7 @@ def search(
                     CompressionTolerance, (scenario, fmt), name="the compression bound"
                 )[0]
             elif precision is not None and scenario.dtype == "float64":
-                tolerance = world.helper.run_job(
-                    lowered_tolerance,
-                    (scenario, precision),
-                    {"device": world.device},
-                    name=f"{precision}'s bound",
-                )[0]
+                tolerance = held_to(world, scenario, precision)
             assert_equivalent(world, method, scenario, tolerance=tolerance)
         except EquivalenceError:
             if not failed:
@@ -215,6 +211,7 @@ def search(
             world,
             called,
             method,
+            bounds,
         )
         raise NotEquivalent(_timed(verdict, started)) from None
     except _CodeFailed as stop:
@@ -301,6 +298,7 @@ def _explained(
     world: Ranked,
     called: dict[str, Any],
     method: Method,
+    bounds: dict[str, Any],
 ) -> Verdict:
     """The verdict of a counterexample: the divergence, every likely cause and a reproducer
     script. The diagnosis trains simulations, so it runs on the world's helper process, as
@@ -313,11 +311,34 @@ def _explained(
     state = _keeps_state(world, method, outcome) if outcome is not None else None
     if outcome is not None:
         try:
+            # Weights fitted on a model with fewer parameters than micro-batches are not
+            # determined: diagnose the same scenario on a wider model where the code diverges
+            # there too, and say so.
+            diagnosed, wider = outcome, None
+            if state is None:
+                diagnosed, wider = _determined(world, method, outcome)
             found = world.helper.run_job(
                 likely_causes,
                 (kind, outcome.scenario, outcome.reference, outcome.got),
                 name="the diagnosis",
             )[0]
+            if wider is not None:
+                # The gradient's causes from the wider model, the loss's from the run itself.
+                widened = world.helper.run_job(
+                    likely_causes,
+                    (kind, diagnosed.scenario, diagnosed.reference, diagnosed.got),
+                    name="the diagnosis on a wider model",
+                )[0]
+                model_changing = ("gradient", "parameters")
+                found = [
+                    dataclasses.replace(c, evidence=f"{c.evidence} ({wider})".lstrip())
+                    for c in widened
+                    if c.subject in model_changing and c.pattern not in _NOT_FOUND
+                ] + [c for c in found if c.subject not in model_changing] or found
+            if state is None:
+                # Every mistake, not the first: scenarios that isolate one axis each.
+                shrunk = outcome.scenario
+                found = [*found, *every_mistake(world, method, kind, shrunk, found, bounds)]
             causes = tuple(found) if state is None else (state, *found)
         except RankError as exc:
             # The counterexample stands; only its explanation is missing.
@@ -355,6 +376,46 @@ def _explained(
 
 # How many times a reproducer trains the scenario on the same ranks when the code keeps state.
 STATE_REPEATS = 3
+
+
+# Findings that say nothing was found.
+_NOT_FOUND = {findings.UNEXPLAINED.code, findings.DIAGNOSIS_FAILED.code}
+# A model is wide enough for the fitted weights when it has this many parameters per
+# micro-batch of a step (the fit's unknowns): fewer, and the gradients of the micro-batches
+# are likely dependent. Widening only where needed keeps the fit on the counterexample's own
+# model (in bfloat16 a wider model's rounding blurs the weights).
+PARAMETERS_PER_GROUP = 2
+# The hidden width a diagnosis widens a tiny model to.
+WIDE = 16
+
+
+def _determined(world: Ranked, method: Method, outcome: Outcome) -> tuple[Outcome, str | None]:
+    """The outcome to diagnose: ``outcome``, or the same scenario trained again on a wider
+    model (same data, schedule, optimizer) when the model has too few parameters for the
+    weights of every micro-batch to be determined and the code diverges there too; with the
+    words that say so."""
+    scenario = outcome.scenario
+    groups = max(sum(len(sizes) for sizes in per_rank) for per_rank in scenario.schedule)
+    spec = scenario.model
+    if spec.kind == "user" or not spec.hidden:
+        return outcome, None
+    parameters = sum(t.numel() for t in outcome.reference.ranks[0].params[0].values())
+    if parameters >= PARAMETERS_PER_GROUP * groups:
+        return outcome, None
+    hidden = tuple(max(width, WIDE) for width in spec.hidden)
+    wide = dataclasses.replace(scenario, model=dataclasses.replace(spec, hidden=hidden))
+    try:
+        again = check_equivalent(world, method, wide, tolerance=outcome.tolerance)
+    except (RankError, WorldError, HarnessError, ValueError):
+        return outcome, None
+    if again.equivalent:
+        return outcome, None
+    wider = sum(t.numel() for t in again.reference.ranks[0].params[0].values())
+    return again, (
+        f"diagnosed on the same scenario with hidden layers {list(hidden)} ({wider} parameters "
+        f"for {groups} micro-batches; the shrunk model's {parameters} leave the weights "
+        "undetermined)"
+    )
 
 
 def _keeps_state(world: Ranked, method: Method, outcome: Outcome) -> Cause | None:
@@ -404,4 +465,6 @@ def describe_causes(causes: list[Cause]) -> str:
         lines.append(("" if i == 0 else "  ") + head + cause.text)
         if cause.evidence:
             lines.append(("  " if i == 0 else "    ") + "evidence: " + cause.evidence)
+        if cause.scenario:
+            lines.append(("  " if i == 0 else "    ") + "shown on: " + cause.scenario)
     return "\n".join(lines)
