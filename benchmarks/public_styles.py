@@ -59,6 +59,8 @@ CASES = [
 
 def run(case: tuple, world_size: int, examples: int, plain: bool, cwd: Path) -> dict:
     name, style, target, kind, options, newer = case
+    # Paths in options (--hook-state) from the repository, whatever the working directory.
+    options = [str(ROOT / o) if o.startswith("fixtures/") else o for o in options]
     command = [
         sys.executable, "-m", "ddp_verify", "check", str(ROOT / target), "--kind", kind,
         "--world-size", str(world_size), "--max-examples", str(examples), "--seed", "0",

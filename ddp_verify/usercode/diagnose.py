@@ -281,7 +281,7 @@ def _structural(kind: str, scenario: Scenario, reference: Trace, got: Trace) -> 
     partial = _partly_synchronised(reference, got)
     if partial:
         found.append(f.PARTIAL_SYNC.cause(names=", ".join(repr(n) for n in partial)))
-    low_rank = _low_rank(kind, reference, got)
+    low_rank = low_rank_cause(kind, reference, got)
     if low_rank is not None:
         return [low_rank]
     lossy = _lossy_compression(kind, scenario, reference, got)
@@ -339,11 +339,15 @@ def _held_by_rank_zero_only(scenario: Scenario, got: Trace) -> bool:
     return others_partial and apart and not own
 
 
-def _low_rank(kind: str, reference: Trace, got: Trace) -> Cause | None:
-    """A kind that may compress whose first-step gradient of some weight matrix has a lower
-    rank than the full-batch gradient's (the ranks' parameters are the reference's there, so
-    only the hook can have lowered it): a low-rank approximation, PowerSGD's design below full
-    rank. Named with the matrix, both ranks and the relative error."""
+def low_rank_cause(kind: str, reference: Trace, got: Trace) -> Cause | None:
+    """A kind that may compress whose gradient of some weight matrix at some step has a lower
+    rank than the full-batch gradient's: a low-rank approximation, PowerSGD's design below
+    full rank. Named with the matrix, both ranks and the relative error.
+
+    Example::
+
+        low_rank_cause("comm-hook", reference, got).pattern  # 'lowrank'
+    """
     if not KIND[kind].lossy or not reference.ranks[0].grads or not got.ranks[0].grads:
         return None
     steps = zip(reference.ranks[0].grads, got.ranks[0].grads, strict=False)

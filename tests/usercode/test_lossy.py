@@ -85,19 +85,20 @@ def test_lowrank_is_held_to_exact_equivalence_with_the_state_it_is_given(tmp_pat
 powersgd = load("real_style/powersgd_hooks")
 
 
-@pytest.mark.parametrize("lossy", [None, "bf16", "lowrank"])
+@pytest.mark.parametrize(("lossy", "world_size"), [(None, 2), ("bf16", 4), ("lowrank", 2)])
 def test_a_low_rank_approximation_is_named_as_such_and_never_passes_as_rounding(
-    lossy, tmp_path, monkeypatch
+    lossy, world_size, tmp_path, monkeypatch
 ):
     # PowerSGD at rank 1 (torch's uneven-inputs test's state): named a low-rank approximation
-    # with the matrix, both ranks and the relative error, whatever --lossy says; held to
-    # bfloat16's bound it fails (its first compressed gradients are off far beyond rounding).
+    # with the matrix, both ranks and the relative error, whatever --lossy says. Held to
+    # bfloat16's bound at 4 ranks it passed, one element 118% off (the bound pools later
+    # steps by their largest contribution): a low-rank gradient is never rounding.
     monkeypatch.chdir(tmp_path)
     with pytest.raises(EquivalenceError) as caught:
         check(
             powersgd.powerSGD_hook,
             kind="comm-hook",
-            world_size=2,
+            world_size=world_size,
             max_examples=30,
             seed=0,
             lossy=lossy,
