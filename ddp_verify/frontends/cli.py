@@ -43,6 +43,7 @@ warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
 
 from ..engine.scenario import ALL_LOSSES, DTYPES, FEATURES, MODEL_KINDS  # noqa: E402
 from ..usercode.kinds import KINDS, SIGNATURES, KindError, check_signature  # noqa: E402
+from ..world import cleanup  # noqa: E402
 from ..world.backends import BACKENDS, DEVICES  # noqa: E402
 from ..world.naming import spelled_as  # noqa: E402
 from . import options as opts  # noqa: E402
@@ -72,6 +73,9 @@ class _Parser(argparse.ArgumentParser):
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    # SIGTERM and SIGHUP (a CI runner's time-out) end the command as SIGINT does: through its
+    # clean-up, with a verdict, leaving no process and no temporary file behind.
+    cleanup.ends_cleanly()
     with spelled_as(opts.SPELLINGS["cli"]):
         return _main(argv)
 

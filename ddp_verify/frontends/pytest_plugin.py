@@ -203,6 +203,10 @@ def pytest_load_initial_conftests(early_config: pytest.Config) -> Generator[None
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
+    from ..world import cleanup
+
+    # SIGTERM and SIGHUP end the session as Ctrl-C does: worlds closed, files removed.
+    cleanup.ends_cleanly()
     config.addinivalue_line(
         "markers",
         f"{_MARKER}(world_size=None, timeout=None): run the test body on every rank of a real "

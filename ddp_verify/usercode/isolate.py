@@ -19,10 +19,11 @@ that shows it.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from ..engine.scenario import ModelSpec, Scenario
+from ..engine.tolerances import Tolerance
 from ..methods.base import Method
 from ..methods.equivalence import HarnessError, check_equivalent
 from ..world import RankError, WorldError
@@ -83,8 +84,11 @@ def every_mistake(
     scenario: Scenario,
     found: list[Cause],
     bounds: Mapping[str, Any] | None = None,
+    tolerance_for: Callable[[Scenario], Tolerance | None] | None = None,
 ) -> list[Cause]:
-    """The causes the isolating scenarios show beyond ``found``, each with its scenario.
+    """The causes the isolating scenarios show beyond ``found``, each with its scenario;
+    ``tolerance_for`` holds each to what the search held its examples to (a declared lossy
+    format's bound, the measured precision of the code).
 
     Example::
 
@@ -94,7 +98,8 @@ def every_mistake(
     more: list[Cause] = []
     for axis, probe in isolating_scenarios(scenario, bounds):
         try:
-            outcome = check_equivalent(world, method, probe)
+            tolerance = tolerance_for(probe) if tolerance_for is not None else None
+            outcome = check_equivalent(world, method, probe, tolerance=tolerance)
             if outcome.equivalent:
                 continue
             causes = world.helper.run_job(

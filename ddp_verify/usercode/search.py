@@ -21,7 +21,7 @@ from ..engine.lockstep import in_lockstep
 from ..engine.outcome import EquivalenceError, Outcome
 from ..engine.scenario import Scenario
 from ..engine.strategies import optimizers, scenarios
-from ..engine.tolerances import Float64Tolerance
+from ..engine.tolerances import Float64Tolerance, Tolerance
 from ..engine.trace import Trace
 from ..methods.base import Method
 from ..methods.equivalence import HarnessError, assert_equivalent, check_equivalent
@@ -138,6 +138,19 @@ def search(
     if fmt is None:
         precision = measured_precision(world, method, probe_scenario(world_size, bounds))
     strategy = scenarios(world_size=world_size, **bounds)
+
+    def tolerance_for(scenario: Scenario) -> Tolerance | None:
+        """What an example is held to: the compression bound of a declared lossy format, the
+        measured bound of the precision the code computes in, or (None) the scenario's own."""
+        if fmt is not None and fmt != LOW_RANK:
+            # Derived by training contributions: on the helper, as the reference is.
+            return world.helper.run_job(
+                CompressionTolerance, (scenario, fmt), name="the compression bound"
+            )[0]
+        if precision is not None and scenario.dtype == "float64":
+            return held_to(world, scenario, precision)
+        return None
+
     tried = 0
     failed = False
     found_at = 0
@@ -163,14 +176,7 @@ def search(
         if progress is not None:
             progress(tried, "shrinking" if failed else "searching")
         try:
-            tolerance = None
-            if fmt is not None and fmt != LOW_RANK:
-                # Derived by training contributions: on the helper, as the reference is.
-                tolerance = world.helper.run_job(
-                    CompressionTolerance, (scenario, fmt), name="the compression bound"
-                )[0]
-            elif precision is not None and scenario.dtype == "float64":
-                tolerance = held_to(world, scenario, precision)
+            tolerance = tolerance_for(scenario)
             if fmt is None or fmt == LOW_RANK:
                 assert_equivalent(world, method, scenario, tolerance=tolerance)
             else:
@@ -215,6 +221,7 @@ def search(
             called,
             method,
             bounds,
+            tolerance_for,
         )
         raise NotEquivalent(_timed(verdict, started)) from None
     except _CodeFailed as stop:
@@ -318,6 +325,7 @@ def _explained(
     called: dict[str, Any],
     method: Method,
     bounds: dict[str, Any],
+    tolerance_for: Callable[[Scenario], Tolerance | None],
 ) -> Verdict:
     """The verdict of a counterexample: the divergence, every likely cause and a reproducer
     script. The diagnosis trains simulations, so it runs on the world's helper process, as
@@ -357,7 +365,10 @@ def _explained(
             if state is None:
                 # Every mistake, not the first: scenarios that isolate one axis each.
                 shrunk = outcome.scenario
-                found = [*found, *every_mistake(world, method, kind, shrunk, found, bounds)]
+                found = [
+                    *found,
+                    *every_mistake(world, method, kind, shrunk, found, bounds, tolerance_for),
+                ]
             causes = tuple(found) if state is None else (state, *found)
         except RankError as exc:
             # The counterexample stands; only its explanation is missing.

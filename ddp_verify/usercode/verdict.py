@@ -31,11 +31,14 @@ class Status(str, enum.Enum):
     USAGE_ERROR = "usage-error"
     HARNESS_ERROR = "harness-error"
     INTERRUPTED = "interrupted"
+    # Ended by SIGTERM or SIGHUP (a CI runner's or a scheduler's time-out), cleanly.
+    TERMINATED = "terminated"
 
     @property
     def exit_code(self) -> int:
         """0 equivalent; 1 not equivalent, or the code failed; 2 a usage error; 3 the
-        harness or the machine failed; 130 interrupted (SIGINT, as shells report it)."""
+        harness or the machine failed; 130 interrupted (SIGINT, as shells report it); 143
+        terminated (SIGTERM or SIGHUP)."""
         return _EXIT_CODES[self]
 
 
@@ -46,6 +49,7 @@ _EXIT_CODES = {
     Status.USAGE_ERROR: 2,
     Status.HARNESS_ERROR: 3,
     Status.INTERRUPTED: 128 + 2,
+    Status.TERMINATED: 128 + 15,
 }
 
 # The JSON document of every verdict: each key, always present (null where it does not apply).
@@ -236,6 +240,7 @@ def verdict_for(exc: BaseException, **context: Any) -> Verdict:
 
     from ..methods.equivalence import HarnessError
     from ..world import DeviceUnavailable, JobPicklingError, WorldError
+    from ..world.cleanup import Terminated
     from .kinds import KindError
 
     if isinstance(exc, CheckFailed):
@@ -244,6 +249,8 @@ def verdict_for(exc: BaseException, **context: Any) -> Verdict:
         status, text = Status.USAGE_ERROR, f"ddp-verify: error: {exc}"
     elif isinstance(exc, (WorldError, HarnessError)):
         status, text = Status.HARNESS_ERROR, f"ddp-verify: harness error: {exc}"
+    elif isinstance(exc, Terminated):
+        status, text = Status.TERMINATED, f"ddp-verify: terminated by signal {exc.signum}"
     elif isinstance(exc, KeyboardInterrupt):
         status, text = Status.INTERRUPTED, "ddp-verify: interrupted"
     else:

@@ -33,6 +33,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from . import cleanup
+
 # The package root leads sys.path only while ddp_verify itself is imported: for an installed
 # package it is site-packages, which must not come before what PYTHONPATH puts first (a
 # patched torch under test, a module hidden from the ranks).
@@ -95,7 +97,7 @@ class ForkServer:
         self._pending_preloads = 0
         self._env = dict(env)
         self._log = tempfile.NamedTemporaryFile(  # noqa: SIM115 (kept for the server's life)
-            prefix="ddp_verify-forkserver-", suffix=".log", delete=False
+            prefix=cleanup.owned("ddp_verify-forkserver-"), suffix=".log", delete=False
         )
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         from_main = threading.current_thread() is threading.main_thread()

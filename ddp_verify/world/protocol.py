@@ -46,8 +46,9 @@ class Launch:
     rank: int
     world_size: int
     backend: str
-    store_host: str
-    store_port: int
+    # The rendezvous: a FileStore in the world's private directory (nothing listens on a
+    # network for it), and the prefix of this launch's keys.
+    store_path: str
     store_prefix: str
     collective_timeout_s: float
     threads: int

@@ -68,12 +68,10 @@ class _Member:
         device_id = runtime.set_up_device(launch.device, launch.allow_tf32, launch.rank)
         self.group: runtime.Group | None = None
         if launch.process_group:
-            store = dist.TCPStore(
-                launch.store_host,
-                launch.store_port,
-                is_master=False,
-                timeout=datetime.timedelta(seconds=launch.collective_timeout_s),
-            )
+            # -1: no count of users, so the file is never deleted under a rank that joins
+            # late; it goes with the world's directory.
+            store = dist.FileStore(launch.store_path, -1)
+            store.set_timeout(datetime.timedelta(seconds=launch.collective_timeout_s))
             self.group = runtime.Group(
                 launch.backend,
                 store,

@@ -1,9 +1,10 @@
 """A world: ``size`` rank processes in one ``torch.distributed`` process group, kept warm.
 
 The controller owns a :class:`World`. Starting it spawns the ranks, which rendezvous through a
-``TCPStore`` the controller binds on port 0; every :meth:`World.run` then ships a callable to all
-ranks by value and returns their results in rank order, in milliseconds rather than the seconds
-a fresh spawn costs. Any failure (a rank raises, dies or hangs) is reported as a
+``FileStore`` in the world's private directory (nothing listens on a network for it; gloo's own
+connections are on loopback); every :meth:`World.run` then ships a callable to all ranks by
+value and returns their results in rank order, in milliseconds rather than the seconds a fresh
+spawn costs. Any failure (a rank raises, dies or hangs) is reported as a
 :class:`~ddp_verify.world.errors.RankError`, the ranks are torn down, and a new set is started
 in the background for the next job.
 """
@@ -24,8 +25,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from . import cleanup, forkserver, frames, naming, protocol
 from . import failures as fail
-from . import forkserver, frames, naming, protocol
 from .backends import check_backend, check_device, placement, require_devices, visible_gpus
 from .errors import FailureKind, RankError, RankFailure, WorldError, WorldStartError
 from .interface import RunsJobs
@@ -118,7 +119,7 @@ class World(RunsJobs):
         self._ranks: list[RankProcess] = []
         self._ready = False
         self._closed = False
-        self._store: Any = None
+        self._store: str | None = None
         self._workdir: Path | None = None
         self._generation = 0
         self._job_ids = itertools.count(1)
@@ -336,15 +337,16 @@ class World(RunsJobs):
     def _spawn(self) -> None:
         require_devices(self.backend if self.process_group else "gloo", self.size, self.device)
         self.prestart()  # the server imports torch while this process does
-        self._workdir = Path(tempfile.mkdtemp(prefix=f"ddp_verify-world{self.size}-"))
+        cleanup.remove_abandoned()
+        self._workdir = Path(
+            tempfile.mkdtemp(prefix=cleanup.owned(f"ddp_verify-world{self.size}-"))
+        )
         self._finalizer.detach()
         self._finalizer = weakref.finalize(self, _kill_and_remove, self._ranks, self._workdir)
-        if self.process_group:
-            import torch.distributed as dist
-
-            self._store = dist.TCPStore(
-                "127.0.0.1", 0, is_master=True, wait_for_workers=False, use_libuv=True
-            )
+        # The ranks meet through a file in the world's private directory: a TCPStore binds
+        # every interface whatever host it is given, which would let any host that reaches
+        # this machine write the world's rendezvous keys while it runs.
+        self._store = str(self._workdir / "rendezvous") if self.process_group else None
         self._generation = 0
         self._sent_sys_path = list(sys.path)
         self._sent_cwd = os.getcwd()
@@ -390,8 +392,7 @@ class World(RunsJobs):
                 rank=rank,
                 world_size=self.size,
                 backend=self.backend,
-                store_host="127.0.0.1",
-                store_port=self._store.port if self.process_group else 0,
+                store_path=self._store or "",
                 store_prefix=prefix,
                 # Collectives time out well after the controller's own deadline, so the
                 # controller's report (with stack dumps) always comes first.

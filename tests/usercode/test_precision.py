@@ -44,6 +44,8 @@ def test_float32_all_reduce_passes_and_its_mistake_is_still_found(tmp_path, monk
             seed=0,
         )
     assert "averaged over ranks by the world size" in caught.value.cause
+    # The scenarios that isolate other axes are held to float32 too: no rounding read as news.
+    assert {c.pattern for c in caught.value.causes} == {"ranks:world"}
     assert "the code computes in float32: held to float32's measured bound" in str(caught.value)
 
 

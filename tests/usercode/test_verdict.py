@@ -13,6 +13,7 @@ from ddp_verify.methods.equivalence import HarnessError
 from ddp_verify.usercode.kinds import KindError
 from ddp_verify.usercode.verdict import JSON_FIELDS, Status, Verdict, verdict_for
 from ddp_verify.world import JobPicklingError, WorldStartError
+from ddp_verify.world.cleanup import Terminated
 from tests.user_code import load
 
 grad_sync = load("grad_sync")
@@ -76,9 +77,10 @@ def test_code_that_fails_is_an_error_verdict():
         (WorldStartError("no ranks"), Status.HARNESS_ERROR, "harness error: no ranks"),
         (HarnessError("reference"), Status.HARNESS_ERROR, "harness error: reference"),
         (KeyboardInterrupt(), Status.INTERRUPTED, "ddp-verify: interrupted"),
+        (Terminated(15), Status.TERMINATED, "ddp-verify: terminated by signal 15"),
         (ZeroDivisionError("ours"), Status.HARNESS_ERROR, "internal error, please report it"),
     ],
-    ids=["kind", "pickling", "world-start", "harness", "interrupt", "internal"],
+    ids=["kind", "pickling", "world-start", "harness", "interrupt", "terminated", "internal"],
 )
 def test_every_other_exception_has_its_verdict_and_exit_code(exc, status, words):
     verdict = verdict_for(exc, target="sync.py:sync", kind="grad-sync")
@@ -95,5 +97,6 @@ def test_exit_codes_are_the_documented_ones():
         "usage-error": 2,
         "harness-error": 3,
         "interrupted": 130,
+        "terminated": 143,
     }
     assert Verdict(Status.USAGE_ERROR, message="x").to_json().keys() == JSON_FIELDS.keys()

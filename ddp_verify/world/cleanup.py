@@ -1,0 +1,111 @@
+"""What a session leaves behind, and how it still goes when the session is ended: temporary
+files named for the process that owns them, removed at exit, on SIGTERM and SIGHUP as on
+SIGINT, and by the next session when their owner was killed outright.
+
+Example::
+
+    ends_cleanly()                 # a front end's main process: SIGTERM/SIGHUP exit cleanly
+    path = tempfile.mkdtemp(prefix=owned("ddp_verify-world4-"))
+    remove_abandoned()             # what a SIGKILLed session left
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import tempfile
+import threading
+from pathlib import Path
+from types import FrameType
+
+# What this package writes to the temporary directory: ddp_verify-world4-<pid>-<random> (a
+# world's directory) and ddp_verify-forkserver-<pid>-<random>.log (a fork server's log).
+PREFIX = "ddp_verify-"
+TERMINATING = (signal.SIGTERM, signal.SIGHUP)
+
+
+def owned(prefix: str) -> str:
+    """``prefix`` with this process's pid: the mark :func:`remove_abandoned` reads.
+
+    Example::
+
+        >>> owned("ddp_verify-world4-").startswith("ddp_verify-world4-")
+        True
+    """
+    return f"{prefix}{os.getpid()}-"
+
+
+def _owner(name: str) -> int | None:
+    parts = name[len(PREFIX) :].split("-")
+    return int(parts[1]) if len(parts) > 2 and parts[1].isdigit() else None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process: alive, and not ours to judge
+    return True
+
+
+def remove_abandoned(directory: str | None = None) -> list[str]:
+    """Remove what sessions whose process is gone left in the temporary directory (a
+    SIGKILLed controller runs no clean-up); return the names removed. Only names this package
+    writes, only of this user, only where the owner pid is dead.
+
+    Example::
+
+        remove_abandoned()  # ['ddp_verify-world4-81234-k2j3.../', ...]
+    """
+    root = Path(directory or tempfile.gettempdir())
+    removed = []
+    with contextlib.suppress(OSError):
+        for entry in root.iterdir():
+            if not entry.name.startswith(PREFIX):
+                continue
+            owner = _owner(entry.name)
+            if owner is None or _alive(owner):
+                continue
+            with contextlib.suppress(OSError):
+                if entry.lstat().st_uid != os.getuid():
+                    continue
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.rmtree(entry, ignore_errors=True)
+                else:
+                    entry.unlink()
+                removed.append(entry.name)
+    return removed
+
+
+class Terminated(KeyboardInterrupt):
+    """The session was asked to end (SIGTERM, SIGHUP): it stops as on Ctrl-C, through its
+    clean-up (pytest ends the session, the command line reports a verdict); ``signum`` says
+    which signal."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"terminated by signal {signum}")
+        self.signum = signum
+
+
+def _exit_cleanly(signum: int, frame: FrameType | None) -> None:
+    raise Terminated(signum)
+
+
+def ends_cleanly() -> None:
+    """Make SIGTERM and SIGHUP end this process as SIGINT does, through ``finally`` blocks and
+    ``atexit`` (worlds closed, temporary files removed), where nobody else handles them. A
+    front end's main process calls it; a library never does.
+
+    Example::
+
+        ends_cleanly()
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for signum in TERMINATING:
+        if signal.getsignal(signum) is signal.SIG_DFL:
+            signal.signal(signum, _exit_cleanly)

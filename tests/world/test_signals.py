@@ -1,0 +1,111 @@
+"""Ending a session with a signal, as CI runners and schedulers do, leaves nothing behind:
+SIGTERM, SIGINT and SIGHUP to the command or a pytest session end it through its clean-up
+(no temporary file or directory of ours, no process); after a SIGKILL the ranks and the fork
+server still end, and the next session removes what the dead one left. Real processes, real
+signals, a private temporary directory per test."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.world.listening import descendants
+from tests.world.test_listening import PYTEST_FILE, SLOW_SYNC
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+
+CLI = [sys.executable, "-m", "ddp_verify", "check", "slow.py:sync", "--kind", "grad-sync",
+       "--world-size", "2", "--max-examples", "100", "--json"]  # fmt: skip
+PYTEST = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--world-size", "2",
+          "test_slow.py"]  # fmt: skip
+
+
+def _started(command: list[str], tmp_path) -> tuple[subprocess.Popen, set[int], dict]:
+    """``command`` running with its own temporary directory, once its world is up (the
+    controller, a fork server and two ranks): the process, its tree and its environment."""
+    (tmp_path / "slow.py").write_text(SLOW_SYNC)
+    (tmp_path / "test_slow.py").write_text(PYTEST_FILE)
+    temp = tmp_path / "tmp"
+    temp.mkdir(exist_ok=True)
+    env = {**os.environ, "TMPDIR": str(temp)}
+    proc = subprocess.Popen(
+        command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    deadline = time.monotonic() + 60
+    tree: set[int] = set()
+    while time.monotonic() < deadline and proc.poll() is None:
+        tree = descendants(proc.pid)
+        if len(tree) >= 4 and any(p.name.startswith("ddp_verify-world") for p in temp.iterdir()):
+            return proc, tree, env
+        time.sleep(0.1)
+    proc.kill()
+    raise AssertionError(f"the world never came up: {proc.communicate(timeout=30)[1][-2000:]}")
+
+
+def _ours(env: dict) -> list[str]:
+    return sorted(p for p in os.listdir(env["TMPDIR"]) if p.startswith("ddp_verify-"))
+
+
+def _gone(pids: set[int], seconds: float = 30.0) -> set[int]:
+    """The pids of ``pids`` still running after ``seconds`` (zombies count as gone)."""
+    deadline = time.monotonic() + seconds
+    alive = set(pids)
+    while alive and time.monotonic() < deadline:
+        alive = {p for p in alive if _running(p)}
+        time.sleep(0.1)
+    return alive
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize(
+    ("signum", "code"),
+    [(signal.SIGTERM, 143), (signal.SIGINT, 130), (signal.SIGHUP, 143)],
+    ids=["SIGTERM", "SIGINT", "SIGHUP"],
+)
+def test_a_signal_to_the_command_leaves_no_file_and_no_process(signum, code, tmp_path):
+    proc, tree, env = _started(CLI, tmp_path)
+    proc.send_signal(signum)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == code, err[-2000:]
+    verdict = __import__("json").loads(out)
+    assert verdict["verdict"] == ("interrupted" if signum == signal.SIGINT else "terminated")
+    assert not _gone(tree - {proc.pid}), "processes left behind"
+    assert _ours(env) == [], "temporary files left behind"
+
+
+def test_sigterm_to_a_pytest_session_leaves_no_file_and_no_process(tmp_path):
+    proc, tree, env = _started(PYTEST, tmp_path)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode != 0 and "terminated by signal 15" in out + err, out[-2000:]
+    assert not _gone(tree - {proc.pid}), "processes left behind"
+    assert _ours(env) == [], "temporary files left behind"
+
+
+def test_after_a_sigkill_the_world_ends_and_the_next_session_cleans_up(tmp_path):
+    proc, tree, env = _started(CLI, tmp_path)
+    proc.kill()
+    proc.communicate(timeout=30)
+    assert not _gone(tree - {proc.pid}), "ranks or fork server outlived a killed controller"
+    left = _ours(env)
+    assert left and all(f"-{proc.pid}-" in name for name in left)  # nothing ran to remove them
+    # The next session's first world removes what the dead one left (its pid is gone), and
+    # its own files with it when it ends.
+    again = subprocess.run(
+        [*CLI[:-2], "2", "--json"], cwd=tmp_path, env=env, capture_output=True, timeout=300,
+        text=True,
+    )  # fmt: skip
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert _ours(env) == []
