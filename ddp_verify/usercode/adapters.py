@@ -99,7 +99,43 @@ def adapt(
         name += f" (result on {result_on})"
     method = ADAPTERS[spec.adapter](fn, name, call, spec, options)
     method.call = call  # reports say how the code was called
+    if call.bound and spec.adapter in _CALLED_AS_IS:
+        method.fn = _bound_call(fn, kind, call.bound)
     return method
+
+
+# Adapters that call the code with its positional arguments only (no Call.arguments): what
+# is bound is added by a wrapper, from what any rank knows.
+_CALLED_AS_IS = ("step", "wrapper")
+_ANY_RANK_KNOWS = ("world_size", "rank", "device", "group")
+
+
+def _bound_call(fn: Callable[..., Any], kind: str, bound: tuple[Bound, ...]) -> _BoundCall:
+    for b in bound:
+        if b.source is not None and b.source not in _ANY_RANK_KNOWS:
+            raise KindError(
+                f"{b.parameter} is bound to {b.source}, which a {kind} plug-in is not given "
+                f"(it sees the whole step); bind one of {', '.join(_ANY_RANK_KNOWS)} or a literal"
+            )
+    return _BoundCall(fn, bound)
+
+
+class _BoundCall:
+    """``fn`` with its bound parameters filled by keyword on the rank that calls it."""
+
+    def __init__(self, fn: Callable[..., Any], bound: tuple[Bound, ...]) -> None:
+        self.fn, self.bound = fn, bound
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        from ..world.runtime import rank_device
+
+        values = {
+            "world_size": dist.get_world_size(),
+            "rank": dist.get_rank(),
+            "device": rank_device(),
+            "group": dist.group.WORLD,
+        }
+        return self.fn(*args, **kwargs, **{b.parameter: b.value(values) for b in self.bound})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,6 +194,11 @@ def _check_options(kind: Kind, options: Options) -> None:
         raise KindError(
             f"{option('hook_state')} applies to comm hooks ({option('kind', 'comm-hook')}), "
             f"not to {kind.name}"
+        )
+    if options.bind and kind.adapter == "comm-hook":
+        raise KindError(
+            "a comm hook is called by DDP as hook(state, bucket): give what it needs through "
+            f"its state ({option('hook_state')}), not {option('bind')}"
         )
     if options.hook_state is not None and not callable(options.hook_state):
         raise KindError(f"the hook state factory {options.hook_state!r} is not callable")

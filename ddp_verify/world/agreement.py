@@ -51,6 +51,17 @@ class _Posted:
     value: Any = None
 
 
+# The longest reason a rank's broken flag may carry: text, never code.
+BROKEN_LIMIT = 20_000
+
+
+def read_broken(store: Any) -> str:
+    """Why some rank found the world broken, as it wrote it in the store: plain text (UTF-8,
+    bounded), never unpickled, so a value written there by anyone else is only words."""
+    raw = store.get("broken")
+    return bytes(raw[:BROKEN_LIMIT]).decode("utf-8", errors="replace")
+
+
 def beat_key(rank: int) -> str:
     """Where ``rank``'s heartbeat counter lives in the store."""
     return f"beat/{rank}"
@@ -126,7 +137,7 @@ class Agreement:
             if not waiting:
                 break
             if self.store.check(["broken"]):
-                self.broken = pickle.loads(self.store.get("broken"))
+                self.broken = read_broken(self.store)
                 raise Broken(self.broken)
             now = time.monotonic()
             dead = []
@@ -148,7 +159,7 @@ class Agreement:
         """The world is broken, for ``reason``: say so to every rank (their watchdogs end a
         stuck one; a rank that has yet to arrive at an agreement stops there)."""
         self.broken = self.broken or reason
-        self.store.set("broken", pickle.dumps(self.broken))
+        self.store.set("broken", self.broken.encode("utf-8")[:BROKEN_LIMIT])
 
     def declare_broken(self, reason: str) -> None:
         """Every rank saw the same reason to distrust the group: stop using it (no store

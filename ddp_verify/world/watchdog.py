@@ -16,7 +16,6 @@ Example::
 from __future__ import annotations
 
 import contextlib
-import pickle
 import sys
 import threading
 import time
@@ -24,7 +23,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from . import frames
-from .agreement import beat_key
+from .agreement import beat_key, read_broken
 
 BEAT_S = 0.5
 # A stuck rank waits this long for the others to finish their report before it exits.
@@ -89,7 +88,7 @@ class Watchdog:
                     waited = time.monotonic() - stuck_since
                     reported = self.store.check(["ended/0" if self.rank else "ended/any"])
                     if (reported and waited > 2 * self._beat_s) or waited > self._stuck_exit_wait_s:
-                        self._on_stuck(pickle.loads(self.store.get("broken")), False)
+                        self._on_stuck(read_broken(self.store), False)
                         return
             except RuntimeError:
                 # The store is gone (torch raises its store errors as RuntimeErrors): the job

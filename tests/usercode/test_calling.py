@@ -227,3 +227,44 @@ def test_a_loss_fn_that_returns_a_number_is_a_usage_error(tmp_path, monkeypatch)
 
     with pytest.raises(KindError, match="one-element tensor that backpropagates"):
         check(lambda logits, labels: 1.0, kind="loss-fn", world_size=2, max_examples=2, seed=0)
+
+
+def _step_told_the_world_size(ddp_model, optimizer, micro_batches, loss_fn, world_size):
+    # A step that needs the world size (its name says so): DDP averages over ranks, so the
+    # loss is weighted by the step's share times world_size, as accumulate_with_no_sync does.
+    import torch
+    import torch.distributed as dist
+
+    assert world_size == dist.get_world_size()
+    optimizer.zero_grad()
+    local = float(sum(len(x) for x, _ in micro_batches))
+    total = torch.tensor([local], dtype=torch.float64)
+    dist.all_reduce(total)
+    reported = 0.0
+    for x, y in micro_batches:
+        loss = loss_fn(ddp_model(x), y)
+        (loss * len(x) * world_size / total.item()).backward()
+        reported += loss.item() * len(x)
+    optimizer.step()
+    summed = torch.tensor([reported], dtype=torch.float64)
+    dist.all_reduce(summed)
+    return summed.item() / total.item()
+
+
+def test_a_step_gets_what_its_parameters_are_bound_to(tmp_path, monkeypatch):
+    # Steps are called with their four arguments; what is bound (by name, or by the user)
+    # is added on the rank, and what a step cannot be given is a usage error.
+    monkeypatch.chdir(tmp_path)
+    from ddp_verify import check
+
+    verdict = check(
+        _step_told_the_world_size,
+        kind="wrapped-step",
+        world_size=2,
+        max_examples=5,
+        seed=0,
+        max_micro_batches=1,
+    )
+    assert verdict.call.endswith("world_size=<the number of ranks>)")
+    with pytest.raises(KindError, match="bound to count, which a wrapped-step plug-in is not"):
+        check(_step_told_the_world_size, kind="wrapped-step", world_size=2, bind="world_size=count")
