@@ -42,13 +42,20 @@ def _owner(name: str) -> int | None:
     return int(parts[1]) if len(parts) > 2 and parts[1].isdigit() else None
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists (another user's counts: not ours to judge).
+
+    Example::
+
+        >>> alive(os.getpid())
+        True
+    """
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True  # someone else's process: alive, and not ours to judge
+        return True
     return True
 
 
@@ -68,7 +75,7 @@ def remove_abandoned(directory: str | None = None) -> list[str]:
             if not entry.name.startswith(PREFIX):
                 continue
             owner = _owner(entry.name)
-            if owner is None or _alive(owner):
+            if owner is None or alive(owner):
                 continue
             with contextlib.suppress(OSError):
                 if entry.lstat().st_uid != os.getuid():

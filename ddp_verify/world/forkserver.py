@@ -210,7 +210,7 @@ class ForkServer:
     def _exit_of(self, pid: int) -> int | None:
         if pid in self._exits:
             return self._exits[pid]
-        if self._dead and not _exists(pid):
+        if self._dead and not cleanup.alive(pid):
             return -signal.SIGKILL  # died with its server, whose report never came
         return None
 
@@ -264,16 +264,6 @@ class ForkServer:
         log = Path(self._log.name).read_text(errors="replace")[-4000:]
         state = "is not answering" if code is None else f"exited with code {code}"
         return f"the fork server {state}" + (f":\n{log}" if log.strip() else "")
-
-
-def _exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 # -- the server process ------------------------------------------------------------------------
