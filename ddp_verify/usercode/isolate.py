@@ -50,15 +50,17 @@ def isolating_scenarios(
     """
     bounds = dict(bounds or {})
     size = scenario.world_size
-    ranks = tuple((r + 1,) for r in range(size))
+    # Within the samples per rank the search was bounded to.
+    low, high = int(bounds.get("min_samples", 1)), int(bounds.get("max_samples", 4))
+    ranks = tuple((min(low + r, high),) for r in range(size))
     micro = tuple((1, 3) for _ in range(size))
     even = bool(bounds.get("even", False))
     accumulates = int(bounds.get("max_micro_batches", 2)) >= 2
     steps = int(bounds.get("max_steps", 3)) >= 3
     layouts: list[tuple[str, tuple[tuple[tuple[int, ...], ...], ...]]] = []
-    if size > 1 and not even:
+    if size > 1 and not even and high > low:
         layouts.append(("ranks", (ranks,)))
-    if accumulates and int(bounds.get("max_samples", 4)) >= 4:
+    if accumulates and low <= 4 <= high:
         layouts.append(("micro-batches", (micro,)))
     if steps and len(layouts) == 2:
         layouts.append(("steps", (ranks, micro, ranks)))

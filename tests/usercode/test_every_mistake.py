@@ -69,6 +69,11 @@ def test_the_isolating_scenarios_keep_what_the_search_was_bounded_to():
     assert axes == ["ranks", "micro-batches", "steps"]
     assert [axis for axis, _ in isolating_scenarios(shrunk, {"even": True})] == ["micro-batches"]
     assert [a for a, _ in isolating_scenarios(shrunk, {"max_micro_batches": 1})] == ["ranks"]
+    # Never more samples per rank than the search was allowed.
+    wide = Scenario(world_size=4, schedule=(((1,), (1,), (1,), (1,)),))
+    (_, ranks), *_ = isolating_scenarios(wide, {"max_samples": 2})
+    assert ranks.schedule == (((1,), (2,), (2,), (2,)),)
+    assert [a for a, _ in isolating_scenarios(wide, {"max_samples": 2})] == ["ranks"]
     tokens = [a for a, _ in isolating_scenarios(shrunk, {"losses": ("mse", "tokens")})]
     assert tokens[-2:] == ["ranks (tokens)", "micro-batches (tokens)"]
 
