@@ -20,6 +20,8 @@ from typing import Any
 
 import pytest
 
+from ..world.errors import failure_text
+
 MARKER = "known_torch_issue"
 
 
@@ -75,19 +77,6 @@ class KnownIssue:
         ``output`` (what the ranks printed during the test)."""
         text = failure_text(error) + "\n" + output
         return isinstance(error, self.raises) and re.search(self.match, text) is not None
-
-
-def failure_text(error: BaseException) -> str:
-    """Everything a failure says: its message, and for a rank's failure every rank's summary,
-    details and output (an abort's message is in the rank's stderr)."""
-    parts = [f"{type(error).__name__}: {error}"]
-    for failure in getattr(error, "failures", ()) or ():
-        parts += [failure.summary, failure.details, failure.stdout, failure.stderr]
-        if failure.exception is not None:
-            parts.append(f"{type(failure.exception).__name__}: {failure.exception}")
-    for inner in getattr(error, "exceptions", ()) or ():  # a FlakyFailure's group
-        parts.append(failure_text(inner))
-    return "\n".join(p for p in parts if p)
 
 
 def known_torch_issue(

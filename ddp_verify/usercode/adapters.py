@@ -107,15 +107,15 @@ def adapt(
 # Adapters that call the code with its positional arguments only (no Call.arguments): what
 # is bound is added by a wrapper, from what any rank knows.
 _CALLED_AS_IS = ("step", "wrapper")
-_ANY_RANK_KNOWS = ("world_size", "rank", "device", "group")
 
 
 def _bound_call(fn: Callable[..., Any], kind: str, bound: tuple[Bound, ...]) -> _BoundCall:
+    anywhere = ("world_size", "rank", "device", "group")  # anywhere_values()'s keys
     for b in bound:
-        if b.source is not None and b.source not in _ANY_RANK_KNOWS:
+        if b.source is not None and b.source not in anywhere:
             raise KindError(
                 f"{b.parameter} is bound to {b.source}, which a {kind} plug-in is not given "
-                f"(it sees the whole step); bind one of {', '.join(_ANY_RANK_KNOWS)} or a literal"
+                f"(it sees the whole step); bind one of {', '.join(anywhere)} or a literal"
             )
     return _BoundCall(fn, bound)
 
@@ -127,14 +127,7 @@ class _BoundCall:
         self.fn, self.bound = fn, bound
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        from ..world.runtime import rank_device
-
-        values = {
-            "world_size": dist.get_world_size(),
-            "rank": dist.get_rank(),
-            "device": rank_device(),
-            "group": dist.group.WORLD,
-        }
+        values = anywhere_values()
         return self.fn(*args, **kwargs, **{b.parameter: b.value(values) for b in self.bound})
 
 
@@ -307,19 +300,29 @@ class LossAggregation(UserMethod):
         return train_local_then_sync(run, users_loss)
 
 
+def anywhere_values() -> dict[str, Any]:
+    """What a bound parameter may get on any rank, whatever the kind: the world's size, this
+    rank's index and device, the world's group."""
+    from ..world.runtime import rank_device
+
+    return {
+        "world_size": dist.get_world_size(),
+        "rank": dist.get_rank(),
+        "device": rank_device(),
+        "group": dist.group.WORLD,
+    }
+
+
 def rank_values(run: RankRun, step: int, classes: int | None = None) -> dict[str, Any]:
     """What a bound parameter may get on this rank at ``step`` (kinds.BINDABLE)."""
     scenario = run.scenario
     if classes is None:
         classes = VOCABULARY if scenario.loss == "tokens" else scenario.model.out_features
     return {
-        "world_size": run.world_size,
-        "rank": run.rank,
+        **anywhere_values(),
         "count": run.local_samples(step),
         "global_count": run.global_samples(step),
         "vocab_size": classes,
-        "device": run.device,
-        "group": dist.group.WORLD,
     }
 
 

@@ -24,9 +24,10 @@ from ..engine.scenario import Scenario
 from ..engine.tolerances import Float64Tolerance, Tolerance, by_roundoff
 from ..engine.trace import Trace
 from ..world import RankError
+from ..world.errors import failure_text
 from ..world.naming import option
 from . import findings as f
-from .explain import gradient_causes, gradient_fits, loss_causes, loss_ratio
+from .explain import gradient_causes, gradient_fits, loss_causes, loss_ratio, scaled_loss
 from .findings import Cause
 from .kinds import KIND
 from .mistakes import Mistake, applies, candidates, simulate
@@ -258,15 +259,7 @@ def _like_the_gradient(
     close = close_for(scenario.dtype)
     if factor is None or not any(abs(k - factor) <= close * abs(k) for k in scales):
         return loss
-    scaled = f.LOSS_SCALED.cause(
-        evidence="rank 0 reported / the global mean: "
-        + ", ".join(
-            f"step {s}: {got.ranks[0].losses[s]:.6g} / {reference.ranks[0].losses[s]:.6g}"
-            for s in range(got.steps)
-        ),
-        factor=factor,
-        why=f.LOSS_SCALED_LIKE_GRADIENT,
-    )
+    scaled = scaled_loss(reference, got, 0, factor, why=f.LOSS_SCALED_LIKE_GRADIENT)
     unsaid = (f.LOSS_SCALED.code, f.LOSS_UNEXPLAINED.code)
     return [scaled] + [c for c in loss if c.pattern not in unsaid]
 
@@ -401,11 +394,7 @@ def known_issue_cause(scenario: Scenario, error: RankError) -> Cause | None:
 
         known_issue_cause(scenario, error).pattern  # 'torch:powersgd-unused'
     """
-    parts = [str(error)]
-    for failure in error.failures:
-        parts += [failure.summary, failure.details, failure.stdout, failure.stderr]
-    text = "\n".join(p for p in parts if p)
-    if scenario.model.unused and re.search(f.POWERSGD_UNUSED_SIGNATURE, text):
+    if scenario.model.unused and re.search(f.POWERSGD_UNUSED_SIGNATURE, failure_text(error)):
         exclude = option("excluded_features", "unused")
         return f.TORCH_POWERSGD_UNUSED.cause(exclude=exclude)
     return None

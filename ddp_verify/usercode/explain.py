@@ -267,6 +267,23 @@ def gradient_causes(
     return causes
 
 
+def scaled_loss(reference: Trace, got: Trace, rank: int, factor: float, why: str = "") -> Cause:
+    """The cause of a reported loss that is the global mean times ``factor`` at every step,
+    with ``rank``'s numbers as evidence (``why``: words after the factor).
+
+    Example::
+
+        scaled_loss(reference, got, 0, 1.5).text  # 'the reported loss is ... times 1.5 ...'
+    """
+    steps = ", ".join(
+        f"step {s}: {got.ranks[rank].losses[s]:.6g} / {reference.ranks[0].losses[s]:.6g}"
+        for s in range(got.steps)
+    )
+    return f.LOSS_SCALED.cause(
+        evidence=f"rank {rank} reported / the global mean: {steps}", factor=factor, why=why
+    )
+
+
 def loss_ratio(scenario: Scenario, reference: Trace, got: Trace, rank: int) -> float | None:
     """The one factor ``rank``'s reported loss is of the global mean at every step, if there
     is one (and it is not 1).
@@ -350,18 +367,7 @@ def loss_causes(scenario: Scenario, reference: Trace, got: Trace) -> list[Cause]
         # One step's ratio is constant by itself: a scale needs two steps to show.
         factor = loss_ratio(scenario, reference, got, r) if got.steps > 1 else None
         if factor is not None:
-            causes.append(
-                f.LOSS_SCALED.cause(
-                    evidence=f"rank {r} reported / the global mean: "
-                    + ", ".join(
-                        f"step {s}: {got.ranks[r].losses[s]:.6g} / "
-                        f"{reference.ranks[0].losses[s]:.6g}"
-                        for s in range(got.steps)
-                    ),
-                    factor=factor,
-                    why="",
-                )
-            )
+            causes.append(scaled_loss(reference, got, r, factor))
             return causes
         steps = ", ".join(
             f"step {s}: {got.ranks[r].losses[s]:.6g} vs {reference.ranks[0].losses[s]:.6g}"

@@ -300,3 +300,22 @@ def _tail(text: str, limit: int = 4000) -> str:
     if len(text) <= limit:
         return text
     return f"[... {len(text) - limit} earlier characters cut ...]\n" + text[-limit:]
+
+
+def failure_text(error: BaseException) -> str:
+    """Everything a failure says: its message, and for a rank's failure every rank's summary,
+    details and output (an abort's message is in the rank's stderr); a group's (hypothesis's
+    FlakyFailure) every member's. What known-issue signatures are searched in.
+
+    Example::
+
+        "gloo::EnforceNotMet" in failure_text(rank_error)
+    """
+    parts = [f"{type(error).__name__}: {error}"]
+    for failure in getattr(error, "failures", ()) or ():
+        parts += [failure.summary, failure.details, failure.stdout, failure.stderr]
+        if failure.exception is not None:
+            parts.append(f"{type(failure.exception).__name__}: {failure.exception}")
+    for inner in getattr(error, "exceptions", ()) or ():
+        parts.append(failure_text(inner))
+    return "\n".join(p for p in parts if p)
