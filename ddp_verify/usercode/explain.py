@@ -23,7 +23,15 @@ from .weights import (
     unit_of,
 )
 
-__all__ = ["bounds", "explain_fit", "gradient_causes", "gradient_fits", "loss_causes"]
+__all__ = [
+    "Reading",
+    "bounds",
+    "explain_fit",
+    "gradient_causes",
+    "gradient_fits",
+    "loss_causes",
+    "readings",
+]
 
 
 def _plural(unit: str, n: int) -> str:
@@ -34,6 +42,18 @@ def _near(value: float, target: float, close: float, scale: float | None = None)
     return abs(value - target) <= close * (abs(target) if scale is None else scale) + 1e-15
 
 
+@dataclasses.dataclass(frozen=True)
+class Reading:
+    """One explanation of fitted weights: its finding's code, its words, which reading of
+    the code it is (``scale:W``) and the other readings the same weights fit (``scale:N``
+    where every rank holds one sample)."""
+
+    code: str
+    words: str
+    reading: str = ""
+    alternatives: tuple[str, ...] = ()
+
+
 def explain_fit(fit: WeightFit, close: float) -> list[tuple[str, str]]:
     """``(code, words)`` for what is wrong with ``fit``'s weights, most telling first; empty
     when every item counted ``1/N``.
@@ -42,6 +62,17 @@ def explain_fit(fit: WeightFit, close: float) -> list[tuple[str, str]]:
 
         explain_fit(fit, 1e-3)
         # [('ranks:world', "gradients averaged over ranks by the world size, ...")]
+    """
+    return [(r.code, r.words) for r in readings(fit, close)]
+
+
+def readings(fit: WeightFit, close: float) -> list[Reading]:
+    """:func:`explain_fit`'s findings as :class:`Reading`, each with the other readings its
+    numbers fit on this scenario (which a scenario where they part must tell apart).
+
+    Example::
+
+        readings(fit, 1e-3)[0].alternatives  # ('scale:N',)
     """
     n = len(fit.groups)
     if all(_near(fit.ratio(i), 1.0, close, 1.0) for i in range(n)):
@@ -54,22 +85,37 @@ def explain_fit(fit: WeightFit, close: float) -> list[tuple[str, str]]:
         total = sum(g.items for g in fit.groups)
         micro = {sum(1 for g in fit.groups if g.rank == r) for r in ranks}
         m = micro.pop() if len(micro) == 1 else 0
-        if world > 1 and _near(k, world, close):
-            why = f.SUMMED_NOT_DIVIDED_BY_WORLD
-        elif world > 1 and _near(k, 1 / world, close):
-            why = f.DIVIDED_TWICE
-        elif total > 1 and _near(k, total, close):
-            why = f.SUMMED_OVER_ITEMS.format(n=total, unit=unit)
-        elif world > 1 and _near(k, total / world, close):
-            why = f.SUMMED_THEN_WORLD.format(n=total, unit=unit, world=world)
-        elif m > 1 and _near(k, m, close):
-            why = f.MICRO_NOT_DIVIDED.format(m=m)
-        elif m > 1 and _near(k, 1 / m, close):
-            why = f.MICRO_DIVIDED_TWICE.format(m=m)
-        else:
-            why = f.SCALED
-        return [(f.SCALE.code, f.SCALE.says(why=why, unit=unit, factor=k))]
-    found: list[tuple[str, str]] = []
+        # Every count ratio the factor matches, the plainest first.
+        fitting = [
+            (key, why)
+            for key, holds, why in (
+                ("W", world > 1 and _near(k, world, close), f.SUMMED_NOT_DIVIDED_BY_WORLD),
+                ("1/W", world > 1 and _near(k, 1 / world, close), f.DIVIDED_TWICE),
+                (
+                    "N",
+                    total > 1 and _near(k, total, close),
+                    f.SUMMED_OVER_ITEMS.format(n=total, unit=unit),
+                ),
+                (
+                    "N/W",
+                    world > 1 and _near(k, total / world, close),
+                    f.SUMMED_THEN_WORLD.format(n=total, unit=unit, world=world),
+                ),
+                ("M", m > 1 and _near(k, m, close), f.MICRO_NOT_DIVIDED.format(m=m)),
+                ("1/M", m > 1 and _near(k, 1 / m, close), f.MICRO_DIVIDED_TWICE.format(m=m)),
+            )
+            if holds
+        ]
+        key, why = fitting[0] if fitting else ("", f.SCALED)
+        return [
+            Reading(
+                f.SCALE.code,
+                f.SCALE.says(why=why, unit=unit, factor=k),
+                f"{f.SCALE.code}:{key}" if key else f.SCALE.code,
+                tuple(f"{f.SCALE.code}:{other}" for other, _ in fitting[1:]),
+            )
+        ]
+    found: list[Reading] = []
     totals = {r: fit.rank_total(r) for r in ranks}
     shares = {r: fit.rank_items(r) * fit.expected for r in ranks}
     # Micro-batches first: a dropped one also shrinks its rank's total, which is then no
@@ -86,7 +132,7 @@ def explain_fit(fit: WeightFit, close: float) -> list[tuple[str, str]]:
 
 def _rank_pattern(
     fit: WeightFit, totals: dict[int, float], shares: dict[int, float], close: float
-) -> tuple[str, str]:
+) -> Reading:
     unit, world, me = fit.unit, fit.world_size, fit.rank
     ranks = sorted(totals)
     nonzero = [r for r in ranks if not _near(totals[r], 0.0, close, 1.0)]
@@ -97,49 +143,70 @@ def _rank_pattern(
         for r in wrong
     )
     if nonzero == [me] and fit.world_size > 1:
-        return (
+        return Reading(
             f.RANKS_OWN.code,
             f"gradients never synchronised: rank {me}'s gradient is made of its own {unit}s "
             f"only ({numbers})",
         )
     if len(nonzero) == 1 and fit.world_size > 1:
         words = f.RANKS_ONE.says(source=nonzero[0], where=f"rank {me}")
-        return (f.RANKS_ONE.code, f"{words} ({numbers})")
+        return Reading(f.RANKS_ONE.code, f"{words} ({numbers})")
     values = list(totals.values())
     same = max(values) - min(values) <= close * max(abs(v) for v in values)
     rows = {r: sum(g.samples for g in fit.groups if g.rank == r) for r in ranks}
     by_rows = {r: rows[r] / sum(rows.values()) for r in ranks}
-    by_samples = unit == "token" and all(_near(totals[r], by_rows[r], close) for r in ranks)
-    # Where ranks hold as many samples, weighting by samples is averaging by the world size:
-    # the plainer reading is said.
-    if by_samples and not (same and _near(values[0], 1 / world, close)):
-        return (f.RANKS_SAMPLES.code, f"{f.RANKS_SAMPLES.says()}: {numbers}")
-    if same and _near(values[0], 1 / world, close):
-        tokens = (
-            " (normalised per rank by its own token count instead of the global count)"
-            if unit == "token"
-            else ""
-        )
-        return (f.RANKS_WORLD.code, f"{f.RANKS_WORLD.says(unit=unit)}{tokens}: {numbers}")
-    if same and _near(values[0], 1.0, close):
-        return (
-            f.RANKS_SUM.code,
-            f"{f.RANKS_SUM.says()}: each rank's mean counted 1 in all instead of its share of "
-            f"the {unit}s ({numbers})",
-        )
     total = sum(fit.rank_items(r) for r in ranks)
-    if same and _near(values[0], 1 / total, close):
-        words = f.RANKS_MEANS_OVER_COUNT.says(unit=unit, total=total)
-        return (f.RANKS_MEANS_OVER_COUNT.code, f"{words} ({numbers})")
-    if same:
-        words = f.RANKS_EQUAL.says(value=values[0], unit=unit)
-        return (f.RANKS_EQUAL.code, f"{words} ({numbers})")
-    return (f.RANKS_OTHER.code, f"{f.RANKS_OTHER.says()}: {numbers}")
+    tokens = (
+        " (normalised per rank by its own token count instead of the global count)"
+        if unit == "token"
+        else ""
+    )
+    # Every weighting of the ranks the totals fit; where ranks hold as many samples, the
+    # world size's is the plainest, and a scenario where they part tells which it is.
+    fitting = [
+        (finding, words)
+        for finding, holds, words in (
+            (
+                f.RANKS_WORLD,
+                same and _near(values[0], 1 / world, close),
+                f"{f.RANKS_WORLD.says(unit=unit)}{tokens}: {numbers}",
+            ),
+            (
+                f.RANKS_SAMPLES,
+                unit == "token" and all(_near(totals[r], by_rows[r], close) for r in ranks),
+                f"{f.RANKS_SAMPLES.says()}: {numbers}",
+            ),
+            (
+                f.RANKS_SUM,
+                same and _near(values[0], 1.0, close),
+                f"{f.RANKS_SUM.says()}: each rank's mean counted 1 in all instead of its share "
+                f"of the {unit}s ({numbers})",
+            ),
+            (
+                f.RANKS_MEANS_OVER_COUNT,
+                same and _near(values[0], 1 / total, close),
+                f"{f.RANKS_MEANS_OVER_COUNT.says(unit=unit, total=total)} ({numbers})",
+            ),
+            (
+                f.RANKS_EQUAL,
+                same,
+                f"{f.RANKS_EQUAL.says(value=values[0], unit=unit)} ({numbers})",
+            ),
+            (f.RANKS_OTHER, True, f"{f.RANKS_OTHER.says()}: {numbers}"),
+        )
+        if holds
+    ]
+    (finding, words), others = fitting[0], fitting[1:]
+    # The catch-alls (any equal weights, any weights) are no reading of their own.
+    catch_all = (f.RANKS_EQUAL, f.RANKS_OTHER)
+    return Reading(
+        finding.code,
+        words,
+        alternatives=tuple(o.code for o, _ in others if o not in catch_all),
+    )
 
 
-def _micro_patterns(
-    fit: WeightFit, totals: dict[int, float], close: float
-) -> list[tuple[str, str]]:
+def _micro_patterns(fit: WeightFit, totals: dict[int, float], close: float) -> list[Reading]:
     """Micro-batches weighted wrongly within a rank, whatever the rank's total."""
     unit = fit.unit
     by_rank: dict[int, list[int]] = {}
@@ -147,6 +214,8 @@ def _micro_patterns(
         by_rank.setdefault(g.rank, []).append(i)
     found: dict[f.Finding, list[int]] = {}
     details: dict[f.Finding, list[str]] = {}
+    # Micro-batches weighted equally where each holds as many samples: weighted by samples too.
+    by_samples_too = False
     for rank, indices in by_rank.items():
         total = totals[rank]
         if len(indices) < 2 or _near(total, 0.0, close, 1.0):
@@ -160,6 +229,7 @@ def _micro_patterns(
         rows = [fit.groups[i].samples for i in indices]
         if all(_near(s, 1 / m, close, 1.0) for s in shares):
             pattern = f.MICRO_EQUAL
+            by_samples_too = by_samples_too or (unit == "token" and len(set(rows)) == 1)
         elif unit == "token" and all(
             _near(s, r / sum(rows), close, 1.0) for s, r in zip(shares, rows, strict=True)
         ):
@@ -185,8 +255,17 @@ def _micro_patterns(
             return f.MICRO_EQUAL_TOKENS
         return finding.says()
 
+    def alternatives(finding: f.Finding) -> tuple[str, ...]:
+        if finding is f.MICRO_EQUAL and by_samples_too and f.MICRO_SAMPLES not in found:
+            return (f.MICRO_SAMPLES.code,)
+        return ()
+
     order = (f.MICRO_LAST_ONLY, f.MICRO_EQUAL, f.MICRO_SAMPLES, f.MICRO_DROPPED, f.MICRO_OTHER)
-    return [(p.code, f"{words(p)}: {'; '.join(details[p])}") for p in order if p in found]
+    return [
+        Reading(p.code, f"{words(p)}: {'; '.join(details[p])}", alternatives=alternatives(p))
+        for p in order
+        if p in found
+    ]
 
 
 def bounds(scenario: Scenario, compressed: bool) -> tuple[float, float]:
@@ -227,8 +306,8 @@ def gradient_causes(
     if any(fit.residual > limit for fit in fits):
         worst = max(fits, key=lambda fit: fit.residual)
         return [f.NONLINEAR.cause(evidence=worst.evidence(), weights=worst.table(), measured="")]
-    per_rank = [(fit, explain_fit(fit, close)) for fit in fits]
-    patterns = [tuple(p for p, _ in found) for _, found in per_rank]
+    per_rank = [(fit, readings(fit, close)) for fit in fits]
+    patterns = [tuple(r.code for r in found) for _, found in per_rank]
     if len(fits) > 1 and all(p == (f.RANKS_OWN.code,) for p in patterns):
         first = fits[0]
         evidence = "; ".join(fit.evidence() for fit in fits)
@@ -248,12 +327,21 @@ def gradient_causes(
         ]
     seen: dict[str, Cause] = {}
     for fit, found in per_rank:
-        for pattern, text in found:
+        for reading in found:
+            pattern = reading.code
             if pattern in seen:
                 continue
             same = all(pattern in p for p in patterns)
             where = "" if same or len(fits) == 1 else f" (on rank {fit.rank})"
-            seen[pattern] = Cause(text + where, "gradient", pattern, fit.evidence(), fit.table())
+            seen[pattern] = Cause(
+                reading.words + where,
+                "gradient",
+                pattern,
+                fit.evidence(),
+                fit.table(),
+                reading=reading.reading,
+                alternatives=reading.alternatives,
+            )
     causes = list(seen.values())
     if causes and not all(fit.identifiable for fit in fits):
         causes = [
@@ -341,27 +429,29 @@ def loss_causes(scenario: Scenario, reference: Trace, got: Trace) -> list[Cause]
     """
     unit = unit_of(scenario)
     fitted = fit_losses(scenario, got)
-    explained = {r: w for r, w in enumerate(fitted) if w is not None}
-    unexplained = [r for r, w in enumerate(fitted) if w is None]
-    everyone = {w.wrong for w in explained.values()}
+    explained = {r: ws for r, ws in enumerate(fitted) if ws}
+    unexplained = [r for r, ws in enumerate(fitted) if not ws]
+    everyone = {ws[0].wrong for ws in explained.values()}
     causes: list[Cause] = []
     said: set[str] = set()
-    for r, weighting in explained.items():
+    for r, (weighting, *others) in explained.items():
+        # What else the same losses fit, part for part: a scenario where they part says which.
+        elsewhere = {part for other in others for part in other.wrong} - set(weighting.wrong)
         for part in weighting.wrong:
             if part in said:
                 continue
             said.add(part)
             on_all = len(everyone) == 1 and not unexplained
             where = "" if on_all or len(got.ranks) == 1 else f" (rank {r})"
-            causes.append(
-                _LOSS_FINDINGS[part].cause(
-                    where,
-                    evidence=f"rank {r} reported {got.ranks[r].losses[0]:.6g} at step 0, the "
-                    f"global mean there is {reference.ranks[0].losses[0]:.6g}; every step of it "
-                    "is reproduced by that weighting of the micro-batches' mean losses",
-                    unit=unit,
-                )
+            cause = _LOSS_FINDINGS[part].cause(
+                where,
+                evidence=f"rank {r} reported {got.ranks[r].losses[0]:.6g} at step 0, the "
+                f"global mean there is {reference.ranks[0].losses[0]:.6g}; every step of it "
+                "is reproduced by that weighting of the micro-batches' mean losses",
+                unit=unit,
             )
+            alternatives = tuple(sorted(_LOSS_FINDINGS[other].code for other in elsewhere))
+            causes.append(dataclasses.replace(cause, alternatives=alternatives))
     if unexplained:
         r = unexplained[0]
         # One step's ratio is constant by itself: a scale needs two steps to show.

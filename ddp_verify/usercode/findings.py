@@ -36,12 +36,31 @@ class Cause:
     # The scenario that shows it, where it is not the counterexample's (a Scenario(...)
     # expression): a mistake found by a scenario that isolates one axis.
     scenario: str = ""
+    # Which reading of the numbers it is, where the pattern has several (a scale's factor:
+    # ``scale:N/W``); the pattern otherwise.
+    reading: str = ""
+    # Other readings the same numbers fit on its scenario (a factor equal to both W and N
+    # where every rank holds one sample): not yet told apart.
+    alternatives: tuple[str, ...] = ()
+
+    @property
+    def key(self) -> str:
+        """What this cause says, as a reading (``scale:W``, ``ranks:samples``).
+
+        Example::
+
+            >>> Cause("...", "gradient", "scale", reading="scale:W").key
+            'scale:W'
+        """
+        return self.reading or self.pattern
 
     def as_json(self) -> dict[str, Any]:
         return {
             "cause": self.text,
             "subject": self.subject,
             "pattern": self.pattern,
+            "reading": self.key,
+            "also_fits": list(self.alternatives),
             "evidence": self.evidence,
             "weights": list(self.weights),
             "scenario": self.scenario or None,
@@ -285,10 +304,9 @@ TORCH_POWERSGD_UNUSED = _finding(
 KEEPS_STATE = _finding(
     "state:carried",
     "run",
-    "the code keeps state between calls: the same scenario, trained again on the same ranks, "
-    "gave {second} where the first run gave {first} (a module global, a cache or an "
-    "attribute carried over from earlier calls, never reset); the causes after this one "
-    "describe one call's result with that state in it",
+    "the code keeps state between calls (a module global, a cache or an attribute carried "
+    "over from earlier calls, never reset): {how}; the causes after this one describe one "
+    "call's result with that state in it",
 )
 BATCH_NORM = _finding(
     "batch-norm",

@@ -22,7 +22,6 @@ from ..engine.outcome import EquivalenceError, Outcome
 from ..engine.scenario import Scenario
 from ..engine.strategies import optimizers, scenarios
 from ..engine.tolerances import Float64Tolerance, Tolerance
-from ..engine.trace import Trace
 from ..methods.base import Method
 from ..methods.equivalence import HarnessError, assert_equivalent, check_equivalent
 from ..world import RankError, WorldError
@@ -32,10 +31,11 @@ from . import findings
 from .adapters import DEFAULT_BOUNDS, KindError, adapt
 from .diagnose import failure_cause, known_issue_cause, likely_causes, low_rank_cause
 from .findings import Cause
-from .isolate import every_mistake
+from .isolate import every_mistake, probes, told_apart
 from .kinds import KIND, Binds, parse_binds
 from .precision import held_to, measured_precision, probe_scenario
 from .reproducer import write_reproducer
+from .state import most_calls, replayed
 from .verdict import CodeFailed, NotEquivalent, Status, Verdict
 
 __all__ = ["CodeFailed", "NotEquivalent", "Progress", "Verdict", "describe_causes", "search"]
@@ -335,7 +335,11 @@ def _explained(
     scenario = error.scenario if outcome is None else outcome.scenario
     causes: tuple[Cause, ...] = ()
     script = None
-    state = _keeps_state(world, method, outcome) if outcome is not None else None
+    state = None
+    if outcome is not None:
+        # Replayed on a fresh world before anything is said of it: a result that depends on
+        # earlier calls is not one call's.
+        state = replayed(world, method, outcome, calls=most_calls(verdict.examples or 1))
     if outcome is not None:
         try:
             # Weights fitted on a model with fewer parameters than micro-batches are not
@@ -363,13 +367,20 @@ def _explained(
                     if c.subject in model_changing and c.pattern not in _NOT_FOUND
                 ] + [c for c in found if c.subject not in model_changing] or found
             if state is None:
-                # Every mistake, not the first: scenarios that isolate one axis each.
-                shrunk = outcome.scenario
-                found = [
-                    *found,
-                    *every_mistake(world, method, kind, shrunk, found, bounds, tolerance_for),
-                ]
-            causes = tuple(found) if state is None else (state, *found)
+                # Every mistake, not the first: scenarios that isolate one axis each, which
+                # also tell apart readings the counterexample's numbers fit alike.
+                tried = probes(
+                    world,
+                    method,
+                    kind,
+                    outcome.scenario,
+                    bounds,
+                    tolerance_for,
+                    unsettled=found,
+                )
+                found = told_apart(found, tried)
+                found = [*found, *every_mistake(found, tried)]
+            causes = tuple(found) if state is None else (state.cause, *found)
         except RankError as exc:
             # The counterexample stands; only its explanation is missing.
             causes = (findings.DIAGNOSIS_FAILED.cause(reason=str(exc).splitlines()[0]),)
@@ -380,9 +391,9 @@ def _explained(
                     kind,
                     outcome.scenario,
                     device=world.device,
-                    # Code that keeps state shows it from its second call on: the script
-                    # calls it as often as that takes.
-                    repeats=1 if state is None else STATE_REPEATS,
+                    # Code that keeps state: the script calls it as often as a fresh
+                    # world needed to fail.
+                    repeats=1 if state is None else state.calls,
                     **called,
                 )
             )
@@ -402,10 +413,6 @@ def _explained(
         message=report,
         outcome=outcome,
     )
-
-
-# How many times a reproducer trains the scenario on the same ranks when the code keeps state.
-STATE_REPEATS = 3
 
 
 # Findings that say nothing was found.
@@ -446,37 +453,6 @@ def _determined(world: Ranked, method: Method, outcome: Outcome) -> tuple[Outcom
         f"for {groups} micro-batches; the shrunk model's {parameters} leave the weights "
         "undetermined)"
     )
-
-
-def _keeps_state(world: Ranked, method: Method, outcome: Outcome) -> Cause | None:
-    """Train the counterexample again on the same ranks: code whose result changes from one
-    call to the next keeps state between calls (what it reported is not one call's)."""
-    try:
-        again = check_equivalent(world, method, outcome.scenario, tolerance=outcome.tolerance)
-    except (RankError, WorldError, HarnessError):
-        return None
-    # Rank by rank: ranks that never synchronise differ from each other, not from themselves.
-    changed = [
-        rank
-        for rank, (before, after) in enumerate(zip(outcome.got.ranks, again.got.ranks, strict=True))
-        if compare(
-            Trace("first", [before]),
-            Trace("again", [after]),
-            outcome.scenario,
-            Float64Tolerance(),
-        )
-        is not None
-    ]
-    if not changed:
-        return None
-    before, after = outcome.got.ranks[changed[0]], again.got.ranks[changed[0]]
-    step = next((s for s in range(len(before.losses)) if before.losses[s] != after.losses[s]), None)
-    if step is not None:
-        first_words = f"loss {before.losses[step]:.6g} at step {step}"
-        second_words = f"loss {after.losses[step]:.6g}"
-    else:
-        first_words, second_words = "one set of parameters", "another"
-    return findings.KEEPS_STATE.cause(first=first_words, second=second_words)
 
 
 def describe_causes(causes: list[Cause]) -> str:

@@ -66,7 +66,9 @@ JSON_FIELDS = {
     "held to float32's measured bound); null otherwise",
     "scenario": "the (shrunk) counterexample, as a Scenario(...) expression",
     "likely_cause": "the first cause's words",
-    "likely_causes": "every cause: {cause, subject, pattern, evidence, weights, scenario}",
+    "likely_causes": (
+        "every cause: {cause, subject, pattern, reading, also_fits, evidence, weights, scenario}"
+    ),
     "reproducer": "the path of a script that reproduces the counterexample",
     "seconds": "how long the check took",
     "report": "the report, as the command prints it",

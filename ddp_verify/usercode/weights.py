@@ -341,14 +341,15 @@ class LossWeighting:
         )
 
 
-def fit_losses(scenario: Scenario, got: Trace) -> list[LossWeighting | None]:
-    """Per rank, the simplest weighting of the micro-batches' mean losses (at the parameters
-    each rank really had) that reproduces every step of the loss it reported; None for a rank
-    that no weighting tried reproduces.
+def fit_losses(scenario: Scenario, got: Trace) -> list[tuple[LossWeighting, ...]]:
+    """Per rank, the simplest weightings of the micro-batches' mean losses (at the parameters
+    each rank really had) that reproduce every step of the loss it reported: the first is the
+    one to name, the others fit as well on this scenario; empty for a rank that no weighting
+    tried reproduces.
 
     Example::
 
-        fit_losses(scenario, got)   # [LossWeighting('own', 'items', False), ...]
+        fit_losses(scenario, got)   # [(LossWeighting('own', 'items', False),), ...]
     """
     terms = [group_terms(scenario, s, starts_of(scenario, got, s)) for s in range(got.steps)]
     rtol = by_roundoff(scenario.dtype, LOSS_RTOL)
@@ -356,9 +357,10 @@ def fit_losses(scenario: Scenario, got: Trace) -> list[LossWeighting | None]:
         (LossWeighting(*c) for c in itertools.product(LOSS_RANKS, LOSS_MICROS, (False, True))),
         key=lambda w: len(w.wrong),
     )
-    found: list[LossWeighting | None] = []
+    found: list[tuple[LossWeighting, ...]] = []
     for r, rank in enumerate(got.ranks):
-        found.append(next((w for w in tried if _reproduces(w, terms, r, rank.losses, rtol)), None))
+        fitting = [w for w in tried if _reproduces(w, terms, r, rank.losses, rtol)]
+        found.append(tuple(w for w in fitting if len(w.wrong) == len(fitting[0].wrong)))
     return found
 
 

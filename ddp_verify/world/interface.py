@@ -135,6 +135,12 @@ class Ranked(Ranks, Protocol):
         """What each rank printed since the last call, as (stdout, stderr)."""
         ...
 
+    def restart(self) -> bool:
+        """Replace the ranks with new processes (nothing of earlier jobs in them: modules
+        imported afresh) and wait until they are ready; False where the ranks cannot be
+        replaced (a launched job's ranks are the job), which then stay as they were."""
+        ...
+
 
 @runtime_checkable
 class Agreeing(Protocol):

@@ -485,6 +485,10 @@ class SpmdWorld(RunsJobs):
     def retry_start(self) -> None:
         """Nothing to retry: a launched world that fails to form ends the job."""
 
+    def restart(self) -> bool:
+        """A launched job's ranks are the job: they cannot be replaced (False)."""
+        return False
+
     def close(self) -> None:
         self.member.finish()
 

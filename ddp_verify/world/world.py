@@ -149,6 +149,20 @@ class World(RunsJobs):
         if self._helper is not None:
             self._helper.retry_start()
 
+    def restart(self) -> bool:
+        """Replace the ranks with new ones forked afresh (nothing of earlier jobs in them:
+        the modules jobs imported are imported again) and wait until they are ready.
+
+        Example::
+
+            world.restart()  # True: a fresh world, same size and options
+        """
+        if self._closed:
+            raise WorldError("this world was closed; create a new World")
+        self._shutdown()
+        self.start()
+        return True
+
     def launch(self) -> World:
         """Start the ranks without waiting for them to join (:meth:`start` then waits), so
         that several worlds, or a world and its helper, start side by side.

@@ -103,3 +103,57 @@ def test_what_is_not_a_weighting_is_described_by_what_was_measured(tmp_path, mon
     assert "scaled by a factor of its own" in text, text
     assert re.search(r"'[\w.]*bias' x0\.5\b", text) and re.search(r"'[\w.]*weight' x1\b", text)
     assert "clipped" not in text and "compressed" not in text  # no list of guesses
+
+
+def _sums_over_samples(model, num_samples):
+    # Each rank's mean times its sample count, summed over ranks and never divided: every
+    # sample counts N. Where every rank holds one sample, N is also the world size.
+    import torch.distributed as dist
+
+    for p in model.parameters():
+        if p.grad is not None:
+            p.grad.mul_(num_samples)
+            dist.all_reduce(p.grad)
+
+
+def test_a_factor_that_is_both_the_world_size_and_the_count_is_told_apart_first(
+    tmp_path, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)
+    error = _causes(_sums_over_samples, "grad-sync")
+    first = error.causes[0]
+    # Not "summed, not divided by the world size": the ranks scenario, where N and W part,
+    # says it is a sum over the samples, and it is named from there.
+    assert first.key == "scale:N", [c.key for c in error.causes]
+    assert "a sum over the step's 3 samples never divided by their count" in first.text
+    assert "fit scale:W as well; the ranks scenario tells them apart" in first.evidence
+    assert first.scenario.startswith("Scenario(world_size=2, schedule=(((1,), (2,)),)")
+    assert "scale:W" not in [c.key for c in error.causes]
+    assert first.as_json()["reading"] == "scale:N" and first.as_json()["also_fits"] == []
+
+
+def test_ranks_weighted_by_samples_are_not_called_world_size_averaging(tmp_path, monkeypatch):
+    # With one sample per rank, weighting by samples and by the world size give the same
+    # weights: the tokens scenario with uneven ranks tells which the code does.
+    monkeypatch.chdir(tmp_path)
+    grad_sync = load("real_style/token_grad_sync")
+    error = _causes(grad_sync.weight_by_sequences, grad_sync.KIND, **grad_sync.SCENARIO_BOUNDS)
+    keys = [c.key for c in error.causes if c.subject == "gradient"]
+    assert keys == ["ranks:samples"], keys
+    assert "tells them apart" in error.causes[0].evidence, error.causes[0].evidence
+
+
+def test_readings_no_scenario_tells_apart_stay_said_as_both():
+    from ddp_verify.usercode.findings import Cause
+    from ddp_verify.usercode.isolate import Probe, told_apart
+
+    shrunk = Scenario(world_size=2, schedule=(((1,), (1,)),))
+    ambiguous = Cause("w", "gradient", "scale", "fit", reading="scale:W", alternatives=("scale:N",))
+    also_ambiguous = Probe("micro-batches", shrunk, (ambiguous,))
+    (kept,) = told_apart([ambiguous], [also_ambiguous])
+    assert kept.key == "scale:W" and kept.alternatives == ("scale:N",)
+    assert "fit scale:N as well; no scenario tried told them apart" in kept.evidence
+    plain = Cause("n", "gradient", "scale", "probe's fit", reading="scale:N")
+    (told,) = told_apart([ambiguous], [also_ambiguous, Probe("ranks", shrunk, (plain,))])
+    assert (told.key, told.text, told.alternatives) == ("scale:N", "n", ())
+    assert told.scenario == repr(shrunk)

@@ -1,5 +1,6 @@
-"""Code that keeps state between calls: the check says so, with both results, and the
-reproducer it writes calls the code as often as it takes to fail when run."""
+"""Code that keeps state between calls: the check replays its counterexample on a fresh world,
+says so with both results, and the reproducer it writes calls the code as often as the fresh
+world needed to fail, and fails when run."""
 
 from __future__ import annotations
 
@@ -12,6 +13,16 @@ from ddp_verify import EquivalenceError, check
 from tests.user_code import load
 
 steps = load("real_style/stateful_steps")
+cached = load("real_style/cached_grad_sync")
+
+
+def _run(script):
+    return subprocess.run(
+        [sys.executable, "-W", "ignore", str(script)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_state_kept_between_calls_is_named_and_its_reproducer_fails(tmp_path, monkeypatch):
@@ -23,17 +34,32 @@ def test_state_kept_between_calls_is_named_and_its_reproducer_fails(tmp_path, mo
     error = caught.value
     first = error.causes[0]
     assert first.pattern == "state:carried", error.cause
-    assert "gave loss" in first.text and "where the first run gave loss" in first.text
+    assert "replayed on a fresh world" in first.text, first.text
+    assert "the first call gave loss" in first.text and "(equivalent)" in first.text
+    assert "it fails from call 2 of this scenario on" in first.text
+    assert "the search's call gave" in first.evidence, first.evidence
     script = tmp_path / error.reproducer
-    assert "REPEATS = 3" in script.read_text()
-    result = subprocess.run(
-        [sys.executable, "-W", "ignore", str(script)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    assert "REPEATS = 2" in script.read_text()
+    result = _run(script)
     assert result.returncode == 1, result.stdout + result.stderr
-    assert "(call 2 of 3)" in result.stdout or "(call 3 of 3)" in result.stdout
+    assert "(call 2 of 2)" in result.stdout
+
+
+def test_state_that_does_not_change_once_warm_is_found_by_the_fresh_world(tmp_path, monkeypatch):
+    # Its first call averages, every later call sums: two calls on warm ranks agree, so only
+    # a fresh world shows the difference (and a reproducer calling it once would pass).
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(EquivalenceError) as caught:
+        check(cached.sync_with_cached_buffer, kind="grad-sync", world_size=2, max_examples=10)
+    error = caught.value
+    assert [c.pattern for c in error.causes][:2] == ["state:carried", "scale"], error.cause
+    assert "(equivalent)" in error.causes[0].text
+    assert "gradient '" in error.causes[0].evidence, error.causes[0].evidence
+    script = tmp_path / error.reproducer
+    assert "REPEATS = 2" in script.read_text()
+    result = _run(script)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "(call 2 of 2)" in result.stdout
 
 
 def test_code_without_state_is_not_said_to_keep_it(tmp_path, monkeypatch):

@@ -28,6 +28,8 @@ def test_the_launched_world_its_helper_and_its_pool_implement_the_protocol():
     world = SpmdWorld(member)
     assert isinstance(world, Ranked) and world.lockstep
     assert isinstance(world, Agreeing) and world.rank == 1
+    assert world.restart() is False  # the job's ranks cannot be replaced, and stay as they are
+    assert not member.joined
     assert isinstance(world.helper, Ranks) and world.helper.size == 1
     assert world.helper.timeout == world.timeout
     pool = SpmdPool(world)

@@ -69,6 +69,23 @@ def test_world_is_reused_not_respawned(world2):
     assert world2.launches == launches
 
 
+def _mark(value: str | None) -> str | None:
+    # A process-wide trace of earlier jobs, as a user's module global would be.
+    if value is not None:
+        os.environ["DDP_VERIFY_TEST_MARK"] = value
+    return os.environ.get("DDP_VERIFY_TEST_MARK")
+
+
+def test_restart_replaces_the_ranks_with_processes_that_carry_nothing_over(world2):
+    assert world2.run(_mark, "set") == ["set", "set"]
+    pids = world2.pids
+    assert world2.restart() is True
+    assert set(world2.pids).isdisjoint(pids)
+    assert wait_gone(pids, timeout=5) == []
+    assert world2.run(_mark, None) == [None, None]
+    assert world2.run(_rank_sum, 1.0) == [3.0, 3.0]  # the new ranks form a group
+
+
 def test_each_rank_has_one_thread(world2):
     assert world2.run(torch.get_num_threads) == [1, 1]
 
