@@ -3,6 +3,7 @@ equivalents in fixtures/, not their code), as a new user would check them: world
 examples, the options each one needs.
 
     python benchmarks/public_styles.py [--world-size 4] [--examples 25] [--plain] [--out F]
+                                       [--cases NAME ...]
 
 ``--plain`` drops the options an older ddp_verify lacks (--bind, --labels, --logits), to
 measure a tree from before they existed. Prints one line per case and writes JSON.
@@ -54,6 +55,10 @@ CASES = [
      ["--loss-reduction", "sum", "--max-micro-batches", "1"], []),
     ("step_with_running_loss", "a module-level running loss",
      f"{F}/stateful_steps.py:step_with_running_loss", "wrapped-step", [], []),
+    ("sync_with_cached_buffer", "a flat buffer cached on the first call",
+     f"{F}/cached_grad_sync.py:sync_with_cached_buffer", "grad-sync", [], []),
+    ("weight_by_sequences", "ranks weighted by sequences under a token loss",
+     f"{F}/token_grad_sync.py:weight_by_sequences", "grad-sync", ["--losses", "tokens"], []),
 ]  # fmt: skip
 
 
@@ -79,7 +84,9 @@ def run(case: tuple, world_size: int, examples: int, plain: bool, cwd: Path) -> 
         "verdict": verdict.get("verdict"),
         "exit_code": result.returncode,
         "call": verdict.get("call"),
-        "causes": [c.get("pattern") for c in verdict.get("likely_causes") or []],
+        "causes": [
+            c.get("reading") or c.get("pattern") for c in verdict.get("likely_causes") or []
+        ],
         "cause": verdict.get("likely_cause")
         or (verdict.get("report") or "").strip().splitlines()[-1:],
         "precision": verdict.get("precision"),
@@ -100,11 +107,14 @@ def main() -> int:
     parser.add_argument("--world-size", type=int, default=4)
     parser.add_argument("--examples", type=int, default=25)
     parser.add_argument("--plain", action="store_true")
+    parser.add_argument("--cases", nargs="*", help="only the cases whose names start so")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/public_styles.json")
     args = parser.parse_args()
     work = Path(subprocess.check_output(["mktemp", "-d"], text=True).strip())
     rows = []
     for case in CASES:
+        if args.cases and not any(case[0].startswith(c) for c in args.cases):
+            continue
         row = run(case, args.world_size, args.examples, args.plain, work)
         rows.append(row)
         cause = row["cause"] if isinstance(row["cause"], str) else " ".join(row["cause"])

@@ -26,7 +26,7 @@ import hypothesis
 from hypothesis import HealthCheck, settings
 from hypothesis.database import ExampleDatabase
 
-from ..world import frames, protocol
+from ..world import frames, wire
 from ..world.interface import Agreeing, Ranked
 from . import compat
 
@@ -113,7 +113,7 @@ def _describe(exc: BaseException | None, rank: int) -> tuple[str, bytes | None, 
     if exc is None:
         return None
     kind = f"{type(exc).__module__}.{type(exc).__qualname__}"
-    return kind, protocol.dump_exception(exc), frames.format_exception(exc)
+    return kind, wire.dumps_exception(exc), frames.format_exception(exc)
 
 
 class RankFailed(AssertionError):
@@ -125,7 +125,9 @@ def _rebuilt(
 ) -> BaseException:
     # Every rank (the failing one too) raises a fresh copy from here, so the failure looks the
     # same to hypothesis on every rank.
-    exc = protocol.load_exception(payload)
+    # Read as data (the store is the network's): an exception that is not data travels as
+    # its text only, and every rank raises RankFailed alike.
+    exc = wire.loads_exception(payload, what=f"rank {rank}'s exception")
     if exc is None:
         return RankFailed(f"rank {rank} of {size} raised {kind}:\n{text}")
     exc.__traceback__ = None

@@ -8,6 +8,8 @@ from typing import Any
 
 import torch
 
+from ..world import wire
+
 Tensors = dict[str, torch.Tensor]
 
 
@@ -159,6 +161,7 @@ def _unpack(layout: Layout, flat: torch.Tensor) -> list[dict[str, Any]]:
     return steps
 
 
+@wire.reducer
 def _unpack_rank_trace(
     losses: list[float],
     grads: tuple[Layout, bytes] | None,

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import pickle
 import time
 from typing import Any
 
+from . import wire
 from .errors import WorldError
 
 # A silent heart for this long means the rank is dead.
@@ -45,7 +45,8 @@ class Late(Exception):
 
 @dataclasses.dataclass
 class _Posted:
-    """What one rank posts for one agreement: where it is, and what it has to say."""
+    """What one rank posts for one agreement: where it is, and what it has to say (data:
+    :mod:`.wire` writes it and reads it back, never a pickle)."""
 
     tag: str
     value: Any = None
@@ -92,7 +93,8 @@ class Agreement:
             raise Broken(self.broken)
         self._sequence += 1
         key = f"agree/{self._sequence}"
-        self.store.set(f"{key}/{self.rank}", pickle.dumps(_Posted(tag, value), protocol=5))
+        mine = wire.dumps(_Posted(tag, value), what=f"the value for {tag!r}")
+        self.store.set(f"{key}/{self.rank}", mine)
         if self._sequence > 2:
             # A rank posts n after reading everyone's n-1, and each of them posted n-1 after
             # reading everyone's n-2: agreement n-2 has been read by all, and can go.
@@ -130,7 +132,7 @@ class Agreement:
             still = []
             for r in waiting:
                 if self.store.check([f"{key}/{r}"]):
-                    posted[r] = pickle.loads(self.store.get(f"{key}/{r}"))
+                    posted[r] = self._read(f"{key}/{r}", r, tag)
                 else:
                     still.append(r)
             waiting = still
@@ -149,6 +151,19 @@ class Agreement:
                     dead.append(r)
             if dead or now > deadline:
                 raise Late(tag, waiting, dead)
+        return posted
+
+    def _read(self, key: str, rank: int, tag: str) -> _Posted:
+        """Rank ``rank``'s post under ``key``, read as data; a :class:`~.wire.WireError` (and
+        the world broken for every rank) for anything else."""
+        what = f"rank {rank}'s value for {tag!r} (key {key!r})"
+        try:
+            posted = wire.loads(self.store.get(key), what=what)
+            if not isinstance(posted, _Posted) or not isinstance(posted.tag, str):
+                raise wire.WireError(f"{what} in the job's store is not an agreement's post")
+        except wire.WireError as exc:
+            self.break_(str(exc))
+            raise
         return posted
 
     def beat_of(self, rank: int) -> int:

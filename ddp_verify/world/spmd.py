@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
 import datetime
 import os
 import signal
@@ -37,7 +38,7 @@ from collections.abc import Callable, Mapping, Sequence
 from types import ModuleType
 from typing import Any, Generic, TypeVar
 
-from . import protocol
+from . import protocol, wire
 from .agreement import DEAD_AFTER_S, Agreement, Late, OutOfStep
 from .backends import check_backend, check_device, placement
 from .errors import Category, FailureKind, RankError, RankFailure, WorldError
@@ -580,9 +581,10 @@ class SpmdWorld(RunsJobs):
             member.end()
         outcome.process_group_alive = dist.is_initialized()
         elapsed = time.monotonic() - started
+        posted = _as_data(outcome, name)
         try:
             outcomes = member.agree(
-                name, (outcome, elapsed), timeout=timeout + _REPORT_GRACE_S, since=started
+                name, (posted, elapsed), timeout=timeout + _REPORT_GRACE_S, since=started
             )
         except WorldError as exc:
             return _Done(None, exc)
@@ -590,11 +592,16 @@ class SpmdWorld(RunsJobs):
         regroup = False
         for r, (theirs, took) in enumerate(outcomes):
             regroup |= not theirs.process_group_alive
-            if theirs.ok:
-                results.append(protocol.load_result(theirs.result or b""))
-                continue
-            results.append(None)
-            failures.append(_failure(r, theirs, order=took))
+            mine = outcome if r == member.rank else None
+            try:
+                if theirs.ok:
+                    results.append(_result(theirs, mine, name, r))
+                    continue
+                results.append(None)
+                failures.append(_failure(r, theirs, order=took, mine=mine))
+            except wire.WireError as exc:
+                member.declare_broken(str(exc))
+                return _Done(None, exc)
         if not failures:
             if regroup:
                 # A job destroyed the default group on some rank: re-form it on every rank.
@@ -638,17 +645,57 @@ class SpmdWorld(RunsJobs):
         )
 
 
-def _failure(rank: int, outcome: protocol.Outcome, *, order: float = 0.0) -> RankFailure:
-    """How ``rank`` failed, from the outcome it posted."""
+def _failure(
+    rank: int,
+    outcome: protocol.Outcome,
+    *,
+    order: float = 0.0,
+    mine: protocol.Outcome | None = None,
+) -> RankFailure:
+    """How ``rank`` failed, from the outcome it posted (this rank's own exception from
+    ``mine``, its local outcome: it never left this process)."""
+    if mine is not None:
+        exception = protocol.load_exception(mine.exception)
+    else:
+        exception = wire.loads_exception(outcome.exception, what=f"rank {rank}'s exception")
     return RankFailure(
         rank,
         FailureKind(outcome.error_kind),
         outcome.error_summary,
         details=outcome.error_traceback,
         full_details=outcome.error_traceback_full,
-        exception=protocol.load_exception(outcome.exception),
+        exception=exception,
         order=order,
     )
+
+
+def _as_data(outcome: protocol.Outcome, name: str) -> protocol.Outcome:
+    """``outcome`` as the other ranks read it from the store: its result and its exception as
+    data (:mod:`.wire`), never pickles; a result that is not data fails the job here, with
+    the reason, as it would fail on every rank."""
+    if outcome.ok:
+        try:
+            value = protocol.load_result(outcome.result or b"")  # this process's own bytes
+            return dataclasses.replace(
+                outcome, result=wire.dumps(value, what=f"the result of {name}")
+            )
+        except wire.WireError as exc:
+            return protocol.Outcome(
+                outcome.job_id,
+                ok=False,
+                error_kind=FailureKind.UNPICKLABLE_RESULT.value,
+                error_summary=str(exc),
+            )
+    exception = protocol.load_exception(outcome.exception)
+    data = None if exception is None else wire.dumps_exception(exception)
+    return dataclasses.replace(outcome, exception=data)
+
+
+def _result(theirs: protocol.Outcome, mine: protocol.Outcome | None, name: str, rank: int) -> Any:
+    """Rank ``rank``'s result: this rank's from its own outcome, another's read as data."""
+    if mine is not None and mine.ok:
+        return protocol.load_result(mine.result or b"")
+    return wire.loads(theirs.result or b"", what=f"rank {rank}'s result of {name}")
 
 
 class LocalHelper(RunsJobs):
@@ -696,25 +743,31 @@ class LocalHelper(RunsJobs):
         self._jobs += 1
         started = time.monotonic()
         outcome = None
+        mine = None
         if member.rank == runner:
             member.begin(f"{name} (the helper work)")
             try:
-                outcome = run_job(fn, args, dict(kwargs or {}))
+                mine = run_job(fn, args, dict(kwargs or {}))
             finally:
                 member.end()
         outcome = member.agree(
             f"helper: {name}",
-            outcome,
+            None if mine is None else _as_data(mine, name),
             timeout=(timeout or world.timeout) + _REPORT_GRACE_S,
             since=started,
         )[runner]
-        if outcome.ok:
-            return [protocol.load_result(outcome.result or b"")]
+        try:
+            if outcome.ok:
+                return [_result(outcome, mine, name, runner)]
+            failure = _failure(runner, outcome, mine=mine)
+        except wire.WireError as exc:
+            member.declare_broken(str(exc))
+            raise
         raise RankError(
             name,
             1,
             "none",
-            [_failure(runner, outcome)],
+            [failure],
             world_relaunched=False,
             where=f"rank {runner}, doing {self.label}",
             world_state="The world is still up.",

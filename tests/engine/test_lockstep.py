@@ -52,9 +52,9 @@ def test_a_failure_on_another_rank_is_raised_here_with_where_it_happened() -> No
     try:
         raise ValueError("rank 1 saw a bad gradient")
     except ValueError as exc:
-        from ddp_verify.world import frames, protocol
+        from ddp_verify.world import frames, wire
 
-        said = ("builtins.ValueError", protocol.dump_exception(exc), frames.format_exception(exc))
+        said = ("builtins.ValueError", wire.dumps_exception(exc), frames.format_exception(exc))
     run = agreed(passes, Exchange(0, [said]), "test_x")
     with pytest.raises(ValueError, match="rank 1 saw a bad gradient") as caught:
         run()
@@ -62,7 +62,7 @@ def test_a_failure_on_another_rank_is_raised_here_with_where_it_happened() -> No
 
 
 def test_an_outcome_every_rank_shares_carries_no_note() -> None:
-    from ddp_verify.world import frames, protocol
+    from ddp_verify.world import frames, wire
 
     def fails() -> None:
         raise KeyError("everywhere")
@@ -70,7 +70,7 @@ def test_an_outcome_every_rank_shares_carries_no_note() -> None:
     try:
         fails()
     except KeyError as exc:
-        said = ("builtins.KeyError", protocol.dump_exception(exc), frames.format_exception(exc))
+        said = ("builtins.KeyError", wire.dumps_exception(exc), frames.format_exception(exc))
     run = agreed(fails, Exchange(0, [said]), "test_y")
     with pytest.raises(KeyError) as caught:
         run()

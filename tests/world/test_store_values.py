@@ -1,6 +1,6 @@
 """What a launched job's ranks read from the launcher's store is data, not code: a value
-written there by a process outside the job is read as words and runs nothing. (Only the
-broken flag so far: the agreed outcomes are still pickles, issue 26.)"""
+written there by a process outside the job is read as words (the broken flag) or parsed as
+data (every agreed value: seeds, outcomes, results, exceptions) and runs nothing."""
 
 from __future__ import annotations
 
@@ -8,9 +8,16 @@ import datetime
 import subprocess
 import sys
 import textwrap
+import time
 
+import pytest
+import torch
 import torch.distributed as dist
 
+from ddp_verify.engine.reference import train_reference
+from ddp_verify.engine.scenario import Scenario
+from ddp_verify.engine.tolerances import Float64Tolerance
+from ddp_verify.world import WorldError, protocol, wire
 from ddp_verify.world.agreement import Agreement, read_broken
 
 EVIL = textwrap.dedent(
@@ -23,20 +30,28 @@ EVIL = textwrap.dedent(
             return (os.system, (f"touch {sys.argv[2]}",))
 
     store = dist.TCPStore("127.0.0.1", int(sys.argv[1]), is_master=False)
-    store.set("broken", pickle.dumps(Evil()))
+    store.set(sys.argv[3], pickle.dumps(Evil()))
     """
 )
 
 
-def test_a_broken_flag_written_by_an_outsider_is_read_as_words(tmp_path):
-    store = dist.TCPStore(
+def _store():
+    return dist.TCPStore(
         "127.0.0.1", 0, is_master=True, wait_for_workers=False,
         timeout=datetime.timedelta(seconds=30),
     )  # fmt: skip
-    marker = tmp_path / "ran"
+
+
+def _outsider_writes(store, marker, key):
     subprocess.run(
-        [sys.executable, "-c", EVIL, str(store.port), str(marker)], check=True, timeout=60
+        [sys.executable, "-c", EVIL, str(store.port), str(marker), key], check=True, timeout=60
     )
+
+
+def test_a_broken_flag_written_by_an_outsider_is_read_as_words(tmp_path):
+    store = _store()
+    marker = tmp_path / "ran"
+    _outsider_writes(store, marker, "broken")
     # What pickle.loads would have done: run the outsider's command.
     assert b"os" in store.get("broken") and b"system" in store.get("broken")
     said = read_broken(store)
@@ -52,3 +67,46 @@ def test_a_broken_flag_written_by_an_outsider_is_read_as_words(tmp_path):
     store.delete_key("broken")
     Agreement(store, rank=1, size=2).break_("rank 1 hung")
     assert store.get("broken") == b"rank 1 hung" and read_broken(store) == "rank 1 hung"
+
+
+def test_an_agreed_value_written_by_an_outsider_is_refused_and_runs_nothing(tmp_path):
+    # Rank 1's post for the first agreement, forged: rank 0 parses it as data, refuses it with
+    # a WorldError naming the key, and breaks the world for every rank.
+    store = _store()
+    marker = tmp_path / "ran"
+    _outsider_writes(store, marker, "agree/1/1")
+    agreement = Agreement(store, rank=0, size=2)
+    with pytest.raises(WorldError, match=r"rank 1's value for 'the seed' \(key 'agree/1/1'\)"):
+        agreement.agree("the seed", 7, deadline=time.monotonic() + 30)
+    assert not marker.exists()
+    assert "not a value ddp_verify wrote" in read_broken(store)
+
+
+def test_what_ranks_agree_on_travels_as_data():
+    scenario = Scenario(world_size=2, schedule=(((1,), (2,)),))
+    trace = train_reference(scenario, "float64")
+    skipped = pytest.skip.Exception("no GPU")
+    for value in (
+        {"seed": 3, "ids": ["a", "b"]},
+        (protocol.Outcome(1, ok=True, result=b"x"), 0.5),
+        trace,
+        Float64Tolerance(),
+        torch.arange(3.0),
+    ):
+        again = wire.loads(wire.dumps(value))
+        assert type(again) is type(value)
+    again = wire.loads(wire.dumps(trace))
+    torch.testing.assert_close(again.ranks[0].params[0], trace.ranks[0].params[0])
+    assert type(wire.loads_exception(wire.dumps_exception(skipped))) is type(skipped)
+    assert str(wire.loads_exception(wire.dumps_exception(ValueError("bad")))) == "bad"
+
+
+class _Mine:
+    pass
+
+
+def test_a_value_that_is_not_data_is_refused_where_it_is_written():
+    with pytest.raises(wire.WireError, match=r"the result of a job \(_Mine\) cannot travel"):
+        wire.dumps(_Mine(), what="the result of a job")
+    # A user's exception class travels as its text only (None here), never as a pickle.
+    assert wire.dumps_exception(type("Custom", (Exception,), {})("x")) is None
