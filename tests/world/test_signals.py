@@ -23,6 +23,12 @@ CLI = [sys.executable, "-m", "ddp_verify", "check", "slow.py:sync", "--kind", "g
        "--world-size", "2", "--max-examples", "100", "--json"]  # fmt: skip
 PYTEST = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--world-size", "2",
           "test_slow.py"]  # fmt: skip
+# The packaged suite, run as framework teams run it (pytest.main inside the command).
+CONFORMANCE = [sys.executable, "-m", "ddp_verify", "conformance", "--world-size", "2", "--",
+               "-p", "no:cacheprovider", "-n", "0"]  # fmt: skip
+SIGNALS = pytest.mark.parametrize(
+    "signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP], ids=["SIGTERM", "SIGINT", "SIGHUP"]
+)
 
 
 def _started(command: list[str], tmp_path) -> tuple[subprocess.Popen, set[int], dict]:
@@ -85,11 +91,14 @@ def test_a_signal_to_the_command_leaves_no_file_and_no_process(signum, code, tmp
     assert _ours(env) == [], "temporary files left behind"
 
 
-def test_sigterm_to_a_pytest_session_leaves_no_file_and_no_process(tmp_path):
-    proc, tree, env = _started(PYTEST, tmp_path)
-    proc.send_signal(signal.SIGTERM)
+@SIGNALS
+@pytest.mark.parametrize("command", [PYTEST, CONFORMANCE], ids=["pytest", "conformance"])
+def test_a_signal_to_a_pytest_session_leaves_no_file_and_no_process(signum, command, tmp_path):
+    proc, tree, env = _started(command, tmp_path)
+    proc.send_signal(signum)
     out, err = proc.communicate(timeout=60)
-    assert proc.returncode != 0 and "terminated by signal 15" in out + err, out[-2000:]
+    said = "KeyboardInterrupt" if signum == signal.SIGINT else f"terminated by signal {int(signum)}"
+    assert proc.returncode != 0 and said in out + err, (out + err)[-2000:]
     assert not _gone(tree - {proc.pid}), "processes left behind"
     assert _ours(env) == [], "temporary files left behind"
 
