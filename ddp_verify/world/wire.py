@@ -168,7 +168,9 @@ def _allowed(modules: int, reducers: int) -> list[Any]:
     """Python's exceptions (under both names pickle gives them) and ddp_verify's data: its
     data classes, enums, exceptions and tolerances, defined in its modules loaded now. Never
     a class that unpickles what it holds (a shipped job): that would bring pickle back."""
-    allowed: list[Any] = [*_REDUCERS]
+    from .errors import _rebuild_rank_error  # how a RankError travels (errors is below us)
+
+    allowed: list[Any] = [*_REDUCERS, _rebuild_rank_error]
     for value in vars(builtins).values():
         if isinstance(value, type) and issubclass(value, BaseException):
             allowed += [value, (value, f"exceptions.{value.__name__}")]

@@ -19,6 +19,7 @@ from ddp_verify.engine.scenario import Scenario
 from ddp_verify.engine.tolerances import Float64Tolerance
 from ddp_verify.world import WorldError, protocol, wire
 from ddp_verify.world.agreement import Agreement, read_broken
+from ddp_verify.world.errors import FailureKind, RankError, RankFailure
 
 EVIL = textwrap.dedent(
     """
@@ -98,6 +99,13 @@ def test_what_ranks_agree_on_travels_as_data():
     again = wire.loads(wire.dumps(trace))
     torch.testing.assert_close(again.ranks[0].params[0], trace.ranks[0].params[0])
     assert type(wire.loads_exception(wire.dumps_exception(skipped))) is type(skipped)
+    # A job's failure, as a known torch issue's mark reads it on every rank.
+    failure = RankFailure(
+        1, FailureKind.RAISED, "raised AssertionError", details="in _orthogonalize"
+    )
+    error = RankError("a job", 2, "gloo", [failure], world_relaunched=False)
+    again = wire.loads_exception(wire.dumps_exception(error))
+    assert isinstance(again, RankError) and "in _orthogonalize" in again.failures[0].details
     assert str(wire.loads_exception(wire.dumps_exception(ValueError("bad")))) == "bad"
 
 
