@@ -1,5 +1,5 @@
 """The layers of DESIGN.md are folders, and imports only go down them: world <- engine <-
-methods <- usercode <- front ends, with the conformance suite free to use them all. Every
+methods <- usercode <- parity <- front ends, with the conformance suite free to use them all. Every
 import counts, those inside functions and under TYPE_CHECKING too; and no module imports
 itself back through others."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "ddp_verify"
-LAYERS = ["world", "engine", "methods", "usercode", "frontends", "conformance"]
+LAYERS = ["world", "engine", "methods", "usercode", "parity", "frontends", "conformance"]
 # The package's own modules at its top: the lazy front door, ``python -m`` and the
 # documented ``ddp_verify.strategies`` path are front ends.
 TOP_LEVEL = "frontends"

@@ -93,7 +93,19 @@ def compare(
     At each step, in order: ranks agree on gradients and parameters; gradients (when both
     traces have them), losses and parameters match the reference.
     """
-    steps = scenario.steps
+    return compare_traces(reference, got, scenario.steps, tolerance)
+
+
+def compare_traces(
+    reference: Trace, got: Trace, steps: int, tolerance: Tolerance
+) -> Mismatch | None:
+    """:func:`compare` for traces of ``steps`` steps that no scenario describes (a whole
+    training script's recordings).
+
+    Example::
+
+        mismatch = compare_traces(reference, got, 3, Float64Tolerance())
+    """
     if got.steps != steps or any(len(r.losses) != steps for r in got.ranks):
         return _structural(0, steps, "trace", f"{got.method} recorded {got.steps} step(s)")
     expected_rank = reference.ranks[0]

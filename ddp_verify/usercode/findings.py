@@ -334,6 +334,50 @@ UNEXPLAINED = _finding(
 )
 DIAGNOSIS_FAILED = _finding("none", "run", "not found: the diagnosis failed ({reason})")
 
+# -- whole training scripts (ddp-verify parity) -------------------------------------------------
+DATA_SAME = _finding(
+    "data:same-samples",
+    "data",
+    "every rank trained on the same samples: no DistributedSampler (or a sampler that ignores "
+    "the rank), so the layout's global batch is one rank's batch repeated {world} times",
+)
+DATA_DUPLICATED = _finding(
+    "data:duplicated",
+    "data",
+    "samples counted twice in a step ({details}): a DistributedSampler pads the last batch by "
+    "repeating samples when the dataset does not divide by the world size",
+)
+DATA_MISSING = _finding(
+    "data:missing",
+    "data",
+    "samples of the reference's global batch missing ({details}): dropped by the split "
+    "(drop_last, or a batch size that does not divide)",
+)
+DATA_ORDER = _finding(
+    "data:order",
+    "data",
+    "the samples of a step depend on the layout ({details}): a shuffle or a split whose order "
+    "changes with the world size or the micro-batch size",
+)
+SYNC_LEFT_OUT = _finding(
+    "sync:left-out",
+    "gradient",
+    "parameters left out of synchronisation: {names} differ from rank to rank (a parameter "
+    "DDP ignores, or one that never reaches a hook)",
+)
+MICRO_CLEARED = _finding(
+    "micro:cleared",
+    "gradient",
+    "zero_grad() inside the accumulation loop: the gradients were cleared before a later "
+    "micro-batch's backward ({where}), so only the last micro-batch of each rank counted",
+)
+SCRIPT_STEPS = _finding(
+    "steps:fewer",
+    "run",
+    "the layout recorded {got} optimizer step(s) where the reference recorded {wanted}: its "
+    "data ran out sooner, or it stopped",
+)
+
 # Findings a simulated mistake's run is matched for, where the fit could not say.
 OPEN_QUESTIONS = (NONLINEAR, LOSS_UNEXPLAINED)
 

@@ -1,0 +1,376 @@
+"""Recordings held to the reference layout's, and the words for what differs.
+
+First the data: every layout must train on the reference's global batch at each step (as
+multisets of sample fingerprints); if it does not, what went wrong with the data is said and
+nothing else (every later number would differ for that reason alone). Then, with the engine's
+comparison (:func:`~ddp_verify.engine.compare.compare_traces`): the gradients the optimizer saw
+at each step, the loss the gradient is of, and the parameters after each step, within a
+tolerance derived for the precision the script ran in, never a guessed constant: float64's
+rounding where the recorder ran it in float64, or the measured deviation of a rounding-only
+variant of the reference run where the script forces its own precision.
+
+Example::
+
+    comparison = compare_layouts(reference, recording, steps=3)
+    comparison.equivalent, comparison.causes
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from ..engine.compare import Mismatch, compare_traces
+from ..engine.tolerances import (
+    FLOAT32_SAFETY,
+    UNIT_ROUNDOFF,
+    Float64Tolerance,
+    MeasuredTolerance,
+    Tolerance,
+)
+from ..usercode import findings as f
+from ..usercode.findings import Cause
+from .recording import Recording
+
+__all__ = ["Comparison", "compare_layouts", "derived_tolerance", "told_apart"]
+
+
+@dataclasses.dataclass
+class Comparison:
+    """One layout against the reference: whether it trains the same, the first divergence,
+    every cause found, and its figures."""
+
+    label: str
+    equivalent: bool
+    mismatch: Mismatch | None
+    causes: list[Cause]
+    figures: dict[str, Any]
+
+
+def compare_layouts(
+    reference: Recording, other: Recording, *, steps: int, tolerance: Tolerance | None = None
+) -> Comparison:
+    """``other`` held to ``reference`` over ``steps`` optimizer steps (``tolerance``: see
+    :func:`derived_tolerance`; float64's rounding where both ran in float64)."""
+    figures: dict[str, Any] = {
+        "layout": other.label,
+        "world_size": other.world_size,
+        "grad_accum": other.grad_accum,
+        "steps": other.steps,
+        "precision": other.precision,
+    }
+    wanted = min(steps, reference.steps)
+    data = _data_causes(reference, other, min(wanted, other.steps))
+    if data:
+        return Comparison(other.label, False, None, data, figures)
+    causes: list[Cause] = []
+    if other.steps < wanted:
+        causes.append(f.SCRIPT_STEPS.cause(got=other.steps, wanted=wanted))
+    n = min(wanted, other.steps)
+    if tolerance is None:
+        tolerance = Float64Tolerance()
+    figures["tolerance"] = tolerance.describe()
+    expected, got = reference.trace(n), other.trace(n)
+    mismatch = compare_traces(expected, got, n, tolerance)
+    figures.update(_differences(expected, got, n))
+    if mismatch is None and not causes:
+        return Comparison(other.label, True, None, [], figures)
+    causes += _gradient_causes(reference, other, expected, got, tolerance)
+    if not causes:
+        causes.append(
+            f.UNEXPLAINED.cause(read="are the reference's at step 0" if n else "were not recorded")
+        )
+    return Comparison(other.label, False, mismatch, causes, figures)
+
+
+def derived_tolerance(reference: Recording, variant: Recording, steps: int) -> Tolerance:
+    """The bound for a script that forces its own precision: ``FLOAT32_SAFETY`` x how far a
+    rounding-only variant of the reference run (every parameter moved by one unit roundoff
+    before the first step) lands from the reference run, per quantity and step, and never
+    less than the rounding of a few sums in that precision.
+
+    Example::
+
+        tolerance = derived_tolerance(reference, perturbed_reference, steps=3)
+    """
+    unit = UNIT_ROUNDOFF[_rounding_dtype(reference)]
+    n = min(steps, reference.steps, variant.steps)
+    exact, rounded = reference.trace(n), variant.trace(n)
+    roundings = (reference.world_size + 2) * unit
+    bounds: dict[tuple[str, int], float] = {}
+    for step in range(n):
+        pairs = {
+            "gradient": (exact.ranks[0].grads[step], rounded.ranks[0].grads[step]),  # type: ignore[index]
+            "parameter": (exact.ranks[0].params[step], rounded.ranks[0].params[step]),
+        }
+        for quantity, (a, b) in pairs.items():
+            deviation, scale = 0.0, 0.0
+            for name, value in a.items():
+                other = b.get(name)
+                if value is None or other is None:
+                    continue
+                deviation = max(deviation, float((value - other).abs().max()))
+                scale = max(scale, float(value.abs().max()))
+            bounds[quantity, step] = FLOAT32_SAFETY * max(deviation, roundings * scale)
+        loss, moved = exact.ranks[0].losses[step], rounded.ranks[0].losses[step]
+        bounds["loss", step] = FLOAT32_SAFETY * max(abs(loss - moved), roundings * abs(loss))
+    return MeasuredTolerance(
+        bounds,
+        runs=2,
+        safety=FLOAT32_SAFETY,
+        fallback=FLOAT32_SAFETY * roundings,
+        precision=reference.precision,
+    )
+
+
+def _rounding_dtype(recording: Recording) -> str:
+    meta = recording.ranks[0]["meta"]
+    if meta["autocast"]:
+        return str(meta["autocast"]).split(":")[-1]
+    dtypes = [d.replace("torch.", "") for d in meta["param_dtypes"]]
+    rounded = [d for d in dtypes if d in UNIT_ROUNDOFF]
+    # The coarsest dtype the parameters are in.
+    return max(rounded, key=lambda d: UNIT_ROUNDOFF[d]) if rounded else "float32"
+
+
+# -- the data --------------------------------------------------------------------------------
+
+
+def _data_causes(reference: Recording, other: Recording, steps: int) -> list[Cause]:
+    everything = collections.Counter[str]()
+    for step in range(steps):
+        everything.update(reference.samples(step))
+    for step in range(steps):
+        want, got = reference.samples(step), other.samples(step)
+        if want == got:
+            continue
+        per_rank = [other.rank_samples(r, step) for r in range(other.world_size)]
+        if other.world_size > 1 and all(rows == per_rank[0] for rows in per_rank):
+            return [f.DATA_SAME.cause(world=other.world_size)]
+        extra, missing = got - want, want - got
+        twice = sum(1 for row, count in got.items() if count > 1 and want[row] < count)
+        if twice:
+            details = f"step {step}: {twice} sample(s) more than once"
+            return [f.DATA_DUPLICATED.cause(details=details)]
+        if extra and all(row in everything for row in extra):
+            details = (
+                f"step {step} holds {sum(extra.values())} sample(s) the reference trained at "
+                f"another step"
+            )
+            return [f.DATA_ORDER.cause(details=details)]
+        if missing:
+            details = f"step {step}: {sum(missing.values())} of {sum(want.values())} missing"
+            return [f.DATA_MISSING.cause(details=details)]
+        details = f"step {step}: {sum(extra.values())} sample(s) the reference never saw"
+        return [f.DATA_ORDER.cause(details=details)]
+    return []
+
+
+# -- the gradient ------------------------------------------------------------------------------
+
+
+def _gradient_causes(
+    reference: Recording,
+    other: Recording,
+    expected: Any,
+    got: Any,
+    tolerance: Tolerance,
+) -> list[Cause]:
+    causes: list[Cause] = []
+    if not got.steps:
+        return causes
+    # Ranks that disagree at step 0: gradients some parameters never synchronised.
+    rank0 = got.ranks[0].grads[0]
+    apart = sorted(
+        name
+        for name, value in rank0.items()
+        if value is not None
+        and any(
+            (g := r.grads[0].get(name)) is not None
+            and bool((g - value).abs().gt(tolerance.allowed("gradient", 0, name, value)).any())
+            for r in got.ranks[1:]
+        )
+    )
+    if apart:
+        causes.append(f.SYNC_LEFT_OUT.cause(names=", ".join(repr(n) for n in apart)))
+    cleared = [
+        f"rank {r}, before micro-batch {m + 2} of {len(other.step(r, 0)['batches'])}"
+        for r in range(other.world_size)
+        for m, was in enumerate(other.step(r, 0)["cleared"])
+        if was
+    ]
+    if cleared:
+        causes.append(f.MICRO_CLEARED.cause(where="; ".join(cleared[:4])))
+        # What the gradient then is follows from it: no second cause for the same numbers.
+        return causes
+    scale = _scale(reference, other, expected, got, tolerance, exclude=set(apart))
+    if scale is not None:
+        causes.append(scale)
+    return causes
+
+
+def _flat(grads: dict[str, torch.Tensor | None], names: Sequence[str]) -> torch.Tensor:
+    parts = [grads[n].reshape(-1) for n in names if grads.get(n) is not None]  # type: ignore[union-attr]
+    return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.float64)
+
+
+def _scale(
+    reference: Recording,
+    other: Recording,
+    expected: Any,
+    got: Any,
+    tolerance: Tolerance,
+    *,
+    exclude: set[str],
+) -> Cause | None:
+    """The step-0 gradient as a multiple of the reference's, in words: a uniform factor
+    with the count ratios it matches; or, where it is not a multiple, what was measured."""
+    names = [n for n, g in expected.ranks[0].grads[0].items() if g is not None and n not in exclude]
+    want = _flat(expected.ranks[0].grads[0], names)
+    have = _flat(got.ranks[0].grads[0], names)
+    if not want.numel() or want.shape != have.shape:
+        return None
+    allowed = torch.cat(
+        [
+            tolerance.allowed("gradient", 0, n, expected.ranks[0].grads[0][n]).reshape(-1)
+            for n in names
+        ]
+    )
+    if not bool(((have - want).abs() > allowed).any()):
+        return None
+    norm = float(want.norm())
+    if norm == 0.0:
+        return None
+    k = float(have @ want) / norm**2
+    residual = float((have - k * want).abs().max())
+    if residual <= float(allowed.max()) * max(1.0, abs(k)):
+        readings = _ratios(reference, other, k, close=1e-6 if other.float64 else 2e-2)
+        key, why = readings[0] if readings else ("", f.SCALED)
+        return dataclasses.replace(
+            f.SCALE.cause(why=why, unit="sample", factor=k),
+            reading=f"scale:{key}" if key else "scale",
+            alternatives=tuple(f"scale:{other_key}" for other_key, _ in readings[1:]),
+            evidence=f"step-0 gradient of layout {other.label} = {k:.6g} x the reference's "
+            f"(largest departure from that multiple {residual:.3g})",
+        )
+    cosine = float(have @ want) / (float(have.norm()) * norm or math.inf)
+    measured = f.NOT_PROPORTIONAL.format(cosine=cosine, ratio=float(have.norm()) / norm)
+    return f.NONLINEAR.cause(measured=measured)
+
+
+# The count ratios a layout's gradient may be off by, against the reference layout's: a key,
+# its value from (world size, accumulation steps, the reference's), and what it means.
+RATIOS: tuple[tuple[str, Callable[[int, int, int, int], float], str], ...] = (
+    (
+        "A",
+        lambda w, a, wr, ar: a / ar,
+        "the micro-batch losses summed, not divided by the accumulation steps",
+    ),
+    (
+        "1/A",
+        lambda w, a, wr, ar: ar / a,
+        "the loss divided by the accumulation steps once too often",
+    ),
+    (
+        "W",
+        lambda w, a, wr, ar: w / wr,
+        "gradients summed across ranks, not averaged by the world size",
+    ),
+    ("1/W", lambda w, a, wr, ar: wr / w, "gradients divided by the world size once too often"),
+    (
+        "W*A",
+        lambda w, a, wr, ar: (w * a) / (wr * ar),
+        "a sum over micro-batches and ranks never divided",
+    ),
+)
+_MEANING = {key: words for key, _, words in RATIOS}
+
+
+def _ratios(
+    reference: Recording, other: Recording, k: float, *, close: float
+) -> list[tuple[str, str]]:
+    """The count ratios between the layout and the reference that ``k`` matches, each with
+    what it means, the plainest first."""
+    counts = (
+        other.world_size,
+        max(other.grad_accum, 1),
+        reference.world_size,
+        max(reference.grad_accum, 1),
+    )
+    matched = []
+    for key, ratio, words in RATIOS:
+        value = ratio(*counts)
+        if value != 1.0 and abs(k - value) <= close * abs(value):
+            matched.append((key, words))
+    return matched
+
+
+def _differences(expected: Any, got: Any, steps: int) -> dict[str, float | None]:
+    """The greatest relative differences from the reference: gradients at step 0, parameters
+    over every step (null where nothing was recorded)."""
+
+    def largest(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> float | None:
+        values = [
+            float(((g - e).abs() / e.abs().clamp_min(1e-300)).max())
+            for e, g in pairs
+            if e.numel() and e.shape == g.shape
+        ]
+        return max(values) if values else None
+
+    if not steps:
+        return {"gradient_difference": None, "parameter_difference": None}
+    want0 = expected.ranks[0].grads[0]
+    grads = [
+        (want0[n], r.grads[0][n])
+        for r in got.ranks
+        for n in want0
+        if want0[n] is not None and r.grads[0].get(n) is not None
+    ]
+    params = [
+        (expected.ranks[0].params[s][n], r.params[s][n])
+        for s in range(steps)
+        for r in got.ranks
+        for n in expected.ranks[0].params[s]
+        if n in r.params[s]
+    ]
+    return {"gradient_difference": largest(grads), "parameter_difference": largest(params)}
+
+
+def told_apart(comparisons: list[Comparison]) -> list[Comparison]:
+    """Scale readings that one layout's counts cannot tell apart (a factor 2 at 2x2 is the
+    world size and the accumulation steps), settled by the reading every layout with a
+    scale shares.
+
+    Example::
+
+        comparisons = told_apart([compare_layouts(ref, r, steps=3) for r in recordings])
+    """
+    scaled = [c for cmp in comparisons for c in cmp.causes if c.pattern == f.SCALE.code]
+    common = None
+    for cause in scaled:
+        keys = {cause.key, *cause.alternatives}
+        common = keys if common is None else common & keys
+    if not common or len(common) != 1:
+        return comparisons
+    (key,) = common
+    for cmp in comparisons:
+        for i, cause in enumerate(cmp.causes):
+            if cause.pattern == f.SCALE.code and cause.key != key and key in cause.alternatives:
+                why = _MEANING[key.split(":", 1)[1]]
+                # The same factor, said with the reading every layout shares.
+                rest = cause.text[cause.text.index(": every") :]
+                cmp.causes[i] = dataclasses.replace(
+                    cause,
+                    text=why + rest,
+                    reading=key,
+                    alternatives=(),
+                    evidence=f"{cause.evidence}; the other layouts say which",
+                )
+            elif cause.pattern == f.SCALE.code and cause.key == key:
+                cmp.causes[i] = dataclasses.replace(cause, alternatives=())
+    return comparisons

@@ -1,0 +1,144 @@
+"""Each layout's run: the user's command started with torchrun (or the user's launcher) in a
+session of its own, the recorder installed in every rank, bounded in time, nothing left
+running after it.
+
+Example::
+
+    run = launch(Layout(2, 2), ["train.py", "--grad-accum", "2"], directory, steps=3)
+    run.returncode, run.seconds
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from .layouts import Layout, LayoutError, fill
+from .recorder import ENV_DIR, ENV_DTYPE, ENV_PERTURB, ENV_STEPS
+
+__all__ = ["DEFAULT_LAUNCHER", "Run", "launch", "script_of"]
+
+# How a layout's ranks are started: torchrun on this machine, a rendezvous on a free port.
+DEFAULT_LAUNCHER = "{python} -m torch.distributed.run --standalone --nproc-per-node {world_size}"
+# What runs in each rank before the user's script: the recorder, then the script.
+BOOT = ("-m", "ddp_verify.parity.boot")
+# Interpreters a command may start with: the script follows.
+_PYTHONS = ("python", "python3", os.path.basename(sys.executable))
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """One layout's run: its exit code (None when it outlasted its time), how long it took,
+    where its recording and its output went."""
+
+    layout: Layout
+    command: tuple[str, ...]
+    returncode: int | None
+    seconds: float
+    directory: Path
+
+    @property
+    def output(self) -> str:
+        """The last lines the ranks and the launcher printed."""
+        path = self.directory / "output.log"
+        text = path.read_text(errors="replace") if path.exists() else ""
+        return "\n".join(text.splitlines()[-40:])
+
+
+def script_of(command: Sequence[str]) -> list[str]:
+    """The script and its arguments from the user's command (``python train.py ...``,
+    ``train.py ...`` or ``python -m pkg.train ...``); :class:`LayoutError` otherwise.
+
+    Example::
+
+        >>> script_of(["python", "train.py", "--lr", "0.1"])
+        ['train.py', '--lr', '0.1']
+    """
+    parts = list(command)
+    if parts and os.path.basename(parts[0]) in _PYTHONS:
+        parts = parts[1:]
+    if not parts:
+        raise LayoutError("no command after --: give the script, e.g. -- python train.py ...")
+    if parts[0] == "-m" and len(parts) >= 2:
+        return parts
+    if parts[0].startswith("-") or not parts[0].endswith(".py"):
+        raise LayoutError(
+            f"{shlex.join(command)}: give the training script as it runs on one process, "
+            "python SCRIPT.py ARGS or python -m MODULE ARGS (ddp-verify starts the launcher)"
+        )
+    return parts
+
+
+def launch(
+    layout: Layout,
+    command: Sequence[str],
+    directory: Path,
+    *,
+    steps: int,
+    global_batch: int | None = None,
+    float64: bool = True,
+    launcher: str = DEFAULT_LAUNCHER,
+    timeout: float = 600.0,
+    perturb: int | None = None,
+) -> Run:
+    """Run ``command`` at ``layout``, recording ``steps`` optimizer steps into ``directory``;
+    at most ``timeout`` seconds, after which the run's whole process group is ended.
+    ``perturb``: the rounding-only variant of the run (see :mod:`.recorder`)."""
+    script = fill(script_of(command), layout, global_batch=global_batch)
+    start = shlex.split(
+        launcher.format(python=shlex.quote(sys.executable), world_size=layout.world_size)
+    )
+    argv = (*start, *BOOT, *script)
+    directory.mkdir(parents=True, exist_ok=True)
+    env = {
+        **os.environ,
+        ENV_DIR: str(directory),
+        ENV_STEPS: str(steps),
+        ENV_DTYPE: "float64" if float64 else "native",
+    }
+    if perturb is not None:
+        env[ENV_PERTURB] = str(perturb)
+    if sys.platform.startswith("linux"):
+        # One machine: gloo's connections on loopback, as the forked worlds' are.
+        env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    started = time.monotonic()
+    with open(directory / "output.log", "wb") as output:
+        proc = subprocess.Popen(
+            argv, env=env, stdout=output, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        try:
+            returncode: int | None = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            returncode = None
+        except BaseException:
+            _end(proc)
+            raise
+        _end(proc)
+    return Run(layout, tuple(argv), returncode, time.monotonic() - started, directory)
+
+
+def _end(proc: subprocess.Popen[bytes]) -> None:
+    """End the run's process group: politely, then by force (a rank that did not leave)."""
+    for signum, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signum)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=wait)
+            if signum is signal.SIGTERM and not _group_alive(proc.pid):
+                return
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True

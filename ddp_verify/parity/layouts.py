@@ -1,0 +1,94 @@
+"""Layouts: world size x gradient-accumulation steps with the global batch held fixed, and the
+command each layout runs (the user's own flags filled from placeholders).
+
+Example::
+
+    >>> [str(layout) for layout in parse_layouts("1x1,2x2")]
+    ['1x1', '2x2']
+    >>> fill(["train.py", "--bs", "{micro_batch}"], Layout(2, 2), global_batch=16)
+    ['train.py', '--bs', '4']
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import string
+from collections.abc import Sequence
+
+__all__ = ["PLACEHOLDERS", "Layout", "LayoutError", "fill", "parse_layout", "parse_layouts"]
+
+# What a command may say, filled per layout.
+PLACEHOLDERS = ("world_size", "grad_accum", "micro_batch", "global_batch")
+
+
+class LayoutError(ValueError):
+    """A layout or a command that cannot be run as asked (a usage error)."""
+
+
+@dataclasses.dataclass(frozen=True, order=True)
+class Layout:
+    """``world_size`` ranks, each accumulating ``grad_accum`` micro-batches per optimizer
+    step; written ``WxA`` (``2x4``)."""
+
+    world_size: int
+    grad_accum: int
+
+    def __str__(self) -> str:
+        return f"{self.world_size}x{self.grad_accum}"
+
+    def micro_batch(self, global_batch: int) -> int:
+        """The micro-batch size that keeps ``global_batch`` samples per optimizer step."""
+        split = self.world_size * self.grad_accum
+        if global_batch % split:
+            raise LayoutError(
+                f"layout {self} splits a global batch of {global_batch} into {split} "
+                f"micro-batches, which does not divide it: choose --global-batch as a multiple "
+                f"of every layout's world size x accumulation steps"
+            )
+        return global_batch // split
+
+
+def parse_layout(text: str) -> Layout:
+    """``"2x4"`` as a :class:`Layout`; :class:`LayoutError` naming what is wrong."""
+    match = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", text)
+    if not match or int(match[1]) < 1 or int(match[2]) < 1:
+        raise LayoutError(
+            f"layout {text!r} is not WORLD_SIZExGRAD_ACCUM with both at least 1 (e.g. 2x4)"
+        )
+    return Layout(int(match[1]), int(match[2]))
+
+
+def parse_layouts(text: str) -> list[Layout]:
+    """``"1x1,1x4,4x1"`` as layouts, in order, each once."""
+    layouts = [parse_layout(part) for part in text.split(",") if part.strip()]
+    if not layouts:
+        raise LayoutError("--layouts names no layout (e.g. --layouts 1x1,2x2,4x1)")
+    return list(dict.fromkeys(layouts))
+
+
+def fill(command: Sequence[str], layout: Layout, *, global_batch: int | None) -> list[str]:
+    """``command`` with ``{world_size}``, ``{grad_accum}``, ``{micro_batch}`` and
+    ``{global_batch}`` filled for ``layout``; :class:`LayoutError` for any other
+    placeholder, or ``{micro_batch}`` without a global batch."""
+    values: dict[str, object] = {
+        "world_size": layout.world_size,
+        "grad_accum": layout.grad_accum,
+    }
+    if global_batch is not None:
+        values["global_batch"] = global_batch
+        values["micro_batch"] = layout.micro_batch(global_batch)
+    filled = []
+    for part in command:
+        for _, field, _, _ in string.Formatter().parse(part):
+            if field is None:
+                continue
+            if field not in PLACEHOLDERS:
+                raise LayoutError(
+                    f"{part!r}: {{{field}}} is no placeholder; the command may use "
+                    + ", ".join(f"{{{p}}}" for p in PLACEHOLDERS)
+                )
+            if field not in values:
+                raise LayoutError(f"{part!r}: {{{field}}} needs --global-batch N")
+        filled.append(part.format(**values))
+    return filled

@@ -1,0 +1,332 @@
+"""The recorder: what a training script does at each of its first optimizer steps, recorded in
+every rank without an edit to the script, then the run ended cleanly.
+
+Installed before the script runs (by :mod:`.boot`), it records per optimizer step:
+
+- each parameter's gradient as the optimizer sees it (a global optimizer step pre-hook: after
+  synchronisation, accumulation and clipping), named as the model names it, wrapper prefixes
+  (``module.``, ``_orig_mod.``, ...) removed;
+- the parameters after the step (a global step post-hook);
+- every loss passed to ``backward``, and whether the gradients had been cleared before it;
+- a fingerprint of every sample that reached the model's forward (the rows of its input
+  tensors, padding left out where an attention mask says what is padding) and, where labels
+  carry ``-100``, the tokens that count.
+
+By default the script runs in float64 (the default dtype set before it runs, floating inputs
+cast at the model's forward), where a correct layout differs from the reference by rounding
+alone. After the last step wanted, the recording is written and every rank leaves together.
+
+Example (what :mod:`.boot` does)::
+
+    Recorder(Path("rec/2x2"), steps=3).install()
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import hashlib
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = [
+    "ENV_DIR",
+    "ENV_DTYPE",
+    "ENV_PERTURB",
+    "ENV_STEPS",
+    "Recorder",
+    "normalized",
+    "recording_path",
+]
+
+# Where a rank writes its recording, how many optimizer steps to record, and in which dtype
+# the script runs ("float64", the default, or "native": as the script says).
+ENV_DIR = "DDP_VERIFY_RECORD"
+ENV_STEPS = "DDP_VERIFY_STEPS"
+ENV_DTYPE = "DDP_VERIFY_DTYPE"
+# A rounding-only variant of the run: every parameter moved by one unit roundoff of its dtype
+# (signs drawn from this seed) before the first forward. Where a script forces its own
+# precision, how far this lands from the plain run bounds what rounding alone can do.
+ENV_PERTURB = "DDP_VERIFY_PERTURB"
+
+# What wrappers add to parameter names: DDP, torch.compile, Fabric, FSDP, checkpointing.
+WRAPPER_PARTS = frozenset(
+    {"module", "_orig_mod", "_forward_module", "_fsdp_wrapped_module", "_checkpoint_wrapped_module"}
+)
+
+
+def normalized(name: str) -> str:
+    """A parameter's name without the parts wrappers add.
+
+    Example::
+
+        >>> normalized("module._orig_mod.layers.0.weight")
+        'layers.0.weight'
+    """
+    parts = [p for p in name.split(".") if p not in WRAPPER_PARTS]
+    return ".".join(parts) or name
+
+
+def recording_path(directory: Path, rank: int) -> Path:
+    """Where rank ``rank`` writes its recording in ``directory``."""
+    return directory / f"rank{rank}.pt"
+
+
+class Recorder:
+    """One rank's recorder (see the module text): :meth:`install` it before the script runs.
+
+    ``directory``: where the recording goes; ``steps``: how many optimizer steps to record
+    before the run ends; ``float64``: run the script in float64.
+    """
+
+    def __init__(
+        self, directory: Path, steps: int, *, float64: bool = True, perturb: int | None = None
+    ) -> None:
+        self.directory, self.wanted, self.float64 = directory, steps, float64
+        self.perturb = perturb
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        self.steps: list[dict[str, Any]] = []
+        self.names: dict[int, str] = {}
+        self.params: dict[str, torch.nn.Parameter] = {}
+        self.meta: dict[str, Any] = {
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "float64": float64,
+            "autocast": None,
+            "param_dtypes": [],
+        }
+        self._known_modules: set[int] = set()
+        self._depth = 0
+        self._in_backward = False
+        self._finished = False
+        self._step = self._fresh()
+
+    @classmethod
+    def from_env(cls) -> Recorder | None:
+        """The recorder the environment asks for (``DDP_VERIFY_RECORD``), or None."""
+        directory = os.environ.get(ENV_DIR)
+        if not directory:
+            return None
+        steps = int(os.environ.get(ENV_STEPS, "3"))
+        dtype = os.environ.get(ENV_DTYPE, "float64")
+        perturb = os.environ.get(ENV_PERTURB)
+        return cls(
+            Path(directory),
+            steps,
+            float64=dtype == "float64",
+            perturb=int(perturb) if perturb else None,
+        )
+
+    @staticmethod
+    def _fresh() -> dict[str, Any]:
+        return {"losses": [], "batches": [], "tokens": [], "cleared": []}
+
+    # -- installing --------------------------------------------------------------------------
+
+    def install(self) -> Recorder:
+        """Hook into torch: the model's forward, backward, every optimizer's step."""
+        from torch.optim.optimizer import (
+            register_optimizer_step_post_hook,
+            register_optimizer_step_pre_hook,
+        )
+
+        if self.float64:
+            torch.set_default_dtype(torch.float64)
+        module_call = torch.nn.Module.__call__
+        recorder = self
+
+        def call(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+            if recorder._depth == 0 and module.training and torch.is_grad_enabled():
+                args, kwargs = recorder._at_forward(module, args, kwargs)
+            recorder._depth += 1
+            try:
+                return module_call(module, *args, **kwargs)
+            finally:
+                recorder._depth -= 1
+
+        torch.nn.Module.__call__ = call
+        tensor_backward = torch.Tensor.backward
+
+        def backward(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            recorder._at_backward(tensor)
+            recorder._in_backward = True
+            try:
+                return tensor_backward(tensor, *args, **kwargs)
+            finally:
+                recorder._in_backward = False
+
+        torch.Tensor.backward = backward
+        autograd_backward = torch.autograd.backward
+
+        def autograd(tensors: Any, *args: Any, **kwargs: Any) -> Any:
+            if not recorder._in_backward:
+                for tensor in tensors if isinstance(tensors, (list, tuple)) else [tensors]:
+                    recorder._at_backward(tensor)
+            return autograd_backward(tensors, *args, **kwargs)
+
+        torch.autograd.backward = autograd
+        register_optimizer_step_pre_hook(self._before_step)
+        register_optimizer_step_post_hook(self._after_step)
+        # A script that ends before the steps wanted leaves what it did.
+        atexit.register(self.write)
+        return self
+
+    # -- what the hooks record ---------------------------------------------------------------
+
+    def _at_forward(
+        self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        first = next(module.parameters(), None)
+        if first is None:
+            return args, kwargs  # a loss module, not the model
+        if id(module) not in self._known_modules:
+            if self.perturb is not None and not self._known_modules:
+                _perturbed(module, self.perturb)
+            self._known_modules.add(id(module))
+            for name, p in module.named_parameters():
+                self.names.setdefault(id(p), normalized(name))
+                self.params.setdefault(normalized(name), p)
+        autocast = _autocast()
+        if autocast is not None:
+            self.meta["autocast"] = autocast
+        rows, tokens = fingerprints(args, kwargs)
+        self._step["batches"].append(rows)
+        self._step["tokens"].append(tokens)
+        if self.float64 and first.dtype == torch.float64:
+            args = tuple(_to_float64(a) for a in args)
+            kwargs = {k: _to_float64(v) for k, v in kwargs.items()}
+        return args, kwargs
+
+    def _at_backward(self, tensor: torch.Tensor) -> None:
+        if tensor.numel() == 1:
+            self._step["losses"].append(float(tensor.detach().double().cpu()))
+        # Cleared before a backward that is not the step's first: zero_grad() inside the
+        # accumulation loop (said only where some gradient had been there).
+        if self._step["losses"][:-1] and self.params:
+            cleared = all(p.grad is None or not bool(p.grad.any()) for p in self.params.values())
+            self._step["cleared"].append(cleared)
+
+    def _before_step(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
+        grads: dict[str, torch.Tensor | None] = {}
+        for name, p in self._optimized(optimizer):
+            grads[name] = None if p.grad is None else p.grad.detach().to("cpu", copy=True)
+            if not self.steps and str(p.dtype) not in self.meta["param_dtypes"]:
+                self.meta["param_dtypes"].append(str(p.dtype))
+        self._step["grads"] = grads
+
+    def _after_step(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
+        self._step["params"] = {
+            name: p.detach().to("cpu", copy=True) for name, p in self._optimized(optimizer)
+        }
+        self.steps.append(self._step)
+        self._step = self._fresh()
+        if len(self.steps) >= self.wanted:
+            self.finish()
+
+    def _optimized(self, optimizer: torch.optim.Optimizer) -> Iterator[tuple[str, torch.Tensor]]:
+        index = 0
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                yield self.names.get(id(p), f"param{index}"), p
+                index += 1
+
+    # -- ending ------------------------------------------------------------------------------
+
+    def write(self) -> None:
+        """Write this rank's recording (once), atomically."""
+        if self._finished:
+            return
+        self._finished = True
+        self.directory.mkdir(parents=True, exist_ok=True)
+        path = recording_path(self.directory, self.rank)
+        partial = path.with_suffix(".partial")
+        torch.save({"meta": self.meta, "steps": self.steps}, partial)
+        partial.replace(path)
+
+    def finish(self) -> None:
+        """The steps wanted are recorded: write, and end the run on every rank together (the
+        ranks reach this at the same step; no rank is left in a collective)."""
+        self.write()
+        import torch.distributed as dist
+
+        with contextlib.suppress(Exception):
+            if dist.is_available() and dist.is_initialized():
+                dist.barrier()
+                dist.destroy_process_group()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+
+
+def fingerprints(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[str], list[int]]:
+    """One fingerprint per sample of a forward's inputs (the rows of its tensors, padding left
+    out where an ``attention_mask`` says which positions are real), and per sample the tokens
+    that count where some integer input carries ``-100`` (empty otherwise).
+
+    Example::
+
+        >>> rows, tokens = fingerprints((torch.tensor([[1.0], [2.0]]),), {})
+        >>> len(rows), tokens
+        (2, [])
+    """
+    tensors = [(str(i), a) for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+    tensors += sorted((k, v) for k, v in kwargs.items() if isinstance(v, torch.Tensor))
+    tensors = [(k, t) for k, t in tensors if t.dim() >= 1]
+    if not tensors:
+        return [], []
+    batch = tensors[0][1].shape[0]
+    tensors = [(k, t.detach().cpu()) for k, t in tensors if t.shape[0] == batch]
+    mask = kwargs.get("attention_mask")
+    mask = mask.detach().cpu() if isinstance(mask, torch.Tensor) and mask.dim() == 2 else None
+    rows = []
+    for i in range(batch):
+        digest = hashlib.blake2b(digest_size=12)
+        for key, t in tensors:
+            row = t[i]
+            if mask is not None and row.dim() >= 1 and row.shape[0] == mask.shape[1]:
+                row = row[mask[i].bool()]
+            digest.update(key.encode())
+            digest.update(_bytes(row))
+        rows.append(digest.hexdigest())
+    tokens: list[int] = []
+    for _, t in tensors:
+        if not t.is_floating_point() and t.dim() >= 2 and bool((t == -100).any()):
+            tokens = [int((t[i] != -100).sum()) for i in range(batch)]
+            break
+    return rows, tokens
+
+
+def _bytes(row: torch.Tensor) -> bytes:
+    # No numpy: the tensor's bytes through a uint8 view.
+    flat = row.contiguous().reshape(-1)
+    return bytes(flat.view(torch.uint8).tolist()) if flat.numel() else b""
+
+
+def _perturbed(module: torch.nn.Module, seed: int) -> None:
+    """Move every floating parameter of ``module`` by one unit roundoff, up or down."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            if p.is_floating_point():
+                sign = torch.randint(0, 2, p.shape, generator=generator).to(p.dtype) * 2 - 1
+                p.mul_(1 + sign * torch.finfo(p.dtype).eps / 2)
+
+
+def _to_float64(value: Any) -> Any:
+    if isinstance(value, torch.Tensor) and value.is_floating_point():
+        return value.to(torch.float64)
+    return value
+
+
+def _autocast() -> str | None:
+    for device in ("cpu", "cuda"):
+        with contextlib.suppress(Exception):
+            if torch.is_autocast_enabled(device):
+                return f"{device}:{str(torch.get_autocast_dtype(device)).replace('torch.', '')}"
+    return None

@@ -1,0 +1,142 @@
+"""A layout's recording, as the recorder left it in its directory: one file per rank, read as
+data (``torch.load(weights_only=True)``), checked complete, and seen as the engine's
+:class:`~ddp_verify.engine.trace.Trace` for the comparison.
+
+Example::
+
+    recording = Recording.load(Path("rec/2x2"))
+    recording.world_size, recording.steps, recording.samples(0)
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..engine.trace import RankTrace, Trace
+from .recorder import recording_path
+
+__all__ = ["Recording", "RecordingError"]
+
+
+class RecordingError(ValueError):
+    """A directory that holds no complete recording (a usage error, or a run that failed)."""
+
+
+@dataclasses.dataclass
+class Recording:
+    """Every rank's record of one layout's run. ``label``: how reports name it."""
+
+    label: str
+    ranks: list[dict[str, Any]]
+    directory: Path | None = None
+
+    @classmethod
+    def load(cls, directory: Path, label: str | None = None) -> Recording:
+        """The recording in ``directory``; :class:`RecordingError` naming what is missing."""
+        first = recording_path(directory, 0)
+        if not first.exists():
+            raise RecordingError(
+                f"{directory}: no recording (rank0.pt is missing): was the script run with "
+                "DDP_VERIFY_RECORD set to this directory, through ddp_verify.parity.boot?"
+            )
+        ranks = [_read(first)]
+        size = int(ranks[0]["meta"]["world_size"])
+        for rank in range(1, size):
+            path = recording_path(directory, rank)
+            if not path.exists():
+                raise RecordingError(
+                    f"{directory}: rank {rank} of {size} left no recording (did it fail?)"
+                )
+            ranks.append(_read(path))
+        return cls(label or directory.name, ranks, directory)
+
+    @property
+    def world_size(self) -> int:
+        return len(self.ranks)
+
+    @property
+    def steps(self) -> int:
+        """The optimizer steps every rank recorded."""
+        return min(len(r["steps"]) for r in self.ranks)
+
+    @property
+    def grad_accum(self) -> int:
+        """Forwards of the model per optimizer step on rank 0 at step 0 (its micro-batches)."""
+        return len(self.ranks[0]["steps"][0]["batches"]) if self.steps else 0
+
+    @property
+    def float64(self) -> bool:
+        """Whether the script ran in float64 throughout (not forced to its own precision)."""
+        meta = self.ranks[0]["meta"]
+        return (
+            bool(meta["float64"])
+            and meta["param_dtypes"] == ["torch.float64"]
+            and not (meta["autocast"])
+        )
+
+    @property
+    def precision(self) -> str:
+        """What the script computed in: ``float64``, or its parameters' dtype and autocast."""
+        meta = self.ranks[0]["meta"]
+        dtypes = ", ".join(d.replace("torch.", "") for d in meta["param_dtypes"]) or "unknown"
+        return dtypes + (f" under autocast {meta['autocast']}" if meta["autocast"] else "")
+
+    def step(self, rank: int, step: int) -> dict[str, Any]:
+        return self.ranks[rank]["steps"][step]
+
+    def samples(self, step: int) -> collections.Counter[str]:
+        """Every sample that reached the model at ``step``, on every rank, as a multiset."""
+        return collections.Counter(
+            row
+            for rank in range(self.world_size)
+            for batch in self.step(rank, step)["batches"]
+            for row in batch
+        )
+
+    def rank_samples(self, rank: int, step: int) -> list[str]:
+        return [row for batch in self.step(rank, step)["batches"] for row in batch]
+
+    def backward_losses(self, rank: int, step: int) -> list[float]:
+        return list(self.step(rank, step)["losses"])
+
+    def effective_loss(self, step: int) -> float:
+        """The loss the step's gradient is the gradient of, under averaging over ranks: the
+        mean over ranks of the losses each passed to backward, summed over its micro-batches."""
+        return sum(sum(self.backward_losses(r, step)) for r in range(self.world_size)) / (
+            self.world_size
+        )
+
+    def trace(self, steps: int) -> Trace:
+        """The first ``steps`` steps as the engine's trace: per rank the effective loss, the
+        gradients the optimizer saw, the parameters after each step."""
+        losses = [self.effective_loss(s) for s in range(steps)]
+        ranks = []
+        for rank in range(self.world_size):
+            record = [self.step(rank, s) for s in range(steps)]
+            ranks.append(
+                RankTrace(
+                    list(losses),
+                    [{k: _double(v) for k, v in r["grads"].items()} for r in record],
+                    [{k: v.double() for k, v in r["params"].items()} for r in record],
+                )
+            )
+        return Trace(self.label, ranks)
+
+
+def _double(value: torch.Tensor | None) -> torch.Tensor | None:
+    return None if value is None else value.double()
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        data = torch.load(path, weights_only=True)
+    except Exception as exc:
+        raise RecordingError(f"{path}: not a recording ddp_verify wrote ({exc})") from None
+    if not isinstance(data, dict) or "meta" not in data or "steps" not in data:
+        raise RecordingError(f"{path}: not a recording ddp_verify wrote")
+    return data

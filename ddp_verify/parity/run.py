@@ -1,0 +1,255 @@
+"""A parity run, start to verdict: the reference layout and every other layout launched and
+recorded (:mod:`.launch`), the recordings compared (:mod:`.compare`), one verdict with
+``check``'s shape (:class:`~ddp_verify.usercode.verdict.Verdict`) and each layout's figures.
+
+Example::
+
+    result = run_parity(["python", "train.py", "--grad-accum", "{grad_accum}"],
+                        layouts=parse_layouts("1x4,2x2"), steps=3)
+    result.verdict.status, result.layouts
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+import shutil
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ..engine.tolerances import Tolerance
+from ..usercode.search import describe_causes
+from ..usercode.verdict import Status, Verdict
+from ..world import cleanup
+from .compare import Comparison, compare_layouts, derived_tolerance, told_apart
+from .launch import DEFAULT_LAUNCHER, Run, launch
+from .layouts import Layout, parse_layout
+from .recording import Recording, RecordingError
+
+__all__ = ["ParityResult", "compare_recordings", "run_parity"]
+
+# The seed of the rounding-only variant of the reference run (see recorder.ENV_PERTURB).
+VARIANT_SEED = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class ParityResult:
+    """A parity run's verdict (``check``'s keys) and each layout's figures.
+
+    Example::
+
+        document = result.to_json()   # check's keys, plus "layouts"
+    """
+
+    verdict: Verdict
+    layouts: tuple[dict[str, Any], ...] = ()
+
+    @property
+    def exit_code(self) -> int:
+        return self.verdict.exit_code
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.verdict.to_json(), "layouts": list(self.layouts)}
+
+
+def run_parity(
+    command: Sequence[str],
+    *,
+    layouts: Sequence[Layout],
+    reference: Layout | None = None,
+    steps: int = 3,
+    global_batch: int | None = None,
+    float64: bool = True,
+    launcher: str = DEFAULT_LAUNCHER,
+    timeout: float = 600.0,
+    keep: Path | None = None,
+) -> ParityResult:
+    """Run ``command`` (the script as one process runs it, placeholders included) at the
+    ``reference`` layout and at each of ``layouts``, ``steps`` optimizer steps each, and
+    compare. ``keep``: the directory the recordings stay in (a temporary one otherwise).
+
+    Example::
+
+        run_parity(["python", "train.py", "--bs", "{micro_batch}"], global_batch=16,
+                   layouts=[Layout(1, 4), Layout(2, 2)])
+    """
+    started = time.monotonic()
+    reference = reference or Layout(1, 1)
+    target = shlex.join(command)
+    work = keep or Path(tempfile.mkdtemp(prefix=cleanup.owned("ddp_verify-parity-")))
+    try:
+        runs: dict[Layout, Run] = {}
+        order = [reference, *(layout for layout in layouts if layout != reference)]
+        for layout in order:
+            run = launch(
+                layout,
+                command,
+                work / str(layout),
+                steps=steps,
+                global_batch=global_batch,
+                float64=float64,
+                launcher=launcher,
+                timeout=timeout,
+            )
+            runs[layout] = run
+            failed = _failed(run, target, started)
+            if failed is not None:
+                return failed
+        recordings = {layout: Recording.load(run.directory) for layout, run in runs.items()}
+        tolerance = None
+        base = recordings[reference]
+        if not base.float64:
+            # The script forces its own precision: a rounding-only variant of the reference
+            # run bounds what rounding alone does to it.
+            variant = launch(
+                reference,
+                command,
+                work / f"{reference}-variant",
+                steps=steps,
+                global_batch=global_batch,
+                float64=float64,
+                launcher=launcher,
+                timeout=timeout,
+                perturb=VARIANT_SEED,
+            )
+            failed = _failed(variant, target, started)
+            if failed is not None:
+                return failed
+            tolerance = derived_tolerance(base, Recording.load(variant.directory), steps)
+        others = [recordings[layout] for layout in order[1:]]
+        result = compare_recordings(
+            base, others, steps=steps, tolerance=tolerance, target=target, started=started
+        )
+        commands = {str(layout): shlex.join(run.command) for layout, run in runs.items()}
+        for row in result.layouts:
+            row["seconds"] = round(runs[parse_layout(row["layout"])].seconds, 3)
+            row["command"] = commands[row["layout"]]
+        failing = [row for row in result.layouts if row["verdict"] != Status.EQUIVALENT.value]
+        if failing:
+            verdict = dataclasses.replace(result.verdict, reproducer=failing[0]["command"])
+            result = dataclasses.replace(result, verdict=verdict)
+        return result
+    finally:
+        if keep is None:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def compare_recordings(
+    reference: Recording,
+    others: Sequence[Recording],
+    *,
+    steps: int,
+    tolerance: Tolerance | None = None,
+    target: str | None = None,
+    started: float | None = None,
+) -> ParityResult:
+    """The verdict on ``others`` held to ``reference`` (recordings made by the user's own
+    launches, or by :func:`run_parity`).
+
+    Example::
+
+        compare_recordings(Recording.load(Path("rec/1x1")), [Recording.load(Path("rec/2x2"))],
+                           steps=3)
+    """
+    started = time.monotonic() if started is None else started
+    if not others:
+        raise RecordingError("nothing to compare: give the reference and at least one layout")
+    comparisons = told_apart(
+        [compare_layouts(reference, other, steps=steps, tolerance=tolerance) for other in others]
+    )
+    rows = []
+    causes = []
+    for comparison in comparisons:
+        rows.append(
+            {
+                **comparison.figures,
+                "verdict": (
+                    Status.EQUIVALENT if comparison.equivalent else Status.NOT_EQUIVALENT
+                ).value,
+                "causes": [c.key for c in comparison.causes],
+            }
+        )
+        causes += [
+            dataclasses.replace(c, scenario=f"layout {comparison.label}") for c in comparison.causes
+        ]
+    status = Status.EQUIVALENT if all(c.equivalent for c in comparisons) else Status.NOT_EQUIVALENT
+    verdict = Verdict(
+        status,
+        kind="script",
+        target=target,
+        world_size=max(r.world_size for r in [reference, *others]),
+        device="cpu",
+        examples=len(others),
+        causes=tuple(causes),
+        seconds=time.monotonic() - started,
+        message=_report(reference, comparisons, steps, target),
+    )
+    return ParityResult(verdict, tuple(rows))
+
+
+def _report(
+    reference: Recording, comparisons: list[Comparison], steps: int, target: str | None
+) -> str:
+    samples = sum(reference.samples(0).values()) if reference.steps else 0
+    wanted = min(steps, reference.steps)
+    lines = [
+        f"ddp-verify parity: {target or 'recordings'}",
+        f"Reference: layout {reference.label} ({reference.world_size} process(es), "
+        f"{reference.grad_accum} micro-batch(es), {samples} samples a step), {wanted} "
+        f"optimizer step(s), computed in {reference.precision}",
+    ]
+    for c in comparisons:
+        if c.equivalent:
+            lines.append(
+                f"  {c.label}: equivalent (relative difference at most: gradients "
+                f"{_g(c.figures.get('gradient_difference'))}, parameters "
+                f"{_g(c.figures.get('parameter_difference'))})"
+            )
+        else:
+            first = c.causes[0].text if c.causes else "see below"
+            lines.append(f"  {c.label}: NOT equivalent: {first}")
+    failing = [c for c in comparisons if not c.equivalent]
+    if not failing:
+        tolerance = comparisons[0].figures.get("tolerance", "")
+        lines.append(f"Every layout trains what the reference trains (held to {tolerance}).")
+        return "\n".join(lines)
+    for c in failing:
+        lines.append(f"\nLayout {c.label} is not equivalent to the reference:")
+        if c.mismatch is not None:
+            lines.append(c.mismatch.render())
+        lines.append(describe_causes(c.causes))
+    return "\n".join(lines)
+
+
+def _g(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2g}"
+
+
+def _failed(run: Run, target: str, started: float) -> ParityResult | None:
+    """The verdict of a layout whose run failed (exit status, time-out, no recording)."""
+    if run.returncode == 0 and (run.directory / "rank0.pt").exists():
+        return None
+    if run.returncode is None:
+        why = f"outlasted its time ({run.seconds:.0f} s) and was ended"
+    elif run.returncode != 0:
+        why = f"exited with status {run.returncode}"
+    else:
+        why = "left no recording (did the script never step an optimizer?)"
+    message = (
+        f"ddp-verify parity: {target}\nLayout {run.layout} {why}.\nCommand: "
+        f"{shlex.join(run.command)}\nIts output (last lines):\n{run.output}"
+    )
+    verdict = Verdict(
+        Status.ERROR,
+        kind="script",
+        target=target,
+        world_size=run.layout.world_size,
+        device="cpu",
+        seconds=time.monotonic() - started,
+        reproducer=shlex.join(run.command),
+        message=message,
+    )
+    return ParityResult(verdict, ({"layout": str(run.layout), "verdict": "error"},))
