@@ -20,7 +20,8 @@ cannot take; --device cuda, or nccl's one GPU per rank, where the GPUs are not t
 harness or the machine failed (a world could not start, the backend is unavailable, an internal
 error). With ``--json`` it prints one JSON document in every case.
 conformance: runs ``pytest --pyargs ddp_verify.conformance`` with these options and exits as
-pytest does (0 all passed, 1 some failed, ...).
+pytest does (0 all passed, 1 some failed, ...). parity: see
+:mod:`ddp_verify.frontends.parity_command` (``ddp-verify parity --help``).
 """
 
 from __future__ import annotations
@@ -82,6 +83,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _main(argv: list[str]) -> int:
     wants_json = "--json" in argv
+    if argv[:1] == ["parity"]:
+        from . import parity_command
+
+        # Its own options, and the script's after "--": parsed there.
+        command = argv.index("--") if "--" in argv else len(argv)
+        return _finish(parity_command.run(argv[1:]), "--json" in argv[:command])
     try:
         args, extra = _parser().parse_known_args(argv)
         parse_error = None
@@ -373,6 +380,12 @@ def _parser() -> argparse.ArgumentParser:
         help="when the code fails, show the harness's frames in the ranks' tracebacks too",
     )
     check.add_argument("--json", action="store_true", help="print one JSON verdict")
+    commands.add_parser(
+        "parity",
+        help="run a training script at several data-parallel layouts and prove each trains "
+        "what one process on the whole batch trains (ddp-verify parity --help)",
+        add_help=False,
+    )
     conformance = commands.add_parser(
         "conformance",
         help="run the packaged conformance suite (pytest --pyargs ddp_verify.conformance)",

@@ -16,7 +16,7 @@ import shlex
 import shutil
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +25,8 @@ from ..usercode.search import describe_causes
 from ..usercode.verdict import Status, Verdict
 from ..world import cleanup
 from .compare import Comparison, compare_layouts, derived_tolerance, told_apart
-from .launch import DEFAULT_LAUNCHER, Run, launch
-from .layouts import Layout, parse_layout
+from .launch import DEFAULT_LAUNCHER, Run, launch, script_of
+from .layouts import Layout, LayoutError, fill, parse_layout
 from .recording import Recording, RecordingError
 
 __all__ = ["ParityResult", "compare_recordings", "run_parity"]
@@ -51,6 +51,10 @@ class ParityResult:
     def exit_code(self) -> int:
         return self.verdict.exit_code
 
+    @property
+    def report(self) -> str:
+        return self.verdict.report
+
     def to_json(self) -> dict[str, Any]:
         return {**self.verdict.to_json(), "layouts": list(self.layouts)}
 
@@ -66,10 +70,12 @@ def run_parity(
     launcher: str = DEFAULT_LAUNCHER,
     timeout: float = 600.0,
     keep: Path | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> ParityResult:
     """Run ``command`` (the script as one process runs it, placeholders included) at the
     ``reference`` layout and at each of ``layouts``, ``steps`` optimizer steps each, and
-    compare. ``keep``: the directory the recordings stay in (a temporary one otherwise).
+    compare. ``keep``: the directory the recordings stay in (a temporary one otherwise);
+    ``progress`` is told what runs.
 
     Example::
 
@@ -79,11 +85,14 @@ def run_parity(
     started = time.monotonic()
     reference = reference or Layout(1, 1)
     target = shlex.join(command)
+    order = [reference, *(layout for layout in layouts if layout != reference)]
+    _check_command(command, order, global_batch)
     work = keep or Path(tempfile.mkdtemp(prefix=cleanup.owned("ddp_verify-parity-")))
     try:
         runs: dict[Layout, Run] = {}
-        order = [reference, *(layout for layout in layouts if layout != reference)]
         for layout in order:
+            if progress is not None:
+                progress(f"layout {layout}: running {steps} step(s)")
             run = launch(
                 layout,
                 command,
@@ -104,6 +113,8 @@ def run_parity(
         if not base.float64:
             # The script forces its own precision: a rounding-only variant of the reference
             # run bounds what rounding alone does to it.
+            if progress is not None:
+                progress(f"layout {reference}: a rounding-only variant ({base.precision})")
             variant = launch(
                 reference,
                 command,
@@ -135,6 +146,18 @@ def run_parity(
     finally:
         if keep is None:
             shutil.rmtree(work, ignore_errors=True)
+
+
+def _check_command(
+    command: Sequence[str], layouts: Sequence[Layout], global_batch: int | None
+) -> None:
+    """Every layout's command can be made, and the script is there: said before anything
+    starts (a :class:`~.layouts.LayoutError`)."""
+    script = script_of(command)
+    if script[0] != "-m" and not Path(script[0]).is_file():
+        raise LayoutError(f"{script[0]}: no such script")
+    for layout in layouts:
+        fill(script, layout, global_batch=global_batch)
 
 
 def compare_recordings(

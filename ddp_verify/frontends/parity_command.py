@@ -1,0 +1,127 @@
+"""``ddp-verify parity``: the command line of :mod:`ddp_verify.parity` (parsing and printing
+only).
+
+    ddp-verify parity [--layouts 1x1,1x4,2x2,4x1] [--reference 1x1] [--steps 3]
+        [--global-batch N] [--dtype float64|native] [--launcher TEMPLATE] [--timeout S]
+        [--keep DIR] [--json] -- python train.py ARGS (with {world_size}, {grad_accum},
+        {micro_batch}, {global_batch})
+    ddp-verify parity compare REFERENCE_DIR DIR [DIR...] [--steps N] [--json]
+
+Exit codes as ``check``: 0 every layout trains what the reference trains; 1 one does not, or
+a layout's run failed; 2 a usage error; 3 the harness failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+__all__ = ["parser", "run"]
+
+
+class _UsageError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise _UsageError(f"{message}\n{self.format_usage().strip()}")
+
+
+def parser() -> argparse.ArgumentParser:
+    """The options of ``ddp-verify parity`` (the command follows ``--``)."""
+    from ..parity.launch import DEFAULT_LAUNCHER
+
+    p = _Parser(
+        prog="ddp-verify parity",
+        description="Run a training script, unmodified, at several data-parallel layouts "
+        "(world size x accumulation steps, the global batch fixed) and prove each trains what "
+        "one process on the whole batch trains. The script follows --, as one process runs "
+        "it; {world_size}, {grad_accum}, {micro_batch} and {global_batch} fill its flags.",
+    )
+    p.add_argument("--layouts", default="1x4,2x2,4x1", help="WxA,... (default 1x4,2x2,4x1)")
+    p.add_argument("--reference", default="1x1", help="the reference layout (default 1x1)")
+    p.add_argument("--steps", type=int, default=3, help="optimizer steps recorded (default 3)")
+    p.add_argument(
+        "--global-batch", type=int, default=None, help="samples per optimizer step, all ranks"
+    )
+    p.add_argument(
+        "--dtype",
+        choices=("float64", "native"),
+        default="float64",
+        help="run the script in float64 (default), or in the precision it sets itself",
+    )
+    p.add_argument(
+        "--launcher",
+        default=DEFAULT_LAUNCHER,
+        help="how a layout's ranks start ({python}, {world_size}); default: torchrun on this "
+        "machine",
+    )
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds per layout's run")
+    p.add_argument("--keep", type=Path, default=None, help="keep the recordings in DIR")
+    p.add_argument("--json", action="store_true", help="print one JSON document")
+    return p
+
+
+def _compare_parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="ddp-verify parity compare",
+        description="Compare recordings made by your own launches (DDP_VERIFY_RECORD=DIR "
+        "torchrun ... -m ddp_verify.parity.boot train.py ...): the first directory is the "
+        "reference layout's.",
+    )
+    p.add_argument("directories", nargs="+", type=Path)
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--json", action="store_true")
+    return p
+
+
+def run(argv: Sequence[str]) -> Any:
+    """The verdict of ``ddp-verify parity ARGV`` (an object with ``report``, ``to_json()`` and
+    ``exit_code``), whatever happened."""
+    from ..parity.layouts import LayoutError, parse_layout, parse_layouts
+    from ..parity.recording import Recording, RecordingError
+    from ..parity.run import ParityResult, compare_recordings, run_parity
+    from ..usercode.verdict import Status, Verdict, verdict_for
+
+    argv = list(argv)
+    try:
+        if argv[:1] == ["compare"]:
+            args = _compare_parser().parse_args(argv[1:])
+            if len(args.directories) < 2 or args.steps < 1:
+                raise _UsageError("give the reference's directory, then at least one layout's")
+            recordings = [Recording.load(d) for d in args.directories]
+            return compare_recordings(recordings[0], recordings[1:], steps=args.steps)
+        split = argv.index("--") if "--" in argv else len(argv)
+        args = parser().parse_args(argv[:split])
+        command = argv[split + 1 :]
+        if not command:
+            raise _UsageError(
+                "no script: give it after --, as one process runs it: ddp-verify parity "
+                "--layouts 1x4,2x2 -- python train.py --grad-accum {grad_accum}"
+            )
+        if args.steps < 1:
+            raise _UsageError("--steps must be at least 1")
+        return run_parity(
+            command,
+            layouts=parse_layouts(args.layouts),
+            reference=parse_layout(args.reference),
+            steps=args.steps,
+            global_batch=args.global_batch,
+            float64=args.dtype == "float64",
+            launcher=args.launcher,
+            timeout=args.timeout,
+            keep=args.keep,
+            progress=_say,
+        )
+    except (_UsageError, LayoutError, RecordingError) as exc:
+        return ParityResult(Verdict(Status.USAGE_ERROR, message=f"ddp-verify: error: {exc}"))
+    except (KeyboardInterrupt, Exception) as exc:  # a signal, or the harness failing: said
+        return ParityResult(verdict_for(exc, kind="script"))
+
+
+def _say(line: str) -> None:
+    print(f"[ddp-verify] {line}", file=sys.stderr, flush=True)

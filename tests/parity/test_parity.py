@@ -1,0 +1,124 @@
+"""ddp-verify parity on a real script with real torchrun launches: the plain DDP script is
+equivalent at every layout, each classic variant is caught for the reason it names, and the
+command line says so in its report and in one JSON document."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ddp_verify.parity.launch import launch
+from ddp_verify.parity.layouts import Layout
+from ddp_verify.parity.recording import Recording
+from ddp_verify.parity.run import compare_recordings, run_parity
+
+SCRIPT = Path(__file__).resolve().parents[2] / "fixtures" / "scripts" / "plain_ddp.py"
+COMMAND = ["python", str(SCRIPT), "--grad-accum", "{grad_accum}", "--batch-size",
+           "{micro_batch}"]  # fmt: skip
+GLOBAL_BATCH = 16
+STEPS = 2
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> Recording:
+    # At one process and one micro-batch every variant is the correct script.
+    directory = tmp_path_factory.mktemp("reference") / "1x1"
+    run = launch(Layout(1, 1), COMMAND, directory, steps=STEPS, global_batch=GLOBAL_BATCH)
+    assert run.returncode == 0, run.output
+    return Recording.load(directory)
+
+
+def _variant(tmp_path, variant: str, layout: Layout) -> Recording:
+    directory = tmp_path / str(layout)
+    command = [*COMMAND, "--variant", variant]
+    run = launch(layout, command, directory, steps=STEPS, global_batch=GLOBAL_BATCH)
+    assert run.returncode == 0, run.output
+    return Recording.load(directory)
+
+
+def test_the_correct_script_trains_the_same_at_every_layout(tmp_path):
+    result = run_parity(
+        COMMAND,
+        layouts=[Layout(1, 4), Layout(2, 2)],
+        steps=STEPS,
+        global_batch=GLOBAL_BATCH,
+        keep=tmp_path,
+    )
+    assert result.exit_code == 0, result.report
+    assert [row["layout"] for row in result.layouts] == ["1x4", "2x2"]
+    for row in result.layouts:
+        assert row["verdict"] == "equivalent" and row["steps"] == STEPS
+        # float64 throughout: a correct layout differs by rounding alone.
+        assert row["gradient_difference"] < 1e-12 and row["parameter_difference"] < 1e-12
+    recording = Recording.load(tmp_path / "2x2")
+    assert recording.world_size == 2 and recording.grad_accum == 2 and recording.float64
+    assert sum(recording.samples(0).values()) == GLOBAL_BATCH
+    assert "Every layout trains what the reference trains" in result.report
+
+
+@pytest.mark.parametrize(
+    ("variant", "layout", "pattern", "words"),
+    [
+        ("no-divide", Layout(1, 4), "scale:A", "not divided by the accumulation steps"),
+        ("zero-grad-inside", Layout(2, 2), "micro:cleared", "zero_grad() inside"),
+        ("no-sampler", Layout(2, 1), "data:same-samples", "no DistributedSampler"),
+        ("local-sync", Layout(2, 1), "sync:left-out", "'2.weight'"),
+    ],
+)
+def test_each_classic_mistake_is_caught_for_its_reason(
+    reference, tmp_path, variant, layout, pattern, words
+):
+    result = compare_recordings(reference, [_variant(tmp_path, variant, layout)], steps=STEPS)
+    assert result.exit_code == 1, result.report
+    first = result.verdict.causes[0]
+    assert first.key == pattern and words in first.text, result.report
+    assert result.layouts[0]["causes"][0] == pattern
+
+
+def test_accumulation_without_no_sync_is_correct(reference, tmp_path):
+    recording = _variant(tmp_path, "without-no-sync", Layout(2, 2))
+    result = compare_recordings(reference, [recording], steps=STEPS)
+    assert result.exit_code == 0, result.report
+
+
+def test_the_command_prints_one_json_document_and_exits_as_check_does(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-m", "ddp_verify", "parity", "--layouts", "1x2", "--steps", "1",
+         "--global-batch", str(GLOBAL_BATCH), "--json", "--", *COMMAND, "--variant",
+         "no-divide"],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr[-3000:]
+    document = json.loads(done.stdout)
+    assert document["verdict"] == "not-equivalent" and document["exit_code"] == 1
+    assert document["likely_causes"][0]["reading"] == "scale:A"
+    assert "2x what it should" in document["likely_cause"]
+    assert [row["layout"] for row in document["layouts"]] == ["1x2"]
+    assert "--grad-accum 2 --batch-size 8" in document["reproducer"]
+    assert "[ddp-verify] layout 1x2: running" in done.stderr
+    assert not list(tmp_path.iterdir())  # recordings in a temporary directory, removed
+
+
+def test_bad_layouts_and_commands_are_usage_errors_before_anything_runs(tmp_path):
+    def parity(*argv):
+        return subprocess.run(
+            [sys.executable, "-m", "ddp_verify", "parity", *argv],
+            capture_output=True, text=True, timeout=120, cwd=tmp_path,
+        )  # fmt: skip
+
+    for argv, said in [
+        (["--layouts", "2y2", "--", *COMMAND], "is not WORLD_SIZExGRAD_ACCUM"),
+        (["--layouts", "2x3", "--global-batch", "16", "--", *COMMAND], "does not divide"),
+        (["--layouts", "2x2", "--", *COMMAND], "{micro_batch} needs --global-batch N"),
+        (["--layouts", "2x2", "--", "python", "missing.py"], "missing.py: no such script"),
+        (["--layouts", "2x2"], "no script: give it after --"),
+        (["compare", str(tmp_path)], "give the reference's directory"),
+        (["compare", str(tmp_path), str(tmp_path)], "no recording (rank0.pt is missing)"),
+    ]:
+        done = parity(*argv)
+        assert done.returncode == 2 and said in done.stderr, (argv, done.stderr)
+        assert "[ddp-verify] layout" not in done.stderr  # nothing was launched
