@@ -119,13 +119,23 @@ def derived_tolerance(reference: Recording, variant: Recording, steps: int) -> T
             bounds[quantity, step] = FLOAT32_SAFETY * max(deviation, roundings * scale)
         loss, moved = exact.ranks[0].losses[step], rounded.ranks[0].losses[step]
         bounds["loss", step] = FLOAT32_SAFETY * max(abs(loss - moved), roundings * abs(loss))
-    return MeasuredTolerance(
+    return _VariantTolerance(
         bounds,
         runs=2,
         safety=FLOAT32_SAFETY,
         fallback=FLOAT32_SAFETY * roundings,
         precision=reference.precision,
     )
+
+
+class _VariantTolerance(MeasuredTolerance):
+    """:class:`MeasuredTolerance`, measured on the reference run and its variant."""
+
+    def describe(self) -> str:
+        return (
+            f"{self.safety:g} × how far a rounding-only variant of the reference run (each "
+            f"parameter moved by one unit roundoff) lands from it, in {self.precision}"
+        )
 
 
 def _rounding_dtype(recording: Recording) -> str:
@@ -259,8 +269,8 @@ def _scale(
             f"(largest departure from that multiple {residual:.3g})",
         )
     cosine = float(have @ want) / (float(have.norm()) * norm or math.inf)
-    measured = f.NOT_PROPORTIONAL.format(cosine=cosine, ratio=float(have.norm()) / norm)
-    return f.NONLINEAR.cause(measured=measured)
+    measured = f" (cosine {cosine:.4g} with it, norm ratio {float(have.norm()) / norm:.4g})"
+    return f.GRAD_DIFFERS.cause(measured=measured)
 
 
 # The count ratios a layout's gradient may be off by, against the reference layout's: a key,

@@ -371,6 +371,12 @@ MICRO_CLEARED = _finding(
     "zero_grad() inside the accumulation loop: the gradients were cleared before a later "
     "micro-batch's backward ({where}), so only the last micro-batch of each rank counted",
 )
+GRAD_DIFFERS = _finding(
+    "grad:differs",
+    "gradient",
+    "the gradient the optimizer saw differs from the reference's and is not a multiple of it"
+    "{measured}: some samples, micro-batches or ranks counted other than their share",
+)
 SCRIPT_STEPS = _finding(
     "steps:fewer",
     "run",

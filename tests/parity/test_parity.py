@@ -122,3 +122,29 @@ def test_bad_layouts_and_commands_are_usage_errors_before_anything_runs(tmp_path
         done = parity(*argv)
         assert done.returncode == 2 and said in done.stderr, (argv, done.stderr)
         assert "[ddp-verify] layout" not in done.stderr  # nothing was launched
+
+
+@pytest.mark.parametrize("precision", ["float32", "bf16-autocast"])
+def test_no_false_alarm_where_the_script_forces_its_own_precision(tmp_path, precision):
+    # The recorder leaves the script's precision alone; the bound comes from a rounding-only
+    # variant of the reference run, and the report says which bound it was held to.
+    result = run_parity(
+        [*COMMAND, "--precision", precision],
+        layouts=[Layout(2, 2)],
+        steps=STEPS,
+        global_batch=GLOBAL_BATCH,
+        keep=tmp_path,
+    )
+    assert result.exit_code == 0, result.report
+    assert "rounding-only variant of the reference run" in result.layouts[0]["tolerance"]
+    if precision == "float32":
+        assert "computed in float32" in result.report
+        assert result.layouts[0]["gradient_difference"] > 1e-9  # float32's rounding, seen
+
+
+def test_a_one_percent_weighting_error_is_caught(reference, tmp_path):
+    recording = _variant(tmp_path, "one-percent", Layout(2, 2))
+    result = compare_recordings(reference, [recording], steps=STEPS)
+    assert result.exit_code == 1, result.report
+    first = result.verdict.causes[0]
+    assert first.key == "grad:differs" and "norm ratio 1.00" in first.text, first.text
