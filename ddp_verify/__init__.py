@@ -4,7 +4,8 @@ Importing the package is cheap: torch is loaded only when a world is started. Th
 each a folder that imports only those before it: ``world`` (rank processes and their process
 group), ``engine`` (scenarios, the reference, traces, comparison, strategies), ``methods``
 (ways to train data-parallel), ``usercode`` (plug-in kinds, the search, the diagnosis), then
-the front ends (``frontends``: the pytest plugin, the command line, ``check()``) and the
+``parity`` (whole training scripts at several data-parallel layouts), then the front ends
+(``frontends``: the pytest plugin, the command line, ``check()``, ``assert_parity()``) and the
 packaged ``conformance`` suite.
 """
 
@@ -16,6 +17,8 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "check": "ddp_verify.frontends.api",
+    "assert_parity": "ddp_verify.frontends.api",
+    "ParityFailed": "ddp_verify.frontends.api",
     "CodeFailed": "ddp_verify.usercode.verdict",
     "NotEquivalent": "ddp_verify.usercode.verdict",
     "Verdict": "ddp_verify.usercode.verdict",
@@ -47,6 +50,7 @@ __all__ = [
     "ModelSpec",
     "NotEquivalent",
     "OptimizerSpec",
+    "ParityFailed",
     "RankError",
     "Scenario",
     "Verdict",
@@ -56,6 +60,7 @@ __all__ = [
     "WorldPool",
     "WorldStartError",
     "assert_equivalent",
+    "assert_parity",
     "check",
     "check_equivalent",
 ]

@@ -77,10 +77,16 @@ def torchrun(
 
 
 def torchrun_nodes(
-    args: list[str], *, cwd: Path, nodes: int = 2, nproc: int = 2, timeout: float = JOB_TIMEOUT_S
+    args: list[str],
+    *,
+    cwd: Path,
+    nodes: int = 2,
+    nproc: int = 2,
+    timeout: float = JOB_TIMEOUT_S,
+    env: dict[str, str] | None = None,
 ) -> list[Job]:
     """``nodes`` torchrun agents on this machine, joined by the c10d rendezvous on a free
-    loopback port: a multi-node job on one machine."""
+    loopback port: a multi-node job on one machine (``env``: every agent's environment)."""
     endpoint = f"127.0.0.1:{free_port()}"
     command = [
         sys.executable,
@@ -94,7 +100,7 @@ def torchrun_nodes(
         "--local-addr=127.0.0.1",
         *args,
     ]
-    agents = [start(command, cwd, None) for _ in range(nodes)]
+    agents = [start(command, cwd, env) for _ in range(nodes)]
     deadline = time.monotonic() + timeout
     return [finish(a, max(1.0, deadline - time.monotonic())) for a in agents]
 

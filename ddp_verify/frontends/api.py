@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import atexit
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..usercode.kinds import Binds, check_signature
@@ -182,3 +183,60 @@ def _launched_world(
         atexit.register(_launched.close)
     _launched.timeout = _launched.member.timeout = timeout
     return _launched
+
+
+class ParityFailed(AssertionError):
+    """``assert_parity()`` found a layout that trains something else, or a layout's run failed:
+    the report is the message, the result (``check``'s verdict and each layout's figures) is
+    ``error.result``."""
+
+    def __init__(self, result: Any) -> None:
+        super().__init__(result.report)
+        self.result = result
+
+
+def assert_parity(
+    command: Sequence[str],
+    *,
+    layouts: str | Sequence[Any] = "1x4,2x2,4x1",
+    reference: str = "1x1",
+    steps: int = 3,
+    global_batch: int | None = None,
+    dtype: str = "float64",
+    launcher: str | None = None,
+    timeout: float = 600.0,
+    keep: str | os.PathLike[str] | None = None,
+) -> Any:
+    """Run the training script ``command`` (as one process runs it, with ``{world_size}``,
+    ``{grad_accum}``, ``{micro_batch}``, ``{global_batch}`` in its flags) at each of
+    ``layouts`` and hold it to the ``reference`` layout, as ``ddp-verify parity`` does; return
+    the result when every layout trains the same, raise :class:`ParityFailed` (an
+    ``AssertionError``, so pytest shows the report) otherwise.
+
+    Example (a test)::
+
+        def test_train_py_is_layout_independent():
+            ddp_verify.assert_parity(["python", "train.py", "--grad-accum", "{grad_accum}",
+                               "--batch-size", "{micro_batch}"], global_batch=16)
+    """
+    from ..parity.launch import DEFAULT_LAUNCHER
+    from ..parity.layouts import parse_layout, parse_layouts
+    from ..parity.run import run_parity
+
+    if dtype not in ("float64", "native"):
+        raise ValueError(f"dtype must be 'float64' or 'native', got {dtype!r}")
+    chosen = parse_layouts(layouts) if isinstance(layouts, str) else list(layouts)
+    result = run_parity(
+        list(command),
+        layouts=chosen,
+        reference=parse_layout(reference),
+        steps=steps,
+        global_batch=global_batch,
+        float64=dtype == "float64",
+        launcher=launcher or DEFAULT_LAUNCHER,
+        timeout=timeout,
+        keep=None if keep is None else Path(keep),
+    )
+    if result.exit_code != 0:
+        raise ParityFailed(result)
+    return result

@@ -166,18 +166,18 @@ def _data_causes(reference: Recording, other: Recording, steps: int) -> list[Cau
         twice = sum(1 for row, count in got.items() if count > 1 and want[row] < count)
         if twice:
             details = f"step {step}: {twice} sample(s) more than once"
-            return [f.DATA_DUPLICATED.cause(details=details)]
+            return [f.DATA_DUPLICATED.cause(what=details)]
         if extra and all(row in everything for row in extra):
             details = (
                 f"step {step} holds {sum(extra.values())} sample(s) the reference trained at "
                 f"another step"
             )
-            return [f.DATA_ORDER.cause(details=details)]
+            return [f.DATA_ORDER.cause(what=details)]
         if missing:
             details = f"step {step}: {sum(missing.values())} of {sum(want.values())} missing"
-            return [f.DATA_MISSING.cause(details=details)]
+            return [f.DATA_MISSING.cause(what=details)]
         details = f"step {step}: {sum(extra.values())} sample(s) the reference never saw"
-        return [f.DATA_ORDER.cause(details=details)]
+        return [f.DATA_ORDER.cause(what=details)]
     return []
 
 

@@ -84,7 +84,7 @@ def run_parity(
     """
     started = time.monotonic()
     reference = reference or Layout(1, 1)
-    target = shlex.join(command)
+    target = " ".join(command)
     order = [reference, *(layout for layout in layouts if layout != reference)]
     _check_command(command, order, global_batch)
     work = keep or Path(tempfile.mkdtemp(prefix=cleanup.owned("ddp_verify-parity-")))

@@ -344,19 +344,19 @@ DATA_SAME = _finding(
 DATA_DUPLICATED = _finding(
     "data:duplicated",
     "data",
-    "samples counted twice in a step ({details}): a DistributedSampler pads the last batch by "
+    "samples counted twice in a step ({what}): a DistributedSampler pads the last batch by "
     "repeating samples when the dataset does not divide by the world size",
 )
 DATA_MISSING = _finding(
     "data:missing",
     "data",
-    "samples of the reference's global batch missing ({details}): dropped by the split "
+    "samples of the reference's global batch missing ({what}): dropped by the split "
     "(drop_last, or a batch size that does not divide)",
 )
 DATA_ORDER = _finding(
     "data:order",
     "data",
-    "the samples of a step depend on the layout ({details}): a shuffle or a split whose order "
+    "the samples of a step depend on the layout ({what}): a shuffle or a split whose order "
     "changes with the world size or the micro-batch size",
 )
 SYNC_LEFT_OUT = _finding(

@@ -12,6 +12,7 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import shutil
 import signal
@@ -99,13 +100,52 @@ class Terminated(KeyboardInterrupt):
 
 
 def _exit_cleanly(signum: int, frame: FrameType | None) -> None:
+    if _in_gc_callback(frame):
+        _later(signum)
+        return
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt
     raise Terminated(signum)
+
+
+# How deep in the interrupted frame's callers a garbage collector's callback is looked for.
+_GC_DEPTH = 4
+# After how long a signal that arrived inside one is delivered again.
+_AGAIN_S = 0.05
+
+
+def _in_gc_callback(frame: FrameType | None) -> bool:
+    """Whether the signal interrupted a garbage collector's callback (hypothesis installs one):
+    an exception raised there is reported as "ignored" and lost, and the session would go on
+    as if no signal had come."""
+    codes = set()
+    for callback in gc.callbacks:
+        code = getattr(callback, "__code__", None) or getattr(
+            getattr(callback, "__func__", None), "__code__", None
+        )
+        if code is not None:
+            codes.add(code)
+    depth = 0
+    while frame is not None and depth < _GC_DEPTH and codes:
+        if frame.f_code in codes:
+            return True
+        frame, depth = frame.f_back, depth + 1
+    return False
+
+
+def _later(signum: int) -> None:
+    """Deliver ``signum`` to this process again shortly, out of the callback."""
+    timer = threading.Timer(_AGAIN_S, os.kill, (os.getpid(), signum))
+    timer.daemon = True
+    timer.start()
 
 
 def ends_cleanly() -> None:
     """Make SIGTERM and SIGHUP end this process as SIGINT does, through ``finally`` blocks and
-    ``atexit`` (worlds closed, temporary files removed), where nobody else handles them. A
-    front end's main process calls it; a library never does.
+    ``atexit`` (worlds closed, temporary files removed), where nobody else handles them; and
+    make none of them, SIGINT included, be lost when it arrives inside a garbage collector's
+    callback (where an exception is only reported as ignored). A front end's main process
+    calls it; a library never does.
 
     Example::
 
@@ -116,3 +156,5 @@ def ends_cleanly() -> None:
     for signum in TERMINATING:
         if signal.getsignal(signum) is signal.SIG_DFL:
             signal.signal(signum, _exit_cleanly)
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _exit_cleanly)

@@ -148,3 +148,41 @@ def test_a_one_percent_weighting_error_is_caught(reference, tmp_path):
     assert result.exit_code == 1, result.report
     first = result.verdict.causes[0]
     assert first.key == "grad:differs" and "norm ratio 1.00" in first.text, first.text
+
+
+def test_a_test_asserts_parity_and_fails_with_the_report(tmp_path):
+    import ddp_verify
+
+    with pytest.raises(ddp_verify.ParityFailed) as caught:
+        ddp_verify.assert_parity(
+            [*COMMAND, "--variant", "no-divide"],
+            layouts="1x2",
+            steps=1,
+            global_batch=GLOBAL_BATCH,
+        )
+    assert isinstance(caught.value, AssertionError)  # pytest shows it as a test failure
+    assert "Layout 1x2 is not equivalent to the reference" in str(caught.value)
+    assert caught.value.result.verdict.causes[0].key == "scale:A"
+
+
+def test_a_layout_across_two_node_agents_recorded_by_the_users_own_launch(reference, tmp_path):
+    # On a cluster each layout is launched by hand: the recorder comes with the boot module,
+    # the script is unmodified, and `ddp-verify parity compare` judges the recordings.
+    from tests.spmd import environment, torchrun_nodes
+
+    directory = tmp_path / "2x2-two-nodes"
+    env = environment(DDP_VERIFY_RECORD=str(directory), DDP_VERIFY_STEPS=str(STEPS))
+    script = [str(SCRIPT), "--grad-accum", "2", "--batch-size", "4"]
+    jobs = torchrun_nodes(
+        ["-m", "ddp_verify.parity.boot", *script], cwd=tmp_path, nodes=2, nproc=1, env=env
+    )
+    assert all(job.returncode == 0 for job in jobs), [job.output[-2000:] for job in jobs]
+    done = subprocess.run(
+        [sys.executable, "-m", "ddp_verify", "parity", "compare", str(reference.directory),
+         str(directory), "--steps", str(STEPS), "--json"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    document = json.loads(done.stdout)
+    assert done.returncode == 0 and document["verdict"] == "equivalent", done.stdout
+    (row,) = document["layouts"]
+    assert (row["world_size"], row["grad_accum"]) == (2, 2)

@@ -118,3 +118,43 @@ def test_after_a_sigkill_the_world_ends_and_the_next_session_cleans_up(tmp_path)
     )  # fmt: skip
     assert again.returncode == 0, again.stderr[-2000:]
     assert _ours(env) == []
+
+
+GC_CALLBACK = """
+import gc, os, signal, sys, time
+from ddp_verify.world import cleanup
+
+cleanup.ends_cleanly()
+fired = []
+
+
+def callback(phase, info):
+    # hypothesis keeps such a callback: a signal handled in there raises where the exception
+    # is only reported as ignored
+    if phase == "start" and not fired:
+        fired.append(1)
+        os.kill(os.getpid(), signal.{name})
+        time.sleep(0.05)
+
+
+gc.callbacks.append(callback)
+try:
+    gc.collect()
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        time.sleep(0.01)
+    print("went on")
+except KeyboardInterrupt as exc:
+    print("ended:", type(exc).__name__)
+"""
+
+
+@pytest.mark.parametrize(
+    ("name", "raised"), [("SIGTERM", "Terminated"), ("SIGINT", "KeyboardInterrupt")]
+)
+def test_a_signal_inside_a_garbage_collector_callback_is_not_lost(name, raised):
+    done = subprocess.run(
+        [sys.executable, "-c", GC_CALLBACK.format(name=name)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.stdout.strip() == f"ended: {raised}", done.stdout + done.stderr
