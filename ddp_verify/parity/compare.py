@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import itertools
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -219,9 +220,64 @@ def _gradient_causes(
         # What the gradient then is follows from it: no second cause for the same numbers.
         return causes
     scale = _scale(reference, other, expected, got, tolerance, exclude=set(apart))
+    if scale is not None and scale.pattern != f.SCALE.code:
+        weighed = _micro_weights(other, expected)
+        if weighed is not None:
+            scale = weighed
     if scale is not None:
         causes.append(scale)
     return causes
+
+
+def _micro_weights(other: Recording, expected: Any) -> Cause | None:
+    """On one process, what each micro-batch added to the step-0 gradient is known: the
+    weights that make those contributions the reference's gradient, fitted (more gradient
+    entries than micro-batches), and read against the micro-batches' tokens and samples."""
+    if other.world_size != 1 or other.grad_accum < 2:
+        return None
+    step = other.step(0, 0)
+    names = other.ranks[0]["meta"].get("accumulated_names")
+    running = step.get("accumulated") or []
+    if not names or len(running) != other.grad_accum:
+        return None
+    reference = expected.ranks[0].grads[0]
+    if any(reference.get(n) is None for n in names):
+        return None
+    target = torch.cat([reference[n].reshape(-1) for n in names])
+    added = [running[0], *(b - a for a, b in itertools.pairwise(running))]
+    columns = torch.stack(added, dim=1)
+    if columns.shape[0] <= 2 * columns.shape[1] or columns.shape[0] != target.numel():
+        return None  # too few entries for the weights to be determined
+    weights = torch.linalg.lstsq(columns, target.unsqueeze(1)).solution.squeeze(1)
+    residual = float((columns @ weights - target).norm()) / max(float(target.norm()), 1e-300)
+    if residual > (1e-6 if other.float64 else 1e-2):
+        return None
+    m = other.grad_accum
+    numbers = ", ".join(f"{float(w):.4g}" for w in weights)
+    tokens = [sum(t) for t in step["tokens"]]
+    samples = [len(b) for b in step["batches"]]
+    # A causal LM shifts its labels: each sequence's first token predicts nothing.
+    shifted = [t - n for t, n in zip(tokens, samples, strict=True)] if tokens else []
+    for unit, counts in (("token", tokens), ("token", shifted), ("sample", samples)):
+        if len(counts) != m or not all(c > 0 for c in counts) or len(set(counts)) == 1:
+            continue
+        ratios = [float(w) / c for w, c in zip(weights, counts, strict=True)]
+        if max(ratios) - min(ratios) <= 1e-6 * abs(ratios[0]):
+            said = "; ".join(
+                f"micro-batch {i + 1}: {c} of the step's {sum(counts)} {unit}s"
+                for i, c in enumerate(counts)
+            )
+            return f.MICRO_OWN_MEAN.cause(
+                unit=unit,
+                numbers=f" ({said}; each counted alike)",
+                evidence=f"layout {other.label}: the micro-batches' contributions to the "
+                f"step-0 gradient, weighted {numbers}, give the reference's (residual "
+                f"{residual:.2g}): weights in proportion to their {unit}s",
+            )
+    return f.MICRO_WEIGHTS.cause(
+        numbers=numbers,
+        evidence=f"layout {other.label}: fitted to the step-0 gradient (residual {residual:.2g})",
+    )
 
 
 def _flat(grads: dict[str, torch.Tensor | None], names: Sequence[str]) -> torch.Tensor:

@@ -15,6 +15,7 @@ import dataclasses
 import os
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -30,6 +31,16 @@ __all__ = ["DEFAULT_LAUNCHER", "Run", "launch", "script_of"]
 DEFAULT_LAUNCHER = "{python} -m torch.distributed.run --standalone --nproc-per-node {world_size}"
 # What runs in each rank before the user's script: the recorder, then the script.
 BOOT = ("-m", "ddp_verify.parity.boot")
+# torchrun's variables for a world of one process.
+_ONE_PROCESS = {
+    "RANK": "0",
+    "LOCAL_RANK": "0",
+    "WORLD_SIZE": "1",
+    "LOCAL_WORLD_SIZE": "1",
+    "GROUP_RANK": "0",
+    "MASTER_ADDR": "127.0.0.1",
+    "OMP_NUM_THREADS": "1",
+}
 # Interpreters a command may start with: the script follows.
 _PYTHONS = ("python", "python3", os.path.basename(sys.executable))
 
@@ -93,13 +104,19 @@ def launch(
     at most ``timeout`` seconds, after which the run's whole process group is ended.
     ``perturb``: the rounding-only variant of the run (see :mod:`.recorder`)."""
     script = fill(script_of(command), layout, global_batch=global_batch)
-    start = shlex.split(
-        launcher.format(python=shlex.quote(sys.executable), world_size=layout.world_size)
-    )
+    env = dict(os.environ)
+    if launcher == DEFAULT_LAUNCHER and layout.world_size == 1:
+        # One process: what torchrun would give it, without an agent to start (seconds).
+        start = [sys.executable]
+        env.update(_ONE_PROCESS, MASTER_PORT=str(_free_port()))
+    else:
+        start = shlex.split(
+            launcher.format(python=shlex.quote(sys.executable), world_size=layout.world_size)
+        )
     argv = (*start, *BOOT, *script)
     directory.mkdir(parents=True, exist_ok=True)
     env = {
-        **os.environ,
+        **env,
         ENV_DIR: str(directory),
         ENV_STEPS: str(steps),
         ENV_DTYPE: "float64" if float64 else "native",
@@ -123,6 +140,12 @@ def launch(
             raise
         _end(proc)
     return Run(layout, tuple(argv), returncode, time.monotonic() - started, directory)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def _end(proc: subprocess.Popen[bytes]) -> None:

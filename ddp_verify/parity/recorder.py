@@ -54,6 +54,8 @@ ENV_DTYPE = "DDP_VERIFY_DTYPE"
 # precision, how far this lands from the plain run bounds what rounding alone can do.
 ENV_PERTURB = "DDP_VERIFY_PERTURB"
 
+# The most gradient elements whose running sum is kept after each backward (one process only).
+MAX_SNAPSHOT = 5_000_000
 # What wrappers add to parameter names: DDP, torch.compile, Fabric, FSDP, checkpointing.
 WRAPPER_PARTS = frozenset(
     {"module", "_orig_mod", "_forward_module", "_fsdp_wrapped_module", "_checkpoint_wrapped_module"}
@@ -125,7 +127,7 @@ class Recorder:
 
     @staticmethod
     def _fresh() -> dict[str, Any]:
-        return {"losses": [], "batches": [], "tokens": [], "cleared": []}
+        return {"losses": [], "batches": [], "tokens": [], "cleared": [], "accumulated": []}
 
     # -- installing --------------------------------------------------------------------------
 
@@ -160,15 +162,20 @@ class Recorder:
                 return tensor_backward(tensor, *args, **kwargs)
             finally:
                 recorder._in_backward = False
+                recorder._after_backward()
 
         torch.Tensor.backward = backward
         autograd_backward = torch.autograd.backward
 
         def autograd(tensors: Any, *args: Any, **kwargs: Any) -> Any:
-            if not recorder._in_backward:
-                for tensor in tensors if isinstance(tensors, (list, tuple)) else [tensors]:
-                    recorder._at_backward(tensor)
-            return autograd_backward(tensors, *args, **kwargs)
+            if recorder._in_backward:
+                return autograd_backward(tensors, *args, **kwargs)
+            for tensor in tensors if isinstance(tensors, (list, tuple)) else [tensors]:
+                recorder._at_backward(tensor)
+            try:
+                return autograd_backward(tensors, *args, **kwargs)
+            finally:
+                recorder._after_backward()
 
         torch.autograd.backward = autograd
         register_optimizer_step_pre_hook(self._before_step)
@@ -211,6 +218,23 @@ class Recorder:
         if self._step["losses"][:-1] and self.params:
             cleared = all(p.grad is None or not bool(p.grad.any()) for p in self.params.values())
             self._step["cleared"].append(cleared)
+
+    def _after_backward(self) -> None:
+        """On one process, the gradient accumulated so far after each backward: what each
+        micro-batch added (no synchronisation mixes it), for the diagnosis to weigh."""
+        if self.world_size != 1 or not self.params:
+            return
+        size = sum(p.numel() for p in self.params.values())
+        if size > MAX_SNAPSHOT or all(p.grad is None for p in self.params.values()):
+            return
+        self.meta["accumulated_names"] = list(self.params)
+        flat = [
+            torch.zeros(p.numel(), dtype=torch.float64)
+            if p.grad is None
+            else p.grad.detach().reshape(-1).to("cpu", torch.float64)
+            for p in self.params.values()
+        ]
+        self._step["accumulated"].append(torch.cat(flat))
 
     def _before_step(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
         grads: dict[str, torch.Tensor | None] = {}
@@ -267,7 +291,7 @@ class Recorder:
 def fingerprints(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[str], list[int]]:
     """One fingerprint per sample of a forward's inputs (the rows of its tensors, padding left
     out where an ``attention_mask`` says which positions are real), and per sample the tokens
-    that count where some integer input carries ``-100`` (empty otherwise).
+    that count, from ``labels`` or an integer input that carries ``-100`` (empty otherwise).
 
     Example::
 
@@ -295,8 +319,10 @@ def fingerprints(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[st
             digest.update(_bytes(row))
         rows.append(digest.hexdigest())
     tokens: list[int] = []
-    for _, t in tensors:
-        if not t.is_floating_point() and t.dim() >= 2 and bool((t == -100).any()):
+    for key, t in tensors:
+        # The labels (by name), or any integer input that marks positions with -100.
+        named = key == "labels"
+        if not t.is_floating_point() and t.dim() >= 2 and (named or bool((t == -100).any())):
             tokens = [int((t[i] != -100).sum()) for i in range(batch)]
             break
     return rows, tokens

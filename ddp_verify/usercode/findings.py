@@ -371,6 +371,18 @@ MICRO_CLEARED = _finding(
     "zero_grad() inside the accumulation loop: the gradients were cleared before a later "
     "micro-batch's backward ({where}), so only the last micro-batch of each rank counted",
 )
+MICRO_OWN_MEAN = _finding(
+    "micro:own-mean",
+    "gradient",
+    "each micro-batch's loss averaged over its own {unit}s and the micro-batches weighted "
+    "equally, not by their share of the step's {unit}s{numbers}",
+)
+MICRO_WEIGHTS = _finding(
+    "micro:weights",
+    "gradient",
+    "the micro-batches weighted other than their share of the step: to give the reference's "
+    "gradient their contributions must count {numbers} (1 = as they did)",
+)
 GRAD_DIFFERS = _finding(
     "grad:differs",
     "gradient",

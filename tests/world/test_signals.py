@@ -6,11 +6,13 @@ signals, a private temporary directory per test."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -158,3 +160,35 @@ def test_a_signal_inside_a_garbage_collector_callback_is_not_lost(name, raised):
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert done.stdout.strip() == f"ended: {raised}", done.stdout + done.stderr
+
+
+PARITY_SCRIPT = Path(__file__).resolve().parents[2] / "fixtures" / "scripts" / "plain_ddp.py"
+
+
+@SIGNALS
+def test_a_signal_to_a_parity_run_leaves_no_file_and_no_process(signum, tmp_path):
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    env = {**os.environ, "TMPDIR": str(temp)}
+    command = [sys.executable, "-m", "ddp_verify", "parity", "--layouts", "2x2", "--json",
+               "--global-batch", "16", "--", "python", str(PARITY_SCRIPT), "--grad-accum",
+               "{grad_accum}", "--batch-size", "{micro_batch}", "--steps", "50"]  # fmt: skip
+    proc = subprocess.Popen(
+        command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    # Once a layout's ranks run: the launcher and its ranks are the command's descendants.
+    deadline = time.monotonic() + 120
+    tree: set[int] = set()
+    while time.monotonic() < deadline and proc.poll() is None:
+        tree |= descendants(proc.pid)
+        if len(tree) >= 3:
+            break
+        time.sleep(0.1)
+    assert len(tree) >= 3, "the layout's ranks never started"
+    proc.send_signal(signum)
+    out, err = proc.communicate(timeout=60)
+    verdict = json.loads(out)
+    assert verdict["verdict"] == ("interrupted" if signum == signal.SIGINT else "terminated")
+    assert proc.returncode == (130 if signum == signal.SIGINT else 143), err[-2000:]
+    assert not _gone(tree), "the layout's launcher or ranks were left behind"
+    assert _ours(env) == [], "temporary files left behind"
