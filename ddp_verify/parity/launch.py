@@ -58,10 +58,14 @@ class Run:
 
     @property
     def output(self) -> str:
-        """The last lines the ranks and the launcher printed."""
+        """The last lines the ranks printed before the launcher said one failed (torchrun's
+        own traceback and summary after it say nothing of the script), or the last lines."""
         path = self.directory / "output.log"
-        text = path.read_text(errors="replace") if path.exists() else ""
-        return "\n".join(text.splitlines()[-40:])
+        lines = path.read_text(errors="replace").splitlines() if path.exists() else []
+        failed = next((i for i, line in enumerate(lines) if "failed (exitcode" in line), None)
+        if failed is not None:
+            return "\n".join(lines[max(0, failed - 40) : failed + 1])
+        return "\n".join(lines[-40:])
 
 
 def script_of(command: Sequence[str]) -> list[str]:

@@ -107,7 +107,14 @@ def run_parity(
             failed = _failed(run, target, started)
             if failed is not None:
                 return failed
-        recordings = {layout: Recording.load(run.directory) for layout, run in runs.items()}
+        recordings = {}
+        for layout, run in runs.items():
+            try:
+                recordings[layout] = Recording.load(run.directory)
+            except RecordingError as exc:
+                # A rank of the script's run left no recording: the run's failure, not a usage
+                # error.
+                return _error(run, target, started, f"left an incomplete recording ({exc})")
         tolerance = None
         base = recordings[reference]
         if not base.float64:
@@ -261,6 +268,10 @@ def _failed(run: Run, target: str, started: float) -> ParityResult | None:
         why = f"exited with status {run.returncode}"
     else:
         why = "left no recording (did the script never step an optimizer?)"
+    return _error(run, target, started, why)
+
+
+def _error(run: Run, target: str, started: float, why: str) -> ParityResult:
     message = (
         f"ddp-verify parity: {target}\nLayout {run.layout} {why}.\nCommand: "
         f"{shlex.join(run.command)}\nIts output (last lines):\n{run.output}"

@@ -16,13 +16,17 @@ steps = load("real_style/stateful_steps")
 cached = load("real_style/cached_grad_sync")
 
 
-def _run(script):
-    return subprocess.run(
+def _fails_at_its_second_call(script):
+    """The reproducer calls the code twice, as the fresh world needed, and fails (exit 1)."""
+    assert "REPEATS = 2" in script.read_text()
+    result = subprocess.run(
         [sys.executable, "-W", "ignore", str(script)],
         capture_output=True,
         text=True,
         timeout=300,
     )
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "(call 2 of 2)" in result.stdout
 
 
 def test_state_kept_between_calls_is_named_and_its_reproducer_fails(tmp_path, monkeypatch):
@@ -38,11 +42,7 @@ def test_state_kept_between_calls_is_named_and_its_reproducer_fails(tmp_path, mo
     assert "the first call gave loss" in first.text and "(equivalent)" in first.text
     assert "it fails from call 2 of this scenario on" in first.text
     assert "the search's call gave" in first.evidence, first.evidence
-    script = tmp_path / error.reproducer
-    assert "REPEATS = 2" in script.read_text()
-    result = _run(script)
-    assert result.returncode == 1, result.stdout + result.stderr
-    assert "(call 2 of 2)" in result.stdout
+    _fails_at_its_second_call(tmp_path / error.reproducer)
 
 
 def test_state_that_does_not_change_once_warm_is_found_by_the_fresh_world(tmp_path, monkeypatch):
@@ -55,11 +55,7 @@ def test_state_that_does_not_change_once_warm_is_found_by_the_fresh_world(tmp_pa
     assert [c.pattern for c in error.causes][:2] == ["state:carried", "scale"], error.cause
     assert "(equivalent)" in error.causes[0].text
     assert "gradient '" in error.causes[0].evidence, error.causes[0].evidence
-    script = tmp_path / error.reproducer
-    assert "REPEATS = 2" in script.read_text()
-    result = _run(script)
-    assert result.returncode == 1, result.stdout + result.stderr
-    assert "(call 2 of 2)" in result.stdout
+    _fails_at_its_second_call(tmp_path / error.reproducer)
 
 
 def test_code_without_state_is_not_said_to_keep_it(tmp_path, monkeypatch):
