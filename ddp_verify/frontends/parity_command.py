@@ -5,7 +5,7 @@ only).
         [--global-batch N] [--dtype float64|native] [--launcher TEMPLATE] [--timeout S]
         [--keep DIR] [--json] -- python train.py ARGS (with {world_size}, {grad_accum},
         {micro_batch}, {global_batch})
-    ddp-verify parity compare REFERENCE_DIR DIR [DIR...] [--steps N] [--json]
+    ddp-verify parity compare REFERENCE_DIR DIR [DIR...] [--steps N] [--variant DIR] [--json]
 
 Exit codes as ``check``: 0 every layout trains what the reference trains; 1 one does not, or
 a layout's run failed; 2 a usage error; 3 the harness failed.
@@ -75,6 +75,13 @@ def _compare_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("directories", nargs="+", type=Path)
     p.add_argument("--steps", type=int, default=3)
+    p.add_argument(
+        "--variant",
+        type=Path,
+        default=None,
+        help="a rounding-only variant of the reference's run (DDP_VERIFY_PERTURB=1), where "
+        "the script forces its own precision: the bound is derived from it",
+    )
     p.add_argument("--json", action="store_true")
     return p
 
@@ -82,6 +89,7 @@ def _compare_parser() -> argparse.ArgumentParser:
 def run(argv: Sequence[str]) -> Any:
     """The verdict of ``ddp-verify parity ARGV`` (an object with ``report``, ``to_json()`` and
     ``exit_code``), whatever happened."""
+    from ..parity.compare import derived_tolerance
     from ..parity.layouts import LayoutError, parse_layout, parse_layouts
     from ..parity.recording import Recording, RecordingError
     from ..parity.run import ParityResult, compare_recordings, run_parity
@@ -94,7 +102,21 @@ def run(argv: Sequence[str]) -> Any:
             if len(args.directories) < 2 or args.steps < 1:
                 raise _UsageError("give the reference's directory, then at least one layout's")
             recordings = [Recording.load(d) for d in args.directories]
-            return compare_recordings(recordings[0], recordings[1:], steps=args.steps)
+            reference = recordings[0]
+            tolerance = None
+            if args.variant is not None:
+                variant = Recording.load(args.variant)
+                tolerance = derived_tolerance(reference, variant, args.steps)
+            elif not reference.float64:
+                raise _UsageError(
+                    f"{args.directories[0]}: the script computed in {reference.precision}, "
+                    "where float64's bound would raise false alarms: record a rounding-only "
+                    "variant of the reference run (the same launch with DDP_VERIFY_PERTURB=1 "
+                    "and another DDP_VERIFY_RECORD) and give it with --variant DIR"
+                )
+            return compare_recordings(
+                reference, recordings[1:], steps=args.steps, tolerance=tolerance
+            )
         split = argv.index("--") if "--" in argv else len(argv)
         args = parser().parse_args(argv[:split])
         command = argv[split + 1 :]

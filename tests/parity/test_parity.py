@@ -178,3 +178,24 @@ def test_a_layout_whose_run_fails_is_an_error_with_its_output(tmp_path):
     assert "Layout 2x1 exited with status" in result.report
     assert "rank 1 found no data for its shard" in result.report  # the ranks' own words
     assert result.layouts[0] == {"layout": "2x1", "verdict": "error"}
+
+
+def test_compare_of_recordings_in_a_forced_precision_needs_the_variant(tmp_path, capsys):
+    from ddp_verify.frontends import parity_command
+
+    command = [*COMMAND, "--precision", "float32"]
+    for layout, name, perturb in [
+        (Layout(1, 1), "1x1", None),
+        (Layout(1, 1), "variant", 1),
+        (Layout(1, 2), "1x2", None),
+    ]:
+        run = launch(
+            layout, command, tmp_path / name, steps=1, global_batch=GLOBAL_BATCH, perturb=perturb
+        )
+        assert run.returncode == 0, run.output
+    dirs = [str(tmp_path / "1x1"), str(tmp_path / "1x2"), "--steps", "1"]
+    refused = parity_command.run(["compare", *dirs])
+    assert refused.exit_code == 2 and "give it with --variant DIR" in refused.report
+    judged = parity_command.run(["compare", *dirs, "--variant", str(tmp_path / "variant")])
+    assert judged.exit_code == 0, judged.report
+    assert "rounding-only variant" in judged.layouts[0]["tolerance"]
