@@ -168,16 +168,19 @@ def _data_causes(reference: Recording, other: Recording, steps: int) -> list[Cau
         if twice:
             details = f"step {step}: {twice} sample(s) more than once"
             return [f.DATA_DUPLICATED.cause(what=details)]
-        if extra and all(row in everything for row in extra):
-            details = (
-                f"step {step} holds {sum(extra.values())} sample(s) the reference trained at "
-                f"another step"
-            )
-            return [f.DATA_ORDER.cause(what=details)]
-        if missing:
+        if sum(got.values()) < sum(want.values()):
             details = f"step {step}: {sum(missing.values())} of {sum(want.values())} missing"
             return [f.DATA_MISSING.cause(what=details)]
-        details = f"step {step}: {sum(extra.values())} sample(s) the reference never saw"
+        elsewhere = sum(count for row, count in extra.items() if row in everything)
+        details = (
+            f"step {step}: {sum(extra.values())} of its {sum(got.values())} samples are not "
+            f"the reference's at that step"
+            + (
+                f", {elsewhere} of them trained by the reference at another step"
+                if elsewhere
+                else ""
+            )
+        )
         return [f.DATA_ORDER.cause(what=details)]
     return []
 

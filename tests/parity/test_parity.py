@@ -67,6 +67,7 @@ def test_the_correct_script_trains_the_same_at_every_layout(tmp_path):
         ("zero-grad-inside", Layout(2, 2), "micro:cleared", "zero_grad() inside"),
         ("no-sampler", Layout(2, 1), "data:same-samples", "no DistributedSampler"),
         ("local-sync", Layout(2, 1), "sync:left-out", "'2.weight'"),
+        ("seed-by-world", Layout(2, 1), "data:order", "depend on the layout"),
     ],
 )
 def test_each_classic_mistake_is_caught_for_its_reason(
