@@ -37,7 +37,7 @@ import traceback
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 # torch warns at import when numpy is missing; ddp_verify needs none (tests/frontends/test_cli.py).
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
@@ -55,21 +55,11 @@ from .options import (  # noqa: E402
     parse_timeout,
     parse_wrapper,
 )
+from .usage import Parser as _Parser  # noqa: E402
+from .usage import UsageError  # noqa: E402
 
 # A launched rank other than 0: it reports nothing (rank 0 reports the same verdict).
 _QUIET = False
-
-
-class UsageError(Exception):
-    """What the user asked for cannot be run; exit 2 with this message."""
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse, but a mistake is a :class:`UsageError` (so ``--json`` still prints one
-    document) rather than an exit from inside the parser."""
-
-    def error(self, message: str) -> NoReturn:
-        raise UsageError(f"{message}\n{self.format_usage().strip()}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -518,10 +508,10 @@ def parse_target(target: str) -> tuple[Path, str]:
 
     Example::
 
-        >>> parse_target("fixtures/grad_sync.py")
+        >>> parse_target("grad_sync.py")
         Traceback (most recent call last):
         ...
-        ddp_verify.frontends.cli.UsageError: expected PATH.py:FUNCTION, got 'fixtures/grad_sync.py'
+        ddp_verify.frontends.usage.UsageError: expected PATH.py:FUNCTION, got 'grad_sync.py'
     """
     path_text, sep, name = target.rpartition(":")
     if not sep or not path_text or not name:

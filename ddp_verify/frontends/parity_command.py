@@ -17,25 +17,18 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
+
+from .usage import Parser, UsageError
 
 __all__ = ["parser", "run"]
-
-
-class _UsageError(Exception):
-    pass
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        raise _UsageError(f"{message}\n{self.format_usage().strip()}")
 
 
 def parser() -> argparse.ArgumentParser:
     """The options of ``ddp-verify parity`` (the command follows ``--``)."""
     from ..parity.launch import DEFAULT_LAUNCHER
 
-    p = _Parser(
+    p = Parser(
         prog="ddp-verify parity",
         description="Run a training script, unmodified, at several data-parallel layouts "
         "(world size x accumulation steps, the global batch fixed) and prove each trains what "
@@ -67,7 +60,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def _compare_parser() -> argparse.ArgumentParser:
-    p = _Parser(
+    p = Parser(
         prog="ddp-verify parity compare",
         description="Compare recordings made by your own launches (DDP_VERIFY_RECORD=DIR "
         "torchrun ... -m ddp_verify.parity.boot train.py ...): the first directory is the "
@@ -100,7 +93,7 @@ def run(argv: Sequence[str]) -> Any:
         if argv[:1] == ["compare"]:
             args = _compare_parser().parse_args(argv[1:])
             if len(args.directories) < 2 or args.steps < 1:
-                raise _UsageError("give the reference's directory, then at least one layout's")
+                raise UsageError("give the reference's directory, then at least one layout's")
             recordings = [Recording.load(d) for d in args.directories]
             reference = recordings[0]
             tolerance = None
@@ -108,7 +101,7 @@ def run(argv: Sequence[str]) -> Any:
                 variant = Recording.load(args.variant)
                 tolerance = derived_tolerance(reference, variant, args.steps)
             elif not reference.float64:
-                raise _UsageError(
+                raise UsageError(
                     f"{args.directories[0]}: the script computed in {reference.precision}, "
                     "where float64's bound would raise false alarms: record a rounding-only "
                     "variant of the reference run (the same launch with DDP_VERIFY_PERTURB=1 "
@@ -121,12 +114,12 @@ def run(argv: Sequence[str]) -> Any:
         args = parser().parse_args(argv[:split])
         command = argv[split + 1 :]
         if not command:
-            raise _UsageError(
+            raise UsageError(
                 "no script: give it after --, as one process runs it: ddp-verify parity "
                 "--layouts 1x4,2x2 -- python train.py --grad-accum {grad_accum}"
             )
         if args.steps < 1:
-            raise _UsageError("--steps must be at least 1")
+            raise UsageError("--steps must be at least 1")
         return run_parity(
             command,
             layouts=parse_layouts(args.layouts),
@@ -139,7 +132,7 @@ def run(argv: Sequence[str]) -> Any:
             keep=args.keep,
             progress=_say,
         )
-    except (_UsageError, LayoutError, RecordingError) as exc:
+    except (UsageError, LayoutError, RecordingError) as exc:
         return ParityResult(Verdict(Status.USAGE_ERROR, message=f"ddp-verify: error: {exc}"))
     except (KeyboardInterrupt, Exception) as exc:  # a signal, or the harness failing: said
         return ParityResult(verdict_for(exc, kind="script"))

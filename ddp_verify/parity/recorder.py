@@ -221,8 +221,9 @@ class Recorder:
 
     def _after_backward(self) -> None:
         """On one process, the gradient accumulated so far after each backward: what each
-        micro-batch added (no synchronisation mixes it), for the diagnosis to weigh."""
-        if self.world_size != 1 or not self.params:
+        micro-batch added (no synchronisation mixes it), for the diagnosis to weigh. Step 0's
+        only: the diagnosis reads no other, and each is a copy of every gradient."""
+        if self.world_size != 1 or not self.params or self.steps:
             return
         size = sum(p.numel() for p in self.params.values())
         if size > MAX_SNAPSHOT or all(p.grad is None for p in self.params.values()):
@@ -329,9 +330,8 @@ def fingerprints(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[st
 
 
 def _bytes(row: torch.Tensor) -> bytes:
-    # No numpy: the tensor's bytes through a uint8 view.
-    flat = row.contiguous().reshape(-1)
-    return bytes(flat.view(torch.uint8).tolist()) if flat.numel() else b""
+    # No numpy: a copy of the row has a storage of its own, exactly its bytes.
+    return bytes(row.reshape(-1).clone().untyped_storage()) if row.numel() else b""
 
 
 def _perturbed(module: torch.nn.Module, seed: int) -> None:

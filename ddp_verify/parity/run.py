@@ -12,6 +12,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import functools
 import shlex
 import shutil
 import tempfile
@@ -26,7 +27,7 @@ from ..usercode.verdict import Status, Verdict
 from ..world import cleanup
 from .compare import Comparison, compare_layouts, derived_tolerance, told_apart
 from .launch import DEFAULT_LAUNCHER, Run, launch, script_of
-from .layouts import Layout, LayoutError, fill, parse_layout
+from .layouts import Layout, LayoutError, fill
 from .recording import Recording, RecordingError
 
 __all__ = ["ParityResult", "compare_recordings", "run_parity"]
@@ -88,21 +89,22 @@ def run_parity(
     order = [reference, *(layout for layout in layouts if layout != reference)]
     _check_command(command, order, global_batch)
     work = keep or Path(tempfile.mkdtemp(prefix=cleanup.owned("ddp_verify-parity-")))
+    # Every run of this parity run: the same script, steps, batch, dtype and launcher.
+    run_at = functools.partial(
+        launch,
+        command=command,
+        steps=steps,
+        global_batch=global_batch,
+        float64=float64,
+        launcher=launcher,
+        timeout=timeout,
+    )
     try:
         runs: dict[Layout, Run] = {}
         for layout in order:
             if progress is not None:
                 progress(f"layout {layout}: running {steps} step(s)")
-            run = launch(
-                layout,
-                command,
-                work / str(layout),
-                steps=steps,
-                global_batch=global_batch,
-                float64=float64,
-                launcher=launcher,
-                timeout=timeout,
-            )
+            run = run_at(layout, directory=work / str(layout))
             runs[layout] = run
             failed = _failed(run, target, started)
             if failed is not None:
@@ -122,16 +124,8 @@ def run_parity(
             # run bounds what rounding alone does to it.
             if progress is not None:
                 progress(f"layout {reference}: a rounding-only variant ({base.precision})")
-            variant = launch(
-                reference,
-                command,
-                work / f"{reference}-variant",
-                steps=steps,
-                global_batch=global_batch,
-                float64=float64,
-                launcher=launcher,
-                timeout=timeout,
-                perturb=VARIANT_SEED,
+            variant = run_at(
+                reference, directory=work / f"{reference}-variant", perturb=VARIANT_SEED
             )
             failed = _failed(variant, target, started)
             if failed is not None:
@@ -141,10 +135,10 @@ def run_parity(
         result = compare_recordings(
             base, others, steps=steps, tolerance=tolerance, target=target, started=started
         )
-        commands = {str(layout): shlex.join(run.command) for layout, run in runs.items()}
+        by_label = {str(layout): run for layout, run in runs.items()}
         for row in result.layouts:
-            row["seconds"] = round(runs[parse_layout(row["layout"])].seconds, 3)
-            row["command"] = commands[row["layout"]]
+            row["seconds"] = round(by_label[row["layout"]].seconds, 3)
+            row["command"] = shlex.join(by_label[row["layout"]].command)
         failing = [row for row in result.layouts if row["verdict"] != Status.EQUIVALENT.value]
         if failing:
             verdict = dataclasses.replace(result.verdict, reproducer=failing[0]["command"])
