@@ -1,6 +1,7 @@
 """``python -m ddp_verify.parity.boot SCRIPT [ARGS...]`` (or ``-m MODULE [ARGS...]``): what
 each rank of a parity layout runs. It installs the recorder the environment asks for
-(``DDP_VERIFY_RECORD``, see :mod:`.recorder`), then runs the script unmodified, as
+(``DDP_VERIFY_RECORD``, see :mod:`.recorder`; :mod:`.autorecord` has done it at start where
+the package's ``.pth`` file is installed), then runs the script unmodified, as
 ``python SCRIPT ARGS...`` would (``__main__``, its directory first on ``sys.path``).
 
 Example (what ``ddp-verify parity`` starts for a layout of 2 ranks)::
@@ -14,16 +15,14 @@ import os
 import runpy
 import sys
 
-from .recorder import Recorder
-
 
 def main(argv: list[str]) -> None:
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__)
         raise SystemExit(0 if argv else 2)
-    recorder = Recorder.from_env()
-    if recorder is not None:
-        recorder.install()
+    # The recorder, installed already where ddp_verify_record.pth ran at start.
+    from .autorecord import RECORDER as recorder
+
     if argv[0] == "-m":
         if len(argv) < 2:
             raise SystemExit("ddp_verify.parity.boot: -m needs a module name")

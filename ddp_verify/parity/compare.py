@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import itertools
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -156,9 +155,11 @@ def _data_causes(reference: Recording, other: Recording, steps: int) -> list[Cau
     everything = collections.Counter[str]()
     for step in range(steps):
         everything.update(reference.samples(step))
+    trained = collections.Counter[str]()  # what the layout trained at earlier steps
     for step in range(steps):
         want, got = reference.samples(step), other.samples(step)
         if want == got:
+            trained.update(got)
             continue
         per_rank = [other.rank_samples(r, step) for r in range(other.world_size)]
         if other.world_size > 1 and all(rows == per_rank[0] for rows in per_rank):
@@ -167,6 +168,11 @@ def _data_causes(reference: Recording, other: Recording, steps: int) -> list[Cau
         twice = sum(1 for row, count in got.items() if count > 1 and want[row] < count)
         if twice:
             details = f"step {step}: {twice} sample(s) more than once"
+            return [f.DATA_DUPLICATED.cause(what=details)]
+        # A padded epoch's last batch repeats samples the layout trained earlier.
+        again = sum(count for row, count in extra.items() if row in trained)
+        if again:
+            details = f"step {step}: {again} sample(s) the layout trained at an earlier step"
             return [f.DATA_DUPLICATED.cause(what=details)]
         if sum(got.values()) < sum(want.values()):
             details = f"step {step}: {sum(missing.values())} of {sum(want.values())} missing"
@@ -198,33 +204,36 @@ def _gradient_causes(
     causes: list[Cause] = []
     if not got.steps:
         return causes
-    # Ranks that disagree at step 0: gradients some parameters never synchronised.
-    rank0 = got.ranks[0].grads[0]
+    # The first step whose gradient departs: a weighting that is right for even splits goes
+    # wrong only at the step that splits unevenly (a short last batch).
+    step = _departing_step(expected, got, tolerance)
+    # Ranks that disagree: gradients some parameters never synchronised.
+    rank0 = got.ranks[0].grads[step]
     apart = sorted(
         name
         for name, value in rank0.items()
         if value is not None
         and any(
-            (g := r.grads[0].get(name)) is not None
-            and bool((g - value).abs().gt(tolerance.allowed("gradient", 0, name, value)).any())
+            (g := r.grads[step].get(name)) is not None
+            and bool((g - value).abs().gt(tolerance.allowed("gradient", step, name, value)).any())
             for r in got.ranks[1:]
         )
     )
     if apart:
         causes.append(f.SYNC_LEFT_OUT.cause(names=", ".join(repr(n) for n in apart)))
     cleared = [
-        f"rank {r}, before micro-batch {m + 2} of {len(other.step(r, 0)['batches'])}"
+        f"rank {r}, before micro-batch {m + 2} of {len(other.step(r, step)['batches'])}"
         for r in range(other.world_size)
-        for m, was in enumerate(other.step(r, 0)["cleared"])
+        for m, was in enumerate(other.step(r, step)["cleared"])
         if was
     ]
     if cleared:
         causes.append(f.MICRO_CLEARED.cause(where="; ".join(cleared[:4])))
         # What the gradient then is follows from it: no second cause for the same numbers.
         return causes
-    scale = _scale(reference, other, expected, got, tolerance, exclude=set(apart))
-    if scale is not None and scale.pattern != f.SCALE.code:
-        weighed = _micro_weights(other, expected)
+    scale = _scale(reference, other, expected, got, tolerance, step=step, exclude=set(apart))
+    if scale is not None and scale.pattern != f.SCALE.code and not apart:
+        weighed = _weights(other, expected, got, step)
         if weighed is not None:
             scale = weighed
     if scale is not None:
@@ -232,55 +241,111 @@ def _gradient_causes(
     return causes
 
 
-def _micro_weights(other: Recording, expected: Any) -> Cause | None:
-    """On one process, what each micro-batch added to the step-0 gradient is known: the
-    weights that make those contributions the reference's gradient, fitted (more gradient
-    entries than micro-batches), and read against the micro-batches' tokens and samples."""
-    if other.world_size != 1 or other.grad_accum < 2:
-        return None
-    step = other.step(0, 0)
-    names = other.ranks[0]["meta"].get("accumulated_names")
-    running = step.get("accumulated") or []
-    if not names or len(running) != other.grad_accum:
-        return None
-    reference = expected.ranks[0].grads[0]
-    if any(reference.get(n) is None for n in names):
-        return None
-    target = torch.cat([reference[n].reshape(-1) for n in names])
-    added = [running[0], *(b - a for a, b in itertools.pairwise(running))]
-    columns = torch.stack(added, dim=1)
-    if columns.shape[0] <= 2 * columns.shape[1] or columns.shape[0] != target.numel():
-        return None  # too few entries for the weights to be determined
+def _departing_step(expected: Any, got: Any, tolerance: Tolerance) -> int:
+    """The first step at which some rank's gradient leaves the reference's (0 if none)."""
+    for step in range(len(got.ranks[0].grads)):
+        for name, want in expected.ranks[0].grads[step].items():
+            if want is None:
+                continue
+            allowed = tolerance.allowed("gradient", step, name, want)
+            for rank in got.ranks:
+                have = rank.grads[step].get(name)
+                if have is not None and bool((have - want).abs().gt(allowed).any()):
+                    return step
+    return 0
+
+
+def _fit(columns: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, float]:
+    """Least-squares weights of ``columns`` that give ``target``, and the relative residual."""
     weights = torch.linalg.lstsq(columns, target.unsqueeze(1)).solution.squeeze(1)
     residual = float((columns @ weights - target).norm()) / max(float(target.norm()), 1e-300)
-    if residual > (1e-6 if other.float64 else 1e-2):
+    return weights, residual
+
+
+def _weights(other: Recording, expected: Any, got: Any, step: int) -> Cause | None:
+    """What each rank's micro-batches added to their gradient before synchronisation is
+    recorded: the weights that make those contributions the reference's gradient, fitted (more
+    gradient entries than contributions), read against the contributions' tokens and samples.
+    """
+    names = other.ranks[0]["meta"].get("local_names")
+    if not names:
         return None
-    m = other.grad_accum
-    numbers = ", ".join(f"{float(w):.4g}" for w in weights)
-    tokens = [sum(t) for t in step["tokens"]]
-    samples = [len(b) for b in step["batches"]]
-    # A causal LM shifts its labels: each sequence's first token predicts nothing.
-    shifted = [t - n for t, n in zip(tokens, samples, strict=True)] if tokens else []
-    for unit, counts in (("token", tokens), ("token", shifted), ("sample", samples)):
-        if len(counts) != m or not all(c > 0 for c in counts) or len(set(counts)) == 1:
-            continue
-        ratios = [float(w) / c for w, c in zip(weights, counts, strict=True)]
-        if max(ratios) - min(ratios) <= 1e-6 * abs(ratios[0]):
-            said = "; ".join(
-                f"micro-batch {i + 1}: {c} of the step's {sum(counts)} {unit}s"
-                for i, c in enumerate(counts)
-            )
-            return f.MICRO_OWN_MEAN.cause(
-                unit=unit,
-                numbers=f" ({said}; each counted alike)",
-                evidence=f"layout {other.label}: the micro-batches' contributions to the "
-                f"step-0 gradient, weighted {numbers}, give the reference's (residual "
-                f"{residual:.2g}): weights in proportion to their {unit}s",
-            )
-    return f.MICRO_WEIGHTS.cause(
-        numbers=numbers,
-        evidence=f"layout {other.label}: fitted to the step-0 gradient (residual {residual:.2g})",
+    columns: list[torch.Tensor] = []
+    where: list[str] = []
+    samples: list[int] = []
+    tokens: list[int] = []
+    by_rank: list[int] = []
+    for rank in range(other.world_size):
+        record = other.step(rank, step)
+        local = record.get("local") or []
+        if other.ranks[rank]["meta"].get("local_names") != names:
+            return None
+        if len(local) != len(record["batches"]) or not local:
+            return None
+        for m, contribution in enumerate(local):
+            columns.append(contribution)
+            by_rank.append(rank)
+            samples.append(len(record["batches"][m]))
+            tokens.append(sum(record["tokens"][m]) if record["tokens"][m] else 0)
+            micro = f"micro-batch {m + 1}"
+            where.append(micro if other.world_size == 1 else f"rank {rank} {micro}")
+    reference = expected.ranks[0].grads[step]
+    mine = got.ranks[0].grads[step]
+    if any(reference.get(n) is None or mine.get(n) is None for n in names):
+        return None
+    matrix = torch.stack(columns, dim=1)
+    target = torch.cat([reference[n].reshape(-1) for n in names])
+    if matrix.shape[0] <= 2 * matrix.shape[1] or matrix.shape[0] != target.numel():
+        return None  # too few entries for the weights to be determined
+    close = 1e-6 if other.float64 else 1e-2
+    weights, residual = _fit(matrix, target)
+    # How the layout combined them (1/W each under DDP's average, 1 on one process).
+    applied, applied_residual = _fit(matrix, torch.cat([mine[n].reshape(-1) for n in names]))
+    if residual > close or applied_residual > close:
+        return None
+    relative = [
+        float(w) / float(a) if float(a) else math.inf for w, a in zip(weights, applied, strict=True)
+    ]
+    numbers = ", ".join(f"{x:.4g}" for x in relative)
+    evidence = (
+        f"layout {other.label}, step {step}: the contributions of {', '.join(where)} to the "
+        f"gradient, weighted {numbers} x as the layout combined them, give the reference's "
+        f"(residual {residual:.2g})"
     )
+    equal = max(applied) - min(applied) <= close * float(applied.abs().max())
+    shifted = [t - n for t, n in zip(tokens, samples, strict=True)] if any(tokens) else []
+    for unit, counts in (("token", tokens), ("token", shifted), ("sample", samples)):
+        if len(counts) != len(columns) or not all(c > 0 for c in counts) or len(set(counts)) < 2:
+            continue
+        total = sum(counts)
+        # Each contribution its own mean: the right weights go as its count.
+        ratios = [float(w) / c for w, c in zip(weights, counts, strict=True)]
+        if equal and max(ratios) - min(ratios) <= close * abs(ratios[0]):
+            said = "; ".join(
+                f"{w}: {c} of the step's {total} {unit}s"
+                for w, c in zip(where, counts, strict=True)
+            )
+            if other.grad_accum == 1 and other.world_size > 1:
+                return f.RANKS_WORLD.cause(unit=unit, evidence=f"{evidence}; {said}")
+            return f.MICRO_OWN_MEAN.cause(
+                unit=unit, numbers=f" ({said}; each counted alike)", evidence=evidence
+            )
+        # Each rank its own mean, its micro-batches weighted right within it.
+        per_rank_total = collections.Counter[int]()
+        for c, r in zip(counts, by_rank, strict=True):
+            per_rank_total[r] += c
+        rank_counts = [per_rank_total[r] for r in by_rank]
+        per_rank = [float(w) / c for w, c in zip(weights, rank_counts, strict=True)]
+        if (
+            other.world_size > 1
+            and len(set(rank_counts)) > 1
+            and equal
+            and max(per_rank) - min(per_rank) <= close * abs(per_rank[0])
+        ):
+            totals = sorted(set(zip(by_rank, rank_counts, strict=True)))
+            said = "; ".join(f"rank {r}: {c} of the step's {total} {unit}s" for r, c in totals)
+            return f.RANKS_WORLD.cause(unit=unit, evidence=f"{evidence}; {said}")
+    return f.MICRO_WEIGHTS.cause(numbers=numbers, evidence=evidence)
 
 
 def _flat(grads: dict[str, torch.Tensor | None], names: Sequence[str]) -> torch.Tensor:
@@ -295,20 +360,19 @@ def _scale(
     got: Any,
     tolerance: Tolerance,
     *,
+    step: int,
     exclude: set[str],
 ) -> Cause | None:
-    """The step-0 gradient as a multiple of the reference's, in words: a uniform factor
+    """The gradient at ``step`` as a multiple of the reference's, in words: a uniform factor
     with the count ratios it matches; or, where it is not a multiple, what was measured."""
-    names = [n for n, g in expected.ranks[0].grads[0].items() if g is not None and n not in exclude]
-    want = _flat(expected.ranks[0].grads[0], names)
-    have = _flat(got.ranks[0].grads[0], names)
+    grads = expected.ranks[0].grads[step]
+    names = [n for n, g in grads.items() if g is not None and n not in exclude]
+    want = _flat(grads, names)
+    have = _flat(got.ranks[0].grads[step], names)
     if not want.numel() or want.shape != have.shape:
         return None
     allowed = torch.cat(
-        [
-            tolerance.allowed("gradient", 0, n, expected.ranks[0].grads[0][n]).reshape(-1)
-            for n in names
-        ]
+        [tolerance.allowed("gradient", step, n, grads[n]).reshape(-1) for n in names]
     )
     if not bool(((have - want).abs() > allowed).any()):
         return None
@@ -324,7 +388,7 @@ def _scale(
             f.SCALE.cause(why=why, unit="sample", factor=k),
             reading=f"scale:{key}" if key else "scale",
             alternatives=tuple(f"scale:{other_key}" for other_key, _ in readings[1:]),
-            evidence=f"step-0 gradient of layout {other.label} = {k:.6g} x the reference's "
+            evidence=f"step-{step} gradient of layout {other.label} = {k:.6g} x the reference's "
             f"(largest departure from that multiple {residual:.3g})",
         )
     cosine = float(have @ want) / (float(have.norm()) * norm or math.inf)

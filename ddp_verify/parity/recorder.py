@@ -8,6 +8,9 @@ Installed before the script runs (by :mod:`.boot`), it records per optimizer ste
   (``module.``, ``_orig_mod.``, ...) removed;
 - the parameters after the step (a global step post-hook);
 - every loss passed to ``backward``, and whether the gradients had been cleared before it;
+- what each backward added to this rank's gradient before any synchronisation (a hook on each
+  parameter's gradient, which runs before DDP's reducer sees it): each micro-batch's local
+  contribution, for the comparison to weigh;
 - a fingerprint of every sample that reached the model's forward (the rows of its input
   tensors, padding left out where an attention mask says what is padding) and, where labels
   carry ``-100``, the tokens that count.
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import hashlib
 import os
 import sys
@@ -54,7 +58,8 @@ ENV_DTYPE = "DDP_VERIFY_DTYPE"
 # precision, how far this lands from the plain run bounds what rounding alone can do.
 ENV_PERTURB = "DDP_VERIFY_PERTURB"
 
-# The most gradient elements whose running sum is kept after each backward (one process only).
+# The most gradient elements whose local contributions are kept per backward (a model larger
+# than this is compared without them).
 MAX_SNAPSHOT = 5_000_000
 # What wrappers add to parameter names: DDP, torch.compile, Fabric, FSDP, checkpointing.
 WRAPPER_PARTS = frozenset(
@@ -91,8 +96,10 @@ class Recorder:
     ) -> None:
         self.directory, self.wanted, self.float64 = directory, steps, float64
         self.perturb = perturb
-        self.rank = int(os.environ.get("RANK", "0"))
-        self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        # What the launcher says; the process group, once the script has one, says better
+        # (srun's ranks, a script that initialises its own group).
+        self.rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")))
+        self.world_size = int(os.environ.get("WORLD_SIZE", os.environ.get("SLURM_NTASKS", "1")))
         self.steps: list[dict[str, Any]] = []
         self.names: dict[int, str] = {}
         self.params: dict[str, torch.nn.Parameter] = {}
@@ -104,6 +111,8 @@ class Recorder:
             "param_dtypes": [],
         }
         self._known_modules: set[int] = set()
+        self._local: dict[str, torch.Tensor] = {}
+        self._keep_local = True
         self._depth = 0
         self._in_backward = False
         self._finished = False
@@ -127,7 +136,7 @@ class Recorder:
 
     @staticmethod
     def _fresh() -> dict[str, Any]:
-        return {"losses": [], "batches": [], "tokens": [], "cleared": [], "accumulated": []}
+        return {"losses": [], "batches": [], "tokens": [], "cleared": [], "local": []}
 
     # -- installing --------------------------------------------------------------------------
 
@@ -198,7 +207,10 @@ class Recorder:
             self._known_modules.add(id(module))
             for name, p in module.named_parameters():
                 self.names.setdefault(id(p), normalized(name))
+                if normalized(name) not in self.params and p.requires_grad:
+                    p.register_hook(functools.partial(self._local_grad, normalized(name)))
                 self.params.setdefault(normalized(name), p)
+            self._keep_local = sum(p.numel() for p in self.params.values()) <= MAX_SNAPSHOT
         autocast = _autocast()
         if autocast is not None:
             self.meta["autocast"] = autocast
@@ -219,25 +231,32 @@ class Recorder:
             cleared = all(p.grad is None or not bool(p.grad.any()) for p in self.params.values())
             self._step["cleared"].append(cleared)
 
+    def _local_grad(self, name: str, grad: torch.Tensor) -> None:
+        """A parameter's gradient from this backward, before DDP (or anything) reduces it."""
+        if self._finished or not self._keep_local:
+            return
+        # A copy: the tensor given is the one DDP then averages in place.
+        local = grad.detach().to("cpu", torch.float64, copy=True)
+        # Reentrant checkpointing can deliver a parameter's gradient in parts.
+        self._local[name] = self._local[name] + local if name in self._local else local
+
     def _after_backward(self) -> None:
-        """On one process, the gradient accumulated so far after each backward: what each
-        micro-batch added (no synchronisation mixes it), for the diagnosis to weigh. Step 0's
-        only: the diagnosis reads no other, and each is a copy of every gradient."""
-        if self.world_size != 1 or not self.params or self.steps:
+        """What this backward added to each gradient, as one flat vector in the order of
+        ``meta["local_names"]`` (zeros where a parameter got none)."""
+        if not self._local:
             return
-        size = sum(p.numel() for p in self.params.values())
-        if size > MAX_SNAPSHOT or all(p.grad is None for p in self.params.values()):
-            return
-        self.meta["accumulated_names"] = list(self.params)
+        names = self.meta.setdefault("local_names", list(self.params))
         flat = [
-            torch.zeros(p.numel(), dtype=torch.float64)
-            if p.grad is None
-            else p.grad.detach().reshape(-1).to("cpu", torch.float64)
-            for p in self.params.values()
+            self._local[n].reshape(-1)
+            if n in self._local
+            else torch.zeros(self.params[n].numel(), dtype=torch.float64)
+            for n in names
         ]
-        self._step["accumulated"].append(torch.cat(flat))
+        self._local = {}
+        self._step["local"].append(torch.cat(flat))
 
     def _before_step(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
+        self._where()
         grads: dict[str, torch.Tensor | None] = {}
         for name, p in self._optimized(optimizer):
             grads[name] = None if p.grad is None else p.grad.detach().to("cpu", copy=True)
@@ -263,11 +282,24 @@ class Recorder:
 
     # -- ending ------------------------------------------------------------------------------
 
+    def _where(self) -> None:
+        """This rank's place in the world, from the script's process group where it has one."""
+        import torch.distributed as dist
+
+        with contextlib.suppress(Exception):
+            if dist.is_available() and dist.is_initialized():
+                self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+                self.meta.update(rank=self.rank, world_size=self.world_size)
+
     def write(self) -> None:
-        """Write this rank's recording (once), atomically."""
+        """Write this rank's recording (once), atomically; nothing from a process that never
+        trained (torchrun's agent, a data-loading worker)."""
         if self._finished:
             return
         self._finished = True
+        if not self.steps and not self._known_modules:
+            return
+        self._where()
         self.directory.mkdir(parents=True, exist_ok=True)
         path = recording_path(self.directory, self.rank)
         partial = path.with_suffix(".partial")

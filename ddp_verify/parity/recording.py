@@ -41,8 +41,9 @@ class Recording:
         first = recording_path(directory, 0)
         if not first.exists():
             raise RecordingError(
-                f"{directory}: no recording (rank0.pt is missing): was the script run with "
-                "DDP_VERIFY_RECORD set to this directory, through ddp_verify.parity.boot?"
+                f"{directory}: no recording (rank0.pt is missing): run the script with "
+                "DDP_VERIFY_RECORD set to this directory (ddp_verify installed in the "
+                "interpreter the ranks run), or with ddp-verify parity"
             )
         ranks = [_read(first)]
         size = int(ranks[0]["meta"]["world_size"])

@@ -344,7 +344,7 @@ DATA_SAME = _finding(
 DATA_DUPLICATED = _finding(
     "data:duplicated",
     "data",
-    "samples counted twice in a step ({what}): a DistributedSampler pads the last batch by "
+    "samples trained more than once ({what}): a DistributedSampler pads the last batch by "
     "repeating samples when the dataset does not divide by the world size",
 )
 DATA_MISSING = _finding(

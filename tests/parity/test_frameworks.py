@@ -1,7 +1,8 @@
 """Parity on real framework clients. A Hugging Face Trainer on a tiny LlamaForCausalLM built
 from a config (no download), sequences of different lengths padded per micro-batch: current
 transformers normalise by the tokens that count across accumulation steps and ranks, so every
-layout trains the same; a compute_loss that averages each micro-batch's own tokens does not.
+layout trains the same; a compute_loss that averages each micro-batch's own tokens does not,
+nor does the Trainer told average_tokens_across_devices=False where ranks hold unequal tokens.
 An accelerate loop with accelerator.accumulate: right, and wrong when the loss goes to
 loss.backward() instead of accelerator.backward(). transformers and accelerate come with the
 ``frameworks`` extra; without it these tests skip, saying so."""
@@ -25,10 +26,10 @@ COMMAND = ["python", str(TRAINER), "--grad-accum", "{grad_accum}", "--batch-size
 
 
 def test_a_trainer_with_padded_sequences_trains_the_same_at_every_layout(tmp_path):
-    result = run_parity(
-        COMMAND, layouts=[Layout(1, 4), Layout(2, 2)], steps=2, global_batch=8, keep=tmp_path
-    )
+    layouts = [Layout(1, 4), Layout(2, 2), Layout(4, 1)]
+    result = run_parity(COMMAND, layouts=layouts, steps=2, global_batch=8, keep=tmp_path)
     assert result.exit_code == 0, result.report
+    assert [row["layout"] for row in result.layouts] == ["1x4", "2x2", "4x1"]
     for row in result.layouts:
         assert row["gradient_difference"] < 1e-10, row
 
@@ -36,17 +37,35 @@ def test_a_trainer_with_padded_sequences_trains_the_same_at_every_layout(tmp_pat
 def test_a_compute_loss_that_averages_per_micro_batch_is_caught(tmp_path):
     result = run_parity(
         [*COMMAND, "--variant", "per-micro-batch"],
-        layouts=[Layout(1, 4)],
+        layouts=[Layout(1, 4), Layout(2, 2)],
         steps=2,
         global_batch=8,
         keep=tmp_path,
     )
     assert result.exit_code == 1, result.report
-    # On one process what each micro-batch added is known: the weights that give the
-    # reference's gradient are in proportion to the micro-batches' tokens.
+    # What each rank's micro-batches added before DDP averaged them is recorded: the weights
+    # that give the reference's gradient go as their tokens, on one process and on two.
+    assert [row["causes"] for row in result.layouts] == [["micro:own-mean"]] * 2, result.report
     first = result.verdict.causes[0]
-    assert first.key == "micro:own-mean", result.report
     assert "averaged over its own tokens" in first.text and "of the step's" in first.text
+    assert any("rank 1 micro-batch 2: " in c.text for c in result.verdict.causes), result.report
+
+
+def test_tokens_counted_per_device_are_caught_as_ranks_weighted_alike(tmp_path):
+    # average_tokens_across_devices=False: each rank divides by its own tokens, right across
+    # its micro-batches; DDP's average then counts the ranks alike.
+    result = run_parity(
+        [*COMMAND, "--variant", "tokens-per-device"],
+        layouts=[Layout(2, 2)],
+        steps=1,
+        global_batch=8,
+        keep=tmp_path,
+    )
+    assert result.exit_code == 1, result.report
+    (first,) = result.verdict.causes
+    assert first.key == "ranks:world" and "each rank's tokens" in first.text, result.report
+    # The ranks' own token counts, from the recording, say why: they differ.
+    assert "rank 0: " in first.evidence and "rank 1: " in first.evidence
 
 
 @pytest.mark.parametrize(("variant", "equivalent"), [("correct", True), ("plain-backward", False)])

@@ -21,6 +21,7 @@ COMMAND = ["python", str(SCRIPT), "--grad-accum", "{grad_accum}", "--batch-size"
            "{micro_batch}"]  # fmt: skip
 GLOBAL_BATCH = 16
 STEPS = 2
+SHORT = 27  # samples in the data set for the short-last-batch variants
 
 
 @pytest.fixture(scope="module")
@@ -78,6 +79,42 @@ def test_each_classic_mistake_is_caught_for_its_reason(
     first = result.verdict.causes[0]
     assert first.key == pattern and words in first.text, result.report
     assert result.layouts[0]["causes"][0] == pattern
+
+
+@pytest.fixture(scope="module")
+def short_reference(tmp_path_factory) -> Recording:
+    # 27 samples: the second step's global batch is 11, split 6 and 5 at two ranks.
+    directory = tmp_path_factory.mktemp("short") / "1x1"
+    command = [*COMMAND, "--samples", str(SHORT)]
+    run = launch(Layout(1, 1), command, directory, steps=STEPS, global_batch=GLOBAL_BATCH)
+    assert run.returncode == 0, run.output
+    return Recording.load(directory)
+
+
+@pytest.mark.parametrize(
+    ("variant", "pattern", "words"),
+    [
+        # DistributedSampler pads 27 samples to 28: one sample of step 0 is trained again.
+        ("correct", "data:duplicated", "1 sample(s) the layout trained at an earlier step"),
+        ("drop-last", "data:missing", "step 1: 1 of 11 missing"),
+        # Right while the ranks hold 8 and 8; at 6 and 5 DDP's average weighs them alike.
+        ("uneven-last", "ranks:world", "not weighted by each rank's samples"),
+    ],
+)
+def test_a_short_last_batch_is_caught_for_its_reason(
+    short_reference, tmp_path, variant, pattern, words
+):
+    directory = tmp_path / "2x1"
+    command = [*COMMAND, "--variant", variant, "--samples", str(SHORT)]
+    run = launch(Layout(2, 1), command, directory, steps=STEPS, global_batch=GLOBAL_BATCH)
+    assert run.returncode == 0, run.output
+    result = compare_recordings(short_reference, [Recording.load(directory)], steps=STEPS)
+    assert result.exit_code == 1, result.report
+    first = result.verdict.causes[0]
+    assert first.key == pattern and words in first.text + first.evidence, result.report
+    if pattern == "ranks:world":
+        # Found at the step that splits unevenly, with the counts that show it.
+        assert "step 1" in first.evidence and "6 of the step's 11 samples" in first.evidence
 
 
 def test_accumulation_without_no_sync_is_correct(reference, tmp_path):
@@ -145,17 +182,18 @@ def test_a_test_asserts_parity_and_fails_with_the_report(tmp_path):
 
 
 def test_a_layout_across_two_node_agents_recorded_by_the_users_own_launch(reference, tmp_path):
-    # On a cluster each layout is launched by hand: the recorder comes with the boot module,
-    # the script is unmodified, and `ddp-verify parity compare` judges the recordings.
+    # On a cluster each layout is launched by hand: DDP_VERIFY_RECORD alone installs the
+    # recorder (the package's .pth file), the script and torchrun's command are unmodified,
+    # and `ddp-verify parity compare` judges the recordings.
     from tests.spmd import environment, torchrun_nodes
 
     directory = tmp_path / "2x2-two-nodes"
     env = environment(DDP_VERIFY_RECORD=str(directory), DDP_VERIFY_STEPS=str(STEPS))
     script = [str(SCRIPT), "--grad-accum", "2", "--batch-size", "4"]
-    jobs = torchrun_nodes(
-        ["-m", "ddp_verify.parity.boot", *script], cwd=tmp_path, nodes=2, nproc=1, env=env
-    )
+    jobs = torchrun_nodes(script, cwd=tmp_path, nodes=2, nproc=1, env=env)
     assert all(job.returncode == 0 for job in jobs), [job.output[-2000:] for job in jobs]
+    # One file per rank of the job; the agents, which train nothing, wrote none.
+    assert sorted(p.name for p in directory.iterdir()) == ["rank0.pt", "rank1.pt"]
     done = subprocess.run(
         [sys.executable, "-m", "ddp_verify", "parity", "compare", str(reference.directory),
          str(directory), "--steps", str(STEPS), "--json"],
