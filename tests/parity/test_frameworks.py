@@ -4,8 +4,9 @@ transformers normalise by the tokens that count across accumulation steps and ra
 layout trains the same; a compute_loss that averages each micro-batch's own tokens does not,
 nor does the Trainer told average_tokens_across_devices=False where ranks hold unequal tokens.
 An accelerate loop with accelerator.accumulate: right, and wrong when the loss goes to
-loss.backward() instead of accelerator.backward(). transformers and accelerate come with the
-``frameworks`` extra; without it these tests skip, saying so."""
+loss.backward() instead of accelerator.backward(). A Lightning Fabric loop with
+no_backward_sync: right, and wrong with use_distributed_sampler=False. transformers, accelerate
+and lightning come with the ``frameworks`` extra; without it these tests skip, saying so."""
 
 from __future__ import annotations
 
@@ -79,3 +80,16 @@ def test_an_accelerate_loop_with_accumulate(tmp_path, variant, equivalent):
         # Nothing divided the two micro-batches' losses by the accumulation steps.
         for cause in result.verdict.causes:
             assert (cause.key, cause.alternatives) == ("scale:A", ()), result.report
+
+
+@pytest.mark.parametrize(
+    ("variant", "layout", "pattern"),
+    [("correct", Layout(2, 2), None), ("no-sampler", Layout(2, 1), "data:same-samples")],
+)
+def test_a_lightning_fabric_loop(tmp_path, variant, layout, pattern):
+    pytest.importorskip("lightning", reason="the frameworks extra: pip install -e '.[frameworks]'")
+    command = ["python", str(SCRIPTS / "fabric_loop.py"), "--grad-accum", "{grad_accum}",
+               "--batch-size", "{micro_batch}", "--variant", variant]  # fmt: skip
+    result = run_parity(command, layouts=[layout], steps=2, global_batch=16)
+    assert result.exit_code == (0 if pattern is None else 1), result.report
+    assert [c.key for c in result.verdict.causes] == ([pattern] if pattern else []), result.report
