@@ -78,14 +78,18 @@ def compare_layouts(
     expected, got = reference.trace(n), other.trace(n)
     mismatch = compare_traces(expected, got, n, tolerance)
     figures.update(_differences(expected, got, n))
-    if mismatch is None and not causes:
+    logged = _logged_causes(reference, other, n, tolerance)
+    if mismatch is None and not causes and not logged:
         return Comparison(other.label, True, None, [], figures)
-    causes += _gradient_causes(reference, other, expected, got, tolerance)
-    if not causes:
-        causes.append(
-            f.UNEXPLAINED.cause(read="are the reference's at step 0" if n else "were not recorded")
-        )
-    return Comparison(other.label, False, mismatch, causes, figures)
+    if mismatch is not None or causes:
+        causes += _gradient_causes(reference, other, expected, got, tolerance)
+        if not causes:
+            causes.append(
+                f.UNEXPLAINED.cause(
+                    read="are the reference's at step 0" if n else "were not recorded"
+                )
+            )
+    return Comparison(other.label, False, mismatch, causes + logged, figures)
 
 
 def derived_tolerance(reference: Recording, variant: Recording, steps: int) -> Tolerance:
@@ -189,6 +193,99 @@ def _data_causes(reference: Recording, other: Recording, steps: int) -> list[Cau
         )
         return [f.DATA_ORDER.cause(what=details)]
     return []
+
+
+# -- the logged loss ---------------------------------------------------------------------------
+
+
+def _logged_causes(
+    reference: Recording, other: Recording, steps: int, tolerance: Tolerance
+) -> list[Cause]:
+    """The loss rank 0 logged at each step held to the one the reference logged, to the
+    digits either printed (and the loss's own tolerance); where it differs, which quantity of
+    the layout it is: rank 0's own loss, its last micro-batch's, the sum over ranks, the
+    reference's divided once too often."""
+    for step in range(steps):
+        want, have = _logged(reference, step), _logged(other, step)
+        if want is None or have is None:
+            continue
+        (expected, shown), (value, written) = want, have
+        allowed = max(_half_unit(shown), _half_unit(written)) + float(
+            tolerance.allowed("loss", step, "loss", torch.tensor(expected)).max()
+        )
+        if abs(value - expected) <= allowed:
+            continue
+        # The script's logging scale: what it logs for the loss its gradient is of.
+        effective = reference.effective_loss(step)
+        scale = expected / effective if effective else 1.0
+        own = other.backward_losses(0, step)
+        micro = len(other.step(0, step)["batches"])
+        world = other.world_size
+        evidence = (
+            f"layout {other.label}, step {step}: rank 0 logged loss {written} where the "
+            f"reference logged {shown}"
+        )
+        readings: list[tuple[bool, float, Cause]] = [
+            (world > 1, scale * sum(own), f.LOSS_LOCAL.cause()),
+            (micro > 1 and bool(own), scale * micro * own[-1], f.LOSS_LAST_ONLY.cause()),
+            (micro > 1, expected * micro, _scaled(micro, "A", _SUMMED_A)),
+            (world > 1, expected * world, f.LOSS_SUM.cause()),
+            (world > 1, expected / world, _scaled(1 / world, "1/W", _TWICE_W)),
+            (micro > 1, expected / micro, _scaled(1 / micro, "1/A", _TWICE_A)),
+        ]
+        fits = [
+            (candidate, cause)
+            for applies, candidate, cause in readings
+            if applies and abs(value - candidate) <= allowed + _half_unit(written)
+        ]
+        if not fits:
+            return [f.LOG_DIFFERS.cause(evidence=evidence)]
+        # A factor 2 at 2x2 is the micro-batches and the ranks alike: both are said.
+        (candidate, cause), others = fits[0], [c for _, c in fits[1:]]
+        also = "".join(f"; as well fits: {c.text}" for c in others)
+        return [
+            dataclasses.replace(
+                cause,
+                evidence=f"{evidence}; that reading gives {candidate:.6g}{also}",
+                alternatives=tuple(c.key for c in others),
+            )
+        ]
+    return []
+
+
+def _scaled(factor: float, key: str, why: str) -> Cause:
+    return dataclasses.replace(
+        f.LOSS_SCALED.cause(factor=factor, why=why), reading=f"loss:scaled:{key}"
+    )
+
+
+_SUMMED_A = " (the micro-batch losses summed, not divided by the accumulation steps)"
+_TWICE_W = " (divided by the world size once too often)"
+_TWICE_A = " (divided by the accumulation steps once too often)"
+
+
+def _logged(recording: Recording, step: int) -> tuple[float, str] | None:
+    """The first loss rank 0 logged after ``step``, and how it was written; None if none."""
+    written = recording.step(0, step).get("logged") or []
+    if not written:
+        return None
+    try:
+        return float(written[0]), str(written[0])
+    except ValueError:
+        return None
+
+
+def _half_unit(written: str) -> float:
+    """Half a unit in the last digit printed: how far a printed number may be from its value.
+
+    Example::
+
+        >>> _half_unit("2.345"), _half_unit("1.5e-03")
+        (0.0005, 5e-05)
+    """
+    mantissa, _, exponent = written.lower().partition("e")
+    decimals = len(mantissa.split(".")[1]) if "." in mantissa else 0
+    return 0.5 * 10.0 ** (int(exponent or 0) - decimals)
 
 
 # -- the gradient ------------------------------------------------------------------------------

@@ -31,6 +31,7 @@ import contextlib
 import functools
 import hashlib
 import os
+import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -61,6 +62,8 @@ ENV_PERTURB = "DDP_VERIFY_PERTURB"
 # The most gradient elements whose local contributions are kept per backward (a model larger
 # than this is compared without them).
 MAX_SNAPSHOT = 5_000_000
+# A logged loss: the first number after the word "loss" (not "val_loss") in a write.
+LOGGED_LOSS = re.compile(r"\bloss\b\W{0,4}(-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)")
 # What wrappers add to parameter names: DDP, torch.compile, Fabric, FSDP, checkpointing.
 WRAPPER_PARTS = frozenset(
     {"module", "_orig_mod", "_forward_module", "_fsdp_wrapped_module", "_checkpoint_wrapped_module"}
@@ -189,6 +192,8 @@ class Recorder:
         torch.autograd.backward = autograd
         register_optimizer_step_pre_hook(self._before_step)
         register_optimizer_step_post_hook(self._after_step)
+        # What the script logs, read as it goes by.
+        sys.stdout, sys.stderr = _Tee(sys.stdout, self._logged), _Tee(sys.stderr, self._logged)
         # A script that ends before the steps wanted leaves what it did.
         atexit.register(self.write)
         return self
@@ -230,6 +235,14 @@ class Recorder:
         if self._step["losses"][:-1] and self.params:
             cleared = all(p.grad is None or not bool(p.grad.any()) for p in self.params.values())
             self._step["cleared"].append(cleared)
+
+    def _logged(self, text: str) -> None:
+        """A logged loss belongs to the step just taken (a script logs after stepping)."""
+        if not self.steps or self._finished or "loss" not in text:
+            return
+        found = LOGGED_LOSS.search(text)
+        if found:
+            self.steps[-1].setdefault("logged", []).append(found.group(1))
 
     def _local_grad(self, name: str, grad: torch.Tensor) -> None:
         """A parameter's gradient from this backward, before DDP (or anything) reduces it."""
@@ -388,3 +401,18 @@ def _autocast() -> str | None:
             if torch.is_autocast_enabled(device):
                 return f"{device}:{str(torch.get_autocast_dtype(device)).replace('torch.', '')}"
     return None
+
+
+class _Tee:
+    """A stream that hands what is written to ``sink`` too; everything else is the stream's."""
+
+    def __init__(self, stream: Any, sink: Any) -> None:
+        self._stream, self._sink = stream, sink
+
+    def write(self, text: str) -> int:
+        with contextlib.suppress(Exception):
+            self._sink(text)
+        return int(self._stream.write(text))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)

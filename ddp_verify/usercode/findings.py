@@ -389,6 +389,12 @@ GRAD_DIFFERS = _finding(
     "the gradient the optimizer saw differs from the reference's and is not a multiple of it"
     "{measured}: some samples, micro-batches or ranks counted other than their share",
 )
+LOG_DIFFERS = _finding(
+    "log:differs",
+    "loss",
+    "the logged loss is not the reference's, and is none of the layout's own losses tried "
+    "(rank 0's, its last micro-batch's, the sum over ranks, divided once too often)",
+)
 SCRIPT_STEPS = _finding(
     "steps:fewer",
     "run",

@@ -46,7 +46,7 @@ def test_a_compute_loss_that_averages_per_micro_batch_is_caught(tmp_path):
     assert result.exit_code == 1, result.report
     # What each rank's micro-batches added before DDP averaged them is recorded: the weights
     # that give the reference's gradient go as their tokens, on one process and on two.
-    assert [row["causes"] for row in result.layouts] == [["micro:own-mean"]] * 2, result.report
+    assert [row["causes"][0] for row in result.layouts] == ["micro:own-mean"] * 2, result.report
     first = result.verdict.causes[0]
     assert "averaged over its own tokens" in first.text and "of the step's" in first.text
     assert any("rank 1 micro-batch 2: " in c.text for c in result.verdict.causes), result.report

@@ -69,6 +69,8 @@ def test_the_correct_script_trains_the_same_at_every_layout(tmp_path):
         ("no-sampler", Layout(2, 1), "data:same-samples", "no DistributedSampler"),
         ("local-sync", Layout(2, 1), "sync:left-out", "'2.weight'"),
         ("seed-by-world", Layout(2, 1), "data:order", "depend on the layout"),
+        # Training is right; the loss it logs is rank 0's own.
+        ("log-local", Layout(2, 1), "loss:local", "the rank's local loss"),
     ],
 )
 def test_each_classic_mistake_is_caught_for_its_reason(
