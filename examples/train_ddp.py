@@ -42,14 +42,19 @@ batches = iter(DataLoader(dataset, batch_size=args.batch_size, sampler=sampler))
 
 for step in range(args.steps):
     optimizer.zero_grad()
+    step_loss = torch.zeros(())
     for micro in range(args.grad_accum):
         x, y = next(batches)
         last = micro == args.grad_accum - 1
         with contextlib.nullcontext() if last else model.no_sync():
             loss = torch.nn.functional.mse_loss(model(x), y) / args.grad_accum
             loss.backward()
+        step_loss += loss.detach()
     optimizer.step()
+    # Log the step's loss over every rank, as the gradient averages it: rank 0's last
+    # micro-batch alone would make each layout's loss curve its own.
+    dist.all_reduce(step_loss)
     if dist.get_rank() == 0:
-        print(f"step {step}: loss {loss.item() * args.grad_accum:.6f}")
+        print(f"step {step}: loss {step_loss.item() / dist.get_world_size():.6f}")
 
 dist.destroy_process_group()

@@ -385,7 +385,10 @@ def _weights(other: Recording, expected: Any, got: Any, step: int) -> Cause | No
             samples.append(len(record["batches"][m]))
             tokens.append(sum(record["tokens"][m]) if record["tokens"][m] else 0)
             micro = f"micro-batch {m + 1}"
-            where.append(micro if other.world_size == 1 else f"rank {rank} {micro}")
+            if other.world_size == 1:
+                where.append(micro)
+            else:
+                where.append(f"rank {rank}" if len(local) == 1 else f"rank {rank} {micro}")
     reference = expected.ranks[0].grads[step]
     mine = got.ranks[0].grads[step]
     if any(reference.get(n) is None or mine.get(n) is None for n in names):
