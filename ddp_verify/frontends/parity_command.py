@@ -50,8 +50,16 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--launcher",
         default=DEFAULT_LAUNCHER,
-        help="how a layout's ranks start ({python}, {world_size}); default: torchrun on this "
-        "machine",
+        help="how a layout's ranks start ({python}, {world_size}, {nnodes}, "
+        "{nproc_per_node}, {port}, {run_id}); default: torchrun on this machine",
+    )
+    p.add_argument(
+        "--nnodes",
+        type=int,
+        default=1,
+        help="nodes each layout of more than one rank spans: with the default launcher, one "
+        "torchrun agent per node on this machine (c10d rendezvous on loopback); a --launcher "
+        "of yours starts them (srun ... torchrun --nnodes {nnodes} ...)",
     )
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per layout's run")
     p.add_argument("--keep", type=Path, default=None, help="keep the recordings in DIR")
@@ -63,8 +71,7 @@ def _compare_parser() -> argparse.ArgumentParser:
     p = Parser(
         prog="ddp-verify parity compare",
         description="Compare recordings made by your own launches (DDP_VERIFY_RECORD=DIR "
-        "torchrun ... -m ddp_verify.parity.boot train.py ...): the first directory is the "
-        "reference layout's.",
+        "torchrun ... train.py ...): the first directory is the reference layout's.",
     )
     p.add_argument("directories", nargs="+", type=Path)
     p.add_argument("--steps", type=int, default=3)
@@ -120,6 +127,8 @@ def run(argv: Sequence[str]) -> Any:
             )
         if args.steps < 1:
             raise UsageError("--steps must be at least 1")
+        if args.nnodes < 1:
+            raise UsageError("--nnodes must be at least 1")
         return run_parity(
             command,
             layouts=parse_layouts(args.layouts),
@@ -131,6 +140,7 @@ def run(argv: Sequence[str]) -> Any:
             timeout=args.timeout,
             keep=args.keep,
             progress=_say,
+            nnodes=args.nnodes,
         )
     except (UsageError, LayoutError, RecordingError) as exc:
         return ParityResult(Verdict(Status.USAGE_ERROR, message=f"ddp-verify: error: {exc}"))

@@ -29,6 +29,13 @@ __all__ = ["DEFAULT_LAUNCHER", "Run", "launch", "script_of"]
 
 # How a layout's ranks are started: torchrun on this machine, a rendezvous on a free port.
 DEFAULT_LAUNCHER = "{python} -m torch.distributed.run --standalone --nproc-per-node {world_size}"
+# The default across --nnodes agents on this machine: one torchrun agent per node, joined by
+# the c10d rendezvous on a loopback port (a multi-node job simulated on one machine).
+_AGENTS = (
+    "{python} -m torch.distributed.run --nnodes {nnodes} --nproc-per-node {nproc_per_node} "
+    "--rdzv-backend c10d --rdzv-endpoint 127.0.0.1:{port} --rdzv-id {run_id} "
+    "--local-addr 127.0.0.1"
+)
 # What runs in each rank before the user's script: the recorder, then the script.
 BOOT = ("-m", "ddp_verify.parity.boot")
 # torchrun's variables for a world of one process.
@@ -103,19 +110,40 @@ def launch(
     launcher: str = DEFAULT_LAUNCHER,
     timeout: float = 600.0,
     perturb: int | None = None,
+    nnodes: int = 1,
 ) -> Run:
     """Run ``command`` at ``layout``, recording ``steps`` optimizer steps into ``directory``;
     at most ``timeout`` seconds, after which the run's whole process group is ended.
-    ``perturb``: the rounding-only variant of the run (see :mod:`.recorder`)."""
+    ``perturb``: the rounding-only variant of the run (see :mod:`.recorder`). ``nnodes``: the
+    nodes a layout of more than one rank spans (the default launcher then starts one agent
+    per node on this machine; a launcher of the user's gets ``{nnodes}`` and
+    ``{nproc_per_node}`` and starts them itself)."""
     script = fill(script_of(command), layout, global_batch=global_batch)
     env = dict(os.environ)
+    agents = 1
     if launcher == DEFAULT_LAUNCHER and layout.world_size == 1:
         # One process: what torchrun would give it, without an agent to start (seconds).
         start = [sys.executable]
         env.update(_ONE_PROCESS, MASTER_PORT=str(_free_port()))
     else:
+        if layout.world_size % nnodes:
+            raise LayoutError(
+                f"layout {layout}: {layout.world_size} rank(s) do not divide over "
+                f"{nnodes} nodes; give layouts whose world size is a multiple of --nnodes"
+            )
+        template = launcher
+        if launcher == DEFAULT_LAUNCHER and nnodes > 1:
+            template, agents = _AGENTS, nnodes
+        # $VARS from this environment (a node's name under Slurm), then the placeholders.
         start = shlex.split(
-            launcher.format(python=shlex.quote(sys.executable), world_size=layout.world_size)
+            os.path.expandvars(template).format(
+                python=shlex.quote(sys.executable),
+                world_size=layout.world_size,
+                nnodes=nnodes,
+                nproc_per_node=layout.world_size // nnodes,
+                port=_free_port(),
+                run_id=f"ddp-verify-{os.getpid()}-{layout}",
+            )
         )
     argv = (*start, *BOOT, *script)
     directory.mkdir(parents=True, exist_ok=True)
@@ -132,17 +160,28 @@ def launch(
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")
     started = time.monotonic()
     with open(directory / "output.log", "wb") as output:
-        proc = subprocess.Popen(
-            argv, env=env, stdout=output, stderr=subprocess.STDOUT, start_new_session=True
-        )
+        procs: list[subprocess.Popen[bytes]] = []
         try:
-            returncode: int | None = proc.wait(timeout=timeout)
+            # One agent per node where the nodes are simulated here, each in a session of its
+            # own: every one is ended, with all it started, whatever happens.
+            for _ in range(agents):
+                procs.append(
+                    subprocess.Popen(
+                        argv,
+                        env=env,
+                        stdout=output,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                    )
+                )
+            deadline = started + timeout
+            codes = [p.wait(timeout=max(0.0, deadline - time.monotonic())) for p in procs]
+            returncode: int | None = next((c for c in codes if c), 0)
         except subprocess.TimeoutExpired:
             returncode = None
-        except BaseException:
-            _end(proc)
-            raise
-        _end(proc)
+        finally:
+            for proc in procs:
+                _end(proc)
     return Run(layout, tuple(argv), returncode, time.monotonic() - started, directory)
 
 

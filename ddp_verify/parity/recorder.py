@@ -109,6 +109,8 @@ class Recorder:
         self.meta: dict[str, Any] = {
             "rank": self.rank,
             "world_size": self.world_size,
+            # The node it ran on, as torchrun numbers them (its GROUP_RANK).
+            "node": int(os.environ.get("GROUP_RANK", os.environ.get("SLURM_NODEID", "0"))),
             "float64": float64,
             "autocast": None,
             "param_dtypes": [],

@@ -72,11 +72,13 @@ def run_parity(
     timeout: float = 600.0,
     keep: Path | None = None,
     progress: Callable[[str], None] | None = None,
+    nnodes: int = 1,
 ) -> ParityResult:
     """Run ``command`` (the script as one process runs it, placeholders included) at the
     ``reference`` layout and at each of ``layouts``, ``steps`` optimizer steps each, and
     compare. ``keep``: the directory the recordings stay in (a temporary one otherwise);
-    ``progress`` is told what runs.
+    ``progress`` is told what runs; ``nnodes``: the nodes each layout of more than one rank
+    spans (see :func:`~.launch.launch`).
 
     Example::
 
@@ -87,7 +89,7 @@ def run_parity(
     reference = reference or Layout(1, 1)
     target = " ".join(command)
     order = [reference, *(layout for layout in layouts if layout != reference)]
-    _check_command(command, order, global_batch)
+    _check_command(command, order, global_batch, nnodes)
     work = keep or Path(tempfile.mkdtemp(prefix=cleanup.owned("ddp_verify-parity-")))
     # Every run of this parity run: the same script, steps, batch, dtype and launcher.
     run_at = functools.partial(
@@ -98,6 +100,7 @@ def run_parity(
         float64=float64,
         launcher=launcher,
         timeout=timeout,
+        nnodes=nnodes,
     )
     try:
         runs: dict[Layout, Run] = {}
@@ -150,15 +153,20 @@ def run_parity(
 
 
 def _check_command(
-    command: Sequence[str], layouts: Sequence[Layout], global_batch: int | None
+    command: Sequence[str], layouts: Sequence[Layout], global_batch: int | None, nnodes: int
 ) -> None:
-    """Every layout's command can be made, and the script is there: said before anything
-    starts (a :class:`~.layouts.LayoutError`)."""
+    """Every layout's command can be made, its ranks divide over the nodes, and the script is
+    there: said before anything starts (a :class:`~.layouts.LayoutError`)."""
     script = script_of(command)
     if script[0] != "-m" and not Path(script[0]).is_file():
         raise LayoutError(f"{script[0]}: no such script")
     for layout in layouts:
         fill(script, layout, global_batch=global_batch)
+        if layout.world_size > 1 and layout.world_size % nnodes:
+            raise LayoutError(
+                f"layout {layout}: {layout.world_size} rank(s) do not divide over {nnodes} "
+                "nodes; give layouts whose world size is a multiple of --nnodes"
+            )
 
 
 def compare_recordings(

@@ -207,6 +207,31 @@ def test_a_layout_across_two_node_agents_recorded_by_the_users_own_launch(refere
     assert (row["world_size"], row["grad_accum"]) == (2, 2)
 
 
+def test_parity_starts_a_layout_across_two_node_agents_itself(tmp_path):
+    # --nnodes 2 with the default launcher: two torchrun agents on this machine, joined by the
+    # c10d rendezvous on loopback, one rank each.
+    done = subprocess.run(
+        [sys.executable, "-m", "ddp_verify", "parity", "--layouts", "2x2", "--nnodes", "2",
+         "--global-batch", str(GLOBAL_BATCH), "--steps", "1", "--keep", str(tmp_path),
+         "--json", "--", *COMMAND],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    document = json.loads(done.stdout)
+    assert done.returncode == 0 and document["verdict"] == "equivalent", done.stdout
+    (row,) = document["layouts"]
+    assert "--nnodes 2" in row["command"] and "--rdzv-backend c10d" in row["command"]
+    # Each rank ran under its own agent (torchrun's GROUP_RANK: the node).
+    recording = Recording.load(tmp_path / "2x2")
+    assert sorted(r["meta"]["node"] for r in recording.ranks) == [0, 1]
+    # A world size the nodes do not divide is refused before anything runs.
+    refused = subprocess.run(
+        [sys.executable, "-m", "ddp_verify", "parity", "--layouts", "3x1", "--nnodes", "2",
+         "--global-batch", "15", "--", *COMMAND],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert refused.returncode == 2 and "do not divide over 2 nodes" in refused.stderr
+
+
 def test_a_layout_whose_run_fails_is_an_error_with_its_output(tmp_path):
     result = run_parity(
         [*COMMAND, "--variant", "crash"],
