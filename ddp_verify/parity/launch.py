@@ -23,12 +23,16 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .layouts import Layout, LayoutError, fill
+from .loopback import ENV_LOOPBACK
 from .recorder import ENV_DIR, ENV_DTYPE, ENV_PERTURB, ENV_STEPS
 
 __all__ = ["DEFAULT_LAUNCHER", "Run", "launch", "script_of"]
 
 # How a layout's ranks are started: torchrun on this machine, a rendezvous on a free port.
-DEFAULT_LAUNCHER = "{python} -m torch.distributed.run --standalone --nproc-per-node {world_size}"
+DEFAULT_LAUNCHER = (
+    "{python} -m torch.distributed.run --standalone --nproc-per-node {world_size} "
+    "--local-addr 127.0.0.1"
+)
 # The default across --nnodes agents on this machine: one torchrun agent per node, joined by
 # the c10d rendezvous on a loopback port (a multi-node job simulated on one machine).
 _AGENTS = (
@@ -155,9 +159,12 @@ def launch(
     }
     if perturb is not None:
         env[ENV_PERTURB] = str(perturb)
-    if sys.platform.startswith("linux"):
-        # One machine: gloo's connections on loopback, as the forked worlds' are.
-        env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    if launcher == DEFAULT_LAUNCHER:
+        # One machine: the stores torchrun's agents and the ranks serve on loopback only
+        # (see .loopback), gloo's connections too, as the forked worlds' are.
+        env[ENV_LOOPBACK] = "1"
+        if sys.platform.startswith("linux"):
+            env.setdefault("GLOO_SOCKET_IFNAME", "lo")
     started = time.monotonic()
     with open(directory / "output.log", "wb") as output:
         procs: list[subprocess.Popen[bytes]] = []
