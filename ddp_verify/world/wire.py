@@ -143,9 +143,8 @@ def loads_exception(data: bytes | None, *, what: str = "an exception") -> BaseEx
 
 
 def _load(data: bytes) -> Any:
-    # Read again whenever modules were imported since: a diagnosis imports its own.
     with (
-        torch.serialization.safe_globals(_allowed(len(sys.modules), len(_REDUCERS))),
+        torch.serialization.safe_globals(_allowed(_our_modules(), len(_REDUCERS))),
         warnings.catch_warnings(),
     ):
         # torch warns of pickle protocols it does not write: a forged value's, refused anyway.
@@ -163,8 +162,20 @@ def _reason(exc: BaseException) -> str:
     return first[:200]
 
 
+def _our_modules() -> tuple[tuple[str, int], ...]:
+    """Which of our modules are loaded, each by identity: the allow-list is made again when
+    one is imported (a diagnosis imports its own) or imported afresh (pytester restores
+    ``sys.modules`` after a run; a module imported again holds new classes). A count of
+    ``sys.modules`` is not enough: one module in and another out leaves it unchanged."""
+    return tuple(
+        (name, id(module))
+        for name, module in list(sys.modules.items())
+        if name.startswith("ddp_verify.") or name == "hypothesis.errors"
+    )
+
+
 @functools.lru_cache(maxsize=1)
-def _allowed(modules: int, reducers: int) -> list[Any]:
+def _allowed(modules: tuple[tuple[str, int], ...], reducers: int) -> list[Any]:
     """Python's exceptions (under both names pickle gives them) and ddp_verify's data: its
     data classes, enums, exceptions and tolerances, defined in its modules loaded now. Never
     a class that unpickles what it holds (a shipped job): that would bring pickle back."""

@@ -118,3 +118,20 @@ def test_a_value_that_is_not_data_is_refused_where_it_is_written():
         wire.dumps(_Mine(), what="the result of a job")
     # A user's exception class travels as its text only (None here), never as a pickle.
     assert wire.dumps_exception(type("Custom", (Exception,), {})("x")) is None
+
+
+def test_a_module_of_ours_imported_afresh_is_allowed_with_its_new_classes(monkeypatch):
+    # pytester restores sys.modules after an inline run: one of our modules may be dropped
+    # and imported again while another goes, the count of modules unchanged. The allow-list
+    # must follow the modules themselves (a stale one refused the agreement's own _Posted).
+    import importlib
+
+    from ddp_verify.world import agreement
+
+    before = wire.loads(wire.dumps(agreement._Posted("t", 1), what="x"), what="x")
+    assert before.value == 1
+    monkeypatch.delitem(sys.modules, "ddp_verify.world.agreement")
+    fresh = importlib.import_module("ddp_verify.world.agreement")
+    assert fresh._Posted is not agreement._Posted
+    after = wire.loads(wire.dumps(fresh._Posted("t", 2), what="x"), what="x")
+    assert isinstance(after, fresh._Posted) and after.value == 2
