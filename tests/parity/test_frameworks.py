@@ -38,15 +38,15 @@ def test_a_trainer_with_padded_sequences_trains_the_same_at_every_layout(tmp_pat
 def test_a_compute_loss_that_averages_per_micro_batch_is_caught(tmp_path):
     result = run_parity(
         [*COMMAND, "--variant", "per-micro-batch"],
-        layouts=[Layout(1, 4), Layout(2, 2)],
+        layouts=[Layout(2, 2)],
         steps=2,
         global_batch=8,
         keep=tmp_path,
     )
     assert result.exit_code == 1, result.report
     # What each rank's micro-batches added before DDP averaged them is recorded: the weights
-    # that give the reference's gradient go as their tokens, on one process and on two.
-    assert [row["causes"][0] for row in result.layouts] == ["micro:own-mean"] * 2, result.report
+    # that give the reference's gradient go as their tokens.
+    assert [row["causes"][0] for row in result.layouts] == ["micro:own-mean"], result.report
     first = result.verdict.causes[0]
     assert "averaged over its own tokens" in first.text and "of the step's" in first.text
     assert any("rank 1 micro-batch 2: " in c.text for c in result.verdict.causes), result.report

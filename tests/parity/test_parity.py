@@ -265,3 +265,29 @@ def test_compare_of_recordings_in_a_forced_precision_needs_the_variant(tmp_path,
     judged = parity_command.run(["compare", *dirs, "--variant", str(tmp_path / "variant")])
     assert judged.exit_code == 0, judged.report
     assert "rounding-only variant" in judged.layouts[0]["tolerance"]
+
+
+@pytest.mark.parametrize(
+    ("precision", "variant", "equivalent"),
+    [
+        ("bf16-autocast", "correct", True),  # no false alarm under the script's own autocast
+        ("float32", "one-percent", False),  # a 1% weighting error, held to float32's bound
+        ("default", "one-percent", False),  # and in float64, the recorder's default
+    ],
+)
+def test_the_bound_follows_the_scripts_precision(tmp_path, precision, variant, equivalent):
+    command = [*COMMAND, "--precision", precision, "--variant", variant]
+    layout = Layout(2, 2) if equivalent else Layout(1, 2)
+    result = run_parity(command, layouts=[layout], steps=STEPS, global_batch=GLOBAL_BATCH)
+    assert result.exit_code == (0 if equivalent else 1), result.report
+    (row,) = result.layouts
+    forced = precision != "default"
+    assert ("rounding-only variant" in row["tolerance"]) == forced, row
+    if not equivalent:
+        # The first micro-batch counted 1.01: to give the reference's gradient it must count
+        # 1/1.01 of what it did, the second as it did. (The logged loss is the one the
+        # layout trained: no second cause.)
+        (cause,) = result.verdict.causes
+        assert cause.key == "micro:weights", result.report
+        weights = [float(w) for w in cause.text.split("must count ")[1].split(" (")[0].split(", ")]
+        assert weights == pytest.approx([1 / 1.01, 1], rel=1e-3), cause.text

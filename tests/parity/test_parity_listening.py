@@ -16,7 +16,7 @@ from tests.world.listening import is_loopback, listening
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
-# Right at every layout, and slow enough (a step each 0.3 s) to be looked at while it runs.
+# Right at every layout, and slow enough (a step each 0.2 s) to be looked at while it runs.
 SLOW_TRAIN = textwrap.dedent(
     """
     import time
@@ -34,7 +34,7 @@ SLOW_TRAIN = textwrap.dedent(
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     sampler = DistributedSampler(data, shuffle=False)
     for x, y in DataLoader(data, batch_size=8 // dist.get_world_size(), sampler=sampler):
-        time.sleep(0.3)
+        time.sleep(0.2)
         optimizer.zero_grad()
         torch.nn.functional.mse_loss(model(x), y).backward()
         optimizer.step()
@@ -44,7 +44,7 @@ SLOW_TRAIN = textwrap.dedent(
 
 def test_every_listening_socket_of_a_parity_run_is_loopback(tmp_path):
     (tmp_path / "slow_train.py").write_text(SLOW_TRAIN)
-    command = [sys.executable, "-m", "ddp_verify", "parity", "--layouts", "2x1", "--steps", "6",
+    command = [sys.executable, "-m", "ddp_verify", "parity", "--layouts", "2x1", "--steps", "4",
                "--", "python", "slow_train.py"]  # fmt: skip
     proc = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     seen: dict[str, int] = {}
