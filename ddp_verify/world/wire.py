@@ -21,6 +21,7 @@ import enum
 import functools
 import io
 import sys
+import threading
 import warnings
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -142,8 +143,15 @@ def loads_exception(data: bytes | None, *, what: str = "an exception") -> BaseEx
     return value
 
 
+# torch.serialization.safe_globals swaps a process-wide list in and back out: two threads
+# reading at once (a rank's watchdog and its main thread; the tests' thread ranks) would each
+# restore the list the other had not added yet, and refuse our own classes.
+_LOADING = threading.Lock()
+
+
 def _load(data: bytes) -> Any:
     with (
+        _LOADING,
         torch.serialization.safe_globals(_allowed(_our_modules(), len(_REDUCERS))),
         warnings.catch_warnings(),
     ):

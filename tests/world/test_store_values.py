@@ -135,3 +135,31 @@ def test_a_module_of_ours_imported_afresh_is_allowed_with_its_new_classes(monkey
     assert fresh._Posted is not agreement._Posted
     after = wire.loads(wire.dumps(fresh._Posted("t", 2), what="x"), what="x")
     assert isinstance(after, fresh._Posted) and after.value == 2
+
+
+def test_values_read_on_several_threads_at_once_are_all_allowed():
+    # torch's safe_globals swaps a process-wide allow-list in and out: unguarded, one thread
+    # leaving it took the list from another still reading (a rank's watchdog and its main
+    # thread; CI saw the thread-ranks of test_spmd_parts refuse the agreement's own _Posted).
+    import threading
+
+    from ddp_verify.world import agreement
+
+    data = wire.dumps(agreement._Posted("t", [1.5, "x"]), what="x")
+    errors: list[BaseException] = []
+
+    def read() -> None:
+        for _ in range(300):
+            try:
+                wire.loads(data, what="x")
+            except BaseException as exc:
+                errors.append(exc)
+                return
+
+    threads = [threading.Thread(target=read) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not any(t.is_alive() for t in threads)
+    assert not errors, errors[0]
