@@ -22,7 +22,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from .layouts import Layout, LayoutError, fill
+from .layouts import Layout, LayoutError, fill, per_node
 from .loopback import ENV_LOOPBACK
 from .recorder import ENV_DIR, ENV_DTYPE, ENV_PERTURB, ENV_STEPS
 
@@ -130,11 +130,7 @@ def launch(
         start = [sys.executable]
         env.update(_ONE_PROCESS, MASTER_PORT=str(_free_port()))
     else:
-        if layout.world_size % nnodes:
-            raise LayoutError(
-                f"layout {layout}: {layout.world_size} rank(s) do not divide over "
-                f"{nnodes} nodes; give layouts whose world size is a multiple of --nnodes"
-            )
+        nproc_per_node = per_node(layout, nnodes)
         template = launcher
         if launcher == DEFAULT_LAUNCHER and nnodes > 1:
             template, agents = _AGENTS, nnodes
@@ -144,7 +140,7 @@ def launch(
                 python=shlex.quote(sys.executable),
                 world_size=layout.world_size,
                 nnodes=nnodes,
-                nproc_per_node=layout.world_size // nnodes,
+                nproc_per_node=nproc_per_node,
                 port=_free_port(),
                 run_id=f"ddp-verify-{os.getpid()}-{layout}",
             )

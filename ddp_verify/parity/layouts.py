@@ -16,7 +16,15 @@ import re
 import string
 from collections.abc import Sequence
 
-__all__ = ["PLACEHOLDERS", "Layout", "LayoutError", "fill", "parse_layout", "parse_layouts"]
+__all__ = [
+    "PLACEHOLDERS",
+    "Layout",
+    "LayoutError",
+    "fill",
+    "parse_layout",
+    "parse_layouts",
+    "per_node",
+]
 
 # What a command may say, filled per layout.
 PLACEHOLDERS = ("world_size", "grad_accum", "micro_batch", "global_batch")
@@ -92,3 +100,20 @@ def fill(command: Sequence[str], layout: Layout, *, global_batch: int | None) ->
                 raise LayoutError(f"{part!r}: {{{field}}} needs --global-batch N")
         filled.append(part.format(**values))
     return filled
+
+
+def per_node(layout: Layout, nnodes: int) -> int:
+    """The ranks each of ``nnodes`` nodes runs at ``layout``; :class:`LayoutError` where they
+    do not divide.
+
+    Example::
+
+        >>> per_node(Layout(4, 1), 2)
+        2
+    """
+    if layout.world_size % nnodes:
+        raise LayoutError(
+            f"layout {layout}: {layout.world_size} rank(s) do not divide over {nnodes} nodes; "
+            "give layouts whose world size is a multiple of --nnodes"
+        )
+    return layout.world_size // nnodes

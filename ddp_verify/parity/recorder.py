@@ -1,7 +1,8 @@
 """The recorder: what a training script does at each of its first optimizer steps, recorded in
 every rank without an edit to the script, then the run ended cleanly.
 
-Installed before the script runs (by :mod:`.boot`), it records per optimizer step:
+Installed before the script runs (at interpreter start by :mod:`.autorecord`, or by
+:mod:`.boot`), it records per optimizer step:
 
 - each parameter's gradient as the optimizer sees it (a global optimizer step pre-hook: after
   synchronisation, accumulation and clipping), named as the model names it, wrapper prefixes
@@ -60,8 +61,10 @@ ENV_DTYPE = "DDP_VERIFY_DTYPE"
 ENV_PERTURB = "DDP_VERIFY_PERTURB"
 
 # The most gradient elements whose local contributions are kept per backward (a model larger
-# than this is compared without them).
+# than this is compared without them), and in all (later backwards are then not kept: the
+# comparison weighs no step it lacks one of).
 MAX_SNAPSHOT = 5_000_000
+MAX_LOCAL_TOTAL = 25_000_000
 # A logged loss: the first number after the word "loss" (not "val_loss") in a write.
 LOGGED_LOSS = re.compile(r"\bloss\b\W{0,4}(-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)")
 # What wrappers add to parameter names: DDP, torch.compile, Fabric, FSDP, checkpointing.
@@ -118,6 +121,7 @@ class Recorder:
         self._known_modules: set[int] = set()
         self._local: dict[str, torch.Tensor] = {}
         self._keep_local = True
+        self._kept = 0  # local gradient elements kept so far
         self._depth = 0
         self._in_backward = False
         self._finished = False
@@ -217,7 +221,10 @@ class Recorder:
                 if normalized(name) not in self.params and p.requires_grad:
                     p.register_hook(functools.partial(self._local_grad, normalized(name)))
                 self.params.setdefault(normalized(name), p)
-            self._keep_local = sum(p.numel() for p in self.params.values()) <= MAX_SNAPSHOT
+            self._keep_local = (
+                sum(p.numel() for p in self.params.values()) <= MAX_SNAPSHOT
+                and self._kept <= MAX_LOCAL_TOTAL
+            )
         autocast = _autocast()
         if autocast is not None:
             self.meta["autocast"] = autocast
@@ -268,6 +275,10 @@ class Recorder:
             for n in names
         ]
         self._local = {}
+        self._kept += sum(t.numel() for t in flat)
+        if self._kept > MAX_LOCAL_TOTAL:
+            self._keep_local = False
+            return
         self._step["local"].append(torch.cat(flat))
 
     def _before_step(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:

@@ -27,7 +27,7 @@ from ..usercode.verdict import Status, Verdict
 from ..world import cleanup
 from .compare import Comparison, compare_layouts, derived_tolerance, told_apart
 from .launch import DEFAULT_LAUNCHER, Run, launch, script_of
-from .layouts import Layout, LayoutError, fill
+from .layouts import Layout, LayoutError, fill, per_node
 from .recording import Recording, RecordingError
 
 __all__ = ["ParityResult", "compare_recordings", "run_parity"]
@@ -162,11 +162,8 @@ def _check_command(
         raise LayoutError(f"{script[0]}: no such script")
     for layout in layouts:
         fill(script, layout, global_batch=global_batch)
-        if layout.world_size > 1 and layout.world_size % nnodes:
-            raise LayoutError(
-                f"layout {layout}: {layout.world_size} rank(s) do not divide over {nnodes} "
-                "nodes; give layouts whose world size is a multiple of --nnodes"
-            )
+        if layout.world_size > 1:
+            per_node(layout, nnodes)
 
 
 def compare_recordings(
