@@ -130,7 +130,11 @@ def test_a_module_of_ours_imported_afresh_is_allowed_with_its_new_classes(monkey
 
     before = wire.loads(wire.dumps(agreement._Posted("t", 1), what="x"), what="x")
     assert before.value == 1
+    import ddp_verify.world
+
+    # Both restored after the test: the module in sys.modules and the package's attribute.
     monkeypatch.delitem(sys.modules, "ddp_verify.world.agreement")
+    monkeypatch.setattr(ddp_verify.world, "agreement", agreement)
     fresh = importlib.import_module("ddp_verify.world.agreement")
     assert fresh._Posted is not agreement._Posted
     after = wire.loads(wire.dumps(fresh._Posted("t", 2), what="x"), what="x")
