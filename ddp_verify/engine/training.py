@@ -1,7 +1,8 @@
 """Single-process training of a scenario: the loop the reference and every simulation share.
 
 A simulation holds one model and optimizer per *replica* (a replica stands for a rank where
-the simulation needs one) and says only how a step's gradients come to be: ``backward(step)``
+the simulation needs one; its optimizer is the engine's own, :mod:`.optimizers`) and says
+only how a step's gradients come to be: ``backward(step)``
 fills every replica's ``.grad`` from the step's global batch and returns the loss each replica
 reports. The loop builds the replicas from the scenario, zeroes gradients, records gradients,
 steps every optimizer (unless ``backward`` already did), and records losses and parameters.
@@ -18,7 +19,6 @@ from .models import (
     MicroBatch,
     build_data,
     build_model,
-    build_optimizer,
     count_items,
     global_items,
     loss_function,
@@ -26,6 +26,7 @@ from .models import (
     one_thread,
     rank_items,
 )
+from .optimizers import ReferenceOptimizer
 from .scenario import Scenario
 from .trace import RankTrace, Trace, gradients, parameters
 
@@ -39,7 +40,7 @@ class Step:
     inputs: torch.Tensor
     targets: torch.Tensor
     models: list[torch.nn.Module]
-    optimizers: list[torch.optim.Optimizer]
+    optimizers: list[ReferenceOptimizer]
     loss_fn: torch.nn.Module
     stepped: bool = False
 
@@ -109,7 +110,9 @@ def train(
     """
     with one_thread():
         models = [build_model(scenario, dtype, device) for _ in range(replicas)]
-        optimizers = [build_optimizer(scenario.optimizer, m.parameters()) for m in models]
+        # The engine's own optimizers, never torch.optim: the oracle shares no code with the
+        # optimizers and clipping the conformance suite gates.
+        optimizers = [ReferenceOptimizer(scenario.optimizer, m.parameters()) for m in models]
         loss_fn = loss_function(scenario)
         records = [RankTrace() for _ in models]
         for index, (inputs, targets) in enumerate(build_data(scenario, dtype, device)):
