@@ -78,12 +78,13 @@ class _Unshrunk(BaseException):
         return self.args[0]
 
 
-def _hook_in_use(error: BaseException) -> str | None:
-    """The reason to skip when the wrapper's own comm hook leaves no room for the test's."""
-    from ddp_verify.methods.ddp import CommHookInUse
+def _not_applicable(error: BaseException) -> str | None:
+    """The reason to skip when the wrapper leaves the test nothing to check: its own comm
+    hook leaves no room for the test's, or its options meet a limitation DDP documents."""
+    from ddp_verify.methods.ddp import NotApplicable
 
     raised = [f.exception for f in getattr(error, "failures", ()) or ()]
-    if raised and all(isinstance(e, CommHookInUse) for e in raised):
+    if raised and all(isinstance(e, NotApplicable) for e in raised):
         return str(raised[0])
     return None
 
@@ -124,7 +125,7 @@ def prove(
             try:
                 check(value)
             except Exception as exc:
-                reason = _hook_in_use(exc)
+                reason = _not_applicable(exc)
                 if reason is not None:
                     # At the test's location, not this line.
                     raise compat.at_test_location(pytest.skip.Exception(reason)) from None

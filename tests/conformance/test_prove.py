@@ -148,3 +148,25 @@ def test_a_correct_wrapper_that_finds_unused_parameters_meets_the_known_powersgd
     assert outcomes.get("failed", 0) == 0, result.stdout.str()[-3000:]
     assert outcomes.get("xfailed", 0) + outcomes.get("passed", 0) == 5
     assert outcomes.get("xfailed", 0) >= 3
+
+
+def test_a_correct_wrapper_meets_reentrant_checkpointing_as_ddp_documents_it(pytester):
+    # find_unused_parameters=True with reentrant checkpointing is unsupported by DDP's own
+    # docstring: skipped with that reason, not failed ("Expected to mark a variable ready only
+    # once"); the non-reentrant form, which DDP supports without limits, still runs.
+    result = run_suite(
+        pytester,
+        "--ddp-wrapper",
+        "team_wrappers:always_finding_unused",
+        "-k",
+        "activation_checkpointing",
+        "-rsf",
+        "--conformance-examples",
+        "3",
+    )
+    outcomes = result.parseoutcomes()
+    assert outcomes.get("failed", 0) == 0, result.stdout.str()[-3000:]
+    assert outcomes.get("skipped") == 2 and outcomes.get("passed") == 2, outcomes
+    result.stdout.fnmatch_lines(
+        ["*SKIPPED*always_finding_unused: reentrant activation checkpointing*DDP documents*"]
+    )
