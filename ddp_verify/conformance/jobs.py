@@ -90,6 +90,32 @@ def objects_gathered(objects: tuple[object, ...], dst: int) -> tuple[object, obj
     return attempt(all_gather), attempt(gather)
 
 
+def objects_sent(objects: tuple[object, ...], src: int) -> tuple[object, object]:
+    """Rank ``src`` holds ``objects`` (one per rank), the others a list of as many Nones: what
+    ``broadcast_object_list`` leaves in each rank's list, and what ``scatter_object_list``
+    gives each rank (``objects[rank]``, sent by ``src``). A collective that raises is a wrong
+    answer, returned as its message (see :func:`objects_gathered`)."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+
+    def attempt(collect: Any) -> object:
+        try:
+            return collect()
+        except Exception as exc:
+            return f"raised {type(exc).__name__}: {exc}"
+
+    def broadcast() -> list[object]:
+        held: list[object] = list(objects) if rank == src else [None] * size
+        dist.broadcast_object_list(held, src=src)
+        return held
+
+    def scatter() -> object:
+        received: list[object] = [None]
+        dist.scatter_object_list(received, list(objects) if rank == src else None, src=src)
+        return received[0]
+
+    return attempt(broadcast), attempt(scatter)
+
+
 def gradients_inside_and_after_no_sync(method: DDP, scenario: Scenario) -> tuple[bool, bool]:
     """(whether ranks' gradients differ after a backward inside ``no_sync()``, whether they
     agree after the next backward outside it), from one all-gather each."""

@@ -84,6 +84,28 @@ def test_set_epoch_reshuffles_and_forgetting_it_does_not(world, prove):
     prove(st.tuples(st.integers(8, 40), st.integers(0, 2**16)), check)
 
 
+def test_the_seed_decides_the_order_on_every_rank_alike(world, prove):
+    # Each rank builds its own sampler with the seed: the same seed must give the same shards
+    # (the ranks' shards then partition one permutation), another seed another order.
+    def check(case):
+        length, seed = case
+        (first,) = _shards(world, length, seed=seed)
+        (again,) = _shards(world, length, seed=seed)
+        (other,) = _shards(world, length, seed=seed + 1)
+        assert first.per_rank == again.per_rank, "the same seed gave another order"
+        assert (
+            first.missing == 0
+            and first.duplicates == world.size * math.ceil(length / world.size) - length
+        ), f"the ranks' shards are not one permutation's: {first.per_rank}"
+        assert other.per_rank != first.per_rank, (
+            f"seeds {seed} and {seed + 1} gave the same order {first.per_rank}: the seed is "
+            "not used"
+        )
+
+    # At least 8 items: two seeds' permutations do not coincide by chance.
+    prove(st.tuples(st.integers(8, 40), st.integers(0, 2**16)), check)
+
+
 def _splits(world):
     return st.tuples(batch_splits(world_size=world.size, max_samples=6), st.integers(0, 2**16))
 

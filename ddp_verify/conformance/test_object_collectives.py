@@ -1,5 +1,7 @@
-"""``all_gather_object`` and ``gather_object`` with objects of different sizes on every rank:
-each rank (or the destination) must receive every rank's object, in rank order, intact."""
+"""Every object collective torch has, with objects of different sizes on every rank:
+``all_gather_object`` and ``gather_object`` must give each rank (or the destination) every
+rank's object, in rank order, intact; ``broadcast_object_list`` every rank the source's list;
+``scatter_object_list`` each rank the object the source meant for it."""
 
 from __future__ import annotations
 
@@ -39,4 +41,29 @@ def test_object_collectives_deliver_every_ranks_object(world, prove):
     prove(
         st.tuples(st.tuples(*[OBJECTS] * world.size), st.integers(0, world.size - 1)),
         check,
+    )
+
+
+def test_object_collectives_from_one_source_deliver_what_it_sent(world, prove):
+    pytest.importorskip("numpy", reason="torch's *_object collectives need numpy")
+
+    def check(case):
+        objects, src = case
+        results = world.run(jobs.objects_sent, objects, src)
+        for rank, (broadcast, scattered) in enumerate(results):
+            assert broadcast == list(objects), (
+                f"broadcast_object_list from rank {src}: rank {rank} holds {broadcast!r}, "
+                f"the source sent {list(objects)!r}"
+            )
+            assert scattered == objects[rank], (
+                f"scatter_object_list from rank {src}: rank {rank} received {scattered!r}, "
+                f"the source sent it {objects[rank]!r}"
+            )
+
+    # Objects of several sizes in one list: an offset that does not advance hands every rank
+    # the first one.
+    prove(
+        st.tuples(st.tuples(*[OBJECTS] * world.size), st.integers(0, world.size - 1)),
+        check,
+        examples=[(tuple(range(world.size)), 0), (("a", *["bb" * 40] * (world.size - 1)), 0)],
     )
