@@ -3,6 +3,7 @@
 # the benchmark on CUDA; a summary table at the end (and in $OUT/gpu_check.md when OUT is set).
 #
 #   bash benchmarks/gpu_check.sh            # on a machine with CUDA torch and >= 1 GPU
+#   GPU_CHECK_QUICK=1 bash benchmarks/gpu_check.sh   # the device tests alone (a few minutes)
 #
 # Each line runs under its own time limit; a line that fails is reported and the rest still
 # run. The exit code is the number of lines that failed (0: all passed).
@@ -48,10 +49,20 @@ step() {  # step NAME COMMAND...
 
 check=(ddp-verify check fixtures/grad_sync.py:sample_weighted --kind grad-sync)
 
+# The device tests: what listens (NCCL's sockets on loopback), parity on a script that trains
+# on GPUs, the failure contract (each skips without GPUs elsewhere).
+step "tests: nccl world listens on loopback" python3 -m pytest tests/world/test_listening.py -n 0 "${q[@]}" -k nccl
+step "tests: parity on GPUs" python3 -m pytest tests/parity/test_parity.py -n 0 "${q[@]}" -k gpus
+step "tests/world/test_cuda.py" python3 -m pytest tests/world/test_cuda.py -n 0 "${q[@]}"
+step "check, nccl, 1 rank" "${check[@]}" --backend nccl --world-size 1
+if [ -n "${GPU_CHECK_QUICK:-}" ]; then
+  rows+=("| (GPU_CHECK_QUICK: the examples, conformance and benchmark lines not run) | | | |")
+fi
+
 # One GPU is enough: nccl with one rank, and gloo with four ranks sharing the GPU.
+if [ -z "${GPU_CHECK_QUICK:-}" ]; then
 step "examples, nccl, 1 rank" python3 -m pytest examples "${q[@]}" --ddp-backend nccl --world-size 1
 step "examples, gloo on cuda, 4 ranks" python3 -m pytest examples "${q[@]}" --ddp-device cuda --world-size 4
-step "check, nccl, 1 rank" "${check[@]}" --backend nccl --world-size 1
 step "check, gloo on cuda, 4 ranks" "${check[@]}" --device cuda --world-size 4
 step "check, bfloat16 on cuda" "${check[@]}" --device cuda --world-size 4 --dtype bfloat16
 step "conformance, nccl, 1 rank" python3 -m pytest --pyargs ddp_verify.conformance "${q[@]}" --ddp-backend nccl --world-size 1
@@ -60,11 +71,10 @@ if [ "$gpus" -gt 1 ]; then
   step "examples, nccl, $gpus ranks" python3 -m pytest examples "${q[@]}" --ddp-backend nccl --world-size "$gpus"
   step "conformance, nccl, $gpus ranks" python3 -m pytest --pyargs ddp_verify.conformance "${q[@]}" --ddp-backend nccl --world-size "$gpus"
 fi
-# The failure contract and the device tests (they skip without GPUs elsewhere).
-step "tests/world/test_cuda.py" python3 -m pytest tests/world/test_cuda.py -n 0 "${q[@]}"
 # The benchmark: CPU tensors (the 16-core figures), then CUDA tensors.
 step "bench, cpu, ws 2,4,8,16" python3 benchmarks/bench.py --sizes 2,4,8,16 --out "$out_dir/bench_cpu.json"
 step "bench, cuda, ws 1,4" python3 benchmarks/bench.py --device cuda --sizes 1,4 --out "$out_dir/bench_cuda.json"
+fi
 
 {
   echo "GPU check, $about"

@@ -219,9 +219,11 @@ class MeasuredTolerance(Tolerance):
                 if exact is None or rounded is None or not exact.numel():
                     continue
                 key = (quantity, step)
-                deviation = float((rounded.double() - exact.double()).abs().max())
+                # The runs trained on the ranks' device (cuda on GPUs), the truth on the CPU.
+                exact64 = exact.to("cpu", torch.float64)
+                deviation = float((rounded.to("cpu", torch.float64) - exact64).abs().max())
                 deviations[key] = max(deviations.get(key, 0.0), deviation)
-                scales[key] = max(scales.get(key, 0.0), float(exact.double().abs().max()))
+                scales[key] = max(scales.get(key, 0.0), float(exact64.abs().max()))
         unit = UNIT_ROUNDOFF[dtype]
         if tf32 and dtype == "float32" and torch.device(device or "cpu").type == "cuda":
             unit = TF32_UNIT_ROUNDOFF
@@ -329,8 +331,9 @@ def relative_deviation(exact: Trace, got: Trace) -> float:
         for _, _, _, a, b in _pairs(exact, Trace(got.method, [rank])):
             if a is None or b is None or not a.numel():
                 continue
-            scale = float(a.double().abs().max())
-            difference = float((b.double() - a.double()).abs().max())
+            a64, b64 = a.to("cpu", torch.float64), b.to("cpu", torch.float64)
+            scale = float(a64.abs().max())
+            difference = float((b64 - a64).abs().max())
             worst = max(worst, difference / scale if scale else difference)
     return worst
 

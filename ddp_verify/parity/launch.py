@@ -157,10 +157,11 @@ def launch(
         env[ENV_PERTURB] = str(perturb)
     if launcher == DEFAULT_LAUNCHER:
         # One machine: the stores torchrun's agents and the ranks serve on loopback only
-        # (see .loopback), gloo's connections too, as the forked worlds' are.
+        # (see .loopback), gloo's and NCCL's connections too, as the forked worlds' are.
         env[ENV_LOOPBACK] = "1"
         if sys.platform.startswith("linux"):
             env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+            env.setdefault("NCCL_SOCKET_IFNAME", "lo")
     started = time.monotonic()
     with open(directory / "output.log", "wb") as output:
         procs: list[subprocess.Popen[bytes]] = []

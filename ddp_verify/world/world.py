@@ -427,7 +427,11 @@ class World(RunsJobs):
         threads = str(self.threads_per_rank)
         env.update(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads, PYTHONUNBUFFERED="1")
         if sys.platform.startswith("linux"):
+            # One machine: gloo's and NCCL's listeners (NCCL's bootstrap and proxy sockets)
+            # on loopback, unless the user chose an interface. NCCL's peers on one node talk
+            # through shared memory or NVLink, never this socket.
             env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+            env.setdefault("NCCL_SOCKET_IFNAME", "lo")
         if self.debug:
             env["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
         env.update(self._extra_env)

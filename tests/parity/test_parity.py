@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from ddp_verify.parity.launch import launch
 from ddp_verify.parity.layouts import Layout
@@ -291,3 +292,29 @@ def test_the_bound_follows_the_scripts_precision(tmp_path, precision, variant, e
         assert cause.key == "micro:weights", result.report
         weights = [float(w) for w in cause.text.split("must count ")[1].split(" (")[0].split(", ")]
         assert weights == pytest.approx([1 / 1.01, 1], rel=1e-3), cause.text
+
+
+GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+@pytest.mark.skipif(GPUS < 1, reason=f"needs a visible GPU; {GPUS} visible here")
+@pytest.mark.parametrize(
+    ("variant", "equivalent"), [("correct", True), ("zero-grad-inside", False)]
+)
+def test_a_script_that_trains_on_gpus(tmp_path, variant, equivalent):
+    # The recorder reads CUDA tensors (gradients, parameters, inputs, losses). One rank on
+    # one GPU reduces through nccl; at 2x2 on one GPU the ranks share it through gloo.
+    command = [*COMMAND, "--device", "cuda", "--variant", variant]
+    layouts = [Layout(1, 2), Layout(2, 2)]
+    result = run_parity(command, layouts=layouts, steps=STEPS, global_batch=12, keep=tmp_path)
+    assert result.exit_code == (0 if equivalent else 1), result.report
+    if equivalent:
+        for row in result.layouts:
+            assert row["gradient_difference"] < 1e-12, row
+    else:
+        assert result.verdict.causes[0].key == "micro:cleared", result.report
+    # Each layout trained where the script put it, with the backend it chose.
+    assert "rank 0 on cuda:0 via nccl" in (tmp_path / "1x2" / "output.log").read_text()
+    shared = "nccl" if GPUS >= 2 else "gloo"
+    output = (tmp_path / "2x2" / "output.log").read_text()
+    assert f"rank 1 on cuda:{1 % GPUS} via {shared}" in output
