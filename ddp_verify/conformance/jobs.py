@@ -151,3 +151,78 @@ def batched_powersgd_full_rank_state(module: torch.nn.Module, **options: object)
     models): a full-rank approximation, hence exact. A larger rank fails an assertion."""
     trainable = sum(p.numel() for p in module.parameters() if p.requires_grad)
     return powersgd_state(math.ceil(math.sqrt(trainable)), module, **options)
+
+
+class RecordedPowerSGD:
+    """A ``PowerSGDState`` (torch's defaults but ``matrix_approximation_rank`` and
+    ``start_powerSGD_iter``) and, per call of the hook, what it was given and what it did.
+    ``PowerSGDState`` has ``__slots__``: the records live beside it, not on it."""
+
+    def __init__(self, rank: int, start: int) -> None:
+        from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState
+
+        self.state = PowerSGDState(
+            process_group=None, matrix_approximation_rank=rank, start_powerSGD_iter=start
+        )
+        self.records: list[dict[str, Any]] = []
+
+
+# The states built on this rank, newest last: the wrapper registers the hook with the state
+# and keeps it to itself.
+_RECORDED: list[RecordedPowerSGD] = []
+
+
+def recorded_powersgd_state(rank: int, start: int, module: torch.nn.Module) -> RecordedPowerSGD:
+    """The hook state :func:`recording_powersgd_hook` takes, built on each rank."""
+    _RECORDED.append(RecordedPowerSGD(rank, start))
+    return _RECORDED[-1]
+
+
+# No annotations: DDP refuses a hook whose bucket is annotated as anything but dist.GradBucket,
+# and under ``from __future__ import annotations`` an annotation is a string.
+def recording_powersgd_hook(recorded, bucket):  # type: ignore[no-untyped-def]
+    """torch's ``powerSGD_hook`` (looked up on its module at every call), recording what it
+    was given (the bucket's local gradients and the residual it carried in), what it returned
+    (the gradient DDP applies) and the residual it kept."""
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as module
+
+    state, index = recorded.state, bucket.index()
+    carried = state.error_dict.get(index)
+    record: dict[str, Any] = {
+        "iteration": state.iter,
+        "bucket": index,
+        "local": bucket.buffer().detach().to("cpu", torch.float64, copy=True),
+        "carried": None if carried is None else carried.to("cpu", torch.float64, copy=True),
+        "shapes": [tuple(g.shape) for g in bucket.gradients()],
+    }
+
+    def keep(fut: Any) -> Any:
+        value = fut.value()
+        applied = value[0] if isinstance(value, list) else value
+        kept = state.error_dict.get(index)
+        record["applied"] = applied.detach().to("cpu", torch.float64, copy=True)
+        record["kept"] = None if kept is None else kept.to("cpu", torch.float64, copy=True)
+        recorded.records.append(record)
+        return applied
+
+    return module.powerSGD_hook(state, bucket).then(keep)
+
+
+def powersgd_records(method: DDP, scenario: Scenario, iterations: int) -> list[dict[str, Any]]:
+    """``iterations`` optimizer steps through the wrapped model (the scenario's steps over
+    again, each rank's micro-batches in one backward); the hook's records on this rank."""
+    _RECORDED.clear()
+    run = RankRun(scenario)
+    wrapped = method.wrap(run.model, scenario)
+    (recorded,) = _RECORDED
+    optimizer = run.optimizer(wrapped.parameters())
+    for iteration in range(iterations):
+        inputs, targets = (
+            torch.cat(part)
+            for part in zip(*run.micro_batches(iteration % scenario.steps), strict=True)
+        )
+        optimizer.zero_grad()
+        run.loss_fn(wrapped(inputs), targets).backward()
+        optimizer.step()
+    _RECORDED.clear()
+    return recorded.records

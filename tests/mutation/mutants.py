@@ -101,28 +101,35 @@ def _fp16_divides_after_the_all_reduce(original: Callable[..., Any]) -> Callable
     return hook
 
 
-def _slices(bucket: Any, matrices: bool) -> Iterator[tuple[int, int]]:
-    """(offset, length) in the bucket's buffer of each gradient PowerSGD compresses
-    (``matrices``) or leaves uncompressed (1-D tensors)."""
-    offset = 0
-    for grad in bucket.gradients():
-        if (grad.dim() > 1) == matrices:
-            yield offset, grad.numel()
-        offset += grad.numel()
+class PatchDoesNotApply(Exception):
+    """The line a source patch changes is not in this torch's function, exactly once."""
 
 
-def _powersgd_scales(matrices: bool) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def _source_patch(old: str, new: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """The regression as torch's own code: the original function's source with the one line
+    ``old`` replaced by ``new``, compiled into the module the original was defined in (its
+    globals, its file name for tracebacks). What runs is torch's code path, nothing imitating
+    it from outside. Plain functions only (no closures, no zero-argument ``super()``)."""
+
     def make(original: Callable[..., Any]) -> Callable[..., Any]:
-        def hook(state: Any, bucket: Any) -> Any:
-            def rescale(f: Any) -> Any:
-                result = _result_tensor(f)
-                for offset, length in _slices(bucket, matrices):
-                    result[offset : offset + length].mul_(_world_size())
-                return result
+        import inspect
+        import textwrap
 
-            return original(state, bucket).then(rescale)
-
-        return hook
+        code = original.__code__  # type: ignore[attr-defined]
+        if code.co_freevars:
+            raise PatchDoesNotApply(f"{original.__qualname__} is a closure: patch its maker")
+        source = textwrap.dedent(inspect.getsource(original))
+        if source.count(old) != 1:
+            raise PatchDoesNotApply(
+                f"{old.strip()!r} is in {original.__qualname__} {source.count(old)} times, "
+                "not once: this torch's source differs from the one the mutant was written for"
+            )
+        namespace: dict[str, Any] = {}
+        compiled = compile(source.replace(old, new), inspect.getsourcefile(original) or "", "exec")
+        exec(compiled, original.__globals__, namespace)  # type: ignore[attr-defined]
+        patched = namespace[original.__name__]
+        patched.__qualname__ = original.__qualname__
+        return patched
 
     return make
 
@@ -333,6 +340,7 @@ _OPTIONS = "test_ddp_option_keeps_training_equivalent[defaults]"
 _FP16 = "test_compression_hook_is_within_its_formats_precision[fp16_compress_hook]"
 _FP16_LARGE = "test_compression_hook_averages_large_gradients[fp16_compress_hook]"
 _POWERSGD = "test_powersgd_at_full_rank_is_exact_on_matrices_wider_than_two"
+_POWERSGD_DEFAULTS = "test_powersgd_with_its_defaults_keeps_what_it_does_not_apply"
 _BUFFERS = "test_broadcast_buffers_means_every_rank_uses_rank_0s_buffers[broadcast]"
 _NO_SYNC = "test_no_sync_leaves_gradients_local_until_the_syncing_backward"
 _JOIN = "test_join_with_uneven_batch_counts_follows_the_documented_semantics"
@@ -375,17 +383,37 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "powersgd_sums_uncompressed",
         "PowerSGD",
-        "powerSGD_hook sums, not averages, the 1-D tensors it leaves uncompressed",
+        "powerSGD_hook no longer divides the all-reduced tensors it leaves uncompressed by the "
+        "world size (its source, one line changed)",
         f"{_HOOKS}.powerSGD_hook:powerSGD_hook",
-        _powersgd_scales(matrices=False),
-        _POWERSGD,
+        _source_patch(
+            "uncompressed_tensors_memory = fut.value()[0].div_(world_size)",
+            "uncompressed_tensors_memory = fut.value()[0]",
+        ),
+        _POWERSGD_DEFAULTS,
+    ),
+    Mutant(
+        "powersgd_drops_error_feedback",
+        "PowerSGD",
+        "powerSGD_hook with error feedback no longer adds the residual it kept to the next "
+        "gradient (its source, one line changed)",
+        f"{_HOOKS}.powerSGD_hook:powerSGD_hook",
+        _source_patch(
+            "input_tensor.add_(state.error_dict[bucket_index])",
+            "input_tensor.add_(0 * state.error_dict[bucket_index])",
+        ),
+        _POWERSGD_DEFAULTS,
     ),
     Mutant(
         "powersgd_sums_compressed",
         "PowerSGD",
-        "powerSGD_hook sums, not averages, the matrices it compresses",
+        "powerSGD_hook no longer divides the all-reduced Qs of the matrices it compresses by "
+        "the world size (its source, one line changed)",
         f"{_HOOKS}.powerSGD_hook:powerSGD_hook",
-        _powersgd_scales(matrices=True),
+        _source_patch(
+            "state.q_memory_dict[bucket_index] = fut.value().div_(world_size)",
+            "state.q_memory_dict[bucket_index] = fut.value()",
+        ),
         _POWERSGD,
     ),
     Mutant(
