@@ -93,7 +93,7 @@ def _timed_out(error: BaseException) -> bool:
     from ddp_verify.world.errors import FailureKind
 
     kinds = {f.kind for f in getattr(error, "failures", ()) or ()}
-    return FailureKind.TIMED_OUT in kinds
+    return bool(kinds & {FailureKind.TIMED_OUT, FailureKind.DEADLOCKED})
 
 
 @pytest.fixture
@@ -108,7 +108,8 @@ def prove(
     issue the test is marked with is not shrunk: one counterexample shows it, and every shrink
     of a failure that leaves a rank's collectives behind costs a regrouped world (under a
     launcher, the job itself if a rank aborts). A hang is not shrunk or retried either: the
-    first job that outlives ``--ddp-timeout`` fails the test with where each rank waited."""
+    first job that outlives ``--ddp-timeout``, or whose ranks are seen deadlocked in
+    collectives, fails the test with where each rank waited."""
     import torch
 
     from ddp_verify.conformance.known import issues_of

@@ -55,6 +55,8 @@ class FailureKind(str, enum.Enum):
     DIED = "died"
     TIMED_OUT = "timed out"
     STUCK = "stuck"
+    # Waiting in a collective that cannot complete (told apart without the time-out).
+    DEADLOCKED = "deadlocked"
     UNPICKLABLE_RESULT = "unpicklable result"
 
 
@@ -117,6 +119,8 @@ def categorize(failure: RankFailure) -> Category:
     exception type, then by torch's and gloo's words."""
     if failure.kind in (FailureKind.TIMED_OUT, FailureKind.STUCK):
         return Category.HUNG
+    if failure.kind is FailureKind.DEADLOCKED:
+        return Category.COLLECTIVE_MISMATCH
     if failure.kind is FailureKind.UNPICKLABLE_RESULT:
         return Category.UNPICKLABLE_RESULT
     if failure.exception is not None:

@@ -90,6 +90,43 @@ def hung(
     return failures
 
 
+def deadlocked(
+    ranks: Sequence[RankProcess],
+    dumps: dict[int, str],
+    idle_s: float,
+    finished: Sequence[int],
+    marks: Sequence[tuple[int, int]],
+) -> list[RankFailure]:
+    """Ranks that wait in collectives that can never complete (see :mod:`.deadlock`), with the
+    stack each waits in."""
+    others = (
+        f"rank(s) {', '.join(map(str, finished))} had finished the job"
+        if finished
+        else "every rank waited so"
+    )
+    failures = []
+    for r in ranks:
+        stdout, stderr = r.output_since(marks[r.rank])
+        dump = dumps.get(r.rank, "")
+        failures.append(
+            RankFailure(
+                rank=r.rank,
+                kind=FailureKind.DEADLOCKED,
+                summary=(
+                    f"waited in a collective, using no CPU for {idle_s:g} s, that can never "
+                    f"complete ({others}): the ranks called different collectives, or "
+                    "different numbers of them; killed"
+                ),
+                details=_where_it_waits(frames.format_dump(dump)),
+                full_details=_where_it_waits(frames.format_dump(dump, full=True)),
+                stdout=stdout,
+                stderr=stderr,
+                order=float("inf"),
+            )
+        )
+    return failures
+
+
 def unloadable_result(rank: int, exc: Exception, at: float) -> RankFailure:
     """The rank's result arrived but the controller could not unpickle it."""
     return RankFailure(

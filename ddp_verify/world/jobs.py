@@ -12,11 +12,14 @@ from typing import Any
 
 from . import failures as fail
 from . import protocol
+from .deadlock import DeadlockWatch, all_in_collectives
 from .errors import RankFailure
-from .processes import RankProcess
+from .processes import RankProcess, collect_stack_dumps
 
 # After one rank fails, how long the others get to report before they count as stuck.
 FAILURE_GRACE_S = 1.0
+# How often the unfinished ranks' CPU time is read, where a deadlock is watched for.
+WATCH_POLL_S = 0.5
 
 
 @dataclasses.dataclass
@@ -47,12 +50,16 @@ class PendingJob:
         marks: list[tuple[int, int]],
         failures: list[RankFailure],
         finish: Callable[[PendingJob, Collected], list[Any]],
+        *,
+        watch_deadlock: bool = False,
     ) -> None:
         self.ranks, self.name = list(ranks), name
         self.sent_at, self.timeout = sent_at, timeout
         self.marks = marks
         self.failures = failures
         self._finish = finish
+        # Ranks on CPUs: a collective mismatch is told by its shape (see .deadlock).
+        self.watch_deadlock = watch_deadlock
         self._results: list[Any] | None = None
 
     def result(self) -> list[Any]:
@@ -65,7 +72,8 @@ class PendingJob:
 
 def collect(job: PendingJob) -> Collected:
     """Wait for every rank's outcome until the job's deadline, or until the others have had
-    ``FAILURE_GRACE_S`` to report after the first failure."""
+    ``FAILURE_GRACE_S`` to report after the first failure, or until the ranks still running
+    are seen deadlocked in collectives (where ``job.watch_deadlock``)."""
     failures = list(job.failures)
     failed = {f.rank for f in failures}
     results: list[Any] = [None] * len(job.ranks)
@@ -73,11 +81,14 @@ def collect(job: PendingJob) -> Collected:
     deadline = job.sent_at + job.timeout
     grace_deadline = time.monotonic() + FAILURE_GRACE_S if failures else None
     regroup = False
+    watch = DeadlockWatch(enabled=job.watch_deadlock)
     while pending:
         until = deadline if grace_deadline is None else min(deadline, grace_deadline)
         remaining = until - time.monotonic()
         if remaining <= 0:
             break
+        if watch.enabled and not failures:
+            remaining = min(remaining, WATCH_POLL_S)
         for conn in ready(pending, remaining):
             r = pending.pop(conn)
             now = time.monotonic()
@@ -96,6 +107,15 @@ def collect(job: PendingJob) -> Collected:
                     failures.append(fail.raised(r, outcome, now, job.marks[r.rank]))
             if failures and grace_deadline is None:
                 grace_deadline = time.monotonic() + FAILURE_GRACE_S
+        waiting = list(pending.values())
+        if waiting and not failures and watch.idle(waiting):
+            dumps = collect_stack_dumps(waiting)
+            if all_in_collectives(dumps, waiting):
+                finished = [r for r in range(len(job.ranks)) if r not in {w.rank for w in waiting}]
+                failures += fail.deadlocked(waiting, dumps, watch.idle_s, finished, job.marks)
+                pending.clear()
+                break
+            watch.not_a_deadlock()
     return Collected(results, failures, list(pending.values()), regroup)
 
 

@@ -297,6 +297,7 @@ class World(RunsJobs):
             marks,
             unreachable,
             self._finish,
+            watch_deadlock=self.device == "cpu",
         )
         return self._pending
 

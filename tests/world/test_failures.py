@@ -99,6 +99,71 @@ def test_a_hang_times_out_with_every_ranks_stack_then_relaunches(world2):
     _assert_relaunched_and_usable(world2, old)
 
 
+def one_all_reduce_more_on_rank_0():
+    for _ in range(2 if dist.get_rank() == 0 else 1):
+        dist.all_reduce(torch.ones(3))
+
+
+def ddp_steps_apart():
+    # As a no_sync() that does not hold: rank 0 all-reduces in a backward rank 1 keeps local.
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(3, 1))
+    steps = 3 if dist.get_rank() == 0 else 2
+    for _ in range(steps):
+        model(torch.ones(2, 3)).sum().backward()
+    dist.all_reduce(torch.ones(4))  # the size of DDP's bucket: gloo sees nothing wrong
+
+
+def receive_from_each_other():
+    dist.recv(torch.ones(1), src=1 - dist.get_rank())
+
+
+@pytest.mark.parametrize(
+    ("job", "finished"),
+    [
+        (one_all_reduce_more_on_rank_0, [1]),
+        (ddp_steps_apart, [1]),
+        (receive_from_each_other, []),
+    ],
+    ids=["all-reduce", "ddp", "both-waiting"],
+)
+def test_a_collective_mismatch_is_reported_without_waiting_for_the_timeout(world2, job, finished):
+    old = world2.pids
+    error = _fail(world2, job)
+    _assert_reported_without_waiting_for_the_timeout(error)
+    waiting = [f for f in error.failures if f.kind is FailureKind.DEADLOCKED]
+    assert [f.rank for f in waiting] == [r for r in (0, 1) if r not in finished], str(error)
+    assert {f.category for f in waiting} == {Category.COLLECTIVE_MISMATCH}
+    assert "called different collectives, or different numbers of them" in str(error)
+    if finished:
+        assert "rank(s) 1 had finished the job" in str(error)
+    assert job.__name__ in waiting[0].details  # where it waits
+    _assert_relaunched_and_usable(world2, old)
+
+
+def compute_then_all_reduce(seconds: float):
+    # Rank 1 computes (or sleeps) while rank 0 waits for it in the all-reduce: slow, not stuck.
+    if dist.get_rank() == 1:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            torch.ones(64, 64) @ torch.ones(64, 64)
+    dist.all_reduce(torch.ones(1))
+    return dist.get_rank()
+
+
+def sleep_then_all_reduce(seconds: float):
+    if dist.get_rank() == 1:
+        time.sleep(seconds)
+    dist.all_reduce(torch.ones(1))
+    return dist.get_rank()
+
+
+@pytest.mark.parametrize("job", [compute_then_all_reduce, sleep_then_all_reduce])
+def test_a_rank_that_takes_its_time_is_waited_for(world2, job):
+    from ddp_verify.world.deadlock import IDLE_S
+
+    assert world2.run(job, 2 * IDLE_S + 1) == [0, 1]
+
+
 def segfault():
     if dist.get_rank() == 1:
         os.kill(os.getpid(), signal.SIGSEGV)
