@@ -205,3 +205,13 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         terminalreporter.section("ddp_verify conformance findings")
         for line in found:
             terminalreporter.write_line(line)
+
+
+@pytest.fixture
+def peers(world: Any) -> None:
+    """Skips a property about what differs between ranks on a world of one rank, saying so."""
+    if world.size < 2:
+        pytest.skip(
+            "a property of what differs between ranks: needs a world of 2 or more "
+            "(--world-size); a world of 1 has nothing to differ"
+        )

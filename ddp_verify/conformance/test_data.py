@@ -130,7 +130,7 @@ def test_metric_sums_and_counts_aggregate_to_the_full_dataset_metric(world, prov
     prove(_splits(world), check)
 
 
-def test_mean_of_rank_means_is_the_metric_on_even_shards_only(world, prove, finding):
+def test_mean_of_rank_means_is_the_metric_on_even_shards_only(world, peers, prove, finding):
     _needs_numpy()
 
     def mean_of_means_error(case) -> float:

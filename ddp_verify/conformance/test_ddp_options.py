@@ -228,7 +228,9 @@ def test_broadcast_buffers_means_every_rank_uses_rank_0s_buffers(
     prove(scenarios(world_size=world.size, models=models(required_features=("buffer",))), check)
 
 
-def test_no_sync_leaves_gradients_local_until_the_syncing_backward(world, data_parallel, prove):
+def test_no_sync_leaves_gradients_local_until_the_syncing_backward(
+    world, peers, data_parallel, prove
+):
     # The negative check: inside no_sync() each rank's gradient is its own (they differ between
     # ranks); the backward outside it makes them the global average (identical on every rank).
     method = data_parallel(needs=("no_sync",))

@@ -161,7 +161,8 @@ def allowance_used(reference: Trace, got: Trace, tolerance: Tolerance) -> float:
                     if exp is None or value is None:
                         continue
                     allowed = tolerance.allowed(quantity, step, name, exp)
-                    ratio = (value.double() - exp.double()).abs() / allowed
+                    value64, exp64 = value.to("cpu", torch.float64), exp.to("cpu", torch.float64)
+                    ratio = (value64 - exp64).abs() / allowed.cpu()
                     used = max(used, float(ratio.max()))
     return used
 
@@ -169,8 +170,9 @@ def allowance_used(reference: Trace, got: Trace, tolerance: Tolerance) -> float:
 def outside(value: torch.Tensor, expected: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
     """Where ``value`` is further from ``expected`` than ``allowed``; NaN counts as outside
     unless both are NaN (a NaN must never pass for a number)."""
-    v, e = value.double(), expected.double()
-    inside = ((v - e).abs() <= allowed) | (v == e) | (v.isnan() & e.isnan())
+    # On the CPU: a rank's trace may hold CUDA tensors, the truth never does.
+    v, e = value.to("cpu", torch.float64), expected.to("cpu", torch.float64)
+    inside = ((v - e).abs() <= allowed.cpu()) | (v == e) | (v.isnan() & e.isnan())
     return ~inside
 
 
