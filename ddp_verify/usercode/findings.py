@@ -293,6 +293,8 @@ LOW_RANK = _finding(
 POWERSGD_UNUSED_SIGNATURE = (
     r"gloo::EnforceNotMet|op\.preamble\.length <= op\.nbytes"
     r"|(?s:did not finish within.*powerSGD_hook\.py)"
+    # The same wait, told as a collective mismatch before the time-out (world/deadlock.py).
+    r"|(?s:waited in a collective.*powerSGD_hook\.py)"
 )
 TORCH_POWERSGD_UNUSED = _finding(
     "torch:powersgd-unused",

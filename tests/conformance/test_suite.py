@@ -146,6 +146,7 @@ def test_ddp_verify_conformance_runs_the_suite_and_exits_as_pytest_does(tmp_path
     assert conformance("-k", "no_such_conformance_test").returncode == 5
 
 
+@pytest.mark.slow
 def test_the_whole_suite_under_torchrun_at_world_size_4(tmp_path):
     """The gate as a cluster job runs it: ``torchrun --nproc-per-node 4 ddp-verify conformance``
     (SPMD mode: the launched job is the world), every property, one scenario each (the

@@ -52,6 +52,7 @@ def reports(text: str) -> list[str]:
     return re.findall(r"^=*\s*(\d+ (?:passed|failed|error).*? in [\d.]+s.*)$", text, re.M)
 
 
+@pytest.mark.slow
 def test_examples_run_once_on_a_world_of_the_launched_size(tmp_path: Path) -> None:
     job = torchrun([*PYTEST, str(ROOT / "examples" / "test_seed_patterns.py")], cwd=tmp_path)
     assert job.returncode == 0, job.output
@@ -91,7 +92,10 @@ def test_two_node_agents_form_one_world_and_rank_0_reports(tmp_path: Path) -> No
 
 @pytest.mark.parametrize(
     ("function", "verdict"),
-    [("summed_not_divided", "not-equivalent"), ("sample_weighted", "equivalent")],
+    [
+        ("summed_not_divided", "not-equivalent"),
+        pytest.param("sample_weighted", "equivalent", marks=pytest.mark.slow),
+    ],
 )
 def test_check_under_torchrun_gives_the_fork_modes_verdict(
     tmp_path: Path, function: str, verdict: str
@@ -292,6 +296,7 @@ def test_a_dead_rank_ends_the_job_and_rank_0_says_what_was_running(tmp_path: Pat
     assert ranks_left(tmp_path / "pids") == []
 
 
+@pytest.mark.slow
 def test_a_dead_rank_without_a_launcher_to_end_the_job_is_named(tmp_path: Path) -> None:
     write(
         tmp_path,
@@ -311,6 +316,7 @@ def test_a_dead_rank_without_a_launcher_to_end_the_job_is_named(tmp_path: Path) 
     assert ranks_left(tmp_path / "pids") == []
 
 
+@pytest.mark.slow
 def test_tests_collected_differently_on_some_rank_are_a_usage_error(tmp_path: Path) -> None:
     write(
         tmp_path,
@@ -331,6 +337,7 @@ def test_tests_collected_differently_on_some_rank_are_a_usage_error(tmp_path: Pa
     )
 
 
+@pytest.mark.slow
 def test_a_world_size_that_differs_from_the_launched_one_is_a_usage_error(
     tmp_path: Path,
 ) -> None:
@@ -351,6 +358,7 @@ def test_spmd_without_a_launcher_is_a_usage_error(pytester: pytest.Pytester) -> 
     result.stderr.fnmatch_lines(["*SPMD mode (launch mode spmd) needs a launcher's environment*"])
 
 
+@pytest.mark.slow
 def test_a_group_the_users_conftest_formed_is_used_and_junit_is_rank_0s(tmp_path: Path) -> None:
     write(
         tmp_path,

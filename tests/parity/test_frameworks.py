@@ -52,6 +52,7 @@ def test_a_compute_loss_that_averages_per_micro_batch_is_caught(tmp_path):
     assert any("rank 1 micro-batch 2: " in c.text for c in result.verdict.causes), result.report
 
 
+@pytest.mark.slow
 def test_tokens_counted_per_device_are_caught_as_ranks_weighted_alike(tmp_path):
     # average_tokens_across_devices=False: each rank divides by its own tokens, right across
     # its micro-batches; DDP's average then counts the ranks alike.
@@ -69,7 +70,10 @@ def test_tokens_counted_per_device_are_caught_as_ranks_weighted_alike(tmp_path):
     assert "rank 0: " in first.evidence and "rank 1: " in first.evidence
 
 
-@pytest.mark.parametrize(("variant", "equivalent"), [("correct", True), ("plain-backward", False)])
+@pytest.mark.parametrize(
+    ("variant", "equivalent"),
+    [("correct", True), pytest.param("plain-backward", False, marks=pytest.mark.slow)],
+)
 def test_an_accelerate_loop_with_accumulate(tmp_path, variant, equivalent):
     command = ["python", str(SCRIPTS / "accelerate_loop.py"), "--grad-accum", "{grad_accum}",
                "--batch-size", "{micro_batch}", "--variant", variant]  # fmt: skip
@@ -84,7 +88,10 @@ def test_an_accelerate_loop_with_accumulate(tmp_path, variant, equivalent):
 
 @pytest.mark.parametrize(
     ("variant", "layout", "pattern"),
-    [("correct", Layout(2, 2), None), ("no-sampler", Layout(2, 1), "data:same-samples")],
+    [
+        ("correct", Layout(2, 2), None),
+        pytest.param("no-sampler", Layout(2, 1), "data:same-samples", marks=pytest.mark.slow),
+    ],
 )
 def test_a_lightning_fabric_loop(tmp_path, variant, layout, pattern):
     pytest.importorskip("lightning", reason="the frameworks extra: pip install -e '.[frameworks]'")

@@ -31,6 +31,18 @@ CONFORMANCE = [sys.executable, "-m", "ddp_verify", "conformance", "--world-size"
 SIGNALS = pytest.mark.parametrize(
     "signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP], ids=["SIGTERM", "SIGINT", "SIGHUP"]
 )
+# One handler serves every front end (world/cleanup.py): CI sends all three signals to a
+# pytest session and SIGTERM to the rest; tox -e slow sends every signal to every one.
+SLOW = pytest.mark.slow
+SLOW_SIGNALS = pytest.mark.parametrize(
+    "signum",
+    [
+        signal.SIGTERM,
+        pytest.param(signal.SIGINT, marks=SLOW),
+        pytest.param(signal.SIGHUP, marks=SLOW),
+    ],
+    ids=["SIGTERM", "SIGINT", "SIGHUP"],
+)
 
 
 def _started(command: list[str], tmp_path) -> tuple[subprocess.Popen, set[int], dict]:
@@ -79,7 +91,11 @@ def _running(pid: int) -> bool:
 
 @pytest.mark.parametrize(
     ("signum", "code"),
-    [(signal.SIGTERM, 143), (signal.SIGINT, 130), (signal.SIGHUP, 143)],
+    [
+        (signal.SIGTERM, 143),
+        pytest.param(signal.SIGINT, 130, marks=SLOW),
+        pytest.param(signal.SIGHUP, 143, marks=SLOW),
+    ],
     ids=["SIGTERM", "SIGINT", "SIGHUP"],
 )
 def test_a_signal_to_the_command_leaves_no_file_and_no_process(signum, code, tmp_path):
@@ -165,7 +181,7 @@ def test_a_signal_inside_a_garbage_collector_callback_is_not_lost(name, raised):
 PARITY_SCRIPT = Path(__file__).resolve().parents[2] / "fixtures" / "scripts" / "plain_ddp.py"
 
 
-@SIGNALS
+@SLOW_SIGNALS
 def test_a_signal_to_a_parity_run_leaves_no_file_and_no_process(signum, tmp_path):
     temp = tmp_path / "tmp"
     temp.mkdir()
