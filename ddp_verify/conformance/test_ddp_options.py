@@ -32,7 +32,12 @@ OPTIONS = {
 def test_ddp_option_keeps_training_equivalent(world, data_parallel, prove, options):
     method = data_parallel(**options)
     prove(
-        scenarios(world_size=world.size, max_micro_batches=3, dtypes=("float64", "float32")),
+        scenarios(
+            world_size=world.size,
+            max_micro_batches=3,
+            dtypes=("float64", "float32"),
+            optimizers=optimizers(schedules=True),  # a scheduler between steps, as in training
+        ),
         lambda scenario: world.assert_equivalent(method, scenario),
     )
 

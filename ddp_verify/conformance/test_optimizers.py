@@ -11,7 +11,7 @@ import pytest
 import torch
 from hypothesis import strategies as st
 
-from ddp_verify.engine.models import optimizer_settings
+from ddp_verify.engine.models import optimizer_settings, scheduling
 from ddp_verify.engine.optimizers import ReferenceOptimizer, clip_total_norm
 from ddp_verify.engine.scenario import OptimizerSpec
 from ddp_verify.engine.strategies import optimizers
@@ -57,12 +57,14 @@ def _torch_optimizer(
 ) -> torch.optim.Optimizer:
     cls, kwargs = optimizer_settings(spec)
     try:
-        return cls(params, **kwargs, **IMPLEMENTATIONS[implementation])
+        optimizer = cls(params, **kwargs, **IMPLEMENTATIONS[implementation])
     except (RuntimeError, ValueError, TypeError) as exc:  # no such path in this torch
         pytest.skip(f"{cls.__name__} has no {implementation} implementation here: {exc}")
+    # A learning rate edited in param_groups between steps (a scheduler) must be followed.
+    return scheduling(spec, optimizer)
 
 
-CASES = st.tuples(optimizers(clip=False), st.integers(0, 2**16), st.integers(1, 4))
+CASES = st.tuples(optimizers(clip=False, schedules=True), st.integers(0, 2**16), st.integers(1, 4))
 
 
 @pytest.mark.parametrize("implementation", list(IMPLEMENTATIONS))

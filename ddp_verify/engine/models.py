@@ -370,7 +370,28 @@ def optimizer_settings(spec: OptimizerSpec) -> tuple[type[torch.optim.Optimizer]
 
 def build_optimizer(spec: OptimizerSpec, params: object) -> torch.optim.Optimizer:
     optimizer, kwargs = optimizer_settings(spec)
-    return clipping(spec, optimizer(params, **kwargs))
+    return scheduling(spec, clipping(spec, optimizer(params, **kwargs)))
+
+
+def scheduling(spec: OptimizerSpec, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """``optimizer`` with a ``LambdaLR`` scheduler stepped after each of its steps where the
+    spec has an ``lr_decay``: the learning rate of step t is ``lr * lr_decay**t``, set in its
+    ``param_groups`` as a training loop's scheduler sets it.
+
+    Example::
+
+        optimizer = scheduling(OptimizerSpec(lr_decay=0.5), torch.optim.SGD(params, lr=0.1))
+    """
+    if spec.lr_decay is None:
+        return optimizer
+    decay = spec.lr_decay
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda t: decay**t)
+
+    def advance(opt: torch.optim.Optimizer, args: object, kwargs: object) -> None:
+        scheduler.step()
+
+    optimizer.register_step_post_hook(advance)
+    return optimizer
 
 
 def clipping(spec: OptimizerSpec, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:

@@ -70,6 +70,7 @@ class ReferenceOptimizer:
     def __init__(self, spec: OptimizerSpec, params: Iterable[torch.nn.Parameter]) -> None:
         self.spec = spec
         self.params = list(params)
+        self.steps = 0  # the learning rate of step t is lr * lr_decay**t
         # Per parameter: SGD's momentum buffer, or Adam's two moments and its own step count.
         self.state: dict[int, dict[str, Any]] = {}
 
@@ -84,16 +85,18 @@ class ReferenceOptimizer:
     def step(self) -> None:
         if self.spec.max_norm is not None:
             clip_total_norm(self.params, self.spec.max_norm)
+        lr = self.spec.lr * (self.spec.lr_decay or 1.0) ** self.steps
         for p in self.params:
             if p.grad is None:
                 continue  # a parameter the step never reached is left as it is
             state = self.state.setdefault(id(p), {})
             if self.spec.name == "sgd":
-                self._sgd(p, p.grad, state)
+                self._sgd(p, p.grad, state, lr)
             else:
-                self._adam(p, p.grad, state, decoupled=self.spec.name == "adamw")
+                self._adam(p, p.grad, state, lr, decoupled=self.spec.name == "adamw")
+        self.steps += 1
 
-    def _sgd(self, p: torch.Tensor, grad: torch.Tensor, state: dict[str, Any]) -> None:
+    def _sgd(self, p: torch.Tensor, grad: torch.Tensor, state: dict[str, Any], lr: float) -> None:
         spec = self.spec
         g = grad + spec.weight_decay * p if spec.weight_decay else grad.clone()
         if spec.momentum:
@@ -102,17 +105,23 @@ class ReferenceOptimizer:
             else:
                 state["momentum"] = spec.momentum * state["momentum"] + g
             g = state["momentum"]
-        p.sub_(spec.lr * g)
+        p.sub_(lr * g)
 
     def _adam(
-        self, p: torch.Tensor, grad: torch.Tensor, state: dict[str, Any], *, decoupled: bool
+        self,
+        p: torch.Tensor,
+        grad: torch.Tensor,
+        state: dict[str, Any],
+        lr: float,
+        *,
+        decoupled: bool,
     ) -> None:
         spec, (b1, b2) = self.spec, ADAM_BETAS
         # Each parameter counts its own steps: one a step did not reach is not bias-corrected
         # for it (torch keeps a step per parameter too).
         t = state["step"] = state.get("step", 0) + 1
         if decoupled:
-            p.mul_(1 - spec.lr * spec.weight_decay)
+            p.mul_(1 - lr * spec.weight_decay)
             g = grad
         else:
             g = grad + spec.weight_decay * p if spec.weight_decay else grad
@@ -122,4 +131,4 @@ class ReferenceOptimizer:
         state["v"] = v = b2 * v + (1 - b2) * g * g
         m_hat = m / (1 - b1**t)
         v_hat = v / (1 - b2**t)
-        p.sub_(spec.lr * m_hat / (v_hat.sqrt() + ADAM_EPS))
+        p.sub_(lr * m_hat / (v_hat.sqrt() + ADAM_EPS))

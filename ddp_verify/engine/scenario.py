@@ -135,13 +135,16 @@ class ModelSpec:
 @dataclasses.dataclass(frozen=True, repr=False)
 class OptimizerSpec:
     """An optimizer and its hyper-parameters: SGD (momentum, weight decay), Adam, AdamW;
-    ``max_norm`` clips the gradients' total norm (``clip_grad_norm_``) before every step."""
+    ``max_norm`` clips the gradients' total norm (``clip_grad_norm_``) before every step;
+    ``lr_decay`` multiplies the learning rate by itself after every step (on the ranks a
+    ``LambdaLR`` scheduler edits the optimizer's ``param_groups``, which it must follow)."""
 
     name: OptimizerName = "sgd"
     lr: float = 0.1
     momentum: float = 0.0
     weight_decay: float = 0.0
     max_norm: float | None = None
+    lr_decay: float | None = None
 
     def __post_init__(self) -> None:
         if self.name not in OPTIMIZERS:
@@ -152,6 +155,8 @@ class OptimizerSpec:
             raise ValueError("momentum applies to sgd only (Adam has its own betas)")
         if self.max_norm is not None and not self.max_norm > 0:
             raise ValueError(f"max_norm must be positive (or None), got {self.max_norm!r}")
+        if self.lr_decay is not None and not self.lr_decay > 0:
+            raise ValueError(f"lr_decay must be positive (or None), got {self.lr_decay!r}")
 
     __repr__ = _compact_repr
     _repr_pretty_ = _pretty
@@ -163,6 +168,8 @@ class OptimizerSpec:
         if self.weight_decay:
             extras.append(f"weight_decay={self.weight_decay:g}")
         clip = f", gradients clipped to norm {self.max_norm:g}" if self.max_norm else ""
+        if self.lr_decay is not None:
+            clip += f", learning rate x{self.lr_decay:g} after each step"
         return f"{self.name}(lr={self.lr:g}{''.join(', ' + e for e in extras)}){clip}"
 
 

@@ -46,6 +46,8 @@ from .scenario import (
 LEARNING_RATES = (0.1, 0.05, 0.01)
 # Gradient norms to clip to: the toy models' gradients run from about 0.05 to 5, so both bite.
 MAX_NORMS = (0.1, 0.01)
+# Learning-rate decays a step (None first: no scheduler is the simpler case), one that grows.
+LR_DECAYS = (None, 0.5, 1.5)
 
 
 def models(
@@ -206,11 +208,16 @@ def _draw_micro_batches(
 
 
 def optimizers(
-    *, names: Sequence[str] = OPTIMIZERS, weight_decay: bool = True, clip: bool = False
+    *,
+    names: Sequence[str] = OPTIMIZERS,
+    weight_decay: bool = True,
+    clip: bool = False,
+    schedules: bool = False,
 ) -> st.SearchStrategy[OptimizerSpec]:
     """SGD (with and without momentum), Adam, AdamW, with and without weight decay; with
-    ``clip=True`` every step clips the gradients' total norm to a bound small enough to bite.
-    Shrinks toward plain SGD at the largest learning rate.
+    ``clip=True`` every step clips the gradients' total norm to a bound small enough to bite;
+    with ``schedules=True`` the learning rate may decay after every step (a scheduler edits the
+    optimizer's ``param_groups``). Shrinks toward plain SGD at the largest learning rate.
 
     Example::
 
@@ -227,12 +234,14 @@ def optimizers(
         momentum = draw(st.sampled_from((0.0, 0.9)))
         decay = draw(st.sampled_from((0.0, 0.01))) if weight_decay else 0.0
         max_norm = draw(st.sampled_from(MAX_NORMS)) if clip else None
+        lr_decay = draw(st.sampled_from(LR_DECAYS)) if schedules else None
         return OptimizerSpec(
             name=name,  # type: ignore[arg-type]
             lr=lr,
             momentum=momentum if name == "sgd" else 0.0,
             weight_decay=decay,
             max_norm=max_norm,
+            lr_decay=lr_decay,
         )
 
     return draw_optimizer()

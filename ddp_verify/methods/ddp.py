@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from ..engine.models import clipping, optimizer_settings
+from ..engine.models import clipping, optimizer_settings, scheduling
 from ..engine.scenario import Scenario
 from ..engine.trace import RankTrace
 from ..world.naming import option
@@ -250,7 +250,7 @@ def zero_redundancy(
 
     optimizer, kwargs = optimizer_settings(scenario.optimizer)
     zero = ZeroRedundancyOptimizer(params, optimizer_class=optimizer, **zero_kwargs, **kwargs)
-    return clipping(scenario.optimizer, zero)
+    return scheduling(scenario.optimizer, clipping(scenario.optimizer, zero))
 
 
 def accepts(factory: Callable[..., Any], keyword: str) -> bool:

@@ -21,7 +21,9 @@ def test_the_reference_trains_without_torch_optim_or_its_clipping(monkeypatch, n
     monkeypatch.setattr(torch.optim.Optimizer, "__init__", refuse)
     monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", refuse)
     monkeypatch.setattr(torch.nn.utils.clip_grad, "clip_grad_norm_", refuse)
-    spec = OptimizerSpec(name, lr=0.05, momentum=0.9 if name == "sgd" else 0.0, max_norm=0.01)
+    spec = OptimizerSpec(
+        name, lr=0.05, momentum=0.9 if name == "sgd" else 0.0, max_norm=0.01, lr_decay=0.5
+    )
     scenario = Scenario(
         world_size=2, schedule=(((2,), (1,)), ((1,), (2,))), model=ModelSpec(), optimizer=spec
     )
@@ -43,6 +45,16 @@ def test_sgd_with_momentum_and_decay_by_hand():
     p.grad = torch.tensor([2.0], dtype=torch.float64)
     optimizer.step()  # g = 2 + 0.2 * 0.78 = 2.156; b = 0.5 * 2.2 + 2.156 = 3.256
     assert float(p.detach()) == pytest.approx(0.78 - 0.3256)
+
+
+def test_a_decaying_learning_rate_by_hand():
+    # lr_decay 0.5: steps of 0.1, 0.05 and 0.025 times a gradient of 1 (a scheduler's LambdaLR).
+    p = torch.nn.Parameter(torch.tensor([1.0], dtype=torch.float64))
+    optimizer = ReferenceOptimizer(OptimizerSpec("sgd", lr=0.1, lr_decay=0.5), [p])
+    for _ in range(3):
+        p.grad = torch.tensor([1.0], dtype=torch.float64)
+        optimizer.step()
+    assert float(p.detach()) == pytest.approx(1.0 - 0.1 - 0.05 - 0.025, abs=1e-15)
 
 
 def test_adam_first_step_moves_each_entry_by_the_learning_rate():

@@ -482,6 +482,18 @@ MUTANTS: tuple[Mutant, ...] = (
         "test_zero_redundancy_optimizer_matches_the_reference[sgd]",
     ),
     Mutant(
+        "zero_ignores_param_group_edits",
+        "ZeRO",
+        "ZeroRedundancyOptimizer no longer passes its param_groups to the shard's optimizer "
+        "before a step: a scheduler's learning rate has no effect (its source, one line changed)",
+        f"{_ZERO}._local_step",
+        _source_patch(
+            "self._sync_param_groups(self.param_groups, self.optim.param_groups)\n",
+            "pass\n",
+        ),
+        "test_zero_redundancy_optimizer_matches_the_reference[adamw]",
+    ),
+    Mutant(
         "zero_broadcasts_from_wrong_rank",
         "ZeRO",
         "ZeroRedundancyOptimizer broadcasts each shard from the next rank, not its owner",
