@@ -226,3 +226,42 @@ def powersgd_records(method: DDP, scenario: Scenario, iterations: int) -> list[d
         optimizer.step()
     _RECORDED.clear()
     return recorded.records
+
+
+class _Dropping(torch.nn.Module):
+    """A layer, dropout, a non-linearity and a head: dropout's mask is drawn from the RNG."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.body = torch.nn.Sequential(
+            torch.nn.Linear(width, width), torch.nn.Dropout(0.5), torch.nn.Tanh()
+        )
+        self.head = torch.nn.Linear(width, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.body(x))
+
+
+def dropout_gradients(
+    method: DDP, width: int, seed: int, draws: tuple[int, int]
+) -> tuple[tuple[float, ...], ...]:
+    """The gradients, flattened, of one backward through the wrapped dropout model (the
+    ``method``'s checkpointing, if any) for RNG seeds ``draws`` set before the forward; the
+    model and inputs are the same on every call for ``seed``, the data this rank's own."""
+    from ddp_verify.engine.scenario import Scenario
+
+    device = rank_device()
+    results = []
+    for draw in draws:
+        torch.manual_seed(seed)
+        model = _Dropping(width).to(device, torch.float64)
+        x = torch.randn(4, width, dtype=torch.float64, device=device) + dist.get_rank()
+        world = dist.get_world_size()
+        wrapped = method.wrap(model, Scenario(world, schedule=(((4,),) * world,)))
+        torch.manual_seed(draw)  # the mask: the forward's draw, and the recompute's
+        if device.type == "cuda":
+            torch.cuda.manual_seed(draw)
+        wrapped(x).pow(2).mean().backward()
+        flat = torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.grad is not None])
+        results.append(tuple(float(v) for v in flat))
+    return tuple(results)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from hypothesis import strategies as st
 
 from ddp_verify.conformance import jobs
 from ddp_verify.conformance.known import known_torch_issue
@@ -67,6 +68,36 @@ def test_activation_checkpointing_keeps_training_equivalent(
         ),
         lambda scenario: world.assert_equivalent(method, scenario),
     )
+
+
+@pytest.mark.parametrize("how", ["reentrant", "non_reentrant"])
+def test_activation_checkpointing_recomputes_dropout_with_the_forwards_mask(
+    world, data_parallel, prove, how
+):
+    # Checkpointing restores the RNG state before it recomputes the forward (its default,
+    # preserve_rng_state=True), so a dropout mask drawn again is the one the forward drew:
+    # checkpointed and plain training give the same gradients for the same RNG state.
+    plain, checkpointed = data_parallel(), data_parallel(checkpoint=how)
+    cases = st.tuples(st.integers(2, 8), st.integers(0, 2**16), st.integers(0, 2**16))
+
+    def check(case):
+        width, seed, draw = case
+        other = draw + 1
+        without = world.run(jobs.dropout_gradients, plain, width, seed, (draw, other))
+        within = world.run(jobs.dropout_gradients, checkpointed, width, seed, (draw, other))
+        for rank, ((want, want_other), (got, _)) in enumerate(zip(without, within, strict=True)):
+            assert got == pytest.approx(want, rel=1e-12, abs=1e-12), (
+                f"rank {rank}: the {how} checkpointed gradients of a dropout model are not the "
+                f"plain ones for the same RNG state (width {width}, seed {seed}, draw {draw}): "
+                "the recomputed forward drew another mask"
+            )
+            if rank == 0:
+                masks.append(want != want_other)
+
+    masks: list[bool] = []
+    prove(cases, check)
+    # Not blind: another RNG state drew another mask, so the gradients depend on it.
+    assert any(masks), "dropout never changed the gradients: the check is blind"
 
 
 def test_clip_grad_norm_under_ddp_clips_by_the_global_norm(world, data_parallel, prove):

@@ -417,6 +417,15 @@ MUTANTS: tuple[Mutant, ...] = (
         _POWERSGD,
     ),
     Mutant(
+        "checkpoint_redraws_dropout",
+        "checkpointing",
+        "non-reentrant activation checkpointing no longer restores the forward's RNG state "
+        "before it recomputes: dropout draws another mask (its source, one line changed)",
+        "torch.utils.checkpoint:_checkpoint_without_reentrant_generator",
+        _source_patch("torch.set_rng_state(fwd_cpu_state)\n", "pass\n"),
+        "test_activation_checkpointing_recomputes_dropout_with_the_forwards_mask[non_reentrant]",
+    ),
+    Mutant(
         "ddp_skips_buffer_broadcast",
         "DDP",
         "DDP skips the broadcast of rank 0's buffers before each forward",
