@@ -15,6 +15,8 @@ The rules are torch's documented ones, for the settings a scenario draws:
       p -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)
 
 - AdamW: Adam with the decay decoupled, ``p *= 1 - lr * wd`` before the update.
+- A learning rate that decays (``lr_decay`` d, a scheduler's ``LambdaLR`` on the ranks):
+  step t (from 0) uses ``lr * d^t``.
 - Clipping the total norm: ``n = sqrt(sum of every gradient's squares)``; where
   ``max_norm / (n + 1e-6) < 1`` every gradient is multiplied by it.
 

@@ -14,9 +14,9 @@ their stacks and reads where each main thread waits.
 
 Example::
 
-    watch = DeadlockWatch()
-    ...
-    if watch.idle(unfinished_ranks) and in_collectives(dumps):
+    watch = DeadlockWatch(enabled=True)
+    ...  # now and then, while ranks are unfinished:
+    if watch.idle(unfinished) and all_in_collectives(collect_stack_dumps(unfinished), unfinished):
         ...  # a collective mismatch: report it now
 """
 
