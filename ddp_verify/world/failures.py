@@ -64,30 +64,14 @@ def hung(
     waits in."""
     if not ranks:
         return []
-    dumps = collect_stack_dumps(ranks)
-    failures = []
-    for r in ranks:
-        stdout, stderr = r.output_since(marks[r.rank])
-        dump = dumps.get(r.rank, "")
-        where = _where_it_waits(frames.format_dump(dump))
-        where_in_full = _where_it_waits(frames.format_dump(dump, full=True))
-        failures.append(
-            RankFailure(
-                rank=r.rank,
-                kind=FailureKind.STUCK if after_failure else FailureKind.TIMED_OUT,
-                summary=(
-                    "was still running after another rank failed; killed"
-                    if after_failure
-                    else f"did not finish within the {timeout:g} s timeout; killed"
-                ),
-                details=where,
-                full_details=where_in_full,
-                stdout=stdout,
-                stderr=stderr,
-                order=float("inf"),
-            )
+    if after_failure:
+        kind, summary = FailureKind.STUCK, "was still running after another rank failed; killed"
+    else:
+        kind, summary = (
+            FailureKind.TIMED_OUT,
+            f"did not finish within the {timeout:g} s timeout; killed",
         )
-    return failures
+    return _waiting(ranks, collect_stack_dumps(ranks), kind, summary, marks)
 
 
 def deadlocked(
@@ -98,12 +82,28 @@ def deadlocked(
     marks: Sequence[tuple[int, int]],
 ) -> list[RankFailure]:
     """Ranks that wait in collectives that can never complete (see :mod:`.deadlock`), with the
-    stack each waits in."""
+    stack each waits in (``dumps``, already taken)."""
     others = (
         f"rank(s) {', '.join(map(str, finished))} had finished the job"
         if finished
         else "every rank waited so"
     )
+    summary = (
+        f"waited in a collective, using no CPU for {idle_s:g} s, that can never complete "
+        f"({others}): the ranks called different collectives, or different numbers of them; "
+        "killed"
+    )
+    return _waiting(ranks, dumps, FailureKind.DEADLOCKED, summary, marks)
+
+
+def _waiting(
+    ranks: Sequence[RankProcess],
+    dumps: dict[int, str],
+    kind: FailureKind,
+    summary: str,
+    marks: Sequence[tuple[int, int]],
+) -> list[RankFailure]:
+    """One failure per rank still running, with where its stack dump says it waits."""
     failures = []
     for r in ranks:
         stdout, stderr = r.output_since(marks[r.rank])
@@ -111,12 +111,8 @@ def deadlocked(
         failures.append(
             RankFailure(
                 rank=r.rank,
-                kind=FailureKind.DEADLOCKED,
-                summary=(
-                    f"waited in a collective, using no CPU for {idle_s:g} s, that can never "
-                    f"complete ({others}): the ranks called different collectives, or "
-                    "different numbers of them; killed"
-                ),
+                kind=kind,
+                summary=summary,
                 details=_where_it_waits(frames.format_dump(dump)),
                 full_details=_where_it_waits(frames.format_dump(dump, full=True)),
                 stdout=stdout,
