@@ -511,6 +511,14 @@ def _ddp_verify_distributed(request: pytest.FixtureRequest, world_size: int) -> 
 
 
 @pytest.hookimpl(tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item) -> None:
+    from ..world import cleanup
+
+    # A SIGTERM whose exception a test swallowed still ends the session before the next test.
+    cleanup.stop_if_asked()
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     marker = pyfuncitem.get_closest_marker(_MARKER)
     if marker is None:

@@ -5,6 +5,7 @@ SIGINT, and by the next session when their owner was killed outright.
 Example::
 
     ends_cleanly()                 # a front end's main process: SIGTERM/SIGHUP exit cleanly
+    stop_if_asked()                # before new work: a signal whose exception was lost
     path = tempfile.mkdtemp(prefix=owned("ddp_verify-world4-"))
     remove_abandoned()             # what a SIGKILLed session left
 """
@@ -99,19 +100,43 @@ class Terminated(KeyboardInterrupt):
         self.signum = signum
 
 
+# The signal a front end was asked to end by, once one came. Its exception can still be lost
+# after it was raised: code that goes on after ``except BaseException`` (in a library, or in
+# the user's code under test), a ``__del__`` or a weakref callback (reported as ignored).
+# New work is then refused (stop_if_asked), so that a session never runs on to its end.
+_asked: int | None = None
+
+
 def _exit_cleanly(signum: int, frame: FrameType | None) -> None:
+    global _asked
+    _asked = signum
     if _in_gc_callback(frame):
         _later(signum)
         return
-    if signum == signal.SIGINT:
-        raise KeyboardInterrupt
-    raise Terminated(signum)
+    raise _interruption(signum)
 
 
 # How deep in the interrupted frame's callers a garbage collector's callback is looked for.
 _GC_DEPTH = 4
 # After how long a signal that arrived inside one is delivered again.
 _AGAIN_S = 0.05
+
+
+def _interruption(signum: int) -> KeyboardInterrupt:
+    return KeyboardInterrupt() if signum == signal.SIGINT else Terminated(signum)
+
+
+def stop_if_asked() -> None:
+    """Raise the ending signal's exception again if one came and the session went on: where
+    new work starts (a job sent to the ranks, a test set up). A no-op where no signal came, or
+    where :func:`ends_cleanly` was never called (a library's user keeps their own handlers).
+
+    Example::
+
+        stop_if_asked()        # before a job is sent: raises Terminated(15) after a SIGTERM
+    """
+    if _asked is not None:
+        raise _interruption(_asked)
 
 
 def _in_gc_callback(frame: FrameType | None) -> bool:

@@ -273,6 +273,7 @@ class World(RunsJobs):
             expected = train_locally(scenario)      # runs while the ranks train
             assert pending.result() == [expected] * world.size
         """
+        cleanup.stop_if_asked()
         if self._pending is not None:
             raise WorldError("a job is still running on this world: call .result() on it first")
         payload = protocol.dump_job(fn, args, kwargs or {}, by_value=by_value)

@@ -208,3 +208,67 @@ def test_a_signal_to_a_parity_run_leaves_no_file_and_no_process(signum, tmp_path
     assert proc.returncode == (130 if signum == signal.SIGINT else 143), err[-2000:]
     assert not _gone(tree), "the layout's launcher or ranks were left behind"
     assert _ours(env) == [], "temporary files left behind"
+
+
+SWALLOWED = """
+import os, signal, time
+
+# Code under test that goes on after any exception, as some libraries' retry loops do: the
+# signal's exception is raised in here and lost.
+try:
+    os.kill(os.getpid(), signal.{name})
+    time.sleep(5)
+except BaseException:
+    pass
+"""
+
+SWALLOWED_THEN_A_JOB = (
+    """
+from ddp_verify.world import World, cleanup
+
+cleanup.ends_cleanly()
+world = World(1, process_group=False)
+world.run(os.getpid)
+"""
+    + SWALLOWED
+    + """
+try:
+    world.run(os.getpid)
+    print("went on")
+except KeyboardInterrupt as exc:
+    print("ended:", type(exc).__name__)
+finally:
+    world.close()
+"""
+)
+
+
+@pytest.mark.parametrize(
+    ("name", "raised"), [("SIGTERM", "Terminated"), ("SIGINT", "KeyboardInterrupt")]
+)
+def test_a_signal_whose_exception_was_swallowed_still_stops_the_next_job(name, raised, tmp_path):
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    env = {**os.environ, "TMPDIR": str(temp)}
+    script = "import os\n" + SWALLOWED_THEN_A_JOB.format(name=name)
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert done.stdout.strip() == f"ended: {raised}", done.stdout + done.stderr
+    assert _ours(env) == []
+
+
+def test_a_signal_whose_exception_a_test_swallowed_still_ends_the_session(tmp_path):
+    (tmp_path / "test_swallow.py").write_text(
+        "def test_swallows():\n"
+        + "".join(f"    {line}\n" for line in SWALLOWED.format(name="SIGTERM").splitlines())
+        + "\n\ndef test_after():\n    print('ran after the signal')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "0", "-s", "-rA",
+         "test_swallow.py"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    out = done.stdout + done.stderr
+    assert done.returncode != 0 and "terminated by signal 15" in out, out[-2000:]
+    assert "ran after the signal" not in out and "PASSED test_swallow.py::test_after" not in out
