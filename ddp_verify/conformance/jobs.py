@@ -14,14 +14,21 @@ from ..methods.loop import RankRun
 from ..world.runtime import rank_device
 
 
-def buffers_after_forward(method: DDP, scenario: Scenario) -> tuple[float, ...]:
+def buffers_after_forward(
+    method: DDP, scenario: Scenario, reassigned: bool = False
+) -> tuple[float, ...]:
     """Each rank shifts its buffer by its rank *after* wrapping (so only the broadcast before
     each forward can make them agree again), runs one forward through the wrapped model and
-    returns the buffer it then holds."""
+    returns the buffer it then holds. ``reassigned``: the shifted buffer is a new tensor
+    assigned to the module (``module.scale = module.scale + rank``), not the old one edited
+    in place, as modules that recompute a buffer do; DDP must broadcast the new one."""
     run = RankRun(scenario)
     wrapped = method.wrap(run.model, scenario)
     with torch.no_grad():
-        run.model.scale.add_(run.rank)
+        if reassigned:
+            run.model.scale = run.model.scale + run.rank
+        else:
+            run.model.scale.add_(run.rank)
     inputs, _ = run.micro_batches(0)[0]
     wrapped(inputs)
     return tuple(float(v) for v in run.model.scale)

@@ -118,13 +118,16 @@ def test_clip_grad_norm_under_ddp_clips_by_the_global_norm(world, data_parallel,
 def test_checkpoint_and_resume_continues_as_the_uninterrupted_run(world, data_parallel, prove):
     # The state dicts saved before a step and loaded into a fresh (perturbed) model and
     # optimizer: training goes on as if never interrupted (optimizer state included: Adam's
-    # moments, SGD's momentum), so it still matches the reference at every step.
+    # moments, SGD's momentum, each param group's settings), so it still matches the
+    # reference at every step.
     def check(scenario):
         method = data_parallel(resume_at=scenario.steps - 1)
         world.assert_equivalent(method, scenario)
 
     prove(
-        scenarios(world_size=world.size, max_micro_batches=3).filter(lambda s: s.steps >= 2),
+        scenarios(
+            world_size=world.size, max_micro_batches=3, optimizers=optimizers(groups=True)
+        ).filter(lambda s: s.steps >= 2),
         check,
     )
 
@@ -212,6 +215,24 @@ def test_find_unused_parameters_with_unused_parameters(world, data_parallel, pro
     )
 
 
+def test_find_unused_parameters_with_an_output_left_out_of_the_loss(world, data_parallel, prove):
+    # forward returns two outputs and the loss takes the first: the second's head gets no
+    # gradient on any rank, so its grad must stay None, as in single-process training, not
+    # become zeros (weight decay, always drawn here, would then move it where the reference
+    # leaves it alone). DDP passes the outputs through a function whose backward must keep
+    # the missing gradient missing.
+    method = data_parallel(find_unused_parameters=True)
+    prove(
+        scenarios(
+            world_size=world.size,
+            max_micro_batches=3,
+            models=models(aside=True),
+            optimizers=optimizers().filter(lambda o: o.weight_decay > 0),
+        ),
+        lambda scenario: world.assert_equivalent(method, scenario),
+    )
+
+
 def test_find_unused_parameters_when_every_parameter_is_used(world, data_parallel, prove):
     method = data_parallel(find_unused_parameters=True)
     prove(
@@ -245,17 +266,20 @@ def test_ddp_starts_every_rank_from_rank_0s_state(world, data_parallel, prove):
     prove(scenarios(world_size=world.size, models=models(required_features=("buffer",))), check)
 
 
+@pytest.mark.parametrize("how", ["in_place", "reassigned"])
 @pytest.mark.parametrize("broadcast", [True, False], ids=["broadcast", "no_broadcast"])
 def test_broadcast_buffers_means_every_rank_uses_rank_0s_buffers(
-    world, data_parallel, prove, broadcast
+    world, data_parallel, prove, broadcast, how
 ):
     # The documented semantics: with broadcast_buffers, each forward starts by broadcasting
     # rank 0's buffers; without it, a rank keeps its own. Each rank perturbs its buffer after
-    # wrapping, so that the constructor's broadcast cannot be what makes them agree.
+    # wrapping, so that the constructor's broadcast cannot be what makes them agree: in place,
+    # or as a new tensor assigned to the module (DDP must look its buffers up again before
+    # each broadcast, not keep the ones it found when it was built).
     method = data_parallel(broadcast_buffers=broadcast)
 
     def check(scenario):
-        seen = world.run(jobs.buffers_after_forward, method, scenario)
+        seen = world.run(jobs.buffers_after_forward, method, scenario, how == "reassigned")
         if broadcast:
             assert all(s == seen[0] for s in seen), f"ranks' buffers after forward: {seen}"
         else:

@@ -51,19 +51,23 @@ def test_fully_shard_clips_by_the_total_norm_across_shards(world, fsdp, prove):
     )
 
 
-def test_hybrid_sharding_on_a_2d_mesh_matches_the_reference(world, fsdp, prove):
+@pytest.mark.parametrize("accumulation", ["gradient_sync", "all_reduce"])
+def test_hybrid_sharding_on_a_2d_mesh_matches_the_reference(world, fsdp, prove, accumulation):
     # HSDP: 2 replica groups of world size / 2 ranks; gradients reduce-scattered in a group and
-    # all-reduced across the groups must still be the full batch's.
-    if world.size < 4 or world.size % 2:
-        pytest.skip(f"a 2 x N mesh needs an even world size of 4 or more, not {world.size}")
-    method = fully_shard(replicas=2)
+    # all-reduced across the groups must still be the full batch's. Accumulation both ways:
+    # set_requires_gradient_sync(False) (nothing reduced until the last micro-batch) and
+    # set_requires_all_reduce(False) (reduce-scattered every micro-batch, the partial
+    # results kept and all-reduced with the last): every micro-batch must count.
+    if world.size < 2 or world.size % 2:
+        pytest.skip(f"a 2 x N mesh needs an even world size, not {world.size}")
+    method = fully_shard(replicas=2, accumulation=accumulation)
     prove(
         scenarios(
             world_size=world.size,
-            max_micro_batches=2,
+            max_micro_batches=3,
             same_micro_batch_counts=True,
             dtypes=("float64", "float32"),
-        ),
+        ).filter(lambda s: any(len(sizes) > 1 for step in s.schedule for sizes in step)),
         lambda scenario: world.assert_equivalent(method, scenario),
     )
 
@@ -85,8 +89,10 @@ def test_mixed_precision_reduction_in_float32_of_a_bfloat16_model(world, fsdp, p
 
 
 def test_fully_shard_resumes_from_a_distributed_checkpoint(world, fsdp, prove):
-    # torch.distributed.checkpoint: every rank saves its shards of the model and optimizer,
-    # a fresh sharded model loads them, and training goes on as if never interrupted.
+    # torch.distributed.checkpoint: every rank saves its shards of the model and optimizer
+    # (through get_state_dict, which names each param group's parameters by their fully
+    # qualified names), a fresh sharded model loads them, and training goes on as if never
+    # interrupted, each param group with its own settings.
     launched = getattr(getattr(world, "member", None), "launched", None)
     if getattr(launched, "nodes", 1) > 1:
         pytest.skip(
@@ -102,7 +108,7 @@ def test_fully_shard_resumes_from_a_distributed_checkpoint(world, fsdp, prove):
             world_size=world.size,
             max_micro_batches=2,
             same_micro_batch_counts=True,
-            optimizers=optimizers(names=("adam", "sgd")),
+            optimizers=optimizers(names=("adam", "sgd"), groups=True),
         ).filter(lambda s: s.steps >= 2),
         check,
     )

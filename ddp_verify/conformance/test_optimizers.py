@@ -11,9 +11,9 @@ import pytest
 import torch
 from hypothesis import strategies as st
 
-from ddp_verify.engine.models import optimizer_settings, scheduling
+from ddp_verify.engine.models import optimizer_settings, scheduling, torch_param_groups
 from ddp_verify.engine.optimizers import ReferenceOptimizer, clip_total_norm
-from ddp_verify.engine.scenario import OptimizerSpec
+from ddp_verify.engine.scenario import OPTIMIZERS, OptimizerSpec
 from ddp_verify.engine.strategies import optimizers
 
 # Parameter shapes: a matrix, a vector, a scalar-like one, as a model's layers give them.
@@ -57,14 +57,35 @@ def _torch_optimizer(
 ) -> torch.optim.Optimizer:
     cls, kwargs = optimizer_settings(spec)
     try:
-        optimizer = cls(params, **kwargs, **IMPLEMENTATIONS[implementation])
+        groups = torch_param_groups(spec, params)
+        optimizer = cls(groups, **kwargs, **IMPLEMENTATIONS[implementation])
     except (RuntimeError, ValueError, TypeError) as exc:  # no such path in this torch
         pytest.skip(f"{cls.__name__} has no {implementation} implementation here: {exc}")
-    # A learning rate edited in param_groups between steps (a scheduler) must be followed.
+    # A learning rate edited in param_groups between steps (a scheduler) must be followed,
+    # in each group (the vectors' group has its own learning rate and no weight decay).
     return scheduling(spec, optimizer)
 
 
-CASES = st.tuples(optimizers(clip=False, schedules=True), st.integers(0, 2**16), st.integers(1, 4))
+CASES = st.tuples(
+    optimizers(clip=False, schedules=True, groups=True), st.integers(0, 2**16), st.integers(1, 4)
+)
+# Every setting at once, for each optimizer, never left to the draw: momentum (SGD), weight
+# decay, a decaying learning rate and two param groups with settings of their own.
+EVERY_SETTING = [
+    (
+        OptimizerSpec(
+            name,
+            lr=0.05,
+            momentum=0.9 if name == "sgd" else 0.0,
+            weight_decay=0.01,
+            lr_decay=0.5,
+            param_groups=2,
+        ),
+        0,
+        3,
+    )
+    for name in OPTIMIZERS
+]
 
 
 @pytest.mark.parametrize("implementation", list(IMPLEMENTATIONS))
@@ -93,7 +114,7 @@ def test_torch_optimizers_follow_the_published_rules(prove, implementation):
                     ),
                 )
 
-    prove(CASES, check)
+    prove(CASES, check, examples=EVERY_SETTING)
 
 
 @pytest.mark.parametrize("foreach", [False, True], ids=["for_loop", "foreach"])

@@ -15,8 +15,9 @@ def test_zero_redundancy_optimizer_matches_the_reference(world, data_parallel, p
         scenarios(
             world_size=world.size,
             max_micro_batches=3,
-            # A scheduler edits the param_groups ZeRO exposes: its shards must follow them.
-            optimizers=optimizers(names=(optimizer,), schedules=True),
+            # A scheduler edits the param_groups ZeRO exposes (one or two of them, each with
+            # its own learning rate): its shards must follow them.
+            optimizers=optimizers(names=(optimizer,), schedules=True, groups=True),
             dtypes=("float64", "float32"),
         ),
         lambda scenario: world.assert_equivalent(method, scenario),
@@ -53,7 +54,7 @@ def test_zero_with_clip_grad_norm_clips_by_the_global_norm(world, data_parallel,
 
 def test_zero_resumes_from_its_consolidated_state(world, data_parallel, prove):
     # consolidate_state_dict() on rank 0, saved, loaded by every rank into a fresh optimizer
-    # (each takes its shard): training goes on as if never interrupted.
+    # (each takes its shard, in its param group): training goes on as if never interrupted.
     def check(scenario):
         method = data_parallel(zero=True, resume_at=scenario.steps - 1)
         world.assert_equivalent(method, scenario)
@@ -62,7 +63,7 @@ def test_zero_resumes_from_its_consolidated_state(world, data_parallel, prove):
         scenarios(
             world_size=world.size,
             max_micro_batches=2,
-            optimizers=optimizers(names=("adam", "sgd")),
+            optimizers=optimizers(names=("adam", "sgd"), groups=True),
         ).filter(lambda s: s.steps >= 2),
         check,
     )

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
+from .optimizers import param_groups
 from .scenario import IGNORE_INDEX, ModelSpec, OptimizerSpec, Scenario
 
 # A slice of a batch: inputs and their targets.
@@ -71,8 +72,10 @@ class SpecModel(nn.Module):
         if spec.unused:
             self.unused = nn.Linear(width, 1)  # never called in forward
         self.head = nn.Linear(width, spec.out_features)
+        if spec.aside:
+            self.aside = nn.Linear(width, 1)  # an output the loss leaves out
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         if self.spec.kind == "conv":
             x = torch.tanh(self.conv(x)).flatten(1)
         elif self.spec.kind == "embedding":
@@ -84,6 +87,8 @@ class SpecModel(nn.Module):
             x = self.tied_b(self.tied_act(self.tied_a(x)))
         if self.spec.frozen:
             x = self.frozen(x)
+        if self.spec.aside:
+            return self.head(x), self.aside(x)
         return self.head(x)
 
 
@@ -310,6 +315,23 @@ def loss_function(scenario: Scenario, reduction: str = "mean") -> nn.Module:
     """
     if reduction not in LOSS_REDUCTIONS:
         raise ValueError(f"reduction must be one of {LOSS_REDUCTIONS}, got {reduction!r}")
+    if scenario.model.aside:
+        return _FirstOutput(_loss(scenario, reduction))
+    return _loss(scenario, reduction)
+
+
+class _FirstOutput(nn.Module):
+    """``loss`` of a model's first output: the others are left out of the loss."""
+
+    def __init__(self, loss: nn.Module) -> None:
+        super().__init__()
+        self.loss = loss
+
+    def forward(self, outputs: tuple[torch.Tensor, ...], target: torch.Tensor) -> torch.Tensor:
+        return self.loss(outputs[0], target)
+
+
+def _loss(scenario: Scenario, reduction: str) -> nn.Module:
     if scenario.loss == "tokens":
         return TokenCrossEntropy(reduction)
     if scenario.loss == "cross_entropy":
@@ -370,7 +392,21 @@ def optimizer_settings(spec: OptimizerSpec) -> tuple[type[torch.optim.Optimizer]
 
 def build_optimizer(spec: OptimizerSpec, params: object) -> torch.optim.Optimizer:
     optimizer, kwargs = optimizer_settings(spec)
-    return scheduling(spec, clipping(spec, optimizer(params, **kwargs)))
+    return scheduling(spec, clipping(spec, optimizer(torch_param_groups(spec, params), **kwargs)))
+
+
+def torch_param_groups(spec: OptimizerSpec, params: object) -> list[dict[str, object]]:
+    """The spec's param groups (:func:`~ddp_verify.engine.optimizers.param_groups`) as
+    ``torch.optim`` takes them: one dict per group with its own ``lr`` and ``weight_decay``.
+
+    Example::
+
+        torch.optim.SGD(torch_param_groups(OptimizerSpec(param_groups=2), model.parameters()))
+    """
+    return [
+        {"params": g.params, "lr": g.lr, "weight_decay": g.weight_decay}
+        for g in param_groups(spec, params)  # type: ignore[arg-type]
+    ]
 
 
 def scheduling(spec: OptimizerSpec, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:

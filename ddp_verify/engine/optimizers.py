@@ -17,6 +17,8 @@ The rules are torch's documented ones, for the settings a scenario draws:
 - AdamW: Adam with the decay decoupled, ``p *= 1 - lr * wd`` before the update.
 - A learning rate that decays (``lr_decay`` d, a scheduler's ``LambdaLR`` on the ranks):
   step t (from 0) uses ``lr * d^t``.
+- Two param groups (``param_groups=2``): one-dimensional parameters (biases, norms) step
+  with ``lr * SECOND_GROUP_LR`` and no weight decay, the others with the spec's settings.
 - Clipping the total norm: ``n = sqrt(sum of every gradient's squares)``; where
   ``max_norm / (n + 1e-6) < 1`` every gradient is multiplied by it.
 
@@ -28,20 +30,63 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterable
 from typing import Any
 
 import torch
 
-from .scenario import OptimizerSpec
+from .scenario import SECOND_GROUP_LR, OptimizerSpec
 
-__all__ = ["ADAM_BETAS", "ADAM_EPS", "CLIP_EPS", "ReferenceOptimizer", "clip_total_norm"]
+__all__ = [
+    "ADAM_BETAS",
+    "ADAM_EPS",
+    "CLIP_EPS",
+    "ParamGroup",
+    "ReferenceOptimizer",
+    "clip_total_norm",
+    "param_groups",
+]
 
 ADAM_BETAS = (0.9, 0.999)
 ADAM_EPS = 1e-8
 # What clip_grad_norm_ adds to the norm before dividing (its documented behaviour).
 CLIP_EPS = 1e-6
+
+
+@dataclasses.dataclass
+class ParamGroup:
+    """Parameters that step with one learning rate (before any decay) and weight decay."""
+
+    params: list[torch.Tensor]
+    lr: float
+    weight_decay: float
+
+
+def param_groups(spec: OptimizerSpec, params: Iterable[torch.Tensor]) -> list[ParamGroup]:
+    """``params`` in the spec's groups, in order, none empty: all of them, or with
+    ``param_groups=2`` the multi-dimensional ones and then the one-dimensional ones (at
+    ``lr * SECOND_GROUP_LR``, no weight decay). Sharded parameters (DTensors) count by their
+    whole shape, so every rank and the reference group alike.
+
+    Example::
+
+        >>> spec = OptimizerSpec("sgd", lr=0.1, weight_decay=0.01, param_groups=2)
+        >>> groups = param_groups(spec, torch.nn.Linear(2, 1).parameters())
+        >>> [(len(g.params), g.lr, g.weight_decay) for g in groups]
+        [(1, 0.1, 0.01), (1, 0.05, 0.0)]
+    """
+    params = list(params)
+    if spec.param_groups == 1:
+        return [ParamGroup(params, spec.lr, spec.weight_decay)]
+    matrices = [p for p in params if p.dim() > 1]
+    vectors = [p for p in params if p.dim() <= 1]
+    groups = [
+        ParamGroup(matrices, spec.lr, spec.weight_decay),
+        ParamGroup(vectors, spec.lr * SECOND_GROUP_LR, 0.0),
+    ]
+    return [g for g in groups if g.params]
 
 
 def clip_total_norm(params: Iterable[torch.Tensor], max_norm: float) -> float:
@@ -71,7 +116,8 @@ class ReferenceOptimizer:
 
     def __init__(self, spec: OptimizerSpec, params: Iterable[torch.nn.Parameter]) -> None:
         self.spec = spec
-        self.params = list(params)
+        self.groups = param_groups(spec, params)
+        self.params = [p for group in self.groups for p in group.params]
         self.steps = 0  # the learning rate of step t is lr * lr_decay**t
         # Per parameter: SGD's momentum buffer, or Adam's two moments and its own step count.
         self.state: dict[int, dict[str, Any]] = {}
@@ -87,20 +133,24 @@ class ReferenceOptimizer:
     def step(self) -> None:
         if self.spec.max_norm is not None:
             clip_total_norm(self.params, self.spec.max_norm)
-        lr = self.spec.lr * (self.spec.lr_decay or 1.0) ** self.steps
-        for p in self.params:
-            if p.grad is None:
-                continue  # a parameter the step never reached is left as it is
-            state = self.state.setdefault(id(p), {})
-            if self.spec.name == "sgd":
-                self._sgd(p, p.grad, state, lr)
-            else:
-                self._adam(p, p.grad, state, lr, decoupled=self.spec.name == "adamw")
+        decay = (self.spec.lr_decay or 1.0) ** self.steps
+        for group in self.groups:
+            lr, wd = group.lr * decay, group.weight_decay
+            for p in group.params:
+                if p.grad is None:
+                    continue  # a parameter the step never reached is left as it is
+                state = self.state.setdefault(id(p), {})
+                if self.spec.name == "sgd":
+                    self._sgd(p, p.grad, state, lr, wd)
+                else:
+                    self._adam(p, p.grad, state, lr, wd, decoupled=self.spec.name == "adamw")
         self.steps += 1
 
-    def _sgd(self, p: torch.Tensor, grad: torch.Tensor, state: dict[str, Any], lr: float) -> None:
+    def _sgd(
+        self, p: torch.Tensor, grad: torch.Tensor, state: dict[str, Any], lr: float, wd: float
+    ) -> None:
         spec = self.spec
-        g = grad + spec.weight_decay * p if spec.weight_decay else grad.clone()
+        g = grad + wd * p if wd else grad.clone()
         if spec.momentum:
             if "momentum" not in state:
                 state["momentum"] = g.clone()
@@ -115,18 +165,19 @@ class ReferenceOptimizer:
         grad: torch.Tensor,
         state: dict[str, Any],
         lr: float,
+        wd: float,
         *,
         decoupled: bool,
     ) -> None:
-        spec, (b1, b2) = self.spec, ADAM_BETAS
+        b1, b2 = ADAM_BETAS
         # Each parameter counts its own steps: one a step did not reach is not bias-corrected
         # for it (torch keeps a step per parameter too).
         t = state["step"] = state.get("step", 0) + 1
         if decoupled:
-            p.mul_(1 - lr * spec.weight_decay)
+            p.mul_(1 - lr * wd)
             g = grad
         else:
-            g = grad + spec.weight_decay * p if spec.weight_decay else grad
+            g = grad + wd * p if wd else grad
         m = state.get("m", torch.zeros_like(p))
         v = state.get("v", torch.zeros_like(p))
         state["m"] = m = b1 * m + (1 - b1) * g

@@ -70,9 +70,12 @@ class ModelSpec:
     the user's own model: see :mod:`ddp_verify.engine.user_models`). The features each
     exercise one thing DDP must get right: ``layernorm``; ``tied`` (one weight shared by two
     layers); ``unused`` (a parameter forward never touches); ``frozen`` (a layer with
-    ``requires_grad=False``); ``buffer`` (a registered buffer used in forward).
-    ``batch_norm="batch"`` puts a BatchNorm1d after the first hidden layer (each forward
-    normalises by its own batch: DDP then differs from full-batch training, as documented);
+    ``requires_grad=False``); ``buffer`` (a registered buffer used in forward). ``aside``
+    makes forward return two outputs, the prediction and one of a head of its own that the
+    loss leaves out (the loss takes the first): that head gets no gradient, its ``grad``
+    stays None and no optimizer moves it. ``batch_norm="batch"`` puts a BatchNorm1d after the
+    first hidden layer (each forward normalises by its own batch: DDP then differs from
+    full-batch training, as documented);
     ``"sync"`` makes it a SyncBatchNorm on the ranks (global statistics; CUDA only).
     """
 
@@ -86,6 +89,7 @@ class ModelSpec:
     unused: bool = False
     frozen: bool = False
     buffer: bool = False
+    aside: bool = False
     batch_norm: BatchNorm = ""
     factory: str = ""
 
@@ -97,7 +101,12 @@ class ModelSpec:
         if self.batch_norm not in BATCH_NORMS:
             raise ValueError(f"batch_norm must be one of {BATCH_NORMS}, got {self.batch_norm!r}")
         if self.kind == "transformer" and (
-            self.layernorm or self.unused or self.frozen or self.buffer or not self.hidden
+            self.layernorm
+            or self.unused
+            or self.frozen
+            or self.buffer
+            or self.aside
+            or not self.hidden
         ):
             raise ValueError(
                 "the transformer block has its own layernorms and takes only tied (its output "
@@ -122,7 +131,7 @@ class ModelSpec:
         features = [f"+{self.batch_norm}norm"] if self.batch_norm else []
         features += [
             f"+{name}"
-            for name in ("layernorm", "tied", "unused", "frozen", "buffer")
+            for name in ("layernorm", "tied", "unused", "frozen", "buffer", "aside")
             if getattr(self, name)
         ]
         if self.kind == "transformer":
@@ -132,12 +141,19 @@ class ModelSpec:
         return " ".join([self.kind, shape, self.activation, *features])
 
 
+# The learning rate of the second param group, relative to the first: different, so that a
+# group that takes the other's settings (a state dict's groups swapped) changes training.
+SECOND_GROUP_LR = 0.5
+
+
 @dataclasses.dataclass(frozen=True, repr=False)
 class OptimizerSpec:
     """An optimizer and its hyper-parameters: SGD (momentum, weight decay), Adam, AdamW;
     ``max_norm`` clips the gradients' total norm (``clip_grad_norm_``) before every step;
     ``lr_decay`` multiplies the learning rate by itself after every step (on the ranks a
-    ``LambdaLR`` scheduler edits the optimizer's ``param_groups``, which it must follow)."""
+    ``LambdaLR`` scheduler edits the optimizer's ``param_groups``, which it must follow);
+    ``param_groups=2`` puts the one-dimensional parameters (biases, norms' scales) in a second
+    group with ``lr * SECOND_GROUP_LR`` and no weight decay, as training scripts do."""
 
     name: OptimizerName = "sgd"
     lr: float = 0.1
@@ -145,6 +161,7 @@ class OptimizerSpec:
     weight_decay: float = 0.0
     max_norm: float | None = None
     lr_decay: float | None = None
+    param_groups: int = 1
 
     def __post_init__(self) -> None:
         if self.name not in OPTIMIZERS:
@@ -157,6 +174,8 @@ class OptimizerSpec:
             raise ValueError(f"max_norm must be positive (or None), got {self.max_norm!r}")
         if self.lr_decay is not None and not self.lr_decay > 0:
             raise ValueError(f"lr_decay must be positive (or None), got {self.lr_decay!r}")
+        if self.param_groups not in (1, 2):
+            raise ValueError(f"param_groups must be 1 or 2, got {self.param_groups!r}")
 
     __repr__ = _compact_repr
     _repr_pretty_ = _pretty
@@ -170,6 +189,11 @@ class OptimizerSpec:
         clip = f", gradients clipped to norm {self.max_norm:g}" if self.max_norm else ""
         if self.lr_decay is not None:
             clip += f", learning rate x{self.lr_decay:g} after each step"
+        if self.param_groups == 2:
+            clip += (
+                f", biases and norms in a second param group (lr x{SECOND_GROUP_LR:g}, "
+                "no weight decay)"
+            )
         return f"{self.name}(lr={self.lr:g}{''.join(', ' + e for e in extras)}){clip}"
 
 

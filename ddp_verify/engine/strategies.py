@@ -62,6 +62,7 @@ def models(
     excluded_features: Sequence[str] = (),
     batch_norm: str = "",
     min_width: int = 1,
+    aside: bool = False,
 ) -> st.SearchStrategy[ModelSpec]:
     """Small models of the given ``kinds``; ``features`` adds layernorm, tied, unused, frozen
     and buffer variants; ``required_features`` names those every model has,
@@ -70,8 +71,9 @@ def models(
     ``tied``). ``min_width`` bounds the inputs and every hidden layer from below (3: no weight
     matrix has a side of 2 or less, but the head's). ``batch_norm="batch"`` gives every model
     a BatchNorm after its first hidden layer, ``"sync"`` a SyncBatchNorm on the ranks (CUDA
-    worlds only). Shrinks toward
-    ``mlp 1→[2]→1 tanh`` with no features (but the required ones).
+    worlds only). ``aside=True`` gives every model a second output that the loss leaves out
+    (not a transformer). Shrinks toward ``mlp 1→[2]→1 tanh`` with no features (but the
+    required ones).
 
     Example::
 
@@ -83,6 +85,8 @@ def models(
         raise InvalidArgument(f"batch_norm={batch_norm!r} must be one of {BATCH_NORMS}")
     if batch_norm and "transformer" in kinds:
         raise InvalidArgument("batch_norm applies to mlp, conv and embedding models")
+    if aside and "transformer" in kinds:
+        raise InvalidArgument("aside applies to mlp, conv and embedding models")
     if required_features:
         _check_choices("required_features", required_features, FEATURES)
         if not features:
@@ -127,6 +131,7 @@ def models(
             out_features=draw(st.integers(min_out_features, max_out_features)),
             activation=draw(st.sampled_from(ACTIVATIONS)),
             batch_norm=batch_norm,
+            aside=aside,
             **flags,
         )
 
@@ -213,11 +218,14 @@ def optimizers(
     weight_decay: bool = True,
     clip: bool = False,
     schedules: bool = False,
+    groups: bool = False,
 ) -> st.SearchStrategy[OptimizerSpec]:
     """SGD (with and without momentum), Adam, AdamW, with and without weight decay; with
     ``clip=True`` every step clips the gradients' total norm to a bound small enough to bite;
     with ``schedules=True`` the learning rate may decay after every step (a scheduler edits the
-    optimizer's ``param_groups``). Shrinks toward plain SGD at the largest learning rate.
+    optimizer's ``param_groups``); with ``groups=True`` biases and norms may step in a second
+    param group (their own learning rate, no weight decay). Shrinks toward plain SGD at the
+    largest learning rate, in one group.
 
     Example::
 
@@ -235,6 +243,7 @@ def optimizers(
         decay = draw(st.sampled_from((0.0, 0.01))) if weight_decay else 0.0
         max_norm = draw(st.sampled_from(MAX_NORMS)) if clip else None
         lr_decay = draw(st.sampled_from(LR_DECAYS)) if schedules else None
+        group_count = draw(st.sampled_from((1, 2))) if groups else 1
         return OptimizerSpec(
             name=name,  # type: ignore[arg-type]
             lr=lr,
@@ -242,6 +251,7 @@ def optimizers(
             weight_decay=decay,
             max_norm=max_norm,
             lr_decay=lr_decay,
+            param_groups=group_count,
         )
 
     return draw_optimizer()

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from ..engine.models import clipping, optimizer_settings, scheduling
+from ..engine.models import clipping, optimizer_settings, scheduling, torch_param_groups
 from ..engine.scenario import Scenario
 from ..engine.trace import RankTrace
 from ..world.naming import option
@@ -128,9 +128,12 @@ class DDP(DistributedMethod):
         """``model`` in DDP (or the wrapper) with this method's options and hook (on a rank)."""
         kwargs = dict(self.ddp_kwargs)
         factory = load_wrapper(self.wrapper) if self.wrapper else DistributedDataParallel
-        if scenario.model.unused and accepts(factory, "find_unused_parameters"):
-            # A parameter forward never uses is an error for DDP unless it is told to look;
-            # a wrapper without the option must cope by itself.
+        if (scenario.model.unused or scenario.model.aside) and accepts(
+            factory, "find_unused_parameters"
+        ):
+            # A parameter forward never uses, or that only an output the loss leaves out
+            # reaches, is an error for DDP unless it is told to look; a wrapper without the
+            # option must cope by itself.
             kwargs.setdefault("find_unused_parameters", True)
         wrapped = factory(
             Checkpointed(model, self.checkpoint) if self.checkpoint else model, **kwargs
@@ -249,7 +252,8 @@ def zero_redundancy(
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
     optimizer, kwargs = optimizer_settings(scenario.optimizer)
-    zero = ZeroRedundancyOptimizer(params, optimizer_class=optimizer, **zero_kwargs, **kwargs)
+    groups = torch_param_groups(scenario.optimizer, params)
+    zero = ZeroRedundancyOptimizer(groups, optimizer_class=optimizer, **zero_kwargs, **kwargs)
     return scheduling(scenario.optimizer, clipping(scenario.optimizer, zero))
 
 

@@ -12,6 +12,9 @@ from ..engine.trace import RankTrace
 from .base import DistributedMethod
 from .loop import RankRun, fresh_model, train_data_parallel
 
+# How accumulating micro-batches turn communication off (FullyShard's ``accumulation``).
+ACCUMULATIONS = ("gradient_sync", "all_reduce")
+
 
 class FullyShard(DistributedMethod):
     """``fully_shard`` on the model: each rank keeps a shard of every parameter; gradients are
@@ -22,19 +25,39 @@ class FullyShard(DistributedMethod):
 
     ``replicas=R`` shards over a 2-D mesh instead (HSDP): R groups of world size / R ranks,
     each sharding the model, gradients reduce-scattered in a group and all-reduced across the
-    groups. ``reduce_dtype`` (a ``MixedPrecisionPolicy``) reduces gradients in that dtype.
+    groups. ``accumulation`` says how micro-batches before a step's last skip communication:
+    ``"gradient_sync"`` (``set_requires_gradient_sync(False)``: no reduction at all, the
+    unsharded gradients accumulate) or, for HSDP, ``"all_reduce"``
+    (``set_requires_all_reduce(False)``: reduce-scattered in the group every micro-batch, the
+    partial results accumulate, all-reduced across the groups with the last one).
+    ``reduce_dtype`` (a ``MixedPrecisionPolicy``) reduces gradients in that dtype.
     ``resume_at=k`` checkpoints model and optimizer with ``torch.distributed.checkpoint``
     before step k (each rank writes its shards), shards a fresh (perturbed) model, loads the
     checkpoint into it and trains on."""
 
     def __init__(
-        self, *, replicas: int = 1, reduce_dtype: str | None = None, resume_at: int = 0
+        self,
+        *,
+        replicas: int = 1,
+        reduce_dtype: str | None = None,
+        resume_at: int = 0,
+        accumulation: str = "gradient_sync",
     ) -> None:
         if replicas < 1:
             raise ValueError(f"replicas must be at least 1, got {replicas}")
+        if accumulation not in ACCUMULATIONS:
+            raise ValueError(f"accumulation must be one of {ACCUMULATIONS}, got {accumulation!r}")
+        if accumulation == "all_reduce" and replicas == 1:
+            raise ValueError(
+                "accumulation='all_reduce' skips the all-reduce across replica groups: it needs "
+                "replicas > 1 (HSDP)"
+            )
         self.replicas = replicas
         self.reduce_dtype = reduce_dtype
+        self.accumulation = accumulation
         options = [f"replicas={replicas}"] if replicas > 1 else []
+        if accumulation == "all_reduce":
+            options.append("accumulating with set_requires_all_reduce(False)")
         if reduce_dtype:
             options.append(f"reduce_dtype={reduce_dtype}")
         self.resume_at = resume_at
@@ -63,7 +86,7 @@ class FullyShard(DistributedMethod):
             run,
             run.model,
             optimizer,
-            no_sync=lambda: _without_gradient_sync(run.model),
+            no_sync=lambda: _without_gradient_sync(run.model, self.accumulation),
             resume=(self.resume_at, restart) if self.resume_at else None,
         )
 
@@ -132,17 +155,27 @@ def _load(model: torch.nn.Module, optimizer: torch.optim.Optimizer, directory: s
 
 
 @contextlib.contextmanager
-def _without_gradient_sync(model: torch.nn.Module) -> Iterator[None]:
-    """FSDP2's counterpart of DDP's ``no_sync()``."""
-    model.set_requires_gradient_sync(False)
+def _without_gradient_sync(model: torch.nn.Module, accumulation: str) -> Iterator[None]:
+    """FSDP2's counterpart of DDP's ``no_sync()``: no reduction at all, or (HSDP) no
+    all-reduce across the replica groups."""
+    turn = (
+        model.set_requires_all_reduce
+        if accumulation == "all_reduce"
+        else model.set_requires_gradient_sync
+    )
+    turn(False)
     try:
         yield
     finally:
-        model.set_requires_gradient_sync(True)
+        turn(True)
 
 
 def fully_shard(
-    *, replicas: int = 1, reduce_dtype: str | None = None, resume_at: int = 0
+    *,
+    replicas: int = 1,
+    reduce_dtype: str | None = None,
+    resume_at: int = 0,
+    accumulation: str = "gradient_sync",
 ) -> FullyShard:
     """FSDP2's ``fully_shard`` (HSDP with ``replicas`` > 1; gradients reduced in
     ``reduce_dtype``). Every forward all-gathers parameters, so scenarios need equal
@@ -152,5 +185,11 @@ def fully_shard(
 
         world.assert_equivalent(fully_shard(), scenario)
         world.assert_equivalent(fully_shard(replicas=2), scenario)  # a 2 x 2 mesh at size 4
+        world.assert_equivalent(fully_shard(replicas=2, accumulation="all_reduce"), scenario)
     """
-    return FullyShard(replicas=replicas, reduce_dtype=reduce_dtype, resume_at=resume_at)
+    return FullyShard(
+        replicas=replicas,
+        reduce_dtype=reduce_dtype,
+        resume_at=resume_at,
+        accumulation=accumulation,
+    )

@@ -5,10 +5,12 @@ ones, checked by hand on numbers small enough to follow."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
-from ddp_verify.engine.optimizers import ReferenceOptimizer, clip_total_norm
+from ddp_verify.engine.optimizers import ReferenceOptimizer, clip_total_norm, param_groups
 from ddp_verify.engine.reference import train_reference
 from ddp_verify.engine.scenario import ModelSpec, OptimizerSpec, Scenario
 
@@ -83,3 +85,47 @@ def test_clipping_scales_only_gradients_above_the_bound():
     big.grad = torch.tensor([3.0, 4.0], dtype=torch.float64)
     clip_total_norm([big], 1.0)
     assert float(big.grad.norm()) == pytest.approx(1.0, rel=1e-6)
+
+
+def test_two_param_groups_by_hand():
+    # The matrix steps with the spec's lr and weight decay, the bias (one-dimensional) with
+    # half the lr and none: g = 1 + 0.5 * 2 = 2 for the matrix, 1 for the bias.
+    matrix = torch.nn.Parameter(torch.full((1, 1), 2.0, dtype=torch.float64))
+    bias = torch.nn.Parameter(torch.tensor([2.0], dtype=torch.float64))
+    spec = OptimizerSpec("sgd", lr=0.1, weight_decay=0.5, param_groups=2)
+    optimizer = ReferenceOptimizer(spec, [bias, matrix])
+    for p in (matrix, bias):
+        p.grad = torch.ones_like(p)
+    optimizer.step()
+    assert float(matrix.detach()) == pytest.approx(2.0 - 0.1 * 2.0)
+    assert float(bias.detach()) == pytest.approx(2.0 - 0.05 * 1.0)
+
+
+def test_param_groups_put_vectors_apart_and_leave_none_empty():
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.LayerNorm(2))
+    one, two = OptimizerSpec("adamw", weight_decay=0.01), OptimizerSpec("adamw", param_groups=2)
+    assert [len(g.params) for g in param_groups(one, model.parameters())] == [4]
+    groups = param_groups(dataclasses.replace(two, weight_decay=0.01), model.parameters())
+    assert [[tuple(p.shape) for p in g.params] for g in groups] == [[(2, 3)], [(2,), (2,), (2,)]]
+    assert [(g.lr, g.weight_decay) for g in groups] == [(0.1, 0.01), (0.05, 0.0)]
+    # A model of vectors only: one group, the second's settings.
+    only = param_groups(two, [torch.nn.Parameter(torch.zeros(3))])
+    assert [(len(g.params), g.lr) for g in only] == [(1, 0.05)]
+    with pytest.raises(ValueError, match="param_groups must be 1 or 2"):
+        OptimizerSpec(param_groups=3)
+
+
+def test_an_output_left_out_of_the_loss_leaves_its_head_untouched():
+    # ModelSpec(aside=True): forward returns two outputs, the loss takes the first; the
+    # second's head gets no gradient, so even with weight decay nothing moves it.
+    spec = OptimizerSpec("adamw", lr=0.05, weight_decay=0.01)
+    scenario = Scenario(
+        world_size=2,
+        schedule=(((2,), (1,)), ((1,), (2,))),
+        model=ModelSpec(aside=True),
+        optimizer=spec,
+    )
+    trace = train_reference(scenario)
+    first, second = trace.ranks[0].params
+    assert torch.equal(first["aside.weight"], second["aside.weight"])
+    assert not torch.equal(first["head.weight"], second["head.weight"])

@@ -125,6 +125,7 @@ def test_optimizers_can_be_restricted(spec):
         (lambda: scenarios(world_size=2, losses=()), "losses must be a non-empty"),
         (lambda: models(kinds=("rnn",)), "kinds has ['rnn']"),
         (lambda: models(max_width=1), "max_width=1"),
+        (lambda: models(kinds=("transformer",), aside=True), "aside applies to mlp"),
         (lambda: optimizers(names=("lbfgs",)), "names has ['lbfgs']"),
     ],
 )

@@ -109,12 +109,15 @@ def _source_patch(old: str, new: str) -> Callable[[Callable[..., Any]], Callable
     """The regression as torch's own code: the original function's source with the one line
     ``old`` replaced by ``new``, compiled into the module the original was defined in (its
     globals, its file name for tracebacks). What runs is torch's code path, nothing imitating
-    it from outside. Plain functions only (no closures, no zero-argument ``super()``)."""
+    it from outside. Plain functions only (no closures, no zero-argument ``super()``); a
+    decorated one (``@torch.no_grad()``) is recompiled with its decorators, which apply again.
+    """
 
     def make(original: Callable[..., Any]) -> Callable[..., Any]:
         import inspect
         import textwrap
 
+        original = inspect.unwrap(original)
         code = original.__code__  # type: ignore[attr-defined]
         if code.co_freevars:
             raise PatchDoesNotApply(f"{original.__qualname__} is a closure: patch its maker")
@@ -341,7 +344,8 @@ _FP16 = "test_compression_hook_is_within_its_formats_precision[fp16_compress_hoo
 _FP16_LARGE = "test_compression_hook_averages_large_gradients[fp16_compress_hook]"
 _POWERSGD = "test_powersgd_at_full_rank_is_exact_on_matrices_wider_than_two"
 _POWERSGD_DEFAULTS = "test_powersgd_with_its_defaults_keeps_what_it_does_not_apply"
-_BUFFERS = "test_broadcast_buffers_means_every_rank_uses_rank_0s_buffers[broadcast]"
+_BUFFERS = "test_broadcast_buffers_means_every_rank_uses_rank_0s_buffers[broadcast-in_place]"
+_REASSIGNED = "test_broadcast_buffers_means_every_rank_uses_rank_0s_buffers[broadcast-reassigned]"
 _NO_SYNC = "test_no_sync_leaves_gradients_local_until_the_syncing_backward"
 _JOIN = "test_join_with_uneven_batch_counts_follows_the_documented_semantics"
 _OBJECTS = "test_object_collectives_deliver_every_ranks_object"
@@ -432,6 +436,25 @@ MUTANTS: tuple[Mutant, ...] = (
         f"{_DDP}._check_sync_bufs_pre_fwd",
         _never,
         _BUFFERS,
+    ),
+    Mutant(
+        "ddp_broadcasts_stale_buffers",
+        "DDP",
+        "DDP broadcasts the buffers it found when it was built, not the ones the module holds "
+        "now: a buffer the module re-assigned is never broadcast (its source, one line changed)",
+        f"{_DDP}._sync_buffers",
+        _source_patch("self._assign_modules_buffers()\n", "pass\n"),
+        _REASSIGNED,
+    ),
+    Mutant(
+        "ddp_fills_missing_output_grads",
+        "DDP",
+        "DDP's pass-through of forward's outputs materialises the gradient of an output the "
+        "loss left out as zeros: its head gets zero gradients, not None (its source, one line "
+        "changed)",
+        f"{_DDP[: _DDP.index(':')]}:_DDPSink.forward",
+        _source_patch("ctx.set_materialize_grads(False)\n", "pass\n"),
+        "test_find_unused_parameters_with_an_output_left_out_of_the_loss",
     ),
     Mutant(
         "ddp_skips_initial_sync",
@@ -590,6 +613,24 @@ MUTANTS: tuple[Mutant, ...] = (
         "torch.distributed.checkpoint:load",
         _nothing,
         "test_fully_shard_resumes_from_a_distributed_checkpoint",
+    ),
+    Mutant(
+        "dcp_swaps_param_group_settings",
+        "fully_shard",
+        "set_state_dict hands each param group the other group's settings (learning rate, "
+        "weight decay) when it loads a checkpoint (its source, one line changed)",
+        "torch.distributed.checkpoint.state_dict:_split_optim_state_dict",
+        _source_patch("pg_state[pg_idx][key] = value", "pg_state[-1 - pg_idx][key] = value"),
+        "test_fully_shard_resumes_from_a_distributed_checkpoint",
+    ),
+    Mutant(
+        "hsdp_drops_partial_reductions",
+        "fully_shard",
+        "HSDP accumulating with set_requires_all_reduce(False) no longer adds the partial "
+        "reductions of earlier micro-batches to the last one's (its source, one line changed)",
+        "torch.distributed.fsdp._fully_shard._fsdp_param_group:foreach_reduce",
+        _source_patch("reduce_output += partial_reduce_output\n", "pass\n"),
+        "test_hybrid_sharding_on_a_2d_mesh_matches_the_reference[all_reduce]",
     ),
     Mutant(
         "all_gather_object_missized",
