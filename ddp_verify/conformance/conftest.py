@@ -14,6 +14,13 @@ from ddp_verify.engine import compat
 
 # Measured facts the tests report, listed at the end of the run (see pytest_terminal_summary).
 _FINDINGS = pytest.StashKey[list[str]]()
+# Per test function (any parameters), the first of its tests whose job reached the job
+# time-out: the rest of that function's tests wait a shorter while (_seen_hang_timeout), not
+# the whole time-out again at the same place.
+_HUNG = pytest.StashKey[dict[str, tuple[str, float]]]()
+# The shorter while: a quarter of the time-out, and never under this (a sound job of the suite
+# takes a few seconds at most on a loaded 2-core machine).
+_SEEN_HANG_FLOOR_S = 5.0
 
 
 @pytest.fixture(scope="session")
@@ -96,6 +103,17 @@ def _timed_out(error: BaseException) -> bool:
     return bool(kinds & {FailureKind.TIMED_OUT, FailureKind.DEADLOCKED})
 
 
+def _reached_time_out(error: BaseException) -> bool:
+    """A job that waited the whole job time-out (not a deadlock told in seconds)."""
+    from ddp_verify.world.errors import FailureKind
+
+    return any(f.kind is FailureKind.TIMED_OUT for f in getattr(error, "failures", ()) or ())
+
+
+def _seen_hang_timeout(timeout: float) -> float:
+    return min(timeout, max(_SEEN_HANG_FLOOR_S, timeout / 4))
+
+
 @pytest.fixture
 def prove(
     conformance_examples: int, lockstep: Callable[[Any], Any], request: pytest.FixtureRequest
@@ -109,12 +127,17 @@ def prove(
     of a failure that leaves a rank's collectives behind costs a regrouped world (under a
     launcher, the job itself if a rank aborts). A hang is not shrunk or retried either: the
     first job that outlives ``--ddp-timeout``, or whose ranks are seen deadlocked in
-    collectives, fails the test with where each rank waited."""
+    collectives, fails the test with where each rank waited. Once a test's job has waited out
+    the whole job time-out, the other tests of the same function (its other parameters) give
+    each job a quarter of it (5 s at least), and say so when they time out too."""
     import torch
 
     from ddp_verify.conformance.known import issues_of
 
     known = [i for i in issues_of(request.node) if i.applies_to(torch.__version__)]
+    kind = getattr(request.node, "originalname", request.node.name)
+    hung = request.config.stash.setdefault(_HUNG, {})
+    world = request.getfixturevalue("world") if "world" in request.fixturenames else None
 
     def run(
         strategy: st.SearchStrategy[Any],
@@ -145,11 +168,29 @@ def prove(
             report_multiple_bugs=False,
             suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
         )(test)
+        full = getattr(world, "timeout", None)
+        first = hung.get(kind)
+        shortened = first is not None and full is not None and _seen_hang_timeout(full) < full
+        if shortened:
+            world.timeout = _seen_hang_timeout(full)  # type: ignore[union-attr]
         # Under torchrun every rank runs this property: in lockstep (a no-op otherwise).
         try:
             lockstep(test)()
         except _Unshrunk as failure:
-            raise failure.error from None
+            error = failure.error
+            if _reached_time_out(error):
+                if first is None and full is not None:
+                    hung[kind] = (request.node.nodeid, full)
+                elif shortened and first is not None:
+                    error.add_note(
+                        f"Not waited out again: {first[0]} (the same test, other parameters) "
+                        f"already reached the {first[1]:g} s job time-out, so this test's jobs "
+                        f"had {_seen_hang_timeout(full):g} s each."  # type: ignore[arg-type]
+                    )
+            raise error from None
+        finally:
+            if shortened:
+                world.timeout = full  # type: ignore[union-attr]
 
     return run
 
