@@ -114,6 +114,88 @@ def _seen_hang_timeout(timeout: float) -> float:
     return min(timeout, max(_SEEN_HANG_FLOOR_S, timeout / 4))
 
 
+def _uneven_counts(scenario: Any) -> bool:
+    return any(len({len(sizes) for sizes in step}) > 1 for step in scenario.schedule)
+
+
+def _accumulates(scenario: Any) -> bool:
+    return any(len(sizes) > 1 for step in scenario.schedule for sizes in step)
+
+
+def _broke_down(error: BaseException) -> bool:
+    """The ranks' collectives broke down: a rank died (gloo aborts on a size mismatch), lost
+    its peers or waited in a collective that never completed."""
+    from ddp_verify.world.errors import Category, FailureKind
+
+    return any(
+        f.kind in (FailureKind.DIED, FailureKind.TIMED_OUT, FailureKind.DEADLOCKED)
+        or f.category in (Category.COLLECTIVE_MISMATCH, Category.LOST_PEER)
+        for f in getattr(error, "failures", ()) or ()
+    )
+
+
+def _first_run(holds: Callable[[Any], None], values: Sequence[Any]) -> Exception | None:
+    """Check ``values`` before hypothesis runs. A hang, a known issue (``_Unshrunk``), a skip,
+    and ranks whose collectives broke down (where accumulation that syncs anyway pairs the
+    ranks' collectives wrongly: every replay of a shrink would restart the world) end the test
+    here; another failure is returned, for hypothesis to meet and shrink."""
+    for value in values:
+        try:
+            holds(value)
+        except Exception as exc:
+            if type(exc).__module__.startswith("hypothesis"):
+                continue  # hypothesis's own control flow (assume(), notes) outside a test
+            if _broke_down(exc):
+                exc.add_note(
+                    "Found by the accumulating scenario the property checks first (not shrunk: "
+                    "the ranks' collectives broke down, and every replay would restart them)."
+                )
+                raise _Unshrunk(exc) from exc
+            return exc
+    return None
+
+
+class _NotScenarios(Exception):
+    """The strategy draws something other than scenarios: nothing to look for."""
+
+
+def _accumulating_first(strategy: st.SearchStrategy[Any]) -> list[Any]:
+    """A scenario ``strategy`` draws in which the ranks of a step run different numbers of
+    micro-batches, or else one in which some rank accumulates; none for a strategy of anything
+    else. Checked first, in place of one drawn example (as large as a drawn one, so the run
+    takes no longer), so that a regression of accumulation (``no_sync()`` that syncs anyway, a
+    dropped micro-batch) fails its test at the first job, not after draws that happen not to
+    accumulate. Deterministic, so that every rank of a launched job finds the same one."""
+    from hypothesis import Phase, find
+    from hypothesis.errors import NoSuchExample, Unsatisfiable
+
+    from ddp_verify.engine.scenario import Scenario
+
+    def scenario(wanted: Callable[[Any], bool]) -> Callable[[Any], bool]:
+        def holds(value: Any) -> bool:
+            if not isinstance(value, Scenario):
+                raise _NotScenarios
+            return wanted(value)
+
+        return holds
+
+    searching = settings(
+        database=None,
+        derandomize=True,
+        max_examples=40,
+        phases=[Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
+    for wanted in (_uneven_counts, _accumulates):
+        try:
+            return [find(strategy, scenario(wanted), settings=searching)]
+        except _NotScenarios:
+            return []
+        except (NoSuchExample, Unsatisfiable):
+            continue
+    return []
+
+
 @pytest.fixture
 def prove(
     conformance_examples: int, lockstep: Callable[[Any], Any], request: pytest.FixtureRequest
@@ -160,8 +242,10 @@ def prove(
         test = given(strategy)(holds)
         for value in examples:
             test = example(value)(test)
+        accumulating = _accumulating_first(strategy)
         test = settings(
-            max_examples=conformance_examples,
+            # The accumulating scenario, run first below, stands for one drawn example.
+            max_examples=max(1, conformance_examples - len(accumulating)),
             deadline=None,
             phases=settings().phases,
             # One counterexample, of the kind a known-issue mark expects, not a group of them.
@@ -169,23 +253,33 @@ def prove(
             suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
         )(test)
         full = getattr(world, "timeout", None)
-        first = hung.get(kind)
-        shortened = first is not None and full is not None and _seen_hang_timeout(full) < full
+        earlier = hung.get(kind)
+        shortened = earlier is not None and full is not None and _seen_hang_timeout(full) < full
         if shortened:
             world.timeout = _seen_hang_timeout(full)  # type: ignore[union-attr]
-        # Under torchrun every rank runs this property: in lockstep (a no-op otherwise).
         try:
+            # A hang or a known issue there ends the test at once; any other failure is left
+            # to hypothesis, which meets it again and shrinks it (an explicit example is never
+            # shrunk), and is raised as it is only if hypothesis's own draws never do.
+            unshrunk = _first_run(holds, accumulating)
+            # Under torchrun every rank runs this property: in lockstep (a no-op otherwise).
             lockstep(test)()
+            if unshrunk is not None:
+                unshrunk.add_note(
+                    "Found by the accumulating scenario the property checks first; none of "
+                    "the drawn ones failed, so it is not shrunk."
+                )
+                raise unshrunk
         except _Unshrunk as failure:
             error = failure.error
             if _reached_time_out(error):
-                if first is None and full is not None:
+                if earlier is None and full is not None:
                     hung[kind] = (request.node.nodeid, full)
-                elif shortened and first is not None:
+                elif shortened and earlier is not None:
                     error.add_note(
-                        f"Not waited out again: {first[0]} (the same test, other parameters) "
-                        f"already reached the {first[1]:g} s job time-out, so this test's jobs "
-                        f"had {_seen_hang_timeout(full):g} s each."  # type: ignore[arg-type]
+                        f"Not waited out again: {earlier[0]} (the same test, other parameters) "
+                        f"already reached the {earlier[1]:g} s job time-out, so this test's "
+                        f"jobs had {_seen_hang_timeout(full):g} s each."  # type: ignore[arg-type]
                     )
             raise error from None
         finally:

@@ -222,3 +222,26 @@ def test_a_correct_wrapper_passes_the_whole_suite_without_tripping_x(pytester):
         -3000:
     ]
     assert outcomes.get("passed", 0) >= 50, outcomes
+
+
+def test_the_first_example_of_a_property_accumulates_unevenly_where_its_scenarios_can():
+    # So that a regression of accumulation (no_sync() that syncs anyway) fails the property
+    # at its first job: checked before any drawn example.
+    from hypothesis import strategies as st
+
+    from ddp_verify.conformance.conftest import _accumulating_first
+    from ddp_verify.engine.strategies import scenarios
+
+    (uneven,) = _accumulating_first(scenarios(world_size=4, max_micro_batches=3))
+    assert any(len({len(sizes) for sizes in step}) > 1 for step in uneven.schedule)
+    # Where every rank of a step runs as many micro-batches (fully_shard): one that accumulates.
+    (even,) = _accumulating_first(
+        scenarios(world_size=4, max_micro_batches=3, same_micro_batch_counts=True)
+    )
+    assert all(len({len(sizes) for sizes in step}) == 1 for step in even.schedule)
+    assert any(len(sizes) > 1 for step in even.schedule for sizes in step)
+    # Nothing to add where nothing accumulates, or nothing is a scenario; the same on every
+    # call (every rank of a launched job adds the same example).
+    assert _accumulating_first(scenarios(world_size=2, max_micro_batches=1)) == []
+    assert _accumulating_first(st.tuples(st.integers(), st.integers())) == []
+    assert _accumulating_first(scenarios(world_size=4, max_micro_batches=3)) == [uneven]
