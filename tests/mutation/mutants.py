@@ -64,13 +64,6 @@ def _result_tensor(fut: Any) -> Any:
 # --- communication hooks --------------------------------------------------------------------
 
 
-def _hook_sums(original: Callable[..., Any]) -> Callable[..., Any]:
-    def hook(state: Any, bucket: Any) -> Any:
-        return original(state, bucket).then(lambda f: _result_tensor(f).mul_(_world_size()))
-
-    return hook
-
-
 def _hook_local_only(original: Callable[..., Any]) -> Callable[..., Any]:
     def hook(state: Any, bucket: Any) -> Any:
         import torch
@@ -252,21 +245,6 @@ def _sampler_without_padding(original: Callable[..., Any]) -> Callable[..., Any]
     return iterate
 
 
-def _with_attribute(name: str, value: Callable[[Any], Any]) -> Callable[..., Any]:
-    def make(original: Callable[..., Any]) -> Callable[..., Any]:
-        def iterate(self: Any) -> Iterator[int]:
-            kept = getattr(self, name)
-            setattr(self, name, value(self))
-            try:
-                return iter(list(original(self)))
-            finally:
-                setattr(self, name, kept)
-
-        return iterate
-
-    return make
-
-
 # --- fully_shard ------------------------------------------------------------------------------
 
 
@@ -354,9 +332,10 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "allreduce_hook_sums",
         "comm hooks",
-        "allreduce_hook sums the gradients and forgets to divide by the world size",
-        f"{_HOOKS}.default_hooks:allreduce_hook",
-        _hook_sums,
+        "allreduce_hook sums the gradients and forgets to divide by the world size (its "
+        "all-reduce's source, one line changed)",
+        f"{_HOOKS}.default_hooks:_allreduce_fut",
+        _source_patch("tensor.div_(group_to_use.size())\n", "pass\n"),
         "test_allreduce_hook_is_exact",
     ),
     Mutant(
@@ -379,9 +358,13 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "fp16_sums",
         "comm hooks",
-        "fp16_compress_hook decompresses the sum, not the average",
-        f"{_HOOKS}.default_hooks:fp16_compress_hook",
-        _hook_sums,
+        "fp16_compress_hook decompresses the sum, not the average (its compression's source, "
+        "one line changed)",
+        f"{_HOOKS}.default_hooks:_compress_hook",
+        _source_patch(
+            "compressed_tensor = buffer.to(dtype).div_(world_size)",
+            "compressed_tensor = buffer.to(dtype)",
+        ),
         _FP16,
     ),
     Mutant(
@@ -459,9 +442,13 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "ddp_skips_initial_sync",
         "DDP",
-        "DDP's constructor no longer broadcasts rank 0's parameters and buffers",
+        "DDP's constructor no longer broadcasts rank 0's parameters and buffers (its source, one "
+        "line changed)",
         "torch.nn.parallel.distributed:_sync_module_states",
-        _nothing,
+        _source_patch(
+            "_sync_params_and_buffers(process_group, module_states, broadcast_bucket_size, src)",
+            "pass",
+        ),
         "test_ddp_starts_every_rank_from_rank_0s_state",
     ),
     Mutant(
@@ -545,6 +532,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "sampler_without_padding",
         "DistributedSampler",
+        # Our code, not torch's line: without its padding line torch's own length assertion
+        # stops __iter__ before any property sees it.
         "DistributedSampler(drop_last=False) no longer pads: ranks get different counts",
         _SAMPLER,
         _sampler_without_padding,
@@ -553,25 +542,34 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "sampler_ignores_epoch",
         "DistributedSampler",
-        "DistributedSampler shuffles with the seed alone, ignoring set_epoch()",
+        "DistributedSampler shuffles with the seed alone, ignoring set_epoch() (its source, one "
+        "line changed)",
         _SAMPLER,
-        _with_attribute("epoch", lambda sampler: 0),
+        _source_patch("g.manual_seed(self.seed + self.epoch)", "g.manual_seed(self.seed)"),
         "test_set_epoch_reshuffles_and_forgetting_it_does_not",
     ),
     Mutant(
         "sampler_seeds_by_rank",
         "DistributedSampler",
-        "DistributedSampler seeds its shuffle with the rank: ranks shard different orders",
+        "DistributedSampler seeds its shuffle with the rank: ranks shard different orders (its "
+        "source, one line changed)",
         _SAMPLER,
-        _with_attribute("seed", lambda sampler: sampler.seed + sampler.rank),
+        _source_patch(
+            "g.manual_seed(self.seed + self.epoch)",
+            "g.manual_seed(self.seed + self.epoch + self.rank)",
+        ),
         "test_sampler_with_drop_last_shards_are_disjoint_and_equal",
     ),
     Mutant(
         "fsdp_reduce_scatter_sums",
         "fully_shard",
-        "fully_shard's reduce-scatter sums the gradients: its divisor is lost",
+        "fully_shard's reduce-scatter sums the gradients: its divisor is lost (its source, one "
+        "line changed)",
         _FSDP,
-        _fsdp_divisor("sum"),
+        _source_patch(
+            "return None, None, ReduceOp.AVG, ReduceOp.AVG",
+            "return None, None, ReduceOp.SUM, ReduceOp.SUM",
+        ),
         "test_fully_shard_matches_the_reference",
     ),
     Mutant(
