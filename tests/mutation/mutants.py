@@ -16,7 +16,6 @@ session of the conformance suite can run every mutant, one test at a time (see
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import importlib
@@ -133,45 +132,12 @@ def _source_patch(old: str, new: str) -> Callable[[Callable[..., Any]], Callable
 # --- DistributedDataParallel ----------------------------------------------------------------
 
 
-def _zero_grad_in_place_skipped(original: Callable[..., Any]) -> Callable[..., Any]:
-    def zero_grad(self: Any, set_to_none: bool = True) -> None:
-        if set_to_none:  # only the in-place mode regressed: it leaves the gradients as they are
-            original(self, set_to_none)
-
-    return zero_grad
-
-
-def _state_dict_without_state(original: Callable[..., Any]) -> Callable[..., Any]:
-    def state_dict(self: Any) -> Any:
-        saved = original(self)
-        return {**saved, "state": {}}  # the moments and momentum buffers are not saved
-
-    return state_dict
-
-
 def _never(original: Callable[..., Any]) -> Callable[..., Any]:
     return lambda self, *args, **kwargs: False
 
 
 def _nothing(original: Callable[..., Any]) -> Callable[..., Any]:
     return lambda *args, **kwargs: None
-
-
-def _no_sync_does_nothing(original: Callable[..., Any]) -> Callable[..., Any]:
-    @contextlib.contextmanager
-    def no_sync(self: Any) -> Iterator[None]:
-        yield
-
-    return no_sync
-
-
-def _no_sync_never_restores(original: Callable[..., Any]) -> Callable[..., Any]:
-    @contextlib.contextmanager
-    def no_sync(self: Any) -> Iterator[None]:
-        self.require_backward_grad_sync = False
-        yield
-
-    return no_sync
 
 
 def _ignores_the_last_parameter(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -454,17 +420,20 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "no_sync_does_nothing",
         "DDP",
-        "no_sync() is a no-op: gradients are all-reduced inside it",
+        "no_sync() is a no-op: gradients are all-reduced inside it (its source, one line changed)",
         f"{_DDP}.no_sync",
-        _no_sync_does_nothing,
+        _source_patch("self.require_backward_grad_sync = False\n", "pass\n"),
         _NO_SYNC,
     ),
     Mutant(
         "no_sync_never_restores",
         "DDP",
-        "no_sync() does not restore gradient synchronisation when it exits",
+        "no_sync() does not restore gradient synchronisation when it exits (its source, one line "
+        "changed)",
         f"{_DDP}.no_sync",
-        _no_sync_never_restores,
+        _source_patch(
+            "self.require_backward_grad_sync = old_require_backward_grad_sync\n", "pass\n"
+        ),
         _NO_SYNC,
     ),
     Mutant(
@@ -591,17 +560,19 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "zero_grad_in_place_skipped",
         "optimizer",
-        "Optimizer.zero_grad(set_to_none=False) leaves the gradients as they are",
+        "Optimizer.zero_grad(set_to_none=False) leaves the gradients as they are (its source, one "
+        "line changed)",
         "torch.optim.optimizer:Optimizer.zero_grad",
-        _zero_grad_in_place_skipped,
+        _source_patch("p.grad.zero_()\n", "pass\n"),
         "test_ddp_option_keeps_training_equivalent[zero_grad_in_place]",
     ),
     Mutant(
         "optimizer_state_not_saved",
         "checkpointing",
-        "Optimizer.state_dict() leaves out the per-parameter state (moments, momentum)",
+        "Optimizer.state_dict() leaves out the per-parameter state (moments, momentum) (its "
+        "source, one line changed)",
         "torch.optim.optimizer:Optimizer.state_dict",
-        _state_dict_without_state,
+        _source_patch('"state": packed_state,', '"state": {},'),
         "test_checkpoint_and_resume_continues_as_the_uninterrupted_run",
     ),
     Mutant(
