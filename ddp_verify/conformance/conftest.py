@@ -146,9 +146,10 @@ def _first_run(holds: Callable[[Any], None], values: Sequence[Any]) -> Exception
             if type(exc).__module__.startswith("hypothesis"):
                 continue  # hypothesis's own control flow (assume(), notes) outside a test
             if _broke_down(exc):
-                exc.add_note(
+                compat.add_note(
+                    exc,
                     "Found by the accumulating scenario the property checks first (not shrunk: "
-                    "the ranks' collectives broke down, and every replay would restart them)."
+                    "the ranks' collectives broke down, and every replay would restart them).",
                 )
                 raise _Unshrunk(exc) from exc
             return exc
@@ -203,7 +204,9 @@ def prove(
     """``prove(strategy, check, examples=())``: ``check`` holds for ``examples`` (the cases a
     property must never leave to chance, checked first) and for ``--conformance-examples``
     values drawn from ``strategy``, or hypothesis shrinks the counterexample and the test
-    fails with it.
+    fails with it. For a strategy of scenarios, one that accumulates unevenly is checked
+    before any drawn one, in place of one of them (see ``_accumulating_first``): where the
+    ranks' collectives break down on it, the test ends there.
     The phases are the loaded hypothesis profile's. A failure that matches a known torch
     issue the test is marked with is not shrunk: one counterexample shows it, and every shrink
     of a failure that leaves a rank's collectives behind costs a regrouped world (under a
@@ -252,11 +255,12 @@ def prove(
             report_multiple_bugs=False,
             suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
         )(test)
-        full = getattr(world, "timeout", None)
+        full: float | None = getattr(world, "timeout", None)
         earlier = hung.get(kind)
-        shortened = earlier is not None and full is not None and _seen_hang_timeout(full) < full
+        short = _seen_hang_timeout(full) if full is not None else None
+        shortened = earlier is not None and short is not None and short < full  # type: ignore[operator]
         if shortened:
-            world.timeout = _seen_hang_timeout(full)  # type: ignore[union-attr]
+            world.timeout = short  # type: ignore[union-attr]
         try:
             # A hang or a known issue there ends the test at once; any other failure is left
             # to hypothesis, which meets it again and shrinks it (an explicit example is never
@@ -265,9 +269,10 @@ def prove(
             # Under torchrun every rank runs this property: in lockstep (a no-op otherwise).
             lockstep(test)()
             if unshrunk is not None:
-                unshrunk.add_note(
+                compat.add_note(
+                    unshrunk,
                     "Found by the accumulating scenario the property checks first; none of "
-                    "the drawn ones failed, so it is not shrunk."
+                    "the drawn ones failed, so it is not shrunk.",
                 )
                 raise unshrunk
         except _Unshrunk as failure:
@@ -276,10 +281,11 @@ def prove(
                 if earlier is None and full is not None:
                     hung[kind] = (request.node.nodeid, full)
                 elif shortened and earlier is not None:
-                    error.add_note(
+                    compat.add_note(
+                        error,
                         f"Not waited out again: {earlier[0]} (the same test, other parameters) "
                         f"already reached the {earlier[1]:g} s job time-out, so this test's "
-                        f"jobs had {_seen_hang_timeout(full):g} s each."  # type: ignore[arg-type]
+                        f"jobs had {short:g} s each.",
                     )
             raise error from None
         finally:

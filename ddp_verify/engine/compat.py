@@ -49,6 +49,18 @@ def _require(obj: Any, attribute: str, package: str, what: str, why: str) -> Any
 # -- pytest --------------------------------------------------------------------------------
 
 
+def add_note(exc: BaseException, note: str) -> None:
+    """``exc.add_note(note)`` on every Python the package supports: ``add_note`` is 3.11's,
+    and pytest and hypothesis read ``__notes__`` on 3.10 too.
+
+    Example::
+
+        >>> error = ValueError("bad"); add_note(error, "seen on rank 1"); error.__notes__
+        ['seen on rank 1']
+    """
+    setattr(exc, "__notes__", [*getattr(exc, "__notes__", []), note])  # noqa: B010
+
+
 def fixture_argnames(item: Any) -> tuple[str, ...]:
     """The fixture names a test function takes itself (not autouse ones, not defaults)."""
     info = _require(

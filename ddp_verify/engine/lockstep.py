@@ -133,8 +133,7 @@ def _rebuilt(
     exc.__traceback__ = None
     if note:
         said = f"[ddp_verify] raised on rank {rank} of {size}; there:\n{text.rstrip()}"
-        # BaseException.add_note is Python 3.11's; pytest and hypothesis read __notes__ on 3.10.
-        setattr(exc, "__notes__", [*getattr(exc, "__notes__", []), said])  # noqa: B010
+        compat.add_note(exc, said)
     return exc
 
 

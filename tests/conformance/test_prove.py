@@ -81,21 +81,21 @@ def test_siblings(world, prove, hangs):
 
 
 def test_after_one_test_waits_out_the_time_out_its_siblings_wait_a_quarter(pytester):
-    # The first parametrization hangs and waits the whole 12 s; the next ones (same test
+    # The first parametrization hangs and waits the whole 8 s; the next ones (same test
     # function) get max(5 s, a quarter) per job: a sound one still passes, a hanging one
     # fails after 5 s, saying why it was not given the whole time-out.
     pytester.makeconftest(CONFTEST)
     pytester.makepyfile(test_siblings=SIBLINGS)
     result = pytester.runpytest_subprocess(
-        *QUIET, "--world-size", "2", "--ddp-timeout", "12", "-n", "0", "-rf", timeout=180
+        *QUIET, "--world-size", "2", "--ddp-timeout", "8", "-n", "0", "-rf", timeout=180
     )
     result.assert_outcomes(failed=2, passed=1)
     text = result.stdout.str()
     first, _, again = text.partition("test_siblings[again]")
-    assert "did not finish within the 12 s timeout" in first
+    assert "did not finish within the 8 s timeout" in first
     assert "did not finish within the 5 s timeout" in again
     assert "Not waited out again: test_siblings.py::test_siblings[first]" in again
-    assert "12 s job time-out, so this test's jobs had 5 s each" in again
+    assert "8 s job time-out, so this test's jobs had 5 s each" in again
 
 
 WRAPPERS = """

@@ -20,7 +20,6 @@ import dataclasses
 import functools
 import importlib
 import os
-import pickle
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -161,24 +160,6 @@ def _join_divisor_inverted(original: Callable[..., Any]) -> Callable[..., Any]:
 # --- ZeroRedundancyOptimizer ----------------------------------------------------------------
 
 
-def _zero_broadcasts_from_the_next_rank(original: Callable[..., Any]) -> Callable[..., Any]:
-    # Every rank agrees on the wrong source, so the broadcasts still match: the shard's owner
-    # receives its neighbour's stale copy instead of sending its update.
-    def broadcast(self: Any, rank: int) -> Any:
-        import torch.distributed as dist
-
-        handles = []
-        src = dist.distributed_c10d.get_global_rank(self.process_group, (rank + 1) % _world_size())
-        for group in self._partition_parameters()[rank]:
-            handles.extend(
-                dist.broadcast(p.data, src=src, group=self.process_group, async_op=True)
-                for p in group["params"]
-            )
-        return handles
-
-    return broadcast
-
-
 def _zero_buckets_detached(original: Callable[..., Any]) -> Callable[..., Any]:
     # The buckets are built, but the parameters are not re-pointed into them: broadcasting a
     # bucket no longer updates the parameters it stands for.
@@ -214,21 +195,6 @@ def _sampler_without_padding(original: Callable[..., Any]) -> Callable[..., Any]
 # --- fully_shard ------------------------------------------------------------------------------
 
 
-def _fsdp_divisor(how: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    def make(original: Callable[..., Any]) -> Callable[..., Any]:
-        def factors(*args: Any, **kwargs: Any) -> Any:
-            from torch.distributed import ReduceOp
-
-            if how == "sum":  # the reduce-scatter sums and nothing divides
-                return None, None, ReduceOp.SUM, ReduceOp.SUM
-            size = float(_world_size())  # divided before and after: by the size squared
-            return size, size, ReduceOp.SUM, ReduceOp.SUM
-
-        return factors
-
-    return make
-
-
 def _clip_by_the_local_norm(original: Callable[..., Any]) -> Callable[..., Any]:
     # Each rank clips by the norm of the gradient shards it holds, not the whole model's.
     def clip_grad_norm_(parameters: Any, max_norm: float, *args: Any, **kwargs: Any) -> Any:
@@ -246,36 +212,6 @@ def _clip_by_the_local_norm(original: Callable[..., Any]) -> Callable[..., Any]:
 
 
 # --- object collectives ----------------------------------------------------------------------
-
-
-def _all_gather_object_missized(original: Callable[..., Any]) -> Callable[..., Any]:
-    # Every rank's bytes are read back with rank 0's size: a larger object is cut short.
-    def all_gather_object(object_list: list[Any], obj: Any, group: Any = None) -> None:
-        import torch
-        import torch.distributed as dist
-
-        data = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
-        size = torch.tensor([data.numel()])
-        sizes = [torch.zeros_like(size) for _ in range(dist.get_world_size(group))]
-        dist.all_gather(sizes, size, group=group)
-        longest = int(max(sizes))
-        padded = torch.zeros(longest, dtype=torch.uint8)
-        padded[: data.numel()] = data
-        received = [torch.empty_like(padded) for _ in sizes]
-        dist.all_gather(received, padded, group=group)
-        for i, tensor in enumerate(received):
-            object_list[i] = pickle.loads(tensor[: int(sizes[0])].numpy().tobytes())
-
-    return all_gather_object
-
-
-def _gather_object_reversed(original: Callable[..., Any]) -> Callable[..., Any]:
-    def gather_object(obj: Any, object_gather_list: Any = None, dst: Any = None, **kw: Any) -> None:
-        original(obj, object_gather_list, dst, **kw)
-        if object_gather_list is not None:
-            object_gather_list.reverse()
-
-    return gather_object
 
 
 _DDP = "torch.nn.parallel.distributed:DistributedDataParallel"
@@ -381,9 +317,10 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "ddp_skips_buffer_broadcast",
         "DDP",
-        "DDP skips the broadcast of rank 0's buffers before each forward",
+        "DDP skips the broadcast of rank 0's buffers before each forward (its source, one line "
+        "changed)",
         f"{_DDP}._check_sync_bufs_pre_fwd",
-        _never,
+        _source_patch("return self.will_sync_module_buffers() and (", "return False and ("),
         _BUFFERS,
     ),
     Mutant(
@@ -439,6 +376,9 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "ddp_ignores_a_parameter",
         "DDP",
+        # Our code, not torch's line: leaving the parameter out of the reducer's list in
+        # _build_params_for_reducer trips DDP's own check ("found in module parameters, but
+        # not DDP parameters") before any property sees it.
         "DDP leaves the last parameter out of its reducer, as if told to ignore it: its "
         "gradient stays local",
         f"{_DDP}._build_params_for_reducer",
@@ -456,9 +396,13 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "join_divisor_inverted",
         "Join",
-        "Join's divide_by_initial_world_size is read inverted",
-        "torch.nn.parallel.distributed:_DDPJoinHook.__init__",
-        _join_divisor_inverted,
+        "Join's divide_by_initial_world_size is read inverted when DDP hands the reducer its "
+        "forward's join work (its source, one line changed)",
+        f"{_DDP}._pre_forward",
+        _source_patch(
+            "self._divide_by_initial_world_size,  # type: ignore[arg-type]",
+            "not self._divide_by_initial_world_size,  # type: ignore[arg-type]",
+        ),
         _JOIN,
     ),
     Mutant(
@@ -484,9 +428,13 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "zero_broadcasts_from_wrong_rank",
         "ZeRO",
-        "ZeroRedundancyOptimizer broadcasts each shard from the next rank, not its owner",
+        "ZeroRedundancyOptimizer broadcasts, from each shard's owner, the next rank's shard: "
+        "the owner's update never reaches the others (its source, one line changed)",
         f"{_ZERO}._broadcast_params_from_rank",
-        _zero_broadcasts_from_the_next_rank,
+        _source_patch(
+            "param_groups = self._partition_parameters()[rank]",
+            "param_groups = self._partition_parameters()[(rank + 1) % self.world_size]",
+        ),
         "test_zero_redundancy_optimizer_matches_the_reference[adam]",
     ),
     Mutant(
@@ -544,9 +492,13 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "fsdp_divides_twice",
         "fully_shard",
-        "fully_shard divides the gradients by the world size before and after the reduce-scatter",
+        "fully_shard divides the gradients by the world size before and after the reduce-scatter "
+        "(its source, one line changed)",
         _FSDP,
-        _fsdp_divisor("twice"),
+        _source_patch(
+            "return None, None, ReduceOp.AVG, ReduceOp.AVG",
+            "return data_parallel_size, data_parallel_size, ReduceOp.SUM, ReduceOp.SUM",
+        ),
         "test_fully_shard_matches_the_reference",
     ),
     Mutant(
@@ -604,17 +556,22 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "all_gather_object_missized",
         "object collectives",
-        "all_gather_object reads every rank's object with rank 0's size",
+        "all_gather_object reads every rank's object with rank 0's size (its source, one line "
+        "changed)",
         "torch.distributed:all_gather_object",
-        _all_gather_object_missized,
+        _source_patch("tensor_size = object_size_list[i]", "tensor_size = object_size_list[0]"),
         _OBJECTS,
     ),
     Mutant(
         "gather_object_reversed",
         "object collectives",
-        "gather_object hands the destination the objects in reverse rank order",
+        "gather_object hands the destination the objects in reverse rank order (its source, one "
+        "line changed)",
         "torch.distributed:gather_object",
-        _gather_object_reversed,
+        _source_patch(
+            "object_gather_list[i] = _tensor_to_object(tensor, tensor_size, group)",
+            "object_gather_list[-1 - i] = _tensor_to_object(tensor, tensor_size, group)",
+        ),
         _OBJECTS,
     ),
 )

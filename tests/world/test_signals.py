@@ -28,9 +28,6 @@ PYTEST = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--wor
 # The packaged suite, run as framework teams run it (pytest.main inside the command).
 CONFORMANCE = [sys.executable, "-m", "ddp_verify", "conformance", "--world-size", "2", "--",
                "-p", "no:cacheprovider", "-n", "0"]  # fmt: skip
-SIGNALS = pytest.mark.parametrize(
-    "signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP], ids=["SIGTERM", "SIGINT", "SIGHUP"]
-)
 # One handler serves every front end (world/cleanup.py): CI sends all three signals to a
 # pytest session and SIGTERM to the rest; tox -e slow sends every signal to every one.
 SLOW = pytest.mark.slow
@@ -109,8 +106,25 @@ def test_a_signal_to_the_command_leaves_no_file_and_no_process(signum, code, tmp
     assert _ours(env) == [], "temporary files left behind"
 
 
-@SIGNALS
-@pytest.mark.parametrize("command", [PYTEST, CONFORMANCE], ids=["pytest", "conformance"])
+@pytest.mark.parametrize(
+    ("signum", "command"),
+    [
+        *[(signum, PYTEST) for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)],
+        (signal.SIGTERM, CONFORMANCE),
+        # The conformance command ends its pytest session through the same handler: CI's
+        # time goes to the pytest session's three signals, tox -e slow runs these two.
+        pytest.param(signal.SIGINT, CONFORMANCE, marks=SLOW),
+        pytest.param(signal.SIGHUP, CONFORMANCE, marks=SLOW),
+    ],
+    ids=[
+        "pytest-SIGTERM",
+        "pytest-SIGINT",
+        "pytest-SIGHUP",
+        "conformance-SIGTERM",
+        "conformance-SIGINT",
+        "conformance-SIGHUP",
+    ],
+)
 def test_a_signal_to_a_pytest_session_leaves_no_file_and_no_process(signum, command, tmp_path):
     proc, tree, env = _started(command, tmp_path)
     proc.send_signal(signum)
