@@ -73,32 +73,16 @@ def _hook_local_only(original: Callable[..., Any]) -> Callable[..., Any]:
     return hook
 
 
-def _fp16_divides_after_the_all_reduce(original: Callable[..., Any]) -> Callable[..., Any]:
-    # The division moved after the all-reduce: the sum of every rank's gradient is formed in
-    # float16 first, and overflows to inf once it passes 65504.
-    def hook(state: Any, bucket: Any) -> Any:
-        import torch
-        import torch.distributed as dist
-
-        buffer = bucket.buffer()
-        compressed = buffer.to(torch.float16)
-        fut = dist.all_reduce(compressed, group=state, async_op=True).get_future()
-
-        def decompress(f: Any) -> Any:
-            return buffer.copy_(_result_tensor(f).div_(_world_size()))
-
-        return fut.then(decompress)
-
-    return hook
-
-
 class PatchDoesNotApply(Exception):
     """The line a source patch changes is not in this torch's function, exactly once."""
 
 
-def _source_patch(old: str, new: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """The regression as torch's own code: the original function's source with the one line
-    ``old`` replaced by ``new``, compiled into the module the original was defined in (its
+def _source_patch(
+    old: str, new: str, *more: tuple[str, str]
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """The regression as torch's own code: the original function's source with the line
+    ``old`` replaced by ``new`` (and each further ``(old, new)`` of ``more``, for a regression
+    that is more than one line), compiled into the module the original was defined in (its
     globals, its file name for tracebacks). What runs is torch's code path, nothing imitating
     it from outside. Plain functions only (no closures, no zero-argument ``super()``); a
     decorated one (``@torch.no_grad()``) is recompiled with its decorators, which apply again.
@@ -113,13 +97,16 @@ def _source_patch(old: str, new: str) -> Callable[[Callable[..., Any]], Callable
         if code.co_freevars:
             raise PatchDoesNotApply(f"{original.__qualname__} is a closure: patch its maker")
         source = textwrap.dedent(inspect.getsource(original))
-        if source.count(old) != 1:
-            raise PatchDoesNotApply(
-                f"{old.strip()!r} is in {original.__qualname__} {source.count(old)} times, "
-                "not once: this torch's source differs from the one the mutant was written for"
-            )
+        for line, replacement in ((old, new), *more):
+            if source.count(line) != 1:
+                raise PatchDoesNotApply(
+                    f"{line.strip()!r} is in {original.__qualname__} {source.count(line)} "
+                    "times, not once: this torch's source differs from the one the mutant was "
+                    "written for"
+                )
+            source = source.replace(line, replacement)
         namespace: dict[str, Any] = {}
-        compiled = compile(source.replace(old, new), inspect.getsourcefile(original) or "", "exec")
+        compiled = compile(source, inspect.getsourcefile(original) or "", "exec")
         exec(compiled, original.__globals__, namespace)  # type: ignore[attr-defined]
         patched = namespace[original.__name__]
         patched.__qualname__ = original.__qualname__
@@ -252,9 +239,16 @@ MUTANTS: tuple[Mutant, ...] = (
         "fp16_divides_after_all_reduce",
         "comm hooks",
         "fp16_compress_hook divides by the world size after the float16 all-reduce (the sum "
-        "overflows on large gradients)",
-        f"{_HOOKS}.default_hooks:fp16_compress_hook",
-        _fp16_divides_after_the_all_reduce,
+        "overflows on large gradients) (its compression's source, two lines changed)",
+        f"{_HOOKS}.default_hooks:_compress_hook",
+        _source_patch(
+            "compressed_tensor = buffer.to(dtype).div_(world_size)",
+            "compressed_tensor = buffer.to(dtype)",
+            (
+                "decompressed_tensor.copy_(value)",
+                "decompressed_tensor.copy_(value.div_(world_size))",
+            ),
+        ),
         _FP16_LARGE,
     ),
     Mutant(
