@@ -100,16 +100,19 @@ class Terminated(KeyboardInterrupt):
         self.signum = signum
 
 
-# The signal a front end was asked to end by, once one came. Its exception can still be lost
-# after it was raised: code that goes on after ``except BaseException`` (in a library, or in
-# the user's code under test), a ``__del__`` or a weakref callback (reported as ignored).
-# New work is then refused (stop_if_asked), so that a session never runs on to its end.
+# The terminating signal (SIGTERM, SIGHUP) a front end was asked to end by, once one came. Its
+# exception can still be lost after it was raised: code that goes on after ``except
+# BaseException`` (in a library, or in the user's code under test), a ``__del__`` or a weakref
+# callback (reported as ignored). New work is then refused (stop_if_asked), so that a session
+# never runs on to its end. Not SIGINT: a KeyboardInterrupt that code catches is Python's own
+# semantics, which a test of the user's Ctrl-C handling relies on.
 _asked: int | None = None
 
 
 def _exit_cleanly(signum: int, frame: FrameType | None) -> None:
     global _asked
-    _asked = signum
+    if signum in TERMINATING:
+        _asked = signum
     if _in_gc_callback(frame):
         _later(signum)
         return
@@ -127,9 +130,11 @@ def _interruption(signum: int) -> KeyboardInterrupt:
 
 
 def stop_if_asked() -> None:
-    """Raise the ending signal's exception again if one came and the session went on: where
-    new work starts (a job sent to the ranks, a test set up). A no-op where no signal came, or
-    where :func:`ends_cleanly` was never called (a library's user keeps their own handlers).
+    """Raise the terminating signal's exception (SIGTERM, SIGHUP) again if one came and the
+    session went on: where new work starts (a job sent to the ranks, a test set up). A no-op
+    where no such signal came, after SIGINT (a caught KeyboardInterrupt is the catcher's to
+    handle, as in Python), or where :func:`ends_cleanly` was never called (a library's user
+    keeps their own handlers).
 
     Example::
 

@@ -258,9 +258,18 @@ finally:
 
 
 @pytest.mark.parametrize(
-    ("name", "raised"), [("SIGTERM", "Terminated"), ("SIGINT", "KeyboardInterrupt")]
+    ("name", "said"),
+    [
+        ("SIGTERM", "ended: Terminated"),
+        ("SIGHUP", "ended: Terminated"),
+        # Python's own semantics: a KeyboardInterrupt that code catches is handled, and the
+        # program goes on (a test of the user's Ctrl-C handling does exactly that).
+        ("SIGINT", "went on"),
+    ],
 )
-def test_a_signal_whose_exception_was_swallowed_still_stops_the_next_job(name, raised, tmp_path):
+def test_a_terminating_signal_whose_exception_was_swallowed_still_stops_the_next_job(
+    name, said, tmp_path
+):
     temp = tmp_path / "tmp"
     temp.mkdir()
     env = {**os.environ, "TMPDIR": str(temp)}
@@ -268,7 +277,7 @@ def test_a_signal_whose_exception_was_swallowed_still_stops_the_next_job(name, r
     done = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env
     )
-    assert done.stdout.strip() == f"ended: {raised}", done.stdout + done.stderr
+    assert done.stdout.strip() == said, done.stdout + done.stderr
     assert _ours(env) == []
 
 
@@ -286,3 +295,25 @@ def test_a_signal_whose_exception_a_test_swallowed_still_ends_the_session(tmp_pa
     out = done.stdout + done.stderr
     assert done.returncode != 0 and "terminated by signal 15" in out, out[-2000:]
     assert "ran after the signal" not in out and "PASSED test_swallow.py::test_after" not in out
+
+
+def test_a_test_that_catches_its_own_sigint_does_not_end_the_session(tmp_path):
+    # A test of the user's own Ctrl-C handling: the KeyboardInterrupt is caught where Python
+    # delivers it, and the session goes on to the next test.
+    (tmp_path / "test_ctrl_c.py").write_text(
+        "import os, signal, time\n"
+        "import pytest\n\n"
+        "def test_ctrl_c():\n"
+        "    with pytest.raises(KeyboardInterrupt):\n"
+        "        os.kill(os.getpid(), signal.SIGINT)\n"
+        "        time.sleep(5)\n\n"
+        "def test_after():\n"
+        "    pass\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "0", "-rA",
+         "test_ctrl_c.py"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    out = done.stdout + done.stderr
+    assert done.returncode == 0 and "PASSED test_ctrl_c.py::test_after" in out, out[-2000:]
