@@ -2,9 +2,10 @@
 
 Each :class:`Mutant` is a plausible regression in torch's Python code (a hook that forgets to
 divide, a broadcast skipped, a sampler that pads wrongly), written as a replacement for one
-function or method and named with the conformance test that must catch it. The replacement is
-our own code with the regression in it, or the original wrapped so that its result carries the
-regression's effect; torch's files are never edited.
+function or method and named with the conformance test that must catch it. The replacement is,
+for most, torch's own function recompiled from its source with the regression's line changed
+(:func:`_source_patch`); for the rest, a no-op in its place or our own code that carries the
+regression (README says which and why). torch's files are never edited.
 
 :func:`install` (run in every rank by the ``--ddp-preload`` module
 :mod:`tests.mutation.rank_patches`) replaces each targeted attribute by a dispatcher that calls
@@ -46,17 +47,6 @@ class Mutant:
     @property
     def catcher_params(self) -> str:
         return self.caught_by.partition("[")[2].rstrip("]")
-
-
-def _world_size() -> int:
-    import torch.distributed as dist
-
-    return dist.get_world_size()
-
-
-def _result_tensor(fut: Any) -> Any:
-    value = fut.value()
-    return value[0] if isinstance(value, list) else value
 
 
 # --- communication hooks --------------------------------------------------------------------
@@ -118,10 +108,6 @@ def _source_patch(
 # --- DistributedDataParallel ----------------------------------------------------------------
 
 
-def _never(original: Callable[..., Any]) -> Callable[..., Any]:
-    return lambda self, *args, **kwargs: False
-
-
 def _nothing(original: Callable[..., Any]) -> Callable[..., Any]:
     return lambda *args, **kwargs: None
 
@@ -135,13 +121,6 @@ def _ignores_the_last_parameter(original: Callable[..., Any]) -> Callable[..., A
         return original(self)
 
     return build
-
-
-def _join_divisor_inverted(original: Callable[..., Any]) -> Callable[..., Any]:
-    def init(self: Any, ddp: Any, divide_by_initial_world_size: bool) -> None:
-        original(self, ddp, not divide_by_initial_world_size)
-
-    return init
 
 
 # --- ZeroRedundancyOptimizer ----------------------------------------------------------------
