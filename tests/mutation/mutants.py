@@ -381,9 +381,10 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "zero_skips_parameter_sync",
         "ZeRO",
-        "ZeroRedundancyOptimizer steps its shard but never broadcasts the updated parameters",
+        "ZeroRedundancyOptimizer steps its shard but never broadcasts the updated parameters "
+        "(its source, one line changed)",
         f"{_ZERO}._sync_params",
-        _nothing,
+        _source_patch("handles.extend(self._broadcast_params_from_rank(rank))\n", "pass\n"),
         "test_zero_redundancy_optimizer_matches_the_reference[sgd]",
     ),
     Mutant(
