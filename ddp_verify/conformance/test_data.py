@@ -38,7 +38,12 @@ def test_sampler_with_drop_last_shards_are_disjoint_and_equal(world, prove):
         length, shuffle, seed = case
         (shards,) = _shards(world, length, shuffle=shuffle, seed=seed, drop_last=True)
         per_rank = length // world.size
-        assert all(len(s) == per_rank for s in shards.per_rank), shards.per_rank
+        assert all(len(s) == per_rank for s in shards.per_rank), (
+            f"DistributedSampler(drop_last=True) over {length} items at world size "
+            f"{world.size} must hand every rank {length} // {world.size} = {per_rank}, "
+            f"dropping the tail; the ranks got {[len(s) for s in shards.per_rank]}: "
+            f"{shards.per_rank}"
+        )
         assert shards.duplicates == 0, f"an index went to two ranks: {shards.per_rank}"
         assert shards.missing == length - per_rank * world.size, shards.per_rank
 
@@ -54,7 +59,12 @@ def test_sampler_without_drop_last_covers_the_dataset_and_pads_with_duplicates(
         length, shuffle, seed = case
         (shards,) = _shards(world, length, shuffle=shuffle, seed=seed, drop_last=False)
         per_rank = math.ceil(length / world.size)
-        assert all(len(s) == per_rank for s in shards.per_rank), shards.per_rank
+        assert all(len(s) == per_rank for s in shards.per_rank), (
+            f"DistributedSampler(drop_last=False) over {length} items at world size "
+            f"{world.size} must hand every rank ceil({length} / {world.size}) = {per_rank}, "
+            f"padding with repeats; the ranks got {[len(s) for s in shards.per_rank]}: "
+            f"{shards.per_rank}"
+        )
         assert shards.missing == 0, f"indices handed to no rank: {shards.per_rank}"
         # The padding: every rank gets ceil(N / W) items, so W * ceil(N / W) - N are repeats.
         assert shards.duplicates == per_rank * world.size - length, shards.per_rank

@@ -2,10 +2,10 @@
 
 Each :class:`Mutant` is a plausible regression in torch's Python code (a hook that forgets to
 divide, a broadcast skipped, a sampler that pads wrongly), written as a replacement for one
-function or method and named with the conformance test that must catch it. The replacement is,
-for most, torch's own function recompiled from its source with the regression's line changed
-(:func:`_source_patch`); for the rest, a no-op in its place or our own code that carries the
-regression (README says which and why). torch's files are never edited.
+function or method and named with the conformance test that must catch it. The replacement is
+torch's own function recompiled from its source with the regression's lines changed
+(:func:`_source_patch`): what runs is the code path the mutant names, never our code imitating a
+bug from outside. torch's files are never edited.
 
 :func:`install` (run in every rank by the ``--ddp-preload`` module
 :mod:`tests.mutation.rank_patches`) replaces each targeted attribute by a dispatcher that calls
@@ -21,7 +21,7 @@ import dataclasses
 import functools
 import importlib
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 MUTANT_FILE_ENV = "DDP_VERIFY_MUTANT_FILE"
@@ -49,20 +49,6 @@ class Mutant:
         return self.caught_by.partition("[")[2].rstrip("]")
 
 
-# --- communication hooks --------------------------------------------------------------------
-
-
-def _hook_local_only(original: Callable[..., Any]) -> Callable[..., Any]:
-    def hook(state: Any, bucket: Any) -> Any:
-        import torch
-
-        fut: Any = torch.futures.Future()
-        fut.set_result(bucket.buffer())
-        return fut
-
-    return hook
-
-
 class PatchDoesNotApply(Exception):
     """The line a source patch changes is not in this torch's function, exactly once."""
 
@@ -74,8 +60,9 @@ def _source_patch(
     ``old`` replaced by ``new`` (and each further ``(old, new)`` of ``more``, for a regression
     that is more than one line), compiled into the module the original was defined in (its
     globals, its file name for tracebacks). What runs is torch's code path, nothing imitating
-    it from outside. Plain functions only (no closures, no zero-argument ``super()``); a
-    decorated one (``@torch.no_grad()``) is recompiled with its decorators, which apply again.
+    it from outside. A decorated function (``@torch.no_grad()``) is recompiled with its
+    decorators, which apply again; a closure's free variables (``__class__`` for a method that
+    calls ``super()``) are bound to what the original's cells hold when the patch is made.
     """
 
     def make(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -84,8 +71,6 @@ def _source_patch(
 
         original = inspect.unwrap(original)
         code = original.__code__  # type: ignore[attr-defined]
-        if code.co_freevars:
-            raise PatchDoesNotApply(f"{original.__qualname__} is a closure: patch its maker")
         source = textwrap.dedent(inspect.getsource(original))
         for line, replacement in ((old, new), *more):
             if source.count(line) != 1:
@@ -95,89 +80,25 @@ def _source_patch(
                     "written for"
                 )
             source = source.replace(line, replacement)
+        # Compiled inside a function whose parameters are the original's free variables, so
+        # that the patched function closes over the same names (zero-argument super() too).
+        patched_source = source
+        source = (
+            f"def _rebind({', '.join(code.co_freevars)}):\n"
+            + textwrap.indent(source, "    ")
+            + f"\n    return {original.__name__}\n"
+        )
         namespace: dict[str, Any] = {}
         compiled = compile(source, inspect.getsourcefile(original) or "", "exec")
         exec(compiled, original.__globals__, namespace)  # type: ignore[attr-defined]
-        patched = namespace[original.__name__]
+        cells = original.__closure__ or ()  # type: ignore[attr-defined]
+        patched = namespace["_rebind"](*(cell.cell_contents for cell in cells))
         patched.__qualname__ = original.__qualname__
+        patched.__patched_source__ = patched_source
         return patched
 
+    make.changes = ((old, new), *more)  # type: ignore[attr-defined]
     return make
-
-
-# --- DistributedDataParallel ----------------------------------------------------------------
-
-
-def _nothing(original: Callable[..., Any]) -> Callable[..., Any]:
-    return lambda *args, **kwargs: None
-
-
-def _ignores_the_last_parameter(original: Callable[..., Any]) -> Callable[..., Any]:
-    def build(self: Any) -> Any:
-        # The last trainable parameter joins the ignored ones as if the user had asked: the
-        # reducer leaves it out and its gradient is never all-reduced.
-        trainable = [name for name, p in self.module.named_parameters() if p.requires_grad]
-        self.parameters_to_ignore.add(trainable[-1])
-        return original(self)
-
-    return build
-
-
-# --- ZeroRedundancyOptimizer ----------------------------------------------------------------
-
-
-def _zero_buckets_detached(original: Callable[..., Any]) -> Callable[..., Any]:
-    # The buckets are built, but the parameters are not re-pointed into them: broadcasting a
-    # bucket no longer updates the parameters it stands for.
-    def build(self: Any) -> None:
-        original(self)
-        for group in self.param_groups:
-            for param in group["params"]:
-                param.data = param.data.clone()
-
-    return build
-
-
-# --- DistributedSampler ---------------------------------------------------------------------
-
-
-def _sampler_without_padding(original: Callable[..., Any]) -> Callable[..., Any]:
-    def iterate(self: Any) -> Iterator[int]:
-        mine = list(original(self))
-        # Position k of rank r's shard is item r + k * replicas of the padded order: keep the
-        # real items only, so that ranks get different numbers of them.
-        real = len(self.dataset)
-        return iter(
-            [
-                i
-                for k, i in enumerate(mine)
-                if self.drop_last or self.rank + k * self.num_replicas < real
-            ]
-        )
-
-    return iterate
-
-
-# --- fully_shard ------------------------------------------------------------------------------
-
-
-def _clip_by_the_local_norm(original: Callable[..., Any]) -> Callable[..., Any]:
-    # Each rank clips by the norm of the gradient shards it holds, not the whole model's.
-    def clip_grad_norm_(parameters: Any, max_norm: float, *args: Any, **kwargs: Any) -> Any:
-        import torch
-
-        grads = [p.grad for p in parameters if p.grad is not None]
-        local = [g.to_local() if hasattr(g, "to_local") else g for g in grads]
-        norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in local]))
-        scale = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
-        for g in local:
-            g.mul_(scale)
-        return norm
-
-    return clip_grad_norm_
-
-
-# --- object collectives ----------------------------------------------------------------------
 
 
 _DDP = "torch.nn.parallel.distributed:DistributedDataParallel"
@@ -207,11 +128,16 @@ MUTANTS: tuple[Mutant, ...] = (
         "test_allreduce_hook_is_exact",
     ),
     Mutant(
-        "allreduce_hook_local",
+        "allreduce_hook_returns_its_own",
         "comm hooks",
-        "allreduce_hook returns the rank's own gradient without communicating",
-        f"{_HOOKS}.default_hooks:allreduce_hook",
-        _hook_local_only,
+        "allreduce_hook all-reduces a copy of the bucket and returns the rank's own gradient, "
+        "divided by the world size (its all-reduce's source, two lines changed)",
+        f"{_HOOKS}.default_hooks:_allreduce_fut",
+        _source_patch(
+            "dist.all_reduce(tensor, group=group_to_use, async_op=True)",
+            "dist.all_reduce(tensor.clone(), group=group_to_use, async_op=True)",
+            (".then(lambda fut: fut.value()[0])", ".then(lambda fut: tensor)"),
+        ),
         "test_allreduce_hook_is_exact",
     ),
     Mutant(
@@ -349,21 +275,27 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "ddp_ignores_a_parameter",
         "DDP",
-        # Our code, not torch's line: leaving the parameter out of the reducer's list in
-        # _build_params_for_reducer trips DDP's own check ("found in module parameters, but
-        # not DDP parameters") before any property sees it.
-        "DDP leaves the last parameter out of its reducer, as if told to ignore it: its "
-        "gradient stays local",
-        f"{_DDP}._build_params_for_reducer",
-        _ignores_the_last_parameter,
+        # Not in _build_params_for_reducer: a parameter left out of the reducer's list there
+        # trips DDP's own check ("found in module parameters, but not DDP parameters") before
+        # any property sees it. Where the ignored set starts, DDP's checks agree with it.
+        "DDP starts its set of ignored parameters with the last trainable one, as if told to "
+        "ignore it: its gradient stays local (its constructor's source, one line changed)",
+        f"{_DDP}.__init__",
+        _source_patch(
+            "self.parameters_to_ignore = set()\n",
+            "self.parameters_to_ignore = {\n"
+            "    [n for n, p in module.named_parameters() if p.requires_grad][-1]\n"
+            "}\n",
+        ),
         _OPTIONS,
     ),
     Mutant(
-        "join_skips_final_sync",
+        "join_syncs_from_the_highest_rank",
         "Join",
-        "under Join, the last joiner's parameters are not broadcast after the loop",
+        "under Join, the final broadcast after the loop is from the highest rank, not the last "
+        "joiner (its source, one line changed)",
         f"{_DDP}._sync_final_model",
-        _nothing,
+        _source_patch("self._distributed_rank, is_last_joiner\n", "self._distributed_rank, True\n"),
         _JOIN,
     ),
     Mutant(
@@ -414,20 +346,27 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "zero_bucket_view_detached",
         "ZeRO",
-        "ZeroRedundancyOptimizer(parameters_as_bucket_view=True) broadcasts buckets the "
-        "parameters no longer view",
+        "ZeroRedundancyOptimizer(parameters_as_bucket_view=True) copies the parameters into "
+        "its buckets but does not make them views of them: broadcasting a bucket no longer "
+        "updates its parameters (its source, one line changed)",
         f"{_ZERO}._build_param_buckets",
-        _zero_buckets_detached,
+        _source_patch("param.data = bucket[offset:offset_next].view_as(param.data)\n", "pass\n"),
         "test_zero_with_parameters_as_bucket_view_matches_the_reference",
     ),
     Mutant(
         "sampler_without_padding",
         "DistributedSampler",
-        # Our code, not torch's line: without its padding line torch's own length assertion
-        # stops __iter__ before any property sees it.
-        "DistributedSampler(drop_last=False) no longer pads: ranks get different counts",
+        # Three lines: without the padding branch, torch's own length checks stop __iter__
+        # before any property sees it; the regression that gets out removes them too.
+        "DistributedSampler(drop_last=False) no longer pads, and its length checks are gone: "
+        "ranks get different counts (its source, three lines changed)",
         _SAMPLER,
-        _sampler_without_padding,
+        _source_patch(
+            "if not self.drop_last:",
+            "if False:",
+            ("if len(indices) != self.total_size:", "if False:"),
+            ("if len(indices) != self.num_samples:", "if False:"),
+        ),
         "test_sampler_without_drop_last_covers_the_dataset_and_pads_with_duplicates",
     ),
     Mutant(
@@ -478,9 +417,14 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "fsdp_clips_by_local_norm",
         "fully_shard",
-        "clip_grad_norm_ on sharded gradients clips by the norm of the rank's own shards",
+        "clip_grad_norm_ takes a sharded gradient's local tensor: it clips by the norm of the "
+        "rank's own shards (its source, one line changed)",
         "torch.nn.utils:clip_grad_norm_",
-        _clip_by_the_local_norm,
+        _source_patch(
+            "grads = [p.grad for p in parameters if p.grad is not None]",
+            'grads = [getattr(p.grad, "_local_tensor", p.grad) for p in parameters if p.grad '
+            "is not None]",
+        ),
         "test_fully_shard_clips_by_the_total_norm_across_shards",
     ),
     Mutant(
@@ -502,11 +446,12 @@ MUTANTS: tuple[Mutant, ...] = (
         "test_checkpoint_and_resume_continues_as_the_uninterrupted_run",
     ),
     Mutant(
-        "dcp_load_does_nothing",
+        "dcp_load_skips_every_key",
         "checkpointing",
-        "torch.distributed.checkpoint.load returns without loading",
+        "torch.distributed.checkpoint.load loads none of the state dict's keys (its source, one "
+        "line changed)",
         "torch.distributed.checkpoint:load",
-        _nothing,
+        _source_patch("keys = sorted(state_dict.keys())", "keys = []"),
         "test_fully_shard_resumes_from_a_distributed_checkpoint",
     ),
     Mutant(

@@ -6,14 +6,16 @@ not a crash or a time-out; with no mutant active, the same tests pass."""
 from __future__ import annotations
 
 import ast
+import inspect
 import json
 import re
+import textwrap
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
-from tests.mutation.mutants import MUTANTS
+from tests.mutation.mutants import MUTANTS, PatchDoesNotApply, _resolve, _source_patch
 
 ROOT = Path(__file__).resolve().parents[2]
 # What a property says when it does not hold: the harness's verdict, or the check's assertion.
@@ -88,6 +90,42 @@ def test_the_catalogue_covers_every_area_and_names_real_tests() -> None:
     }
     unknown = [m.caught_by for m in MUTANTS if m.catcher_function not in tests]
     assert not unknown, f"mutants name tests the suite does not have: {unknown}"
+
+
+def test_every_mutant_is_torchs_own_source_with_its_lines_changed() -> None:
+    # The honesty rule: what runs under a mutant is the function it names, recompiled from
+    # torch's file with the regression's lines edited, never a stand-in of ours.
+    for mutant in MUTANTS:
+        owner, attribute = _resolve(mutant.target)
+        original = inspect.unwrap(
+            owner.__dict__[attribute] if isinstance(owner, type) else getattr(owner, attribute)
+        )
+        assert getattr(mutant.make, "changes", None), f"{mutant.name} is not a _source_patch"
+        made = mutant.make(original)
+        patched = inspect.unwrap(made)
+        assert patched.__code__.co_filename == original.__code__.co_filename, mutant.name
+        assert patched.__code__.co_name == original.__code__.co_name, mutant.name
+        # Compared as syntax trees: a change that only re-spaces a line is no regression.
+        before = ast.dump(ast.parse(textwrap.dedent(inspect.getsource(original))))
+        after = ast.dump(ast.parse(made.__patched_source__))
+        assert before != after, f"{mutant.name}: its patch leaves {original.__qualname__} as it was"
+
+
+def test_a_source_patch_refuses_a_line_the_function_lacks_and_keeps_super_working() -> None:
+    class Base:
+        def greet(self) -> str:
+            return "base"
+
+    class Child(Base):
+        def greet(self) -> str:
+            word = super().greet()
+            return word + "!"
+
+    with pytest.raises(PatchDoesNotApply, match="0 times, not once"):
+        _source_patch("return word + '?'", "return word")(Child.greet)
+    # Child.greet closes over __class__ (zero-argument super()): the patch must too.
+    patched = _source_patch('return word + "!"', 'return word + "?"')(Child.greet)
+    assert patched(Child()) == "base?"
 
 
 def test_the_readme_table_lists_every_mutant_with_its_catching_test() -> None:
