@@ -8,11 +8,14 @@ torch's own function recompiled from its source with the regression's lines chan
 bug from outside. torch's files are never edited.
 
 :func:`install` (run in every rank by the ``--ddp-preload`` module
-:mod:`tests.mutation.rank_patches`) replaces each targeted attribute by a dispatcher that calls
-the active mutant's replacement, or the original when no mutant is active. Which mutant is
-active is read from the file ``$DDP_VERIFY_MUTANT_FILE`` names, on every call, so that one
-session of the conformance suite can run every mutant, one test at a time (see
-:mod:`tests.mutation.plugin`). Nothing changes outside a process group's ranks.
+:mod:`tests.mutation.rank_patches`, and in the session's own process by the plugin) replaces
+each targeted attribute by a dispatcher that calls the active mutant's replacement, or the
+original when no mutant is active. Which mutant is active is read from the file
+``$DDP_VERIFY_MUTANT_FILE`` names, on every call, so that one session of the conformance suite
+can run every mutant, one test at a time (see :mod:`tests.mutation.plugin`). A mutant is active
+in every process of the session, the one that computes the reference included: were the
+reference to share the mutated code with what it judges, the two would move together and the
+mutant would get through.
 """
 
 from __future__ import annotations
@@ -116,6 +119,7 @@ _REASSIGNED = "test_broadcast_buffers_means_every_rank_uses_rank_0s_buffers[broa
 _NO_SYNC = "test_no_sync_leaves_gradients_local_until_the_syncing_backward"
 _JOIN = "test_join_with_uneven_batch_counts_follows_the_documented_semantics"
 _OBJECTS = "test_object_collectives_deliver_every_ranks_object"
+_FROM_ONE = "test_object_collectives_from_one_source_deliver_what_it_sent"
 
 MUTANTS: tuple[Mutant, ...] = (
     Mutant(
@@ -370,6 +374,15 @@ MUTANTS: tuple[Mutant, ...] = (
         "test_sampler_without_drop_last_covers_the_dataset_and_pads_with_duplicates",
     ),
     Mutant(
+        "sampler_ignores_seed",
+        "DistributedSampler",
+        "DistributedSampler shuffles with the epoch alone, ignoring its seed (its source, one "
+        "line changed)",
+        _SAMPLER,
+        _source_patch("g.manual_seed(self.seed + self.epoch)", "g.manual_seed(self.epoch)"),
+        "test_the_seed_decides_the_order_on_every_rank_alike",
+    ),
+    Mutant(
         "sampler_ignores_epoch",
         "DistributedSampler",
         "DistributedSampler shuffles with the seed alone, ignoring set_epoch() (its source, one "
@@ -426,6 +439,29 @@ MUTANTS: tuple[Mutant, ...] = (
             "is not None]",
         ),
         "test_fully_shard_clips_by_the_total_norm_across_shards",
+    ),
+    Mutant(
+        "clip_scales_small_gradients_up",
+        "optimizer",
+        "clip_grad_norm_ no longer clamps its coefficient at 1: gradients whose norm is below "
+        "max_norm are scaled up to it (its source, one line changed)",
+        "torch.nn.utils.clip_grad:_clip_grads_with_norm_",
+        _source_patch(
+            "clip_coef_clamped = torch.clamp(clip_coef, max=1.0)", "clip_coef_clamped = clip_coef"
+        ),
+        "test_clip_grad_norm_follows_its_definition[foreach]",
+    ),
+    Mutant(
+        "adam_foreach_corrects_v_by_beta1",
+        "optimizer",
+        "Adam's foreach path corrects the second moment's bias with beta1, not beta2 (its "
+        "source, one line changed)",
+        "torch.optim.adam:_multi_tensor_adam",
+        _source_patch(
+            "1 - beta2 ** _get_value(step) for step in device_state_steps",
+            "1 - beta1 ** _get_value(step) for step in device_state_steps",
+        ),
+        "test_torch_optimizers_follow_the_published_rules[foreach]",
     ),
     Mutant(
         "zero_grad_in_place_skipped",
@@ -493,17 +529,36 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
         _OBJECTS,
     ),
+    Mutant(
+        "broadcast_object_list_offset_stuck",
+        "object collectives",
+        "broadcast_object_list never advances its offset into the received bytes: every rank but "
+        "the source reads each object from the first one's (its source, one line changed)",
+        "torch.distributed:broadcast_object_list",
+        _source_patch("offset += obj_size\n", "pass\n"),
+        _FROM_ONE,
+    ),
+    Mutant(
+        "scatter_object_list_reversed",
+        "object collectives",
+        "scatter_object_list sends the source's objects in reverse rank order (its source, one "
+        "line changed)",
+        "torch.distributed:scatter_object_list",
+        _source_patch(
+            "tensor_list, tensor_sizes = list(tensor_list), list(tensor_sizes)",
+            "tensor_list, tensor_sizes = list(tensor_list)[::-1], list(tensor_sizes)[::-1]",
+        ),
+        _FROM_ONE,
+    ),
 )
 
 BY_NAME = {m.name: m for m in MUTANTS}
 
 
 def active() -> str:
-    """The mutant this process runs now ("" for none): only inside a process group's ranks."""
-    import torch.distributed as dist
-
+    """The mutant this process runs now ("" for none)."""
     path = os.environ.get(MUTANT_FILE_ENV)
-    if not path or not dist.is_initialized():
+    if not path:
         return ""
     try:
         with open(path) as f:

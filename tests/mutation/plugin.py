@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from hypothesis import Phase, settings
 
-from tests.mutation.mutants import BY_NAME, MUTANT_FILE_ENV, MUTANTS, Mutant
+from tests.mutation.mutants import BY_NAME, MUTANT_FILE_ENV, MUTANTS, Mutant, install
 
 _results_key = pytest.StashKey[list[dict[str, Any]]]()
 
@@ -53,6 +53,8 @@ def pytest_configure(config: pytest.Config) -> None:
     handle, path = tempfile.mkstemp(prefix="ddp_verify-mutant-")
     os.close(handle)
     os.environ[MUTANT_FILE_ENV] = path  # before any world starts: the ranks inherit it
+    # Here too, where the reference is computed and the single-process properties run.
+    install()
     config.stash[_results_key] = []
 
 

@@ -27,6 +27,7 @@ CONFORMANCE = (
     "test_fsdp",
     "test_join",
     "test_object_collectives",
+    "test_optimizers",
     "test_zero",
 )
 AREAS = {
