@@ -254,6 +254,9 @@ def test_a_stuck_rank_is_reported_with_its_stack_and_ended(tmp_path: Path) -> No
     assert ranks_left(tmp_path / "pids") == []
 
 
+# The fork mode's --full-trace is test_plugin's (in CI), and the launcher's cut frames are
+# test_a_raising_rank_fails_the_test_on_every_rank_and_the_session_goes_on: CI leaves this one.
+@pytest.mark.slow
 def test_full_trace_under_a_launcher_shows_the_harness_frames(tmp_path: Path) -> None:
     write(
         tmp_path,
