@@ -373,6 +373,9 @@ def mismatched(model):
 """
 
 
+# The name of the mismatched collective is test_plugin's test (in CI), and --ddp-debug on the
+# CLI is test_ddp_debug_does_not_hide_the_cause_of_collectives_that_do_not_pair_up.
+@pytest.mark.slow
 def test_ddp_debug_on_the_cli_names_the_mismatched_collective(tmp_path):
     # Without it, the report of a crashed or stuck world suggests it; with it, torch names
     # the mismatch. Either way the verdict is "error": the code failed to run.

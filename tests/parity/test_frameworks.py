@@ -26,11 +26,19 @@ COMMAND = ["python", str(TRAINER), "--grad-accum", "{grad_accum}", "--batch-size
            "{micro_batch}"]  # fmt: skip
 
 
-def test_a_trainer_with_padded_sequences_trains_the_same_at_every_layout(tmp_path):
-    layouts = [Layout(1, 4), Layout(2, 2), Layout(4, 1)]
+@pytest.mark.parametrize(
+    "layouts",
+    [
+        [Layout(1, 4), Layout(2, 2)],
+        # Four Trainer processes: CI's time goes to accumulation and to both at once.
+        pytest.param([Layout(4, 1)], marks=pytest.mark.slow),
+    ],
+    ids=["1x4,2x2", "4x1"],
+)
+def test_a_trainer_with_padded_sequences_trains_the_same_at_every_layout(tmp_path, layouts):
     result = run_parity(COMMAND, layouts=layouts, steps=2, global_batch=8, keep=tmp_path)
     assert result.exit_code == 0, result.report
-    assert [row["layout"] for row in result.layouts] == ["1x4", "2x2", "4x1"]
+    assert [row["layout"] for row in result.layouts] == [str(layout) for layout in layouts]
     for row in result.layouts:
         assert row["gradient_difference"] < 1e-10, row
 

@@ -184,6 +184,9 @@ def test_a_test_asserts_parity_and_fails_with_the_report(tmp_path):
     assert caught.value.result.verdict.causes[0].key == "scale:A"
 
 
+# Two agents are test_parity_starts_a_layout_across_two_node_agents_itself and parity compare
+# is test_compare_of_recordings_in_a_forced_precision_needs_the_variant (both in CI).
+@pytest.mark.slow
 def test_a_layout_across_two_node_agents_recorded_by_the_users_own_launch(reference, tmp_path):
     # On a cluster each layout is launched by hand: DDP_VERIFY_RECORD alone installs the
     # recorder (the package's .pth file), the script and torchrun's command are unmodified,

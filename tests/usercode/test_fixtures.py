@@ -106,16 +106,22 @@ FILE_OF = {
 
 def first_of_each_file(cases: list) -> list:
     """Under the "heavy" profile every case; under "ci" the first of each fixture file, so
-    every kind and every file's style is re-checked within the suite's time budget."""
+    every file's style is re-checked, and of those only the first of each kind runs in a
+    plain ``pytest`` (CI's time budget): the others are marked ``slow`` (``tox -e slow``)."""
     if settings.default.max_examples >= 100:
         return cases
-    seen: set[str] = set()
+    files: set[str] = set()
+    kinds: set[str] = set()
     chosen = []
     for case in cases:
-        stem = FILE_OF[id(case.values[1])]
-        if stem not in seen:
-            seen.add(stem)
-            chosen.append(case)
+        stem, kind = FILE_OF[id(case.values[1])], case.values[0]
+        if stem in files:
+            continue
+        files.add(stem)
+        if kind in kinds:
+            case = pytest.param(*case.values, id=case.id, marks=pytest.mark.slow)
+        kinds.add(kind)
+        chosen.append(case)
     return chosen
 
 
