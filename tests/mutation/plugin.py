@@ -3,7 +3,8 @@ named to catch it (``-p tests.mutation.plugin``, with ``--ddp-preload
 tests.mutation.rank_patches``).
 
 Each catching test is parametrized by its mutants; the ``ddp_mutant`` fixture makes one active
-for the test's duration (the ranks read it on every call); every other test is deselected.
+for the test's duration (the ranks and this process read it on every call); every other test is
+deselected.
 Hypothesis does not shrink here (one counterexample is the proof) and draws the same examples
 every run. ``--mutation-results PATH`` writes each run's outcome and exception as JSON.
 """
@@ -26,7 +27,7 @@ _results_key = pytest.StashKey[list[dict[str, Any]]]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    group = parser.getgroup("mutation", "torch regressions injected into the ranks")
+    group = parser.getgroup("mutation", "torch regressions injected into the session and its ranks")
     group.addoption(
         "--mutants",
         default="all",

@@ -1,7 +1,8 @@
 """Every conformance test is proven able to fail: each regression of :mod:`tests.mutation.mutants`
-is injected into the ranks of a real conformance session and must be caught by the test named
-for it, with the property's own failure (an equivalence failure or the property's assertion),
-not a crash or a time-out; with no mutant active, the same tests pass."""
+is injected into a real conformance session (its ranks and its own process, where the reference
+is computed) and must be caught by the test named for it, with the property's own failure (an
+equivalence failure or the property's assertion), not a crash or a time-out; with no mutant
+active, the same tests pass."""
 
 from __future__ import annotations
 
