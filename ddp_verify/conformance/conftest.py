@@ -258,7 +258,7 @@ def prove(
         full: float | None = getattr(world, "timeout", None)
         earlier = hung.get(kind)
         short = _seen_hang_timeout(full) if full is not None else None
-        shortened = earlier is not None and short is not None and short < full  # type: ignore[operator]
+        shortened = earlier is not None and full is not None and short is not None and short < full
         if shortened:
             world.timeout = short  # type: ignore[union-attr]
         try:

@@ -28,8 +28,8 @@ PYTEST = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--wor
 # The packaged suite, run as framework teams run it (pytest.main inside the command).
 CONFORMANCE = [sys.executable, "-m", "ddp_verify", "conformance", "--world-size", "2", "--",
                "-p", "no:cacheprovider", "-n", "0"]  # fmt: skip
-# One handler serves every front end (world/cleanup.py): CI sends all three signals to a
-# pytest session and SIGTERM to the rest; tox -e slow sends every signal to every one.
+# One handler serves every front end (world/cleanup.py): CI sends SIGTERM to each (and
+# test_plugin SIGINT to a pytest session); tox -e slow sends every signal to every one.
 SLOW = pytest.mark.slow
 SLOW_SIGNALS = pytest.mark.parametrize(
     "signum",
