@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import atexit
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -51,8 +51,9 @@ def check(
     loss_reduction: str = "mean",
     ddp_wrapper: str | None = None,
     bind: Binds = None,
-    logits: str = "3d",
-    labels: str = "aligned",
+    layout: Mapping[str, str] | str | None = None,
+    logits: str | None = None,
+    labels: str | None = None,
     progress: Progress | None = None,
     world: Ranked | None = None,
     launch: str | None = None,
@@ -76,8 +77,11 @@ def check(
     fails, the ranks' tracebacks keep the harness's frames (as pytest's ``--full-trace``).
     ``bind`` fills parameters by name: ``{"n": "world_size"}`` (or ``"n=world_size"``), to
     one of world_size, rank, count, global_count, vocab_size, device, group, or any value.
-    ``logits="2d"`` flattens a token loss's logits for a ``loss-fn`` (``3d``, ``(batch, seq,
-    vocab)``, by default); ``labels="unshifted"`` hands it labels it shifts itself.
+    Where a kind accepts several layouts (a ``loss-fn``'s logits ``(batch, seq, vocab)`` or
+    flattened, its labels aligned or unshifted; a ``reduce`` helper's tensor or list), the
+    code is called in each on the simplest even scenario and the layout that runs and agrees
+    is kept; the verdict's ``layout`` says which and why. ``layout="logits=2d"`` (or
+    ``logits="2d"``, ``labels="unshifted"``) pins an axis instead.
 
     Example::
 
@@ -125,6 +129,7 @@ def check(
                 loss_reduction=loss_reduction,
                 ddp_wrapper=ddp_wrapper,
                 bind=bind,
+                layout=layout,
                 logits=logits,
                 labels=labels,
                 full_trace=full_trace,

@@ -6,7 +6,7 @@
         [--device cpu|cuda] [--allow-tf32] [--ddp-debug] [--lossy fp16|bf16]
         [--result-on all|rank0] [--hook-state PATH.py:FACTORY] [--loss-reduction R]
         [--ddp-wrapper MODULE:CALLABLE] [--bind NAME=VALUE ...] [--logits 3d|2d]
-        [--labels aligned|unshifted] [--exclude-features F,...]
+        [--labels aligned|unshifted] [--layout AXIS=VALUE[,...]] [--exclude-features F,...]
         [--model-kinds K,...] [--losses L,...] [--model MODULE:FACTORY|PATH.py:FACTORY]
         [--timeout S] [--full-trace] [--json]
 
@@ -323,17 +323,26 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument(
         "--logits",
         choices=("3d", "2d"),
-        default="3d",
-        help="--kind loss-fn: a token loss's logits as LM code takes them, (batch, seq, vocab) "
-        "with labels (batch, seq) (3d, default), or flattened to (positions, vocab) and "
-        "(positions,) (2d, as Hugging Face's fixed_cross_entropy takes them)",
+        default=None,
+        help="--kind loss-fn: pin a token loss's logits to (batch, seq, vocab) with labels "
+        "(batch, seq) (3d), or flattened to (positions, vocab) and (positions,) (2d, as "
+        "Hugging Face's fixed_cross_entropy takes them); unpinned, each is tried on the "
+        "simplest even scenario and the one that runs and agrees is kept",
     )
     check.add_argument(
         "--labels",
         choices=("aligned", "unshifted"),
-        default="aligned",
-        help="--kind loss-fn: labels aligned with the logits (default), or unshifted (the "
-        "input ids, as Hugging Face's ForCausalLMLoss takes them and shifts them itself)",
+        default=None,
+        help="--kind loss-fn: pin labels aligned with the logits, or unshifted (the input "
+        "ids, as Hugging Face's ForCausalLMLoss takes them and shifts them itself); "
+        "unpinned, found by probing as --logits is",
+    )
+    check.add_argument(
+        "--layout",
+        metavar="AXIS=VALUE[,...]",
+        default=None,
+        help="pin any layout axis of the kind: logits=3d|2d, labels=aligned|unshifted "
+        "(loss-fn), tensors=tensor|list (reduce: a tensor, or a list of one tensor)",
     )
     check.add_argument(
         "--hook-state",
@@ -604,6 +613,7 @@ def _run_check(args: argparse.Namespace, fn: Callable[..., Any], context: dict[s
             loss_reduction=args.loss_reduction,
             ddp_wrapper=args.ddp_wrapper,
             bind=args.bind,
+            layout=args.layout,
             logits=args.logits,
             labels=args.labels,
             full_trace=args.full_trace,

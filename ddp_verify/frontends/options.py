@@ -315,6 +315,7 @@ SPELLINGS: dict[str, Mapping[str, Spelling]] = {
         "bind": "--bind",
         "logits": "--logits",
         "labels": "--labels",
+        "layout": "--layout",
         "same_micro_batch_counts": _micro_batch_counts,
         "full_trace": "--full-trace",
         "excluded_features": "--exclude-features",

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -45,13 +45,10 @@ from .kinds import (
     KindError,
     check_signature,
     parse_binds,
-    takes_a_list,
 )
+from .layouts import default_layout, parse_layout
 
 RESULT_ON = ("all", "rank0")
-# How a token loss gets its logits and labels (--logits, --labels).
-LOGITS = ("3d", "2d")
-LABELS = ("aligned", "unshifted")
 
 __all__ = [
     "DEFAULT_BOUNDS",
@@ -72,25 +69,38 @@ def adapt(
     loss_reduction: str = "mean",
     ddp_wrapper: str | None = None,
     bind: Binds = None,
-    logits: str = "3d",
-    labels: str = "aligned",
+    layout: Mapping[str, Any] | str | None = None,
+    logits: str | None = None,
+    labels: str | None = None,
 ) -> UserMethod | CommHook:
     """The method that runs ``fn`` as a ``kind`` plug-in, after checking its signature and
     that each option applies to the kind. ``bind`` fills parameters by name
-    (:func:`~ddp_verify.usercode.kinds.parse_binds`); ``logits`` and ``labels`` say how a
-    ``loss-fn`` gets a token loss's logits (``3d``: ``(batch, seq, vocab)`` as LM code takes
-    them, ``2d``: flattened to ``(positions, vocab)``) and labels (``aligned`` with the
-    logits, or ``unshifted``: the inputs' next tokens, for a loss that shifts them itself).
+    (:func:`~ddp_verify.usercode.kinds.parse_binds`); ``layout`` (or ``logits`` and
+    ``labels``) says how the code is called where its kind accepts several layouts
+    (:mod:`ddp_verify.usercode.layouts`): a ``loss-fn``'s token logits ``3d``,
+    ``(batch, seq, vocab)``, or ``2d``, flattened to ``(positions, vocab)``, its labels
+    ``aligned`` with the logits or ``unshifted`` (the inputs' next tokens, for a loss that
+    shifts them itself); a ``reduce`` helper's input a ``tensor`` or a ``list``. An axis
+    not given takes its first choice: the search probes the code to choose instead.
 
     Example::
 
         method = adapt(average_gradients, "grad-sync")
         world.assert_equivalent(method, scenario)
     """
-    options = Options(
-        result_on, hook_state, loss_reduction, ddp_wrapper, parse_binds(bind), logits, labels
-    )
     spec = KIND[kind]
+    pinned = parse_layout(kind, layout, logits=logits, labels=labels)
+    laid_out = {**default_layout(kind, fn), **pinned}
+    options = Options(
+        result_on,
+        hook_state,
+        loss_reduction,
+        ddp_wrapper,
+        parse_binds(bind),
+        laid_out.get("logits", "3d"),
+        laid_out.get("labels", "aligned"),
+        laid_out.get("tensors", "tensor"),
+    )
     _check_options(spec, options)
     call = check_signature(fn, kind, bind=options.bind)
     call = dataclasses.replace(call, shown=_shown(spec, options, fn))
@@ -140,8 +150,10 @@ class Options:
     loss_reduction: str = "mean"
     ddp_wrapper: str | None = None
     bind: tuple[Bound, ...] = ()
+    # The layout (usercode/layouts.py), each axis resolved.
     logits: str = "3d"
     labels: str = "aligned"
+    tensors: str = "tensor"
 
 
 def _shown(kind: Kind, options: Options, fn: Callable[..., Any]) -> tuple[str, ...]:
@@ -153,7 +165,7 @@ def _shown(kind: Kind, options: Options, fn: Callable[..., Any]) -> tuple[str, .
             f"logits[{'batch*seq' if flat else 'batch, seq'}, vocab] or [batch, classes]",
             f"labels[{'batch*seq' if flat else 'batch, seq'}]{unshifted} or [batch]",
         )
-    if kind.adapter == "reduce" and takes_a_list(fn):
+    if kind.adapter == "reduce" and options.tensors == "list":
         return ("[tensor[]]",)
     # A rank's mean loss, a 0-d tensor.
     return {
@@ -195,19 +207,6 @@ def _check_options(kind: Kind, options: Options) -> None:
         )
     if options.hook_state is not None and not callable(options.hook_state):
         raise KindError(f"the hook state factory {options.hook_state!r} is not callable")
-    if options.logits not in LOGITS:
-        raise KindError(f"logits must be one of {', '.join(LOGITS)}, got {options.logits!r}")
-    if options.labels not in LABELS:
-        raise KindError(f"labels must be one of {', '.join(LABELS)}, got {options.labels!r}")
-    for name, value, default in (
-        ("logits", options.logits, LOGITS[0]),
-        ("labels", options.labels, LABELS[0]),
-    ):
-        if value != default and kind.adapter != "loss-fn":
-            raise KindError(
-                f"{option(name, value)} applies to loss functions "
-                f"({option('kind', 'loss-fn')}), not to {kind.name}"
-            )
     if options.result_on != "all" and not kind.result_on_rank0:
         raise KindError(
             f"{option('result_on', options.result_on)} applies to {', '.join(RESULT_KINDS)} "
@@ -565,9 +564,9 @@ ADAPTERS: dict[str, Adapter] = {
     "loss": lambda fn, name, call, kind, o: LossAggregation(
         fn, name, call, form="loss", result_on=o.result_on
     ),
-    # A helper named for several tensors (``losses``) gets a list of one, as Megatron's does.
+    # A list of one tensor, as Megatron's helpers take it, where the layout says so.
     "reduce": lambda fn, name, call, kind, o: LossAggregation(
-        fn, name, call, form="list" if takes_a_list(fn) else "reduce", result_on=o.result_on
+        fn, name, call, form="list" if o.tensors == "list" else "reduce", result_on=o.result_on
     ),
     "reduce-dict": lambda fn, name, call, kind, o: LossAggregation(
         fn, name, call, form="reduce-dict", result_on=o.result_on

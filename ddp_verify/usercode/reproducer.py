@@ -11,7 +11,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -58,9 +58,10 @@ RESULT_ON = {result_on!r}
 # The reduction of the loss_fn a step function gets, and the wrapper a wrapped step gets.
 LOSS_REDUCTION = {loss_reduction!r}
 DDP_WRAPPER = {ddp_wrapper!r}
-# Parameters bound by name, and how a loss function gets its logits and labels.
+# Parameters bound by name, and the layout the check called the code in (its logits and
+# labels, a list or a tensor).
 BIND = {bind!r}
-LOGITS, LABELS = {logits!r}, {labels!r}
+LAYOUT = {layout!r}
 # How many times each rank trains the scenario with the same code (its state kept between
 # calls): more than once when the check found the code keeps state.
 REPEATS = {repeats!r}
@@ -90,8 +91,7 @@ def train(rank, port, results):
     )
     method = adapt(
         load_function(), KIND, result_on=RESULT_ON, hook_state=load_hook_state(),
-        loss_reduction=LOSS_REDUCTION, ddp_wrapper=DDP_WRAPPER, bind=BIND, logits=LOGITS,
-        labels=LABELS,
+        loss_reduction=LOSS_REDUCTION, ddp_wrapper=DDP_WRAPPER, bind=BIND, layout=LAYOUT,
     )
     for call in range(REPEATS):
         trace = method.train_rank(SCENARIO)
@@ -180,13 +180,12 @@ def write_reproducer(
     loss_reduction: str = "mean",
     ddp_wrapper: str | None = None,
     bind: Binds = None,
-    logits: str = "3d",
-    labels: str = "aligned",
+    layout: Mapping[str, str] | None = None,
     repeats: int = 1,
 ) -> Path:
     """Write the script for ``fn`` on ``scenario``, its ranks training on ``device``, called
     as the check called it (``result_on``, ``hook_state``, ``loss_reduction``,
-    ``ddp_wrapper``, ``bind``, ``logits``, ``labels``), ``repeats`` times on the same ranks
+    ``ddp_wrapper``, ``bind``, ``layout``), ``repeats`` times on the same ranks
     (code that keeps state shows it from its second call on); return its path.
 
     Example::
@@ -198,7 +197,7 @@ def write_reproducer(
     binds = [bound.text() for bound in parse_binds(bind)]
     called = (
         f"{kind}{name}{scenario!r}{device}{result_on}{loss_reduction}{ddp_wrapper}{binds}"
-        f"{logits}{labels}{repeats}"
+        f"{sorted((layout or {}).items())}{repeats}"
     )
     digest = hashlib.sha1(called.encode()).hexdigest()[:8]
     directory = directory or DEFAULT_DIRECTORY
@@ -216,8 +215,7 @@ def write_reproducer(
             loss_reduction=loss_reduction,
             ddp_wrapper=ddp_wrapper,
             bind=binds,
-            logits=logits,
-            labels=labels,
+            layout=dict(layout or {}),
             repeats=repeats,
             loader=_loader(fn),
             state_loader="    return None" if hook_state is None else _loader(hook_state),

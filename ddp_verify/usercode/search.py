@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import hypothesis
@@ -33,7 +33,9 @@ from .diagnose import failure_cause, known_issue_cause, likely_causes, low_rank_
 from .findings import Cause
 from .isolate import every_mistake, probes, told_apart
 from .kinds import KIND, Binds, parse_binds
+from .layouts import parse_layout
 from .precision import held_to, measured_precision, probe_scenario
+from .probe import found_layout
 from .reproducer import write_reproducer
 from .state import most_calls, replayed
 from .verdict import CodeFailed, NotEquivalent, Status, Verdict
@@ -77,8 +79,9 @@ def search(
     loss_reduction: str = "mean",
     ddp_wrapper: str | None = None,
     bind: Binds = None,
-    logits: str = "3d",
-    labels: str = "aligned",
+    layout: Mapping[str, Any] | str | None = None,
+    logits: str | None = None,
+    labels: str | None = None,
     full_trace: bool = False,
     **scenario_bounds: Any,
 ) -> Verdict:
@@ -101,8 +104,10 @@ def search(
     the ``loss_fn`` a step function gets (``mean``, ``sum`` or ``none``); ``ddp_wrapper``
     (``"module:callable"``) wraps the model a ``wrapped-step`` function gets instead of DDP.
     ``bind`` fills parameters by name (``{"n": "world_size"}`` or ``"n=world_size"``; see
-    :func:`~ddp_verify.usercode.kinds.parse_binds`); ``logits`` (``3d`` or ``2d``) and
-    ``labels`` (``aligned`` or ``unshifted``) lay out what a ``loss-fn`` gets.
+    :func:`~ddp_verify.usercode.kinds.parse_binds`); ``layout`` (``"logits=2d"``, or the
+    ``logits`` and ``labels`` shorthands) pins how the code is called where its kind accepts
+    several layouts; every axis not pinned is found by probing
+    (:mod:`ddp_verify.usercode.layouts`), and the verdict says which and why.
     ``full_trace``: when the code fails, the ranks' tracebacks keep the harness's frames.
 
     Example::
@@ -119,13 +124,19 @@ def search(
         loss_reduction=loss_reduction,
         ddp_wrapper=ddp_wrapper,
         bind=parse_binds(bind),
-        logits=logits,
-        labels=labels,
     )
-    method = adapt(fn, kind, **called)
+    pinned = parse_layout(kind, layout, logits=logits, labels=labels)
+    # The signature and the options are checked before anything runs.
+    adapt(fn, kind, **called, layout=pinned)
     world_size = world.size
     fmt = lossy_format(kind, lossy, hook_state)
     bounds = {**DEFAULT_BOUNDS.get(kind, {}), **scenario_bounds}
+    if pinned.get("labels") == "unshifted":
+        bounds["losses"] = scenario_bounds.get("losses", ("tokens",))
+    chosen = found_layout(fn, kind, world, called, pinned, bounds)
+    called["layout"] = chosen.layout
+    method = adapt(fn, kind, **called)
+    labels = chosen.layout.get("labels")
     if labels == "unshifted":
         # A loss that shifts its labels is a language model's: token data whose last
         # position never counts.
@@ -207,6 +218,7 @@ def search(
         device=world.device,
         lossy=fmt,
         precision=precision,
+        layout=chosen.reason or None,
     )
     try:
         search()
@@ -237,7 +249,7 @@ def search(
             cause = failure_cause(kind, stop.scenario)
         report = (
             f"{method.name} failed to run on a world of {world_size}:\n"
-            f"Called as: {verdict.call}\n"
+            f"Called as: {verdict.called_as}\n"
             f"{stop.error.report(full_trace=full_trace)}\n"
             f"Scenario: {stop.scenario.describe()}\nReproduce with: {stop.scenario!r}"
             + (f"\nLikely cause: {cause.text}" if cause else "")
@@ -401,7 +413,7 @@ def _explained(
             script = f"(could not be written: {exc})"
     # How the code was called goes in the header, under the verdict's first line.
     headline, _, body = str(error).partition("\n")
-    report = f"{headline}\nCalled as: {verdict.call}\n{body}"
+    report = f"{headline}\nCalled as: {verdict.called_as}\n{body}"
     if outcome is not None:
         report += f"\n{describe_causes(list(causes))}\nReproducer: python {script}"
     return dataclasses.replace(

@@ -61,6 +61,8 @@ JSON_FIELDS = {
     "world_size": "ranks of the world it ran on",
     "device": "cpu or cuda",
     "call": "how the harness called the code: 'sync(model, num_samples=<...>)'",
+    "layout": "where the kind accepts several layouts (logits, labels, a list or a tensor): "
+    "which one the code was called in and why, as the probe found it; null otherwise",
     "examples": "scenarios tried",
     "precision": "float32 where the code was measured to compute in float32 inside (it was "
     "held to float32's measured bound); null otherwise",
@@ -92,6 +94,8 @@ class Verdict:
     function: str | None = None
     target: str | None = None
     call: str | None = None
+    # Which layout the code was called in and why, where its kind accepts several.
+    layout: str | None = None
     world_size: int | None = None
     device: str | None = None
     examples: int | None = None
@@ -119,6 +123,11 @@ class Verdict:
         return self.status.exit_code
 
     @property
+    def called_as(self) -> str:
+        """The ``Called as:`` line's text: the call, and the layout's words where probed."""
+        return f"{self.call}" + (f"\nLayout: {self.layout}" if self.layout else "")
+
+    @property
     def cause(self) -> str | None:
         """The first cause's words, or None."""
         return self.causes[0].text if self.causes else None
@@ -143,7 +152,7 @@ class Verdict:
         return (
             f"{self.target or self.function} ({self.kind}): equivalent on {self.examples} "
             f"generated scenarios at world size {self.world_size}; no counterexample found"
-            f"{lossy}\nCalled as: {self.call}{precision}"
+            f"{lossy}\nCalled as: {self.called_as}{precision}"
         )
 
     def filled(self, **context: Any) -> Verdict:
@@ -164,6 +173,7 @@ class Verdict:
             "world_size": self.world_size,
             "device": self.device,
             "call": self.call,
+            "layout": self.layout,
             "examples": self.examples,
             "precision": self.precision,
             "scenario": repr(self.scenario) if self.scenario is not None else None,

@@ -546,8 +546,6 @@ def test_the_2024_accumulation_bug_on_the_cli_lists_every_cause_in_json(tmp_path
             "25",
             "--seed",
             "0",
-            "--logits",
-            "2d",
             "--json",
             kind="loss-fn",
         ),
@@ -555,10 +553,16 @@ def test_the_2024_accumulation_bug_on_the_cli_lists_every_cause_in_json(tmp_path
     )
     assert result.returncode == 1, result.stderr
     verdict = json.loads(result.stdout)
+    # No layout option: the flattened logits it is written for are found by probing.
     assert verdict["call"] == (
         "mean_cross_entropy(logits[batch*seq, vocab] or [batch, classes], labels[batch*seq] or "
         "[batch])"
     )
+    assert verdict["layout"].startswith("(positions, vocab) logits, labels aligned, as it agreed")
+    assert "(batch, seq, vocab) logits: raised RuntimeError: Expected target size" in (
+        verdict["layout"]
+    )
+    assert "--logits 2d --labels aligned" in verdict["layout"]
     causes = verdict["likely_causes"]
     assert causes and causes[0]["cause"] == verdict["likely_cause"]
     assert {"cause", "subject", "pattern", "evidence", "weights"} <= set(causes[0])
@@ -566,6 +570,29 @@ def test_the_2024_accumulation_bug_on_the_cli_lists_every_cause_in_json(tmp_path
     assert "by its own token count instead of the global count" in verdict["likely_cause"]
     assert "loss='tokens'" in verdict["scenario"]
     assert "tokens that count per micro-batch:\n  step 0: rank 0: " in verdict["report"]
+
+
+def test_code_that_runs_in_no_layout_is_a_usage_error_listing_each(tmp_path):
+    # Every layout a loss-fn can be called in raises: nothing to search, exit 2, one JSON
+    # document that names each layout with its error and the options that pin one.
+    (tmp_path / "loss.py").write_text(
+        "def token_loss(logits, labels):\n"
+        "    return logits.sum(dim=5) / labels.numel()\n"
+    )
+    result = ddp_verify(
+        *check_command("loss.py:token_loss", "--json", kind="loss-fn"), cwd=tmp_path
+    )
+    assert result.returncode == 2, result.stderr
+    verdict = json.loads(result.stdout)
+    assert verdict["verdict"] == "usage-error"
+    report = verdict["report"]
+    assert "the code raised in every layout a loss-fn plug-in can be called in" in report
+    for layout in (
+        "(batch, seq, vocab) logits, labels aligned: raised IndexError",
+        "(positions, vocab) logits, labels unshifted (shifted by the code): raised IndexError",
+    ):
+        assert layout in report
+    assert "--logits 3d --labels aligned" in report
 
 
 def test_a_users_model_is_trained_and_a_bad_factory_is_a_usage_error(tmp_path):

@@ -34,16 +34,26 @@ CASES = [
     for name, (verdict, cause) in module.EXPECTED.items()
 ]
 # A file's HOOK_STATE (a comm hook's state factory), LOSS_REDUCTION (the loss_fn its step
-# functions are written for), BIND (parameters bound by name), LOGITS and LABELS (how its loss
-# functions take a token loss's logits and labels) are check() options for its fixtures;
-# SCENARIO_BOUNDS are the scenarios it is written for (token-level losses, say).
+# functions are written for) and BIND (parameters bound by name) are check() options for its
+# fixtures; SCENARIO_BOUNDS are the scenarios it is written for (token-level losses, say).
+# LOGITS, LABELS and TENSORS say the layout its functions are written for: never passed, the
+# probe must find it (and the verdict's layout must say it).
 FILE_OPTIONS = (
     ("hook_state", "HOOK_STATE"),
     ("loss_reduction", "LOSS_REDUCTION"),
     ("bind", "BIND"),
-    ("logits", "LOGITS"),
-    ("labels", "LABELS"),
 )
+LAYOUT_AXES = (("logits", "LOGITS"), ("labels", "LABELS"), ("tensors", "TENSORS"))
+LAYOUTS = {
+    id(getattr(module, name)): {
+        axis: getattr(module, attribute)
+        for axis, attribute in LAYOUT_AXES
+        if hasattr(module, attribute)
+    }
+    for stem in REAL_STYLE
+    for module in [load(f"real_style/{stem}")]
+    for name in module.EXPECTED
+}
 OPTIONS = {
     id(getattr(module, name)): {
         **{
@@ -87,8 +97,31 @@ def assert_patterns(fn, error) -> None:
             )
 
 
+# A layout pinned per function (PINNED): code whose mistake is a layout only the user can
+# declare (a loss that forgets to shift labels it is told come unshifted).
+PINNED = {
+    id(getattr(module, name)): {"layout": layout}
+    for stem in REAL_STYLE
+    for module in [load(f"real_style/{stem}")]
+    for name, layout in getattr(module, "PINNED", {}).items()
+}
+
+
 def options(fn) -> dict:
-    return OPTIONS.get(id(fn), {})
+    return {**OPTIONS.get(id(fn), {}), **PINNED.get(id(fn), {})}
+
+
+def assert_layout_found(fn, verdict) -> None:
+    """The layout the fixture's file says its code is written for is the one the probe
+    chose (no layout option was passed), as the verdict's pins say."""
+    expected = LAYOUTS.get(id(fn), {})
+    if not expected or id(fn) in PINNED:
+        return
+    assert verdict.layout, f"no layout was probed for {fn.__name__}"
+    pinned = verdict.layout.splitlines()[0].rpartition("(pin it: ")[2]
+    for axis, value in expected.items():
+        said = f"{axis}={value!r}" if axis in ("logits", "labels") else f"{axis}={value}"
+        assert said in pinned, f"{fn.__name__} written for {axis}={value}: {verdict.layout}"
 
 
 # Correct code is tried on twice the active hypothesis profile's examples (50 under "ci", the
@@ -131,6 +164,7 @@ def test_fixture_verdict_and_cause(kind, fn, verdict, cause, tmp_path, monkeypat
     if verdict == "equivalent":
         result = check(fn, kind=kind, world_size=2, max_examples=EXAMPLES, seed=0, **options(fn))
         assert result.examples == EXAMPLES  # every example tried, none a counterexample
+        assert_layout_found(fn, result)
         return
     with pytest.raises(EquivalenceError) as info:
         check(fn, kind=kind, world_size=2, max_examples=25, seed=0, **options(fn))
@@ -142,6 +176,7 @@ def test_fixture_verdict_and_cause(kind, fn, verdict, cause, tmp_path, monkeypat
     if cause is not None:
         assert cause in error.cause, f"likely cause {error.cause!r} does not name {cause!r}"
     assert_patterns(fn, error)
+    assert_layout_found(fn, error.verdict)
     assert f"Likely cause: {error.cause}" in report
     assert (tmp_path / error.reproducer).is_file()
     assert f"Reproducer: python {error.reproducer}" in report

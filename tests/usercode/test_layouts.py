@@ -1,0 +1,99 @@
+"""Calls found by probing: the layout a kind's code is called in is chosen by what it did in
+each on the simplest even scenario, never by a default (ddp_verify/usercode/layouts.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from ddp_verify import check
+from ddp_verify.usercode.kinds import KindError
+from ddp_verify.usercode.layouts import (
+    LayoutError,
+    Tried,
+    candidates,
+    choose,
+    equal_items_scenario,
+    parse_layout,
+)
+
+FLAT = {"logits": "2d", "labels": "aligned"}
+FULL = {"logits": "3d", "labels": "aligned"}
+SHIFT = {"logits": "3d", "labels": "unshifted"}
+
+
+def test_agreeing_beats_scaled_beats_running_whatever_the_order():
+    scaled = Tried(FULL, factor=2.0)
+    agreeing = Tried(FLAT, agrees=True, factor=1.0)
+    wrong = Tried(SHIFT)
+    assert choose("loss-fn", [wrong, scaled, agreeing]).layout == FLAT
+    assert choose("loss-fn", [wrong, scaled]).layout == FULL
+    chosen = choose("loss-fn", [wrong, Tried(FLAT, error="RuntimeError: no")])
+    assert chosen.layout == SHIFT and not chosen.settled
+    assert "no layout agreed with the reference" in chosen.reason
+    # Two that agree alike: the first of the axis's order breaks the tie, and says so.
+    tie = choose("loss-fn", [Tried(FULL, agrees=True), Tried(FLAT, agrees=True)])
+    assert tie.layout == FULL and "(positions, vocab) logits: ran and agreed too" in tie.reason
+
+
+def test_no_layout_that_runs_is_a_usage_error_naming_each():
+    with pytest.raises(LayoutError) as info:
+        choose("loss-fn", [Tried(FULL, error="ValueError: a"), Tried(FLAT, error="TypeError: b")])
+    message = str(info.value)
+    assert "(batch, seq, vocab) logits, labels aligned: ValueError: a" in message
+    assert "(positions, vocab) logits, labels aligned: TypeError: b" in message
+    assert isinstance(info.value, KindError)  # a usage error, exit 2
+
+
+def test_pins_narrow_the_candidates_and_bad_pins_say_what_fits():
+    assert candidates("loss-fn", {"logits": "2d"}, tokens=True) == [
+        {"logits": "2d", "labels": "aligned"},
+        {"logits": "2d", "labels": "unshifted"},
+    ]
+    # A class loss's logits are (batch, classes) either way: nothing to probe.
+    assert candidates("loss-fn", {}, tokens=False) == [FULL]
+    assert candidates("grad-sync", {}, tokens=True) == [{}]
+    with pytest.raises(KindError, match="logits must be one of 3d, 2d"):
+        parse_layout("loss-fn", "logits=4d")
+    with pytest.raises(KindError, match="applies to loss-fn plug-ins, not to grad-sync"):
+        parse_layout("grad-sync", None, logits="2d")
+    with pytest.raises(KindError, match="AXIS=VALUE"):
+        parse_layout("reduce", "list")
+
+
+def test_the_probe_holds_as_many_tokens_on_every_rank():
+    from ddp_verify.engine.models import item_counts
+    from ddp_verify.engine.scenario import ModelSpec, Scenario
+
+    probe = Scenario(
+        world_size=4,
+        schedule=(((1,),) * 4,),
+        model=ModelSpec(kind="transformer", in_features=1),
+        loss="tokens",
+        labels="unshifted",
+    )
+    even = equal_items_scenario(probe)
+    assert len({sizes for sizes in item_counts(even)[0]}) == 1
+    assert len({sizes for sizes in item_counts(probe)[0]}) > 1  # seed 0 alone is not even
+
+
+def average_stacked(x):
+    """A logging helper that takes a list (Megatron's style) under a name that says
+    nothing: the probe, not the name, finds that it takes a list."""
+    import torch
+    import torch.distributed as dist
+
+    stacked = torch.stack([t.detach().clone() for t in x])
+    dist.all_reduce(stacked)
+    return [v for v in stacked / dist.get_world_size()]
+
+
+def test_a_list_helper_is_called_with_a_list_whatever_its_name(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(Exception) as info:
+        check(average_stacked, kind="reduce", world_size=2, max_examples=10, seed=0)
+    verdict = info.value.verdict
+    assert verdict.status.value == "not-equivalent"  # a world-size mean of rank means
+    assert verdict.call == "average_stacked([tensor[]])"
+    assert verdict.layout.startswith("a list of one tensor, as it agreed with the reference")
+    assert "a tensor: raised TypeError: iteration over a 0-d tensor" in verdict.layout
+    assert {c.pattern for c in verdict.causes} & {"loss:world"}
