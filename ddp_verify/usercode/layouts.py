@@ -263,10 +263,10 @@ def choose(kind: str, tried: Iterable[Tried]) -> Chosen:
     tried = tuple(tried)
     ran = [t for t in tried if t.error is None]
     if not ran:
-        lines = "\n".join(f"  {words(kind, t.layout)}: {t.error}" for t in tried)
+        each = "\n".join(f"  {words(kind, t.layout)}: {t.error}" for t in tried)
         raise LayoutError(
             f"the code raised in every layout a {kind} plug-in can be called in, on the "
-            f"simplest even scenario:\n{lines}\nPin the layout it is written for "
+            f"simplest even scenario:\n{each}\nPin the layout it is written for "
             f"(such as {pins(kind, tried[0].layout)}) to see its own error on a scenario"
         )
     agreeing = [t for t in ran if t.agrees]
@@ -274,7 +274,7 @@ def choose(kind: str, tried: Iterable[Tried]) -> Chosen:
     chosen, settled = (agreeing or scaled or ran)[0], bool(agreeing or scaled)
     if len(tried) == 1:
         return Chosen(chosen.layout, "", tried, settled)
-    lines = []
+    lines: list[str] = []
     for t in tried:
         if t is chosen:
             continue

@@ -559,8 +559,9 @@ def test_the_2024_accumulation_bug_on_the_cli_lists_every_cause_in_json(tmp_path
         "[batch])"
     )
     assert verdict["layout"].startswith("(positions, vocab) logits, labels aligned, as it agreed")
-    assert "(batch, seq, vocab) logits: raised RuntimeError: Expected target size" in (
-        verdict["layout"]
+    assert (
+        "(batch, seq, vocab) logits: raised RuntimeError: Expected target size"
+        in (verdict["layout"])
     )
     assert "--logits 2d --labels aligned" in verdict["layout"]
     causes = verdict["likely_causes"]
@@ -576,8 +577,7 @@ def test_code_that_runs_in_no_layout_is_a_usage_error_listing_each(tmp_path):
     # Every layout a loss-fn can be called in raises: nothing to search, exit 2, one JSON
     # document that names each layout with its error and the options that pin one.
     (tmp_path / "loss.py").write_text(
-        "def token_loss(logits, labels):\n"
-        "    return logits.sum(dim=5) / labels.numel()\n"
+        "def token_loss(logits, labels):\n    return logits.sum(dim=5) / labels.numel()\n"
     )
     result = ddp_verify(
         *check_command("loss.py:token_loss", "--json", kind="loss-fn"), cwd=tmp_path
