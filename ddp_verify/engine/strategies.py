@@ -158,23 +158,30 @@ def accumulation_schedules(
     max_steps: int = 3,
     even: bool = False,
     same_micro_batch_counts: bool = False,
+    several_steps: bool = False,
 ) -> st.SearchStrategy[Schedule]:
     """Per step, per rank, the sizes of the micro-batches the rank accumulates over.
 
     Micro-batches of one rank may differ in size, and ranks may split differently.
     ``same_micro_batch_counts=True`` gives every rank of a step as many micro-batches (as a
-    training loop with a fixed number of accumulation steps does); sizes still differ. Shrinks
-    toward one step, one micro-batch per rank, an even split."""
+    training loop with a fixed number of accumulation steps does); sizes still differ.
+    ``several_steps=True``, for code that may keep state from step to step (a comm hook
+    with a state, a training step): about half the examples hold two steps or more from the
+    first examples on, where a state first acts. Shrinks toward one step, one micro-batch
+    per rank, an even split (with ``several_steps`` too: the one-step branch comes first)."""
     _check_bounds(world_size, min_samples, max_samples)
     _check_int("max_micro_batches", max_micro_batches, 1)
     _check_int("max_steps", max_steps, 1)
     # Built once: making a strategy costs more than drawing from one.
     sizes_from = functools.cache(lambda low: st.integers(low, max_samples))
+    steps = st.integers(1, max_steps)
+    if several_steps and max_steps > 1:
+        steps = st.one_of(steps, st.integers(2, max_steps))
 
     @st.composite
     def draw_schedule(draw: st.DrawFn) -> Schedule:
         schedule = []
-        for _ in range(draw(st.integers(1, max_steps))):
+        for _ in range(draw(steps)):
             pieces = None
             low = min_samples
             if same_micro_batch_counts:
@@ -272,6 +279,7 @@ def scenarios(
     optimizers: st.SearchStrategy[OptimizerSpec] | None = None,
     model: str | None = None,
     labels: str = "aligned",
+    several_steps: bool = False,
 ) -> st.SearchStrategy[Scenario]:
     """Whole scenarios for a world of ``world_size`` ranks; the drawn one is ``note()``d.
 
@@ -286,7 +294,8 @@ def scenarios(
     factory returns ``(module, make_batch)``, see :mod:`ddp_verify.engine.user_models`; it is
     checked here, and its loss follows from its targets. ``labels="unshifted"`` draws token
     data whose last position never counts, for a loss that shifts its labels itself (token
-    losses only).
+    losses only). ``several_steps=True`` draws two steps or more in about half the examples,
+    for code that keeps state from step to step (see :func:`accumulation_schedules`).
 
     Example::
 
@@ -301,6 +310,7 @@ def scenarios(
         max_steps=max_steps,
         even=even,
         same_micro_batch_counts=same_micro_batch_counts,
+        several_steps=several_steps,
     )
     _check_choices("dtypes", dtypes, DTYPES)
     _check_choices("losses", losses, ALL_LOSSES)

@@ -61,6 +61,9 @@ class Kind:
     owns_micro_batches: bool = False
     # Gets the model inside DDP or a wrapper (ddp_wrapper=).
     wrapped: bool = False
+    # Its code may keep state from step to step (a hook's state, a step function's own): the
+    # search draws several steps early (strategies' several_steps).
+    keeps_state: bool = False
 
 
 # A step function owns its accumulation loop, and training loops give every rank the same
@@ -122,6 +125,7 @@ REGISTRY: tuple[Kind, ...] = (
         mistakes="step",
         default_bounds=_SAME_COUNTS,
         owns_micro_batches=True,
+        keeps_state=True,
     ),
     Kind(
         "wrapped-step",
@@ -134,6 +138,7 @@ REGISTRY: tuple[Kind, ...] = (
         default_bounds=_SAME_COUNTS,
         owns_micro_batches=True,
         wrapped=True,
+        keeps_state=True,
     ),
     Kind(
         "comm-hook",
@@ -144,6 +149,7 @@ REGISTRY: tuple[Kind, ...] = (
         mistakes="prescaled",
         lossy=True,
         hook_state=True,
+        keeps_state=True,
     ),
     Kind(
         "wrapper",
@@ -152,6 +158,7 @@ REGISTRY: tuple[Kind, ...] = (
         ("module",),
         adapter="wrapper",
         mistakes="prescaled",
+        keeps_state=True,
     ),
     Kind(
         "loss-fn",
@@ -175,7 +182,10 @@ KIND = {kind.name: kind for kind in REGISTRY}
 # arguments and check a signature before it pays for importing torch).
 KINDS = tuple(KIND)
 SIGNATURES = {kind.name: kind.signature for kind in REGISTRY}
-DEFAULT_BOUNDS = {kind.name: dict(kind.default_bounds) for kind in REGISTRY}
+DEFAULT_BOUNDS = {
+    kind.name: {**kind.default_bounds, **({"several_steps": True} if kind.keeps_state else {})}
+    for kind in REGISTRY
+}
 RESULT_KINDS = tuple(kind.name for kind in REGISTRY if kind.result_on_rank0)
 
 

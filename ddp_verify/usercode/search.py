@@ -14,6 +14,7 @@ from typing import Any
 
 import hypothesis
 from hypothesis import HealthCheck, Phase, Verbosity, given, settings
+from hypothesis.errors import FlakyFailure
 
 from ..engine.compare import compare
 from ..engine.compression import CompressionTolerance
@@ -221,7 +222,13 @@ def search(
         layout=chosen.reason or None,
     )
     try:
-        search()
+        try:
+            search()
+        except FlakyFailure as flaky:
+            # Code whose result depends on its earlier calls (a count kept from the last
+            # step) fails once and passes when hypothesis replays it: the failure stands, and
+            # the state replay of the diagnosis says what was carried.
+            raise _first_divergence(flaky) from None
     except _HarnessFailed as stop:
         raise stop.error from None
     except EquivalenceError as error:
@@ -264,6 +271,15 @@ def search(
         )
         raise CodeFailed(_timed(errored, started)) from None
     return _timed(dataclasses.replace(verdict, examples=tried), started)
+
+
+def _first_divergence(flaky: FlakyFailure) -> BaseException:
+    """The divergence inside hypothesis's ``FlakyFailure``, or the failure itself when it
+    holds none (what the search cannot explain stays the harness's)."""
+    for exc in flaky.exceptions:
+        if isinstance(exc, EquivalenceError):
+            return exc
+    return flaky
 
 
 def _within_rounding(
@@ -392,7 +408,7 @@ def _explained(
                 )
                 found = told_apart(found, tried)
                 found = [*found, *every_mistake(found, tried)]
-            causes = tuple(found) if state is None else (state.cause, *found)
+            causes = tuple(_causes_first(found)) if state is None else (state.cause, *found)
         except RankError as exc:
             # The counterexample stands; only its explanation is missing.
             causes = (findings.DIAGNOSIS_FAILED.cause(reason=str(exc).splitlines()[0]),)
@@ -429,6 +445,21 @@ def _explained(
 
 # Findings that say nothing was found.
 _NOT_FOUND = {findings.UNEXPLAINED.code, findings.DIAGNOSIS_FAILED.code}
+# Findings that say what is not known: never the first cause while another names one.
+_OPEN = _NOT_FOUND | {finding.code for finding in findings.OPEN_QUESTIONS}
+
+
+def _causes_first(found: list[Cause]) -> list[Cause]:
+    """``found`` with every cause that names a mistake before those that only say what
+    could not be explained (the first cause is always a cause), each group in its order.
+
+    Example::
+
+        _causes_first([unexplained, world])  # [world, unexplained]
+    """
+    return [c for c in found if c.pattern not in _OPEN] + [c for c in found if c.pattern in _OPEN]
+
+
 # A model is wide enough for the fitted weights when it has this many parameters per
 # micro-batch of a step (the fit's unknowns): fewer, and the gradients of the micro-batches
 # are likely dependent. Widening only where needed keeps the fit on the counterexample's own

@@ -1,0 +1,627 @@
+"""The ground-truth table's corpus: call shapes users write times mistake operators.
+
+A shape is the correct form of one kind of aggregation code with the real signature users
+write (a per-parameter grad-sync loop, a flat bucketed one, a loss reducer, a Megatron-style
+list helper, a dict of metrics, three token losses, a step, a DDP step with ``no_sync``, two
+comm hooks, a wrapper), as source text with named slots. A mistake operator fills slots to
+make one mistake users make (world-size averaging, no division, a stale count, ...). Each
+case's truth is the operator's own: correct code is ``equivalent``; a mistake is
+``not-equivalent`` with the findings that name it. The diagnosis never decides the truth.
+
+``benchmarks/diagnosis_table.py`` runs every case; ``tests/groundtruth/test_table.py`` runs a
+fixed sample in CI and fails when a case that was right turns wrong.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import string
+import sys
+import textwrap
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+_HEADER = "import contextlib\nimport torch\nimport torch.distributed as dist\n"
+_HEADER += "import torch.nn.functional as F\n"
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The correct form of a kind's code: ``source`` with ``$slots``, ``defaults`` for
+    them, the check options it needs (``options``) and the function's name."""
+
+    name: str
+    kind: str
+    function: str
+    source: str
+    defaults: dict[str, str]
+    options: dict[str, Any] = field(default_factory=dict)
+    # Families of operators that make sense on it.
+    families: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class Operator:
+    """One mistake: slot values per family, and the findings that name it (any of them,
+    as the first cause, is right)."""
+
+    name: str
+    words: str
+    edits: dict[str, dict[str, str]]
+    truth: frozenset[str]
+
+
+@dataclass(frozen=True)
+class Case:
+    shape: Shape
+    operator: Operator | None
+
+    @property
+    def name(self) -> str:
+        return f"{self.shape.name}.{self.operator.name if self.operator else 'correct'}"
+
+    @property
+    def expected(self) -> str:
+        return "equivalent" if self.operator is None else "not-equivalent"
+
+    @property
+    def truth(self) -> frozenset[str]:
+        return frozenset() if self.operator is None else self.operator.truth
+
+    def source(self) -> str:
+        slots = dict(self.shape.defaults)
+        if self.operator is not None:
+            family = next(f for f in self.operator.edits if f in self.shape.families)
+            slots.update(self.operator.edits[family])
+        body = textwrap.dedent(self.shape.source)
+        for _ in range(3):  # a slot's value may hold a slot of its own ($divide)
+            body = string.Template(body).safe_substitute(slots)
+        return _HEADER + string.Template(body).substitute({})
+
+    def load(self, directory: Path) -> Any:
+        """The case's function, from a module written under ``directory`` (its state, the
+        hook state factory, with it)."""
+        name = "groundtruth_" + self.name.replace(".", "_").replace("-", "_")
+        path = directory / f"{name}.py"
+        path.write_text(self.source())
+        spec = importlib.util.spec_from_file_location(name, path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+        return module
+
+
+# Multi-line slot values are indented for the slot's own column by _lines.
+def _lines(*lines: str, indent: int) -> str:
+    return ("\n" + " " * indent).join(lines)
+
+
+SHAPES = (
+    Shape(
+        "grad-sync-loop",
+        "grad-sync",
+        "sync",
+        """\
+        $state
+        def sync(model, num_samples):
+            $pre
+            total = torch.tensor([float(num_samples)], dtype=torch.float64)
+            dist.all_reduce(total)
+            total = $total
+            for index, p in enumerate(model.parameters()):
+                if p.grad is None:
+                    $unused
+                $skip
+                p.grad.mul_($weight)
+                dist.all_reduce(p.grad)
+                p.grad.div_($divide)
+        """,
+        dict(
+            state="",
+            pre="",
+            total="total.item()",
+            unused="continue",
+            skip="",
+            weight="num_samples",
+            divide="total",
+        ),
+        families=frozenset({"grad", "grad-loop", "count"}),
+    ),
+    Shape(
+        "grad-sync-flat",
+        "grad-sync",
+        "sync_flat",
+        """\
+        $state
+        def sync_flat(model, num_samples):
+            $pre
+            total = torch.tensor([float(num_samples)], dtype=torch.float64)
+            dist.all_reduce(total)
+            total = $total
+            grads = [p.grad for p in model.parameters() if p.grad is not None]
+            flat = torch.cat([g.flatten() for g in grads]) * $weight
+            dist.all_reduce(flat)
+            flat = flat / $divide
+            offset = 0
+            for g in grads:
+                g.copy_(flat[offset : offset + g.numel()].view_as(g))
+                offset += g.numel()
+        """,
+        dict(state="", pre="", total="total.item()", weight="num_samples", divide="total"),
+        families=frozenset({"grad", "count"}),
+    ),
+    Shape(
+        "loss",
+        "loss",
+        "global_loss",
+        """\
+        $state
+        def global_loss(local_loss, num_samples):
+            pair = torch.stack(
+                [local_loss.detach().double() * $weight, torch.tensor(float(num_samples)).double()]
+            )
+            $allreduce
+            total = $total
+            return (pair[0] / $divide).item()
+        """,
+        dict(
+            state="",
+            weight="num_samples",
+            allreduce="dist.all_reduce(pair)",
+            total="pair[1].item()",
+            divide="total",
+        ),
+        families=frozenset({"report", "count"}),
+    ),
+    Shape(
+        "reduce-tensor",
+        "reduce",
+        "reduce_mean",
+        """\
+        $state
+        def reduce_mean(tensor, num_samples):
+            count = torch.tensor(float(num_samples)).to(tensor)
+            pair = torch.stack([tensor.detach() * $weight, count])
+            $allreduce
+            total = $total
+            return (pair[0] / $divide).reshape(tensor.shape)
+        """,
+        dict(
+            state="",
+            weight="num_samples",
+            allreduce="dist.all_reduce(pair)",
+            total="pair[1].item()",
+            divide="total",
+        ),
+        families=frozenset({"report", "count"}),
+    ),
+    Shape(
+        "reduce-list",
+        "reduce",
+        "average_losses",
+        """\
+        $state
+        def average_losses(losses, num_samples):
+            values = torch.cat([loss.clone().detach().view(1) for loss in losses])
+            pair = torch.cat([values * $weight, torch.tensor([float(num_samples)]).to(values)])
+            $allreduce
+            total = $total
+            return [pair[0] / $divide]
+        """,
+        dict(
+            state="",
+            weight="num_samples",
+            allreduce="dist.all_reduce(pair)",
+            total="pair[1].item()",
+            divide="total",
+        ),
+        families=frozenset({"report", "count"}),
+    ),
+    Shape(
+        "reduce-dict",
+        "reduce-dict",
+        "reduce_metrics",
+        """\
+        $state
+        def reduce_metrics(metrics, num_samples):
+            names = sorted(metrics)
+            values = torch.stack([metrics[k].detach() * $weight for k in names])
+            values = torch.cat([values, torch.tensor([float(num_samples)]).to(values)])
+            pair = values
+            $allreduce
+            total = $total
+            return {k: pair[i] / $divide for i, k in enumerate(names)}
+        """,
+        dict(
+            state="",
+            weight="num_samples",
+            allreduce="dist.all_reduce(pair)",
+            total="pair[-1].item()",
+            divide="total",
+        ),
+        families=frozenset({"report", "count"}),
+    ),
+    Shape(
+        "loss-fn-flat",
+        "loss-fn",
+        "fixed_cross_entropy",
+        """\
+        def fixed_cross_entropy($signature, ignore_index=-100, **kwargs):
+            summed = F.cross_entropy(source, target, ignore_index=ignore_index, reduction="sum")
+            return summed / $divide
+        """,
+        dict(signature="source, target, num_items_in_batch=None", divide="num_items_in_batch"),
+        options={"losses": ("tokens",), "max_micro_batches": 3},
+        families=frozenset({"token-loss-flat"}),
+    ),
+    Shape(
+        "loss-fn-3d",
+        "loss-fn",
+        "cross_entropy_loss",
+        """\
+        def cross_entropy_loss($signature):
+            summed = F.cross_entropy(
+                pred.flatten(0, 1).float(), labels.flatten(0, 1), ignore_index=-100, reduction="sum"
+            )
+            return summed / $divide
+        """,
+        dict(signature="pred, labels, num_tokens", divide="num_tokens"),
+        options={"losses": ("tokens",), "max_micro_batches": 3},
+        families=frozenset({"token-loss-3d"}),
+    ),
+    Shape(
+        "loss-fn-causal",
+        "loss-fn",
+        "causal_lm_loss",
+        """\
+        def causal_lm_loss($signature, ignore_index=-100, **kwargs):
+            scores = logits[:, :-1, :].float().reshape(-1, vocab_size)
+            targets = labels[:, 1:].reshape(-1)
+            summed = F.cross_entropy(scores, targets, ignore_index=ignore_index, reduction="sum")
+            return summed / $divide
+        """,
+        dict(
+            signature="logits, labels, vocab_size, num_items_in_batch=None",
+            divide="num_items_in_batch",
+        ),
+        options={"losses": ("tokens",), "max_micro_batches": 3},
+        families=frozenset({"token-loss-causal"}),
+    ),
+    Shape(
+        "step",
+        "step",
+        "train_step",
+        """\
+        def train_step(model, optimizer, micro_batches, loss_fn):
+            optimizer.zero_grad()
+            local = sum(len(y) for _, y in micro_batches)
+            total = torch.tensor([float(local)], dtype=torch.float64)
+            dist.all_reduce(total)
+            reported = torch.zeros((), dtype=torch.float64)
+            for i, (x, y) in enumerate(micro_batches):
+                $zero_inside
+                loss = loss_fn(model(x), y) * $mb_weight
+                loss.backward()
+                reported += loss.detach().double()
+                $sync_inside
+            $pre
+            $sync_after
+            $report
+            optimizer.step()
+            return reported / $report_divide
+        """,
+        dict(
+            zero_inside="",
+            mb_weight="len(y)",
+            sync_inside="",
+            pre="",
+            sync_after=_lines(
+                "for p in model.parameters():",
+                "    if p.grad is not None:",
+                "        dist.all_reduce(p.grad)",
+                "        p.grad.div_($divide)",
+                indent=4,
+            ),
+            divide="total.item()",
+            report="dist.all_reduce(reported)",
+            report_divide="total.item()",
+        ),
+        families=frozenset({"step"}),
+    ),
+    Shape(
+        "wrapped-step",
+        "wrapped-step",
+        "ddp_step",
+        """\
+        def ddp_step(ddp_model, optimizer, micro_batches, loss_fn):
+            optimizer.zero_grad()
+            local = sum(len(y) for _, y in micro_batches)
+            total = torch.tensor([float(local)], dtype=torch.float64)
+            dist.all_reduce(total)
+            world = dist.get_world_size()
+            reported = torch.zeros((), dtype=torch.float64)
+            for i, (x, y) in enumerate(micro_batches):
+                last = i == len(micro_batches) - 1
+                with contextlib.nullcontext() if last else ddp_model.no_sync():
+                    $zero_inside
+                    loss = loss_fn(ddp_model(x), y) * $mb_weight
+                    loss.backward()
+                reported += loss.detach().double() / world
+                $step_inside
+            optimizer.step()
+            dist.all_reduce(reported)
+            return reported
+        """,
+        dict(zero_inside="", mb_weight="len(y) * world / total.item()", step_inside=""),
+        families=frozenset({"ddp-step"}),
+    ),
+    Shape(
+        "comm-hook",
+        "comm-hook",
+        "allreduce_hook",
+        """\
+        def allreduce_hook(state, bucket):
+            tensor = bucket.buffer()
+            tensor.div_($divide)
+            future = dist.all_reduce(tensor, async_op=True).get_future()
+            return future.then(lambda f: f.value()[0])
+        """,
+        dict(divide="dist.get_world_size()"),
+        families=frozenset({"hook"}),
+    ),
+    Shape(
+        "comm-hook-state",
+        "comm-hook",
+        "scaled_hook",
+        """\
+        class ScaleState:
+            def __init__(self):
+                self.world = dist.get_world_size()
+                self.calls = 0
+
+
+        def scaled_hook(state, bucket):
+            state.calls += 1
+            tensor = bucket.buffer()
+            tensor.div_($state_divide)
+            future = dist.all_reduce(tensor, async_op=True).get_future()
+            return future.then(lambda f: f.value()[0])
+        """,
+        dict(state_divide="state.world"),
+        options={"hook_state": "ScaleState"},
+        families=frozenset({"hook-state"}),
+    ),
+    Shape(
+        "wrapper",
+        "wrapper",
+        "average_in_backward",
+        """\
+        def _average(p):
+            dist.all_reduce(p.grad)
+            p.grad.div_($divide)
+
+
+        def average_in_backward(module):
+            for index, p in enumerate(module.parameters()):
+                if p.requires_grad $skip:
+                    p.register_post_accumulate_grad_hook(_average)
+            return module
+        """,
+        dict(divide="dist.get_world_size()", skip=""),
+        options={"max_micro_batches": 1},
+        families=frozenset({"wrapper"}),
+    ),
+)
+
+
+_PREVIOUS = _lines(
+    "_seen = []",
+    "",
+    "",
+    "def _previous(total):",
+    "    _seen.append(total)",
+    "    return _seen[-2] if len(_seen) > 1 else total",
+    indent=0,
+)
+_CACHE = "_cache = {}"
+_CLIP = "torch.nn.utils.clip_grad_norm_(model.parameters(), 1e-3)"
+_SKIP_FIRST = _lines("if index == 0:", "    continue", indent=8)
+_ZERO_FILL = _lines("p.grad = torch.zeros_like(p)", indent=12)
+
+OPERATORS = (
+    Operator(
+        "world-average",
+        "gradients or losses averaged by the world size, not weighted by counts",
+        {
+            "grad": {"weight": "1", "divide": "dist.get_world_size()"},
+            "report": {"weight": "1", "divide": "dist.get_world_size()"},
+            "step": {"mb_weight": "len(y) / local", "divide": "dist.get_world_size()"},
+            "ddp-step": {"mb_weight": "len(y) / local"},
+            "token-loss-flat": {"signature": "source, target", "divide": "(target != -100).sum()"},
+        },
+        frozenset({"ranks:world", "loss:world", "micro:equal", "micro:own-mean"}),
+    ),
+    Operator(
+        "no-divide",
+        "summed over ranks, never divided",
+        {
+            "grad": {"divide": "1"},
+            "report": {"divide": "1"},
+            "step": {"divide": "1"},
+            "hook": {"divide": "1"},
+            "hook-state": {"state_divide": "1"},
+            "wrapper": {"divide": "1"},
+            "token-loss-flat": {"divide": "1"},
+            "token-loss-3d": {"divide": "1"},
+            "token-loss-causal": {"divide": "1"},
+        },
+        frozenset({"scale", "ranks:sum", "loss:item-sum"}),
+    ),
+    Operator(
+        "divided-twice",
+        "divided by the count twice",
+        {
+            "grad": {"divide": "total * total"},
+            "report": {"divide": "total * total"},
+            "step": {"divide": "total.item() ** 2"},
+            "hook": {"divide": "dist.get_world_size() ** 2"},
+            "wrapper": {"divide": "dist.get_world_size() ** 2"},
+            "token-loss-flat": {"divide": "num_items_in_batch ** 2"},
+            "token-loss-3d": {"divide": "num_tokens ** 2"},
+        },
+        frozenset({"scale", "loss:scaled"}),
+    ),
+    Operator(
+        "scale-w",
+        "the result scaled by the world size",
+        {
+            "grad": {"divide": "total / dist.get_world_size()"},
+            "report": {"divide": "total / dist.get_world_size()"},
+            "step": {"divide": "total.item() / dist.get_world_size()"},
+            "ddp-step": {"mb_weight": "len(y) * world * world / total.item()"},
+            "hook-state": {"state_divide": "1 / state.world"},
+            "token-loss-causal": {"divide": "num_items_in_batch / dist.get_world_size()"},
+        },
+        frozenset({"scale", "loss:scaled"}),
+    ),
+    Operator(
+        "means-over-count",
+        "each rank's mean summed and divided by the global count",
+        {
+            "grad": {"weight": "1"},
+            "report": {"weight": "1"},
+        },
+        frozenset({"ranks:means-over-count", "loss:means-over-count"}),
+    ),
+    Operator(
+        "own-count",
+        "each micro-batch normalised by its own token count",
+        {
+            "token-loss-flat": {"divide": "(target != -100).sum()"},
+            "token-loss-3d": {"divide": "(labels != -100).sum()"},
+            "token-loss-causal": {"divide": "(labels[:, 1:] != -100).sum()"},
+        },
+        frozenset({"micro:equal", "micro:own-mean", "ranks:sum", "scale", "ranks:world"}),
+    ),
+    Operator(
+        "micro-mean",
+        "a mean of micro-batch means (divided by the accumulation steps)",
+        {
+            "step": {"mb_weight": "1 / len(micro_batches)", "divide": "dist.get_world_size()"},
+            "ddp-step": {"mb_weight": "1 / len(micro_batches)"},
+        },
+        frozenset({"micro:equal", "ranks:world"}),
+    ),
+    Operator(
+        "stale-count",
+        "the global count computed on the first call and cached",
+        {
+            "count": {
+                "state": _CACHE,
+                "total": "_cache.setdefault('total', " + "$total_default)",
+            },
+        },
+        frozenset({"state:carried"}),
+    ),
+    Operator(
+        "previous-count",
+        "the global count from the previous step",
+        {"count": {"state": _PREVIOUS, "total": "_previous($total_default)"}},
+        frozenset({"state:carried"}),
+    ),
+    Operator(
+        "clip-before-sync",
+        "gradients clipped per rank before they are combined",
+        {"grad": {"pre": _CLIP}, "step": {"pre": _CLIP}},
+        frozenset({"clip"}),
+    ),
+    Operator(
+        "zero-grad-inside",
+        "zero_grad() inside the accumulation loop",
+        {
+            "step": {"zero_inside": "optimizer.zero_grad()"},
+            "ddp-step": {"zero_inside": "optimizer.zero_grad()"},
+        },
+        frozenset({"micro:last-only"}),
+    ),
+    Operator(
+        "step-per-micro-batch",
+        "the optimizer stepped once per micro-batch",
+        {"ddp-step": {"step_inside": "optimizer.step()"}},
+        frozenset({"step:each-micro-batch"}),
+    ),
+    Operator(
+        "sync-first-micro-batch-only",
+        "gradients synchronised after the first micro-batch only",
+        {
+            "step": {
+                "sync_inside": _lines(
+                    "if i == 0:",
+                    "    for p in model.parameters():",
+                    "        if p.grad is not None:",
+                    "            dist.all_reduce(p.grad)",
+                    "            p.grad.div_(total.item())",
+                    indent=8,
+                ),
+                "sync_after": "",
+            }
+        },
+        frozenset({"sync:left-out", "ranks:own", "micro:other"}),
+    ),
+    Operator(
+        "parameter-left-out",
+        "one parameter never synchronised",
+        {"grad-loop": {"skip": _SKIP_FIRST}, "wrapper": {"skip": "and index > 0"}},
+        frozenset({"partial-sync", "sync:left-out"}),
+    ),
+    Operator(
+        "zero-fill-unused",
+        "a zero gradient made for a parameter forward never used, and averaged by world size",
+        {"grad-loop": {"unused": _ZERO_FILL, "weight": "1", "divide": "dist.get_world_size()"}},
+        frozenset({"ranks:world"}),
+    ),
+    Operator(
+        "local-report",
+        "the reported loss is the rank's own",
+        {"report": {"allreduce": "pass"}},
+        frozenset({"loss:local", "loss:scaled"}),
+    ),
+    Operator(
+        "sum-of-means",
+        "rank means summed, never divided (a sum reduction)",
+        {"report": {"weight": "1", "divide": "1"}},
+        frozenset({"loss:sum"}),
+    ),
+)
+
+
+def _resolved(shape: Shape, operator: Operator) -> Operator:
+    """``$total_default`` in an operator's slots is the shape's own total."""
+    edits = {
+        family: {
+            k: v.replace("$total_default", shape.defaults.get("total", "")) for k, v in e.items()
+        }
+        for family, e in operator.edits.items()
+    }
+    return Operator(operator.name, operator.words, edits, operator.truth)
+
+
+def cases() -> Iterator[Case]:
+    """Every shape's correct form, then each operator that makes sense on it."""
+    for shape in SHAPES:
+        yield Case(shape, None)
+        for operator in OPERATORS:
+            if any(family in shape.families for family in operator.edits):
+                yield Case(shape, _resolved(shape, operator))
+
+
+def check_options(case: Case, module: Any) -> dict[str, Any]:
+    """The options ``check()`` gets for ``case``: the shape's, with names resolved in the
+    case's module (a hook state factory)."""
+    options = dict(case.shape.options)
+    if "hook_state" in options:
+        options["hook_state"] = getattr(module, options["hook_state"])
+    return options

@@ -1,0 +1,56 @@
+"""The ground-truth table in CI: a fixed sample of cases the diagnosis gets right (one or
+more per kind, the mistakes it once got wrong among them) must stay right, and the corpus
+keeps its reach. The whole table: ``python benchmarks/diagnosis_table.py``."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.groundtruth.corpus import OPERATORS, SHAPES, cases
+from tests.groundtruth.table import run_case
+
+CASES = {case.name: case for case in cases()}
+# Right today, each for a reason a change could break: a probed layout, state carried from
+# the last step (hypothesis once saw it as flaky: a harness error), a first cause that was
+# "unexplained" before a named one, weighting, scale and report findings.
+SAMPLE = (
+    "grad-sync-loop.zero-fill-unused",
+    "grad-sync-flat.means-over-count",
+    "loss.previous-count",
+    "loss.scale-w",
+    "reduce-list.local-report",
+    "reduce-dict.sum-of-means",
+    "loss-fn-flat.own-count",
+    "loss-fn-causal.correct",
+    "step.zero-grad-inside",
+    "wrapped-step.micro-mean",
+    "comm-hook-state.scale-w",
+    "wrapper.parameter-left-out",
+)
+
+
+@pytest.mark.parametrize("name", SAMPLE)
+def test_a_case_that_was_right_stays_right(name, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # reproducers are written under the working directory
+    row = run_case(CASES[name], tmp_path)
+    assert row.verdict == row.expected, row
+    if row.truth:
+        assert row.first in row.truth, f"{name}: first cause {row.first}, truth {row.truth}"
+
+
+def test_the_corpus_spans_the_shapes_and_mistakes_it_promises():
+    assert len(SHAPES) >= 12 and len(OPERATORS) >= 15
+    assert len({shape.kind for shape in SHAPES}) >= 8
+    for operator in OPERATORS:
+        applied = [name for name, case in CASES.items() if case.operator is operator]
+        assert operator.truth, operator.name
+        assert any(any(f in shape.families for f in operator.edits) for shape in SHAPES), (
+            f"{operator.name} applies to no shape"
+        )
+        assert applied or operator.name, operator.name
+    # Every shape's correct form is in the table, and each mistake changes its source.
+    for shape in SHAPES:
+        correct = CASES[f"{shape.name}.correct"].source()
+        mutants = [c for c in CASES.values() if c.shape is shape and c.operator is not None]
+        assert mutants, shape.name
+        assert all(m.source() != correct for m in mutants)
