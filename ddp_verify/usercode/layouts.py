@@ -263,7 +263,7 @@ def choose(kind: str, tried: Iterable[Tried]) -> Chosen:
     tried = tuple(tried)
     ran = [t for t in tried if t.error is None]
     if not ran:
-        each = "\n".join(f"  {words(kind, t.layout)}: {t.error}" for t in tried)
+        each = "\n".join(f"  {words(kind, t.layout)}: raised {t.error}" for t in tried)
         raise LayoutError(
             f"the code raised in every layout a {kind} plug-in can be called in, on the "
             f"simplest even scenario:\n{each}\nPin the layout it is written for "

@@ -39,8 +39,8 @@ def test_no_layout_that_runs_is_a_usage_error_naming_each():
     with pytest.raises(LayoutError) as info:
         choose("loss-fn", [Tried(FULL, error="ValueError: a"), Tried(FLAT, error="TypeError: b")])
     message = str(info.value)
-    assert "(batch, seq, vocab) logits, labels aligned: ValueError: a" in message
-    assert "(positions, vocab) logits, labels aligned: TypeError: b" in message
+    assert "(batch, seq, vocab) logits, labels aligned: raised ValueError: a" in message
+    assert "(positions, vocab) logits, labels aligned: raised TypeError: b" in message
     assert isinstance(info.value, KindError)  # a usage error, exit 2
 
 
