@@ -90,16 +90,13 @@ def adapt(
     """
     spec = KIND[kind]
     pinned = parse_layout(kind, layout, logits=logits, labels=labels)
-    laid_out = {**default_layout(kind, fn), **pinned}
     options = Options(
         result_on,
         hook_state,
         loss_reduction,
         ddp_wrapper,
         parse_binds(bind),
-        laid_out.get("logits", "3d"),
-        laid_out.get("labels", "aligned"),
-        laid_out.get("tensors", "tensor"),
+        {**default_layout(kind, fn), **pinned},
     )
     _check_options(spec, options)
     call = check_signature(fn, kind, bind=options.bind)
@@ -150,22 +147,21 @@ class Options:
     loss_reduction: str = "mean"
     ddp_wrapper: str | None = None
     bind: tuple[Bound, ...] = ()
-    # The layout (usercode/layouts.py), each axis resolved.
-    logits: str = "3d"
-    labels: str = "aligned"
-    tensors: str = "tensor"
+    # The layout, every axis of the kind resolved (usercode/layouts.py); empty for a kind
+    # with one layout.
+    layout: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
 
 def _shown(kind: Kind, options: Options, fn: Callable[..., Any]) -> tuple[str, ...]:
     """How a report shows the arguments the harness passes first: with their shapes."""
     if kind.adapter == "loss-fn":
-        flat = options.logits == "2d"
-        unshifted = " unshifted" if options.labels == "unshifted" else ""
+        flat = options.layout.get("logits") == "2d"
+        unshifted = " unshifted" if options.layout.get("labels") == "unshifted" else ""
         return (
             f"logits[{'batch*seq' if flat else 'batch, seq'}, vocab] or [batch, classes]",
             f"labels[{'batch*seq' if flat else 'batch, seq'}]{unshifted} or [batch]",
         )
-    if kind.adapter == "reduce" and options.tensors == "list":
+    if kind.adapter == "reduce" and options.layout.get("tensors") == "list":
         return ("[tensor[]]",)
     # A rank's mean loss, a 0-d tensor.
     return {
@@ -428,7 +424,8 @@ class LossFunction(UserMethod):
     ) -> None:
         super().__init__(fn, name)
         self.call = call
-        self.flat, self.unshifted = options.logits == "2d", options.labels == "unshifted"
+        self.flat = options.layout.get("logits") == "2d"
+        self.unshifted = options.layout.get("labels") == "unshifted"
 
     def train_rank(self, scenario: Scenario) -> RankTrace:
         run = RankRun(scenario)
@@ -566,7 +563,11 @@ ADAPTERS: dict[str, Adapter] = {
     ),
     # A list of one tensor, as Megatron's helpers take it, where the layout says so.
     "reduce": lambda fn, name, call, kind, o: LossAggregation(
-        fn, name, call, form="list" if o.tensors == "list" else "reduce", result_on=o.result_on
+        fn,
+        name,
+        call,
+        form="list" if o.layout.get("tensors") == "list" else "reduce",
+        result_on=o.result_on,
     ),
     "reduce-dict": lambda fn, name, call, kind, o: LossAggregation(
         fn, name, call, form="reduce-dict", result_on=o.result_on

@@ -132,8 +132,6 @@ def search(
     world_size = world.size
     fmt = lossy_format(kind, lossy, hook_state)
     bounds = {**DEFAULT_BOUNDS.get(kind, {}), **scenario_bounds}
-    if pinned.get("labels") == "unshifted":
-        bounds["losses"] = scenario_bounds.get("losses", ("tokens",))
     chosen = found_layout(fn, kind, world, called, pinned, bounds)
     called["layout"] = chosen.layout
     method = adapt(fn, kind, **called)

@@ -44,29 +44,30 @@ FILE_OPTIONS = (
     ("bind", "BIND"),
 )
 LAYOUT_AXES = (("logits", "LOGITS"), ("labels", "LABELS"), ("tensors", "TENSORS"))
-LAYOUTS = {
-    id(getattr(module, name)): {
-        axis: getattr(module, attribute)
-        for axis, attribute in LAYOUT_AXES
-        if hasattr(module, attribute)
+
+
+def _attributes(module, pairs) -> dict:
+    """``{key: module.ATTRIBUTE}`` for each ``(key, ATTRIBUTE)`` of ``pairs`` it has."""
+    return {key: getattr(module, attr) for key, attr in pairs if hasattr(module, attr)}
+
+
+def _per_function(values) -> dict:
+    """``values(module)`` for each real-style fixture function, by its id."""
+    return {
+        id(getattr(module, name)): values(module)
+        for stem in REAL_STYLE
+        for module in [load(f"real_style/{stem}")]
+        for name in module.EXPECTED
     }
-    for stem in REAL_STYLE
-    for module in [load(f"real_style/{stem}")]
-    for name in module.EXPECTED
-}
-OPTIONS = {
-    id(getattr(module, name)): {
-        **{
-            option: getattr(module, attribute)
-            for option, attribute in FILE_OPTIONS
-            if hasattr(module, attribute)
-        },
+
+
+LAYOUTS = _per_function(lambda module: _attributes(module, LAYOUT_AXES))
+OPTIONS = _per_function(
+    lambda module: {
+        **_attributes(module, FILE_OPTIONS),
         **getattr(module, "SCENARIO_BOUNDS", {}),
     }
-    for stem in REAL_STYLE
-    for module in [load(f"real_style/{stem}")]
-    for name in module.EXPECTED
-}
+)
 # What the fitted weights must show, per buggy fixture that says (EXPECTED_PATTERNS).
 PATTERNS = {
     id(getattr(module, name)): patterns
