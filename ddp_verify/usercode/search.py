@@ -21,7 +21,7 @@ from ..engine.compression import CompressionTolerance
 from ..engine.lockstep import in_lockstep
 from ..engine.outcome import EquivalenceError, Outcome
 from ..engine.scenario import Scenario
-from ..engine.strategies import optimizers, scenarios
+from ..engine.strategies import models, optimizers, scenarios
 from ..engine.tolerances import Float64Tolerance, Tolerance
 from ..methods.base import Method
 from ..methods.equivalence import HarnessError, assert_equivalent, check_equivalent
@@ -143,6 +143,11 @@ def search(
         bounds["labels"] = labels
     if fmt is not None and fmt != LOW_RANK:
         bounds.setdefault("optimizers", optimizers(names=("sgd",)))
+        # A 16-bit bound can hide a low-rank approximation; what tells one apart is a weight
+        # matrix whose gradient lost rank, and only a matrix with both sides of 2 or more can
+        # (a rank-1 PowerSGD passed 25 examples on models shrunk to 1 input).
+        if bounds.get("model") is None:  # the user's own model is trained as it is
+            bounds.setdefault("models", models(min_width=2))
     # Code that computes in a lower precision inside is held to that precision, measured.
     precision = None
     if fmt is None:
