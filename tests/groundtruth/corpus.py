@@ -144,7 +144,7 @@ SHAPES = (
             grads = [p.grad for p in model.parameters() if p.grad is not None]
             flat = torch.cat([g.flatten() for g in grads]) * $weight
             dist.all_reduce(flat)
-            flat = flat / $divide
+            flat = flat / ($divide)
             offset = 0
             for g in grads:
                 g.copy_(flat[offset : offset + g.numel()].view_as(g))
@@ -165,7 +165,7 @@ SHAPES = (
             )
             $allreduce
             total = $total
-            return (pair[0] / $divide).item()
+            return (pair[0] / ($divide)).item()
         """,
         dict(
             state="",
@@ -187,7 +187,7 @@ SHAPES = (
             pair = torch.stack([tensor.detach() * $weight, count])
             $allreduce
             total = $total
-            return (pair[0] / $divide).reshape(tensor.shape)
+            return (pair[0] / ($divide)).reshape(tensor.shape)
         """,
         dict(
             state="",
@@ -209,7 +209,7 @@ SHAPES = (
             pair = torch.cat([values * $weight, torch.tensor([float(num_samples)]).to(values)])
             $allreduce
             total = $total
-            return [pair[0] / $divide]
+            return [pair[0] / ($divide)]
         """,
         dict(
             state="",
@@ -233,7 +233,7 @@ SHAPES = (
             pair = values
             $allreduce
             total = $total
-            return {k: pair[i] / $divide for i, k in enumerate(names)}
+            return {k: pair[i] / ($divide) for i, k in enumerate(names)}
         """,
         dict(
             state="",
@@ -251,7 +251,7 @@ SHAPES = (
         """\
         def fixed_cross_entropy($signature, ignore_index=-100, **kwargs):
             summed = F.cross_entropy(source, target, ignore_index=ignore_index, reduction="sum")
-            return summed / $divide
+            return summed / ($divide)
         """,
         dict(signature="source, target, num_items_in_batch=None", divide="num_items_in_batch"),
         options={"losses": ("tokens",), "max_micro_batches": 3},
@@ -266,7 +266,7 @@ SHAPES = (
             summed = F.cross_entropy(
                 pred.flatten(0, 1).float(), labels.flatten(0, 1), ignore_index=-100, reduction="sum"
             )
-            return summed / $divide
+            return summed / ($divide)
         """,
         dict(signature="pred, labels, num_tokens", divide="num_tokens"),
         options={"losses": ("tokens",), "max_micro_batches": 3},
@@ -281,7 +281,7 @@ SHAPES = (
             scores = logits[:, :-1, :].float().reshape(-1, vocab_size)
             targets = labels[:, 1:].reshape(-1)
             summed = F.cross_entropy(scores, targets, ignore_index=ignore_index, reduction="sum")
-            return summed / $divide
+            return summed / ($divide)
         """,
         dict(
             signature="logits, labels, vocab_size, num_items_in_batch=None",
@@ -311,7 +311,7 @@ SHAPES = (
             $sync_after
             $report
             optimizer.step()
-            return reported / $report_divide
+            return reported / ($report_divide)
         """,
         dict(
             zero_inside="",
