@@ -144,10 +144,11 @@ def search(
     if fmt is not None and fmt != LOW_RANK:
         bounds.setdefault("optimizers", optimizers(names=("sgd",)))
         # A 16-bit bound can hide a low-rank approximation; what tells one apart is a weight
-        # matrix whose gradient lost rank, and only a matrix with both sides of 2 or more can
-        # (a rank-1 PowerSGD passed 25 examples on models shrunk to 1 input).
+        # matrix whose gradient lost rank, and a low-rank compressor leaves small matrices
+        # exact (PowerSGD compresses one only when rank r saves half: rows x cols > 2r(rows +
+        # cols), never at 4 wide): models up to 8 wide have matrices it compresses.
         if bounds.get("model") is None:  # the user's own model is trained as it is
-            bounds.setdefault("models", models(min_width=2))
+            bounds.setdefault("models", models(max_width=8))
     # Code that computes in a lower precision inside is held to that precision, measured.
     precision = None
     if fmt is None:

@@ -138,10 +138,11 @@ def test_a_rank_one_powersgd_from_step_one_is_caught_within_25_examples_under_bf
     tmp_path, monkeypatch
 ):
     # Issue 35's false pass: under --lossy bf16 only a weight matrix whose gradient lost rank
-    # tells a low-rank hook from rounding, and only a matrix with both sides of 2 or more can
-    # lose rank; its state acts from the second step. Seed 9 passed all 25 examples on models
-    # shrunk to one input (with models=models() it still does); the lossy default draws models
-    # at least 2 wide, and stateful kinds several steps early.
+    # tells a low-rank hook from rounding, and PowerSGD leaves a matrix of 4 x 4 or less exact.
+    # Seed 9 passed all 25 examples on models up to 4 wide (models=models() still does); the
+    # lossy default draws them up to 8 wide. Where a model with an unused parameter comes
+    # first, torch's known PowerSGD issue may end the search instead (timing decides): named
+    # as torch's, never a pass.
     monkeypatch.chdir(tmp_path)
     with pytest.raises(EquivalenceError) as caught:
         check(
@@ -153,6 +154,8 @@ def test_a_rank_one_powersgd_from_step_one_is_caught_within_25_examples_under_bf
             lossy="bf16",
             hook_state=powersgd.rank_one_from_step_one,
         )
-    assert caught.value.causes[0].pattern == "lowrank", caught.value.cause
-    assert caught.value.found_at <= 25
-    assert caught.value.scenario.steps >= 2  # the state compresses from the second step
+    cause = caught.value.causes[0]
+    assert cause.pattern in ("lowrank", "torch:powersgd-unused"), caught.value.cause
+    if cause.pattern == "lowrank":
+        assert caught.value.found_at <= 25
+        assert caught.value.scenario.steps >= 2  # the state compresses from the second step
