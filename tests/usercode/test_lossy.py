@@ -103,6 +103,9 @@ def test_a_low_rank_approximation_is_named_as_such_and_never_passes_as_rounding(
             seed=0,
             lossy=lossy,
             hook_state=powersgd.rank_one_from_step_one,
+            # Without unused parameters: torch's PowerSGD issue with them may end the search
+            # first (timing decides; a fresh-clone CI met it here), and it has its own test.
+            models=models(max_width=8, excluded_features=("unused",)),
         )
     cause = caught.value.causes[0]
     assert cause.pattern == "lowrank", caught.value.cause
