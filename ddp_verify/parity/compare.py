@@ -259,7 +259,8 @@ def _logged_causes(
 
 def _scaled(factor: float, key: str, why: str) -> Cause:
     return dataclasses.replace(
-        f.LOSS_SCALED.cause(factor=factor, why=why), reading=f"loss:scaled:{key}"
+        f.LOSS_SCALED.cause(factor=f"{factor:.4g} at every step", why=why),
+        reading=f"loss:scaled:{key}",
     )
 
 

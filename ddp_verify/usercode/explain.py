@@ -368,7 +368,9 @@ def scaled_loss(reference: Trace, got: Trace, rank: int, factor: float, why: str
         for s in range(got.steps)
     )
     return f.LOSS_SCALED.cause(
-        evidence=f"rank {rank} reported / the global mean: {steps}", factor=factor, why=why
+        evidence=f"rank {rank} reported / the global mean: {steps}",
+        factor=f"{factor:.4g} at every step",
+        why=why,
     )
 
 

@@ -164,6 +164,9 @@ MICRO_NOT_DIVIDED = (
     "their shares)"
 )
 MICRO_DIVIDED_TWICE = "the gradient divided by the number of micro-batches ({m}) once too often"
+DIVIDED_BY_COUNT_TWICE = (
+    "divided by the global {unit} count ({n}) once too often (a mean divided by its count again)"
+)
 
 # -- how micro-batches were weighted within a rank ---------------------------------------------
 MICRO_EQUAL = _finding(
@@ -214,6 +217,14 @@ NOT_PROPORTIONAL = (
 )
 
 # -- the reported loss -------------------------------------------------------------------------
+CLIP = _finding(
+    "clip",
+    "gradient",
+    "gradients clipped per rank before they were combined (clip_grad_norm_ on each rank's own "
+    "gradient, to a norm of about {bound:.4g}): {ranks}; full-batch training clips the "
+    "combined gradient, so clip after the all-reduce",
+)
+
 LOSS_LOCAL = _finding(
     "loss:local", "loss", "the reported loss is the rank's local loss, not the global mean"
 )
@@ -223,6 +234,12 @@ LOSS_WORLD = _finding(
     "loss",
     "the reported loss is the unweighted mean of rank means (only right when every rank holds "
     "as many {unit}s)",
+)
+LOSS_MEANS_OVER_COUNT = _finding(
+    "loss:means-over-count",
+    "loss",
+    "the reported loss sums the ranks' means and divides by the global {unit} count: a mean "
+    "is already divided by its own count, so weight it by its share, or sum the ranks' sums",
 )
 LOSS_ITEM_SUM = _finding(
     "loss:item-sum",
@@ -252,7 +269,13 @@ LOSS_RANK0_ONLY = _finding(
 LOSS_SCALED = _finding(
     "loss:scaled",
     "loss",
-    "the reported loss is the global mean times {factor:.4g} at every step{why}",
+    "the reported loss is the global mean times {factor}{why}",
+)
+# What LOSS_SCALED says, by the factor where it is a ratio of counts.
+TIMES_WORLD = ": multiplied by the world size ({world})"
+DIVIDED_BY_WORLD_TWICE = ": divided by the world size ({world}) once too often"
+LOSS_DIVIDED_BY_COUNT_TWICE = (
+    ": divided by the step's {unit} count ({n} at step {step}) once too often"
 )
 # The words LOSS_SCALED adds when the gradient is off by the same factor.
 LOSS_SCALED_LIKE_GRADIENT = (

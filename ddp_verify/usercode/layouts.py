@@ -347,7 +347,10 @@ def compared(layout: Layout, reference: Any, got: Any) -> Tried:
     factor = float(value @ truth / (truth @ truth))
     residual = float((value - factor * truth).norm()) / max(float(value.norm()), norm)
     agrees = float((value - truth).norm()) <= AGREEMENT * norm
-    return Tried(layout, agrees=agrees, factor=factor if residual <= AGREEMENT else None)
+    # A result of nothing (every target ignored in a layout that shifts them again) is
+    # proportional to anything: a factor of 0 is no agreement.
+    scaled = residual <= AGREEMENT and abs(factor) > AGREEMENT
+    return Tried(layout, agrees=agrees, factor=factor if scaled else None)
 
 
 def run_layouts(methods: list[Any], scenario: Any) -> list[Any]:

@@ -160,7 +160,7 @@ def group_terms(
                 model.zero_grad(set_to_none=True)
                 loss = loss_fn(model(x), y)
                 loss.backward()
-                columns.append(_flat(model, {n: p.grad for n, p in model.named_parameters()}))
+                columns.append(flatten(model, {n: p.grad for n, p in model.named_parameters()}))
                 losses.append(float(loss.detach()))
                 groups.append(Group(rank, micro, count_items(scenario, y), len(y)))
     return groups, torch.stack(columns, dim=1), losses
@@ -192,7 +192,7 @@ def fit_gradient(
     groups, columns, _ = group_terms(scenario, step, starts)
     with one_thread():
         model = build_model(scenario, "float64")
-        target = _flat(model, observed).to(torch.float64)
+        target = flatten(model, observed).to(torch.float64)
         solution = torch.linalg.lstsq(columns, target.unsqueeze(1), driver="gelsd").solution
         coefficients = solution.squeeze(1)
         scale = float(target.norm()) or 1.0
@@ -408,8 +408,9 @@ def _loss_weights(groups: list[Group], rank: int, ranks_mode: str, micro_mode: s
     return weights
 
 
-def _flat(model: torch.nn.Module, grads: Mapping[str, torch.Tensor | None]) -> torch.Tensor:
-    # Parameters in the model's order; a missing gradient counts as zeros.
+def flatten(model: torch.nn.Module, grads: Mapping[str, torch.Tensor | None]) -> torch.Tensor:
+    """``grads`` as one float64 vector, in ``model``'s parameter order; a missing gradient
+    counts as zeros."""
     parts = []
     for name, p in model.named_parameters():
         g = grads.get(name)

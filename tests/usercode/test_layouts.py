@@ -35,6 +35,28 @@ def test_agreeing_beats_scaled_beats_running_whatever_the_order():
     assert tie.layout == FULL and "(positions, vocab) logits: ran and agreed too" in tie.reason
 
 
+def test_a_layout_whose_result_is_nothing_does_not_agree_up_to_a_factor():
+    # Issue 35: a causal loss that shifts its labels, called with aligned ones on the probe
+    # (padding last), ignores every target: its gradient is 0, which is "the reference's x0"
+    # to a least-squares factor, and was chosen over the unshifted layout's true x2.
+    import torch
+
+    from ddp_verify.engine.trace import RankTrace, Trace
+    from ddp_verify.usercode.layouts import compared
+
+    def trace(scale: float) -> Trace:
+        grads = {"w": torch.tensor([1.0, -2.0, 0.5], dtype=torch.float64) * scale}
+        return Trace("probe", [RankTrace(losses=[scale], params=[grads], grads=[grads])] * 2)
+
+    reference = trace(1.0)
+    assert compared(FULL, reference, trace(0.0)).factor is None
+    assert compared(SHIFT, reference, trace(2.0)).factor == pytest.approx(2.0)
+    chosen = choose(
+        "loss-fn", [compared(FULL, reference, trace(0.0)), compared(SHIFT, reference, trace(2.0))]
+    )
+    assert chosen.layout == SHIFT
+
+
 def test_no_layout_that_runs_is_a_usage_error_naming_each():
     with pytest.raises(LayoutError) as info:
         choose("loss-fn", [Tried(FULL, error="ValueError: a"), Tried(FLAT, error="TypeError: b")])

@@ -1,0 +1,154 @@
+"""What was observed of a diverged run, and the one tolerance table every prediction is held to.
+
+:class:`Evidence` holds a run against its reference: per step, the micro-batches' float64
+gradient columns and mean losses at the parameters each rank started from (computed once,
+shared by every hypothesis), each rank's gradient as the optimizer saw it and the loss it
+reported. :func:`tolerance` says how close a prediction must come, per dtype: measured for
+float64, float32 and bfloat16, derived from the unit roundoff for the others.
+
+Example::
+
+    evidence = Evidence("grad-sync", scenario, reference, got)
+    evidence.tolerance.residual  # 1e-06 for a float64 run
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import torch
+
+from ...engine.models import build_model, one_thread
+from ...engine.scenario import Scenario
+from ...engine.tolerances import by_roundoff
+from ...engine.trace import Trace
+from ..kinds import KIND
+from ..weights import Group, flatten, group_terms, observed_gradients, starts_of, unit_of
+from .axes import Choice, choice
+
+__all__ = ["Evidence", "Terms", "Tolerance", "tolerance"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Tolerance:
+    """How close a prediction must come, for one dtype.
+
+    ``close``: a fitted factor or weight against a row's, relative; ``residual``: the share of
+    a gradient a prediction may leave unexplained; ``loss``: a reported loss against a
+    prediction, relative, at every step; ``match_rtol``/``match_atol``: a run against a
+    simulated one, elementwise."""
+
+    close: float
+    residual: float
+    loss: float
+    match_rtol: float
+    match_atol: float
+
+
+# Measured: a float64 run's fit is exact to ~1e-12, float32 gradients carry ~1e-6 of
+# rounding, bfloat16 ~1e-2. A simulated mistake need only be told apart from the others,
+# which differ by far more: loose on purpose.
+MEASURED: dict[str, Tolerance] = {
+    "float64": Tolerance(close=1e-3, residual=1e-6, loss=1e-7, match_rtol=1e-5, match_atol=1e-7),
+    "float32": Tolerance(close=1e-3, residual=1e-3, loss=1e-4, match_rtol=1e-3, match_atol=1e-5),
+    "bfloat16": Tolerance(close=3e-2, residual=5e-2, loss=3e-2, match_rtol=4e-2, match_atol=4e-3),
+}
+# A hook that may compress: float16 rounds each contribution by 2^-11 of its size and the
+# sum again per rank, which moves fitted weights by a few parts in a thousand to a percent.
+COMPRESSED = Tolerance(close=3e-2, residual=5e-2, loss=3e-2, match_rtol=2e-2, match_atol=1e-4)
+
+
+def tolerance(dtype: str, *, compressed: bool = False) -> Tolerance:
+    """The tolerance for a run in ``dtype`` (``compressed``: by a hook that may compress).
+
+    Example::
+
+        >>> tolerance("float64").residual
+        1e-06
+        >>> tolerance("float64", compressed=True).residual
+        0.05
+    """
+    fields = {
+        name: by_roundoff(dtype, {d: getattr(t, name) for d, t in MEASURED.items()})
+        for name in ("close", "residual", "loss", "match_rtol", "match_atol")
+    }
+    if compressed:
+        fields = {k: max(v, getattr(COMPRESSED, k)) for k, v in fields.items()}
+    return Tolerance(**fields)
+
+
+@dataclasses.dataclass(frozen=True)
+class Terms:
+    """One step's micro-batches (rank-major): their float64 mean-loss gradients as columns
+    of a ``(parameters, groups)`` matrix and their mean losses, each at the parameters its
+    rank started the step from."""
+
+    step: int
+    groups: tuple[Group, ...]
+    columns: torch.Tensor
+    losses: torch.Tensor
+
+
+class Evidence:
+    """A diverged run, its reference and what a hypothesis is predicted from."""
+
+    def __init__(self, kind: str, scenario: Scenario, reference: Trace, got: Trace) -> None:
+        self.kind = kind
+        self.scenario = scenario
+        self.reference = reference
+        self.got = got
+        self.unit = unit_of(scenario)
+        self.compressed = KIND[kind].lossy
+        self.tolerance = tolerance(scenario.dtype, compressed=self.compressed)
+
+    def ladder(self) -> list[tuple[Choice, Tolerance]]:
+        """The precisions a prediction is held to, tightest first: the run's own, then
+        (for a float64 run) float32's, which code that upcasts inside computes in."""
+        found = [(choice("precision", "as-run"), self.tolerance)]
+        if self.scenario.dtype == "float64":
+            lower = tolerance("float32", compressed=self.compressed)
+            found.append((choice("precision", "float32"), lower))
+        return found
+
+    @property
+    def world(self) -> int:
+        return self.scenario.world_size
+
+    @property
+    def steps(self) -> int:
+        return self.got.steps
+
+    @functools.cache  # noqa: B019 (one Evidence per diagnosis, dropped with it)
+    def terms(self, step: int) -> Terms:
+        """Step ``step``'s micro-batch columns and losses at the ranks' own start."""
+        with one_thread():
+            groups, columns, losses = group_terms(
+                self.scenario, step, starts_of(self.scenario, self.got, step)
+            )
+        return Terms(step, tuple(groups), columns, torch.tensor(losses, dtype=torch.float64))
+
+    @functools.cache  # noqa: B019
+    def gradients(self, step: int) -> tuple[torch.Tensor, ...] | None:
+        """Each rank's gradient at ``step``, flat, float64, in the model's parameter order;
+        None where it cannot be read (an optimizer whose update is not linear in it)."""
+        observed = observed_gradients(self.scenario, self.got, step)
+        if any(g is None for g in observed):
+            return None
+        model = build_model(self.scenario, "float64")
+        return tuple(flatten(model, g).to(torch.float64) for g in observed)  # type: ignore[arg-type]
+
+    @property
+    def read_from_update(self) -> bool:
+        """Whether the gradients were read back from the SGD update, not recorded (a step
+        function keeps its own): a factor there may be the optimizer's, not the gradient's."""
+        grads = self.got.ranks[0].grads
+        return not grads
+
+    def reported(self, rank: int) -> list[float]:
+        """The loss ``rank`` reported at every step."""
+        return [float(v) for v in self.got.ranks[rank].losses[: self.steps]]
+
+    def readable_steps(self) -> range:
+        """The steps whose gradients can be read: every one that was recorded."""
+        return range(self.steps)

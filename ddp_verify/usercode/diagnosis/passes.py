@@ -1,0 +1,388 @@
+"""The diagnosis's passes: each looks at the evidence its own way and returns scored
+hypotheses; :func:`run` runs every registered pass in one loop, and the engine chooses.
+
+What the ranks' parameters show at a glance (BatchNorm's statistics, rank 0 alone combined,
+some parameters left out, a low-rank or rounded gradient, a result held by rank 0 only) is a
+hypothesis like any other, never an early answer. The axes' hypotheses are predicted in
+closed form (:mod:`.engine`); a clip before the all-reduce in closed form from each rank's
+own gradient; what is not linear by simulating the known mistakes
+(:mod:`ddp_verify.usercode.mistakes`), run only where it can change the answer.
+
+Example::
+
+    found = run(evidence)
+    [(h.source, h.keys) for h in found if h.consistent]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+from collections.abc import Callable, Iterator, Sequence
+
+import torch
+
+from ...world.naming import option
+from .. import findings as f
+from ..diagnose import (
+    _held_by_rank_zero_only,
+    _lossy_compression,
+    _only_rank_zero_synchronised,
+    _partly_synchronised,
+    low_rank_cause,
+    matches,
+)
+from ..explain import gradient_causes, gradient_fits
+from ..findings import Cause
+from ..kinds import KIND
+from ..mistakes import applies, candidates, simulate
+from .engine import Hypothesis, gradient_hypotheses, loss_hypotheses
+from .evidence import Evidence
+
+__all__ = ["Pass", "added", "register", "registered", "run"]
+
+Found = Sequence[Hypothesis]
+
+
+@dataclasses.dataclass(frozen=True)
+class Pass:
+    """A named pass: ``look(evidence, found so far)`` returns its hypotheses."""
+
+    name: str
+    look: Callable[[Evidence, Found], list[Hypothesis]]
+
+
+_PASSES: list[Pass] = []
+
+
+def register(name: str) -> Callable[[Callable[[Evidence, Found], list[Hypothesis]]], Pass]:
+    """Register a pass, run after those registered before it."""
+
+    def decorate(look: Callable[[Evidence, Found], list[Hypothesis]]) -> Pass:
+        made = Pass(name, look)
+        _PASSES.append(made)
+        return made
+
+    return decorate
+
+
+def registered() -> tuple[Pass, ...]:
+    return tuple(_PASSES)
+
+
+@contextlib.contextmanager
+def added(made: Pass, *, before: str | None = None) -> Iterator[Pass]:
+    """``made`` runs (before the pass named ``before``, else last) while the block runs."""
+    index = next((i for i, p in enumerate(_PASSES) if p.name == before), len(_PASSES))
+    _PASSES.insert(index, made)
+    try:
+        yield made
+    finally:
+        _PASSES.remove(made)
+
+
+def run(evidence: Evidence) -> list[Hypothesis]:
+    """Every registered pass's hypotheses, in one loop: each sees what the earlier found."""
+    found: list[Hypothesis] = []
+    for each in _PASSES:
+        found.extend(each.look(evidence, tuple(found)))
+    return found
+
+
+def _structural(cause: Cause, covers: set[str], cost: float = 1.0, source: str = "") -> Hypothesis:
+    return Hypothesis(
+        cause.subject,
+        frozenset(covers),
+        cost,
+        0.0,
+        causes=(cause,),
+        source=source or cause.pattern,
+    )
+
+
+ALL = {"run", "parameters", "gradient", "loss"}
+
+
+@register("batch-norm")
+def batch_norm(evidence: Evidence, found: Found) -> list[Hypothesis]:
+    if evidence.scenario.model.batch_norm != "batch":
+        return []
+    return [_structural(f.BATCH_NORM.cause(), ALL)]
+
+
+@register("reduce-to-0")
+def reduce_to_zero(evidence: Evidence, found: Found) -> list[Hypothesis]:
+    if not _only_rank_zero_synchronised(evidence.scenario, evidence.reference, evidence.got):
+        return []
+    return [_structural(f.RANKS_REDUCE_TO_0.cause(), {"gradient", "parameters"})]
+
+
+@register("partial-sync")
+def partial_sync(evidence: Evidence, found: Found) -> list[Hypothesis]:
+    partial = _partly_synchronised(evidence.reference, evidence.got)
+    if not partial:
+        return []
+    names = ", ".join(repr(n) for n in partial)
+    return [_structural(f.PARTIAL_SYNC.cause(names=names), {"gradient", "parameters"})]
+
+
+@register("low-rank")
+def low_rank(evidence: Evidence, found: Found) -> list[Hypothesis]:
+    cause = low_rank_cause(evidence.kind, evidence.reference, evidence.got)
+    return [] if cause is None else [_structural(cause, ALL)]
+
+
+@register("lossy")
+def lossy(evidence: Evidence, found: Found) -> list[Hypothesis]:
+    cause = _lossy_compression(evidence.kind, evidence.scenario, evidence.reference, evidence.got)
+    # Within a compression format's rounding everywhere: cheaper than any mistake.
+    return [] if cause is None else [_structural(cause, ALL, cost=0.5)]
+
+
+@register("rank-0-result")
+def rank_zero_result(evidence: Evidence, found: Found) -> list[Hypothesis]:
+    if not KIND[evidence.kind].result_on_rank0:
+        return []
+    if not _held_by_rank_zero_only(evidence.scenario, evidence.got):
+        return []
+    cause = f.LOSS_RANK0_ONLY.cause(result_on=option("result_on", "rank0"))
+    return [_structural(cause, {"loss"})]
+
+
+@register("gradient-axes")
+def gradient_axes(evidence: Evidence, found: Found) -> list[Hypothesis]:
+    """The axes' hypotheses at the first step whose gradient the right one does not fit."""
+    kept: list[Hypothesis] = []
+    for step in range(evidence.steps):
+        kept = gradient_hypotheses(evidence, step)
+        if not any(h.right and h.consistent for h in kept):
+            return kept
+    return kept
+
+
+def wrong_step(found: Found) -> int | None:
+    """The step the gradient axes found wrong (no right hypothesis fits it), if any."""
+    axes = [h for h in found if h.source == "gradient axes"]
+    if not axes or any(h.right and h.consistent for h in axes):
+        return None
+    return int(axes[0].detail["step"])
+
+
+@register("clip")
+def clip(evidence: Evidence, found: Found) -> list[Hypothesis]:
+    """Each rank's own gradient clipped to one norm before the ranks were combined.
+
+    Every rank's gradient is a multiple ``a_r`` of its own mean gradient ``l_r`` weighted by
+    its share; a clip scales a rank by ``min(1, c / |p_r l_r|)``, where ``p_r`` is how the
+    rank's gradient was scaled when it was clipped (its mean, its share, DDP's share times
+    the world size, or its sum). It fits where the clipped ranks all end at one norm ``c``
+    and the others were under it."""
+    step = wrong_step(found)
+    observed = None if step is None else evidence.gradients(step)
+    if step is None or observed is None or evidence.world < 2:
+        return []
+    terms = evidence.terms(step)
+    groups, world = terms.groups, evidence.world
+    items = [sum(g.items for g in groups if g.rank == r) for r in range(world)]
+    total = sum(items)
+    own = []
+    for r in range(world):
+        index = [i for i, g in enumerate(groups) if g.rank == r]
+        weights = torch.tensor([groups[i].items / items[r] for i in index], dtype=torch.float64)
+        own.append(terms.columns[:, index] @ weights)
+    local = torch.stack(own, dim=1)
+    norms = [float(v.norm()) for v in own]
+    tolerance = evidence.tolerance
+    pre = {
+        "mean": [1.0] * world,
+        "share": [n / total for n in items],
+        "ddp": [world * n / total for n in items],
+        "sum": [float(n) for n in items],
+    }
+    kept = []
+    for how, scaled in pre.items():
+        misfit, bound, described = 0.0, 0.0, ""
+        for mine in observed:
+            solution = torch.linalg.lstsq(local, mine.unsqueeze(1), driver="gelsd").solution
+            a = solution.squeeze(1)
+            scale = max(float(mine.norm()), 1e-300)
+            residual = float((local @ a - mine).norm()) / scale / tolerance.residual
+            kept_share = [float(a[r]) * total / items[r] for r in range(world)]
+            fit = _clip_bound(
+                kept_share, [p * n for p, n in zip(scaled, norms, strict=True)], tolerance.close
+            )
+            if fit is None:
+                misfit = math.inf
+                break
+            bound, described = fit
+            misfit = max(misfit, residual)
+        if misfit <= 1.0:
+            cause = f.CLIP.cause(
+                evidence=f"each rank's gradient at step {step} is its own mean gradient times "
+                f"min(1, {bound:.4g} / its norm), the norm taken of the rank's {how} gradient",
+                bound=bound,
+                ranks=described,
+            )
+            kept.append(
+                Hypothesis(
+                    "gradient", frozenset({"gradient"}), 1.0, misfit, causes=(cause,), source="clip"
+                )
+            )
+            break
+    return kept
+
+
+def _clip_bound(kept: list[float], norms: list[float], close: float) -> tuple[float, str] | None:
+    """The one norm the clipped ranks ended at, and the ranks' numbers, if ``kept`` (what
+    each rank kept of its gradient) is what a clip to it leaves; None otherwise."""
+    if any(k < -close or k > 1 + close for k in kept):
+        return None
+    clipped = [r for r, k in enumerate(kept) if k < 1 - close]
+    if not clipped:
+        return None
+    ends = [kept[r] * norms[r] for r in clipped]
+    bound = sum(ends) / len(ends)
+    if bound <= 0 or any(abs(e - bound) > close * bound for e in ends):
+        return None
+    others = [r for r in range(len(kept)) if r not in clipped]
+    if any(norms[r] > bound * (1 + close) for r in others):
+        return None
+    if len(clipped) < 2 and not others:
+        return None  # one rank's factor alone: any scale fits it
+    words = "; ".join(
+        f"rank {r}'s gradient of norm {norms[r]:.4g} kept {kept[r]:.4g} of itself"
+        for r in range(len(kept))
+    )
+    return bound, words
+
+
+@register("fitted-weights")
+def fitted_weights(evidence: Evidence, found: Found) -> list[Hypothesis]:
+    """Any weights at all (least squares), read by what they show: what no row names, at a
+    cost above any two named mistakes together."""
+    if wrong_step(found) is None:
+        return []
+    if any(h.consistent and h.cost > 0 and "gradient" in h.covers for h in found):
+        return []
+    fits = gradient_fits(evidence.scenario, evidence.got, compressed=evidence.compressed)
+    causes = [
+        c
+        for c in gradient_causes(evidence.scenario, fits, compressed=evidence.compressed)
+        if c.pattern != f.NONLINEAR.code
+    ]
+    if not causes:
+        return []
+    return [
+        Hypothesis(
+            "gradient",
+            frozenset({"gradient"}),
+            3.5,
+            0.0,
+            causes=tuple(causes),
+            source="fitted weights",
+        )
+    ]
+
+
+@register("loss-axes")
+def loss_axes(evidence: Evidence, found: Found) -> list[Hypothesis]:
+    """The reported loss's hypotheses; one whose only mistake is the gradient's own scale
+    is one mistake seen twice (the scaled loss that was backpropagated was reported), and
+    costs less than a mistake of its own."""
+    scales = [
+        h.detail["factors"][0]
+        for h in found
+        if h.consistent and h.detail.get("factors") and any(c.axis == "scale" for c in h.wrong)
+    ]
+    kept = []
+    for h in loss_hypotheses(evidence):
+        wrong = h.wrong
+        if (
+            len(wrong) == 1
+            and wrong[0].axis == "report-scale"
+            and _factor_of(h, evidence) is not None
+            and any(
+                abs(k - _factor_of(h, evidence)) <= evidence.tolerance.close * abs(k)
+                for k in scales
+            )
+        ):
+            h = dataclasses.replace(
+                h, cost=h.cost - 0.5, detail={**h.detail, "like_gradient": True}
+            )
+        kept.append(h)
+    return kept
+
+
+def _factor_of(h: Hypothesis, evidence: Evidence) -> float | None:
+    """A loss hypothesis's scale at step 0."""
+    factors = h.detail.get("factors")
+    if factors:
+        return float(factors[0])
+    from .axes import Context
+
+    for c in h.wrong:
+        if c.factor is not None:
+            value = c.factor(Context(evidence.terms(0).groups))
+            return None if value is None else float(value)
+    return None
+
+
+@register("simulated")
+def simulated(evidence: Evidence, found: Found) -> list[Hypothesis]:
+    """The known mistakes, simulated: every one where a subject is left unexplained, and
+    otherwise those the closed form cannot predict (an optimizer stepped per micro-batch)."""
+    unexplained = {
+        s for s in ("gradient", "loss") if not any(h.consistent and s in h.covers for h in found)
+    }
+    scenario = evidence.scenario
+    family = candidates(evidence.kind)
+    if not unexplained:
+        if not scenario.accumulates:
+            return []
+        family = [m for m in family if m.stepping != "once"]
+    from ..diagnose import _COMPRESSED_MATCH, _match
+
+    strict = _match(scenario.dtype)
+    kept: list[Hypothesis] = []
+    cheapest: int | None = None
+    for mistake in family:
+        cost = len(mistake.findings)
+        if cheapest is not None and cost > cheapest:
+            break  # only the cheapest that reproduce the run can be chosen
+        if not applies(mistake, scenario):
+            continue
+        trace = simulate(scenario, mistake)
+        said = ""
+        with_loss = matches(trace, evidence.got, strict, losses=True)
+        gradient = with_loss or matches(trace, evidence.got, strict, losses=False)
+        if not gradient and evidence.compressed:
+            with_loss = matches(trace, evidence.got, _COMPRESSED_MATCH, losses=True)
+            gradient = with_loss or matches(trace, evidence.got, _COMPRESSED_MATCH, losses=False)
+            said = " (up to compression rounding: the hook also compresses)"
+        if not gradient:
+            continue
+        reproduces = "parameters and losses" if with_loss else "parameters"
+        causes = tuple(
+            dataclasses.replace(c, text=c.text + said)
+            for c in mistake.causes(
+                unit=evidence.unit,
+                evidence=f"simulating {mistake} reproduces every rank's {reproduces}",
+            )
+            if c.subject == "gradient" or with_loss
+        )
+        if not causes:
+            continue
+        covers = {"gradient"} | ({"loss"} if with_loss else set())
+        kept.append(
+            Hypothesis(
+                causes[0].subject,
+                frozenset(covers),
+                float(cost),
+                0.0,
+                causes=causes,
+                source="simulated",
+            )
+        )
+        cheapest = cost
+    return kept

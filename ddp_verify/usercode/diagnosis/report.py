@@ -1,0 +1,292 @@
+"""The diagnosis's words, rendered once from the chosen hypotheses.
+
+An axis hypothesis says one cause per wrong choice, in the words of
+:mod:`ddp_verify.usercode.findings`, with the numbers of this run: what each rank's items
+counted, each micro-batch's share, the factor; a pass's hypothesis says its own causes. The
+alternatives the run could not tell apart go with the first cause of each. A subject nothing
+explains is said to be so, with what was measured.
+
+Example::
+
+    causes = render(evidence, chosen, open_subjects)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from .. import findings as f
+from ..diagnose import _measured, can_show, failure_cause
+from ..explain import gradient_fits
+from ..findings import Cause
+from ..weights import WeightFit
+from .axes import Choice, Context
+from .engine import SUBJECTS, Hypothesis
+from .engine import _coefficients as weigh
+from .evidence import Evidence
+
+__all__ = ["render"]
+
+
+def _plural(unit: str, n: int) -> str:
+    return unit if n == 1 else unit + "s"
+
+
+def render(
+    evidence: Evidence,
+    chosen: Sequence[tuple[Hypothesis, tuple[Hypothesis, ...]]],
+    open_subjects: Sequence[str],
+) -> list[Cause]:
+    """Every cause of the chosen hypotheses, most important first (what changes the model
+    before what is only reported), then what nothing explains; never empty."""
+    causes: list[Cause] = []
+    fits = _Fits(evidence)
+    ordered = sorted(chosen, key=lambda pair: SUBJECTS.index(pair[0].subject))
+    gradient_scale = next(
+        (
+            h
+            for h, _ in ordered
+            if h.choices and any(c.axis == "scale" for c in h.wrong) and h.subject == "gradient"
+        ),
+        None,
+    )
+    for hypothesis, ties in ordered:
+        said = _said(evidence, hypothesis, fits, gradient_scale)
+        if not said:
+            continue
+        others = tuple(key for tie in ties for key in tie.keys[:1] if key != said[0].key)
+        if others:
+            said[0] = dataclasses.replace(said[0], alternatives=tuple(dict.fromkeys(others)))
+        causes.extend(said)
+    for subject in open_subjects:
+        if subject == "gradient":
+            causes.extend(_nonlinear(evidence, fits))
+        elif subject == "loss":
+            causes.append(_unexplained_loss(evidence))
+    causes = [c for c in causes if can_show(c.pattern, evidence.scenario)]
+    if causes:
+        return causes
+    failed = failure_cause(evidence.kind, evidence.scenario)
+    if failed:
+        return [failed]
+    shown = fits.first()
+    read = "are the correct weighting of the samples" if shown else "could not be read"
+    return [
+        f.UNEXPLAINED.cause(
+            evidence=shown.evidence() if shown else "",
+            weights=shown.table() if shown else (),
+            read=read,
+        )
+    ]
+
+
+class _Fits:
+    """The least-squares weights of every rank at the first wrong step, fitted once, for
+    the numbers the words show."""
+
+    def __init__(self, evidence: Evidence) -> None:
+        self.evidence = evidence
+        self._fits: list[WeightFit] | None = None
+
+    def all(self) -> list[WeightFit]:
+        if self._fits is None:
+            e = self.evidence
+            self._fits = gradient_fits(e.scenario, e.got, compressed=e.compressed)
+        return self._fits
+
+    def first(self) -> WeightFit | None:
+        from ..diagnose import _first_fit
+
+        fits = self.all()
+        return fits[0] if fits else _first_fit(self.evidence.scenario, self.evidence.got)
+
+
+def _said(
+    evidence: Evidence,
+    hypothesis: Hypothesis,
+    fits: _Fits,
+    gradient_scale: Hypothesis | None,
+) -> list[Cause]:
+    if not hypothesis.choices:
+        return list(hypothesis.causes)
+    if hypothesis.subject == "gradient":
+        return _gradient_causes(evidence, hypothesis, fits)
+    return _loss_causes(evidence, hypothesis, gradient_scale)
+
+
+def _gradient_causes(evidence: Evidence, h: Hypothesis, fits: _Fits) -> list[Cause]:
+    step = int(h.detail["step"])
+    source = int(h.detail.get("source", 0))
+    terms = evidence.terms(step)
+    factor = float(h.detail["factors"][0]) if h.detail.get("factors") else 1.0
+    context = Context(terms.groups, observer=0, source=source)
+    coefficients = [float(v) * factor for v in weigh(h.choices, context, terms.groups)]
+    groups = terms.groups
+    ranks = sorted({g.rank for g in groups})
+    total = context.total
+    shares = {r: context.items(r) / total for r in ranks}
+    totals = {
+        r: float(sum(c for c, g in zip(coefficients, groups, strict=True) if g.rank == r))
+        for r in ranks
+    }
+    limit = evidence.tolerance.residual
+    fitted = fits.all()
+    shown = fitted[0] if fitted else None
+    evidence_text = (
+        f"every rank's gradient at step {step} is what {h.describe()} predicts, to "
+        f"{h.misfit * limit:.1e} of its norm (tolerance {limit:.0e})"
+    ) + (f"; {shown.evidence()}" if shown else "")
+    if evidence.read_from_update:
+        evidence_text += (
+            " (the gradient read back from the SGD update, (p0 - p1) / lr: a factor there is "
+            "also what more optimizer steps than one, or a scaled learning rate, would give)"
+        )
+    weights = shown.table() if shown else ()
+    said = []
+    for choice in h.wrong:
+        words = _gradient_words(
+            choice, evidence, context, totals, shares, coefficients, factor, source
+        )
+        said.append(
+            Cause(
+                words,
+                "gradient",
+                choice.finding,
+                evidence_text,
+                weights,
+                reading=choice.reading if choice.axis == "scale" else "",
+            )
+        )
+    if shown is not None and not all(fit.identifiable for fit in fitted):
+        said = [
+            dataclasses.replace(
+                c,
+                evidence=c.evidence + " (the micro-batches' gradients are linearly dependent "
+                "here, so other weights would explain it as well)",
+            )
+            for c in said
+        ]
+    return said
+
+
+def _gradient_words(
+    choice: Choice,
+    evidence: Evidence,
+    context: Context,
+    totals: dict[int, float],
+    shares: dict[int, float],
+    coefficients: list[float],
+    factor: float,
+    source: int,
+) -> str:
+    unit, world, total = evidence.unit, context.world, context.total
+    finding = f.finding(choice.finding)
+    if choice.axis == "ranks":
+        numbers = "; ".join(
+            f"rank {r}'s {context.items(r)} {_plural(unit, context.items(r))} counted "
+            f"{totals[r]:.4g} in all instead of {shares[r]:.4g}"
+            for r in sorted(totals)
+            if abs(totals[r] - shares[r]) > 1e-12 * max(1.0, abs(shares[r]))
+        )
+        tokens = (
+            " (normalised per rank by its own token count instead of the global count)"
+            if unit == "token" and choice.name == "world"
+            else ""
+        )
+        value = next(iter(totals.values()), 0.0)
+        words = finding.says(unit=unit, source=source, where="every rank", total=total, value=value)
+        return f"{words}{tokens}: {numbers}" if numbers else words
+    if choice.axis == "micro":
+        words = (
+            f.MICRO_EQUAL_TOKENS if choice.name == "equal" and unit == "token" else finding.says()
+        )
+        details = []
+        for r in sorted(totals):
+            index = [i for i, g in enumerate(context.groups) if g.rank == r]
+            rank_total = sum(coefficients[i] for i in index) or 1.0
+            parts = ", ".join(
+                f"micro-batch {j} ({context.groups[i].items} "
+                f"{_plural(unit, context.groups[i].items)}) {coefficients[i] / rank_total:.3g} "
+                f"of the rank instead of {context.groups[i].items / context.items(r):.3g}"
+                for j, i in enumerate(index)
+            )
+            details.append(f"rank {r}: {parts}")
+        return f"{words}: {'; '.join(details)}"
+    if choice.axis == "scale":
+        counts = context.micro_counts()
+        why = choice.words.format(
+            n=total, unit=unit, world=world, m=counts.pop() if len(counts) == 1 else "?"
+        )
+        return f.SCALE.says(why=why, unit=unit, factor=factor * _fixed(choice, context))
+    return finding.says(unit=unit)
+
+
+def _fixed(choice: Choice, context: Context) -> float:
+    """The factor a scale row fixes (1 where it is fitted: the fitted one is already said)."""
+    if choice.factor is None:
+        return 1.0
+    value = choice.factor(context)
+    return 1.0 if value is None else float(value)
+
+
+def _loss_causes(
+    evidence: Evidence, h: Hypothesis, gradient_scale: Hypothesis | None
+) -> list[Cause]:
+    unit = evidence.unit
+    terms = evidence.terms(0)
+    context = Context(terms.groups)
+    reported = evidence.reported(0)
+    truth = [float(v) for v in evidence.reference.ranks[0].losses[: evidence.steps]]
+    evidence_text = (
+        f"rank 0 reported {reported[0]:.6g} at step 0, the global mean there is "
+        f"{truth[0]:.6g}; every step of every rank is what {h.describe()} predicts"
+    )
+    said = []
+    for choice in h.wrong:
+        if choice.axis == "report-scale":
+            if choice.factor is not None and choice.factor(context) is not None:
+                value = choice.factor(context)
+                factor = f"{value:.4g}" if choice.name != "1/N" else f"1/N ({value:.4g} at step 0)"
+                why = choice.words.format(world=context.world, unit=unit, n=context.total, step=0)
+            else:
+                factors = h.detail.get("factors") or (1.0,)
+                factor, why = f"{float(factors[0]):.4g} at every step", ""
+            if h.detail.get("like_gradient"):
+                why += f.LOSS_SCALED_LIKE_GRADIENT
+            text = f.LOSS_SCALED.says(factor=factor, why=why)
+        else:
+            text = f.finding(choice.finding).says(unit=unit)
+        said.append(
+            Cause(
+                text,
+                "loss",
+                choice.finding,
+                evidence_text,
+                reading=choice.reading if choice.axis == "report-scale" else "",
+            )
+        )
+    return said
+
+
+def _nonlinear(evidence: Evidence, fits: _Fits) -> list[Cause]:
+    fitted = fits.all()
+    if not fitted:
+        shown = fits.first()
+        if shown is None:
+            return []
+        fitted = [shown]
+    worst = max(fitted, key=lambda fit: fit.residual)
+    cause = f.NONLINEAR.cause(evidence=worst.evidence(), weights=worst.table(), measured="")
+    return [_measured(cause, fitted, evidence.scenario, evidence.reference, evidence.got)]
+
+
+def _unexplained_loss(evidence: Evidence) -> Cause:
+    truth = evidence.reference.ranks[0].losses
+    reported = evidence.reported(0)
+    steps = ", ".join(
+        f"step {s}: {reported[s]:.6g} vs {float(truth[s]):.6g}" for s in range(evidence.steps)
+    )
+    return f.LOSS_UNEXPLAINED.cause(
+        evidence=f"rank 0 reported vs the global mean: {steps}", unit=evidence.unit
+    )
