@@ -25,7 +25,7 @@ RANK_PRELOAD = (
     "torch.nn.parallel",
     "ddp_verify.usercode.adapters",
     "ddp_verify.methods.equivalence",
-    "ddp_verify.usercode.diagnose",
+    "ddp_verify.usercode.diagnosis",
 )
 
 

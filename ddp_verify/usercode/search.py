@@ -30,9 +30,10 @@ from ..world.interface import Ranked
 from ..world.naming import option
 from . import findings
 from .adapters import DEFAULT_BOUNDS, KindError, adapt
-from .diagnose import failure_cause, known_issue_cause, likely_causes, low_rank_cause
+from .diagnosis import likely_causes
+from .diagnosis.probes import every_mistake, probes, told_apart
+from .diagnosis.structural import failure_cause, known_issue_cause, low_rank_cause
 from .findings import Cause
-from .isolate import every_mistake, probes, told_apart
 from .kinds import KIND, Binds, parse_binds
 from .layouts import parse_layout
 from .precision import held_to, measured_precision, probe_scenario

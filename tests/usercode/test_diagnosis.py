@@ -11,8 +11,7 @@ from ddp_verify.engine.scenario import ModelSpec, Scenario
 from ddp_verify.engine.tolerances import Float64Tolerance
 from ddp_verify.engine.trace import Trace
 from ddp_verify.methods import reference
-from ddp_verify.usercode.diagnose import matches
-from ddp_verify.usercode.mistakes import Mistake, applies, candidates, simulate
+from ddp_verify.usercode.diagnosis.mistakes import Mistake, applies, candidates, matches, simulate
 from ddp_verify.usercode.reproducer import write_reproducer
 
 UNEVEN = Scenario(

@@ -11,7 +11,8 @@ import torch.distributed as dist
 from ddp_verify.engine.scenario import ModelSpec, Scenario
 from ddp_verify.methods.equivalence import check_equivalent
 from ddp_verify.usercode.adapters import adapt
-from ddp_verify.usercode.diagnose import NO_KNOWN_MISTAKE, likely_causes
+from ddp_verify.usercode.diagnosis import likely_causes
+from ddp_verify.usercode.findings import NO_KNOWN_MISTAKE
 from tests.user_code import load
 from tests.usercode.patterns import weights_show
 

@@ -12,9 +12,9 @@ from ddp_verify.engine.strategies import scenarios
 from ddp_verify.engine.tolerances import by_roundoff
 from ddp_verify.usercode import findings
 from ddp_verify.usercode.adapters import ADAPTERS, adapt
+from ddp_verify.usercode.diagnosis.evidence import MEASURED, tolerance
+from ddp_verify.usercode.diagnosis.mistakes import FAMILIES, candidates
 from ddp_verify.usercode.kinds import KIND, REGISTRY, KindError, check_signature
-from ddp_verify.usercode.mistakes import FAMILIES, candidates
-from ddp_verify.usercode.weights import CLOSE, RESIDUAL, close_for, residual_for
 
 
 def _taking(n: int, lead: int | None = None):
@@ -84,10 +84,12 @@ def test_every_finding_has_one_code_and_words_that_fill():
 
 
 def test_thresholds_derive_from_the_unit_roundoff_where_none_was_measured():
-    for measured, of in ((CLOSE, close_for), (RESIDUAL, residual_for)):
-        assert {d: of(d) for d in measured} == measured
+    for field in ("close", "residual", "loss", "match_rtol", "match_atol"):
+        measured = {d: getattr(t, field) for d, t in MEASURED.items()}
+        assert {d: getattr(tolerance(d), field) for d in measured} == measured
         # float16 (u = 2^-11) lies between float32 (2^-24) and bfloat16 (2^-8).
-        assert measured["float32"] <= of("float16") <= measured["bfloat16"]
+        float16 = getattr(tolerance("float16"), field)
+        assert measured["float32"] <= float16 <= measured["bfloat16"], field
     assert by_roundoff("float16", {"float32": 1.0, "bfloat16": 1.0}) == pytest.approx(1.0)
 
 

@@ -11,9 +11,11 @@ import torch
 from ddp_verify.engine.models import build_model, item_counts
 from ddp_verify.engine.reference import train_reference
 from ddp_verify.engine.scenario import ModelSpec, Scenario
-from ddp_verify.usercode.explain import explain_fit, gradient_causes, loss_causes
-from ddp_verify.usercode.mistakes import Mistake, simulate
-from ddp_verify.usercode.weights import fit_gradient, group_gradients
+from ddp_verify.usercode.diagnosis import likely_causes
+from ddp_verify.usercode.diagnosis.evidence import group_gradients
+from ddp_verify.usercode.diagnosis.mistakes import Mistake, simulate
+from ddp_verify.usercode.diagnosis.readings import explain_fit, gradient_causes
+from ddp_verify.usercode.diagnosis.weights import fit_gradient
 
 UNEVEN = Scenario(
     world_size=4,
@@ -155,12 +157,13 @@ def test_the_reported_loss_is_explained_by_its_weighting(mistake, pattern) -> No
         got = simulate(scenario, Mistake(report="global"))
     else:
         got = simulate(scenario, mistake)
-    causes = loss_causes(scenario, reference, got)
+    causes = [c for c in likely_causes("step", scenario, reference, got) if c.subject == "loss"]
     if mistake.micro != "samples":
         assert causes == []  # a right report of a run is right, whatever the run did
         return
     assert [c.pattern for c in causes] == [pattern]
-    assert loss_causes(scenario, reference, reference) == []
+    said = likely_causes("step", scenario, reference, reference)
+    assert [c for c in said if c.subject == "loss"] == []
 
 
 def test_where_many_weightings_fit_the_simplest_structured_one_is_taken() -> None:

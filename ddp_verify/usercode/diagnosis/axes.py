@@ -21,7 +21,6 @@ import dataclasses
 from collections.abc import Callable, Iterator, Sequence
 
 from .. import findings as f
-from ..weights import Group
 
 __all__ = [
     "GRADIENT_AXES",
@@ -34,6 +33,17 @@ __all__ = [
     "choice",
     "rows",
 ]
+
+
+@dataclasses.dataclass(frozen=True)
+class Group:
+    """One micro-batch of one rank at a step: ``items`` loss items (samples, or tokens that
+    count), ``samples`` rows."""
+
+    rank: int
+    micro: int
+    items: int
+    samples: int = 0
 
 
 @dataclasses.dataclass(frozen=True)

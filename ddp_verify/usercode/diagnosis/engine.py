@@ -82,8 +82,11 @@ class Hypothesis:
         return tuple(c.key for c in self.causes)
 
     def describe(self) -> str:
+        """Its choices as ``axis=name`` (the wrong ones, and a precision other than the
+        run's), or its causes' readings."""
         if self.choices:
-            return ", ".join(f"{c.axis}={c.name}" for c in self.choices)
+            said = [f"{c.axis}={c.name}" for c in self.choices if c.cost > 0]
+            return ", ".join(said) + " (every other choice right)" if said else "every choice right"
         return ", ".join(self.keys) or self.source
 
 
@@ -91,10 +94,19 @@ def _cost(choices: Iterable[Choice]) -> float:
     return sum(c.cost for c in choices)
 
 
-def _combinations(axes: Sequence[str], evidence: Evidence) -> Iterable[tuple[Choice, ...]]:
+def _combinations(
+    axes: Sequence[str], evidence: Evidence, extra: Sequence[Choice] = ()
+) -> Iterable[tuple[Choice, ...]]:
     tokens = evidence.unit == "token"
     accumulates = evidence.scenario.accumulates
-    per_axis = [applicable(rows(a), tokens=tokens, accumulates=accumulates) for a in axes]
+    per_axis = [
+        applicable(
+            rows(a) + tuple(c for c in extra if c.axis == a),
+            tokens=tokens,
+            accumulates=accumulates,
+        )
+        for a in axes
+    ]
     return itertools.product(*per_axis)
 
 
@@ -229,12 +241,13 @@ def predict_losses(
     return values, factors
 
 
-def loss_hypotheses(evidence: Evidence) -> list[Hypothesis]:
-    """Every combination of the reported loss's axes, scored against every rank's loss at
-    every step; only the consistent ones and the right one are kept."""
+def loss_hypotheses(evidence: Evidence, extra: Sequence[Choice] = ()) -> list[Hypothesis]:
+    """Every combination of the reported loss's axes (and the ``extra`` rows, choices this
+    run's other findings make possible), scored against every rank's loss at every step;
+    only the consistent ones and the right one are kept."""
     steps = [evidence.terms(s) for s in range(evidence.steps)]
     kept: list[Hypothesis] = []
-    for choices in _combinations(LOSS_AXES, evidence):
+    for choices in _combinations(LOSS_AXES, evidence, extra):
         error, factors = 0.0, []
         for rank in range(len(evidence.got.ranks)):
             reported = evidence.reported(rank)

@@ -16,18 +16,39 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Mapping, Sequence
 
 import torch
 
-from ...engine.models import build_model, one_thread
+from ...engine.models import (
+    build_data,
+    build_model,
+    count_items,
+    loss_function,
+    micro_batches,
+    one_thread,
+)
 from ...engine.scenario import Scenario
 from ...engine.tolerances import by_roundoff
 from ...engine.trace import Trace
 from ..kinds import KIND
-from ..weights import Group, flatten, group_terms, observed_gradients, starts_of, unit_of
-from .axes import Choice, choice
+from .axes import Choice, Group, choice
 
-__all__ = ["Evidence", "Terms", "Tolerance", "tolerance"]
+Params = Mapping[str, torch.Tensor]
+
+__all__ = [
+    "Evidence",
+    "Group",
+    "Terms",
+    "Tolerance",
+    "flatten",
+    "group_gradients",
+    "group_terms",
+    "observed_gradients",
+    "starts_of",
+    "tolerance",
+    "unit_of",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,6 +97,105 @@ def tolerance(dtype: str, *, compressed: bool = False) -> Tolerance:
     if compressed:
         fields = {k: max(v, getattr(COMPRESSED, k)) for k, v in fields.items()}
     return Tolerance(**fields)
+
+
+def unit_of(scenario: Scenario) -> str:
+    """What a loss item is in ``scenario``: ``token`` or ``sample``."""
+    return "token" if scenario.loss == "tokens" else "sample"
+
+
+def _model_at(scenario: Scenario, params: Params | None) -> torch.nn.Module:
+    model = build_model(scenario, "float64")
+    if params is not None:
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name in params:
+                    p.copy_(params[name].detach().to("cpu", torch.float64))
+    return model
+
+
+def group_terms(
+    scenario: Scenario, step: int = 0, starts: Sequence[Params | None] | None = None
+) -> tuple[list[Group], torch.Tensor, list[float]]:
+    """Every micro-batch of ``step`` (rank-major): its mean-loss gradient, float64, as the
+    columns of a ``(parameters, groups)`` matrix, and its mean loss, each at the parameters
+    its rank started the step from (``starts[rank]``; the initial ones where None).
+
+    Example::
+
+        groups, columns, losses = group_terms(scenario)
+    """
+    with one_thread():
+        inputs, targets = build_data(scenario, "float64")[step]
+        loss_fn = loss_function(scenario)
+        groups, columns, losses = [], [], []
+        for rank in range(scenario.world_size):
+            model = _model_at(scenario, None if starts is None else starts[rank])
+            for micro, (x, y) in enumerate(micro_batches(scenario, step, rank, (inputs, targets))):
+                model.zero_grad(set_to_none=True)
+                loss = loss_fn(model(x), y)
+                loss.backward()
+                columns.append(flatten(model, {n: p.grad for n, p in model.named_parameters()}))
+                losses.append(float(loss.detach()))
+                groups.append(Group(rank, micro, count_items(scenario, y), len(y)))
+    return groups, torch.stack(columns, dim=1), losses
+
+
+def group_gradients(scenario: Scenario, step: int = 0) -> tuple[list[Group], torch.Tensor]:
+    """The groups and gradient columns of :func:`group_terms` at the initial parameters."""
+    groups, columns, _ = group_terms(scenario, step)
+    return groups, columns
+
+
+def observed_gradients(scenario: Scenario, got: Trace, step: int) -> list[dict | None]:
+    """Each rank's gradient at ``step``: recorded, or (SGD at step 0, for step functions that
+    keep their gradients to themselves) read back from the update, ``(p0 - p1) / lr`` less
+    the weight decay. None where neither can be had (Adam's update is not linear in it)."""
+    if got.ranks[0].grads is not None and len(got.ranks[0].grads) > step:
+        return [rank.grads[step] for rank in got.ranks]  # type: ignore[index]
+    if step != 0 or scenario.optimizer.name != "sgd":
+        return [None] * len(got.ranks)
+    start = dict(build_model(scenario, "float64").named_parameters())
+    lr, decay = scenario.optimizer.lr, scenario.optimizer.weight_decay
+    found: list[dict | None] = []
+    for rank in got.ranks:
+        grads = {}
+        for name, after in rank.params[0].items():
+            if not start[name].requires_grad:
+                continue
+            before = start[name].detach()
+            after = after.to("cpu", torch.float64)
+            moved = before - after
+            # A parameter that did not move had no gradient: SGD skips it, decay included.
+            grads[name] = (
+                moved / lr - decay * before if bool(moved.any()) else torch.zeros_like(moved)
+            )
+        found.append(grads)
+    return found
+
+
+def starts_of(scenario: Scenario, got: Trace, step: int) -> list[Params | None]:
+    """The parameters each rank started ``step`` from (the initial ones at step 0)."""
+    if step == 0:
+        return [None] * scenario.world_size
+    # A one-process trace (the reference's) stands for every rank.
+    return [
+        got.ranks[min(r, len(got.ranks) - 1)].params[step - 1] for r in range(scenario.world_size)
+    ]
+
+
+def flatten(model: torch.nn.Module, grads: Mapping[str, torch.Tensor | None]) -> torch.Tensor:
+    """``grads`` as one float64 vector, in ``model``'s parameter order; a missing gradient
+    counts as zeros."""
+    parts = []
+    for name, p in model.named_parameters():
+        g = grads.get(name)
+        parts.append(
+            torch.zeros(p.numel(), dtype=torch.float64)
+            if g is None
+            else g.detach().to("cpu", torch.float64).reshape(-1)
+        )
+    return torch.cat(parts)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -20,25 +20,26 @@ import contextlib
 import dataclasses
 import math
 from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import torch
 
 from ...world.naming import option
 from .. import findings as f
-from ..diagnose import (
-    _held_by_rank_zero_only,
-    _lossy_compression,
-    _only_rank_zero_synchronised,
-    _partly_synchronised,
-    low_rank_cause,
-    matches,
-)
-from ..explain import gradient_causes, gradient_fits
 from ..findings import Cause
 from ..kinds import KIND
-from ..mistakes import applies, candidates, simulate
+from .axes import Choice
 from .engine import Hypothesis, gradient_hypotheses, loss_hypotheses
 from .evidence import Evidence
+from .mistakes import applies, candidates, match_tolerance, matches, simulate
+from .readings import gradient_causes, gradient_fits
+from .structural import (
+    held_by_rank_zero_only,
+    lossy_compression,
+    low_rank_cause,
+    only_rank_zero_synchronised,
+    partly_synchronised,
+)
 
 __all__ = ["Pass", "added", "register", "registered", "run"]
 
@@ -113,14 +114,14 @@ def batch_norm(evidence: Evidence, found: Found) -> list[Hypothesis]:
 
 @register("reduce-to-0")
 def reduce_to_zero(evidence: Evidence, found: Found) -> list[Hypothesis]:
-    if not _only_rank_zero_synchronised(evidence.scenario, evidence.reference, evidence.got):
+    if not only_rank_zero_synchronised(evidence.scenario, evidence.reference, evidence.got):
         return []
     return [_structural(f.RANKS_REDUCE_TO_0.cause(), {"gradient", "parameters"})]
 
 
 @register("partial-sync")
 def partial_sync(evidence: Evidence, found: Found) -> list[Hypothesis]:
-    partial = _partly_synchronised(evidence.reference, evidence.got)
+    partial = partly_synchronised(evidence.reference, evidence.got)
     if not partial:
         return []
     names = ", ".join(repr(n) for n in partial)
@@ -135,7 +136,7 @@ def low_rank(evidence: Evidence, found: Found) -> list[Hypothesis]:
 
 @register("lossy")
 def lossy(evidence: Evidence, found: Found) -> list[Hypothesis]:
-    cause = _lossy_compression(evidence.kind, evidence.scenario, evidence.reference, evidence.got)
+    cause = lossy_compression(evidence.kind, evidence.scenario, evidence.reference, evidence.got)
     # Within a compression format's rounding everywhere: cheaper than any mistake.
     return [] if cause is None else [_structural(cause, ALL, cost=0.5)]
 
@@ -144,7 +145,7 @@ def lossy(evidence: Evidence, found: Found) -> list[Hypothesis]:
 def rank_zero_result(evidence: Evidence, found: Found) -> list[Hypothesis]:
     if not KIND[evidence.kind].result_on_rank0:
         return []
-    if not _held_by_rank_zero_only(evidence.scenario, evidence.got):
+    if not held_by_rank_zero_only(evidence.scenario, evidence.got):
         return []
     cause = f.LOSS_RANK0_ONLY.cause(result_on=option("result_on", "rank0"))
     return [_structural(cause, {"loss"})]
@@ -287,45 +288,32 @@ def fitted_weights(evidence: Evidence, found: Found) -> list[Hypothesis]:
 
 @register("loss-axes")
 def loss_axes(evidence: Evidence, found: Found) -> list[Hypothesis]:
-    """The reported loss's hypotheses; one whose only mistake is the gradient's own scale
-    is one mistake seen twice (the scaled loss that was backpropagated was reported), and
-    costs less than a mistake of its own."""
-    scales = [
-        h.detail["factors"][0]
-        for h in found
-        if h.consistent and h.detail.get("factors") and any(c.axis == "scale" for c in h.wrong)
+    """The reported loss's hypotheses, with one row more for each factor the gradient was
+    found scaled by: the scaled loss that was backpropagated, reported, is one mistake seen
+    twice, and its factor is no free number (one step shows it)."""
+    factors = sorted(
+        {
+            round(float(h.detail["factors"][0]), 12)
+            for h in found
+            if h.consistent and h.detail.get("factors") and any(c.axis == "scale" for c in h.wrong)
+        }
+    )
+    like = [
+        Choice(
+            "report-scale",
+            "like-gradient",
+            f.LOSS_SCALED.code,
+            cost=0.5,
+            factor=_constant(k),
+            words=f.LOSS_SCALED_LIKE_GRADIENT,
+        )
+        for k in factors
     ]
-    kept = []
-    for h in loss_hypotheses(evidence):
-        wrong = h.wrong
-        if (
-            len(wrong) == 1
-            and wrong[0].axis == "report-scale"
-            and _factor_of(h, evidence) is not None
-            and any(
-                abs(k - _factor_of(h, evidence)) <= evidence.tolerance.close * abs(k)
-                for k in scales
-            )
-        ):
-            h = dataclasses.replace(
-                h, cost=h.cost - 0.5, detail={**h.detail, "like_gradient": True}
-            )
-        kept.append(h)
-    return kept
+    return loss_hypotheses(evidence, like)
 
 
-def _factor_of(h: Hypothesis, evidence: Evidence) -> float | None:
-    """A loss hypothesis's scale at step 0."""
-    factors = h.detail.get("factors")
-    if factors:
-        return float(factors[0])
-    from .axes import Context
-
-    for c in h.wrong:
-        if c.factor is not None:
-            value = c.factor(Context(evidence.terms(0).groups))
-            return None if value is None else float(value)
-    return None
+def _constant(value: float) -> Callable[[Any], float]:
+    return lambda context: value
 
 
 @register("simulated")
@@ -341,9 +329,8 @@ def simulated(evidence: Evidence, found: Found) -> list[Hypothesis]:
         if not scenario.accumulates:
             return []
         family = [m for m in family if m.stepping != "once"]
-    from ..diagnose import _COMPRESSED_MATCH, _match
-
-    strict = _match(scenario.dtype)
+    strict = match_tolerance(scenario.dtype)
+    loose = match_tolerance(scenario.dtype, compressed=True)
     kept: list[Hypothesis] = []
     cheapest: int | None = None
     for mistake in family:
@@ -357,8 +344,8 @@ def simulated(evidence: Evidence, found: Found) -> list[Hypothesis]:
         with_loss = matches(trace, evidence.got, strict, losses=True)
         gradient = with_loss or matches(trace, evidence.got, strict, losses=False)
         if not gradient and evidence.compressed:
-            with_loss = matches(trace, evidence.got, _COMPRESSED_MATCH, losses=True)
-            gradient = with_loss or matches(trace, evidence.got, _COMPRESSED_MATCH, losses=False)
+            with_loss = matches(trace, evidence.got, loose, losses=True)
+            gradient = with_loss or matches(trace, evidence.got, loose, losses=False)
             said = " (up to compression rounding: the hook also compresses)"
         if not gradient:
             continue

@@ -16,17 +16,22 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+import torch
+
+from ...engine.models import one_thread, rank_items
+from ...engine.scenario import Scenario
+from ...engine.trace import Trace
 from .. import findings as f
-from ..diagnose import _measured, can_show, failure_cause
-from ..explain import gradient_fits
 from ..findings import Cause
-from ..weights import WeightFit
 from .axes import Choice, Context
 from .engine import SUBJECTS, Hypothesis
 from .engine import _coefficients as weigh
-from .evidence import Evidence
+from .evidence import Evidence, observed_gradients
+from .readings import gradient_fits
+from .structural import failure_cause
+from .weights import WeightFit, fit_gradient
 
-__all__ = ["render"]
+__all__ = ["can_show", "render"]
 
 
 def _plural(unit: str, n: int) -> str:
@@ -43,16 +48,8 @@ def render(
     causes: list[Cause] = []
     fits = _Fits(evidence)
     ordered = sorted(chosen, key=lambda pair: SUBJECTS.index(pair[0].subject))
-    gradient_scale = next(
-        (
-            h
-            for h, _ in ordered
-            if h.choices and any(c.axis == "scale" for c in h.wrong) and h.subject == "gradient"
-        ),
-        None,
-    )
     for hypothesis, ties in ordered:
-        said = _said(evidence, hypothesis, fits, gradient_scale)
+        said = _said(evidence, hypothesis, fits)
         if not said:
             continue
         others = tuple(key for tie in ties for key in tie.keys[:1] if key != said[0].key)
@@ -96,23 +93,16 @@ class _Fits:
         return self._fits
 
     def first(self) -> WeightFit | None:
-        from ..diagnose import _first_fit
-
         fits = self.all()
         return fits[0] if fits else _first_fit(self.evidence.scenario, self.evidence.got)
 
 
-def _said(
-    evidence: Evidence,
-    hypothesis: Hypothesis,
-    fits: _Fits,
-    gradient_scale: Hypothesis | None,
-) -> list[Cause]:
+def _said(evidence: Evidence, hypothesis: Hypothesis, fits: _Fits) -> list[Cause]:
     if not hypothesis.choices:
         return list(hypothesis.causes)
     if hypothesis.subject == "gradient":
         return _gradient_causes(evidence, hypothesis, fits)
-    return _loss_causes(evidence, hypothesis, gradient_scale)
+    return _loss_causes(evidence, hypothesis)
 
 
 def _gradient_causes(evidence: Evidence, h: Hypothesis, fits: _Fits) -> list[Cause]:
@@ -218,21 +208,11 @@ def _gradient_words(
         why = choice.words.format(
             n=total, unit=unit, world=world, m=counts.pop() if len(counts) == 1 else "?"
         )
-        return f.SCALE.says(why=why, unit=unit, factor=factor * _fixed(choice, context))
+        return f.SCALE.says(why=why, unit=unit, factor=factor)
     return finding.says(unit=unit)
 
 
-def _fixed(choice: Choice, context: Context) -> float:
-    """The factor a scale row fixes (1 where it is fitted: the fitted one is already said)."""
-    if choice.factor is None:
-        return 1.0
-    value = choice.factor(context)
-    return 1.0 if value is None else float(value)
-
-
-def _loss_causes(
-    evidence: Evidence, h: Hypothesis, gradient_scale: Hypothesis | None
-) -> list[Cause]:
+def _loss_causes(evidence: Evidence, h: Hypothesis) -> list[Cause]:
     unit = evidence.unit
     terms = evidence.terms(0)
     context = Context(terms.groups)
@@ -247,13 +227,15 @@ def _loss_causes(
         if choice.axis == "report-scale":
             if choice.factor is not None and choice.factor(context) is not None:
                 value = choice.factor(context)
-                factor = f"{value:.4g}" if choice.name != "1/N" else f"1/N ({value:.4g} at step 0)"
+                factor = (
+                    f"1/N ({value:.4g} at step 0)"
+                    if choice.name == "1/N"
+                    else f"{value:.4g} at every step"
+                )
                 why = choice.words.format(world=context.world, unit=unit, n=context.total, step=0)
             else:
                 factors = h.detail.get("factors") or (1.0,)
                 factor, why = f"{float(factors[0]):.4g} at every step", ""
-            if h.detail.get("like_gradient"):
-                why += f.LOSS_SCALED_LIKE_GRADIENT
             text = f.LOSS_SCALED.says(factor=factor, why=why)
         else:
             text = f.finding(choice.finding).says(unit=unit)
@@ -290,3 +272,82 @@ def _unexplained_loss(evidence: Evidence) -> Cause:
     return f.LOSS_UNEXPLAINED.cause(
         evidence=f"rank 0 reported vs the global mean: {steps}", unit=evidence.unit
     )
+
+
+def can_show(pattern: str, scenario: Scenario) -> bool:
+    """Whether ``scenario`` can show the finding ``pattern`` at all: a mistake in weighting
+    micro-batches needs some rank to hold several, one in weighting ranks needs ranks with
+    different numbers of loss items. A cause is never named where it cannot show.
+
+    Example::
+
+        >>> can_show("micro:equal", Scenario(world_size=2, schedule=(((1,), (2,)),)))
+        False
+    """
+    if pattern in _NEEDS_MICRO_BATCHES:
+        return scenario.accumulates
+    if pattern in _NEEDS_UNEVEN_RANKS:
+        return any(len(set(rank_items(scenario, s))) > 1 for s in range(scenario.steps))
+    return True
+
+
+# Findings only a scenario with accumulation can show, and only one whose ranks hold
+# different numbers of loss items at some step.
+_NEEDS_MICRO_BATCHES = {
+    f.MICRO_EQUAL.code,
+    f.MICRO_LAST_ONLY.code,
+    f.MICRO_DROPPED.code,
+    f.MICRO_SAMPLES.code,
+    f.MICRO_OTHER.code,
+    f.STEP_EACH.code,
+    f.LOSS_MICRO_EQUAL.code,
+    f.LOSS_LAST_ONLY.code,
+}
+
+
+_NEEDS_UNEVEN_RANKS = {f.RANKS_WORLD.code, f.LOSS_WORLD.code, f.RANKS_EQUAL.code}
+
+
+def _first_fit(scenario: Scenario, got: Trace) -> WeightFit | None:
+    """Rank 0's fit at step 0, to show the weights when nothing else explains the run."""
+    observed = observed_gradients(scenario, got, 0)[0]
+    if observed is None:
+        return None
+    with one_thread():
+        return fit_gradient(scenario, observed, 0, rank=0)
+
+
+def _measured(
+    cause: Cause, fits: list[WeightFit], scenario: Scenario, reference: Trace, got: Trace
+) -> Cause:
+    """A gradient no weighting explains, described by what was measured at the fitted step:
+    a factor per parameter, or how far from proportional to the full-batch gradient it is."""
+    if cause.pattern != f.NONLINEAR.code or not fits or not reference.ranks[0].grads:
+        return cause
+    step = fits[0].step
+    rank = max(fits, key=lambda fit: fit.residual).rank
+    expected = reference.ranks[0].grads[step]
+    # As the fit read it: .grad, or for a step function the first SGD update's.
+    observed = observed_gradients(scenario, got, step)[rank] or {}
+    pairs = []
+    for name, truth in expected.items():
+        value = observed.get(name)
+        if truth is not None and value is not None and float(truth.norm()) > 0:
+            pairs.append((name, truth.double().flatten(), value.double().flatten()))
+    if not pairs:
+        return cause
+    scales, proportional = [], True
+    for name, truth, value in pairs:
+        factor = float(value @ truth / (truth @ truth))
+        proportional &= float((value - factor * truth).norm()) <= 1e-6 * float(value.norm() + 1)
+        scales.append(f"{name!r} x{factor:.4g}")
+    if proportional:
+        measured = f.PER_PARAMETER_SCALE.format(scales=", ".join(scales))
+    else:
+        truth = torch.cat([t for _, t, _ in pairs])
+        value = torch.cat([v for _, _, v in pairs])
+        cosine = float(value @ truth / (value.norm() * truth.norm() + 1e-300))
+        measured = f.NOT_PROPORTIONAL.format(
+            cosine=cosine, ratio=float(value.norm() / truth.norm())
+        )
+    return dataclasses.replace(cause, text=f.NONLINEAR.says(measured=measured))

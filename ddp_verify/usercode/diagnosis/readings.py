@@ -1,27 +1,20 @@
-"""What the fitted weights say is wrong, in the words of :mod:`ddp_verify.usercode.findings`:
-which ranks and micro-batches counted for how much, and why that is wrong, with the numbers
-(the numbers themselves are :mod:`ddp_verify.usercode.weights`'s). Gradients and losses are
-explained separately, so a mistake in one never hides the other.
+"""What least-squares weights show, in the words of :mod:`ddp_verify.usercode.findings`:
+which ranks and micro-batches counted for how much, with the numbers (:mod:`.weights`'s).
+The diagnosis's catch-all: it names weights that no row of :mod:`.axes` predicts (some
+micro-batches dropped, ranks weighted alike but wrongly), and shows the fitted weights as
+the evidence of every gradient cause.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from ..engine.scenario import Scenario
-from ..engine.trace import Trace
-from . import findings as f
-from .findings import Cause
-from .weights import (
-    WeightFit,
-    close_for,
-    fit_gradient,
-    fit_losses,
-    observed_gradients,
-    residual_for,
-    starts_of,
-    unit_of,
-)
+from ...engine.scenario import Scenario
+from ...engine.trace import Trace
+from .. import findings as f
+from ..findings import Cause
+from .evidence import observed_gradients, starts_of
+from .weights import WeightFit, close_for, fit_gradient, residual_for
 
 __all__ = [
     "Reading",
@@ -29,7 +22,6 @@ __all__ = [
     "explain_fit",
     "gradient_causes",
     "gradient_fits",
-    "loss_causes",
     "readings",
 ]
 
@@ -355,119 +347,8 @@ def gradient_causes(
     return causes
 
 
-def scaled_loss(reference: Trace, got: Trace, rank: int, factor: float, why: str = "") -> Cause:
-    """The cause of a reported loss that is the global mean times ``factor`` at every step,
-    with ``rank``'s numbers as evidence (``why``: words after the factor).
-
-    Example::
-
-        scaled_loss(reference, got, 0, 1.5).text  # 'the reported loss is ... times 1.5 ...'
-    """
-    steps = ", ".join(
-        f"step {s}: {got.ranks[rank].losses[s]:.6g} / {reference.ranks[0].losses[s]:.6g}"
-        for s in range(got.steps)
-    )
-    return f.LOSS_SCALED.cause(
-        evidence=f"rank {rank} reported / the global mean: {steps}",
-        factor=f"{factor:.4g} at every step",
-        why=why,
-    )
-
-
-def loss_ratio(scenario: Scenario, reference: Trace, got: Trace, rank: int) -> float | None:
-    """The one factor ``rank``'s reported loss is of the global mean at every step, if there
-    is one (and it is not 1).
-
-    Example::
-
-        loss_ratio(scenario, reference, got, 0)  # 1.5
-    """
-    return _constant_ratio(
-        [got.ranks[rank].losses[s] for s in range(got.steps)],
-        [reference.ranks[0].losses[s] for s in range(got.steps)],
-        residual_for(scenario.dtype),
-    )
-
-
-def _constant_ratio(got: list[float], expected: list[float], close: float) -> float | None:
-    """The one factor ``got`` is of ``expected`` at every step, if there is one (not 1)."""
-    if not got or any(e == 0 for e in expected):
-        return None
-    ratios = [g / e for g, e in zip(got, expected, strict=True)]
-    first = ratios[0]
-    if abs(first - 1.0) <= close or any(abs(r - first) > close * abs(first) for r in ratios):
-        return None
-    return first
-
-
 def _only_source(fit: WeightFit, close: float) -> int | None:
     """The one rank whose items carry every weight in ``fit``, if there is one."""
     ranks = sorted({g.rank for g in fit.groups})
     nonzero = [r for r in ranks if not _near(fit.rank_total(r), 0.0, close, 1.0)]
     return nonzero[0] if len(nonzero) == 1 else None
-
-
-# What each wrong choice of a reported loss's weighting is (weights.LossWeighting.wrong).
-_LOSS_FINDINGS = {
-    "own": f.LOSS_LOCAL,
-    "sum": f.LOSS_SUM,
-    "world": f.LOSS_WORLD,
-    "items": f.LOSS_ITEM_SUM,
-    "equal": f.LOSS_MICRO_EQUAL,
-    "last": f.LOSS_LAST_ONLY,
-    "carry": f.LOSS_CARRIED,
-}
-
-
-def loss_causes(scenario: Scenario, reference: Trace, got: Trace) -> list[Cause]:
-    """What is wrong with the loss each rank reports: the simplest weighting of the
-    micro-batches' mean losses that reproduces every step (:func:`weights.fit_losses`), with
-    the numbers; or, when none does, the reported and the global mean side by side.
-
-    Example::
-
-        loss_causes(scenario, reference, got)
-        # [Cause('the reported loss is the rank's local loss, not the global mean', ...)]
-    """
-    unit = unit_of(scenario)
-    fitted = fit_losses(scenario, got)
-    explained = {r: ws for r, ws in enumerate(fitted) if ws}
-    unexplained = [r for r, ws in enumerate(fitted) if not ws]
-    everyone = {ws[0].wrong for ws in explained.values()}
-    causes: list[Cause] = []
-    said: set[str] = set()
-    for r, (weighting, *others) in explained.items():
-        # What else the same losses fit, part for part: a scenario where they part says which.
-        elsewhere = {part for other in others for part in other.wrong} - set(weighting.wrong)
-        for part in weighting.wrong:
-            if part in said:
-                continue
-            said.add(part)
-            on_all = len(everyone) == 1 and not unexplained
-            where = "" if on_all or len(got.ranks) == 1 else f" (rank {r})"
-            cause = _LOSS_FINDINGS[part].cause(
-                where,
-                evidence=f"rank {r} reported {got.ranks[r].losses[0]:.6g} at step 0, the "
-                f"global mean there is {reference.ranks[0].losses[0]:.6g}; every step of it "
-                "is reproduced by that weighting of the micro-batches' mean losses",
-                unit=unit,
-            )
-            alternatives = tuple(sorted(_LOSS_FINDINGS[other].code for other in elsewhere))
-            causes.append(dataclasses.replace(cause, alternatives=alternatives))
-    if unexplained:
-        r = unexplained[0]
-        # One step's ratio is constant by itself: a scale needs two steps to show.
-        factor = loss_ratio(scenario, reference, got, r) if got.steps > 1 else None
-        if factor is not None:
-            causes.append(scaled_loss(reference, got, r, factor))
-            return causes
-        steps = ", ".join(
-            f"step {s}: {got.ranks[r].losses[s]:.6g} vs {reference.ranks[0].losses[s]:.6g}"
-            for s in range(got.steps)
-        )
-        causes.append(
-            f.LOSS_UNEXPLAINED.cause(
-                evidence=f"rank {r} reported vs the global mean: {steps}", unit=unit
-            )
-        )
-    return causes

@@ -26,15 +26,15 @@ import dataclasses
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-from ..engine.scenario import ModelSpec, Scenario
-from ..engine.tolerances import Tolerance
-from ..methods.base import Method
-from ..methods.equivalence import HarnessError, check_equivalent
-from ..world import RankError, WorldError
-from ..world.interface import Ranked
-from . import findings as f
+from ...engine.scenario import ModelSpec, Scenario
+from ...engine.tolerances import Tolerance
+from ...methods.base import Method
+from ...methods.equivalence import HarnessError, check_equivalent
+from ...world import RankError, WorldError
+from ...world.interface import Ranked
+from .. import findings as f
+from ..findings import Cause
 from .diagnose import likely_causes
-from .findings import Cause
 
 # Findings that say only that something was not explained: never news on their own.
 _SILENT = {f.UNEXPLAINED.code, f.DIAGNOSIS_FAILED.code, f.NONLINEAR.code, f.LOSS_UNEXPLAINED.code}

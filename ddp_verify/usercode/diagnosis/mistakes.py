@@ -2,7 +2,7 @@
 
 One process holds a replica per rank and trains them the way a mistaken implementation would:
 how each rank weights its micro-batches, how gradients are combined across ranks, what loss
-is reported. :mod:`ddp_verify.usercode.diagnose` matches a user's trace against these runs, and
+is reported. :mod:`.passes` matches a user's trace against these runs, and
 says what a matching one gets wrong in the words of :mod:`ddp_verify.usercode.findings`.
 """
 
@@ -14,12 +14,15 @@ from collections.abc import Callable
 
 import torch
 
-from ..engine.scenario import Scenario
-from ..engine.trace import Trace
-from ..engine.training import Step, train
-from . import findings
-from .findings import Cause, Finding
-from .kinds import KIND
+from ...engine.compare import outside
+from ...engine.scenario import Scenario
+from ...engine.tolerances import Float64Tolerance, Tolerance
+from ...engine.trace import Trace
+from ...engine.training import Step, train
+from .. import findings
+from ..findings import Cause, Finding
+from ..kinds import KIND
+from .evidence import tolerance
 
 # Each dimension: the correct choice first (no finding), then the mistakes, each with the
 # finding a report makes of it: the same vocabulary the fitted weights use.
@@ -234,3 +237,47 @@ def _reported(
         "world": sum(local_means) / len(local_means),
         "accumulated": accumulated,
     }[mistake.report]
+
+
+def match_tolerance(dtype: str, *, compressed: bool = False) -> Float64Tolerance:
+    """How close a run must come to a simulated mistake's to be that mistake: loose on
+    purpose, as it need only be told apart from the other mistakes (the tolerance table's
+    ``match_rtol``/``match_atol``; a hook that may compress, a few parts in a thousand).
+
+    Example::
+
+        >>> match_tolerance("float64").rtol
+        1e-05
+    """
+    held = tolerance(dtype, compressed=compressed)
+    return Float64Tolerance(held.match_rtol, held.match_atol)
+
+
+def matches(expected: Trace, got: Trace, tolerance: Tolerance, *, losses: bool = True) -> bool:
+    """Every rank of ``got`` follows the same rank of ``expected`` at every step (its
+    parameters and gradients; its losses too unless ``losses=False``)."""
+    if len(expected.ranks) != len(got.ranks) or got.steps != expected.steps:
+        return False
+    for mine, theirs in zip(expected.ranks, got.ranks, strict=True):
+        for step in range(expected.steps):
+            pairs = []
+            if losses:
+                pairs.append(
+                    ("loss", torch.tensor(mine.losses[step]), torch.tensor(theirs.losses[step]))
+                )
+            pairs += [
+                ("parameter", v, theirs.params[step][n]) for n, v in mine.params[step].items()
+            ]
+            if theirs.grads is not None and mine.grads is not None:
+                pairs += [
+                    ("gradient", v, theirs.grads[step].get(n)) for n, v in mine.grads[step].items()
+                ]
+            for quantity, exp, value in pairs:
+                if (exp is None) != (value is None):
+                    return False
+                if exp is None or value is None:
+                    continue
+                allowed = tolerance.allowed(quantity, step, "", exp)
+                if value.shape != exp.shape or bool(outside(value, exp, allowed).any()):
+                    return False
+    return True
