@@ -46,7 +46,8 @@ from .kinds import (
     check_signature,
     parse_binds,
 )
-from .layouts import default_layout, parse_layout
+from .layouts import Choice as LayoutChoice
+from .layouts import carrier, default_layout, parse_layout
 
 RESULT_ON = ("all", "rank0")
 
@@ -161,8 +162,10 @@ def _shown(kind: Kind, options: Options, fn: Callable[..., Any]) -> tuple[str, .
             f"logits[{'batch*seq' if flat else 'batch, seq'}, vocab] or [batch, classes]",
             f"labels[{'batch*seq' if flat else 'batch, seq'}]{unshifted} or [batch]",
         )
-    if kind.adapter == "reduce" and options.layout.get("tensors") == "list":
-        return ("[tensor[]]",)
+    carried = carrier(kind.name, options.layout)
+    if carried is not None and carried.hand_over is not None:
+        # As the layout hands a tensor over: [tensor[]] for a list of one.
+        return (repr(carried.hand_over("tensor[]")).replace("'", ""),)
     # A rank's mean loss, a 0-d tensor.
     return {
         "loss": ("local_loss[]",),
@@ -266,9 +269,11 @@ class LossAggregation(UserMethod):
         *,
         form: str = "loss",
         result_on: str = "all",
+        carried: LayoutChoice | None = None,
     ) -> None:
         super().__init__(fn, name)
         self.call, self.form, self.result_on = call, form, result_on
+        self.carried = carried
 
     def train_rank(self, scenario: Scenario) -> RankTrace:
         run = RankRun(scenario)
@@ -280,12 +285,12 @@ class LossAggregation(UserMethod):
             all_reduce_weighted(params, float(n), run.global_samples(step))
             local = (local_sum / n).to(dtype).clone()
             args, kwargs = self.call.arguments(
-                (_handed_over(self.form, local),),
+                (_handed_over(self.form, local, self.carried),),
                 n,
                 samples=run.local_rows(step),
                 values=rank_values(run, step),
             )
-            reported = _taken_back(self.form, self.fn(*args, **kwargs), local)
+            reported = _taken_back(self.form, self.fn(*args, **kwargs), local, self.carried)
             if self.result_on == "rank0":
                 held = torch.tensor([reported], dtype=torch.float64, device=run.device)
                 dist.broadcast(held, src=0)
@@ -321,43 +326,30 @@ def rank_values(run: RankRun, step: int, classes: int | None = None) -> dict[str
     }
 
 
-def _handed_over(form: str, local: torch.Tensor) -> Any:
-    if form == "list":
-        return [local]
+def _handed_over(form: str, local: torch.Tensor, carried: LayoutChoice | None = None) -> Any:
+    if carried is not None and carried.hand_over is not None:
+        return carried.hand_over(local)
     if form == "reduce-dict":
         return {"loss": local}
     return local
 
 
-def _taken_back(form: str, result: Any, given: torch.Tensor) -> float:
+def _taken_back(
+    form: str, result: Any, given: torch.Tensor, carried: LayoutChoice | None = None
+) -> float:
     """The global mean loss in what ``fn`` returned; :class:`KindError` if its form is not
-    the one the kind promises."""
+    the one the kind promises (``carried``: the layout row of a reduce helper's input)."""
     if form == "loss":
         return _as_float(result, "loss")
-    if form == "reduce-dict":
+    if carried is not None and carried.take_back is not None:
+        result = carried.take_back(result, given)
+    elif form == "reduce-dict":
         if not isinstance(result, dict) or "loss" not in result:
             raise KindError(
                 f"a reduce-dict helper must return a dict with the keys it was given "
                 f"(here 'loss'), got {type(result).__name__}"
             )
         result = result["loss"]
-    elif form == "list":
-        # A list back, or one tensor of the list's values (Megatron's
-        # average_losses_across_data_parallel_group returns torch.stack(...) reduced).
-        if isinstance(result, torch.Tensor) and result.numel() == 1:
-            result = result.reshape(given.shape)
-        elif isinstance(result, (list, tuple)) and len(result) == 1:
-            result = result[0]
-        else:
-            got = (
-                f"a tensor of shape {tuple(result.shape)}"
-                if isinstance(result, torch.Tensor)
-                else type(result).__name__
-            )
-            raise KindError(
-                "a reduce helper given a list of one tensor must return a list of one tensor "
-                f"or a tensor of its one value, got {got}"
-            )
     if not isinstance(result, torch.Tensor) or result.shape != given.shape:
         shape = tuple(result.shape) if isinstance(result, torch.Tensor) else type(result).__name__
         raise KindError(
@@ -561,13 +553,15 @@ ADAPTERS: dict[str, Adapter] = {
     "loss": lambda fn, name, call, kind, o: LossAggregation(
         fn, name, call, form="loss", result_on=o.result_on
     ),
-    # A list of one tensor, as Megatron's helpers take it, where the layout says so.
+    # A tensor, a list of one tensor (as Megatron's helpers take it), or any row the
+    # layout's "tensors" axis has: the layout says which.
     "reduce": lambda fn, name, call, kind, o: LossAggregation(
         fn,
         name,
         call,
-        form="list" if o.layout.get("tensors") == "list" else "reduce",
+        form="reduce",
         result_on=o.result_on,
+        carried=carrier(kind.name, o.layout),
     ),
     "reduce-dict": lambda fn, name, call, kind, o: LossAggregation(
         fn, name, call, form="reduce-dict", result_on=o.result_on

@@ -35,10 +35,15 @@ from .kinds import KIND, KindError, takes_a_list
 
 @dataclass(frozen=True)
 class Choice:
-    """One way to lay out an axis: its ``value`` (as the option takes it) and its words."""
+    """One way to lay out an axis: its ``value`` (as the option takes it) and its words;
+    on an axis of how values are carried (a reduce helper's ``tensors``), how the harness's
+    tensor is handed over (``hand_over(tensor)``) and the result taken back
+    (``take_back(result, given)``, raising :class:`KindError` for a result of another form)."""
 
     value: str
     words: str
+    hand_over: Callable[[Any], Any] | None = None
+    take_back: Callable[[Any, Any], Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -84,12 +89,80 @@ AXES: dict[str, tuple[Axis, ...]] = {
         Axis(
             "tensors",
             (
-                Choice("tensor", "a tensor"),
-                Choice("list", "a list of one tensor"),
+                Choice(
+                    "tensor",
+                    "a tensor",
+                    hand_over=lambda tensor: tensor,
+                    take_back=lambda result, given: result,
+                ),
+                Choice(
+                    "list",
+                    "a list of one tensor",
+                    hand_over=lambda tensor: [tensor],
+                    take_back=lambda result, given: _one_of_a_list(result, given),
+                ),
             ),
         ),
     ),
 }
+
+
+def _one_of_a_list(result: Any, given: Any) -> Any:
+    """A list of one tensor back, or one tensor of the list's values (Megatron's
+    ``average_losses_across_data_parallel_group`` returns ``torch.stack(...)`` reduced)."""
+    import torch
+
+    if isinstance(result, torch.Tensor) and result.numel() == 1:
+        return result.reshape(given.shape)
+    if isinstance(result, (list, tuple)) and len(result) == 1:
+        return result[0]
+    got = (
+        f"a tensor of shape {tuple(result.shape)}"
+        if isinstance(result, torch.Tensor)
+        else type(result).__name__
+    )
+    raise KindError(
+        "a reduce helper given a list of one tensor must return a list of one tensor or a "
+        f"tensor of its one value, got {got}"
+    )
+
+
+def add_choice(adapter: str, axis: str, choice: Choice) -> None:
+    """Make ``choice`` one more way to lay out ``axis`` of the kinds ``adapter`` serves: a
+    layout is one row. Rank processes must have it too, so add it where they import it (a
+    plug-in module), before the world starts.
+
+    Example::
+
+        add_choice("reduce", "tensors", Choice("tuple", "a tuple of one tensor",
+                   hand_over=lambda t: (t,), take_back=lambda r, given: r[0]))
+    """
+    kept = []
+    for each in AXES[adapter]:
+        if each.name == axis:
+            if any(c.value == choice.value for c in each.choices):
+                raise ValueError(f"axis {axis!r} already has a choice {choice.value!r}")
+            each = dataclasses.replace(each, choices=(*each.choices, choice))
+        kept.append(each)
+    if kept == list(AXES[adapter]):
+        raise KeyError(f"{adapter} has no layout axis {axis!r}")
+    AXES[adapter] = tuple(kept)
+
+
+def carrier(kind: str, layout: Mapping[str, str]) -> Choice | None:
+    """The row of ``layout`` that says how values are handed over and taken back, if the
+    kind has such an axis.
+
+    Example::
+
+        >>> carrier("reduce", {"tensors": "list"}).words
+        'a list of one tensor'
+    """
+    for axis in axes(kind):
+        if axis.choices and axis.choices[0].hand_over is not None:
+            return axis.choice(layout.get(axis.name, axis.choices[0].value))
+    return None
+
 
 Layout = dict[str, str]
 

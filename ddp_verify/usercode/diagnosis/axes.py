@@ -289,7 +289,7 @@ REPORT_SCALE: tuple[Choice, ...] = (
         "1/N",
         f.LOSS_SCALED.code,
         factor=lambda c: 1 / c.total,
-        words=f.DIVIDED_BY_COUNT_TWICE,
+        words=f.LOSS_DIVIDED_BY_COUNT_TWICE,
     ),
     Choice("report-scale", "k", f.LOSS_SCALED.code, cost=1.5, factor=lambda c: None),
 )

@@ -48,20 +48,24 @@ Found = Sequence[Hypothesis]
 
 @dataclasses.dataclass(frozen=True)
 class Pass:
-    """A named pass: ``look(evidence, found so far)`` returns its hypotheses."""
+    """A named pass: ``look(evidence, found so far)`` returns its hypotheses; ``says``: the
+    finding codes its hypotheses may name, besides the axes' (for the causes table)."""
 
     name: str
     look: Callable[[Evidence, Found], list[Hypothesis]]
+    says: tuple[str, ...] = ()
 
 
 _PASSES: list[Pass] = []
 
 
-def register(name: str) -> Callable[[Callable[[Evidence, Found], list[Hypothesis]]], Pass]:
+def register(
+    name: str, *, says: tuple[str, ...] = ()
+) -> Callable[[Callable[[Evidence, Found], list[Hypothesis]]], Pass]:
     """Register a pass, run after those registered before it."""
 
     def decorate(look: Callable[[Evidence, Found], list[Hypothesis]]) -> Pass:
-        made = Pass(name, look)
+        made = Pass(name, look, says)
         _PASSES.append(made)
         return made
 
@@ -105,21 +109,21 @@ def _structural(cause: Cause, covers: set[str], cost: float = 1.0, source: str =
 ALL = {"run", "parameters", "gradient", "loss"}
 
 
-@register("batch-norm")
+@register("batch-norm", says=(f.BATCH_NORM.code,))
 def batch_norm(evidence: Evidence, found: Found) -> list[Hypothesis]:
     if evidence.scenario.model.batch_norm != "batch":
         return []
     return [_structural(f.BATCH_NORM.cause(), ALL)]
 
 
-@register("reduce-to-0")
+@register("reduce-to-0", says=(f.RANKS_REDUCE_TO_0.code,))
 def reduce_to_zero(evidence: Evidence, found: Found) -> list[Hypothesis]:
     if not only_rank_zero_synchronised(evidence.scenario, evidence.reference, evidence.got):
         return []
     return [_structural(f.RANKS_REDUCE_TO_0.cause(), {"gradient", "parameters"})]
 
 
-@register("partial-sync")
+@register("partial-sync", says=(f.PARTIAL_SYNC.code,))
 def partial_sync(evidence: Evidence, found: Found) -> list[Hypothesis]:
     partial = partly_synchronised(evidence.reference, evidence.got)
     if not partial:
@@ -128,20 +132,20 @@ def partial_sync(evidence: Evidence, found: Found) -> list[Hypothesis]:
     return [_structural(f.PARTIAL_SYNC.cause(names=names), {"gradient", "parameters"})]
 
 
-@register("low-rank")
+@register("low-rank", says=(f.LOW_RANK.code,))
 def low_rank(evidence: Evidence, found: Found) -> list[Hypothesis]:
     cause = low_rank_cause(evidence.kind, evidence.reference, evidence.got)
     return [] if cause is None else [_structural(cause, ALL)]
 
 
-@register("lossy")
+@register("lossy", says=(f.LOSSY.code,))
 def lossy(evidence: Evidence, found: Found) -> list[Hypothesis]:
     cause = lossy_compression(evidence.kind, evidence.scenario, evidence.reference, evidence.got)
     # Within a compression format's rounding everywhere: cheaper than any mistake.
     return [] if cause is None else [_structural(cause, ALL, cost=0.5)]
 
 
-@register("rank-0-result")
+@register("rank-0-result", says=(f.LOSS_RANK0_ONLY.code,))
 def rank_zero_result(evidence: Evidence, found: Found) -> list[Hypothesis]:
     if not KIND[evidence.kind].result_on_rank0:
         return []
@@ -170,7 +174,7 @@ def wrong_step(found: Found) -> int | None:
     return int(axes[0].detail["step"])
 
 
-@register("clip")
+@register("clip", says=(f.CLIP.code,))
 def clip(evidence: Evidence, found: Found) -> list[Hypothesis]:
     """Each rank's own gradient clipped to one norm before the ranks were combined.
 
@@ -258,7 +262,15 @@ def _clip_bound(kept: list[float], norms: list[float], close: float) -> tuple[fl
     return bound, words
 
 
-@register("fitted-weights")
+@register(
+    "fitted-weights",
+    says=(
+        f.MICRO_DROPPED.code,
+        f.MICRO_OTHER.code,
+        f.RANKS_EQUAL.code,
+        f.RANKS_OTHER.code,
+    ),
+)
 def fitted_weights(evidence: Evidence, found: Found) -> list[Hypothesis]:
     """Any weights at all (least squares), read by what they show: what no row names, at a
     cost above any two named mistakes together."""
@@ -316,7 +328,7 @@ def _constant(value: float) -> Callable[[Any], float]:
     return lambda context: value
 
 
-@register("simulated")
+@register("simulated", says=(f.STEP_EACH.code,))
 def simulated(evidence: Evidence, found: Found) -> list[Hypothesis]:
     """The known mistakes, simulated: every one where a subject is left unexplained, and
     otherwise those the closed form cannot predict (an optimizer stepped per micro-batch)."""

@@ -171,7 +171,11 @@ def _gradient_words(
     source: int,
 ) -> str:
     unit, world, total = evidence.unit, context.world, context.total
-    finding = f.finding(choice.finding)
+    if choice.axis in ("ranks", "micro") and choice.words:
+        # A row's own words (a cause added as one row), with the numbers after them.
+        finding = f.Finding(choice.finding, "gradient", choice.words)
+    else:
+        finding = f.finding(choice.finding)
     if choice.axis == "ranks":
         numbers = "; ".join(
             f"rank {r}'s {context.items(r)} {_plural(unit, context.items(r))} counted "
@@ -189,7 +193,9 @@ def _gradient_words(
         return f"{words}{tokens}: {numbers}" if numbers else words
     if choice.axis == "micro":
         words = (
-            f.MICRO_EQUAL_TOKENS if choice.name == "equal" and unit == "token" else finding.says()
+            f.MICRO_EQUAL_TOKENS
+            if choice.name == "equal" and unit == "token"
+            else finding.says(unit=unit)
         )
         details = []
         for r in sorted(totals):
@@ -237,6 +243,8 @@ def _loss_causes(evidence: Evidence, h: Hypothesis) -> list[Cause]:
                 factors = h.detail.get("factors") or (1.0,)
                 factor, why = f"{float(factors[0]):.4g} at every step", ""
             text = f.LOSS_SCALED.says(factor=factor, why=why)
+        elif choice.words:
+            text = choice.words.format(unit=unit)
         else:
             text = f.finding(choice.finding).says(unit=unit)
         said.append(
