@@ -34,6 +34,7 @@ __all__ = [
     "Hypothesis",
     "choose",
     "gradient_hypotheses",
+    "hypotheses_of",
     "loss_hypotheses",
     "predict_gradient",
     "predict_losses",
@@ -353,3 +354,26 @@ def separation(hypotheses: Sequence[Hypothesis], terms: Terms, *, observer: int 
     if len(predictions) < 2:
         return 0.0
     return min(_residual(a, b) for a, b in itertools.combinations(predictions, 2))
+
+
+def hypotheses_of(keys: Sequence[str]) -> list[Hypothesis]:
+    """A gradient hypothesis for each of ``keys`` that reads one row of the gradient's axes
+    (``ranks:world``, ``scale:W``; the other axes right), to predict where readings a run
+    could not tell apart part; keys of no such row are left out.
+
+    Example::
+
+        >>> [h.describe() for h in hypotheses_of(["scale:W", "loss:sum"])]
+        ['scale=W (every other choice right)']
+    """
+    made = []
+    for key in keys:
+        for axis in GRADIENT_AXES:
+            row = next((c for c in rows(axis) if not c.right and c.reading == key), None)
+            if row is None or row.per_rank or row.free:
+                continue
+            choices = tuple(row if a == axis else rows(a)[0] for a in GRADIENT_AXES)
+            made.append(
+                Hypothesis("gradient", frozenset({"gradient"}), _cost(choices), 0.0, choices)
+            )
+    return made
