@@ -34,6 +34,7 @@ from ..engine.tolerances import (
     Tolerance,
 )
 from ..usercode import findings as f
+from ..usercode.diagnosis.engine import Hypothesis, choose
 from ..usercode.findings import Cause
 from .recording import Recording
 
@@ -419,38 +420,57 @@ def _weights(other: Recording, expected: Any, got: Any, step: int) -> Cause | No
     )
     equal = max(applied) - min(applied) <= close * float(applied.abs().max())
     shifted = [t - n for t, n in zip(tokens, samples, strict=True)] if any(tokens) else []
+    # Each reading of the weights a hypothesis of the diagnosis's engine, scored by how far
+    # the weights are from proportional to its counts; the fitted weights themselves are the
+    # catch-all, dearer than any reading.
+    made = [
+        Hypothesis(
+            "gradient",
+            frozenset({"gradient"}),
+            3.5,
+            0.0,
+            causes=(f.MICRO_WEIGHTS.cause(numbers=numbers, evidence=evidence),),
+        )
+    ]
     for unit, counts in (("token", tokens), ("token", shifted), ("sample", samples)):
         if len(counts) != len(columns) or not all(c > 0 for c in counts) or len(set(counts)) < 2:
             continue
+        if not equal:
+            continue  # the layout weighted its contributions unequally: no reading says why
         total = sum(counts)
         # Each contribution its own mean: the right weights go as its count.
         ratios = [float(w) / c for w, c in zip(weights, counts, strict=True)]
-        if equal and max(ratios) - min(ratios) <= close * abs(ratios[0]):
-            said = "; ".join(
-                f"{w}: {c} of the step's {total} {unit}s"
-                for w, c in zip(where, counts, strict=True)
-            )
-            if other.grad_accum == 1 and other.world_size > 1:
-                return f.RANKS_WORLD.cause(unit=unit, evidence=f"{evidence}; {said}")
-            return f.MICRO_OWN_MEAN.cause(
+        said = "; ".join(
+            f"{w}: {c} of the step's {total} {unit}s" for w, c in zip(where, counts, strict=True)
+        )
+        own = (
+            f.RANKS_WORLD.cause(unit=unit, evidence=f"{evidence}; {said}")
+            if other.grad_accum == 1 and other.world_size > 1
+            else f.MICRO_OWN_MEAN.cause(
                 unit=unit, numbers=f" ({said}; each counted alike)", evidence=evidence
             )
+        )
+        made.append(_spread(ratios, close, own))
         # Each rank its own mean, its micro-batches weighted right within it.
         per_rank_total = collections.Counter[int]()
         for c, r in zip(counts, by_rank, strict=True):
             per_rank_total[r] += c
         rank_counts = [per_rank_total[r] for r in by_rank]
-        per_rank = [float(w) / c for w, c in zip(weights, rank_counts, strict=True)]
-        if (
-            other.world_size > 1
-            and len(set(rank_counts)) > 1
-            and equal
-            and max(per_rank) - min(per_rank) <= close * abs(per_rank[0])
-        ):
+        if other.world_size > 1 and len(set(rank_counts)) > 1:
+            per_rank = [float(w) / c for w, c in zip(weights, rank_counts, strict=True)]
             totals = sorted(set(zip(by_rank, rank_counts, strict=True)))
             said = "; ".join(f"rank {r}: {c} of the step's {total} {unit}s" for r, c in totals)
-            return f.RANKS_WORLD.cause(unit=unit, evidence=f"{evidence}; {said}")
-    return f.MICRO_WEIGHTS.cause(numbers=numbers, evidence=evidence)
+            cause = f.RANKS_WORLD.cause(unit=unit, evidence=f"{evidence}; {said}")
+            made.append(_spread(per_rank, close, cause))
+    ((best, ties),), _ = choose(made)
+    return dataclasses.replace(best.causes[0], alternatives=tuple(t.keys[0] for t in ties))
+
+
+def _spread(ratios: list[float], close: float, cause: Cause) -> Hypothesis:
+    """The reading ``cause`` makes of weights whose ratios to its counts are ``ratios``:
+    consistent where they are one number (within ``close`` of it)."""
+    misfit = (max(ratios) - min(ratios)) / (close * abs(ratios[0]) or 1e-300)
+    return Hypothesis("gradient", frozenset({"gradient"}), 1.0, misfit, causes=(cause,))
 
 
 def _flat(grads: dict[str, torch.Tensor | None], names: Sequence[str]) -> torch.Tensor:
@@ -487,12 +507,16 @@ def _scale(
     k = float(have @ want) / norm**2
     residual = float((have - k * want).abs().max())
     if residual <= float(allowed.max()) * max(1.0, abs(k)):
-        readings = _ratios(reference, other, k, close=1e-6 if other.float64 else 2e-2)
-        key, why = readings[0] if readings else ("", f.SCALED)
+        # The diagnosis's chooser: each count ratio a hypothesis scored against k, the
+        # cheapest consistent named, its equals its alternatives; any other factor costs more.
+        made = _ratio_hypotheses(reference, other, k, close=1e-6 if other.float64 else 2e-2)
+        made.append(_reading(1.5, 0.0, key="", why=f.SCALED))
+        ((best, ties),), _ = choose(made)
+        key, why = best.detail["key"], best.detail["why"]
         return dataclasses.replace(
             f.SCALE.cause(why=why, unit="sample", factor=k),
             reading=f"scale:{key}" if key else "scale",
-            alternatives=tuple(f"scale:{other_key}" for other_key, _ in readings[1:]),
+            alternatives=tuple(f"scale:{t.detail['key']}" for t in ties),
             evidence=f"step-{step} gradient of layout {other.label} = {k:.6g} x the reference's "
             f"(largest departure from that multiple {residual:.3g})",
         )
@@ -529,23 +553,28 @@ RATIOS: tuple[tuple[str, Callable[[int, int, int, int], float], str], ...] = (
 _MEANING = {key: words for key, _, words in RATIOS}
 
 
-def _ratios(
+def _reading(cost: float, misfit: float, **detail: Any) -> Hypothesis:
+    """A reading of a layout's gradient as a hypothesis of the diagnosis's engine."""
+    return Hypothesis("gradient", frozenset({"gradient"}), cost, misfit, detail=detail)
+
+
+def _ratio_hypotheses(
     reference: Recording, other: Recording, k: float, *, close: float
-) -> list[tuple[str, str]]:
-    """The count ratios between the layout and the reference that ``k`` matches, each with
-    what it means, the plainest first."""
+) -> list[Hypothesis]:
+    """Each count ratio between the layout and the reference (not 1) as a hypothesis about
+    the factor ``k``, scored in units of ``close``, in the rows' order (plainest first)."""
     counts = (
         other.world_size,
         max(other.grad_accum, 1),
         reference.world_size,
         max(reference.grad_accum, 1),
     )
-    matched = []
+    made = []
     for key, ratio, words in RATIOS:
         value = ratio(*counts)
-        if value != 1.0 and abs(k - value) <= close * abs(value):
-            matched.append((key, words))
-    return matched
+        if value != 1.0:
+            made.append(_reading(1.0, abs(k - value) / (close * abs(value)), key=key, why=words))
+    return made
 
 
 def _differences(expected: Any, got: Any, steps: int) -> dict[str, float | None]:
