@@ -36,7 +36,7 @@ from ..engine.tolerances import (
 from ..usercode import findings as f
 from ..usercode.diagnosis.engine import Hypothesis, choose
 from ..usercode.findings import Cause
-from .recording import Recording
+from .recording import Recording, pads_between
 
 __all__ = ["Comparison", "compare_layouts", "derived_tolerance", "told_apart"]
 
@@ -157,16 +157,19 @@ def _rounding_dtype(recording: Recording) -> str:
 
 
 def _data_causes(reference: Recording, other: Recording, steps: int) -> list[Cause]:
+    # Samples are known by what they are: the trailing run of each input's pad value left
+    # out, the pad value chosen by which makes the layouts agree (none where none does).
+    pads = pads_between(reference, other, steps)
     everything = collections.Counter[str]()
     for step in range(steps):
-        everything.update(reference.samples(step))
+        everything.update(reference.samples(step, pads))
     trained = collections.Counter[str]()  # what the layout trained at earlier steps
     for step in range(steps):
-        want, got = reference.samples(step), other.samples(step)
+        want, got = reference.samples(step, pads), other.samples(step, pads)
         if want == got:
             trained.update(got)
             continue
-        per_rank = [other.rank_samples(r, step) for r in range(other.world_size)]
+        per_rank = [other.rank_samples(r, step, pads) for r in range(other.world_size)]
         if other.world_size > 1 and all(rows == per_rank[0] for rows in per_rank):
             return [f.DATA_SAME.cause(world=other.world_size)]
         extra, missing = got - want, want - got

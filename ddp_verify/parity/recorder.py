@@ -31,10 +31,11 @@ import atexit
 import contextlib
 import functools
 import hashlib
+import inspect
 import os
 import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -196,6 +197,10 @@ class Recorder:
                 recorder._after_backward()
 
         torch.autograd.backward = autograd
+        # The tokens that count, where the loss is computed: a script that keeps its labels
+        # from the model hands them to the loss function.
+        for name in ("cross_entropy", "nll_loss"):
+            setattr(torch.nn.functional, name, self._counting(getattr(torch.nn.functional, name)))
         register_optimizer_step_pre_hook(self._before_step)
         register_optimizer_step_post_hook(self._after_step)
         # What the script logs, read as it goes by.
@@ -235,6 +240,37 @@ class Recorder:
             args = tuple(_to_float64(a) for a in args)
             kwargs = {k: _to_float64(v) for k, v in kwargs.items()}
         return args, kwargs
+
+    def _counting(self, loss_fn: Callable[..., Any]) -> Callable[..., Any]:
+        """``loss_fn`` (a class-index loss) that first records the targets that count."""
+        signature = inspect.signature(loss_fn)
+        recorder = self
+
+        @functools.wraps(loss_fn)
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            with contextlib.suppress(Exception):  # recording never breaks the script
+                bound = signature.bind_partial(*args, **kwargs).arguments
+                recorder._at_loss(bound.get("target"), bound.get("ignore_index", -100))
+            return loss_fn(*args, **kwargs)
+
+        return counted
+
+    def _at_loss(self, target: Any, ignore_index: int) -> None:
+        """Tokens a loss counted, for the micro-batch of the last forward when that forward
+        showed none (its labels never reached the model)."""
+        batches = self._step["tokens"]
+        if self._depth or not batches or not isinstance(target, torch.Tensor):
+            return
+        if target.is_floating_point() or target.dim() == 0:
+            return  # soft targets, or one class: no token to count
+        index = len(batches) - 1
+        filled = self._step.setdefault("tokens_from_loss", [])
+        if batches[index] and index not in filled:
+            return  # the model saw the labels: counted there
+        counted = int((target != ignore_index).sum())
+        batches[index] = [sum(batches[index]) + counted]
+        if index not in filled:
+            filled.append(index)
 
     def _at_backward(self, tensor: torch.Tensor) -> None:
         if tensor.numel() == 1:
@@ -348,15 +384,26 @@ class Recorder:
 
 
 def fingerprints(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[str], list[int]]:
-    """One fingerprint per sample of a forward's inputs (the rows of its tensors, padding left
-    out where an ``attention_mask`` says which positions are real), and per sample the tokens
-    that count, from ``labels`` or an integer input that carries ``-100`` (empty otherwise).
+    """One fingerprint per sample of a forward's inputs, and per sample the tokens that
+    count, from ``labels`` or an integer input that carries ``-100`` (empty otherwise).
+
+    A fingerprint is ``key=forms`` for each input tensor, space-separated. Where an
+    ``attention_mask`` says which positions are real, a row is its real positions (one form).
+    Otherwise a row of a sequence has three forms: all of it, its last position, and all but
+    its trailing run of that last position. Padding appends copies of one pad value, so the
+    row with its trailing run of the pad value stripped is the same whatever the padding
+    width: which value pads is chosen when layouts are compared
+    (:meth:`~ddp_verify.parity.recording.Recording.samples`), where the evidence is.
 
     Example::
 
         >>> rows, tokens = fingerprints((torch.tensor([[1.0], [2.0]]),), {})
         >>> len(rows), tokens
         (2, [])
+        >>> a, _ = fingerprints((torch.tensor([[5, 3, 0, 0]]),), {})
+        >>> b, _ = fingerprints((torch.tensor([[5, 3]]),), {})
+        >>> a[0].split("/")[2] == b[0].split("/")[0]  # stripped of its zeros, as unpadded
+        True
     """
     tensors = [(str(i), a) for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
     tensors += sorted((k, v) for k, v in kwargs.items() if isinstance(v, torch.Tensor))
@@ -369,14 +416,14 @@ def fingerprints(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[st
     mask = mask.detach().cpu() if isinstance(mask, torch.Tensor) and mask.dim() == 2 else None
     rows = []
     for i in range(batch):
-        digest = hashlib.blake2b(digest_size=12)
+        parts = []
         for key, t in tensors:
             row = t[i]
             if mask is not None and row.dim() >= 1 and row.shape[0] == mask.shape[1]:
-                row = row[mask[i].bool()]
-            digest.update(key.encode())
-            digest.update(_bytes(row))
-        rows.append(digest.hexdigest())
+                parts.append(f"{key}={_digest(row[mask[i].bool()])}")
+            else:
+                parts.append(f"{key}={_forms(row)}")
+        rows.append(" ".join(parts))
     tokens: list[int] = []
     for key, t in tensors:
         # The labels (by name), or any integer input that marks positions with -100.
@@ -385,6 +432,25 @@ def fingerprints(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[st
             tokens = [int((t[i] != -100).sum()) for i in range(batch)]
             break
     return rows, tokens
+
+
+def _digest(row: torch.Tensor) -> str:
+    digest = hashlib.blake2b(digest_size=12)
+    digest.update(str(row.dtype).encode())
+    digest.update(_bytes(row))
+    return digest.hexdigest()
+
+
+def _forms(row: torch.Tensor) -> str:
+    """``full/last/stripped`` for a row along a sequence; ``full`` for a 0-d one."""
+    if row.dim() == 0 or row.shape[0] == 0:
+        return _digest(row)
+    last = row[-1]
+    same = (row == last).reshape(row.shape[0], -1).all(dim=1)
+    run = 0
+    while run < row.shape[0] and bool(same[row.shape[0] - 1 - run]):
+        run += 1
+    return f"{_digest(row)}/{_digest(last)}/{_digest(row[: row.shape[0] - run])}"
 
 
 def _bytes(row: torch.Tensor) -> bytes:

@@ -20,7 +20,64 @@ import torch
 from ..engine.trace import RankTrace, Trace
 from .recorder import recording_path
 
-__all__ = ["Recording", "RecordingError"]
+__all__ = ["Pads", "Recording", "RecordingError", "canonical", "pads_between"]
+
+# Per input (a forward's argument position or keyword), the digest of the value that pads
+# its rows; an input not named is not padded.
+Pads = dict[str, str]
+
+
+def _parts(row: str) -> list[tuple[str, list[str]]]:
+    """A fingerprint's inputs and the forms of each (an older recording's bare digest is one
+    input of one form)."""
+    if "=" not in row:
+        return [("", [row])]
+    return [(key, forms.split("/")) for key, _, forms in (p.partition("=") for p in row.split())]
+
+
+def canonical(row: str, pads: Pads | None = None) -> str:
+    """A sample's identity: per input its whole row, or where the row ends in its input's
+    pad value, the row without that trailing run.
+
+    Example::
+
+        >>> canonical("0=full/zero/short", {"0": "zero"})
+        '0=short'
+        >>> canonical("0=full/seven/short", {"0": "zero"})
+        '0=full'
+    """
+    pads = pads or {}
+    said = []
+    for key, forms in _parts(row):
+        padded = len(forms) == 3 and pads.get(key) == forms[1]
+        said.append(f"{key}={forms[2] if padded else forms[0]}" if key else forms[0])
+    return " ".join(said)
+
+
+def pads_between(reference: Recording, other: Recording, steps: int) -> Pads:
+    """The pad value of each input that makes the two recordings train the same samples at
+    the most steps: per input, no padding or one of the values most rows of either end in
+    (tried greedily, input by input; no padding wins a tie). Evidence, not a guess of the
+    pad id: a value that pads rows in one layout and not another is what makes the step's
+    samples agree."""
+    ends: dict[str, collections.Counter[str]] = {}
+    for recording in (reference, other):
+        for key, counts in recording.trailing().items():
+            ends.setdefault(key, collections.Counter()).update(counts)
+
+    def agreeing(pads: Pads) -> int:
+        return sum(reference.samples(s, pads) == other.samples(s, pads) for s in range(steps))
+
+    pads: Pads = {}
+    for key, counts in sorted(ends.items()):
+        best, score = None, agreeing(pads)
+        for value, _ in counts.most_common(3):
+            tried = agreeing({**pads, key: value})
+            if tried > score:
+                best, score = value, tried
+        if best is not None:
+            pads[key] = best
+    return pads
 
 
 class RecordingError(ValueError):
@@ -90,17 +147,31 @@ class Recording:
     def step(self, rank: int, step: int) -> dict[str, Any]:
         return self.ranks[rank]["steps"][step]
 
-    def samples(self, step: int) -> collections.Counter[str]:
-        """Every sample that reached the model at ``step``, on every rank, as a multiset."""
+    def samples(self, step: int, pads: Pads | None = None) -> collections.Counter[str]:
+        """Every sample that reached the model at ``step``, on every rank, as a multiset:
+        each known by what it is, the trailing run of its input's pad value (``pads``, by
+        input; see :func:`pads_between`) left out, whatever its padding width."""
         return collections.Counter(
-            row
+            canonical(row, pads)
             for rank in range(self.world_size)
             for batch in self.step(rank, step)["batches"]
             for row in batch
         )
 
-    def rank_samples(self, rank: int, step: int) -> list[str]:
-        return [row for batch in self.step(rank, step)["batches"] for row in batch]
+    def rank_samples(self, rank: int, step: int, pads: Pads | None = None) -> list[str]:
+        return [canonical(row, pads) for batch in self.step(rank, step)["batches"] for row in batch]
+
+    def trailing(self) -> dict[str, collections.Counter[str]]:
+        """Per input, how many rows end in each value (their last position's digest)."""
+        found: dict[str, collections.Counter[str]] = {}
+        for rank in range(self.world_size):
+            for record in self.ranks[rank]["steps"]:
+                for batch in record["batches"]:
+                    for row in batch:
+                        for key, forms in _parts(row):
+                            if len(forms) == 3:
+                                found.setdefault(key, collections.Counter())[forms[1]] += 1
+        return found
 
     def backward_losses(self, rank: int, step: int) -> list[float]:
         return list(self.step(rank, step)["losses"])

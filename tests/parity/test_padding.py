@@ -1,0 +1,71 @@
+"""Samples known by what they are (issue 36): a language-model script that pads each
+micro-batch to its own longest sequence, with a pad id that is also a real token and no
+attention mask, trains the same samples at every layout; its tokens that count are read where
+the loss is computed, so a per-micro-batch token mean is named as such."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from ddp_verify.parity.layouts import Layout
+from ddp_verify.parity.recorder import fingerprints
+from ddp_verify.parity.recording import canonical
+from ddp_verify.parity.run import run_parity
+
+SCRIPT = Path(__file__).resolve().parents[2] / "fixtures" / "scripts" / "padded_lm.py"
+COMMAND = ["python", str(SCRIPT), "--grad-accum", "{grad_accum}", "--batch-size",
+           "{micro_batch}"]  # fmt: skip
+
+
+def _identity(batch: torch.Tensor, row: int, pad_digest: str) -> str:
+    rows, _ = fingerprints((batch,), {})
+    return canonical(rows[row], {"0": pad_digest})
+
+
+def test_a_sample_is_the_same_whatever_its_padding_and_its_last_token():
+    # 0 pads, and 0 is a real token too: [4, 0] ends in it, [4, 7] does not.
+    pad = fingerprints((torch.tensor([[9, 0]]),), {})[0][0].split("/")[1]
+    alone = torch.tensor([[4, 7]])
+    padded = torch.tensor([[4, 7, 0, 0], [1, 2, 3, 5]])
+    assert _identity(alone, 0, pad) == _identity(padded, 0, pad)
+    ends_in_pad = torch.tensor([[4, 0]])
+    assert _identity(ends_in_pad, 0, pad) == _identity(torch.tensor([[4, 0, 0, 0]]), 0, pad)
+    # Other samples stay apart.
+    assert _identity(alone, 0, pad) != _identity(torch.tensor([[4, 8]]), 0, pad)
+    # With no pad value chosen, the whole row is the identity (padding width shows).
+    assert canonical(fingerprints((alone,), {})[0][0]) != canonical(
+        fingerprints((padded,), {})[0][0]
+    )
+
+
+@pytest.mark.parametrize(
+    ("mask", "layouts"),
+    [(False, [Layout(2, 2), Layout(1, 4)]), (True, [Layout(1, 4)])],
+    ids=["no-mask", "mask"],
+)
+def test_a_dynamically_padded_script_trains_the_same_samples_at_every_layout(
+    mask, layouts, tmp_path
+):
+    command = [*COMMAND, "--mask"] if mask else COMMAND
+    result = run_parity(command, layouts=layouts, steps=2, global_batch=8, keep=tmp_path)
+    assert result.exit_code == 0, result.report
+    for row in result.layouts:
+        assert row["verdict"] == "equivalent" and row["gradient_difference"] < 1e-10, row
+
+
+def test_tokens_counted_where_the_loss_is_computed_name_a_per_micro_batch_mean(tmp_path):
+    # The labels never reach the model: the loss function's targets give the tokens.
+    result = run_parity(
+        [*COMMAND, "--variant", "per-micro-batch"],
+        layouts=[Layout(1, 4)],
+        steps=2,
+        global_batch=8,
+        keep=tmp_path,
+    )
+    assert result.exit_code == 1, result.report
+    first = result.verdict.causes[0]
+    assert first.pattern == "micro:own-mean", result.report
+    assert "of the step's" in first.text and "tokens" in first.text
