@@ -317,7 +317,31 @@ class Recorder:
             return
         self._step["local"].append(torch.cat(flat))
 
-    def _before_step(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
+    def _before_step(
+        self, optimizer: torch.optim.Optimizer, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+        """Before a step: the gradients it will apply. A step given a closure (Lightning's
+        Trainer, LBFGS) computes them inside it: they are read once the closure has run."""
+        # The hook sees step's own arguments: the optimizer first, then the closure.
+        closure = kwargs.get("closure", args[1] if len(args) > 1 else None)
+        if not callable(closure):
+            self._gradients(optimizer)
+            return None
+        ran = False
+
+        def read_after(*a: Any, **k: Any) -> Any:
+            nonlocal ran
+            result = closure(*a, **k)
+            if not ran:  # LBFGS calls it again to re-evaluate: the first is the step's
+                ran = True
+                self._gradients(optimizer)
+            return result
+
+        if "closure" in kwargs:
+            return args, {**kwargs, "closure": read_after}
+        return (args[0], read_after, *args[2:]), kwargs
+
+    def _gradients(self, optimizer: torch.optim.Optimizer) -> None:
         self._where()
         grads: dict[str, torch.Tensor | None] = {}
         for name, p in self._optimized(optimizer):
@@ -327,6 +351,8 @@ class Recorder:
         self._step["grads"] = grads
 
     def _after_step(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
+        if "grads" not in self._step:
+            self._gradients(optimizer)  # a closure the optimizer never called
         self._step["params"] = {
             name: p.detach().to("cpu", copy=True) for name, p in self._optimized(optimizer)
         }

@@ -120,6 +120,23 @@ def test_a_short_last_batch_is_caught_for_its_reason(
         assert "step 1" in first.evidence and "6 of the step's 11 samples" in first.evidence
 
 
+@pytest.mark.parametrize(("variant", "equivalent"), [("correct", True), ("no-divide", False)])
+def test_a_step_through_a_closure_is_read_once_the_closure_has_run(tmp_path, variant, equivalent):
+    # Lightning's Trainer steps so: the last micro-batch's forward and backward run inside
+    # optimizer.step(closure). Read before the closure ran, the 2x2 gradient was the ranks'
+    # unsynchronised accumulation ("parameters left out of synchronisation").
+    result = run_parity(
+        [*COMMAND, "--closure", "--variant", variant],
+        layouts=[Layout(2, 2)],
+        steps=STEPS,
+        global_batch=GLOBAL_BATCH,
+        keep=tmp_path,
+    )
+    assert (result.exit_code == 0) is equivalent, result.report
+    if not equivalent:
+        assert result.verdict.causes[0].key == "scale:A", result.report
+
+
 def test_accumulation_without_no_sync_is_correct(reference, tmp_path):
     recording = _variant(tmp_path, "without-no-sync", Layout(2, 2))
     result = compare_recordings(reference, [recording], steps=STEPS)
