@@ -195,8 +195,24 @@ def _data_causes(reference: Recording, other: Recording, steps: int) -> list[Cau
                 else ""
             )
         )
-        return [f.DATA_ORDER.cause(what=details)]
+        return [f.DATA_ORDER.cause(what=details + _documented(reference, other))]
     return []
+
+
+def _documented(reference: Recording, other: Recording) -> str:
+    """A framework's documented data handling that makes the samples of a step depend on
+    the layout, where the script trained with it."""
+    used = set()
+    for recording in (reference, other):
+        used.update(recording.ranks[0]["meta"].get("frameworks", ()))
+    if used & {"lightning", "pytorch_lightning"} and other.world_size != reference.world_size:
+        return (
+            "; Lightning's Trainer, as documented, puts a DistributedSampler that shuffles "
+            "into a training loader under DDP and keeps the loader's own order in one "
+            "process: give the loader a DistributedSampler of your own (the same shuffle and "
+            "seed at every world size) and Trainer(use_distributed_sampler=False)"
+        )
+    return ""
 
 
 # -- the logged loss ---------------------------------------------------------------------------

@@ -74,6 +74,10 @@ WRAPPER_PARTS = frozenset(
 )
 
 
+# Frameworks whose documented data or loss handling the report names.
+FRAMEWORKS = frozenset({"lightning", "pytorch_lightning", "accelerate", "transformers", "trl"})
+
+
 def normalized(name: str) -> str:
     """A parameter's name without the parts wrappers add.
 
@@ -124,6 +128,12 @@ class Recorder:
         self._keep_local = True
         self._kept = 0  # local gradient elements kept so far
         self._depth = 0
+        # Parameters per module, and the outermost model's count this forward: a module
+        # inside it that holds all of them is the model itself (under a wrapper).
+        self._sizes: dict[int, int] = {}
+        # Names first given by a wrapper's view, and the model's own (see _inner_forward).
+        self._renamed: dict[str, str] = {}
+        self._outer = 0
         self._in_backward = False
         self._finished = False
         self._step = self._fresh()
@@ -165,6 +175,8 @@ class Recorder:
         def call(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
             if recorder._depth == 0 and module.training and torch.is_grad_enabled():
                 args, kwargs = recorder._at_forward(module, args, kwargs)
+            elif recorder._depth and module.training and torch.is_grad_enabled():
+                recorder._inner_forward(module, args, kwargs)
             recorder._depth += 1
             try:
                 return module_call(module, *args, **kwargs)
@@ -236,10 +248,43 @@ class Recorder:
         rows, tokens = fingerprints(args, kwargs)
         self._step["batches"].append(rows)
         self._step["tokens"].append(tokens)
+        self._outer = self._size(module)
         if self.float64 and first.dtype == torch.float64:
             args = tuple(_to_float64(a) for a in args)
             kwargs = {k: _to_float64(v) for k, v in kwargs.items()}
         return args, kwargs
+
+    def _size(self, module: torch.nn.Module) -> int:
+        if id(module) not in self._sizes:
+            self._sizes[id(module)] = sum(p.numel() for p in module.parameters())
+        return self._sizes[id(module)]
+
+    def _inner_forward(
+        self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> None:
+        """A module inside the outermost one that holds all its parameters is the model
+        under a wrapper (DDP, a framework's): its inputs are the samples, as the model is
+        called without the wrapper (Lightning's wrapper gets ``(batch, batch_idx)``, the
+        model only the inputs). The innermost such call names the micro-batch's samples."""
+        if not self._outer or not self._step["batches"] or self._size(module) != self._outer:
+            return
+        if id(module) not in self._known_modules:
+            # The model's own names, as one process calls it without the wrapper.
+            self._known_modules.add(id(module))
+            for name, p in module.named_parameters():
+                old = self.names.get(id(p))
+                new = normalized(name)
+                if old is None or old == new:
+                    continue
+                self.names[id(p)] = new
+                self._renamed[old] = new
+                if old in self.params:
+                    self.params[new] = self.params.pop(old)
+        rows, tokens = fingerprints(args, kwargs)
+        if rows:
+            self._step["batches"][-1] = rows
+        if tokens:
+            self._step["tokens"][-1] = tokens
 
     def _counting(self, loss_fn: Callable[..., Any]) -> Callable[..., Any]:
         """``loss_fn`` (a class-index loss) that first records the targets that count."""
@@ -293,6 +338,7 @@ class Recorder:
         """A parameter's gradient from this backward, before DDP (or anything) reduces it."""
         if self._finished or not self._keep_local:
             return
+        name = self._renamed.get(name, name)
         # A copy: the tensor given is the one DDP then averages in place.
         local = grad.detach().to("cpu", torch.float64, copy=True)
         # Reentrant checkpointing can deliver a parameter's gradient in parts.
@@ -388,6 +434,8 @@ class Recorder:
         if not self.steps and not self._known_modules:
             return
         self._where()
+        # The frameworks the script trained with, for the words of their documented ways.
+        self.meta["frameworks"] = sorted(FRAMEWORKS.intersection(sys.modules))
         self.directory.mkdir(parents=True, exist_ok=True)
         path = recording_path(self.directory, self.rank)
         partial = path.with_suffix(".partial")
@@ -431,14 +479,16 @@ def fingerprints(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[st
         >>> a[0].split("/")[2] == b[0].split("/")[0]  # stripped of its zeros, as unpadded
         True
     """
-    tensors = [(str(i), a) for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
-    tensors += sorted((k, v) for k, v in kwargs.items() if isinstance(v, torch.Tensor))
+    # Tensors inside lists, tuples and dicts too: a framework hands its wrapped model the
+    # whole batch (Lightning's DDP wrapper gets ``(batch, batch_idx)``).
+    tensors = [t for i, a in enumerate(args) for t in _tensors(str(i), a)]
+    tensors += sorted(t for k, v in kwargs.items() for t in _tensors(k, v))
     tensors = [(k, t) for k, t in tensors if t.dim() >= 1]
     if not tensors:
         return [], []
     batch = tensors[0][1].shape[0]
     tensors = [(k, t.detach().cpu()) for k, t in tensors if t.shape[0] == batch]
-    mask = kwargs.get("attention_mask")
+    mask = next((t for k, t in tensors if k.split(".")[-1] == "attention_mask"), None)
     mask = mask.detach().cpu() if isinstance(mask, torch.Tensor) and mask.dim() == 2 else None
     rows = []
     for i in range(batch):
@@ -453,11 +503,28 @@ def fingerprints(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[st
     tokens: list[int] = []
     for key, t in tensors:
         # The labels (by name), or any integer input that marks positions with -100.
-        named = key == "labels"
+        named = key.split(".")[-1] == "labels"
         if not t.is_floating_point() and t.dim() >= 2 and (named or bool((t == -100).any())):
             tokens = [int((t[i] != -100).sum()) for i in range(batch)]
             break
     return rows, tokens
+
+
+def _tensors(key: str, value: Any, depth: int = 0) -> list[tuple[str, torch.Tensor]]:
+    """Every tensor in ``value`` with its path (``0.1``, ``batch.input_ids``)."""
+    if isinstance(value, torch.Tensor):
+        return [(key, value)]
+    if depth >= 3:
+        return []
+    if isinstance(value, (list, tuple)):
+        return [t for i, v in enumerate(value) for t in _tensors(f"{key}.{i}", v, depth + 1)]
+    if isinstance(value, dict):
+        return [
+            t
+            for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))
+            for t in _tensors(f"{key}.{k}", v, depth + 1)
+        ]
+    return []
 
 
 def _digest(row: torch.Tensor) -> str:

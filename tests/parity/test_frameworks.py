@@ -108,3 +108,41 @@ def test_a_lightning_fabric_loop(tmp_path, variant, layout, pattern):
     result = run_parity(command, layouts=[layout], steps=2, global_batch=16)
     assert result.exit_code == (0 if pattern is None else 1), result.report
     assert [c.key for c in result.verdict.causes] == ([pattern] if pattern else []), result.report
+
+
+LIGHTNING = SCRIPTS / "lightning_trainer.py"
+LIGHTNING_COMMAND = ["python", str(LIGHTNING), "--grad-accum", "{grad_accum}", "--batch-size",
+                     "{micro_batch}"]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("variant", "layouts", "pattern"),
+    [
+        ("correct", [Layout(2, 2), Layout(1, 4)], None),
+        # Lightning injects a shuffling DistributedSampler under DDP only: its documented
+        # behaviour, and each layout trains other samples.
+        pytest.param("injected", [Layout(2, 2)], "data:order", marks=pytest.mark.slow),
+    ],
+    ids=["correct", "injected-sampler"],
+)
+def test_a_lightning_trainer_that_steps_through_a_closure(tmp_path, variant, layouts, pattern):
+    # Issue 36: every variant was misread ("0 samples a step", "parameters left out of
+    # synchronisation", "has no gradient 'param0'"): the batch reached the DDP wrapper inside
+    # a list, the wrapper's parameter names were not the model's, and the last micro-batch's
+    # backward ran inside optimizer.step(closure), after the gradients were read.
+    pytest.importorskip("lightning", reason="the frameworks extra: pip install -e '.[frameworks]'")
+    result = run_parity(
+        [*LIGHTNING_COMMAND, "--variant", variant],
+        layouts=layouts,
+        steps=2,
+        global_batch=8,
+        keep=tmp_path,
+    )
+    if pattern is None:
+        assert result.exit_code == 0, result.report
+        for row in result.layouts:
+            assert row["gradient_difference"] < 1e-10, row
+    else:
+        assert result.exit_code == 1, result.report
+        assert result.verdict.causes[0].pattern == pattern, result.report
+        assert "Lightning's Trainer, as documented" in result.verdict.causes[0].text
