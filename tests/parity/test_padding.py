@@ -43,7 +43,10 @@ def test_a_sample_is_the_same_whatever_its_padding_and_its_last_token():
 
 @pytest.mark.parametrize(
     ("mask", "layouts"),
-    [(False, [Layout(2, 2), Layout(1, 4)]), (True, [Layout(1, 4)])],
+    [
+        (False, [Layout(2, 2), Layout(1, 4)]),
+        pytest.param(True, [Layout(1, 4)], marks=pytest.mark.slow),
+    ],
     ids=["no-mask", "mask"],
 )
 def test_a_dynamically_padded_script_trains_the_same_samples_at_every_layout(

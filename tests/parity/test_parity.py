@@ -120,7 +120,10 @@ def test_a_short_last_batch_is_caught_for_its_reason(
         assert "step 1" in first.evidence and "6 of the step's 11 samples" in first.evidence
 
 
-@pytest.mark.parametrize(("variant", "equivalent"), [("correct", True), ("no-divide", False)])
+@pytest.mark.parametrize(
+    ("variant", "equivalent"),
+    [("correct", True), pytest.param("no-divide", False, marks=pytest.mark.slow)],
+)
 def test_a_step_through_a_closure_is_read_once_the_closure_has_run(tmp_path, variant, equivalent):
     # Lightning's Trainer steps so: the last micro-batch's forward and backward run inside
     # optimizer.step(closure). Read before the closure ran, the 2x2 gradient was the ranks'
