@@ -143,10 +143,16 @@ def run_parity(
             row["seconds"] = round(by_label[row["layout"]].seconds, 3)
             row["command"] = shlex.join(by_label[row["layout"]].command)
         failing = [row for row in result.layouts if row["verdict"] != Status.EQUIVALENT.value]
+        verdict = result.verdict
         if failing:
-            verdict = dataclasses.replace(result.verdict, reproducer=failing[0]["command"])
-            result = dataclasses.replace(result, verdict=verdict)
-        return result
+            verdict = dataclasses.replace(verdict, reproducer=failing[0]["command"])
+        if verdict.message:
+            # What each layout's run of the script took, recorded (the reference's first).
+            timing = ", ".join(f"{layout} {run.seconds:.1f} s" for layout, run in runs.items())
+            verdict = dataclasses.replace(
+                verdict, message=f"{verdict.message}\nTime per layout: {timing}"
+            )
+        return dataclasses.replace(result, verdict=verdict)
     finally:
         if keep is None:
             shutil.rmtree(work, ignore_errors=True)

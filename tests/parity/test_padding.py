@@ -5,6 +5,7 @@ the loss is computed, so a per-micro-batch token mean is named as such."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -57,6 +58,9 @@ def test_a_dynamically_padded_script_trains_the_same_samples_at_every_layout(
     assert result.exit_code == 0, result.report
     for row in result.layouts:
         assert row["verdict"] == "equivalent" and row["gradient_difference"] < 1e-10, row
+    # Each layout's time in the report, the reference's first (issue 36, item 6).
+    said = " ".join(f"{layout} [0-9.]+ s," for layout in ["1x1", *map(str, layouts)])
+    assert re.search(f"Time per layout: {said.rstrip(',')}$", result.report), result.report
 
 
 def test_tokens_counted_where_the_loss_is_computed_name_a_per_micro_batch_mean(tmp_path):
