@@ -36,6 +36,7 @@ from ..engine.tolerances import (
 from ..usercode import findings as f
 from ..usercode.diagnosis.engine import Hypothesis, choose
 from ..usercode.findings import Cause
+from ..world.naming import option
 from .recording import Recording, pads_between
 
 __all__ = ["Comparison", "compare_layouts", "derived_tolerance", "told_apart"]
@@ -354,13 +355,17 @@ def _gradient_causes(
         # What the gradient then is follows from it: no second cause for the same numbers.
         return causes
     scale = _scale(reference, other, expected, got, tolerance, step=step, exclude=set(apart))
-    if scale is not None and scale.pattern != f.SCALE.code and not apart:
+    if scale is not None and scale.pattern not in _SETTLED and not apart:
         weighed = _weights(other, expected, got, step)
         if weighed is not None:
             scale = weighed
     if scale is not None:
         causes.append(scale)
     return causes
+
+
+# Readings of the factor that the fitted weights cannot better (a count ratio; rounding).
+_SETTLED = {f.SCALE.code, f.PRECISION_LOWER.code}
 
 
 def _departing_step(expected: Any, got: Any, tolerance: Tolerance) -> int:
@@ -525,6 +530,16 @@ def _scale(
         return None
     k = float(have @ want) / norm**2
     residual = float((have - k * want).abs().max())
+    relative = float((have - want).norm()) / norm
+    if relative <= FLOAT32_ROUNDING and other.float64:
+        # No count ratio is this close to 1: a float64 run off by a lower format's rounding
+        # computes in it somewhere. Never "every sample counted 1x".
+        return f.PRECISION_LOWER.cause(
+            difference=relative,
+            native=option("dtype", "native"),
+            evidence=f"step-{step} gradient of layout {other.label} = {k:.9g} x the "
+            f"reference's, {relative:.2g} apart (float64 rounding is about 1e-15)",
+        )
     if residual <= float(allowed.max()) * max(1.0, abs(k)):
         # The diagnosis's chooser: each count ratio a hypothesis scored against k, the
         # cheapest consistent named, its equals its alternatives; any other factor costs more.
@@ -542,6 +557,12 @@ def _scale(
     cosine = float(have @ want) / (float(have.norm()) * norm or math.inf)
     measured = f" (cosine {cosine:.4g} with it, norm ratio {float(have.norm()) / norm:.4g})"
     return f.GRAD_DIFFERS.cause(measured=measured)
+
+
+# A relative difference up to this is a lower format's rounding, not a weighting: float32's
+# unit roundoff (6e-8) grown by a few hundred operations, far below any count ratio's
+# distance from 1 (1/8 at most for these layouts).
+FLOAT32_ROUNDING = 1e-4
 
 
 # The count ratios a layout's gradient may be off by, against the reference layout's: a key,

@@ -414,6 +414,14 @@ GRAD_DIFFERS = _finding(
     "the gradient the optimizer saw differs from the reference's and is not a multiple of it"
     "{measured}: some samples, micro-batches or ranks counted other than their share",
 )
+PRECISION_LOWER = _finding(
+    "precision:lower",
+    "gradient",
+    "the gradient is the reference's to {difference:.2g} relative, a factor of 1: rounding, "
+    "not a weighting; the script computes in a lower precision than float64 somewhere (a "
+    "float32 kernel, autocast, a cast in the loss), where float64's bound is too tight: "
+    "check it at its own precision with {native}",
+)
 LOG_DIFFERS = _finding(
     "log:differs",
     "loss",

@@ -76,3 +76,27 @@ def test_tokens_counted_where_the_loss_is_computed_name_a_per_micro_batch_mean(t
     first = result.verdict.causes[0]
     assert first.pattern == "micro:own-mean", result.report
     assert "of the step's" in first.text and "tokens" in first.text
+
+
+def test_a_float32_kernel_in_a_float64_run_is_named_rounding_and_passes_at_its_precision(
+    tmp_path,
+):
+    # Issue 36: a float32 head (TRL's kernels compute so) in a float64 run differed by about
+    # 1e-7, read as "micro-batches weighted ... must count 1, 1, 1, 1": a factor of 1.
+    command = [*COMMAND, "--loss-float32"]
+    result = run_parity(command, layouts=[Layout(1, 4)], steps=2, global_batch=8, keep=tmp_path)
+    assert result.exit_code == 1, result.report
+    first = result.verdict.causes[0]
+    assert first.pattern == "precision:lower", result.report
+    assert "a factor of 1: rounding, not a weighting" in first.text
+    # As advised: at its own precision, held to a bound measured for it.
+    native = run_parity(
+        command,
+        layouts=[Layout(1, 4)],
+        steps=2,
+        global_batch=8,
+        keep=tmp_path / "native",
+        float64=False,
+    )
+    assert native.exit_code == 0, native.report
+    assert "rounding-only variant" in native.report

@@ -22,6 +22,7 @@ PARITY = {
     f.MICRO_WEIGHTS,
     f.GRAD_DIFFERS,
     f.LOG_DIFFERS,
+    f.PRECISION_LOWER,
     f.SCRIPT_STEPS,
 }
 
