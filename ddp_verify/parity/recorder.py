@@ -476,7 +476,7 @@ def fingerprints(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[st
         (2, [])
         >>> a, _ = fingerprints((torch.tensor([[5, 3, 0, 0]]),), {})
         >>> b, _ = fingerprints((torch.tensor([[5, 3]]),), {})
-        >>> a[0].split("/")[2] == b[0].split("/")[0]  # stripped of its zeros, as unpadded
+        >>> a[0].split("/")[2] == b[0].split("=")[1].split("/")[0]  # stripped, as unpadded
         True
     """
     # Tensors inside lists, tuples and dicts too: a framework hands its wrapped model the
