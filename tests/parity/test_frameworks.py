@@ -118,12 +118,13 @@ LIGHTNING_COMMAND = ["python", str(LIGHTNING), "--grad-accum", "{grad_accum}", "
 @pytest.mark.parametrize(
     ("variant", "layouts", "pattern"),
     [
-        ("correct", [Layout(2, 2), Layout(1, 4)], None),
+        ("correct", [Layout(2, 2)], None),
+        pytest.param("correct", [Layout(1, 4)], None, marks=pytest.mark.slow),
         # Lightning injects a shuffling DistributedSampler under DDP only: its documented
         # behaviour, and each layout trains other samples.
         pytest.param("injected", [Layout(2, 2)], "data:order", marks=pytest.mark.slow),
     ],
-    ids=["correct", "injected-sampler"],
+    ids=["correct-2x2", "correct-1x4", "injected-sampler"],
 )
 def test_a_lightning_trainer_that_steps_through_a_closure(tmp_path, variant, layouts, pattern):
     # Issue 36: every variant was misread ("0 samples a step", "parameters left out of

@@ -110,7 +110,7 @@ _TUPLE_LAYOUT = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize("added", ["added", "not"])
+@pytest.mark.parametrize("added", ["added", pytest.param("not", marks=pytest.mark.slow)])
 def test_a_layout_added_as_one_row_is_probed_chosen_and_reported(added, tmp_path):
     script = tmp_path / "tuple_layout.py"
     script.write_text(_TUPLE_LAYOUT)
