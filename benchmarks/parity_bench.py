@@ -50,19 +50,31 @@ main(sys.argv[1:])
 """
 
 
+# A run whose rank aborts at exit (gloo's teardown: "terminate called without an active
+# exception", about one plain run in six here) is tried again, at most this many times.
+TRIES = 3
+
+
+def _run(command: list[str], env: dict[str, str]) -> None:
+    for attempt in range(TRIES):
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+        if done.returncode == 0:
+            return
+        print(f"  (a run failed, exit {done.returncode}; try {attempt + 2} of {TRIES})",
+              file=sys.stderr)  # fmt: skip
+    raise SystemExit(f"{command[-1]!r} failed {TRIES} times: {done.stderr[-600:]}")
+
+
 def steps_time(torchrun: list[str], script: list[str], env: dict[str, str], out: Path) -> float:
     timer = out.parent / "timer.py"
     timer.write_text(TIMER)
-    subprocess.run(
-        [*torchrun, str(timer), *script], env={**env, "BENCH_OUT": str(out)}, check=True,
-        capture_output=True, timeout=600,
-    )  # fmt: skip
+    _run([*torchrun, str(timer), *script], {**env, "BENCH_OUT": str(out)})
     return float(out.read_text())
 
 
 def timed(command: list[str], env: dict[str, str]) -> float:
     started = time.monotonic()
-    subprocess.run(command, env=env, check=True, capture_output=True, timeout=600)
+    _run(command, env)
     return time.monotonic() - started
 
 
