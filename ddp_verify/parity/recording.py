@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import itertools
+import math
 from pathlib import Path
 from typing import Any
 
@@ -56,10 +58,17 @@ def canonical(row: str, pads: Pads | None = None) -> str:
 
 def pads_between(reference: Recording, other: Recording, steps: int) -> Pads:
     """The pad value of each input that makes the two recordings train the same samples at
-    the most steps: per input, no padding or one of the values most rows of either end in
-    (tried greedily, input by input; no padding wins a tie). Evidence, not a guess of the
-    pad id: a value that pads rows in one layout and not another is what makes the step's
-    samples agree."""
+    the most steps. Each input's candidates are no padding and the values most rows of
+    either recording end in, tried in every combination (inputs padded together, the ids
+    with the pad id and the labels with -100, agree only together); the fewest pads win a
+    tie, no padding where nothing agrees more. Evidence, not a guess of the
+    pad id: a value that pads rows in one layout and not another is what makes the steps'
+    samples agree.
+
+    Example::
+
+        pads = pads_between(reference, other, steps=3)  # {'input_ids': '9f2c...'}
+    """
     ends: dict[str, collections.Counter[str]] = {}
     for recording in (reference, other):
         for key, counts in recording.trailing().items():
@@ -68,16 +77,26 @@ def pads_between(reference: Recording, other: Recording, steps: int) -> Pads:
     def agreeing(pads: Pads) -> int:
         return sum(reference.samples(s, pads) == other.samples(s, pads) for s in range(steps))
 
-    pads: Pads = {}
-    for key, counts in sorted(ends.items()):
-        best, score = None, agreeing(pads)
-        for value, _ in counts.most_common(3):
-            tried = agreeing({**pads, key: value})
-            if tried > score:
-                best, score = value, tried
-        if best is not None:
-            pads[key] = best
-    return pads
+    keys = sorted(ends)
+    options: list[list[str | None]] = [
+        [None, *(v for v, _ in ends[k].most_common(3))] for k in keys
+    ]
+    best: Pads = {}
+    score = agreeing(best)
+    if math.prod(len(o) for o in options) <= 256:
+        # Every combination: inputs padded together (ids and labels) agree only together.
+        for values in itertools.product(*options):
+            tried = {k: v for k, v in zip(keys, values, strict=True) if v is not None}
+            found = agreeing(tried)
+            if found > score or (found == score and found and len(tried) < len(best)):
+                best, score = tried, found
+        return best
+    for key, choices in zip(keys, options, strict=True):  # too many: each input in turn
+        for value in choices[1:]:
+            if value is not None and agreeing({**best, key: value}) > score:
+                best = {**best, key: value}
+                score = agreeing(best)
+    return best
 
 
 class RecordingError(ValueError):

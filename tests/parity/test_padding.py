@@ -104,3 +104,25 @@ def test_a_float32_kernel_passes_at_the_scripts_own_precision(tmp_path):
     )
     assert native.exit_code == 0, native.report
     assert "rounding-only variant" in native.report
+
+
+def test_inputs_padded_together_are_stripped_together():
+    # Token ids padded with 0 and labels padded with -100, no mask: neither input alone makes
+    # the layouts' samples agree, both together do.
+    from ddp_verify.parity.recording import Recording, pads_between
+
+    def recording(batches):
+        rows = [
+            fingerprints((), {"input_ids": ids, "labels": labels})[0] for ids, labels in batches
+        ]
+        step = {"batches": rows, "tokens": [[] for _ in rows]}
+        return Recording("r", [{"meta": {}, "steps": [step]}])
+
+    ids = torch.tensor([[4, 7, 0], [5, 1, 2]])
+    labels = torch.tensor([[7, -100, -100], [1, 2, -100]])
+    whole = recording([(ids, labels)])
+    split = recording([(ids[:1, :2], labels[:1, :2]), (ids[1:], labels[1:])])
+    pads = pads_between(whole, split, steps=1)
+    assert sorted(pads) == ["input_ids", "labels"]
+    assert whole.samples(0, pads) == split.samples(0, pads)
+    assert whole.samples(0) != split.samples(0)
