@@ -122,19 +122,48 @@ class Choice:
         return self.finding
 
 
+# The weightings the gradient's and the reported loss's axes share, named once.
 def _share(c: Context, g: Group) -> float:
     return c.items(g.rank) / c.total
 
 
+def _by_world(c: Context, g: Group) -> float:
+    return 1 / c.world
+
+
+def _summed(c: Context, g: Group) -> float:
+    return 1.0
+
+
+def _over_count(c: Context, g: Group) -> float:
+    return 1 / c.total
+
+
+def _own(c: Context, g: Group) -> float:
+    return float(g.rank == c.observer)
+
+
+def _by_items(c: Context, g: Group) -> float:
+    return g.items / c.items(g.rank)
+
+
+def _equally(c: Context, g: Group) -> float:
+    return 1 / c.pieces(g.rank)
+
+
+def _last_only(c: Context, g: Group) -> float:
+    return float(g.micro == c.last(g.rank))
+
+
 RANKS: tuple[Choice, ...] = (
     Choice("ranks", "share", cost=0.0, weight=_share),
-    Choice("ranks", "world", f.RANKS_WORLD.code, weight=lambda c, g: 1 / c.world),
-    Choice("ranks", "sum", f.RANKS_SUM.code, weight=lambda c, g: 1.0),
+    Choice("ranks", "world", f.RANKS_WORLD.code, weight=_by_world),
+    Choice("ranks", "sum", f.RANKS_SUM.code, weight=_summed),
     Choice(
         "ranks",
         "means-over-count",
         f.RANKS_MEANS_OVER_COUNT.code,
-        weight=lambda c, g: 1 / c.total,
+        weight=_over_count,
     ),
     Choice(
         "ranks",
@@ -147,7 +176,7 @@ RANKS: tuple[Choice, ...] = (
         "ranks",
         "own",
         f.RANKS_OWN.code,
-        weight=lambda c, g: float(g.rank == c.observer),
+        weight=_own,
         free=True,
         cost=1.5,
     ),
@@ -163,19 +192,19 @@ RANKS: tuple[Choice, ...] = (
 )
 
 MICRO: tuple[Choice, ...] = (
-    Choice("micro", "items", cost=0.0, weight=lambda c, g: g.items / c.items(g.rank)),
+    Choice("micro", "items", cost=0.0, weight=_by_items),
     Choice(
         "micro",
         "equal",
         f.MICRO_EQUAL.code,
-        weight=lambda c, g: 1 / c.pieces(g.rank),
+        weight=_equally,
         accumulating=True,
     ),
     Choice(
         "micro",
         "last",
         f.MICRO_LAST_ONLY.code,
-        weight=lambda c, g: float(g.micro == c.last(g.rank)),
+        weight=_last_only,
         accumulating=True,
     ),
     Choice(
@@ -236,10 +265,10 @@ REPORT_RANKS: tuple[Choice, ...] = (
         "report-ranks",
         "own",
         f.LOSS_LOCAL.code,
-        weight=lambda c, g: float(g.rank == c.observer),
+        weight=_own,
     ),
-    Choice("report-ranks", "sum", f.LOSS_SUM.code, weight=lambda c, g: 1.0),
-    Choice("report-ranks", "world", f.LOSS_WORLD.code, weight=lambda c, g: 1 / c.world),
+    Choice("report-ranks", "sum", f.LOSS_SUM.code, weight=_summed),
+    Choice("report-ranks", "world", f.LOSS_WORLD.code, weight=_by_world),
     Choice(
         "report-ranks",
         "items",
@@ -250,23 +279,23 @@ REPORT_RANKS: tuple[Choice, ...] = (
         "report-ranks",
         "means-over-count",
         f.LOSS_MEANS_OVER_COUNT.code,
-        weight=lambda c, g: 1 / c.total,
+        weight=_over_count,
     ),
 )
 REPORT_MICRO: tuple[Choice, ...] = (
-    Choice("report-micro", "items", cost=0.0, weight=lambda c, g: g.items / c.items(g.rank)),
+    Choice("report-micro", "items", cost=0.0, weight=_by_items),
     Choice(
         "report-micro",
         "equal",
         f.LOSS_MICRO_EQUAL.code,
-        weight=lambda c, g: 1 / c.pieces(g.rank),
+        weight=_equally,
         accumulating=True,
     ),
     Choice(
         "report-micro",
         "last",
         f.LOSS_LAST_ONLY.code,
-        weight=lambda c, g: float(g.micro == c.last(g.rank)),
+        weight=_last_only,
         accumulating=True,
     ),
 )
