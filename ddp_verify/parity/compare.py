@@ -39,7 +39,7 @@ from ..usercode.findings import Cause
 from ..world.naming import option
 from .recording import Recording, pads_between
 
-__all__ = ["Comparison", "compare_layouts", "derived_tolerance", "told_apart"]
+__all__ = ["Comparison", "compare_layouts", "derived_tolerance", "rounding_dtype", "told_apart"]
 
 
 @dataclasses.dataclass
@@ -70,6 +70,9 @@ def compare_layouts(
     data = _data_causes(reference, other, min(wanted, other.steps))
     if data:
         return Comparison(other.label, False, None, data, figures)
+    settings = _settings_causes(reference, other, min(wanted, other.steps))
+    if settings:
+        return Comparison(other.label, False, None, settings, figures)
     causes: list[Cause] = []
     if other.steps < wanted:
         causes.append(f.SCRIPT_STEPS.cause(got=other.steps, wanted=wanted))
@@ -104,7 +107,7 @@ def derived_tolerance(reference: Recording, variant: Recording, steps: int) -> T
 
         tolerance = derived_tolerance(reference, perturbed_reference, steps=3)
     """
-    unit = UNIT_ROUNDOFF[_rounding_dtype(reference)]
+    unit = UNIT_ROUNDOFF[rounding_dtype(reference)]
     n = min(steps, reference.steps, variant.steps)
     exact, rounded = reference.trace(n), variant.trace(n)
     roundings = (reference.world_size + 2) * unit
@@ -144,8 +147,13 @@ class _VariantTolerance(MeasuredTolerance):
         )
 
 
-def _rounding_dtype(recording: Recording) -> str:
+def rounding_dtype(recording: Recording) -> str:
+    """The precision whose rounding bounds a run's: autocast's, the lower precision it
+    computes in inside, or its coarsest parameter dtype."""
     meta = recording.ranks[0]["meta"]
+    lower = recording.lower_inside
+    if lower and lower["dtype"] in UNIT_ROUNDOFF:
+        return lower["dtype"]
     if meta["autocast"]:
         return str(meta["autocast"]).split(":")[-1]
     dtypes = [d.replace("torch.", "") for d in meta["param_dtypes"]]
@@ -212,6 +220,46 @@ def _documented(reference: Recording, other: Recording) -> str:
             "into a training loader under DDP and keeps the loader's own order in one "
             "process: give the loader a DistributedSampler of your own (the same shuffle and "
             "seed at every world size) and Trainer(use_distributed_sampler=False)"
+        )
+    return ""
+
+
+# -- the optimizer's settings ------------------------------------------------------------------
+
+
+def _settings_causes(reference: Recording, other: Recording, steps: int) -> list[Cause]:
+    """The settings each step applied the gradient with (a scheduler's lr, momentum...) held
+    to the reference's: where one differs, every later parameter differs for that alone."""
+    for step in range(steps):
+        want = reference.step(0, step).get("settings")
+        have = other.step(0, step).get("settings")
+        if want is None or have is None or len(want) != len(have):
+            continue
+        for group, (a, b) in enumerate(zip(want, have, strict=True)):
+            for key in sorted(a.keys() & b.keys()):
+                if math.isclose(a[key], b[key], rel_tol=1e-12, abs_tol=0.0):
+                    continue
+                where = f" of parameter group {group}" if len(want) > 1 else ""
+                ratio = f", {b[key] / a[key]:.4g}x" if a[key] else ""
+                what = (
+                    f"step {step}: {key}{where} {b[key]:.6g}, the reference's {a[key]:.6g}{ratio}"
+                )
+                return [f.OPTIMIZER_SETTINGS.cause(what=what + _scheduled(reference, other))]
+    return []
+
+
+def _scheduled(reference: Recording, other: Recording) -> str:
+    """A framework's documented scheduler stepping that makes the settings depend on the
+    layout, where the script trained with it."""
+    used = set()
+    for recording in (reference, other):
+        used.update(recording.ranks[0]["meta"].get("frameworks", ()))
+    if "accelerate" in used and other.world_size != reference.world_size:
+        return (
+            "; accelerate, as documented, steps a prepared scheduler once per process at each "
+            "optimizer step (the batch grows with the processes): with the global batch fixed, "
+            "give Accelerator(split_batches=True) the global batch, or step the scheduler "
+            "yourself, unprepared, once per optimizer step"
         )
     return ""
 

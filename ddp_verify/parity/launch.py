@@ -114,11 +114,13 @@ def launch(
     launcher: str = DEFAULT_LAUNCHER,
     timeout: float = 600.0,
     perturb: int | None = None,
+    perturb_dtype: str | None = None,
     nnodes: int = 1,
 ) -> Run:
     """Run ``command`` at ``layout``, recording ``steps`` optimizer steps into ``directory``;
     at most ``timeout`` seconds, after which the run's whole process group is ended.
-    ``perturb``: the rounding-only variant of the run (see :mod:`.recorder`). ``nnodes``: the
+    ``perturb``: the rounding-only variant of the run (see :mod:`.recorder`), by a unit
+    roundoff of ``perturb_dtype`` where given (the parameters' own otherwise). ``nnodes``: the
     nodes a layout of more than one rank spans (the default launcher then starts one agent
     per node on this machine; a launcher of the user's gets ``{nnodes}`` and
     ``{nproc_per_node}`` and starts them itself)."""
@@ -154,7 +156,7 @@ def launch(
         ENV_DTYPE: "float64" if float64 else "native",
     }
     if perturb is not None:
-        env[ENV_PERTURB] = str(perturb)
+        env[ENV_PERTURB] = f"{perturb}:{perturb_dtype}" if perturb_dtype else str(perturb)
     if launcher == DEFAULT_LAUNCHER:
         # One machine: the stores torchrun's agents and the ranks serve on loopback only
         # (see .loopback), gloo's and NCCL's connections too, as the forked worlds' are.

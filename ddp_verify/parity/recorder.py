@@ -103,10 +103,16 @@ class Recorder:
     """
 
     def __init__(
-        self, directory: Path, steps: int, *, float64: bool = True, perturb: int | None = None
+        self,
+        directory: Path,
+        steps: int,
+        *,
+        float64: bool = True,
+        perturb: int | None = None,
+        perturb_dtype: str | None = None,
     ) -> None:
         self.directory, self.wanted, self.float64 = directory, steps, float64
-        self.perturb = perturb
+        self.perturb, self.perturb_dtype = perturb, perturb_dtype
         # What the launcher says; the process group, once the script has one, says better
         # (srun's ranks, a script that initialises its own group).
         self.rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")))
@@ -122,6 +128,8 @@ class Recorder:
             "float64": float64,
             "autocast": None,
             "param_dtypes": [],
+            # Where a float64 run computes in a lower precision inside (see _Lower).
+            "lower_inside": None,
         }
         self._known_modules: set[int] = set()
         self._local: dict[str, torch.Tensor] = {}
@@ -136,6 +144,10 @@ class Recorder:
         self._outer = 0
         self._in_backward = False
         self._finished = False
+        self._watch: _Lower | None = None
+        # Inside a closure's re-evaluation (LBFGS): the step's samples again, not recorded.
+        self._again = False
+        self._in_loss = False
         self._step = self._fresh()
 
     @classmethod
@@ -146,12 +158,14 @@ class Recorder:
             return None
         steps = int(os.environ.get(ENV_STEPS, "3"))
         dtype = os.environ.get(ENV_DTYPE, "float64")
-        perturb = os.environ.get(ENV_PERTURB)
+        # "SEED" or "SEED:DTYPE" (the unit roundoff to move by, where not the parameters').
+        seed, _, unit = (os.environ.get(ENV_PERTURB) or "").partition(":")
         return cls(
             Path(directory),
             steps,
             float64=dtype == "float64",
-            perturb=int(perturb) if perturb else None,
+            perturb=int(seed) if seed else None,
+            perturb_dtype=unit or None,
         )
 
     @staticmethod
@@ -173,9 +187,12 @@ class Recorder:
         recorder = self
 
         def call(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
-            if recorder._depth == 0 and module.training and torch.is_grad_enabled():
+            # A module run by the autograd engine is activation checkpointing recomputing a
+            # forward inside backward: the same samples again, not a micro-batch.
+            forward = module.training and torch.is_grad_enabled() and not _in_autograd()
+            if recorder._depth == 0 and forward:
                 args, kwargs = recorder._at_forward(module, args, kwargs)
-            elif recorder._depth and module.training and torch.is_grad_enabled():
+            elif recorder._depth and forward:
                 recorder._inner_forward(module, args, kwargs)
             recorder._depth += 1
             try:
@@ -187,6 +204,10 @@ class Recorder:
         tensor_backward = torch.Tensor.backward
 
         def backward(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            if recorder._in_backward:
+                # Called again from inside itself: a torch function mode (the recorder's own
+                # precision watch, or the script's) hands Tensor.backward back to it.
+                return tensor_backward(tensor, *args, **kwargs)
             recorder._at_backward(tensor)
             recorder._in_backward = True
             try:
@@ -229,9 +250,11 @@ class Recorder:
         first = next(module.parameters(), None)
         if first is None:
             return args, kwargs  # a loss module, not the model
+        if self._again:
+            return self._cast(first, args, kwargs)
         if id(module) not in self._known_modules:
             if self.perturb is not None and not self._known_modules:
-                _perturbed(module, self.perturb)
+                _perturbed(module, self.perturb, self.perturb_dtype)
             self._known_modules.add(id(module))
             for name, p in module.named_parameters():
                 self.names.setdefault(id(p), normalized(name))
@@ -245,10 +268,20 @@ class Recorder:
         autocast = _autocast()
         if autocast is not None:
             self.meta["autocast"] = autocast
+        if self.float64 and not self.steps and self._watch is None:
+            # The first step's computation, watched for a lower precision inside.
+            self._watch = _Lower(self.meta)
+            self._watch.__enter__()
         rows, tokens = fingerprints(args, kwargs)
         self._step["batches"].append(rows)
         self._step["tokens"].append(tokens)
         self._outer = self._size(module)
+        return self._cast(first, args, kwargs)
+
+    def _cast(
+        self, first: torch.Tensor, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """The model's floating inputs in float64, where the run is (its parameters are)."""
         if self.float64 and first.dtype == torch.float64:
             args = tuple(_to_float64(a) for a in args)
             kwargs = {k: _to_float64(v) for k, v in kwargs.items()}
@@ -266,7 +299,9 @@ class Recorder:
         under a wrapper (DDP, a framework's): its inputs are the samples, as the model is
         called without the wrapper (Lightning's wrapper gets ``(batch, batch_idx)``, the
         model only the inputs). The innermost such call names the micro-batch's samples."""
-        if not self._outer or not self._step["batches"] or self._size(module) != self._outer:
+        if self._again or not self._outer or not self._step["batches"]:
+            return
+        if self._size(module) != self._outer:
             return
         if id(module) not in self._known_modules:
             # The model's own names, as one process calls it without the wrapper.
@@ -293,10 +328,18 @@ class Recorder:
 
         @functools.wraps(loss_fn)
         def counted(*args: Any, **kwargs: Any) -> Any:
+            if recorder._in_loss:
+                # Called again from inside itself: a torch function mode hands the loss
+                # function back by its name in torch.nn.functional, which is this wrapper.
+                return loss_fn(*args, **kwargs)
             with contextlib.suppress(Exception):  # recording never breaks the script
                 bound = signature.bind_partial(*args, **kwargs).arguments
                 recorder._at_loss(bound.get("target"), bound.get("ignore_index", -100))
-            return loss_fn(*args, **kwargs)
+            recorder._in_loss = True
+            try:
+                return loss_fn(*args, **kwargs)
+            finally:
+                recorder._in_loss = False
 
         return counted
 
@@ -304,7 +347,7 @@ class Recorder:
         """Tokens a loss counted, for the micro-batch of the last forward when that forward
         showed none (its labels never reached the model)."""
         batches = self._step["tokens"]
-        if self._depth or not batches or not isinstance(target, torch.Tensor):
+        if self._again or self._depth or not batches or not isinstance(target, torch.Tensor):
             return
         if target.is_floating_point() or target.dim() == 0:
             return  # soft targets, or one class: no token to count
@@ -318,6 +361,8 @@ class Recorder:
             filled.append(index)
 
     def _at_backward(self, tensor: torch.Tensor) -> None:
+        if self._again:
+            return
         if tensor.numel() == 1:
             self._step["losses"].append(float(tensor.detach().double().cpu()))
         # Cleared before a backward that is not the step's first: zero_grad() inside the
@@ -336,7 +381,7 @@ class Recorder:
 
     def _local_grad(self, name: str, grad: torch.Tensor) -> None:
         """A parameter's gradient from this backward, before DDP (or anything) reduces it."""
-        if self._finished or not self._keep_local:
+        if self._finished or not self._keep_local or self._again:
             return
         name = self._renamed.get(name, name)
         # A copy: the tensor given is the one DDP then averages in place.
@@ -377,10 +422,17 @@ class Recorder:
 
         def read_after(*a: Any, **k: Any) -> Any:
             nonlocal ran
+            if ran:
+                # LBFGS calls it again to re-evaluate at other parameters: the first call is
+                # the step's; the others train the same samples, and are not recorded.
+                self._again = True
+                try:
+                    return closure(*a, **k)
+                finally:
+                    self._again = False
             result = closure(*a, **k)
-            if not ran:  # LBFGS calls it again to re-evaluate: the first is the step's
-                ran = True
-                self._gradients(optimizer)
+            ran = True
+            self._gradients(optimizer)
             return result
 
         if "closure" in kwargs:
@@ -389,6 +441,8 @@ class Recorder:
 
     def _gradients(self, optimizer: torch.optim.Optimizer) -> None:
         self._where()
+        # The settings this step applies them with (lr, momentum, ...), group by group.
+        self._step["settings"] = [_settings(group) for group in optimizer.param_groups]
         grads: dict[str, torch.Tensor | None] = {}
         for name, p in self._optimized(optimizer):
             grads[name] = None if p.grad is None else p.grad.detach().to("cpu", copy=True)
@@ -404,8 +458,18 @@ class Recorder:
         }
         self.steps.append(self._step)
         self._step = self._fresh()
+        self._unwatch()
         if len(self.steps) >= self.wanted:
             self.finish()
+
+    def _unwatch(self) -> None:
+        watch = self._watch
+        if watch is None or not watch.active:
+            return
+        watch.active = False
+        # Left on the stack, inert, where the script pushed a mode of its own above it.
+        if torch.overrides._get_current_function_mode() is watch:
+            watch.__exit__(None, None, None)
 
     def _optimized(self, optimizer: torch.optim.Optimizer) -> Iterator[tuple[str, torch.Tensor]]:
         index = 0
@@ -431,6 +495,7 @@ class Recorder:
         if self._finished:
             return
         self._finished = True
+        self._unwatch()
         if not self.steps and not self._known_modules:
             return
         self._where()
@@ -551,14 +616,95 @@ def _bytes(row: torch.Tensor) -> bytes:
     return bytes(row.reshape(-1).clone().untyped_storage()) if row.numel() else b""
 
 
-def _perturbed(module: torch.nn.Module, seed: int) -> None:
-    """Move every floating parameter of ``module`` by one unit roundoff, up or down."""
+def _perturbed(module: torch.nn.Module, seed: int, dtype: str | None = None) -> None:
+    """Move every floating parameter of ``module`` by one unit roundoff (of its own dtype, or
+    of ``dtype``: the precision the script computes in inside), up or down."""
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in module.parameters():
             if p.is_floating_point():
+                unit = torch.finfo(getattr(torch, dtype) if dtype else p.dtype).eps / 2
                 sign = torch.randint(0, 2, p.shape, generator=generator).to(p.dtype) * 2 - 1
-                p.mul_(1 + sign * torch.finfo(p.dtype).eps / 2)
+                p.mul_(1 + sign * unit)
+
+
+class _Lower(torch.overrides.TorchFunctionMode):
+    """Watches a float64 run for a lower precision inside: the first call whose result takes
+    part in the gradient (requires grad) in a floating dtype coarser than float64, such as a
+    log-prob kernel that computes in float32 whatever the model's dtype, or a loss that casts
+    its logits with ``.float()``. Counts and masks made in float32 take no part: not seen.
+    Sets ``meta["lower_inside"]`` to the dtype, the call and where the script made it."""
+
+    def __init__(self, meta: dict[str, Any]) -> None:
+        super().__init__()
+        self.meta, self.active = meta, True
+
+    def __torch_function__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
+    ) -> Any:
+        result = func(*args, **(kwargs or {}))
+        if self.active and self.meta["lower_inside"] is None:
+            found = _coarser(result)
+            if found is not None:
+                self.meta["lower_inside"] = {
+                    "dtype": found,
+                    "call": _named(func),
+                    "where": _caller(),
+                }
+        return result
+
+
+def _named(func: Any) -> str:
+    """A torch function as users write it (``Tensor.float``, not ``TensorBase.float``)."""
+    name = str(getattr(func, "__qualname__", None) or getattr(func, "__name__", repr(func)))
+    if name.startswith("TensorBase."):
+        return "Tensor." + name.removeprefix("TensorBase.")
+    module = getattr(func, "__module__", None) or ""
+    if module.startswith("torch") and "." not in name:
+        return f"{module.replace('torch._C._nn', 'torch.nn.functional')}.{name}"
+    return name
+
+
+def _coarser(result: Any) -> str | None:
+    """The dtype of the first tensor in ``result`` that takes part in the gradient in a
+    floating dtype coarser than float64."""
+    for leaf in torch.utils._pytree.tree_leaves(result):
+        if (
+            isinstance(leaf, torch.Tensor)
+            and leaf.requires_grad
+            and leaf.is_floating_point()
+            and leaf.dtype.itemsize < 8
+        ):
+            return str(leaf.dtype).replace("torch.", "")
+    return None
+
+
+def _caller() -> str:
+    """The innermost frame of the script's (or a library's) code, not torch's or ours."""
+    import traceback
+
+    for frame in reversed(traceback.extract_stack()):
+        path = frame.filename.replace(os.sep, "/")
+        if "/torch/" not in path and "/ddp_verify/" not in path:
+            # A library's file by its package path (transformers/models/...), as users know it.
+            return f"{path.rpartition('-packages/')[2]}:{frame.lineno}"
+    return "unknown"
+
+
+def _settings(group: dict[str, Any]) -> dict[str, float]:
+    """A parameter group's numeric settings (``lr``, ``momentum``, ``weight_decay``...)."""
+    found: dict[str, float] = {}
+    for key, value in group.items():
+        if isinstance(value, torch.Tensor) and value.numel() == 1:
+            value = value.item()  # a capturable optimizer's lr
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            found[key] = float(value)
+    return found
+
+
+def _in_autograd() -> bool:
+    """Whether the autograd engine is running a backward on this thread now."""
+    return bool(torch._C._current_graph_task_id() != -1)
 
 
 def _to_float64(value: Any) -> Any:

@@ -154,14 +154,30 @@ class Recording:
             bool(meta["float64"])
             and meta["param_dtypes"] == ["torch.float64"]
             and not (meta["autocast"])
+            and not self.lower_inside
         )
 
     @property
+    def lower_inside(self) -> dict[str, str] | None:
+        """Where a run in float64 computed in a lower precision inside, as the recorder saw
+        it on any rank: ``{"dtype", "call", "where"}``, or None."""
+        for rank in self.ranks:
+            found = rank["meta"].get("lower_inside")
+            if found:
+                return dict(found)
+        return None
+
+    @property
     def precision(self) -> str:
-        """What the script computed in: ``float64``, or its parameters' dtype and autocast."""
+        """What the script computed in: ``float64``, or its parameters' dtype and autocast,
+        and the lower precision it computed in inside."""
         meta = self.ranks[0]["meta"]
         dtypes = ", ".join(d.replace("torch.", "") for d in meta["param_dtypes"]) or "unknown"
-        return dtypes + (f" under autocast {meta['autocast']}" if meta["autocast"] else "")
+        said = dtypes + (f" under autocast {meta['autocast']}" if meta["autocast"] else "")
+        lower = self.lower_inside
+        if lower:
+            said += f", in {lower['dtype']} inside ({lower['call']} at {lower['where']})"
+        return said
 
     def step(self, rank: int, step: int) -> dict[str, Any]:
         return self.ranks[rank]["steps"][step]

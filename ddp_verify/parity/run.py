@@ -25,7 +25,7 @@ from ..engine.tolerances import Tolerance
 from ..usercode.search import describe_causes
 from ..usercode.verdict import Status, Verdict
 from ..world import cleanup
-from .compare import Comparison, compare_layouts, derived_tolerance, told_apart
+from .compare import Comparison, compare_layouts, derived_tolerance, rounding_dtype, told_apart
 from .launch import DEFAULT_LAUNCHER, Run, launch, script_of
 from .layouts import Layout, LayoutError, fill, per_node
 from .recording import Recording, RecordingError
@@ -123,12 +123,16 @@ def run_parity(
         tolerance = None
         base = recordings[reference]
         if not base.float64:
-            # The script forces its own precision: a rounding-only variant of the reference
-            # run bounds what rounding alone does to it.
+            # The script forces its own precision, or computes in a lower one inside: a
+            # rounding-only variant of the reference run (moved by that precision's unit
+            # roundoff) bounds what rounding alone does to it.
             if progress is not None:
                 progress(f"layout {reference}: a rounding-only variant ({base.precision})")
             variant = run_at(
-                reference, directory=work / f"{reference}-variant", perturb=VARIANT_SEED
+                reference,
+                directory=work / f"{reference}-variant",
+                perturb=VARIANT_SEED,
+                perturb_dtype=rounding_dtype(base) if base.lower_inside else None,
             )
             failed = _failed(variant, target, started)
             if failed is not None:

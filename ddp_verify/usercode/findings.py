@@ -428,6 +428,13 @@ LOG_DIFFERS = _finding(
     "the logged loss is not the reference's, and is none of the layout's own losses tried "
     "(rank 0's, its last micro-batch's, the sum over ranks, divided once too often)",
 )
+OPTIMIZER_SETTINGS = _finding(
+    "optimizer:settings",
+    "optimizer",
+    "the optimizer's settings depend on the layout ({what}): a learning-rate schedule or "
+    "another setting stepped by micro-batch, by process or by samples seen, not by "
+    "optimizer step",
+)
 SCRIPT_STEPS = _finding(
     "steps:fewer",
     "run",

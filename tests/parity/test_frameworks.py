@@ -10,6 +10,7 @@ and lightning come with the ``frameworks`` extra; without it these tests skip, s
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -94,6 +95,19 @@ def test_an_accelerate_loop_with_accumulate(tmp_path, variant, equivalent):
             assert (cause.key, cause.alternatives) == ("scale:A", ()), result.report
 
 
+def test_a_scheduler_prepared_by_accelerate_is_named_as_its_documented_stepping(tmp_path):
+    # accelerate steps a prepared scheduler once per process at each optimizer step: with
+    # the global batch fixed, the learning rate at step 1 depends on the world size.
+    command = ["python", str(SCRIPTS / "accelerate_loop.py"), "--grad-accum", "{grad_accum}",
+               "--batch-size", "{micro_batch}", "--scheduler", "prepared"]  # fmt: skip
+    result = run_parity(command, layouts=[Layout(2, 2)], steps=3, global_batch=16)
+    assert result.exit_code == 1, result.report
+    (cause,) = result.verdict.causes
+    assert cause.pattern == "optimizer:settings", result.report
+    assert "step 1: lr 0.0025, the reference's 0.005, 0.5x" in cause.text, result.report
+    assert "accelerate, as documented, steps a prepared scheduler" in cause.text
+
+
 @pytest.mark.parametrize(
     ("variant", "layout", "pattern"),
     [
@@ -147,3 +161,41 @@ def test_a_lightning_trainer_that_steps_through_a_closure(tmp_path, variant, lay
         assert result.exit_code == 1, result.report
         assert result.verdict.causes[0].pattern == pattern, result.report
         assert "Lightning's Trainer, as documented" in result.verdict.causes[0].text
+
+
+TRL = ["python", str(SCRIPTS / "trl_sft.py"), "--grad-accum", "{grad_accum}", "--batch-size",
+       "{micro_batch}"]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("variant", "pattern"),
+    [
+        ("correct", None),
+        ("own-mean", "micro:own-mean"),
+        pytest.param("tokens-per-device", "ranks:world", marks=pytest.mark.slow),
+    ],
+)
+def test_trl_sft_trainer_as_it_ships(tmp_path, variant, pattern):
+    # Issue 36: TRL's SFTTrainer recomputes its forward inside backward (activation
+    # checkpointing, on by default): read as five micro-batches a step. Llama's RMSNorm
+    # computes in float32 inside a float64 run: held to float64's rounding, it was named "the
+    # gradient is scaled: every sample counted 1x".
+    pytest.importorskip("trl", reason="the frameworks extra: pip install -e '.[frameworks]'")
+    result = run_parity(
+        [*TRL, "--variant", variant], layouts=[Layout(2, 2)], steps=2, global_batch=8,
+        keep=tmp_path,
+    )  # fmt: skip
+    assert "1 micro-batch(es), 8 samples a step" in result.report, result.report
+    assert "in float32 inside (Tensor.to at transformers/models/llama/" in result.report
+    if pattern is None:
+        assert result.exit_code == 0, result.report
+        return
+    assert result.exit_code == 1, result.report
+    first = result.verdict.causes[0]
+    assert first.pattern == pattern, result.report
+    # The tokens that count, from where the loss is computed: each counted once, though the
+    # loss function runs under the recorder's precision watch (which calls it again).
+    said = first.text + first.evidence
+    counts = [int(n) for n in re.findall(r": (\d+) of the step's \d+ tokens", said)]
+    total = int(re.search(r"of the step's (\d+) tokens", said).group(1))
+    assert sum(counts) == total and total < 8 * 11, result.report

@@ -78,17 +78,24 @@ def test_tokens_counted_where_the_loss_is_computed_name_a_per_micro_batch_mean(t
     assert "of the step's" in first.text and "tokens" in first.text
 
 
-def test_a_float32_kernel_in_a_float64_run_is_named_rounding_not_a_weighting(
-    tmp_path,
-):
+def test_a_float32_kernel_in_a_float64_run_is_held_to_a_bound_measured_for_it(tmp_path):
     # Issue 36: a float32 head (TRL's kernels compute so) in a float64 run differed by about
-    # 1e-7, read as "micro-batches weighted ... must count 1, 1, 1, 1": a factor of 1.
+    # 1e-7, read as "micro-batches weighted ... must count 1, 1, 1, 1": a factor of 1. The
+    # recorder sees the float32 inside; a rounding-only variant at float32's unit roundoff
+    # measures the bound, and the report says where the script computes in float32.
     command = [*COMMAND, "--loss-float32"]
     result = run_parity(command, layouts=[Layout(1, 4)], steps=2, global_batch=8, keep=tmp_path)
+    assert result.exit_code == 0, result.report
+    assert "in float32 inside (Tensor.float at " in result.report, result.report
+    assert "padded_lm.py:72)" in result.report, result.report
+    assert "rounding-only variant" in result.report
+
+
+def test_a_mistake_behind_a_float32_kernel_is_still_named(tmp_path):
+    command = [*COMMAND, "--loss-float32", "--variant", "per-micro-batch"]
+    result = run_parity(command, layouts=[Layout(1, 4)], steps=2, global_batch=8, keep=tmp_path)
     assert result.exit_code == 1, result.report
-    first = result.verdict.causes[0]
-    assert first.pattern == "precision:lower", result.report
-    assert "a factor of 1: rounding, not a weighting" in first.text
+    assert result.verdict.causes[0].pattern == "micro:own-mean", result.report
 
 
 @pytest.mark.slow
@@ -126,3 +133,25 @@ def test_inputs_padded_together_are_stripped_together():
     assert sorted(pads) == ["input_ids", "labels"]
     assert whole.samples(0, pads) == split.samples(0, pads)
     assert whole.samples(0) != split.samples(0)
+
+
+def test_the_precision_watch_sees_the_gradients_computation_not_its_counts():
+    from ddp_verify.parity.recorder import _Lower
+
+    meta: dict = {"lower_inside": None}
+    weight = torch.randn(3, dtype=torch.float64, requires_grad=True)
+    with _Lower(meta):
+        # A mask and a count made in float32 take no part in the gradient: not seen.
+        counted = (weight > 0).float().sum()
+        loss = (weight * weight).sum() / counted.double()
+        assert meta["lower_inside"] is None
+        head = weight.float() * 2  # the gradient passes through float32
+    assert meta["lower_inside"]["dtype"] == "float32"
+    assert meta["lower_inside"]["call"] == "Tensor.float"
+    assert meta["lower_inside"]["where"].endswith(f"test_padding.py:{_line_of('weight.float()')}")
+    assert loss.dtype == torch.float64 and head.dtype == torch.float32
+
+
+def _line_of(text: str) -> int:
+    lines = Path(__file__).read_text().splitlines()
+    return next(i for i, line in enumerate(lines, 1) if text in line and "head =" in line)

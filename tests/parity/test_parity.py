@@ -341,3 +341,50 @@ def test_a_script_that_trains_on_gpus(tmp_path, variant, equivalent):
     shared = "nccl" if GPUS >= 2 else "gloo"
     output = (tmp_path / "2x2" / "output.log").read_text()
     assert f"rank 1 on cuda:{1 % GPUS} via {shared}" in output
+
+
+STEPPING = [
+    "python",
+    str(Path(__file__).resolve().parents[2] / "fixtures" / "scripts" / "stepping.py"),
+    "--grad-accum",
+    "{grad_accum}",
+    "--batch-size",
+    "{micro_batch}",
+]
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        # LBFGS calls its closure again at other parameters within one step: the samples of
+        # those calls are the step's, not more micro-batches (read as duplicates before).
+        ["--optimizer", "lbfgs"],
+        pytest.param(["--scaler", "--scheduler", "per-step"], marks=pytest.mark.slow),
+    ],
+    ids=["lbfgs", "scaler-scheduler"],
+)
+def test_other_ways_of_stepping_train_the_same(tmp_path, flags):
+    result = run_parity(
+        [*STEPPING, *flags], layouts=[Layout(2, 2)], steps=3, global_batch=16, keep=tmp_path
+    )
+    assert result.exit_code == 0, result.report
+    (row,) = result.layouts
+    assert row["gradient_difference"] < 1e-10 and row["parameter_difference"] < 1e-10, row
+    # Each layout's micro-batches and samples counted once a step, re-evaluations left out.
+    assert row["grad_accum"] == 2, row
+    assert "1 micro-batch(es), 16 samples a step" in result.report, result.report
+
+
+def test_a_schedule_stepped_per_micro_batch_is_named_by_the_learning_rate(tmp_path):
+    result = run_parity(
+        [*STEPPING, "--scheduler", "per-micro-batch"],
+        layouts=[Layout(1, 2)],
+        steps=2,
+        global_batch=16,
+        keep=tmp_path,
+    )
+    assert result.exit_code == 1, result.report
+    (cause,) = result.verdict.causes
+    assert cause.pattern == "optimizer:settings", result.report
+    # Stepped twice before step 0 applied it: 0.8² of the reference's rate at step 0.
+    assert "step 0: lr 0.064, the reference's 0.08, 0.8x" in cause.text, result.report
