@@ -89,7 +89,7 @@ def _compare_parser() -> argparse.ArgumentParser:
 def run(argv: Sequence[str]) -> Any:
     """The verdict of ``ddp-verify parity ARGV`` (an object with ``report``, ``to_json()`` and
     ``exit_code``), whatever happened."""
-    from ..parity.compare import derived_tolerance
+    from ..parity.compare import derived_tolerance, perturbation
     from ..parity.layouts import LayoutError, parse_layout, parse_layouts
     from ..parity.recording import Recording, RecordingError
     from ..parity.run import ParityResult, compare_recordings, run_parity
@@ -111,8 +111,9 @@ def run(argv: Sequence[str]) -> Any:
                 raise UsageError(
                     f"{args.directories[0]}: the script computed in {reference.precision}, "
                     "where float64's bound would raise false alarms: record a rounding-only "
-                    "variant of the reference run (the same launch with DDP_VERIFY_PERTURB=1 "
-                    "and another DDP_VERIFY_RECORD) and give it with --variant DIR"
+                    "variant of the reference run (the same launch with DDP_VERIFY_PERTURB="
+                    f"{perturbation(reference)} and another DDP_VERIFY_RECORD) and give it "
+                    "with --variant DIR"
                 )
             return compare_recordings(
                 reference, recordings[1:], steps=args.steps, tolerance=tolerance

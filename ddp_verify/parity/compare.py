@@ -39,7 +39,14 @@ from ..usercode.findings import Cause
 from ..world.naming import option
 from .recording import Recording, pads_between
 
-__all__ = ["Comparison", "compare_layouts", "derived_tolerance", "rounding_dtype", "told_apart"]
+__all__ = [
+    "Comparison",
+    "compare_layouts",
+    "derived_tolerance",
+    "perturbation",
+    "rounding_dtype",
+    "told_apart",
+]
 
 
 @dataclasses.dataclass
@@ -87,7 +94,10 @@ def compare_layouts(
     if mismatch is None and not causes and not logged:
         return Comparison(other.label, True, None, [], figures)
     if mismatch is not None or causes:
-        causes += _gradient_causes(reference, other, expected, got, tolerance)
+        causes += [
+            _with_documented(cause, reference, other)
+            for cause in _gradient_causes(reference, other, expected, got, tolerance)
+        ]
         if not causes:
             causes.append(
                 f.UNEXPLAINED.cause(
@@ -145,6 +155,17 @@ class _VariantTolerance(MeasuredTolerance):
             f"{self.safety:g} × how far a rounding-only variant of the reference run (each "
             f"parameter moved by one unit roundoff) lands from it, in {self.precision}"
         )
+
+
+def perturbation(recording: Recording, seed: int = 1) -> str:
+    """The ``DDP_VERIFY_PERTURB`` value of the rounding-only variant of ``recording``'s run:
+    the seed, and the precision to move by where the run computes in a lower one inside.
+
+    Example::
+
+        perturbation(reference)   # "1", or "1:float32" for a float64 run with float32 inside
+    """
+    return f"{seed}:{rounding_dtype(recording)}" if recording.lower_inside else str(seed)
 
 
 def rounding_dtype(recording: Recording) -> str:
@@ -222,6 +243,21 @@ def _documented(reference: Recording, other: Recording) -> str:
             "seed at every world size) and Trainer(use_distributed_sampler=False)"
         )
     return ""
+
+
+def _with_documented(cause: Cause, reference: Recording, other: Recording) -> Cause:
+    """``cause`` with the framework option that does it by design, where the script trained
+    with that framework: a Trainer told not to count tokens across devices."""
+    used = set()
+    for recording in (reference, other):
+        used.update(recording.ranks[0]["meta"].get("frameworks", ()))
+    if cause.pattern == f.RANKS_WORLD.code and "tokens" in cause.text and "transformers" in used:
+        note = (
+            "; a Hugging Face Trainer (and TRL's trainers, which are Trainers) does so by "
+            "design with average_tokens_across_devices=False: set it True"
+        )
+        return dataclasses.replace(cause, text=cause.text + note)
+    return cause
 
 
 # -- the optimizer's settings ------------------------------------------------------------------
@@ -637,13 +673,26 @@ RATIOS: tuple[tuple[str, Callable[[int, int, int, int], float], str], ...] = (
         lambda w, a, wr, ar: (w * a) / (wr * ar),
         "a sum over micro-batches and ranks never divided",
     ),
+    (
+        "1/(W*A)",
+        # With the global batch fixed, the micro-batch's size goes as 1/(W*A).
+        lambda w, a, wr, ar: (wr * ar) / (w * a),
+        "the loss summed over each micro-batch's samples, not averaged: the gradient goes "
+        "with the micro-batch's size",
+    ),
 )
 _MEANING = {key: words for key, _, words in RATIOS}
 
 
 def _reading(cost: float, misfit: float, **detail: Any) -> Hypothesis:
-    """A reading of a layout's gradient as a hypothesis of the diagnosis's engine."""
-    return Hypothesis("gradient", frozenset({"gradient"}), cost, misfit, detail=detail)
+    """A reading of a layout's gradient as a hypothesis of the diagnosis's engine, named by
+    its key (the engine tells hypotheses apart by what they name: readings without a name
+    were never one another's alternatives)."""
+    key = detail["key"]
+    named = Cause(detail["why"], "gradient", f.SCALE.code, reading=f"scale:{key}" if key else "")
+    return Hypothesis(
+        "gradient", frozenset({"gradient"}), cost, misfit, causes=(named,), detail=detail
+    )
 
 
 def _ratio_hypotheses(

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import ctypes
 import functools
 import hashlib
 import inspect
@@ -268,7 +269,13 @@ class Recorder:
         autocast = _autocast()
         if autocast is not None:
             self.meta["autocast"] = autocast
-        if self.float64 and not self.steps and self._watch is None:
+        if (
+            self.float64
+            and first.dtype == torch.float64
+            and autocast is None
+            and not self.steps
+            and self._watch is None
+        ):
             # The first step's computation, watched for a lower precision inside.
             self._watch = _Lower(self.meta)
             self._watch.__enter__()
@@ -555,16 +562,14 @@ def fingerprints(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[st
     tensors = [(k, t.detach().cpu()) for k, t in tensors if t.shape[0] == batch]
     mask = next((t for k, t in tensors if k.split(".")[-1] == "attention_mask"), None)
     mask = mask.detach().cpu() if isinstance(mask, torch.Tensor) and mask.dim() == 2 else None
-    rows = []
-    for i in range(batch):
-        parts = []
-        for key, t in tensors:
-            row = t[i]
-            if mask is not None and row.dim() >= 1 and row.shape[0] == mask.shape[1]:
-                parts.append(f"{key}={_digest(row[mask[i].bool()])}")
-            else:
-                parts.append(f"{key}={_forms(row)}")
-        rows.append(" ".join(parts))
+    columns = []
+    for key, t in tensors:
+        t = t.contiguous()
+        if mask is not None and t.dim() >= 2 and t.shape[1] == mask.shape[1]:
+            columns.append([f"{key}={_digest(t[i][mask[i].bool()])}" for i in range(batch)])
+        else:
+            columns.append([f"{key}={form}" for form in _forms(t)])
+    rows = [" ".join(parts) for parts in zip(*columns, strict=True)]
     tokens: list[int] = []
     for key, t in tensors:
         # The labels (by name), or any integer input that marks positions with -100.
@@ -599,21 +604,28 @@ def _digest(row: torch.Tensor) -> str:
     return digest.hexdigest()
 
 
-def _forms(row: torch.Tensor) -> str:
-    """``full/last/stripped`` for a row along a sequence; ``full`` for a 0-d one."""
-    if row.dim() == 0 or row.shape[0] == 0:
-        return _digest(row)
-    last = row[-1]
-    same = (row == last).reshape(row.shape[0], -1).all(dim=1)
-    run = 0
-    while run < row.shape[0] and bool(same[row.shape[0] - 1 - run]):
-        run += 1
-    return f"{_digest(row)}/{_digest(last)}/{_digest(row[: row.shape[0] - run])}"
+def _forms(batch: torch.Tensor) -> list[str]:
+    """Per row of ``batch``: ``full/last/stripped`` for a row along a sequence, ``full`` for a
+    0-d one. The trailing runs of every row are measured at once."""
+    if batch.dim() == 1 or batch.shape[1] == 0:
+        return [_digest(row) for row in batch]
+    length = batch.shape[1]
+    same = (batch == batch[:, -1:]).reshape(batch.shape[0], length, -1).all(dim=2)
+    # Per row, the length of the trailing run of positions equal to its last.
+    runs = same.flip(1).cumprod(1).sum(1).tolist()
+    return [
+        f"{_digest(row)}/{_digest(row[-1])}/{_digest(row[: length - run])}"
+        for row, run in zip(batch, runs, strict=True)
+    ]
 
 
 def _bytes(row: torch.Tensor) -> bytes:
-    # No numpy: a copy of the row has a storage of its own, exactly its bytes.
-    return bytes(row.reshape(-1).clone().untyped_storage()) if row.numel() else b""
+    """The row's bytes, read at its address in one call (no numpy; iterating a storage reads
+    one byte per Python call: 6 ms a step on a 16-row batch)."""
+    if not row.numel():
+        return b""
+    dense = row.detach().to("cpu").contiguous()
+    return ctypes.string_at(dense.data_ptr(), dense.numel() * dense.element_size())
 
 
 def _perturbed(module: torch.nn.Module, seed: int, dtype: str | None = None) -> None:

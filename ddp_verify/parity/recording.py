@@ -161,6 +161,9 @@ class Recording:
     def lower_inside(self) -> dict[str, str] | None:
         """Where a run in float64 computed in a lower precision inside, as the recorder saw
         it on any rank: ``{"dtype", "call", "where"}``, or None."""
+        meta = self.ranks[0]["meta"]
+        if meta["param_dtypes"] != ["torch.float64"] or meta["autocast"]:
+            return None  # not a float64 run: its own precision is the one it runs in
         for rank in self.ranks:
             found = rank["meta"].get("lower_inside")
             if found:

@@ -75,6 +75,7 @@ def test_tokens_counted_per_device_are_caught_as_ranks_weighted_alike(tmp_path):
     assert result.exit_code == 1, result.report
     (first,) = result.verdict.causes
     assert first.key == "ranks:world" and "each rank's tokens" in first.text, result.report
+    assert "by design with average_tokens_across_devices=False" in first.text
     # The ranks' own token counts, from the recording, say why: they differ.
     assert "rank 0: " in first.evidence and "rank 1: " in first.evidence
 
@@ -93,6 +94,17 @@ def test_an_accelerate_loop_with_accumulate(tmp_path, variant, equivalent):
         # Nothing divided the two micro-batches' losses by the accumulation steps.
         for cause in result.verdict.causes:
             assert (cause.key, cause.alternatives) == ("scale:A", ()), result.report
+
+
+def test_a_factor_one_layout_cannot_place_is_said_with_its_alternatives(tmp_path):
+    # At 2x2 alone, a gradient twice the reference's is the accumulation steps or the world
+    # size: both said (the readings were never one another's alternatives before: unnamed).
+    command = ["python", str(SCRIPTS / "accelerate_loop.py"), "--grad-accum", "{grad_accum}",
+               "--batch-size", "{micro_batch}", "--variant", "plain-backward"]  # fmt: skip
+    result = run_parity(command, layouts=[Layout(2, 2)], steps=1, global_batch=16)
+    assert result.exit_code == 1, result.report
+    (cause,) = result.verdict.causes
+    assert (cause.key, cause.alternatives) == ("scale:A", ("scale:W",)), result.report
 
 
 def test_a_scheduler_prepared_by_accelerate_is_named_as_its_documented_stepping(tmp_path):

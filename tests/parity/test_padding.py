@@ -155,3 +155,19 @@ def test_the_precision_watch_sees_the_gradients_computation_not_its_counts():
 def _line_of(text: str) -> int:
     lines = Path(__file__).read_text().splitlines()
     return next(i for i, line in enumerate(lines, 1) if text in line and "head =" in line)
+
+
+def test_a_float64_run_with_float32_inside_asks_for_a_variant_moved_by_float32():
+    from ddp_verify.parity.compare import perturbation, rounding_dtype
+    from ddp_verify.parity.recording import Recording
+
+    def recording(lower):
+        meta = {"float64": True, "param_dtypes": ["torch.float64"], "autocast": None}
+        return Recording("1x1", [{"meta": {**meta, "lower_inside": lower}, "steps": []}])
+
+    plain = recording(None)
+    assert plain.float64 and perturbation(plain) == "1"
+    inside = recording({"dtype": "float32", "call": "Tensor.float", "where": "train.py:9"})
+    assert not inside.float64 and rounding_dtype(inside) == "float32"
+    assert perturbation(inside) == "1:float32"
+    assert inside.precision == "float64, in float32 inside (Tensor.float at train.py:9)"

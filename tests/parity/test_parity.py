@@ -286,6 +286,7 @@ def test_compare_of_recordings_in_a_forced_precision_needs_the_variant(tmp_path,
     dirs = [str(tmp_path / "1x1"), str(tmp_path / "1x2"), "--steps", "1"]
     refused = parity_command.run(["compare", *dirs])
     assert refused.exit_code == 2 and "give it with --variant DIR" in refused.report
+    assert "DDP_VERIFY_PERTURB=1 and" in refused.report, refused.report
     judged = parity_command.run(["compare", *dirs, "--variant", str(tmp_path / "variant")])
     assert judged.exit_code == 0, judged.report
     assert "rounding-only variant" in judged.layouts[0]["tolerance"]

@@ -1,0 +1,6 @@
+#!/bin/sh
+# plain-ddp/padded-lm/own-mean: each micro-batch's own token mean.
+# What ddp-verify parity says at layout 1x4 (Python 3.11.7, torch 2.13.0+cpu, transformers 4.45.2, accelerate 0.34.2, lightning 2.4.0, trl absent):
+#   each micro-batch's loss averaged over its own tokens and the micro-batches weighted equally, not by their share of the step's tokens (micro-batch 1: 9 of the step's 29 tokens; micro-batch 2: 4 of the step's 29 tokens; micro-batch 3: 5 of the step's 29 tokens; micro-batch 4: 11 of the step's 29 tokens; each counted alike)
+# Run from the repository root.
+ddp-verify parity --layouts 1x4 --global-batch 8 --steps 2 -- python fixtures/scripts/padded_lm.py --grad-accum '{grad_accum}' --batch-size '{micro_batch}' --variant per-micro-batch
