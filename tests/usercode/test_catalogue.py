@@ -24,6 +24,7 @@ PARITY = {
     f.LOG_DIFFERS,
     f.PRECISION_LOWER,
     f.SCRIPT_STEPS,
+    f.OPTIMIZER_SETTINGS,
 }
 
 
