@@ -14,5 +14,9 @@ whole dataset. ``--conformance-examples N`` sets the scenarios per property (def
 Modules: ``test_ddp_options`` (bucket sizes, gradient_as_bucket_view, static_graph,
 find_unused_parameters, broadcast_buffers, no_sync), ``test_comm_hooks`` (allreduce, fp16, bf16,
 PowerSGD), ``test_zero`` (ZeroRedundancyOptimizer), ``test_join`` (uneven numbers of batches
-under Join), ``test_data`` (DistributedSampler, metrics), ``test_fsdp`` (fully_shard).
+under Join and model.join), ``test_data`` (DistributedSampler, metrics), ``test_fsdp``
+(fully_shard), ``test_optimizers`` (torch.optim's rules, clip_grad_norm_ in every norm),
+``test_differentiable_collectives`` (torch.distributed.nn's gradients), ``test_model_averaging``
+(PeriodicModelAverager, PostLocalSGDOptimizer, subgroups), ``test_surface`` (the surface
+table of :mod:`.surface` against the installed torch's signatures: what the gate covers).
 """

@@ -272,3 +272,70 @@ def dropout_gradients(
         flat = torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.grad is not None])
         results.append(tuple(float(v) for v in flat))
     return tuple(results)
+
+
+def differentiable_collective(
+    kind: str, inputs: list[list[float]], weights: list[list[list[float]]], src: int
+) -> tuple[list[list[float]], list[float]]:
+    """Rank r sends ``inputs[r]`` through ``torch.distributed.nn.functional``'s ``kind``
+    (``all_gather``, ``all_reduce``, ``broadcast`` from ``src``), backpropagates the loss
+    ``sum_i <weights[r][i], output_i>``, and returns its outputs and its input's gradient."""
+    from torch.distributed.nn import functional as differentiable
+
+    rank, device = dist.get_rank(), rank_device()
+    x = torch.tensor(inputs[rank], dtype=torch.float64, device=device, requires_grad=True)
+    if kind == "all_gather":
+        outputs = list(differentiable.all_gather(x))
+    elif kind == "all_reduce":
+        outputs = [differentiable.all_reduce(x)]
+    elif kind == "broadcast":
+        outputs = [differentiable.broadcast(x, src)]
+    else:
+        raise ValueError(f"no differentiable collective {kind!r}")
+    loss = sum(
+        (torch.tensor(w, dtype=torch.float64, device=device) * y).sum()
+        for w, y in zip(weights[rank], outputs, strict=True)
+    )
+    loss.backward()
+    assert x.grad is not None
+    return [y.tolist() for y in outputs], x.grad.tolist()
+
+
+def periodic_averaging(
+    values: list[list[float]],
+    deltas: list[list[list[float]]],
+    period: int,
+    warmup: int,
+    members: list[int] | None,
+    via: str,
+) -> list[list[float]]:
+    """Rank r's parameters start at ``values[r]`` (split in two tensors) and move by
+    ``deltas[t][r]`` at step t, then a ``PeriodicModelAverager(period, warmup)`` over
+    ``members`` (a subgroup; None: the world) averages them, called directly (``via
+    "averager"``, the parameters as one optimizer's parameter groups for ``"groups"``) or by
+    ``PostLocalSGDOptimizer`` stepping SGD (``"optimizer"``). The parameters after each step."""
+    from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
+    from torch.distributed.optim import PostLocalSGDOptimizer
+
+    rank, device = dist.get_rank(), rank_device()
+    group = dist.new_group(members) if members is not None else None  # every rank calls it
+    start = torch.tensor(values[rank], dtype=torch.float64, device=device)
+    half = max(1, start.numel() // 2)
+    params = [torch.nn.Parameter(start[:half].clone()), torch.nn.Parameter(start[half:].clone())]
+    averager = PeriodicModelAverager(period=period, warmup_steps=warmup, process_group=group)
+    optimizer = PostLocalSGDOptimizer(torch.optim.SGD(params, lr=1.0), averager)
+    after = []
+    for delta in deltas:
+        move = torch.tensor(delta[rank], dtype=torch.float64, device=device)
+        # As in training, each parameter has a gradient: the averager averages only those
+        # (its documented get_params_to_average). SGD at lr 1 on -delta moves it by delta.
+        params[0].grad, params[1].grad = -move[:half], -move[half:]
+        if via == "optimizer":
+            optimizer.step()
+        else:
+            with torch.no_grad():
+                params[0].add_(move[:half])
+                params[1].add_(move[half:])
+            averager.average_parameters([{"params": params}] if via == "groups" else iter(params))
+        after.append(torch.cat([p.detach().reshape(-1) for p in params]).tolist())
+    return after

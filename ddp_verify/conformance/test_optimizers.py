@@ -7,6 +7,8 @@ regression here would move both sides alike; this is where it fails."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from hypothesis import strategies as st
@@ -147,3 +149,71 @@ def test_clip_grad_norm_follows_its_definition(prove, foreach):
     # Gradients small and large against the bound: clipped, and left alone.
     scales = st.sampled_from((1e-3, 0.1, 1.0, 10.0))
     prove(st.tuples(st.sampled_from((0.1, 1.0, 5.0)), st.integers(0, 2**16), scales), check)
+
+
+def _p_norm(grads: list[torch.Tensor], norm_type: float) -> float:
+    """The total ``norm_type``-norm of ``grads``, from its definition, in float64."""
+    values = torch.cat([g.detach().double().reshape(-1) for g in grads]).abs()
+    if norm_type == math.inf:
+        return float(values.max())
+    return float((values**norm_type).sum() ** (1.0 / norm_type))
+
+
+@pytest.mark.parametrize("foreach", [False, True], ids=["for_loop", "foreach"])
+def test_clip_grad_norm_follows_its_definition_in_every_norm(prove, foreach):
+    def check(case):
+        max_norm, norm_type, seed, scale = case
+        (grads,) = _gradients(seed, 1)
+        params = _parameters(seed)
+        given = [g * scale for g in grads if g is not None]
+        for p, g in zip(params, grads, strict=True):
+            p.grad = None if g is None else g * scale
+        want = _p_norm(given, norm_type)
+        got = torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type=norm_type, foreach=foreach)
+        said = f"clip_grad_norm_(max_norm={max_norm}, norm_type={norm_type}, foreach={foreach})"
+        assert float(got) == pytest.approx(want, rel=RTOL), (
+            f"{said} returned the total norm {float(got)!r}; the gradients' "
+            f"{norm_type}-norm is {want!r}"
+        )
+        # torch's documented coefficient: max_norm / (total + 1e-6), applied where below 1.
+        coefficient = min(1.0, max_norm / (want + 1e-6))
+        kept = [p.grad for p in params if p.grad is not None]
+        for i, (g, before) in enumerate(zip(kept, given, strict=True)):
+            torch.testing.assert_close(
+                g,
+                before * coefficient,
+                rtol=RTOL,
+                atol=ATOL,
+                msg=lambda m, i=i: f"{said} left gradient {i} other than its definition.\n{m}",
+            )
+
+    norms = st.sampled_from((1.0, 2.0, 3.0, math.inf))
+    scales = st.sampled_from((1e-3, 1.0, 10.0))
+    cases = st.tuples(st.sampled_from((0.1, 1.0, 5.0)), norms, st.integers(0, 2**16), scales)
+    prove(cases, check)
+
+
+@pytest.mark.parametrize("foreach", [False, True], ids=["for_loop", "foreach"])
+@pytest.mark.parametrize("bad", [math.nan, math.inf], ids=["nan", "inf"])
+def test_clip_grad_norm_raises_on_a_nonfinite_norm_only_when_asked(foreach, bad):
+    def params():
+        made = _parameters(0)
+        for p in made:
+            p.grad = torch.ones_like(p)
+        made[0].grad.view(-1)[0] = bad
+        return made
+
+    raised: RuntimeError | None = None
+    try:
+        torch.nn.utils.clip_grad_norm_(params(), 1.0, error_if_nonfinite=True, foreach=foreach)
+    except RuntimeError as exc:
+        raised = exc
+    assert raised is not None and "non-finite" in str(raised), (
+        f"clip_grad_norm_(error_if_nonfinite=True, foreach={foreach}) on gradients holding "
+        f"{bad} did not raise the documented RuntimeError (got {raised!r})"
+    )
+    total = torch.nn.utils.clip_grad_norm_(params(), 1.0, error_if_nonfinite=False, foreach=foreach)
+    assert not math.isfinite(float(total)), (
+        f"clip_grad_norm_(foreach={foreach}) returned {float(total)} for gradients holding "
+        f"{bad}: the norm is not finite"
+    )

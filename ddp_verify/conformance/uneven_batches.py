@@ -39,6 +39,9 @@ class JoinRun:
     scenario: Scenario
     batches: tuple[int, ...]
     divide_by_initial_world_size: bool = True
+    # How the script enters Join: the generic context manager over its joinables, or DDP's
+    # own model.join(...), which must pass the flag on.
+    entered: str = "Join"
 
     def __post_init__(self) -> None:
         steps, size = self.scenario.steps, self.scenario.world_size
@@ -61,9 +64,10 @@ class JoinRun:
 
     def describe(self) -> str:
         flag = self.divide_by_initial_world_size
+        how = "Join([model], ...)" if self.entered == "Join" else "model.join(...)"
         return (
-            f"batches per rank {list(self.batches)}, divide_by_initial_world_size={flag}; "
-            + self.scenario.describe()
+            f"batches per rank {list(self.batches)}, {how} with "
+            f"divide_by_initial_world_size={flag}; " + self.scenario.describe()
         )
 
 
@@ -89,7 +93,8 @@ def join_runs(*, world_size: int, max_steps: int = 4) -> st.SearchStrategy[JoinR
         longest = draw_(st.integers(0, world_size - 1))
         counts[longest] = steps
         flag = draw_(st.booleans().map(lambda b: not b))  # shrinks toward True, the default
-        return JoinRun(scenario, tuple(counts), flag)
+        entered = draw_(st.sampled_from(("Join", "model.join")))
+        return JoinRun(scenario, tuple(counts), flag, entered)
 
     return draw()
 
@@ -117,7 +122,13 @@ def train_with_join(
     wrapped = method.wrap(rank_run.model, run.scenario)
     optimizer = rank_run.optimizer(wrapped.parameters())
     after = []
-    with Join([wrapped], divide_by_initial_world_size=run.divide_by_initial_world_size):
+    flag = run.divide_by_initial_world_size
+    joined = (
+        Join([wrapped], divide_by_initial_world_size=flag)
+        if run.entered == "Join"
+        else wrapped.join(divide_by_initial_world_size=flag)
+    )
+    with joined:
         for step in range(run.batches[rank_run.rank]):
             optimizer.zero_grad(set_to_none=True)
             ((inputs, targets),) = rank_run.micro_batches(step)

@@ -120,6 +120,8 @@ _NO_SYNC = "test_no_sync_leaves_gradients_local_until_the_syncing_backward"
 _JOIN = "test_join_with_uneven_batch_counts_follows_the_documented_semantics"
 _OBJECTS = "test_object_collectives_deliver_every_ranks_object"
 _FROM_ONE = "test_object_collectives_from_one_source_deliver_what_it_sent"
+_DIFFERENTIABLE = "test_differentiable_collectives_give_the_gradient_of_every_ranks_loss"
+_AVERAGING = "test_periodic_model_averager_averages_its_group_at_the_steps_it_names"
 
 MUTANTS: tuple[Mutant, ...] = (
     Mutant(
@@ -549,6 +551,91 @@ MUTANTS: tuple[Mutant, ...] = (
             "tensor_list, tensor_sizes = list(tensor_list)[::-1], list(tensor_sizes)[::-1]",
         ),
         _FROM_ONE,
+    ),
+    Mutant(
+        "model_join_drops_its_divisor_flag",
+        "Join",
+        "DDP's model.join(divide_by_initial_world_size=...) no longer passes the flag on to Join "
+        "(its source, one line changed)",
+        f"{_DDP}.join",
+        _source_patch(
+            "divide_by_initial_world_size=divide_by_initial_world_size,",
+            "divide_by_initial_world_size=True,",
+        ),
+        _JOIN,
+    ),
+    Mutant(
+        "differentiable_all_gather_averages",
+        "differentiable collectives",
+        "torch.distributed.nn's all_gather averages the gradients its inputs get back instead "
+        "of summing them (its backward's source, one line changed)",
+        "torch.distributed.nn.functional:_AllGather.backward",
+        _source_patch(
+            "gx = torch.sum(torch.stack(gxs), dim=0)",
+            "gx = torch.mean(torch.stack(gxs), dim=0)",
+        ),
+        f"{_DIFFERENTIABLE}[all_gather]",
+    ),
+    Mutant(
+        "differentiable_all_reduce_stays_local",
+        "differentiable collectives",
+        "torch.distributed.nn's all_reduce passes each rank its own gradient back, never "
+        "all-reduced (its backward's source, one line changed)",
+        "torch.distributed.nn.functional:_AllReduce.backward",
+        _source_patch(
+            "return (None, None) + (_AllReduce.apply(ctx.op, ctx.group, grad_output),)",
+            "return (None, None) + (grad_output,)",
+        ),
+        f"{_DIFFERENTIABLE}[all_reduce]",
+    ),
+    Mutant(
+        "clip_for_loop_ignores_norm_type",
+        "optimizer",
+        "clip_grad_norm_(foreach=False) takes every gradient's 2-norm whatever norm_type says "
+        "(its total norm's source, one line changed)",
+        "torch.nn.utils.clip_grad:_get_total_norm",
+        _source_patch(
+            "[torch.linalg.vector_norm(g, norm_type) for g in device_tensors]",
+            "[torch.linalg.vector_norm(g, 2.0) for g in device_tensors]",
+        ),
+        "test_clip_grad_norm_follows_its_definition_in_every_norm[for_loop]",
+    ),
+    Mutant(
+        "clip_never_raises_on_nonfinite",
+        "optimizer",
+        "clip_grad_norm_(error_if_nonfinite=True) never raises (its total norm's source, one "
+        "line changed)",
+        "torch.nn.utils.clip_grad:_get_total_norm",
+        _source_patch(
+            "if error_if_nonfinite and torch.logical_or(total_norm.isnan(), total_norm.isinf()):",
+            "if False and torch.logical_or(total_norm.isnan(), total_norm.isinf()):",
+        ),
+        "test_clip_grad_norm_raises_on_a_nonfinite_norm_only_when_asked[nan-for_loop]",
+    ),
+    Mutant(
+        "averager_period_from_step_0",
+        "model averaging",
+        "PeriodicModelAverager counts its period from step 0, not from the end of the warm-up "
+        "(its source, one line changed)",
+        "torch.distributed.algorithms.model_averaging.averagers:"
+        "PeriodicModelAverager.average_parameters",
+        _source_patch(
+            "and (self.step - self.warmup_steps) % self.period == 0",
+            "and self.step % self.period == 0",
+        ),
+        _AVERAGING,
+    ),
+    Mutant(
+        "average_parameters_by_world_size",
+        "model averaging",
+        "average_parameters over a subgroup divides by the world's size, not the group's (its "
+        "source, one line changed)",
+        "torch.distributed.algorithms.model_averaging.utils:average_parameters",
+        _source_patch(
+            "flat_params /= dist.get_world_size(group_to_use)",
+            "flat_params /= dist.get_world_size()",
+        ),
+        _AVERAGING,
     ),
 )
 

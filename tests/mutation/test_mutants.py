@@ -25,6 +25,8 @@ CONFORMANCE = (
     "test_comm_hooks",
     "test_data",
     "test_ddp_options",
+    "test_differentiable_collectives",
+    "test_model_averaging",
     "test_fsdp",
     "test_join",
     "test_object_collectives",
@@ -42,6 +44,8 @@ AREAS = {
     "object collectives",
     "optimizer",
     "checkpointing",
+    "differentiable collectives",
+    "model averaging",
 }
 
 

@@ -1,0 +1,467 @@
+"""The surface the gate stands for, as data: torch's data-parallel API as users call it, one
+entry per constructor argument, function argument and public method, each with the
+conformance tests that exercise it, or why it is out of scope, or that it is a gap the gate
+does not yet cover.
+
+``test_surface`` reads the public signatures of every object named here on the installed torch
+and fails where an argument or method has no entry (a release that adds one), where an entry
+names one torch no longer has, or where it names a test the suite does not hold: the table can
+neither fall behind torch nor claim a test that is not there. ``python -m
+ddp_verify.conformance.surface [--write docs/conformance-surface.md]`` prints (or writes) it as
+the documentation's page.
+
+Example::
+
+    >>> entry = find("torch.utils.data.DistributedSampler", "drop_last")
+    >>> entry.status, entry.tests[0]
+    ('covered', 'test_data::test_sampler_with_drop_last_shards_are_disjoint_and_equal')
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+import sys
+from typing import Any
+
+__all__ = ["APIS", "ENTRIES", "Entry", "find", "members", "table"]
+
+COVERED, GAP, OUT = "covered", "gap", "out of scope"
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    """One member of the surface: ``api`` (the object's import path), ``member`` (an argument's
+    name, or a method's as ``name()``), ``status`` (``covered``, ``gap``, ``out of scope``),
+    ``tests`` (``module::test`` in this package, for ``covered``), ``why`` (what the tests
+    exercise of it, or why it is out of scope, or what the gap leaves open)."""
+
+    api: str
+    member: str
+    status: str
+    tests: tuple[str, ...] = ()
+    why: str = ""
+
+
+# The objects whose signatures are the surface: import path -> what to read ("init": the
+# constructor's arguments and public methods; "call": the function's arguments; "methods": the
+# public methods only, for an abstract class users reach through a factory).
+APIS: dict[str, str] = {
+    "torch.nn.parallel.DistributedDataParallel": "init",
+    "torch.distributed.algorithms.ddp_comm_hooks.default_hooks.allreduce_hook": "call",
+    "torch.distributed.algorithms.ddp_comm_hooks.default_hooks.fp16_compress_hook": "call",
+    "torch.distributed.algorithms.ddp_comm_hooks.default_hooks.bf16_compress_hook": "call",
+    "torch.distributed.algorithms.ddp_comm_hooks.default_hooks.fp16_compress_wrapper": "call",
+    "torch.distributed.algorithms.ddp_comm_hooks.default_hooks.bf16_compress_wrapper": "call",
+    "torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook.PowerSGDState": "init",
+    "torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook.powerSGD_hook": "call",
+    "torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook.batched_powerSGD_hook": "call",
+    "torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook.PostLocalSGDState": "init",
+    "torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook.post_localSGD_hook": "call",
+    "torch.distributed.algorithms.model_averaging.averagers.PeriodicModelAverager": "init",
+    "torch.distributed.algorithms.model_averaging.hierarchical_model_averager."
+    "HierarchicalModelAverager": "init",
+    "torch.distributed.algorithms.model_averaging.utils.average_parameters": "call",
+    "torch.distributed.algorithms.model_averaging.utils."
+    "average_parameters_or_parameter_groups": "call",
+    "torch.distributed.optim.ZeroRedundancyOptimizer": "init",
+    "torch.distributed.optim.PostLocalSGDOptimizer": "init",
+    "torch.distributed.nn.functional.all_gather": "call",
+    "torch.distributed.nn.functional.all_reduce": "call",
+    "torch.distributed.nn.functional.reduce_scatter": "call",
+    "torch.distributed.nn.functional.all_to_all_single": "call",
+    "torch.distributed.nn.functional.broadcast": "call",
+    "torch.distributed.fsdp.fully_shard": "call",
+    "torch.distributed.fsdp.MixedPrecisionPolicy": "init",
+    "torch.distributed.fsdp.FSDPModule": "methods",
+    "torch.utils.data.DistributedSampler": "init",
+    "torch.nn.utils.clip_grad_norm_": "call",
+    "torch.distributed.checkpoint.state_dict.get_state_dict": "call",
+    "torch.distributed.checkpoint.state_dict.set_state_dict": "call",
+    "torch.distributed.checkpoint.state_dict.StateDictOptions": "init",
+}
+
+_OPTIONS = "test_ddp_options::test_ddp_option_keeps_training_equivalent"
+_HOOK_SCALE = "test_comm_hooks::test_compression_hook_averages_large_gradients"
+_HOOK_FORMAT = "test_comm_hooks::test_compression_hook_is_within_its_formats_precision"
+_POWERSGD = "test_comm_hooks::test_powersgd_at_full_rank_is_exact"
+_POWERSGD_DEFAULTS = "test_comm_hooks::test_powersgd_with_its_defaults_keeps_what_it_does_not_apply"
+_ZERO = "test_zero::test_zero_redundancy_optimizer_matches_the_reference"
+_FSDP = "test_fsdp::test_fully_shard_matches_the_reference"
+_HSDP = "test_fsdp::test_hybrid_sharding_on_a_2d_mesh_matches_the_reference"
+_SAMPLER = "test_data::test_sampler_with_drop_last_shards_are_disjoint_and_equal"
+_SAMPLER_PAD = (
+    "test_data::test_sampler_without_drop_last_covers_the_dataset_and_pads_with_duplicates"
+)
+_CLIP = "test_optimizers::test_clip_grad_norm_follows_its_definition"
+_AVERAGING = (
+    "test_model_averaging::test_periodic_model_averager_averages_its_group_at_the_steps_it_names"
+)
+_CLIP_NORMS = "test_optimizers::test_clip_grad_norm_follows_its_definition_in_every_norm"
+_DIFFERENTIABLE = (
+    "test_differentiable_collectives::"
+    "test_differentiable_collectives_give_the_gradient_of_every_ranks_loss"
+)
+_DCP = "test_fsdp::test_fully_shard_resumes_from_a_distributed_checkpoint"
+
+_DDP = "torch.nn.parallel.DistributedDataParallel"
+_DEFAULT_HOOKS = "torch.distributed.algorithms.ddp_comm_hooks.default_hooks."
+_POWER = "torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook."
+_LOCAL = "torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook."
+_AVG = "torch.distributed.algorithms.model_averaging."
+_NN = "torch.distributed.nn.functional."
+_STATE = "torch.distributed.checkpoint.state_dict."
+
+
+def _e(api: str, member: str, status: str, *tests: str, why: str = "") -> Entry:
+    return Entry(api, member, status, tuple(tests), why)
+
+
+def _gap(api: str, member: str, why: str) -> Entry:
+    return Entry(api, member, GAP, (), why)
+
+
+ENTRIES: tuple[Entry, ...] = (
+    # -- DistributedDataParallel -----------------------------------------------------------
+    _e(_DDP, "module", COVERED, _OPTIONS, why="every DDP property wraps the drawn model"),
+    _e(_DDP, "device_ids", OUT, why="placement: which device the module lives on, set by "
+       "the suite's method on GPUs; no arithmetic of its own"),
+    _e(_DDP, "output_device", OUT, why="placement of the outputs; no arithmetic of its own"),
+    _e(_DDP, "dim", OUT, why="the dimension inputs are scattered along for a module spanning "
+       "several devices, which DDP no longer supports"),
+    _e(_DDP, "broadcast_buffers", COVERED,
+       "test_ddp_options::test_broadcast_buffers_with_models_that_have_buffers",
+       "test_ddp_options::test_broadcast_buffers_means_every_rank_uses_rank_0s_buffers"),
+    _gap(_DDP, "init_sync", "the default (True) is exercised by every DDP property and "
+         "test_ddp_starts_every_rank_from_rank_0s_state; init_sync=False is not"),
+    _gap(_DDP, "process_group", "DDP over a subgroup of the world: no property"),
+    _e(_DDP, "bucket_cap_mb", COVERED, _OPTIONS, why="1e-6 (a bucket per parameter) and 25"),
+    _e(_DDP, "find_unused_parameters", COVERED,
+       "test_ddp_options::test_find_unused_parameters_with_unused_parameters",
+       "test_ddp_options::test_find_unused_parameters_when_every_parameter_is_used"),
+    _e(_DDP, "check_reduction", OUT, why="deprecated: DDP ignores it"),
+    _e(_DDP, "gradient_as_bucket_view", COVERED, _OPTIONS),
+    _e(_DDP, "static_graph", COVERED, "test_ddp_options::test_static_graph_without_accumulation",
+       "test_ddp_options::test_static_graph_with_no_sync_accumulation"),
+    _gap(_DDP, "delay_all_reduce_named_params", "no property"),
+    _gap(_DDP, "param_to_hook_all_reduce", "no property"),
+    _gap(_DDP, "mixed_precision", "DDP's own mixed precision (_MixedPrecision): no property"),
+    _gap(_DDP, "device_mesh", "DDP over a device mesh: no property"),
+    _gap(_DDP, "skip_all_reduce_unused_params", "no property"),
+    _gap(_DDP, "bucket_cap_mb_list", "no property"),
+    _gap(_DDP, "batched_grad_copy", "no property"),
+    _gap(_DDP, "forward_sync_buffers", "no property"),
+    _e(_DDP, "forward()", COVERED, _OPTIONS),
+    _e(_DDP, "no_sync()", COVERED,
+       "test_ddp_options::test_no_sync_leaves_gradients_local_until_the_syncing_backward",
+       why="and in every DDP property with accumulation"),
+    _e(_DDP, "join()", COVERED,
+       "test_join::test_join_with_uneven_batch_counts_follows_the_documented_semantics",
+       why="as Join([model], ...) and as model.join(...), divide_by_initial_world_size "
+       "drawn both ways; enable and throw_on_early_termination at their defaults"),
+    _e(_DDP, "join_hook()", COVERED,
+       "test_join::test_join_with_uneven_batch_counts_follows_the_documented_semantics"),
+    _e(_DDP, "register_comm_hook()", COVERED, "test_comm_hooks::test_allreduce_hook_is_exact"),
+    _e(_DDP, "gather()", OUT, why="moves outputs between a module's devices; no arithmetic"),
+    _e(_DDP, "scatter()", OUT, why="moves inputs to a module's devices; no arithmetic"),
+    _e(_DDP, "to_kwargs()", OUT, why="moves inputs to a module's devices; no arithmetic"),
+    _e(_DDP, "will_sync_module_buffers()", OUT, why="a query of broadcast_buffers' state"),
+    _e(_DDP, "train()", OUT, why="nn.Module.train, passed on to the module"),
+    # -- comm hooks --------------------------------------------------------------------------
+    _e(_DEFAULT_HOOKS + "allreduce_hook", "process_group", COVERED,
+       "test_comm_hooks::test_allreduce_hook_is_exact", why="the default group only"),
+    _e(_DEFAULT_HOOKS + "allreduce_hook", "bucket", COVERED,
+       "test_comm_hooks::test_allreduce_hook_is_exact"),
+    *(
+        _e(_DEFAULT_HOOKS + hook, arg, COVERED, _HOOK_FORMAT, _HOOK_SCALE)
+        for hook in ("fp16_compress_hook", "bf16_compress_hook")
+        for arg in ("process_group", "bucket")
+    ),
+    *(
+        _gap(_DEFAULT_HOOKS + hook, arg, "the wrapper around another hook: no property")
+        for hook in ("fp16_compress_wrapper", "bf16_compress_wrapper")
+        for arg in ("hook",)
+    ),
+    _e(_POWER + "PowerSGDState", "process_group", COVERED, _POWERSGD, why="the default group"),
+    _e(_POWER + "PowerSGDState", "matrix_approximation_rank", COVERED, _POWERSGD,
+       "test_comm_hooks::test_powersgd_at_rank_1_is_lossy_and_the_error_is_reported"),
+    _e(_POWER + "PowerSGDState", "start_powerSGD_iter", COVERED, _POWERSGD_DEFAULTS),
+    _e(_POWER + "PowerSGDState", "min_compression_rate", COVERED, _POWERSGD),
+    _e(_POWER + "PowerSGDState", "use_error_feedback", COVERED, _POWERSGD),
+    _e(_POWER + "PowerSGDState", "warm_start", COVERED, _POWERSGD),
+    _e(_POWER + "PowerSGDState", "orthogonalization_epsilon", COVERED, _POWERSGD),
+    _gap(_POWER + "PowerSGDState", "random_seed", "the default seed only"),
+    _e(_POWER + "PowerSGDState", "compression_stats_logging_frequency", OUT,
+       why="how often statistics are logged; no arithmetic"),
+    _gap(_POWER + "PowerSGDState", "batch_tensors_with_same_shape", "no property"),
+    _e(_POWER + "PowerSGDState", "maybe_increase_iter()", COVERED, _POWERSGD_DEFAULTS,
+       why="called by the hook each step"),
+    _e(_POWER + "PowerSGDState", "compression_stats()", OUT, why="statistics; no arithmetic"),
+    *(
+        _e(_POWER + hook, arg, COVERED, _POWERSGD,
+           "test_comm_hooks::test_batched_powersgd_at_full_rank_is_exact")
+        for hook in ("powerSGD_hook", "batched_powerSGD_hook")
+        for arg in ("state", "bucket")
+    ),
+    *(
+        _gap(_LOCAL + "PostLocalSGDState", arg, "post-local SGD: no property")
+        for arg in ("process_group", "subgroup", "start_localSGD_iter",
+                    "post_local_gradient_allreduce", "maybe_increase_iter()")
+    ),
+    *(
+        _gap(_LOCAL + "post_localSGD_hook", arg, "post-local SGD: no property")
+        for arg in ("state", "bucket")
+    ),
+    # -- model averaging ---------------------------------------------------------------------
+    *(
+        _e(_AVG + "averagers.PeriodicModelAverager", arg, COVERED, _AVERAGING)
+        for arg in ("period", "warmup_steps", "process_group", "average_parameters()")
+    ),
+    *(
+        _gap(_AVG + "hierarchical_model_averager.HierarchicalModelAverager", arg,
+             "hierarchical model averaging: no property")
+        for arg in ("period_group_size_dict", "warmup_steps", "process_group",
+                    "average_parameters()")
+    ),
+    *(
+        _e(_AVG + "utils." + fn, arg, COVERED, _AVERAGING,
+           why="through the averager: parameters and parameter groups, the world and subgroups")
+        for fn, args in (("average_parameters", ("params", "process_group")),
+                         ("average_parameters_or_parameter_groups", ("params", "process_group")))
+        for arg in args
+    ),
+    # -- torch.distributed.optim -------------------------------------------------------------
+    _e("torch.distributed.optim.ZeroRedundancyOptimizer", "params", COVERED, _ZERO),
+    _e("torch.distributed.optim.ZeroRedundancyOptimizer", "optimizer_class", COVERED, _ZERO,
+       why="SGD with momentum and AdamW"),
+    _gap("torch.distributed.optim.ZeroRedundancyOptimizer", "process_group",
+         "the default group only"),
+    _e("torch.distributed.optim.ZeroRedundancyOptimizer", "parameters_as_bucket_view", COVERED,
+       "test_zero::test_zero_with_parameters_as_bucket_view_matches_the_reference"),
+    _gap("torch.distributed.optim.ZeroRedundancyOptimizer", "overlap_with_ddp",
+         "ZeRO inside DDP's comm hook (hook_with_zero_step): no property"),
+    _e("torch.distributed.optim.ZeroRedundancyOptimizer", "defaults", COVERED, _ZERO,
+       why="the optimizer's hyperparameters"),
+    _e("torch.distributed.optim.ZeroRedundancyOptimizer", "step()", COVERED, _ZERO),
+    _e("torch.distributed.optim.ZeroRedundancyOptimizer", "consolidate_state_dict()", COVERED,
+       "test_zero::test_zero_resumes_from_its_consolidated_state"),
+    _e("torch.distributed.optim.ZeroRedundancyOptimizer", "state_dict()", COVERED,
+       "test_zero::test_zero_resumes_from_its_consolidated_state"),
+    _e("torch.distributed.optim.ZeroRedundancyOptimizer", "load_state_dict()", COVERED,
+       "test_zero::test_zero_resumes_from_its_consolidated_state"),
+    _gap("torch.distributed.optim.ZeroRedundancyOptimizer", "add_param_group()",
+         "a parameter group added after construction: no property"),
+    _gap("torch.distributed.optim.ZeroRedundancyOptimizer", "join_hook()",
+         "ZeRO under Join: no property"),
+    *(
+        _e("torch.distributed.optim.PostLocalSGDOptimizer", arg, COVERED, _AVERAGING)
+        for arg in ("optim", "averager", "step()")
+    ),
+    *(
+        _gap("torch.distributed.optim.PostLocalSGDOptimizer", arg, "no property")
+        for arg in ("state_dict()", "load_state_dict()", "add_param_group()", "zero_grad()")
+    ),
+    # -- torch.distributed.nn ----------------------------------------------------------------
+    *(
+        _e(_NN + fn, arg, COVERED, f"{_DIFFERENTIABLE}")
+        for fn, args in (("all_gather", ("tensor",)), ("all_reduce", ("tensor",)),
+                         ("broadcast", ("tensor", "src")))
+        for arg in args
+    ),
+    *(_gap(_NN + fn, "group", "the default group only")
+      for fn in ("all_gather", "all_reduce", "broadcast")),
+    _gap(_NN + "all_reduce", "op", "ReduceOp.SUM (the default) only"),
+    *(
+        _gap(_NN + fn, arg, "no property (gloo has no reduce_scatter; all_to_all_single not yet)")
+        for fn, args in (
+            ("reduce_scatter", ("output", "input_list", "op", "group")),
+            ("all_to_all_single", ("output", "input", "output_split_sizes",
+                                   "input_split_sizes", "group")),
+        )
+        for arg in args
+    ),
+    # -- FSDP2 -------------------------------------------------------------------------------
+    _e("torch.distributed.fsdp.fully_shard", "module", COVERED, _FSDP),
+    _e("torch.distributed.fsdp.fully_shard", "mesh", COVERED, _HSDP, why="1-D and 2-D (HSDP)"),
+    _gap("torch.distributed.fsdp.fully_shard", "reshard_after_forward", "the default only"),
+    _gap("torch.distributed.fsdp.fully_shard", "shard_placement_fn", "no property"),
+    _e("torch.distributed.fsdp.fully_shard", "mp_policy", COVERED,
+       "test_fsdp::test_mixed_precision_reduction_in_float32_of_a_bfloat16_model"),
+    _gap("torch.distributed.fsdp.fully_shard", "offload_policy", "CPU offload: no property"),
+    _gap("torch.distributed.fsdp.fully_shard", "ignored_params", "no property"),
+    _gap("torch.distributed.fsdp.fully_shard", "dp_mesh_dims", "no property"),
+    _gap("torch.distributed.fsdp.MixedPrecisionPolicy", "param_dtype",
+         "the standard recipe (float32 parameters, param_dtype=bfloat16): no property"),
+    _e("torch.distributed.fsdp.MixedPrecisionPolicy", "reduce_dtype", COVERED,
+       "test_fsdp::test_mixed_precision_reduction_in_float32_of_a_bfloat16_model"),
+    _gap("torch.distributed.fsdp.MixedPrecisionPolicy", "output_dtype", "no property"),
+    _gap("torch.distributed.fsdp.MixedPrecisionPolicy", "cast_forward_inputs", "no property"),
+    _e("torch.distributed.fsdp.FSDPModule", "set_requires_gradient_sync()", COVERED, _HSDP,
+       why="accumulation without synchronisation"),
+    _gap("torch.distributed.fsdp.FSDPModule", "set_gradient_divide_factor()", "no property"),
+    _gap("torch.distributed.fsdp.FSDPModule", "set_reduce_scatter_divide_factor()",
+         "no property"),
+    _gap("torch.distributed.fsdp.FSDPModule", "set_force_sum_reduction_for_comms()",
+         "no property"),
+    _gap("torch.distributed.fsdp.FSDPModule", "set_requires_all_reduce()",
+         "HSDP accumulation with the all-reduce skipped: no property"),
+    _gap("torch.distributed.fsdp.FSDPModule", "set_reshard_after_forward()", "no property"),
+    _gap("torch.distributed.fsdp.FSDPModule", "set_reshard_after_backward()", "no property"),
+    _gap("torch.distributed.fsdp.FSDPModule", "set_is_last_backward()", "no property"),
+    _gap("torch.distributed.fsdp.FSDPModule", "set_all_reduce_hook()", "no property"),
+    _gap("torch.distributed.fsdp.FSDPModule", "set_reduce_scatter_unused_params()",
+         "no property"),
+    _gap("torch.distributed.fsdp.FSDPModule", "unshard()", "no property"),
+    _gap("torch.distributed.fsdp.FSDPModule", "reshard()", "no property"),
+    *(
+        _e("torch.distributed.fsdp.FSDPModule", method, OUT,
+           why="scheduling, memory or communication plumbing: when and where, not what is "
+           "computed")
+        for method in (
+            "reset_iter_state()", "set_modules_to_forward_prefetch()",
+            "set_modules_to_backward_prefetch()", "set_custom_all_gather()",
+            "set_custom_reduce_scatter()", "set_post_optim_event()",
+            "set_reduce_scatter_max_input_buffers()", "set_separate_reduce_scatter_group()",
+            "set_unshard_in_backward()", "set_allocate_memory_from_process_group_for_comm()",
+            "set_symm_mem_for_comm()",
+        )
+    ),
+    # -- data ----------------------------------------------------------------------------------
+    _e("torch.utils.data.DistributedSampler", "dataset", COVERED, _SAMPLER),
+    _e("torch.utils.data.DistributedSampler", "num_replicas", COVERED, _SAMPLER),
+    _e("torch.utils.data.DistributedSampler", "rank", COVERED, _SAMPLER),
+    _e("torch.utils.data.DistributedSampler", "shuffle", COVERED,
+       "test_data::test_set_epoch_reshuffles_and_forgetting_it_does_not"),
+    _e("torch.utils.data.DistributedSampler", "seed", COVERED,
+       "test_data::test_the_seed_decides_the_order_on_every_rank_alike"),
+    _e("torch.utils.data.DistributedSampler", "drop_last", COVERED, _SAMPLER, _SAMPLER_PAD),
+    _e("torch.utils.data.DistributedSampler", "set_epoch()", COVERED,
+       "test_data::test_set_epoch_reshuffles_and_forgetting_it_does_not"),
+    # -- clipping ------------------------------------------------------------------------------
+    _e("torch.nn.utils.clip_grad_norm_", "parameters", COVERED, _CLIP),
+    _e("torch.nn.utils.clip_grad_norm_", "max_norm", COVERED, _CLIP),
+    _e("torch.nn.utils.clip_grad_norm_", "norm_type", COVERED, _CLIP_NORMS,
+       why="1, 2, 3 and inf"),
+    _e("torch.nn.utils.clip_grad_norm_", "error_if_nonfinite", COVERED,
+       "test_optimizers::test_clip_grad_norm_raises_on_a_nonfinite_norm_only_when_asked"),
+    _e("torch.nn.utils.clip_grad_norm_", "foreach", COVERED, _CLIP),
+    # -- checkpointing -------------------------------------------------------------------------
+    *(
+        _e(_STATE + fn, arg, COVERED, _DCP)
+        for fn, args in (("get_state_dict", ("model", "optimizers")),
+                         ("set_state_dict", ("model", "optimizers", "model_state_dict",
+                                             "optim_state_dict")))
+        for arg in args
+    ),
+    _e(_STATE + "get_state_dict", "submodules", OUT, why="deprecated"),
+    _e(_STATE + "get_state_dict", "options", COVERED, _DCP, why="the defaults"),
+    _e(_STATE + "set_state_dict", "options", COVERED, _DCP, why="the defaults"),
+    *(
+        _gap(_STATE + "StateDictOptions", field, "the default only")
+        for field in ("full_state_dict", "cpu_offload", "ignore_frozen_params",
+                      "keep_submodule_prefixes", "strict", "broadcast_from_rank0",
+                      "flatten_optimizer_state_dict", "dsd_fqn_modifiers")
+    ),
+)  # fmt: skip
+
+
+def find(api: str, member: str) -> Entry:
+    """The entry for ``member`` of ``api``; a ``KeyError`` for none."""
+    for entry in ENTRIES:
+        if entry.api == api and entry.member == member:
+            return entry
+    raise KeyError(f"{api}: {member}")
+
+
+def _resolve(path: str) -> Any:
+    module, _, name = path.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except ModuleNotFoundError:
+        parent, _, attribute = module.rpartition(".")
+        return getattr(getattr(importlib.import_module(parent), attribute), name)
+
+
+def _arguments(function: Any) -> list[str]:
+    skip = {"self", "args", "kwargs"}
+    return [name for name in inspect.signature(function).parameters if name not in skip]
+
+
+def _public_methods(cls: type) -> list[str]:
+    """The public methods ``cls`` and its torch.distributed bases define themselves (an
+    Optimizer's ``step`` that ZeRO overrides is ZeRO's; one it inherits is not)."""
+    found = []
+    for klass in cls.__mro__:
+        if not klass.__module__.startswith("torch.distributed") and klass is not cls:
+            continue
+        for name, value in vars(klass).items():
+            if not name.startswith("_") and inspect.isfunction(value):
+                found.append(f"{name}()")
+    return sorted(set(found))
+
+
+def members(api: str) -> list[str]:
+    """What the installed torch offers of ``api``: its arguments, and the public methods it
+    defines as ``name()``.
+
+    Example::
+
+        >>> "drop_last" in members("torch.utils.data.DistributedSampler")
+        True
+    """
+    target, how = _resolve(api), APIS[api]
+    found: list[str] = []
+    if how == "call":
+        found = _arguments(target)
+    elif how in ("init", "methods"):
+        if how == "init":
+            init = target.__init__ if inspect.isclass(target) else target
+            found = _arguments(init)
+            if dataclasses.is_dataclass(target):
+                found = [f.name for f in dataclasses.fields(target)]
+        found += _public_methods(target)
+    return found
+
+
+def table() -> str:
+    """The surface as a Markdown table, with the counts by status."""
+    lines = ["| API | member | status | tests, or why |", "| --- | --- | --- | --- |"]
+    for entry in ENTRIES:
+        said = ", ".join(f"`{t}`" for t in entry.tests)
+        said = "; ".join(x for x in (said, entry.why) if x)
+        lines.append(f"| `{entry.api}` | `{entry.member}` | {entry.status} | {said} |")
+    counts = {s: sum(1 for e in ENTRIES if e.status == s) for s in (COVERED, GAP, OUT)}
+    summary = ", ".join(f"{n} {s}" for s, n in counts.items())
+    return "\n".join(lines) + f"\n\n{len(ENTRIES)} members: {summary}.\n"
+
+
+PAGE = """# What the conformance suite covers
+
+The surface of torch's data-parallel API as users call it, one row per argument and public
+method, read from the installed torch by `ddp_verify/conformance/test_surface.py` (it fails
+where torch has a member with no row, where a row names one torch lacks, or where a row claims
+a test the suite does not hold). *covered*: the tests named exercise it; *gap*: the suite does
+not yet; *out of scope*: why it has no arithmetic to hold to the reference. Generated by
+`python -m ddp_verify.conformance.surface --write docs/conformance-surface.md`.
+
+"""
+
+
+def page() -> str:
+    """The documentation page: the table under its explanation."""
+    return PAGE + table()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["--write"] and len(args) == 2:
+        with open(args[1], "w") as out:
+            out.write(page())
+        return 0
+    sys.stdout.write(page())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
