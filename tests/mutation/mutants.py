@@ -56,6 +56,32 @@ class PatchDoesNotApply(Exception):
     """The line a source patch changes is not in this torch's function, exactly once."""
 
 
+def compile_like(original: Callable[..., Any], source: str) -> Any:
+    """``source`` (a ``def`` with its decorators) compiled as ``original`` was: in its module's
+    globals, under its file name, inside a function whose parameters are the original's free
+    variables, so that it closes over the same names (zero-argument ``super()`` too). Returns
+    what the ``def`` with its decorators makes (a ``staticmethod`` for a static method)."""
+    import inspect
+    import textwrap
+
+    code = original.__code__  # type: ignore[attr-defined]
+    wrapped = (
+        f"def _rebind({', '.join(code.co_freevars)}):\n"
+        + textwrap.indent(source, "    ")
+        + f"\n    return {original.__name__}\n"
+    )
+    namespace: dict[str, Any] = {}
+    compiled = compile(wrapped, inspect.getsourcefile(original) or "", "exec")
+    exec(compiled, original.__globals__, namespace)  # type: ignore[attr-defined]
+    cells = original.__closure__ or ()  # type: ignore[attr-defined]
+    patched = namespace["_rebind"](*(cell.cell_contents for cell in cells))
+    function = getattr(patched, "__func__", patched)
+    function.__qualname__ = original.__qualname__
+    for target in (patched, function):  # a staticmethod object holds attributes too
+        target.__patched_source__ = source
+    return patched
+
+
 def _source_patch(
     old: str, new: str, *more: tuple[str, str]
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -73,7 +99,6 @@ def _source_patch(
         import textwrap
 
         original = inspect.unwrap(original)
-        code = original.__code__  # type: ignore[attr-defined]
         source = textwrap.dedent(inspect.getsource(original))
         for line, replacement in ((old, new), *more):
             if source.count(line) != 1:
@@ -83,22 +108,7 @@ def _source_patch(
                     "written for"
                 )
             source = source.replace(line, replacement)
-        # Compiled inside a function whose parameters are the original's free variables, so
-        # that the patched function closes over the same names (zero-argument super() too).
-        patched_source = source
-        source = (
-            f"def _rebind({', '.join(code.co_freevars)}):\n"
-            + textwrap.indent(source, "    ")
-            + f"\n    return {original.__name__}\n"
-        )
-        namespace: dict[str, Any] = {}
-        compiled = compile(source, inspect.getsourcefile(original) or "", "exec")
-        exec(compiled, original.__globals__, namespace)  # type: ignore[attr-defined]
-        cells = original.__closure__ or ()  # type: ignore[attr-defined]
-        patched = namespace["_rebind"](*(cell.cell_contents for cell in cells))
-        patched.__qualname__ = original.__qualname__
-        patched.__patched_source__ = patched_source
-        return patched
+        return compile_like(original, source)
 
     make.changes = ((old, new), *more)  # type: ignore[attr-defined]
     return make

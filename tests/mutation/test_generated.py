@@ -1,0 +1,110 @@
+"""The generated-mutation tool's parts: its operators change what they say, a generated
+mutant runs in place of torch's function wherever it is called from, one that cannot take
+its place is refused, and a probe tells a live mutant from one that changes nothing."""
+
+from __future__ import annotations
+
+import ast
+import textwrap
+
+import pytest
+import torch
+
+from tests.mutation import operators
+from tests.mutation.generated import mutants
+from tests.mutation.generated_patch import compiled, install_mutant
+
+SOURCE = textwrap.dedent(
+    """
+    def f(xs, group=None, n=2):
+        total = 0
+        for i, x in enumerate(xs):
+            if i < n:
+                total += x.sum() / dist.get_world_size(group)
+        return g(xs, group=group)["mean"] + total
+    """
+)
+
+
+def test_each_operator_changes_what_it_says():
+    (function,) = ast.parse(SOURCE).body
+    made = {site.operator: operators.mutated(function, site) for site in operators.sites(function)}
+    assert set(made) == {
+        "comparison", "sum-mean", "dropped-keyword", "world-divisor", "reversed-iteration",
+        "ignored-argument", "arithmetic", "off-by-one",
+    }  # fmt: skip
+    assert "if i <= n:" in made["comparison"]
+    assert "x.mean()" in made["sum-mean"]
+    assert "g(xs)" in made["dropped-keyword"]
+    assert "dist.get_world_size()" in made["world-divisor"]
+    assert "reversed(list(enumerate(xs)))" in made["reversed-iteration"]
+    assert "if i < 2:" in made["ignored-argument"]
+    # Every mutant is the function with one change: it parses, and differs from the original.
+    for source in made.values():
+        assert ast.dump(ast.parse(source)) != ast.dump(ast.parse(SOURCE))
+
+
+def test_a_mutant_runs_wherever_torchs_function_is_called_from():
+    # clip_grad_norm_ is re-exported as torch.nn.utils.clip_grad_norm_ and wrapped by a
+    # decorator: the mutated code must run through both.
+    module = "torch.nn.utils.clip_grad"
+    (mutant,) = [
+        m for m in mutants(module)
+        if m.qualname == "_get_total_norm" and m.site.operator == "ignored-argument"
+        and "norm_type" in m.site.change
+    ][:1]  # fmt: skip
+    params = [torch.nn.Parameter(torch.zeros(3, dtype=torch.float64))]
+    params[0].grad = torch.tensor([3.0, -4.0, 0.0], dtype=torch.float64)
+    target, original = compiled(mutant.as_json())[0], None
+    original = target.__code__
+    try:
+        install_mutant(mutant.as_json())
+        total = torch.nn.utils.clip_grad_norm_(params, 100.0, norm_type=1.0)
+        assert float(total) == pytest.approx(5.0), "the mutant (the 2-norm) did not run"
+    finally:
+        target.__code__ = original
+        del target._generated_mutant
+    total = torch.nn.utils.clip_grad_norm_(params, 100.0, norm_type=1.0)
+    assert float(total) == pytest.approx(7.0)
+
+
+def _closing(k: int):
+    def closed(x):
+        return x + k
+
+    return closed
+
+
+closed = _closing(3)
+
+
+def test_a_mutant_that_closes_over_other_names_is_refused():
+    mutant = {
+        "module": __name__,
+        "qualname": "closed",
+        "source": "def closed(x):\n    return x - k",
+    }
+    target, code = compiled(mutant)
+    assert code.co_freevars == target.__code__.co_freevars == ("k",)
+    mutant["source"] = "def closed(x):\n    return x"  # no longer closes over k
+    with pytest.raises(ValueError, match="closes over"):
+        compiled(mutant)
+
+
+def test_the_clipping_probe_tells_a_live_mutant():
+    from tests.mutation import probes
+
+    (mutant,) = [
+        m for m in mutants("torch.nn.utils.clip_grad")
+        if m.qualname == "_get_total_norm" and m.site.operator == "ignored-argument"
+    ][:1]  # fmt: skip
+    baseline = probes.clipping()
+    target = compiled(mutant.as_json())[0]
+    original = target.__code__
+    try:
+        install_mutant(mutant.as_json())
+        changed = probes.clipping()
+    finally:
+        target.__code__ = original
+        del target._generated_mutant
+    assert changed != baseline and probes.clipping() == baseline
