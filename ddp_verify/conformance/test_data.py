@@ -172,3 +172,25 @@ def test_mean_of_rank_means_is_the_metric_on_even_shards_only(world, peers, prov
 def _needs_numpy() -> None:
     # torch's all_gather_object and gather_object serialise through numpy on the ranks.
     pytest.importorskip("numpy", reason="torch's *_object collectives need numpy")
+
+
+def test_sampler_without_shuffle_keeps_the_datasets_order(world, prove):
+    # shuffle=False: no permutation. Read rank by rank, position by position (how the ranks'
+    # batches interleave in the global batch), the shards are the dataset in its order, padded
+    # from its start (or cut, with drop_last).
+    def check(case):
+        length, seed, drop_last = case
+        (shards,) = _shards(world, length, shuffle=False, seed=seed, drop_last=drop_last)
+        size = world.size
+        total = (length // size if drop_last else -(-length // size)) * size
+        padded = [i % length for i in range(total)]
+        interleaved = [
+            shard[position] for position in range(total // size) for shard in shards.per_rank
+        ]
+        assert interleaved == padded, (
+            f"DistributedSampler(shuffle=False, drop_last={drop_last}) over {length} items at "
+            f"world size {size} must hand rank r the items r, r + {size}, ... of the dataset "
+            f"in its order; the ranks got {shards.per_rank}"
+        )
+
+    prove(st.tuples(LENGTHS, st.integers(0, 2**16), st.booleans()), check)

@@ -162,9 +162,10 @@ def _p_norm(grads: list[torch.Tensor], norm_type: float) -> float:
 @pytest.mark.parametrize("foreach", [False, True], ids=["for_loop", "foreach"])
 def test_clip_grad_norm_follows_its_definition_in_every_norm(prove, foreach):
     def check(case):
-        max_norm, norm_type, seed, scale = case
+        max_norm, norm_type, seed, scale, count = case
         (grads,) = _gradients(seed, 1)
-        params = _parameters(seed)
+        # One parameter, or several: a lone tensor takes paths of its own.
+        params, grads = _parameters(seed)[:count], grads[:count]
         given = [g * scale for g in grads if g is not None]
         for p, g in zip(params, grads, strict=True):
             p.grad = None if g is None else g * scale
@@ -189,7 +190,10 @@ def test_clip_grad_norm_follows_its_definition_in_every_norm(prove, foreach):
 
     norms = st.sampled_from((1.0, 2.0, 3.0, math.inf))
     scales = st.sampled_from((1e-3, 1.0, 10.0))
-    cases = st.tuples(st.sampled_from((0.1, 1.0, 5.0)), norms, st.integers(0, 2**16), scales)
+    counts = st.integers(1, len(SHAPES))
+    cases = st.tuples(
+        st.sampled_from((0.1, 1.0, 5.0)), norms, st.integers(0, 2**16), scales, counts
+    )
     prove(cases, check)
 
 

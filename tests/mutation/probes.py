@@ -25,11 +25,15 @@ def averaging() -> list[float]:
     out: list[float] = []
     for period, warmup, members in ((2, 1, None), (3, 0, [0]), (1, 2, list(range(size)))):
         group = dist.new_group(members) if members is not None else None
-        params = [torch.nn.Parameter(torch.arange(3.0, dtype=torch.float64) * (rank + 1))]
+        params = [
+            torch.nn.Parameter(torch.arange(3.0, dtype=torch.float64) * (rank + 1) + i)
+            for i in range(2)
+        ]
         averager = averagers.PeriodicModelAverager(period, warmup, group)
         optimizer = PostLocalSGDOptimizer(torch.optim.SGD(params, lr=0.5), averager)
         for step in range(6):
-            params[0].grad = torch.full((3,), float(rank - step), dtype=torch.float64)
+            for i, p in enumerate(params):
+                p.grad = torch.full((3,), float(rank - step + i), dtype=torch.float64)
             if step % 2:
                 optimizer.step()
             else:
@@ -47,6 +51,7 @@ def clipping() -> list[float]:
         for foreach in (False, True):
             for scale in (0.01, 10.0):
                 params = [torch.nn.Parameter(torch.zeros(4, dtype=torch.float64)) for _ in "ab"]
+                params = params[: 1 + int(scale > 1)]  # one tensor, and two
                 for i, p in enumerate(params):
                     p.grad = torch.linspace(-1, 1 + i, 4, dtype=torch.float64) * scale
                 total = torch.nn.utils.clip_grad_norm_(
@@ -88,7 +93,7 @@ def sampler() -> list[float]:
 
     rank, size = dist.get_rank(), dist.get_world_size()
     out: list[float] = []
-    for n in (10, 11):
+    for n in (1, 3, 10, 11):  # fewer items than ranks too: padding longer than the data
         for shuffle in (False, True):
             for drop_last in (False, True):
                 s = DistributedSampler(range(n), size, rank, shuffle, seed=3, drop_last=drop_last)
