@@ -176,7 +176,8 @@ def test_a_correct_wrapper_that_finds_unused_parameters_meets_the_known_powersgd
         "--ddp-wrapper",
         "team_wrappers:always_finding_unused",
         "-k",
-        "powersgd",
+        # The comm hooks' PowerSGD properties (test_surface's ids name powerSGD_hook too).
+        "powersgd and test_comm_hooks",
         "-rxXf",
         "--ddp-timeout",
         "20",
