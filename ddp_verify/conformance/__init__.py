@@ -16,7 +16,8 @@ find_unused_parameters, broadcast_buffers, no_sync), ``test_comm_hooks`` (allred
 PowerSGD), ``test_zero`` (ZeroRedundancyOptimizer), ``test_join`` (uneven numbers of batches
 under Join and model.join), ``test_data`` (DistributedSampler, metrics), ``test_fsdp``
 (fully_shard), ``test_optimizers`` (torch.optim's rules, clip_grad_norm_ in every norm),
-``test_differentiable_collectives`` (torch.distributed.nn's gradients), ``test_model_averaging``
+``test_differentiable_collectives`` (torch.distributed.nn's gradients), ``test_fused_optimizer``
+(DDP's _register_fused_optim), ``test_model_averaging``
 (PeriodicModelAverager, PostLocalSGDOptimizer, subgroups), ``test_surface`` (the surface
 table of :mod:`.surface` against the installed torch's signatures: what the gate covers).
 """

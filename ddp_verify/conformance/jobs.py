@@ -339,3 +339,25 @@ def periodic_averaging(
             averager.average_parameters([{"params": params}] if via == "groups" else iter(params))
         after.append(torch.cat([p.detach().reshape(-1) for p in params]).tolist())
     return after
+
+
+def fused_optimizer_steps(
+    lr: float, momentum: float, inputs: list[list[list[float]]]
+) -> list[list[float]]:
+    """DDP with ``_register_fused_optim(SGD, lr, momentum)`` (the optimizer runs inside the
+    backward, on the averaged gradient): rank r trains on ``inputs[step][r]`` (rows of 3), no
+    ``optimizer.step()`` of its own. The parameters after each step."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    rank, device = dist.get_rank(), rank_device()
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2).double().to(device)
+    wrapped = DistributedDataParallel(model)
+    wrapped._register_fused_optim(torch.optim.SGD, lr=lr, momentum=momentum)
+    after = []
+    for step in inputs:
+        wrapped.zero_grad()
+        x = torch.tensor(step[rank], dtype=torch.float64, device=device)
+        wrapped(x).pow(2).sum().backward()
+        after.append([float(v) for p in model.parameters() for v in p.detach().reshape(-1)])
+    return after

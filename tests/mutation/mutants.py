@@ -647,6 +647,15 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
         _AVERAGING,
     ),
+    Mutant(
+        "fused_sgd_without_momentum",
+        "DDP",
+        "DDP's fused SGD (_register_fused_optim) steps without its momentum (the functional "
+        "SGD's per-parameter step, one line changed)",
+        "torch.distributed.optim.functional_sgd:_FunctionalSGD.step_param",
+        _source_patch('momentum = self.defaults["momentum"]', "momentum = 0.0"),
+        "test_ddp_fused_sgd_follows_the_published_rule_on_the_averaged_gradient",
+    ),
 )
 
 BY_NAME = {m.name: m for m in MUTANTS}

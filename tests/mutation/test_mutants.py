@@ -26,6 +26,7 @@ CONFORMANCE = (
     "test_data",
     "test_ddp_options",
     "test_differentiable_collectives",
+    "test_fused_optimizer",
     "test_model_averaging",
     "test_fsdp",
     "test_join",
