@@ -163,6 +163,9 @@ ENTRIES: tuple[Entry, ...] = (
     _e(_DDP, "join_hook()", COVERED,
        "test_join::test_join_with_uneven_batch_counts_follows_the_documented_semantics"),
     _e(_DDP, "register_comm_hook()", COVERED, "test_comm_hooks::test_allreduce_hook_is_exact"),
+    _e(_DDP, "_register_fused_optim()", COVERED,
+       "test_fused_optimizer::test_ddp_fused_sgd_follows_the_published_rule_on_the_averaged_gradient",
+       why="SGD with and without momentum"),
     _e(_DDP, "gather()", OUT, why="moves outputs between a module's devices; no arithmetic"),
     _e(_DDP, "scatter()", OUT, why="moves inputs to a module's devices; no arithmetic"),
     _e(_DDP, "to_kwargs()", OUT, why="moves inputs to a module's devices; no arithmetic"),
@@ -402,6 +405,11 @@ def _public_methods(cls: type) -> list[str]:
     return sorted(set(found))
 
 
+# Members with a leading underscore that users call all the same (torch's own docs and
+# tutorials use them): part of the surface.
+_USED_PRIVATE: dict[str, tuple[str, ...]] = {_DDP: ("_register_fused_optim",)}
+
+
 def members(api: str) -> list[str]:
     """What the installed torch offers of ``api``: its arguments, and the public methods it
     defines as ``name()``.
@@ -422,6 +430,7 @@ def members(api: str) -> list[str]:
             if dataclasses.is_dataclass(target):
                 found = [f.name for f in dataclasses.fields(target)]
         found += _public_methods(target)
+    found += [f"{name}()" for name in _USED_PRIVATE.get(api, ()) if hasattr(target, name)]
     return found
 
 
