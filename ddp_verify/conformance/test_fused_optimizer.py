@@ -44,8 +44,8 @@ def test_ddp_fused_sgd_follows_the_published_rule_on_the_averaged_gradient(world
         for rank, steps in enumerate(results):
             for step, got in enumerate(steps):
                 torch.testing.assert_close(
-                    torch.tensor(got),
-                    torch.tensor(want[step]),
+                    torch.tensor(got, dtype=torch.float64),
+                    torch.tensor(want[step], dtype=torch.float64),
                     rtol=1e-10,
                     atol=1e-12,
                     msg=lambda m, rank=rank, step=step: (
