@@ -7,7 +7,9 @@ through its module's quick probe (:mod:`tests.mutation.probes`, written apart fr
 one that gives exactly the unmutated numbers changes no numerics and is set aside. Each live
 one is installed in a fresh conformance session (its ranks and its own process) and the whole
 suite runs against it, stopping at the first failure: a failure kills it, a pass lets it
-survive. The score per module is killed / live.
+survive, a run past ``--timeout`` counts as killed (the log says "timed out"). A mutant that
+cannot take the function's place (its code closes over other names) is set aside with the
+ones that change no numbers. The score per module is killed / live.
 
     python -m tests.mutation.generated [--samples 5] [--seed 0] [--world-size 4]
         [--modules GLOB ...] [--write docs/mutation.md] [--json out.json]
