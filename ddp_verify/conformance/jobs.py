@@ -341,6 +341,35 @@ def periodic_averaging(
     return after
 
 
+def hierarchical_averaging(
+    values: list[list[float]],
+    deltas: list[list[list[float]]],
+    levels: list[tuple[int, int]],
+    warmup: int,
+) -> list[list[float]]:
+    """Rank r's parameters start at ``values[r]`` and move by ``deltas[t][r]`` at step t; a
+    ``HierarchicalModelAverager`` with ``period_group_size_dict`` ``levels`` (period, group
+    size; ordered) and ``warmup_steps`` averages them after each step. The parameters after
+    each step."""
+    from collections import OrderedDict
+
+    from torch.distributed.algorithms.model_averaging.hierarchical_model_averager import (
+        HierarchicalModelAverager,
+    )
+
+    rank, device = dist.get_rank(), rank_device()
+    params = [torch.nn.Parameter(torch.tensor(values[rank], dtype=torch.float64, device=device))]
+    averager = HierarchicalModelAverager(OrderedDict(levels), warmup_steps=warmup)
+    after = []
+    for delta in deltas:
+        params[0].grad = torch.zeros_like(params[0])  # only parameters with gradients average
+        with torch.no_grad():
+            params[0].add_(torch.tensor(delta[rank], dtype=torch.float64, device=device))
+        averager.average_parameters(iter(params))
+        after.append(params[0].detach().tolist())
+    return after
+
+
 def fused_optimizer_steps(
     lr: float, momentum: float, inputs: list[list[list[float]]]
 ) -> list[list[float]]:
@@ -361,3 +390,55 @@ def fused_optimizer_steps(
         wrapped(x).pow(2).sum().backward()
         after.append([float(v) for p in model.parameters() for v in p.detach().reshape(-1)])
     return after
+
+
+def fully_shard_linear_gradients(
+    inputs: list[list[float]],
+    weights: list[list[float]],
+    dtype: str,
+    param_dtype: str | None = None,
+    output_dtype: str | None = None,
+    factor: float | None = None,
+    force_sum: bool = False,
+    deprecated_name: bool = False,
+) -> tuple[str, str, list[list[float]]]:
+    """A bias-free ``Linear`` in ``dtype``, ``fully_shard``-ed over the world: rank r's loss
+    is ``(model(inputs[r]) * weights[r]).sum()`` for one sample, so its weight's gradient is
+    ``outer(weights[r], inputs[r])``. With ``param_dtype``, the standard mixed-precision recipe
+    (``MixedPrecisionPolicy(param_dtype, reduce_dtype=float32, output_dtype)``); ``factor`` is
+    given to ``set_gradient_divide_factor`` (its deprecated name
+    ``set_reduce_scatter_divide_factor`` with ``deprecated_name``), ``force_sum`` to
+    ``set_force_sum_reduction_for_comms``. Returns the forward's output dtype, the sharded
+    gradient's dtype and the full reduced gradient."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    rank, device = dist.get_rank(), rank_device()
+    torch.manual_seed(0)
+    real = getattr(torch, dtype)
+    model = torch.nn.Linear(len(inputs[0]), len(weights[0]), bias=False).to(device, real)
+    policy = MixedPrecisionPolicy(
+        param_dtype=getattr(torch, param_dtype) if param_dtype else None,
+        reduce_dtype=torch.float32 if param_dtype else None,
+        output_dtype=getattr(torch, output_dtype) if output_dtype else None,
+    )
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    fully_shard(model, mesh=mesh, mp_policy=policy)
+    if factor is not None:
+        if deprecated_name:
+            import warnings
+
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", FutureWarning)
+                model.set_reduce_scatter_divide_factor(factor)
+        else:
+            model.set_gradient_divide_factor(factor)
+    if force_sum:
+        model.set_force_sum_reduction_for_comms(True)
+    x = torch.tensor([inputs[rank]], dtype=real, device=device)
+    c = torch.tensor([weights[rank]], dtype=real, device=device)
+    y = model(x)
+    (y * c).sum().backward()
+    grad = model.weight.grad
+    assert grad is not None
+    return str(y.dtype), str(grad.dtype), grad.full_tensor().double().tolist()

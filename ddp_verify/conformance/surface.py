@@ -104,6 +104,10 @@ _DIFFERENTIABLE = (
     "test_differentiable_collectives_give_the_gradient_of_every_ranks_loss"
 )
 _DCP = "test_fsdp::test_fully_shard_resumes_from_a_distributed_checkpoint"
+_RECIPE = (
+    "test_fsdp::test_standard_mixed_precision_recipe_computes_in_param_dtype_and_reduces_in_float32"
+)
+_DIVIDE = "test_fsdp::test_gradient_divide_factor_replaces_the_world_size"
 
 _DDP = "torch.nn.parallel.DistributedDataParallel"
 _DEFAULT_HOOKS = "torch.distributed.algorithms.ddp_comm_hooks.default_hooks."
@@ -222,11 +226,13 @@ ENTRIES: tuple[Entry, ...] = (
         for arg in ("period", "warmup_steps", "process_group", "average_parameters()")
     ),
     *(
-        _gap(_AVG + "hierarchical_model_averager.HierarchicalModelAverager", arg,
-             "hierarchical model averaging: no property")
-        for arg in ("period_group_size_dict", "warmup_steps", "process_group",
-                    "average_parameters()")
+        _e(_AVG + "hierarchical_model_averager.HierarchicalModelAverager", arg, COVERED,
+           "test_model_averaging::"
+           "test_hierarchical_model_averager_averages_the_largest_dividing_periods_groups")
+        for arg in ("period_group_size_dict", "warmup_steps", "average_parameters()")
     ),
+    _gap(_AVG + "hierarchical_model_averager.HierarchicalModelAverager", "process_group",
+         "the world only"),
     *(
         _e(_AVG + "utils." + fn, arg, COVERED, _AVERAGING,
            why="through the averager: parameters and parameter groups, the world and subgroups")
@@ -294,19 +300,20 @@ ENTRIES: tuple[Entry, ...] = (
     _gap("torch.distributed.fsdp.fully_shard", "offload_policy", "CPU offload: no property"),
     _gap("torch.distributed.fsdp.fully_shard", "ignored_params", "no property"),
     _gap("torch.distributed.fsdp.fully_shard", "dp_mesh_dims", "no property"),
-    _gap("torch.distributed.fsdp.MixedPrecisionPolicy", "param_dtype",
-         "the standard recipe (float32 parameters, param_dtype=bfloat16): no property"),
+    _e("torch.distributed.fsdp.MixedPrecisionPolicy", "param_dtype", COVERED, _RECIPE,
+       why="bfloat16 and float16 on float32 parameters"),
     _e("torch.distributed.fsdp.MixedPrecisionPolicy", "reduce_dtype", COVERED,
-       "test_fsdp::test_mixed_precision_reduction_in_float32_of_a_bfloat16_model"),
-    _gap("torch.distributed.fsdp.MixedPrecisionPolicy", "output_dtype", "no property"),
+       "test_fsdp::test_mixed_precision_reduction_in_float32_of_a_bfloat16_model", _RECIPE),
+    _e("torch.distributed.fsdp.MixedPrecisionPolicy", "output_dtype", COVERED, _RECIPE,
+       why="None and float32"),
     _gap("torch.distributed.fsdp.MixedPrecisionPolicy", "cast_forward_inputs", "no property"),
     _e("torch.distributed.fsdp.FSDPModule", "set_requires_gradient_sync()", COVERED, _HSDP,
        why="accumulation without synchronisation"),
-    _gap("torch.distributed.fsdp.FSDPModule", "set_gradient_divide_factor()", "no property"),
-    _gap("torch.distributed.fsdp.FSDPModule", "set_reduce_scatter_divide_factor()",
-         "no property"),
-    _gap("torch.distributed.fsdp.FSDPModule", "set_force_sum_reduction_for_comms()",
-         "no property"),
+    *(
+        _e("torch.distributed.fsdp.FSDPModule", method, COVERED, _DIVIDE)
+        for method in ("set_gradient_divide_factor()", "set_reduce_scatter_divide_factor()",
+                       "set_force_sum_reduction_for_comms()")
+    ),
     _gap("torch.distributed.fsdp.FSDPModule", "set_requires_all_reduce()",
          "HSDP accumulation with the all-reduce skipped: no property"),
     _gap("torch.distributed.fsdp.FSDPModule", "set_reshard_after_forward()", "no property"),

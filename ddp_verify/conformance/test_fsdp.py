@@ -4,7 +4,10 @@ backend in use; otherwise skipped with torch's own reason."""
 from __future__ import annotations
 
 import pytest
+import torch
+from hypothesis import strategies as st
 
+from ddp_verify.conformance import jobs
 from ddp_verify.engine.scenario import Scenario
 from ddp_verify.engine.strategies import optimizers, scenarios
 from ddp_verify.methods import fully_shard
@@ -111,4 +114,140 @@ def test_fully_shard_resumes_from_a_distributed_checkpoint(world, fsdp, prove):
             optimizers=optimizers(names=("adam", "sgd"), groups=True),
         ).filter(lambda s: s.steps >= 2),
         check,
+    )
+
+
+def _one_sample_per_rank(world_size: int) -> st.SearchStrategy:
+    # Integer inputs and loss weights: each rank's gradient outer(weights, inputs) is one
+    # product per entry, so what it must be is known exactly (in any dtype the recipe rounds
+    # the operands to first). Inputs past 256 are not bfloat16 numbers: the cast to
+    # param_dtype is seen.
+    @st.composite
+    def draw(draw_):
+        n_in, n_out = draw_(st.integers(1, 4)), draw_(st.integers(1, 3))
+
+        def row(n, bound):
+            return st.lists(st.integers(-bound, bound).map(float), min_size=n, max_size=n)
+
+        inputs = draw_(st.lists(row(n_in, 600), min_size=world_size, max_size=world_size))
+        weights = draw_(st.lists(row(n_out, 20), min_size=world_size, max_size=world_size))
+        return inputs, weights
+
+    return draw()
+
+
+def _rounded(value: float, dtype: str) -> float:
+    return float(torch.tensor(value, dtype=torch.float64).to(getattr(torch, dtype)).double())
+
+
+def _assert_gradient(got, want, said):
+    got, want = torch.tensor(got, dtype=torch.float64), torch.tensor(want, dtype=torch.float64)
+    scale = float(want.abs().max()) or 1.0
+    torch.testing.assert_close(
+        got, want, rtol=1e-6, atol=1e-6 * scale, msg=lambda m: f"{said}\n{m}"
+    )
+
+
+def test_standard_mixed_precision_recipe_computes_in_param_dtype_and_reduces_in_float32(
+    world, fsdp, prove
+):
+    # Float32 parameters, MixedPrecisionPolicy(param_dtype=bfloat16 or float16,
+    # reduce_dtype=float32): each rank computes in param_dtype (its inputs and gradients
+    # rounded to it), the gradients are reduced in float32, and the sharded gradient is float32.
+    # The mean of gradients that param_dtype holds exactly is mostly not a param_dtype number:
+    # a reduction in param_dtype rounds it (about 1 part in 256 for bfloat16) where float32
+    # gives it to 1 part in 10^6.
+    def check(case):
+        (inputs, weights), param_dtype, output_dtype = case
+        out, grad_dtype, grad = world.run(
+            jobs.fully_shard_linear_gradients, inputs, weights, "float32", param_dtype,
+            output_dtype,
+        )[0]  # fmt: skip
+        said = (
+            f"fully_shard(mp_policy=MixedPrecisionPolicy(param_dtype={param_dtype}, "
+            f"reduce_dtype=float32, output_dtype={output_dtype})) on float32 parameters"
+        )
+        assert out == f"torch.{output_dtype or param_dtype}", (
+            f"{said}: the forward's output is {out}, not {output_dtype or param_dtype}"
+        )
+        assert grad_dtype == "torch.float32", (
+            f"{said}: the sharded gradient is {grad_dtype}, not the parameters' float32"
+        )
+        r = lambda v: _rounded(v, param_dtype)  # noqa: E731
+        want = [
+            [
+                sum(r(r(c[i]) * r(x[j])) for x, c in zip(inputs, weights, strict=True)) / world.size
+                for j in range(len(inputs[0]))
+            ]
+            for i in range(len(weights[0]))
+        ]
+        _assert_gradient(
+            grad, want,
+            f"{said}: the gradient is not the float32 mean of the ranks' {param_dtype} "
+            "gradients",
+        )  # fmt: skip
+
+    size = world.size
+    boundary = (
+        ([[255.0 * (r + 1), 1.0, 3.0] for r in range(size)], [[1.0, 2.0]] * size),
+        "bfloat16",
+        None,
+    )
+    prove(
+        st.tuples(
+            _one_sample_per_rank(size),
+            st.sampled_from(("bfloat16", "float16")),
+            st.sampled_from((None, "float32")),
+        ),
+        check,
+        examples=[boundary],
+    )
+
+
+def test_gradient_divide_factor_replaces_the_world_size(world, fsdp, prove):
+    # set_gradient_divide_factor(f): the gradient is the ranks' sum over f (f = 1: their
+    # sum), in every reduction FSDP2 may choose: ReduceOp.AVG where f is the group's size,
+    # a pre-multiplied sum, or (set_force_sum_reduction_for_comms, or a dtype that risks
+    # overflow) plain sums divided before and after.
+    size = world.size
+
+    def check(case):
+        (inputs, weights), dtype, factor, force_sum, deprecated = case
+        if world.backend == "gloo" and dtype == "float32" and factor != size:
+            force_sum = True  # gloo has no ReduceOp.PREMUL_SUM, the op FSDP2 would choose
+        _, grad_dtype, grad = world.run(
+            jobs.fully_shard_linear_gradients, inputs, weights, dtype, None, None, factor,
+            force_sum, deprecated,
+        )[0]  # fmt: skip
+        name = "set_reduce_scatter_divide_factor" if deprecated else "set_gradient_divide_factor"
+        said = (
+            f"fully_shard on {dtype} parameters, {name}({factor}), "
+            f"set_force_sum_reduction_for_comms({force_sum}): the gradient is not the ranks' "
+            f"sum over {factor}"
+        )
+        want = [
+            [
+                sum(c[i] * x[j] for x, c in zip(inputs, weights, strict=True)) / factor
+                for j in range(len(inputs[0]))
+            ]
+            for i in range(len(weights[0]))
+        ]
+        assert grad_dtype == f"torch.{dtype}", f"{said}: the gradient is {grad_dtype}"
+        _assert_gradient(grad, want, said)
+
+    no = (False, False)
+    factors = st.sampled_from((1.0, 0.5, 2.0, 3.0, float(size), float(2 * size)))
+    prove(
+        st.tuples(
+            _one_sample_per_rank(size),
+            st.sampled_from(("float32", "float64")),
+            factors,
+            st.booleans(),
+            st.booleans(),
+        ),
+        check,
+        examples=[
+            (([[float(r + 1)] for r in range(size)], [[1.0]] * size), "float64", 1.0, *no),
+            (([[float(r + 1)] for r in range(size)], [[1.0]] * size), "float32", 3.0, True, False),
+        ],
     )

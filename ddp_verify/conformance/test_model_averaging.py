@@ -3,7 +3,10 @@ parameters of every rank of its group at exactly the steps its definition names 
 count at or past ``warmup_steps`` and a multiple of ``period`` after it), leave them local at
 every other step, and average over its group's ranks only (a subgroup's mean, not one divided
 by the world size), whether called directly, on an optimizer's parameter groups, or by
-``PostLocalSGDOptimizer``. The oracle is that definition, simulated on one process."""
+``PostLocalSGDOptimizer``. ``HierarchicalModelAverager`` must average, at a step at or past
+``warmup_steps``, over the groups of the level with the largest period that divides the step
+count (consecutive ranks, as ``new_subgroups`` makes them), and nowhere else. The oracle is
+each definition, simulated on one process."""
 
 from __future__ import annotations
 
@@ -91,6 +94,95 @@ def test_periodic_model_averager_averages_its_group_at_the_steps_it_names(world,
         (values, deltas, 3, 1, [0, size - 1], "optimizer"),
     ]
     prove(cases(size), check, examples=boundary)
+
+
+def expected_hierarchical(values, deltas, levels, warmup):
+    state = [list(v) for v in values]
+    after = []
+    for step, delta in enumerate(deltas):
+        state = [
+            [x + d for x, d in zip(s, dr, strict=True)] for s, dr in zip(state, delta, strict=True)
+        ]
+        dividing = [size for period, size in levels if step % period == 0]
+        if step >= warmup and dividing:
+            size = dividing[-1]  # the largest period's (levels go up in period)
+            for start in range(0, len(state), size):
+                block = state[start : start + size]
+                mean = [sum(column) / size for column in zip(*block, strict=True)]
+                state[start : start + size] = [list(mean) for _ in block]
+        after.append([list(s) for s in state])
+    return after
+
+
+def hierarchical_cases(world_size: int) -> st.SearchStrategy:
+    # Group sizes: a chain of divisors of the world size, each dividing the next (so each
+    # level's groups nest in the next's), ending at the world; periods going up with them.
+    chains = [[world_size]]
+    for size in range(world_size - 1, 0, -1):
+        chains += [[size, *c] for c in chains if c[0] % size == 0]
+
+    @st.composite
+    def draw(draw_):
+        sizes = draw_(st.sampled_from(chains))
+        periods = sorted(
+            draw_(st.sets(st.integers(1, 6), min_size=len(sizes), max_size=len(sizes)))
+        )
+        n = draw_(st.integers(1, 3))
+        steps = draw_(st.integers(1, 9))
+        vector = st.lists(VALUES, min_size=n, max_size=n)
+        values = draw_(st.lists(vector, min_size=world_size, max_size=world_size))
+        deltas = draw_(
+            st.lists(
+                st.lists(vector, min_size=world_size, max_size=world_size),
+                min_size=steps,
+                max_size=steps,
+            )
+        )
+        warmup = draw_(st.integers(0, 5))
+        return values, deltas, list(zip(periods, sizes, strict=True)), warmup
+
+    return draw()  # fmt: skip
+
+
+def test_hierarchical_model_averager_averages_the_largest_dividing_periods_groups(world, prove):
+    def check(case):
+        values, deltas, levels, warmup = case
+        results = world.run(jobs.hierarchical_averaging, *case)
+        want = expected_hierarchical(values, deltas, levels, warmup)
+        said = (
+            f"HierarchicalModelAverager(period_group_size_dict={dict(levels)}, "
+            f"warmup_steps={warmup})"
+        )
+        for rank, steps in enumerate(results):
+            for step, got in enumerate(steps):
+                torch.testing.assert_close(
+                    torch.tensor(got, dtype=torch.float64),
+                    torch.tensor(want[step][rank], dtype=torch.float64),
+                    rtol=1e-12,
+                    atol=1e-12,
+                    msg=lambda m, rank=rank, step=step: (
+                        f"{said}: rank {rank}'s parameters after step {step} are not what its "
+                        f"definition gives (at a step >= warmup_steps, the mean over the groups "
+                        f"of the largest period dividing the step).\n{m}"
+                    ),
+                )
+
+    # Never left to chance: every level reached, the top one (the world) at a step its smaller
+    # periods also divide, warm-up covering a step the top level would have averaged.
+    size = world.size
+    values = [[float(r * r)] for r in range(size)]
+    deltas = [[[float(r + t)] for r in range(size)] for t in range(7)]
+    levels = [(2, size // 2 if size % 2 == 0 else 1), (6, size)]
+    prove(hierarchical_cases(size), check, examples=[(values, deltas, levels, 1)])
+
+
+def test_the_hierarchical_oracle_averages_where_its_documentation_says():
+    # Periods 2 (pairs) and 4 (all four): step 2 averages the pairs, step 4 all of them, steps
+    # 1 and 3 nothing; warm-up 1 skips step 0 (which every period divides).
+    values = [[0.0], [4.0], [8.0], [12.0]]
+    after = expected_hierarchical(values, [[[0.0]] * 4] * 5, [(2, 2), (4, 4)], warmup=1)
+    assert [a[0][0] for a in after] == [0.0, 0.0, 2.0, 2.0, 6.0]
+    assert [a[3][0] for a in after] == [12.0, 12.0, 10.0, 10.0, 6.0]
 
 
 def test_the_oracle_averages_at_the_steps_the_documentation_names():

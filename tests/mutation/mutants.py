@@ -648,6 +648,41 @@ MUTANTS: tuple[Mutant, ...] = (
         _AVERAGING,
     ),
     Mutant(
+        "hierarchical_never_averages_globally",
+        "model averaging",
+        "HierarchicalModelAverager takes the smallest dividing period's groups, not the "
+        "largest's: the top level (the world) never averages where a lower one also could (its "
+        "source, one line changed)",
+        "torch.distributed.algorithms.model_averaging.hierarchical_model_averager:"
+        "HierarchicalModelAverager._find_process_group",
+        _source_patch("for period in reversed(self._periods):", "for period in self._periods:"),
+        "test_hierarchical_model_averager_averages_the_largest_dividing_periods_groups",
+    ),
+    Mutant(
+        "fsdp_recipe_reduces_in_param_dtype",
+        "fully_shard",
+        "MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32) on float32 "
+        "parameters reduces in bfloat16: reduce_dtype is dropped when it equals the "
+        "parameters' dtype, not param_dtype (FSDPParam's source, one line changed)",
+        "torch.distributed.fsdp._fully_shard._fsdp_param:FSDPParam.init_dtype_attrs",
+        _source_patch(
+            "if reduce_dtype == param_dtype:", "if reduce_dtype == self.sharded_param.dtype:"
+        ),
+        "test_standard_mixed_precision_recipe_computes_in_param_dtype_and_reduces_in_float32",
+    ),
+    Mutant(
+        "fsdp_divide_factor_ignored",
+        "fully_shard",
+        "set_gradient_divide_factor is ignored: the gradients are still averaged over the "
+        "world (its source, one line changed)",
+        "torch.distributed.fsdp._fully_shard._fully_shard:FSDPModule.set_gradient_divide_factor",
+        _source_patch(
+            "fsdp_param_group.gradient_divide_factor = factor",
+            "fsdp_param_group.gradient_divide_factor = None",
+        ),
+        "test_gradient_divide_factor_replaces_the_world_size",
+    ),
+    Mutant(
         "fused_sgd_without_momentum",
         "DDP",
         "DDP's fused SGD (_register_fused_optim) steps without its momentum (the functional "
