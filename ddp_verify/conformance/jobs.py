@@ -442,3 +442,34 @@ def fully_shard_linear_gradients(
     grad = model.weight.grad
     assert grad is not None
     return str(y.dtype), str(grad.dtype), grad.full_tensor().double().tolist()
+
+
+def post_local_sgd_gradients(
+    gradients: list[list[list[float]]],
+    start: int,
+    subgroup_size: int,
+    post_local_gradient_allreduce: bool,
+) -> list[list[float]]:
+    """DDP with ``post_localSGD_hook`` (``PostLocalSGDState(None, subgroup, start,
+    post_local_gradient_allreduce)``, the subgroups of ``subgroup_size`` consecutive ranks that
+    ``new_subgroups`` makes): rank r's gradient at step t is ``gradients[t][r]``. What DDP
+    leaves as the gradient after each step's backward."""
+    from torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook import (
+        PostLocalSGDState,
+        post_localSGD_hook,
+    )
+    from torch.nn.parallel import DistributedDataParallel
+
+    rank, device = dist.get_rank(), rank_device()
+    subgroup, _ = dist.new_subgroups(group_size=subgroup_size)
+    module = _GivenGradient(len(gradients[0][0])).double()
+    wrapped = DistributedDataParallel(module)
+    state = PostLocalSGDState(None, subgroup, start, post_local_gradient_allreduce)
+    wrapped.register_comm_hook(state, post_localSGD_hook)
+    after = []
+    for step in gradients:
+        module.zero_grad()
+        wrapped(torch.tensor(step[rank], dtype=torch.float64, device=device)).backward()
+        assert module.weight.grad is not None
+        after.append(module.weight.grad.tolist())
+    return after

@@ -107,6 +107,9 @@ _DCP = "test_fsdp::test_fully_shard_resumes_from_a_distributed_checkpoint"
 _RECIPE = (
     "test_fsdp::test_standard_mixed_precision_recipe_computes_in_param_dtype_and_reduces_in_float32"
 )
+_POST_LOCAL = (
+    "test_model_averaging::test_post_local_sgd_hook_averages_over_the_world_then_over_the_subgroup"
+)
 _DIVIDE = "test_fsdp::test_gradient_divide_factor_replaces_the_world_size"
 
 _DDP = "torch.nn.parallel.DistributedDataParallel"
@@ -211,15 +214,14 @@ ENTRIES: tuple[Entry, ...] = (
         for hook in ("powerSGD_hook", "batched_powerSGD_hook")
         for arg in ("state", "bucket")
     ),
+    _gap(_LOCAL + "PostLocalSGDState", "process_group", "the world only"),
     *(
-        _gap(_LOCAL + "PostLocalSGDState", arg, "post-local SGD: no property")
-        for arg in ("process_group", "subgroup", "start_localSGD_iter",
-                    "post_local_gradient_allreduce", "maybe_increase_iter()")
+        _e(_LOCAL + "PostLocalSGDState", arg, COVERED, _POST_LOCAL,
+           why="subgroups of every size dividing the world")
+        for arg in ("subgroup", "start_localSGD_iter", "post_local_gradient_allreduce",
+                    "maybe_increase_iter()")
     ),
-    *(
-        _gap(_LOCAL + "post_localSGD_hook", arg, "post-local SGD: no property")
-        for arg in ("state", "bucket")
-    ),
+    *(_e(_LOCAL + "post_localSGD_hook", arg, COVERED, _POST_LOCAL) for arg in ("state", "bucket")),
     # -- model averaging ---------------------------------------------------------------------
     *(
         _e(_AVG + "averagers.PeriodicModelAverager", arg, COVERED, _AVERAGING)

@@ -6,7 +6,10 @@ by the world size), whether called directly, on an optimizer's parameter groups,
 ``PostLocalSGDOptimizer``. ``HierarchicalModelAverager`` must average, at a step at or past
 ``warmup_steps``, over the groups of the level with the largest period that divides the step
 count (consecutive ranks, as ``new_subgroups`` makes them), and nowhere else. The oracle is
-each definition, simulated on one process."""
+each definition, simulated on one process. The post-local SGD communication hook (the other
+half's first stage) must average DDP's gradients over the world before ``start_localSGD_iter``
+and over the rank's subgroup from then on (or leave them local, with
+``post_local_gradient_allreduce=False``)."""
 
 from __future__ import annotations
 
@@ -193,3 +196,70 @@ def test_the_oracle_averages_at_the_steps_the_documentation_names():
     moving = [[[1.0], [0.0]]] * 4
     after = expected([[0.0], [0.0]], moving, period=2, warmup=1, members=None)
     assert [a[0][0] for a in after] == [1.0, 1.0, 2.0, 2.0]
+
+
+def expected_post_local(gradients, start, subgroup_size, post_local_gradient_allreduce):
+    after = []
+    for step, given in enumerate(gradients):
+        if step < start:
+            blocks = [list(range(len(given)))]
+        elif post_local_gradient_allreduce:
+            blocks = [
+                list(range(b, b + subgroup_size)) for b in range(0, len(given), subgroup_size)
+            ]
+        else:
+            blocks = [[r] for r in range(len(given))]
+        got = [list(g) for g in given]
+        for block in blocks:
+            mean = [
+                sum(column) / len(block) for column in zip(*(given[r] for r in block), strict=True)
+            ]
+            for r in block:
+                got[r] = mean
+        after.append(got)
+    return after
+
+
+def test_post_local_sgd_hook_averages_over_the_world_then_over_the_subgroup(world, prove):
+    size = world.size
+    divisors = [d for d in range(1, size + 1) if size % d == 0]
+
+    @st.composite
+    def draw(draw_):
+        n, steps = draw_(st.integers(1, 3)), draw_(st.integers(1, 5))
+        vector = st.lists(VALUES, min_size=n, max_size=n)
+        gradients = draw_(
+            st.lists(st.lists(vector, min_size=size, max_size=size), min_size=steps, max_size=steps)
+        )
+        return (
+            gradients,
+            draw_(st.integers(0, 4)),
+            draw_(st.sampled_from(divisors)),
+            draw_(st.booleans()),
+        )
+
+    def check(case):
+        _, start, subgroup_size, allreduce = case
+        results = world.run(jobs.post_local_sgd_gradients, *case)
+        want = expected_post_local(*case)
+        said = (
+            f"DDP with post_localSGD_hook(PostLocalSGDState(start_localSGD_iter={start}, "
+            f"subgroup=new_subgroups(group_size={subgroup_size}), "
+            f"post_local_gradient_allreduce={allreduce}))"
+        )
+        for rank, steps in enumerate(results):
+            for step, got in enumerate(steps):
+                torch.testing.assert_close(
+                    torch.tensor(got, dtype=torch.float64),
+                    torch.tensor(want[step][rank], dtype=torch.float64),
+                    rtol=1e-12,
+                    atol=1e-12,
+                    msg=lambda m, rank=rank, step=step: (
+                        f"{said}: rank {rank}'s gradient at step {step} is not the mean over "
+                        f"{'the world' if step < start else 'its subgroup'}.\n{m}"
+                    ),
+                )
+
+    gradients = [[[float(r + 1 + 2 * t)] for r in range(size)] for t in range(4)]
+    boundary = (gradients, 2, divisors[len(divisors) // 2], True)
+    prove(draw(), check, examples=[boundary])

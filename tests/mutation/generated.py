@@ -36,7 +36,7 @@ import textwrap
 import time
 from pathlib import Path
 
-from tests.mutation.generated_patch import ENV, compiled
+from tests.mutation.generated_patch import ENV, FIRST_ENV, compiled
 from tests.mutation.operators import Site, mutated, sites
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -50,6 +50,32 @@ MODULES: dict[str, str] = {
     "torch.distributed.nn.functional": "differentiable",
     "torch.utils.data.distributed": "sampler",
     "torch.distributed.algorithms.ddp_comm_hooks.default_hooks": "hooks",
+    "torch.distributed.algorithms.model_averaging.hierarchical_model_averager": "averaging",
+    "torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook": "post_local",
+    "torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook": "powersgd",
+    "torch.distributed.optim.zero_redundancy_optimizer": "zero",
+    "torch.nn.parallel.distributed": "ddp",
+    "torch.distributed.fsdp._fully_shard._fsdp_collectives": "fsdp",
+    "torch.distributed.fsdp._fully_shard._fsdp_param_group": "fsdp",
+    "torch.distributed.fsdp._fully_shard._fully_shard": "fsdp",
+    "torch.distributed.checkpoint.state_dict": "checkpoint",
+}
+
+
+# Probe -> the conformance modules run first against its modules' mutants (the order only:
+# a survivor runs the whole suite).
+FIRST: dict[str, tuple[str, ...]] = {
+    "averaging": ("test_model_averaging",),
+    "post_local": ("test_model_averaging",),
+    "clipping": ("test_optimizers",),
+    "differentiable": ("test_differentiable_collectives",),
+    "sampler": ("test_data",),
+    "hooks": ("test_comm_hooks",),
+    "powersgd": ("test_comm_hooks",),
+    "zero": ("test_zero",),
+    "ddp": ("test_ddp_options", "test_join", "test_fused_optimizer"),
+    "fsdp": ("test_fsdp",),
+    "checkpoint": ("test_fsdp", "test_zero"),
 }
 
 
@@ -128,10 +154,12 @@ def probe(name: str, mutant: Mutant | None) -> list[float] | str:
     return [x for rank in results for x in (rank if isinstance(rank, list) else [rank])]
 
 
-def suite(mutant: Mutant, directory: Path, world_size: int, timeout: float) -> tuple[str, str]:
-    """The conformance suite against ``mutant``: ("killed", the failing test) or ("survived",
-    "") or ("timed out", "")."""
-    env = {**os.environ, ENV: str(_write(mutant, directory)),
+def suite(
+    mutant: Mutant, directory: Path, world_size: int, timeout: float, first: tuple[str, ...] = ()
+) -> tuple[str, str]:
+    """The conformance suite against ``mutant`` (the test modules ``first`` run first):
+    ("killed", the failing test) or ("survived", "") or ("timed out", "")."""
+    env = {**os.environ, ENV: str(_write(mutant, directory)), FIRST_ENV: ",".join(first),
            "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}  # fmt: skip
     command = [sys.executable, "-m", "pytest", "--pyargs", "ddp_verify.conformance",
                "--world-size", str(world_size), "-x", "-q", "-p", "no:cacheprovider",
@@ -182,7 +210,9 @@ def main(argv: list[str] | None = None) -> int:
                     outcome, by = "not live", ""
                 else:
                     counts["live"] += 1
-                    outcome, by = suite(mutant, directory, args.world_size, args.timeout)
+                    outcome, by = suite(
+                        mutant, directory, args.world_size, args.timeout, FIRST[probe_name]
+                    )
                     counts[outcome] += 1
                 outcomes.append({"mutant": mutant.name, "change": mutant.site.change,
                                  "outcome": outcome, "by": by})  # fmt: skip

@@ -12,6 +12,16 @@ from typing import Any
 from tests.mutation.mutants import compile_like
 
 ENV = "DDP_VERIFY_GENERATED_MUTANT"
+# Test modules to run first (comma-separated names): the mutated module's own properties, so
+# that a killed mutant is found killed sooner. The whole suite still runs for a survivor.
+FIRST_ENV = "DDP_VERIFY_GENERATED_FIRST"
+
+
+def pytest_collection_modifyitems(items: list[Any]) -> None:
+    first = [name for name in os.environ.get(FIRST_ENV, "").split(",") if name]
+    if first:
+        rank = {name: i for i, name in enumerate(first)}
+        items.sort(key=lambda item: rank.get(item.module.__name__.rpartition(".")[2], len(rank)))
 
 
 def install() -> None:

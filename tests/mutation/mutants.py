@@ -683,6 +683,18 @@ MUTANTS: tuple[Mutant, ...] = (
         "test_gradient_divide_factor_replaces_the_world_size",
     ),
     Mutant(
+        "post_local_sgd_one_global_step_too_many",
+        "model averaging",
+        "post_localSGD_hook all-reduces over the world one step past start_localSGD_iter (its "
+        "source, one line changed)",
+        "torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook:post_localSGD_hook",
+        _source_patch(
+            "if state.iter < state.start_localSGD_iter:",
+            "if state.iter <= state.start_localSGD_iter:",
+        ),
+        "test_post_local_sgd_hook_averages_over_the_world_then_over_the_subgroup",
+    ),
+    Mutant(
         "fused_sgd_without_momentum",
         "DDP",
         "DDP's fused SGD (_register_fused_optim) steps without its momentum (the functional "
