@@ -219,10 +219,11 @@ def prove(
 
     from ddp_verify.conformance.known import issues_of
 
-    known = [i for i in issues_of(request.node) if i.applies_to(torch.__version__)]
+    world = request.getfixturevalue("world") if "world" in request.fixturenames else None
+    backend = getattr(world, "backend", None)
+    known = [i for i in issues_of(request.node) if i.applies_to(torch.__version__, backend)]
     kind = getattr(request.node, "originalname", request.node.name)
     hung = request.config.stash.setdefault(_HUNG, {})
-    world = request.getfixturevalue("world") if "world" in request.fixturenames else None
 
     def run(
         strategy: st.SearchStrategy[Any],
@@ -328,14 +329,15 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         from ddp_verify.frontends.options import DEFAULT_CONFORMANCE_EXAMPLES
 
         error = call.excinfo.value if call.excinfo is not None else None
-        searched = getattr(item, "funcargs", {}).get("conformance_examples")
+        funcargs = getattr(item, "funcargs", {})
         judge(
             issues,
             report,
             error,
             torch.__version__,
-            searched=searched,
+            searched=funcargs.get("conformance_examples"),
             enough=DEFAULT_CONFORMANCE_EXAMPLES,
+            backend=getattr(funcargs.get("world"), "backend", None),
         )
     return report
 

@@ -275,27 +275,52 @@ def dropout_gradients(
 
 
 def differentiable_collective(
-    kind: str, inputs: list[list[float]], weights: list[list[list[float]]], src: int
+    kind: str,
+    inputs: list[list[float]],
+    weights: list[list[list[float]]],
+    src: int,
+    group_size: int | None = None,
+    splits: list[list[int]] | None = None,
 ) -> tuple[list[list[float]], list[float]]:
     """Rank r sends ``inputs[r]`` through ``torch.distributed.nn.functional``'s ``kind``
-    (``all_gather``, ``all_reduce``, ``broadcast`` from ``src``), backpropagates the loss
-    ``sum_i <weights[r][i], output_i>``, and returns its outputs and its input's gradient."""
+    (``all_gather``, ``all_reduce``, ``broadcast`` from the group's ``src``-th rank,
+    ``reduce_scatter`` of ``inputs[r]`` cut in one equal chunk per rank of the group,
+    ``all_to_all_single`` sending ``splits[r][j]`` values to the group's j-th rank), over the
+    world or (``group_size``) the subgroup of consecutive ranks ``new_subgroups`` puts it in;
+    backpropagates the loss ``sum_i <weights[r][i], output_i>``; returns its outputs and its
+    input's gradient."""
     from torch.distributed.nn import functional as differentiable
 
     rank, device = dist.get_rank(), rank_device()
+    if group_size is None:
+        group, size, first = dist.group.WORLD, dist.get_world_size(), 0
+    else:
+        group, _ = dist.new_subgroups(group_size=group_size)  # every rank calls it
+        size, first = group_size, rank - rank % group_size
     x = torch.tensor(inputs[rank], dtype=torch.float64, device=device, requires_grad=True)
     if kind == "all_gather":
-        outputs = list(differentiable.all_gather(x))
+        outputs = list(differentiable.all_gather(x, group=group))
     elif kind == "all_reduce":
-        outputs = [differentiable.all_reduce(x)]
+        outputs = [differentiable.all_reduce(x, group=group)]
     elif kind == "broadcast":
-        outputs = [differentiable.broadcast(x, src)]
+        outputs = [differentiable.broadcast(x, first + src, group=group)]
+    elif kind == "reduce_scatter":
+        out = torch.empty(x.numel() // size, dtype=torch.float64, device=device)
+        outputs = [differentiable.reduce_scatter(out, list(x.chunk(size)), group=group)]
+        # chunk() of a tensor with fewer elements than chunks would give fewer: never drawn
+    elif kind == "all_to_all_single":
+        assert splits is not None
+        mine = rank - first
+        received = [splits[first + j][mine] for j in range(size)]
+        out = torch.empty(sum(received), dtype=torch.float64, device=device)
+        outputs = [differentiable.all_to_all_single(out, x, received, splits[rank], group=group)]
     else:
         raise ValueError(f"no differentiable collective {kind!r}")
     loss = sum(
         (torch.tensor(w, dtype=torch.float64, device=device) * y).sum()
         for w, y in zip(weights[rank], outputs, strict=True)
     )
+    assert isinstance(loss, torch.Tensor)
     loss.backward()
     assert x.grad is not None
     return [y.tolist() for y in outputs], x.grad.tolist()

@@ -47,7 +47,8 @@ def version_tuple(version: str) -> tuple[int, ...]:
 class KnownIssue:
     """A torch issue by its signature: ``raises`` (the failure's kinds), ``match`` (a regular
     expression its text must contain), ``since`` and ``fixed_in`` (the torch versions it is
-    known on: ``since <= version < fixed_in``, either open)."""
+    known on: ``since <= version < fixed_in``, either open), ``backends`` (the process-group
+    backends it is known on; None: every one)."""
 
     what: str
     raises: tuple[type[BaseException], ...]
@@ -57,6 +58,7 @@ class KnownIssue:
     flaky: bool = False
     url: str | None = None
     repro: str | None = None
+    backends: tuple[str, ...] | None = None
 
     @property
     def reason(self) -> str:
@@ -65,8 +67,11 @@ class KnownIssue:
             where += f"; standalone reproducer: {self.repro}"
         return f"known torch issue: {self.what} ({where})"
 
-    def applies_to(self, version: str) -> bool:
-        """Whether torch ``version`` is one the issue is known on."""
+    def applies_to(self, version: str, backend: str | None = None) -> bool:
+        """Whether torch ``version`` (and ``backend``, where given) is one the issue is known
+        on."""
+        if self.backends is not None and backend is not None and backend not in self.backends:
+            return False
         mine = version_tuple(version)
         if self.since is not None and mine < version_tuple(self.since):
             return False
@@ -89,6 +94,7 @@ def known_torch_issue(
     flaky: bool = False,
     url: str | None = None,
     repro: str | None = None,
+    backends: tuple[str, ...] | None = None,
 ) -> Any:
     """Mark a conformance test whose property the installed torch is known to break.
 
@@ -104,7 +110,7 @@ def known_torch_issue(
         def test_static_graph_with_no_sync_accumulation(world, data_parallel, prove): ...
     """
     kinds = raises if isinstance(raises, tuple) else (raises,)
-    issue = KnownIssue(what, kinds, match, since, fixed_in, flaky, url, repro)
+    issue = KnownIssue(what, kinds, match, since, fixed_in, flaky, url, repro, backends)
     return pytest.mark.known_torch_issue(issue)
 
 
@@ -121,13 +127,14 @@ def judge(
     *,
     searched: int | None = None,
     enough: int = 0,
+    backend: str | None = None,
 ) -> None:
     """Turn a marked test's call report into what its marks say it is (in place): a failure
     that matches one issue known on ``version`` is that issue; another failure stays one, with
     a note; a pass where a steady (not flaky) issue is known fails, saying to drop its mark,
     unless fewer than ``enough`` scenarios were ``searched`` (a short search that misses the
     issue shows nothing about a fix: the pass stands, with a note)."""
-    issues = [i for i in issues if i.applies_to(version)]
+    issues = [i for i in issues if i.applies_to(version, backend)]
     if not issues:
         return
     # The ranks' output as the report shows it: a rank that aborted while its peer hung may have

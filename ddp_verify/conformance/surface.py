@@ -275,23 +275,27 @@ ENTRIES: tuple[Entry, ...] = (
     ),
     # -- torch.distributed.nn ----------------------------------------------------------------
     *(
-        _e(_NN + fn, arg, COVERED, f"{_DIFFERENTIABLE}")
+        _e(_NN + fn, arg, COVERED, _DIFFERENTIABLE)
         for fn, args in (("all_gather", ("tensor",)), ("all_reduce", ("tensor",)),
-                         ("broadcast", ("tensor", "src")))
+                         ("broadcast", ("tensor", "src")),
+                         ("reduce_scatter", ("output", "input_list")),
+                         ("all_to_all_single", ("output", "input", "output_split_sizes",
+                                                "input_split_sizes")))
         for arg in args
     ),
-    *(_gap(_NN + fn, "group", "the default group only")
-      for fn in ("all_gather", "all_reduce", "broadcast")),
-    _gap(_NN + "all_reduce", "op", "ReduceOp.SUM (the default) only"),
-    *(
-        _gap(_NN + fn, arg, "no property (gloo has no reduce_scatter; all_to_all_single not yet)")
-        for fn, args in (
-            ("reduce_scatter", ("output", "input_list", "op", "group")),
-            ("all_to_all_single", ("output", "input", "output_split_sizes",
-                                   "input_split_sizes", "group")),
-        )
-        for arg in args
-    ),
+    *(_e(_NN + fn, "group", COVERED, _DIFFERENTIABLE, why="subgroups of consecutive ranks")
+      for fn in ("all_reduce", "reduce_scatter", "all_to_all_single")),
+    _e(_NN + "all_gather", "group", COVERED, _DIFFERENTIABLE,
+       "test_differentiable_collectives::test_differentiable_all_gather_over_subgroups_on_gloo",
+       why="subgroups; on gloo a known torch issue (its backward scatters from a group rank "
+       "as if global)"),
+    _e(_NN + "broadcast", "group", COVERED,
+       "test_differentiable_collectives::test_differentiable_broadcast_over_subgroups",
+       why="a known torch issue (pytorch#130515): the source's gradient is zeroed where its "
+       "group rank is not its global rank"),
+    *(_gap(_NN + fn, "op", "ReduceOp.SUM (the default) only: the backward reduces the "
+           "gradients with the same op, the derivative of a sum only")
+      for fn in ("all_reduce", "reduce_scatter")),
     # -- FSDP2 -------------------------------------------------------------------------------
     _e("torch.distributed.fsdp.fully_shard", "module", COVERED, _FSDP),
     _e("torch.distributed.fsdp.fully_shard", "mesh", COVERED, _HSDP, why="1-D and 2-D (HSDP)"),
@@ -316,8 +320,8 @@ ENTRIES: tuple[Entry, ...] = (
         for method in ("set_gradient_divide_factor()", "set_reduce_scatter_divide_factor()",
                        "set_force_sum_reduction_for_comms()")
     ),
-    _gap("torch.distributed.fsdp.FSDPModule", "set_requires_all_reduce()",
-         "HSDP accumulation with the all-reduce skipped: no property"),
+    _e("torch.distributed.fsdp.FSDPModule", "set_requires_all_reduce()", COVERED, _HSDP,
+       why="HSDP accumulation with the all-reduce skipped"),
     _gap("torch.distributed.fsdp.FSDPModule", "set_reshard_after_forward()", "no property"),
     _gap("torch.distributed.fsdp.FSDPModule", "set_reshard_after_backward()", "no property"),
     _gap("torch.distributed.fsdp.FSDPModule", "set_is_last_backward()", "no property"),

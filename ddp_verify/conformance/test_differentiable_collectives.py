@@ -2,8 +2,10 @@
 the collective's value forward and, backward, the gradient of the sum of every rank's loss,
 the closed form its definition gives (an all-gather's input gradient sums what every rank's
 loss sends back to it; an all-reduce's sums every rank's; a broadcast's reaches the source
-only). Contrastive losses gather features across ranks with these; an average where a sum
-belongs, or a gradient left local, trains the towers at 1/W of their gradient."""
+only; a reduce-scatter's chunk k gets what rank k's loss sends back; an all-to-all's slice
+for rank k comes back from rank k), over the world and over subgroups (the sums run over the
+group's ranks only). Contrastive losses gather features across ranks with these; an average
+where a sum belongs, or a gradient left local, trains the towers at 1/W of their gradient."""
 
 from __future__ import annotations
 
@@ -11,61 +13,180 @@ import pytest
 from hypothesis import strategies as st
 
 from ddp_verify.conformance import jobs
+from ddp_verify.conformance.known import known_torch_issue
+from ddp_verify.world import RankError
 
 # Small integers: every sum is exact in float64, so the closed form is met exactly.
 VALUES = st.integers(-4, 4).map(float)
+KINDS = ["all_gather", "all_reduce", "broadcast", "reduce_scatter", "all_to_all_single"]
 
 
-def cases(world_size: int, outputs: int) -> st.SearchStrategy:
-    """(inputs per rank, weights per rank per output, source rank)."""
-    return st.integers(1, 4).flatmap(
-        lambda n: st.tuples(
-            st.lists(st.lists(VALUES, min_size=n, max_size=n), min_size=world_size,
-                     max_size=world_size),
-            st.lists(
-                st.lists(st.lists(VALUES, min_size=n, max_size=n), min_size=outputs,
-                         max_size=outputs),
-                min_size=world_size, max_size=world_size,
-            ),
-            st.integers(0, world_size - 1),
-        )
-    )  # fmt: skip
+def _vector(n: int) -> st.SearchStrategy:
+    return st.lists(VALUES, min_size=n, max_size=n)
+
+
+def cases(world_size: int, kind: str, groups: str = "any") -> st.SearchStrategy:
+    """(inputs per rank, weights per rank per output, the group's source rank, group size or
+    None for the world, all-to-all splits per rank). ``groups``: ``"any"``, ``"world"`` (the
+    world only) or ``"subgroups"`` (proper subgroups only)."""
+    divisors = [d for d in range(1, world_size) if world_size % d == 0]
+    sizes = {"any": st.none() | st.sampled_from([*divisors, world_size]), "world": st.none(),
+             "subgroups": st.sampled_from(divisors)}[groups]  # fmt: skip
+
+    @st.composite
+    def draw(draw_):
+        group_size = draw_(sizes)
+        size = group_size or world_size
+        n = draw_(st.integers(1, 3))
+        splits = None
+        if kind == "all_to_all_single":
+            # splits[r][j]: what rank r sends to its group's j-th rank (0 included)
+            row = st.lists(st.integers(0, 2), min_size=size, max_size=size).filter(any)
+            splits = draw_(st.lists(row, min_size=world_size, max_size=world_size))
+            lengths = [sum(s) for s in splits]
+            received = [
+                sum(splits[r - r % size + j][r % size] for j in range(size))
+                for r in range(world_size)
+            ]
+            inputs = [draw_(_vector(m)) for m in lengths]
+            weights = [[draw_(_vector(m))] for m in received]
+        else:
+            width = n * size if kind == "reduce_scatter" else n
+            out = {"all_gather": n, "reduce_scatter": n}.get(kind, width)
+            count = size if kind == "all_gather" else 1
+            inputs = [draw_(_vector(width)) for _ in range(world_size)]
+            weights = [[draw_(_vector(out)) for _ in range(count)] for _ in range(world_size)]
+        return inputs, weights, draw_(st.integers(0, size - 1)), group_size, splits
+
+    return draw()
 
 
 def _sum(vectors):
     return [sum(column) for column in zip(*vectors, strict=True)]
 
 
-@pytest.mark.parametrize("kind", ["all_gather", "all_reduce", "broadcast"])
-def test_differentiable_collectives_give_the_gradient_of_every_ranks_loss(world, prove, kind):
-    size = world.size
-    outputs = size if kind == "all_gather" else 1
-
-    def check(case):
-        inputs, weights, src = case
-        results = world.run(jobs.differentiable_collective, kind, inputs, weights, src)
+def expected(kind, inputs, weights, src, group_size, splits):
+    """Every rank's (outputs, input gradient), from the collective's definition."""
+    world_size = len(inputs)
+    size = group_size or world_size
+    out = []
+    for rank in range(world_size):
+        first, mine = rank - rank % size, rank % size
+        peers = range(first, first + size)
         if kind == "all_gather":
-            forward = inputs
+            forward = [inputs[p] for p in peers]
+            grad = _sum([weights[k][mine] for k in peers])
         elif kind == "all_reduce":
-            forward = [_sum(inputs)]
-        else:
-            forward = [inputs[src]]
-        for rank, (got, grad) in enumerate(results):
-            assert got == forward, (
-                f"torch.distributed.nn.functional.{kind} gave rank {rank} {got}, the ranks "
-                f"sent {inputs}: expected {forward}"
+            forward = [_sum([inputs[p] for p in peers])]
+            grad = _sum([weights[k][0] for k in peers])
+        elif kind == "broadcast":
+            forward = [inputs[first + src]]
+            grad = (
+                _sum([weights[k][0] for k in peers]) if mine == src else [0.0] * len(inputs[rank])
             )
-            if kind == "all_gather":
-                # d(sum_k loss_k)/d input_r = sum_k weights[k][r]
-                want = _sum([weights[k][rank] for k in range(size)])
-            elif kind == "all_reduce" or rank == src:
-                want = _sum([weights[k][0] for k in range(size)])
-            else:
-                want = [0.0] * len(inputs[rank])
+        elif kind == "reduce_scatter":
+            n = len(inputs[rank]) // size
+            forward = [_sum([inputs[p][mine * n : (mine + 1) * n] for p in peers])]
+            grad = [x for k in peers for x in weights[k][0]]
+        else:  # all_to_all_single
+            forward_values, grad = [], []
+            for p in peers:
+                start = sum(splits[p][:mine])
+                forward_values += inputs[p][start : start + splits[p][mine]]
+            for k_index, k in enumerate(peers):
+                start = sum(splits[first + j][k_index] for j in range(mine))
+                grad += weights[k][0][start : start + splits[rank][k_index]]
+            forward = [forward_values]
+        out.append((forward, grad))
+    return out
+
+
+def test_the_oracle_follows_the_definitions():
+    # Two ranks, all-to-all: rank 0 sends [1] to itself and [2, 3] to rank 1; rank 1 sends
+    # [4] to rank 0 and nothing to itself.
+    got = expected("all_to_all_single", [[1.0, 2.0, 3.0], [4.0]], [[[10.0, 20.0]], [[30.0, 40.0]]],
+                   0, None, [[1, 2], [1, 0]])  # fmt: skip
+    assert got == [([[1.0, 4.0]], [10.0, 30.0, 40.0]), ([[2.0, 3.0]], [20.0])]
+    got = expected("reduce_scatter", [[1.0, 2.0], [3.0, 4.0]], [[[5.0]], [[7.0]]], 0, None, None)
+    assert got == [([[4.0]], [5.0, 7.0]), ([[6.0]], [5.0, 7.0])]
+
+
+def _checker(world, kind):
+    def check(case):
+        inputs, weights, src, group_size, splits = case
+        results = world.run(jobs.differentiable_collective, kind, *case)
+        group = "the world" if group_size is None else f"subgroups of {group_size}"
+        for rank, ((got, grad), (forward, want)) in enumerate(
+            zip(results, expected(kind, *case), strict=True)
+        ):
+            assert got == forward, (
+                f"torch.distributed.nn.functional.{kind} over {group} gave rank {rank} {got}, "
+                f"the ranks sent {inputs}{f' (splits {splits})' if splits else ''}: expected "
+                f"{forward}"
+            )
             assert grad == want, (
-                f"torch.distributed.nn.functional.{kind}: rank {rank}'s input gradient is "
-                f"{grad}; the gradient of the sum of every rank's loss is {want} (weights "
-                f"{weights}{f', source {src}' if kind == 'broadcast' else ''})"
+                f"torch.distributed.nn.functional.{kind} over {group}: rank {rank}'s input "
+                f"gradient is {grad}; the gradient of the sum of every rank's loss is {want} "
+                f"(weights {weights}{f', source {src}' if kind == 'broadcast' else ''}"
+                f"{f', splits {splits}' if splits else ''})"
             )
 
-    prove(cases(size, outputs), check)
+    return check
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_differentiable_collectives_give_the_gradient_of_every_ranks_loss(world, prove, kind):
+    # Known torch issues (below), checked apart: broadcast over subgroups, and all_gather over
+    # subgroups on gloo; the world only here.
+    known = kind == "broadcast" or (kind == "all_gather" and world.backend == "gloo")
+    prove(cases(world.size, kind, "world" if known else "any"), _checker(world, kind))
+
+
+def _over_the_second_subgroup(world, kind):
+    """A case the known issues always meet: subgroups of half the world (1 for a world of
+    2), the source the second subgroup's first rank (whose group rank is not its global one)."""
+    size = world.size
+    group = size // 2 if size % 2 == 0 else 1
+    count = group if kind == "all_gather" else 1
+    inputs = [[float(r + 1)] for r in range(size)]
+    weights = [[[1.0]] * count for _ in range(size)]
+    return inputs, weights, 0, group, None
+
+
+@known_torch_issue(
+    "torch.distributed.nn.functional.broadcast over a subgroup zeroes the source's gradient "
+    "where its group rank is not its global rank: the backward compares the global src with "
+    "the group rank",
+    raises=AssertionError,
+    match=r"broadcast over subgroups of \d+: rank \d+'s input gradient",
+    url="https://github.com/pytorch/pytorch/issues/130515",
+)
+def test_differentiable_broadcast_over_subgroups(world, prove):
+    if world.size < 2:
+        pytest.skip("a world of 1 has no proper subgroup")
+    prove(
+        cases(world.size, "broadcast", "subgroups"),
+        _checker(world, "broadcast"),
+        examples=[_over_the_second_subgroup(world, "broadcast")],
+    )
+
+
+@known_torch_issue(
+    "torch.distributed.nn.functional.all_gather over a subgroup fails in its backward on gloo "
+    "on the ranks of a subgroup without global rank 0: _AlltoAll's gloo path scatters from "
+    "the group's rank where dist.scatter takes a global one",
+    raises=RankError,
+    match=r"Global rank \d+ is not part of group",
+    repro="findings/differentiable_all_gather_subgroup_gloo.py",
+    backends=("gloo",),
+)
+def test_differentiable_all_gather_over_subgroups_on_gloo(world, prove):
+    if world.backend != "gloo":
+        pytest.skip("checked with the other subgroups by the test above on this backend")
+    if world.size < 2:
+        pytest.skip("a world of 1 has no proper subgroup")
+    prove(
+        cases(world.size, "all_gather", "subgroups"),
+        _checker(world, "all_gather"),
+        examples=[_over_the_second_subgroup(world, "all_gather")],
+    )

@@ -104,6 +104,14 @@ def test_versions_compare_by_their_release_numbers() -> None:
     ]
 
 
+def test_an_issue_known_on_some_backends_is_inert_on_the_others() -> None:
+    issue = KnownIssue("x", (RuntimeError,), "x", backends=("gloo",))
+    assert issue.applies_to("2.13.0", "gloo")
+    assert not issue.applies_to("2.13.0", "nccl")
+    assert issue.applies_to("2.13.0")  # backend unknown: the version decides
+    assert KnownIssue("x", (RuntimeError,), "x").applies_to("2.13.0", "nccl")
+
+
 def test_a_ranks_failure_is_searched_in_every_ranks_output() -> None:
     # An abort's message is only in the dead rank's stderr: the signature is found there.
     died = RankFailure(

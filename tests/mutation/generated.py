@@ -139,15 +139,20 @@ def _write(mutant: Mutant, directory: Path) -> Path:
     return path
 
 
+# Probes that need a world of 3: a sampler pads past its data only with more ranks than items
+# and fewer items than half the ranks.
+PROBE_WORLD = {"sampler": 3}
+
+
 def probe(name: str, mutant: Mutant | None) -> list[float] | str:
-    """The probe ``name`` on a world of 2, under ``mutant`` (or none), installed by the job
-    in each rank (ranks are forked afresh for each world)."""
+    """The probe ``name`` on a world of 2 (or ``PROBE_WORLD``'s), under ``mutant`` (or none),
+    installed by the job in each rank (ranks are forked afresh for each world)."""
     from ddp_verify.world import World
     from tests.mutation import probes
 
     given = None if mutant is None else mutant.as_json()
     try:
-        with World(2, timeout=60) as world:
+        with World(PROBE_WORLD.get(name, 2), timeout=60) as world:
             results = world.run(probes.run, name, given)
     except Exception as exc:  # a mutant that breaks the world is live
         return f"{type(exc).__name__}: {str(exc)[:200]}"

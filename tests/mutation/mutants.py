@@ -695,6 +695,19 @@ MUTANTS: tuple[Mutant, ...] = (
         "test_post_local_sgd_hook_averages_over_the_world_then_over_the_subgroup",
     ),
     Mutant(
+        "reduce_scatter_gradient_averaged",
+        "differentiable collectives",
+        "torch.distributed.nn.functional.reduce_scatter's backward averages the gradient it "
+        "all-gathers instead of passing it on (its source, one line changed)",
+        "torch.distributed.nn.functional:_Reduce_Scatter.backward",
+        _source_patch(
+            "return (None, None, None) + _AllGather.apply(ctx.group, grad_output)",
+            "return (None, None, None) + _AllGather.apply(\n"
+            "            ctx.group, grad_output / dist.get_world_size(ctx.group))",
+        ),
+        "test_differentiable_collectives_give_the_gradient_of_every_ranks_loss[reduce_scatter]",
+    ),
+    Mutant(
         "fused_sgd_without_momentum",
         "DDP",
         "DDP's fused SGD (_register_fused_optim) steps without its momentum (the functional "
