@@ -498,3 +498,35 @@ def post_local_sgd_gradients(
         assert module.weight.grad is not None
         after.append(module.weight.grad.tolist())
     return after
+
+
+def ddp_in_a_group(
+    starts: list[list[float]],
+    gradients: list[list[float]],
+    group_size: int,
+    via: str,
+    init_sync: bool,
+) -> tuple[list[float], list[float]]:
+    """Rank r's parameter starts at ``starts[r]`` and its gradient is ``gradients[r]``, under
+    DDP over the subgroup of ``group_size`` consecutive ranks holding it, given as
+    ``process_group`` (``via="process_group"``) or as a 1-D ``device_mesh``
+    (``"device_mesh"``), with ``init_sync``. Returns the parameter after wrapping and the
+    gradient after the backward."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.nn.parallel import DistributedDataParallel
+
+    rank, device, size = dist.get_rank(), rank_device(), dist.get_world_size()
+    module = _GivenGradient(len(starts[rank])).double()
+    with torch.no_grad():
+        module.weight.copy_(torch.tensor(starts[rank], dtype=torch.float64))
+    if via == "device_mesh":
+        shape, names = (size // group_size, group_size), ("outer", "dp")
+        mesh = init_device_mesh(device.type, shape, mesh_dim_names=names)["dp"]
+        wrapped = DistributedDataParallel(module, device_mesh=mesh, init_sync=init_sync)
+    else:
+        group, _ = dist.new_subgroups(group_size=group_size)
+        wrapped = DistributedDataParallel(module, process_group=group, init_sync=init_sync)
+    after_wrapping = module.weight.detach().tolist()
+    wrapped(torch.tensor(gradients[rank], dtype=torch.float64, device=device)).backward()
+    assert module.weight.grad is not None
+    return after_wrapping, module.weight.grad.tolist()

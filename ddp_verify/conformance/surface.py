@@ -110,6 +110,7 @@ _RECIPE = (
 _POST_LOCAL = (
     "test_model_averaging::test_post_local_sgd_hook_averages_over_the_world_then_over_the_subgroup"
 )
+_DDP_GROUP = "test_ddp_options::test_ddp_over_a_subgroup_starts_from_and_averages_over_that_group"
 _DIVIDE = "test_fsdp::test_gradient_divide_factor_replaces_the_world_size"
 
 _DDP = "torch.nn.parallel.DistributedDataParallel"
@@ -140,9 +141,9 @@ ENTRIES: tuple[Entry, ...] = (
     _e(_DDP, "broadcast_buffers", COVERED,
        "test_ddp_options::test_broadcast_buffers_with_models_that_have_buffers",
        "test_ddp_options::test_broadcast_buffers_means_every_rank_uses_rank_0s_buffers"),
-    _gap(_DDP, "init_sync", "the default (True) is exercised by every DDP property and "
-         "test_ddp_starts_every_rank_from_rank_0s_state; init_sync=False is not"),
-    _gap(_DDP, "process_group", "DDP over a subgroup of the world: no property"),
+    _e(_DDP, "init_sync", COVERED, _DDP_GROUP,
+       "test_ddp_options::test_ddp_starts_every_rank_from_rank_0s_state", why="True and False"),
+    _e(_DDP, "process_group", COVERED, _DDP_GROUP, why="subgroups of consecutive ranks"),
     _e(_DDP, "bucket_cap_mb", COVERED, _OPTIONS, why="1e-6 (a bucket per parameter) and 25"),
     _e(_DDP, "find_unused_parameters", COVERED,
        "test_ddp_options::test_find_unused_parameters_with_unused_parameters",
@@ -154,7 +155,7 @@ ENTRIES: tuple[Entry, ...] = (
     _gap(_DDP, "delay_all_reduce_named_params", "no property"),
     _gap(_DDP, "param_to_hook_all_reduce", "no property"),
     _gap(_DDP, "mixed_precision", "DDP's own mixed precision (_MixedPrecision): no property"),
-    _gap(_DDP, "device_mesh", "DDP over a device mesh: no property"),
+    _e(_DDP, "device_mesh", COVERED, _DDP_GROUP, why="a 1-D mesh sliced out of a 2-D one"),
     _gap(_DDP, "skip_all_reduce_unused_params", "no property"),
     _gap(_DDP, "bucket_cap_mb_list", "no property"),
     _gap(_DDP, "batched_grad_copy", "no property"),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+import torch
 from hypothesis import strategies as st
 
 from ddp_verify.conformance import jobs
@@ -318,3 +319,51 @@ def test_no_sync_leaves_gradients_local_until_the_syncing_backward(
         ),
         check,
     )
+
+
+def test_ddp_over_a_subgroup_starts_from_and_averages_over_that_group(world, prove):
+    # DDP(process_group=g) or DDP(device_mesh=m): parameters broadcast from the group's first
+    # rank at wrapping (left as they are with init_sync=False), gradients averaged over the
+    # group's ranks only (divided by its size, not the world's). Closed form: small integers.
+    size = world.size
+    divisors = [d for d in range(1, size + 1) if size % d == 0]
+    values = st.integers(-8, 8).map(float)
+
+    @st.composite
+    def draw(draw_):
+        n = draw_(st.integers(1, 3))
+        vector = st.lists(values, min_size=n, max_size=n)
+        vectors = st.lists(vector, min_size=size, max_size=size)
+        via = st.sampled_from(("process_group", "device_mesh"))
+        return (
+            draw_(vectors),
+            draw_(vectors),
+            draw_(st.sampled_from(divisors)),
+            draw_(via),
+            draw_(st.booleans()),
+        )
+
+    def check(case):
+        starts, gradients, group_size, via, init_sync = case
+        results = world.run(jobs.ddp_in_a_group, *case)
+        for rank, (after, grad) in enumerate(results):
+            first = rank - rank % group_size
+            block = gradients[first : first + group_size]
+            said = (
+                f"DDP({via}=<{group_size} consecutive ranks>, init_sync={init_sync}): rank {rank}"
+            )
+            want = starts[first] if init_sync else starts[rank]
+            assert after == want, (
+                f"{said} starts from {after}, not {want} (the group's first rank's parameters "
+                f"{'broadcast' if init_sync else 'left unsynchronised'})"
+            )
+            mean = [sum(column) / group_size for column in zip(*block, strict=True)]
+            torch.testing.assert_close(
+                torch.tensor(grad, dtype=torch.float64),
+                torch.tensor(mean, dtype=torch.float64),
+                rtol=1e-12,
+                atol=1e-12,
+                msg=lambda m, said=said: f"{said}'s gradient is not its group's mean.\n{m}",
+            )
+
+    prove(draw(), check)

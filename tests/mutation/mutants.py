@@ -708,6 +708,18 @@ MUTANTS: tuple[Mutant, ...] = (
         "test_differentiable_collectives_give_the_gradient_of_every_ranks_loss[reduce_scatter]",
     ),
     Mutant(
+        "ddp_device_mesh_reduces_over_the_world",
+        "DDP",
+        "DDP(device_mesh=...) takes the default group, not the mesh's: a mesh sliced out of a "
+        "larger one averages over the whole world (its constructor's source, one line changed)",
+        _DDP + ".__init__",
+        _source_patch(
+            "self.process_group = device_mesh.get_group(mesh_dim=0)",
+            "self.process_group = _get_default_group()",
+        ),
+        "test_ddp_over_a_subgroup_starts_from_and_averages_over_that_group",
+    ),
+    Mutant(
         "fused_sgd_without_momentum",
         "DDP",
         "DDP's fused SGD (_register_fused_optim) steps without its momentum (the functional "
