@@ -33,7 +33,9 @@ class FullyShard(DistributedMethod):
     ``reduce_dtype`` (a ``MixedPrecisionPolicy``) reduces gradients in that dtype.
     ``resume_at=k`` checkpoints model and optimizer with ``torch.distributed.checkpoint``
     before step k (each rank writes its shards), shards a fresh (perturbed) model, loads the
-    checkpoint into it and trains on."""
+    checkpoint into it and trains on; ``checkpoint_options`` are the ``StateDictOptions``
+    (``full_state_dict``, ``cpu_offload``, ``flatten_optimizer_state_dict``, ``strict``,
+    ``broadcast_from_rank0``) both state-dict calls get."""
 
     def __init__(
         self,
@@ -42,6 +44,7 @@ class FullyShard(DistributedMethod):
         reduce_dtype: str | None = None,
         resume_at: int = 0,
         accumulation: str = "gradient_sync",
+        checkpoint_options: dict[str, bool] | None = None,
     ) -> None:
         if replicas < 1:
             raise ValueError(f"replicas must be at least 1, got {replicas}")
@@ -61,8 +64,13 @@ class FullyShard(DistributedMethod):
         if reduce_dtype:
             options.append(f"reduce_dtype={reduce_dtype}")
         self.resume_at = resume_at
+        self.checkpoint_options = dict(checkpoint_options or {})
         if resume_at:
-            options.append(f"resumed from a distributed checkpoint before step {resume_at}")
+            said = ", ".join(f"{k}={v}" for k, v in self.checkpoint_options.items())
+            options.append(
+                f"resumed from a distributed checkpoint before step {resume_at}"
+                + (f" (StateDictOptions({said}))" if said else "")
+            )
         self.name = f"fully_shard({', '.join(options)})"
 
     def train_rank(self, scenario: Scenario) -> RankTrace:
@@ -75,11 +83,11 @@ class FullyShard(DistributedMethod):
         ) -> tuple[Callable[..., torch.Tensor], torch.optim.Optimizer]:
             model = run.model
             with _checkpoint_directory(run) as directory:
-                _save(model, old_optimizer, directory)
+                _save(model, old_optimizer, directory, self.checkpoint_options)
                 run.model = fresh_model(run)
                 self._shard(run)
                 optimizer = run.optimizer(run.model.parameters())
-                _load(run.model, optimizer, directory)
+                _load(run.model, optimizer, directory, self.checkpoint_options)
             return run.model, optimizer
 
         return train_data_parallel(
@@ -130,27 +138,48 @@ def _checkpoint_directory(run: RankRun) -> Iterator[str]:
             shutil.rmtree(str(made[0]), ignore_errors=True)
 
 
-def _save(model: torch.nn.Module, optimizer: torch.optim.Optimizer, directory: str) -> None:
+def _save(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    directory: str,
+    options: dict[str, bool],
+) -> None:
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
-    model_state, optimizer_state = get_state_dict(model, optimizer)
+    model_state, optimizer_state = get_state_dict(
+        model, optimizer, options=StateDictOptions(**options)
+    )
     dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=directory)
 
 
-def _load(model: torch.nn.Module, optimizer: torch.optim.Optimizer, directory: str) -> None:
+def _load(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    directory: str,
+    options: dict[str, bool],
+) -> None:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_state_dict,
+        set_state_dict,
+    )
 
-    model_state, optimizer_state = get_state_dict(model, optimizer)
+    chosen = StateDictOptions(**options)
+    model_state, optimizer_state = get_state_dict(model, optimizer, options=chosen)
     state = {"model": model_state, "optimizer": optimizer_state}
     # get_state_dict gives a fresh optimizer state for every parameter, the ones that never
     # had a gradient included; the checkpoint has none for those (nothing ever stepped them):
     # they keep their fresh, unused state.
     dcp.load(state, checkpoint_id=directory, planner=DefaultLoadPlanner(allow_partial_load=True))
     set_state_dict(
-        model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"]
+        model,
+        optimizer,
+        model_state_dict=state["model"],
+        optim_state_dict=state["optimizer"],
+        options=chosen,
     )
 
 
@@ -176,10 +205,12 @@ def fully_shard(
     reduce_dtype: str | None = None,
     resume_at: int = 0,
     accumulation: str = "gradient_sync",
+    checkpoint_options: dict[str, bool] | None = None,
 ) -> FullyShard:
     """FSDP2's ``fully_shard`` (HSDP with ``replicas`` > 1; gradients reduced in
-    ``reduce_dtype``). Every forward all-gathers parameters, so scenarios need equal
-    micro-batch counts per rank (``scenarios(same_micro_batch_counts=True)``).
+    ``reduce_dtype``; resumed from a ``torch.distributed.checkpoint`` before step
+    ``resume_at``, with ``checkpoint_options``). Every forward all-gathers parameters, so
+    scenarios need equal micro-batch counts per rank (``scenarios(same_micro_batch_counts=True)``).
 
     Example::
 
@@ -192,4 +223,5 @@ def fully_shard(
         reduce_dtype=reduce_dtype,
         resume_at=resume_at,
         accumulation=accumulation,
+        checkpoint_options=checkpoint_options,
     )
