@@ -111,6 +111,10 @@ _POST_LOCAL = (
     "test_model_averaging::test_post_local_sgd_hook_averages_over_the_world_then_over_the_subgroup"
 )
 _DDP_GROUP = "test_ddp_options::test_ddp_over_a_subgroup_starts_from_and_averages_over_that_group"
+_WHERE = "test_fsdp::test_where_and_when_fully_shard_keeps_parameters_changes_nothing"
+_ZERO_ADDED = (
+    "test_zero::test_zero_with_a_param_group_added_after_construction_matches_the_reference"
+)
 _DIVIDE = "test_fsdp::test_gradient_divide_factor_replaces_the_world_size"
 
 _DDP = "torch.nn.parallel.DistributedDataParallel"
@@ -262,8 +266,8 @@ ENTRIES: tuple[Entry, ...] = (
        "test_zero::test_zero_resumes_from_its_consolidated_state"),
     _e("torch.distributed.optim.ZeroRedundancyOptimizer", "load_state_dict()", COVERED,
        "test_zero::test_zero_resumes_from_its_consolidated_state"),
-    _gap("torch.distributed.optim.ZeroRedundancyOptimizer", "add_param_group()",
-         "a parameter group added after construction: no property"),
+    _e("torch.distributed.optim.ZeroRedundancyOptimizer", "add_param_group()", COVERED,
+       _ZERO_ADDED),
     _gap("torch.distributed.optim.ZeroRedundancyOptimizer", "join_hook()",
          "ZeRO under Join: no property"),
     *(
@@ -300,11 +304,14 @@ ENTRIES: tuple[Entry, ...] = (
     # -- FSDP2 -------------------------------------------------------------------------------
     _e("torch.distributed.fsdp.fully_shard", "module", COVERED, _FSDP),
     _e("torch.distributed.fsdp.fully_shard", "mesh", COVERED, _HSDP, why="1-D and 2-D (HSDP)"),
-    _gap("torch.distributed.fsdp.fully_shard", "reshard_after_forward", "the default only"),
-    _gap("torch.distributed.fsdp.fully_shard", "shard_placement_fn", "no property"),
+    _e("torch.distributed.fsdp.fully_shard", "reshard_after_forward", COVERED, _WHERE,
+       why="True, False and ints"),
+    _e("torch.distributed.fsdp.fully_shard", "shard_placement_fn", COVERED, _WHERE,
+       why="Shard(1) where the dimension divides evenly"),
     _e("torch.distributed.fsdp.fully_shard", "mp_policy", COVERED,
        "test_fsdp::test_mixed_precision_reduction_in_float32_of_a_bfloat16_model"),
-    _gap("torch.distributed.fsdp.fully_shard", "offload_policy", "CPU offload: no property"),
+    _e("torch.distributed.fsdp.fully_shard", "offload_policy", COVERED, _WHERE,
+       why="CPUOffloadPolicy on accelerator worlds (a CPU world refuses it)"),
     _gap("torch.distributed.fsdp.fully_shard", "ignored_params", "no property"),
     _gap("torch.distributed.fsdp.fully_shard", "dp_mesh_dims", "no property"),
     _e("torch.distributed.fsdp.MixedPrecisionPolicy", "param_dtype", COVERED, _RECIPE,
@@ -323,8 +330,11 @@ ENTRIES: tuple[Entry, ...] = (
     ),
     _e("torch.distributed.fsdp.FSDPModule", "set_requires_all_reduce()", COVERED, _HSDP,
        why="HSDP accumulation with the all-reduce skipped"),
-    _gap("torch.distributed.fsdp.FSDPModule", "set_reshard_after_forward()", "no property"),
-    _gap("torch.distributed.fsdp.FSDPModule", "set_reshard_after_backward()", "no property"),
+    _gap("torch.distributed.fsdp.FSDPModule", "set_reshard_after_forward()",
+         "no property (the constructor's reshard_after_forward is covered)"),
+    _gap("torch.distributed.fsdp.FSDPModule", "set_reshard_after_backward()",
+         "no property: with False, model.parameters() are the unsharded tensors, without "
+         "gradients, until reshard(); the suite's trace reads them there"),
     _gap("torch.distributed.fsdp.FSDPModule", "set_is_last_backward()", "no property"),
     _gap("torch.distributed.fsdp.FSDPModule", "set_all_reduce_hook()", "no property"),
     _gap("torch.distributed.fsdp.FSDPModule", "set_reduce_scatter_unused_params()",

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from ddp_verify.conformance import jobs
 from ddp_verify.conformance.known import known_torch_issue
-from ddp_verify.engine.scenario import Scenario
+from ddp_verify.engine.scenario import ModelSpec, Scenario
 from ddp_verify.engine.strategies import optimizers, scenarios
 from ddp_verify.methods import fully_shard
 from ddp_verify.world import RankError
@@ -39,6 +39,39 @@ def test_fully_shard_matches_the_reference(world, fsdp, prove):
         ),
         lambda scenario: world.assert_equivalent(fsdp, scenario),
     )
+
+
+def test_where_and_when_fully_shard_keeps_parameters_changes_nothing(world, fsdp, prove):
+    # reshard_after_forward (False: kept unsharded for backward; an int: resharded to a
+    # smaller group), CPUOffloadPolicy (on accelerators: on a CPU world it refuses, "Cannot
+    # access accelerator device"), and a shard_placement_fn sharding along dimension 1:
+    # memory and communication, never what is trained.
+    size = world.size
+    smaller = [d for d in range(1, size) if size % d == 0]
+    offload = st.booleans() if world.backend != "gloo" else st.just(False)
+
+    @st.composite
+    def options(draw):
+        chosen: dict[str, object] = {}
+        reshard = st.sampled_from([True, False, *smaller])
+        for key, strategy in (("reshard_after_forward", reshard),
+                              ("offload", offload), ("shard_dim", st.just(1))):  # fmt: skip
+            if draw(st.booleans()):
+                chosen[key] = draw(strategy)
+        return chosen
+
+    def check(case):
+        scenario, chosen = case
+        world.assert_equivalent(fully_shard(shard_options=chosen), scenario)
+
+    strategy = scenarios(
+        world_size=size, max_micro_batches=2, same_micro_batch_counts=True,
+        dtypes=("float64", "float32"),
+    )  # fmt: skip
+    # Never left to chance: every weight shardable along dimension 1 (widths the world size).
+    model = ModelSpec(in_features=size, hidden=(size,), out_features=size)
+    even = Scenario(world_size=size, schedule=(((1,),) * size, ((2,),) * size), model=model)
+    prove(st.tuples(strategy, options()), check, examples=[(even, {"shard_dim": 1})])
 
 
 def test_fully_shard_clips_by_the_total_norm_across_shards(world, fsdp, prove):

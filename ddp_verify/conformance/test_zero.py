@@ -38,6 +38,25 @@ def test_zero_with_parameters_as_bucket_view_matches_the_reference(world, data_p
     )
 
 
+def test_zero_with_a_param_group_added_after_construction_matches_the_reference(
+    world, data_parallel, prove
+):
+    # add_param_group re-partitions the parameters over the ranks: the group added later must
+    # step with its own settings, on the rank that now owns each of its parameters.
+    method = data_parallel(zero={"add_param_group": True})
+    prove(
+        scenarios(
+            world_size=world.size,
+            max_micro_batches=2,
+            optimizers=optimizers(names=("adam", "sgd"), groups=True).filter(
+                lambda o: o.param_groups == 2
+            ),
+            dtypes=("float64",),
+        ),
+        lambda scenario: world.assert_equivalent(method, scenario),
+    )
+
+
 def test_zero_with_clip_grad_norm_clips_by_the_global_norm(world, data_parallel, prove):
     # Every rank holds the averaged gradients when ZeRO steps: clipping them all before the
     # sharded step clips by the full batch's norm.

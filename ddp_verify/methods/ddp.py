@@ -33,7 +33,9 @@ class DDP(DistributedMethod):
     as DDP is: ``wrapper(module, **ddp_kwargs)``. ``comm_hook`` is registered with the state
     ``hook_state(module)`` returns for the unwrapped module (``None`` without it).
     ``zero=True`` steps with ``ZeroRedundancyOptimizer`` around the scenario's optimizer;
-    a dict (``zero={"parameters_as_bucket_view": True}``) also gives it those keywords.
+    a dict (``zero={"parameters_as_bucket_view": True}``) also gives it those keywords, and
+    ``zero={"add_param_group": True}`` builds it with the first param group and adds the
+    others with ``add_param_group``.
     ``set_to_none=False`` zeroes gradients in place between steps (``zero_grad``'s other
     mode; with ``gradient_as_bucket_view`` the gradients are DDP's bucket views).
     ``checkpoint="reentrant"`` or ``"non_reentrant"`` runs the model's forward under
@@ -245,15 +247,23 @@ class CommHookInUse(NotApplicable):
 
 
 def zero_redundancy(
-    scenario: Scenario, params: list[torch.nn.Parameter], **zero_kwargs: Any
+    scenario: Scenario,
+    params: list[torch.nn.Parameter],
+    *,
+    add_param_group: bool = False,
+    **zero_kwargs: Any,
 ) -> torch.optim.Optimizer:
     """``ZeroRedundancyOptimizer`` sharding the scenario's optimizer (same class and settings)
-    over the ranks; ``zero_kwargs`` are its own (``parameters_as_bucket_view``)."""
+    over the ranks; ``zero_kwargs`` are its own (``parameters_as_bucket_view``). With
+    ``add_param_group``, built with the first param group, the others added after."""
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
     optimizer, kwargs = optimizer_settings(scenario.optimizer)
     groups = torch_param_groups(scenario.optimizer, params)
-    zero = ZeroRedundancyOptimizer(groups, optimizer_class=optimizer, **zero_kwargs, **kwargs)
+    first = groups[:1] if add_param_group else groups
+    zero = ZeroRedundancyOptimizer(first, optimizer_class=optimizer, **zero_kwargs, **kwargs)
+    for group in groups[len(first) :]:
+        zero.add_param_group(group)
     return scheduling(scenario.optimizer, clipping(scenario.optimizer, zero))
 
 

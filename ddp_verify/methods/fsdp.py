@@ -35,7 +35,11 @@ class FullyShard(DistributedMethod):
     before step k (each rank writes its shards), shards a fresh (perturbed) model, loads the
     checkpoint into it and trains on; ``checkpoint_options`` are the ``StateDictOptions``
     (``full_state_dict``, ``cpu_offload``, ``flatten_optimizer_state_dict``, ``strict``,
-    ``broadcast_from_rank0``) both state-dict calls get."""
+    ``broadcast_from_rank0``) both state-dict calls get. ``shard_options`` change where and
+    when, never what: ``reshard_after_forward`` (``fully_shard``'s), ``offload``
+    (``CPUOffloadPolicy``), ``shard_dim``
+    (a ``shard_placement_fn`` sharding every parameter along that dimension where its size
+    divides evenly, along dimension 0 elsewhere)."""
 
     def __init__(
         self,
@@ -45,6 +49,7 @@ class FullyShard(DistributedMethod):
         resume_at: int = 0,
         accumulation: str = "gradient_sync",
         checkpoint_options: dict[str, bool] | None = None,
+        shard_options: dict[str, object] | None = None,
     ) -> None:
         if replicas < 1:
             raise ValueError(f"replicas must be at least 1, got {replicas}")
@@ -65,6 +70,13 @@ class FullyShard(DistributedMethod):
             options.append(f"reduce_dtype={reduce_dtype}")
         self.resume_at = resume_at
         self.checkpoint_options = dict(checkpoint_options or {})
+        self.shard_options = dict(shard_options or {})
+        unknown = set(self.shard_options) - {
+            "reshard_after_forward", "offload", "shard_dim"
+        }  # fmt: skip
+        if unknown:
+            raise ValueError(f"unknown shard_options {sorted(unknown)}")
+        options += [f"{k}={v}" for k, v in self.shard_options.items()]
         if resume_at:
             said = ", ".join(f"{k}={v}" for k, v in self.checkpoint_options.items())
             options.append(
@@ -117,7 +129,25 @@ class FullyShard(DistributedMethod):
         policy = MixedPrecisionPolicy(
             reduce_dtype=getattr(torch, self.reduce_dtype) if self.reduce_dtype else None
         )
-        shard(run.model, mesh=mesh, mp_policy=policy)
+        extra: dict[str, object] = {}
+        chosen = self.shard_options
+        if "reshard_after_forward" in chosen:
+            extra["reshard_after_forward"] = chosen["reshard_after_forward"]
+        if chosen.get("offload"):
+            from torch.distributed.fsdp import CPUOffloadPolicy
+
+            extra["offload_policy"] = CPUOffloadPolicy()
+        if "shard_dim" in chosen:
+            from torch.distributed.tensor import Shard
+
+            dim, size = int(str(chosen["shard_dim"])), mesh.size(-1)
+
+            def placement(param: torch.nn.Parameter) -> Shard | None:
+                fits = param.dim() > dim and param.size(dim) % size == 0
+                return Shard(dim) if fits else None
+
+            extra["shard_placement_fn"] = placement
+        shard(run.model, mesh=mesh, mp_policy=policy, **extra)
 
 
 @contextlib.contextmanager
@@ -206,6 +236,7 @@ def fully_shard(
     resume_at: int = 0,
     accumulation: str = "gradient_sync",
     checkpoint_options: dict[str, bool] | None = None,
+    shard_options: dict[str, object] | None = None,
 ) -> FullyShard:
     """FSDP2's ``fully_shard`` (HSDP with ``replicas`` > 1; gradients reduced in
     ``reduce_dtype``; resumed from a ``torch.distributed.checkpoint`` before step
@@ -224,4 +255,5 @@ def fully_shard(
         resume_at=resume_at,
         accumulation=accumulation,
         checkpoint_options=checkpoint_options,
+        shard_options=shard_options,
     )

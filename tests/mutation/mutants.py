@@ -720,6 +720,19 @@ MUTANTS: tuple[Mutant, ...] = (
         "test_ddp_over_a_subgroup_starts_from_and_averages_over_that_group",
     ),
     Mutant(
+        "fsdp_reduce_ignores_shard_dim",
+        "fully_shard",
+        "fully_shard's reduce-scatter cuts every gradient along dimension 0, whatever "
+        "dimension shard_placement_fn sharded its parameter along (foreach_reduce's source, "
+        "one line changed)",
+        "torch.distributed.fsdp._fully_shard._fsdp_param_group:foreach_reduce",
+        _source_patch(
+            "chunks = torch.chunk(unsharded_grad, world_size, dim=shard_dim)",
+            "chunks = torch.chunk(unsharded_grad, world_size, dim=0)",
+        ),
+        "test_where_and_when_fully_shard_keeps_parameters_changes_nothing",
+    ),
+    Mutant(
         "fused_sgd_without_momentum",
         "DDP",
         "DDP's fused SGD (_register_fused_optim) steps without its momentum (the functional "
