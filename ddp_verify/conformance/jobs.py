@@ -426,6 +426,7 @@ def fully_shard_linear_gradients(
     factor: float | None = None,
     force_sum: bool = False,
     deprecated_name: bool = False,
+    group_size: int | None = None,
 ) -> tuple[str, str, list[list[float]]]:
     """A bias-free ``Linear`` in ``dtype``, ``fully_shard``-ed over the world: rank r's loss
     is ``(model(inputs[r]) * weights[r]).sum()`` for one sample, so its weight's gradient is
@@ -433,8 +434,9 @@ def fully_shard_linear_gradients(
     (``MixedPrecisionPolicy(param_dtype, reduce_dtype=float32, output_dtype)``); ``factor`` is
     given to ``set_gradient_divide_factor`` (its deprecated name
     ``set_reduce_scatter_divide_factor`` with ``deprecated_name``), ``force_sum`` to
-    ``set_force_sum_reduction_for_comms``. Returns the forward's output dtype, the sharded
-    gradient's dtype and the full reduced gradient."""
+    ``set_force_sum_reduction_for_comms``; ``group_size`` shards over the 1-D mesh of that
+    many consecutive ranks sliced from a 2-D one (the whole world by default). Returns the
+    forward's output dtype, the sharded gradient's dtype and the full reduced gradient."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -447,7 +449,12 @@ def fully_shard_linear_gradients(
         reduce_dtype=torch.float32 if param_dtype else None,
         output_dtype=getattr(torch, output_dtype) if output_dtype else None,
     )
-    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    size = dist.get_world_size()
+    if group_size is None:
+        mesh = init_device_mesh(device.type, (size,))
+    else:
+        shape, names = (size // group_size, group_size), ("outer", "shard")
+        mesh = init_device_mesh(device.type, shape, mesh_dim_names=names)["shard"]
     fully_shard(model, mesh=mesh, mp_policy=policy)
     if factor is not None:
         if deprecated_name:

@@ -12,7 +12,7 @@ cannot take the function's place (its code closes over other names) is set aside
 ones that change no numbers. The score per module is killed / live.
 
     python -m tests.mutation.generated [--samples 5] [--seed 0] [--world-size 4]
-        [--modules GLOB ...] [--write docs/mutation.md] [--json out.json]
+        [--modules GLOB ...] [--match TEXT] [--write docs/mutation.md] [--json out.json]
 
 ``tox -e mutation`` runs it.
 """
@@ -188,6 +188,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--world-size", type=int, default=4)
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per suite run")
     parser.add_argument("--modules", nargs="*", default=["*"])
+    parser.add_argument("--match", default=None,
+                        help="run every mutant whose name contains this (a survivor, again) "
+                        "instead of a sample")  # fmt: skip
     parser.add_argument("--write", default=None)
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
@@ -201,7 +204,10 @@ def main(argv: list[str] | None = None) -> int:
             if not any(fnmatch.fnmatch(module, g) for g in args.modules):
                 continue
             every = mutants(module)
-            drawn = rng.sample(every, min(args.samples, len(every)))
+            if args.match:
+                drawn = [m for m in every if args.match in f"{m.name} ({m.site.change})"]
+            else:
+                drawn = rng.sample(every, min(args.samples, len(every)))
             baseline = probe(probe_name, None)
             counts = {"live": 0, "killed": 0, "not live": 0, "survived": 0, "timed out": 0}
             for mutant in drawn:

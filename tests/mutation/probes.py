@@ -95,17 +95,38 @@ def differentiable() -> list[float]:
 
     rank, size = dist.get_rank(), dist.get_world_size()
     out: list[float] = []
-    for kind in ("all_gather", "all_reduce", "broadcast"):
-        x = torch.arange(3.0, dtype=torch.float64).add(rank * 10).requires_grad_()
-        if kind == "all_gather":
-            ys = list(functional.all_gather(x))
-        elif kind == "all_reduce":
-            ys = [functional.all_reduce(x)]
-        else:
-            ys = [functional.broadcast(x, size - 1)]
-        loss = sum((y * (i + 1 + rank)).sum() for i, y in enumerate(ys))
-        loss.backward()
-        out += _flat(ys) + _flat([x.grad])
+    groups: list[tuple[Any, int]] = [(dist.group.WORLD, 0)]
+    if size > 1:  # the subgroup holding global rank 0 (the others meet known torch issues)
+        groups.append((dist.new_group([0]), 0))
+    kinds = ("all_gather", "all_reduce", "broadcast", "reduce_scatter", "all_to_all_single",
+             "gather", "scatter", "reduce")  # fmt: skip
+    for group, first in groups:
+        if rank >= first + dist.get_world_size(group):
+            continue
+        n = dist.get_world_size(group)
+        for kind in kinds:
+            x = torch.arange(2.0 * n, dtype=torch.float64).add(rank * 10).requires_grad_()
+            if kind == "all_gather":
+                ys = list(functional.all_gather(x, group=group))
+            elif kind == "all_reduce":
+                ys = [functional.all_reduce(x, group=group)]
+            elif kind == "broadcast":
+                ys = [functional.broadcast(x, first + n - 1, group=group)]
+            elif kind == "reduce_scatter":
+                ys = [functional.reduce_scatter(torch.empty(2, dtype=torch.float64),
+                                                list(x.chunk(n)), group=group)]  # fmt: skip
+            elif kind == "all_to_all_single":
+                ys = [functional.all_to_all_single(torch.empty(2 * n, dtype=torch.float64), x,
+                                                   group=group)]  # fmt: skip
+            elif kind == "gather":
+                ys = list(functional.gather(x, first, group=group))
+            elif kind == "scatter":
+                ys = [functional.scatter(list(x.reshape(n, 2).unbind()), first, group=group)]
+            else:
+                ys = [functional.reduce(x, first, group=group)]
+            loss = sum((y * (i + 1 + rank)).sum() for i, y in enumerate(ys))
+            loss.backward()
+            out += _flat(ys) + _flat([x.grad])
     return out
 
 
