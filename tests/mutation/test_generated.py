@@ -108,3 +108,40 @@ def test_the_clipping_probe_tells_a_live_mutant():
         target.__code__ = original
         del target._generated_mutant
     assert changed != baseline and probes.clipping() == baseline
+
+
+def test_every_module_has_a_probe_and_the_tests_to_run_first():
+    from tests.mutation import generated, probes
+
+    for module, probe in generated.MODULES.items():
+        assert callable(getattr(probes, probe, None)), f"{module}: no probe {probe}()"
+        assert probe in generated.FIRST, f"{module}: no test modules to run first for {probe}"
+        assert generated.mutants(module), f"{module}: the operators find nothing to change"
+
+
+def test_the_mutated_modules_own_properties_run_first(tmp_path):
+    # Only the order changes: every test is still collected.
+    import os
+    import subprocess
+    import sys
+
+    from tests.mutation.generated import ROOT
+    from tests.mutation.generated_patch import FIRST_ENV
+
+    def collected(first: str) -> list[str]:
+        env = {**os.environ, FIRST_ENV: first, "PYTHONPATH": str(ROOT)}
+        done = subprocess.run(
+            [sys.executable, "-m", "pytest", "--pyargs", "ddp_verify.conformance",
+             "--collect-only", "-q", "-p", "no:cacheprovider",
+             "-p", "tests.mutation.generated_patch"],
+            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        return [line for line in done.stdout.splitlines() if "::" in line]
+
+    plain, ordered = collected(""), collected("test_zero,test_fsdp")
+    assert sorted(plain) == sorted(ordered) and len(plain) > 50
+    zero = sum(1 for t in plain if t.startswith("test_zero.py"))
+    fsdp = sum(1 for t in plain if t.startswith("test_fsdp.py"))
+    assert all(t.startswith("test_zero.py") for t in ordered[:zero])
+    assert all(t.startswith("test_fsdp.py") for t in ordered[zero : zero + fsdp])
+    assert not plain[0].startswith("test_zero.py")
