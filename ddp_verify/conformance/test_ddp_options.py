@@ -27,6 +27,13 @@ OPTIONS = {
     # gradient_as_bucket_view they are DDP's bucket views, zeroed where the reducer writes.
     "zero_grad_in_place": {"set_to_none": False},
     "bucket_views_zeroed_in_place": {"gradient_as_bucket_view": True, "set_to_none": False},
+    # Per-bucket caps (the first buckets one byte: one parameter each, the rest one bucket).
+    "bucket_cap_mb_list": {"bucket_cap_mb_list": [TINY_BUCKET_MB, TINY_BUCKET_MB, 25]},
+    # Gradients copied into a bucket and divided once per bucket, not per parameter.
+    "batched_grad_copy": {"batched_grad_copy": True},
+    "batched_grad_copy_tiny_buckets": {"batched_grad_copy": True, "bucket_cap_mb": TINY_BUCKET_MB},
+    # broadcast_buffers' replacement, said outright.
+    "forward_sync_buffers": {"forward_sync_buffers": True},
 }
 
 
@@ -215,8 +222,12 @@ def test_static_graph_with_no_sync_accumulation(world, data_parallel, prove):
     )
 
 
-def test_find_unused_parameters_with_unused_parameters(world, data_parallel, prove):
-    method = data_parallel(find_unused_parameters=True)
+@pytest.mark.parametrize("skip", [False, True], ids=["reduced", "skip_all_reduce_unused"])
+def test_find_unused_parameters_with_unused_parameters(world, data_parallel, prove, skip):
+    # skip_all_reduce_unused_params: the unused parameters (the same on every rank, as it
+    # requires) are left out of the all-reduce; their gradients stay None either way.
+    options = {"skip_all_reduce_unused_params": True} if skip else {}
+    method = data_parallel(find_unused_parameters=True, **options)
     prove(
         scenarios(world_size=world.size, models=models(required_features=("unused",))),
         lambda scenario: world.assert_equivalent(method, scenario),
