@@ -537,3 +537,27 @@ def ddp_in_a_group(
     wrapped(torch.tensor(gradients[rank], dtype=torch.float64, device=device)).backward()
     assert module.weight.grad is not None
     return after_wrapping, module.weight.grad.tolist()
+
+
+def fp16_wrapped_allreduce_hook(state: Any, bucket: Any) -> Any:
+    """``fp16_compress_wrapper(allreduce_hook)``, at module level so that a rank can be sent
+    it by name (the wrapper's closure cannot be pickled)."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    return default_hooks.fp16_compress_wrapper(default_hooks.allreduce_hook)(state, bucket)
+
+
+def bf16_wrapped_allreduce_hook(state: Any, bucket: Any) -> Any:
+    """``bf16_compress_wrapper(allreduce_hook)`` (see :func:`fp16_wrapped_allreduce_hook`)."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    return default_hooks.bf16_compress_wrapper(default_hooks.allreduce_hook)(state, bucket)
+
+
+# DDP checks a hook's annotations as objects; this module's are strings (postponed evaluation).
+for _hook in (fp16_wrapped_allreduce_hook, bf16_wrapped_allreduce_hook):
+    _hook.__annotations__ = {
+        "state": object,
+        "bucket": dist.GradBucket,
+        "return": torch.futures.Future[torch.Tensor],
+    }

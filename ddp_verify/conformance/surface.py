@@ -196,7 +196,8 @@ ENTRIES: tuple[Entry, ...] = (
         for arg in ("process_group", "bucket")
     ),
     *(
-        _gap(_DEFAULT_HOOKS + hook, arg, "the wrapper around another hook: no property")
+        _e(_DEFAULT_HOOKS + hook, arg, COVERED, _HOOK_FORMAT,
+           why=f"[{hook}]: around allreduce_hook; bfloat16 on NCCL only (gloo raises TypeError)")
         for hook in ("fp16_compress_wrapper", "bf16_compress_wrapper")
         for arg in ("hook",)
     ),

@@ -43,15 +43,26 @@ def test_allreduce_hook_is_exact(world, data_parallel, prove):
 
 @pytest.mark.parametrize(
     ("hook", "fmt"),
-    [(default.fp16_compress_hook, "float16"), (default.bf16_compress_hook, "bfloat16")],
-    ids=["fp16_compress_hook", "bf16_compress_hook"],
+    [
+        (default.fp16_compress_hook, "float16"),
+        (default.bf16_compress_hook, "bfloat16"),
+        # The wrappers: another hook (here allreduce_hook) run on the compressed bucket.
+        (jobs.fp16_wrapped_allreduce_hook, "float16"),
+        (jobs.bf16_wrapped_allreduce_hook, "bfloat16"),
+    ],
+    ids=[
+        "fp16_compress_hook",
+        "bf16_compress_hook",
+        "fp16_compress_wrapper",
+        "bf16_compress_wrapper",
+    ],
 )
 def test_compression_hook_is_within_its_formats_precision(
     world, data_parallel, prove, finding, hook, fmt
 ):
     if fmt == "bfloat16" and world.backend != "nccl":
         pytest.skip(
-            "bf16_compress_hook needs NCCL 2.10+ on CUDA 11+ (or XCCL): on gloo torch raises "
+            "bfloat16 compression needs NCCL 2.10+ on CUDA 11+ (or XCCL): on gloo torch raises "
             "TypeError; run with --ddp-backend nccl on GPUs"
         )
     method = data_parallel(comm_hook=hook)
