@@ -333,12 +333,17 @@ def periodic_averaging(
     warmup: int,
     members: list[int] | None,
     via: str,
+    resume_at: int = 0,
+    add_group: bool = False,
 ) -> list[list[float]]:
     """Rank r's parameters start at ``values[r]`` (split in two tensors) and move by
     ``deltas[t][r]`` at step t, then a ``PeriodicModelAverager(period, warmup)`` over
     ``members`` (a subgroup; None: the world) averages them, called directly (``via
     "averager"``, the parameters as one optimizer's parameter groups for ``"groups"``) or by
-    ``PostLocalSGDOptimizer`` stepping SGD (``"optimizer"``). The parameters after each step."""
+    ``PostLocalSGDOptimizer`` stepping SGD (``"optimizer"``; with ``add_group`` the second
+    tensor joins it through ``add_param_group``; with ``resume_at=k`` its ``state_dict()``
+    after step k - 1 is loaded into a fresh optimizer and averager that train on). The
+    parameters after each step."""
     from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
     from torch.distributed.optim import PostLocalSGDOptimizer
 
@@ -347,11 +352,26 @@ def periodic_averaging(
     start = torch.tensor(values[rank], dtype=torch.float64, device=device)
     half = max(1, start.numel() // 2)
     params = [torch.nn.Parameter(start[:half].clone()), torch.nn.Parameter(start[half:].clone())]
-    averager = PeriodicModelAverager(period=period, warmup_steps=warmup, process_group=group)
-    optimizer = PostLocalSGDOptimizer(torch.optim.SGD(params, lr=1.0), averager)
+
+    def post_local(params: list[torch.nn.Parameter]) -> tuple[Any, Any]:
+        averager = PeriodicModelAverager(period=period, warmup_steps=warmup, process_group=group)
+        first = params[:1] if add_group else params
+        optimizer = PostLocalSGDOptimizer(torch.optim.SGD(first, lr=1.0), averager)
+        if add_group:
+            optimizer.add_param_group({"params": params[1:]})
+        return averager, optimizer
+
+    averager, optimizer = post_local(params)
     after = []
-    for delta in deltas:
+    for step, delta in enumerate(deltas):
+        if via == "optimizer" and resume_at and step == resume_at:
+            saved = optimizer.state_dict()
+            params = [torch.nn.Parameter(p.detach().clone()) for p in params]
+            averager, optimizer = post_local(params)
+            optimizer.load_state_dict(saved)
         move = torch.tensor(delta[rank], dtype=torch.float64, device=device)
+        if via == "optimizer":
+            optimizer.zero_grad()
         # As in training, each parameter has a gradient: the averager averages only those
         # (its documented get_params_to_average). SGD at lr 1 on -delta moves it by delta.
         params[0].grad, params[1].grad = -move[:half], -move[half:]

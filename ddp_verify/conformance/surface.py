@@ -278,7 +278,9 @@ ENTRIES: tuple[Entry, ...] = (
         for arg in ("optim", "averager", "step()")
     ),
     *(
-        _gap("torch.distributed.optim.PostLocalSGDOptimizer", arg, "no property")
+        _e("torch.distributed.optim.PostLocalSGDOptimizer", arg, COVERED, _AVERAGING,
+           why="a fresh optimizer loads the state dict before a drawn step; a group added "
+           "after construction")
         for arg in ("state_dict()", "load_state_dict()", "add_param_group()", "zero_grad()")
     ),
     # -- torch.distributed.nn ----------------------------------------------------------------

@@ -59,19 +59,25 @@ def cases(world_size: int) -> st.SearchStrategy:
             | st.lists(st.integers(0, world_size - 1), min_size=1, unique=True).map(sorted)
         )
         via = draw_(st.sampled_from(("averager", "groups", "optimizer")))
-        return values, deltas, period, warmup, members, via
+        # PostLocalSGDOptimizer's own methods: its state_dict() loaded into a fresh one before
+        # a drawn step (the averager's step count with it), a param group added after.
+        resume_at = draw_(st.integers(0, steps - 1)) if via == "optimizer" else 0
+        add_group = via == "optimizer" and draw_(st.booleans())
+        return values, deltas, period, warmup, members, via, resume_at, add_group
 
     return draw()  # fmt: skip
 
 
 def test_periodic_model_averager_averages_its_group_at_the_steps_it_names(world, prove):
     def check(case):
-        values, deltas, period, warmup, members, via = case
+        values, deltas, period, warmup, members, via, resume_at, add_group = case
         results = world.run(jobs.periodic_averaging, *case)
         want = expected(values, deltas, period, warmup, members)
         said = (
             f"PeriodicModelAverager(period={period}, warmup_steps={warmup}, process_group="
             f"{'the world' if members is None else f'new_group({members})'}) via {via}"
+            + (f", resumed from its state_dict() before step {resume_at}" if resume_at else "")
+            + (", the second tensor added with add_param_group" if add_group else "")
         )
         for rank, steps in enumerate(results):
             for step, got in enumerate(steps):
@@ -92,9 +98,13 @@ def test_periodic_model_averager_averages_its_group_at_the_steps_it_names(world,
     size = world.size
     values = [[float(r), float(-r)] for r in range(size)]
     deltas = [[[float(r + t), 0.0] for r in range(size)] for t in range(5)]
+    subgroup = [0, size - 1] if size > 2 else [0]  # smaller than the world
     boundary = [
-        (values, deltas, 2, 1, None, "averager"),
-        (values, deltas, 3, 1, [0, size - 1], "optimizer"),
+        (values, deltas, 2, 1, None, "averager", 0, False),
+        (values, deltas, 3, 1, subgroup, "optimizer", 0, False),
+        # resumed at an averaging step (3: past the warm-up of 1, a period of 2 after it),
+        # which only the restored step count tells from step 0
+        (values, deltas, 2, 1, None, "optimizer", 3, True),
     ]
     prove(cases(size), check, examples=boundary)
 

@@ -733,6 +733,15 @@ MUTANTS: tuple[Mutant, ...] = (
         "test_where_and_when_fully_shard_keeps_parameters_changes_nothing",
     ),
     Mutant(
+        "post_local_sgd_optimizer_forgets_the_step",
+        "model averaging",
+        "PostLocalSGDOptimizer.load_state_dict leaves the averager's step count at 0 (its "
+        "source, one line changed): a resumed run averages at the wrong steps",
+        "torch.distributed.optim.post_localSGD_optimizer:PostLocalSGDOptimizer.load_state_dict",
+        _source_patch('self.averager.step = state_dict["step"]', "self.averager.step = 0"),
+        _AVERAGING,
+    ),
+    Mutant(
         "fused_sgd_without_momentum",
         "DDP",
         "DDP's fused SGD (_register_fused_optim) steps without its momentum (the functional "
