@@ -86,6 +86,7 @@ _OPTIONS = "test_ddp_options::test_ddp_option_keeps_training_equivalent"
 _HOOK_SCALE = "test_comm_hooks::test_compression_hook_averages_large_gradients"
 _HOOK_FORMAT = "test_comm_hooks::test_compression_hook_is_within_its_formats_precision"
 _POWERSGD = "test_comm_hooks::test_powersgd_at_full_rank_is_exact"
+_POWERSGD_WIDE = "test_comm_hooks::test_powersgd_at_full_rank_is_exact_on_matrices_wider_than_two"
 _POWERSGD_DEFAULTS = "test_comm_hooks::test_powersgd_with_its_defaults_keeps_what_it_does_not_apply"
 _ZERO = "test_zero::test_zero_redundancy_optimizer_matches_the_reference"
 _FSDP = "test_fsdp::test_fully_shard_matches_the_reference"
@@ -209,10 +210,10 @@ ENTRIES: tuple[Entry, ...] = (
     _e(_POWER + "PowerSGDState", "use_error_feedback", COVERED, _POWERSGD),
     _e(_POWER + "PowerSGDState", "warm_start", COVERED, _POWERSGD),
     _e(_POWER + "PowerSGDState", "orthogonalization_epsilon", COVERED, _POWERSGD),
-    _gap(_POWER + "PowerSGDState", "random_seed", "the default seed only"),
+    _e(_POWER + "PowerSGDState", "random_seed", COVERED, _POWERSGD_WIDE, why="the default and 7"),
     _e(_POWER + "PowerSGDState", "compression_stats_logging_frequency", OUT,
        why="how often statistics are logged; no arithmetic"),
-    _gap(_POWER + "PowerSGDState", "batch_tensors_with_same_shape", "no property"),
+    _e(_POWER + "PowerSGDState", "batch_tensors_with_same_shape", COVERED, _POWERSGD_WIDE),
     _e(_POWER + "PowerSGDState", "maybe_increase_iter()", COVERED, _POWERSGD_DEFAULTS,
        why="called by the hook each step"),
     _e(_POWER + "PowerSGDState", "compression_stats()", OUT, why="statistics; no arithmetic"),
@@ -335,8 +336,7 @@ ENTRIES: tuple[Entry, ...] = (
     ),
     _e("torch.distributed.fsdp.FSDPModule", "set_requires_all_reduce()", COVERED, _HSDP,
        why="HSDP accumulation with the all-reduce skipped"),
-    _gap("torch.distributed.fsdp.FSDPModule", "set_reshard_after_forward()",
-         "no property (the constructor's reshard_after_forward is covered)"),
+    _e("torch.distributed.fsdp.FSDPModule", "set_reshard_after_forward()", COVERED, _WHERE),
     _gap("torch.distributed.fsdp.FSDPModule", "set_reshard_after_backward()",
          "no property: with False, model.parameters() are the unsharded tensors, without "
          "gradients, until reshard(); the suite's trace reads them there"),

@@ -43,9 +43,10 @@ def test_fully_shard_matches_the_reference(world, fsdp, prove):
 
 def test_where_and_when_fully_shard_keeps_parameters_changes_nothing(world, fsdp, prove):
     # reshard_after_forward (False: kept unsharded for backward; an int: resharded to a
-    # smaller group), CPUOffloadPolicy (on accelerators: on a CPU world it refuses, "Cannot
-    # access accelerator device"), and a shard_placement_fn sharding along dimension 1:
-    # memory and communication, never what is trained.
+    # smaller group; set_reshard_after_forward after sharding too), CPUOffloadPolicy (on
+    # accelerators: on a CPU world it refuses, "Cannot access accelerator device"), and a
+    # shard_placement_fn sharding along dimension 1: memory and communication, never what is
+    # trained.
     size = world.size
     smaller = [d for d in range(1, size) if size % d == 0]
     offload = st.booleans() if world.backend != "gloo" else st.just(False)
@@ -55,6 +56,7 @@ def test_where_and_when_fully_shard_keeps_parameters_changes_nothing(world, fsdp
         chosen: dict[str, object] = {}
         reshard = st.sampled_from([True, False, *smaller])
         for key, strategy in (("reshard_after_forward", reshard),
+                              ("set_reshard_after_forward", st.booleans()),
                               ("offload", offload), ("shard_dim", st.just(1))):  # fmt: skip
             if draw(st.booleans()):
                 chosen[key] = draw(strategy)

@@ -36,7 +36,8 @@ class FullyShard(DistributedMethod):
     checkpoint into it and trains on; ``checkpoint_options`` are the ``StateDictOptions``
     (``full_state_dict``, ``cpu_offload``, ``flatten_optimizer_state_dict``, ``strict``,
     ``broadcast_from_rank0``) both state-dict calls get. ``shard_options`` change where and
-    when, never what: ``reshard_after_forward`` (``fully_shard``'s), ``offload``
+    when, never what: ``reshard_after_forward`` (``fully_shard``'s),
+    ``set_reshard_after_forward`` (the method, after sharding), ``offload``
     (``CPUOffloadPolicy``), ``shard_dim``
     (a ``shard_placement_fn`` sharding every parameter along that dimension where its size
     divides evenly, along dimension 0 elsewhere)."""
@@ -72,7 +73,7 @@ class FullyShard(DistributedMethod):
         self.checkpoint_options = dict(checkpoint_options or {})
         self.shard_options = dict(shard_options or {})
         unknown = set(self.shard_options) - {
-            "reshard_after_forward", "offload", "shard_dim"
+            "reshard_after_forward", "set_reshard_after_forward", "offload", "shard_dim"
         }  # fmt: skip
         if unknown:
             raise ValueError(f"unknown shard_options {sorted(unknown)}")
@@ -148,6 +149,8 @@ class FullyShard(DistributedMethod):
 
             extra["shard_placement_fn"] = placement
         shard(run.model, mesh=mesh, mp_policy=policy, **extra)
+        if "set_reshard_after_forward" in chosen:
+            run.model.set_reshard_after_forward(bool(chosen["set_reshard_after_forward"]))
 
 
 @contextlib.contextmanager
