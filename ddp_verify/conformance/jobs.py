@@ -559,6 +559,29 @@ def ddp_in_a_group(
     return after_wrapping, module.weight.grad.tolist()
 
 
+def fully_shard_ignored_bias(
+    inputs: list[list[float]], weights: list[list[float]]
+) -> tuple[list[list[float]], list[float], bool]:
+    """A ``Linear`` ``fully_shard``-ed over the world with its bias in ``ignored_params``:
+    rank r's loss is ``(model(inputs[r]) * weights[r]).sum()`` for one sample. Returns the
+    full reduced weight gradient, the bias gradient as the rank holds it, and whether the bias
+    is still a plain tensor (not sharded)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    rank, device = dist.get_rank(), rank_device()
+    model = torch.nn.Linear(len(inputs[0]), len(weights[0])).to(device, torch.float64)
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    fully_shard(model, mesh=mesh, ignored_params={model.bias})
+    x = torch.tensor([inputs[rank]], dtype=torch.float64, device=device)
+    c = torch.tensor([weights[rank]], dtype=torch.float64, device=device)
+    (model(x) * c).sum().backward()
+    assert model.weight.grad is not None and model.bias.grad is not None
+    plain = not hasattr(model.bias, "full_tensor")
+    bias = model.bias.grad if plain else model.bias.grad.full_tensor()  # a sharded one, read
+    return model.weight.grad.full_tensor().tolist(), bias.tolist(), plain
+
+
 def fp16_wrapped_allreduce_hook(state: Any, bucket: Any) -> Any:
     """``fp16_compress_wrapper(allreduce_hook)``, at module level so that a rank can be sent
     it by name (the wrapper's closure cannot be pickled)."""

@@ -414,3 +414,29 @@ def test_gradient_divide_factor_on_a_one_rank_mesh(world, fsdp, prove):
         _divided_by_the_factor(world),
         examples=[(ranks, "float64", 2.0, True, False, 1)],
     )
+
+
+def test_ignored_params_are_neither_sharded_nor_reduced(world, fsdp, prove):
+    # fully_shard(ignored_params={bias}): the bias stays a plain tensor on every rank and its
+    # gradient the rank's own (the user reduces it), while the weight's is the ranks' mean.
+    size = world.size
+
+    def check(case):
+        inputs, weights = case
+        for rank, (weight, bias, plain) in enumerate(
+            world.run(jobs.fully_shard_ignored_bias, inputs, weights)
+        ):
+            said = f"fully_shard(ignored_params={{bias}}): rank {rank}"
+            assert plain, f"{said}'s bias was sharded"
+            assert bias == weights[rank], (
+                f"{said}'s bias gradient is {bias}, not its own {weights[rank]} (an ignored "
+                "parameter's gradient is not reduced)"
+            )
+            want = [
+                [sum(weights[k][i] * inputs[k][j] for k in range(size)) / size
+                 for j in range(len(inputs[0]))]
+                for i in range(len(weights[0]))
+            ]  # fmt: skip
+            _assert_gradient(weight, want, f"{said}'s weight gradient is not the ranks' mean")
+
+    prove(_one_sample_per_rank(size), check)

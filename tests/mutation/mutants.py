@@ -742,6 +742,15 @@ MUTANTS: tuple[Mutant, ...] = (
         _AVERAGING,
     ),
     Mutant(
+        "fsdp_manages_ignored_params",
+        "fully_shard",
+        "fully_shard takes the parameters in ignored_params under management: sharded, their "
+        "gradients averaged (its managed-state collection, one line changed)",
+        "torch.distributed.fsdp._fully_shard._fsdp_init:_get_managed_states",
+        _source_patch("if param in ignored_params:", "if param in ignored_params and False:"),
+        "test_ignored_params_are_neither_sharded_nor_reduced",
+    ),
+    Mutant(
         "fused_sgd_without_momentum",
         "DDP",
         "DDP's fused SGD (_register_fused_optim) steps without its momentum (the functional "
