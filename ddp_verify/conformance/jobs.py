@@ -501,11 +501,13 @@ def post_local_sgd_gradients(
     start: int,
     subgroup_size: int,
     post_local_gradient_allreduce: bool,
+    global_size: int | None = None,
 ) -> list[list[float]]:
-    """DDP with ``post_localSGD_hook`` (``PostLocalSGDState(None, subgroup, start,
-    post_local_gradient_allreduce)``, the subgroups of ``subgroup_size`` consecutive ranks that
-    ``new_subgroups`` makes): rank r's gradient at step t is ``gradients[t][r]``. What DDP
-    leaves as the gradient after each step's backward."""
+    """DDP with ``post_localSGD_hook`` (``PostLocalSGDState(process_group, subgroup, start,
+    post_local_gradient_allreduce)``, ``subgroup`` the subgroups of ``subgroup_size``
+    consecutive ranks that ``new_subgroups`` makes, ``process_group`` the world or, with
+    ``global_size``, those of that size): rank r's gradient at step t is
+    ``gradients[t][r]``. What DDP leaves as the gradient after each step's backward."""
     from torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook import (
         PostLocalSGDState,
         post_localSGD_hook,
@@ -514,9 +516,10 @@ def post_local_sgd_gradients(
 
     rank, device = dist.get_rank(), rank_device()
     subgroup, _ = dist.new_subgroups(group_size=subgroup_size)
+    process_group = None if global_size is None else dist.new_subgroups(group_size=global_size)[0]
     module = _GivenGradient(len(gradients[0][0])).double()
     wrapped = DistributedDataParallel(module)
-    state = PostLocalSGDState(None, subgroup, start, post_local_gradient_allreduce)
+    state = PostLocalSGDState(process_group, subgroup, start, post_local_gradient_allreduce)
     wrapped.register_comm_hook(state, post_localSGD_hook)
     after = []
     for step in gradients:

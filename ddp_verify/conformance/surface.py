@@ -223,7 +223,8 @@ ENTRIES: tuple[Entry, ...] = (
         for hook in ("powerSGD_hook", "batched_powerSGD_hook")
         for arg in ("state", "bucket")
     ),
-    _gap(_LOCAL + "PostLocalSGDState", "process_group", "the world only"),
+    _e(_LOCAL + "PostLocalSGDState", "process_group", COVERED, _POST_LOCAL,
+       why="the world and subgroups of consecutive ranks"),
     *(
         _e(_LOCAL + "PostLocalSGDState", arg, COVERED, _POST_LOCAL,
            why="subgroups of every size dividing the world")

@@ -208,11 +208,14 @@ def test_the_oracle_averages_at_the_steps_the_documentation_names():
     assert [a[0][0] for a in after] == [1.0, 1.0, 2.0, 2.0]
 
 
-def expected_post_local(gradients, start, subgroup_size, post_local_gradient_allreduce):
+def expected_post_local(
+    gradients, start, subgroup_size, post_local_gradient_allreduce, global_size=None
+):
     after = []
     for step, given in enumerate(gradients):
         if step < start:
-            blocks = [list(range(len(given)))]
+            size = global_size or len(given)
+            blocks = [list(range(b, b + size)) for b in range(0, len(given), size)]
         elif post_local_gradient_allreduce:
             blocks = [
                 list(range(b, b + subgroup_size)) for b in range(0, len(given), subgroup_size)
@@ -246,15 +249,17 @@ def test_post_local_sgd_hook_averages_over_the_world_then_over_the_subgroup(worl
             draw_(st.integers(0, 4)),
             draw_(st.sampled_from(divisors)),
             draw_(st.booleans()),
+            draw_(st.none() | st.sampled_from(divisors)),  # process_group: the world or blocks
         )
 
     def check(case):
-        _, start, subgroup_size, allreduce = case
+        _, start, subgroup_size, allreduce, global_size = case
         results = world.run(jobs.post_local_sgd_gradients, *case)
         want = expected_post_local(*case)
+        group = "None" if global_size is None else f"new_subgroups(group_size={global_size})"
         said = (
-            f"DDP with post_localSGD_hook(PostLocalSGDState(start_localSGD_iter={start}, "
-            f"subgroup=new_subgroups(group_size={subgroup_size}), "
+            f"DDP with post_localSGD_hook(PostLocalSGDState(process_group={group}, "
+            f"start_localSGD_iter={start}, subgroup=new_subgroups(group_size={subgroup_size}), "
             f"post_local_gradient_allreduce={allreduce}))"
         )
         for rank, steps in enumerate(results):
@@ -266,10 +271,10 @@ def test_post_local_sgd_hook_averages_over_the_world_then_over_the_subgroup(worl
                     atol=1e-12,
                     msg=lambda m, rank=rank, step=step: (
                         f"{said}: rank {rank}'s gradient at step {step} is not the mean over "
-                        f"{'the world' if step < start else 'its subgroup'}.\n{m}"
+                        f"{'its process group' if step < start else 'its subgroup'}.\n{m}"
                     ),
                 )
 
     gradients = [[[float(r + 1 + 2 * t)] for r in range(size)] for t in range(4)]
-    boundary = (gradients, 2, divisors[len(divisors) // 2], True)
+    boundary = (gradients, 2, divisors[len(divisors) // 2], True, None)
     prove(draw(), check, examples=[boundary])
