@@ -274,6 +274,10 @@ def dropout_gradients(
     return tuple(results)
 
 
+# Collectives whose subgroups the suite takes only as the first ranks (see below).
+ROOTED = ("gather", "scatter", "reduce", "all_to_all")
+
+
 def differentiable_collective(
     kind: str,
     inputs: list[list[float]],
@@ -285,8 +289,11 @@ def differentiable_collective(
     """Rank r sends ``inputs[r]`` through ``torch.distributed.nn.functional``'s ``kind``
     (``all_gather``, ``all_reduce``, ``broadcast`` from the group's ``src``-th rank,
     ``reduce_scatter`` of ``inputs[r]`` cut in one equal chunk per rank of the group,
-    ``all_to_all_single`` sending ``splits[r][j]`` values to the group's j-th rank), over the
-    world or (``group_size``) the subgroup of consecutive ranks ``new_subgroups`` puts it in;
+    ``all_to_all_single`` sending ``splits[r][j]`` values to the group's j-th rank; ``gather``
+    to, ``scatter`` of ``inputs[r]`` cut in one chunk per rank from, ``reduce`` to the group's
+    ``src``-th rank; ``all_to_all`` of one chunk per rank), over the world or (``group_size``)
+    the subgroup of consecutive ranks ``new_subgroups`` puts it in (for :data:`ROOTED` kinds,
+    the first ``group_size`` ranks only; the others return nothing);
     backpropagates the loss ``sum_i <weights[r][i], output_i>``; returns its outputs and its
     input's gradient."""
     from torch.distributed.nn import functional as differentiable
@@ -294,6 +301,12 @@ def differentiable_collective(
     rank, device = dist.get_rank(), rank_device()
     if group_size is None:
         group, size, first = dist.group.WORLD, dist.get_world_size(), 0
+    elif kind in ROOTED:
+        # The subgroup of the first ranks only (group ranks = global ranks): the others sit
+        # out. Elsewhere these mix group and global ranks, as broadcast does (pytorch#130515).
+        group, size, first = dist.new_group(list(range(group_size))), group_size, 0
+        if rank >= group_size:
+            return [], []
     else:
         group, _ = dist.new_subgroups(group_size=group_size)  # every rank calls it
         size, first = group_size, rank - rank % group_size
@@ -314,6 +327,16 @@ def differentiable_collective(
         received = [splits[first + j][mine] for j in range(size)]
         out = torch.empty(sum(received), dtype=torch.float64, device=device)
         outputs = [differentiable.all_to_all_single(out, x, received, splits[rank], group=group)]
+    elif kind == "gather":
+        outputs = list(differentiable.gather(x, first + src, group=group))
+    elif kind == "scatter":
+        outputs = [differentiable.scatter(list(x.chunk(size)), first + src, group=group)]
+    elif kind == "reduce":
+        outputs = [differentiable.reduce(x, first + src, group=group)]
+    elif kind == "all_to_all":
+        chunks = list(x.chunk(size))
+        received = [torch.empty_like(c) for c in chunks]
+        outputs = list(differentiable.all_to_all(received, chunks, group=group))
     else:
         raise ValueError(f"no differentiable collective {kind!r}")
     loss = sum(

@@ -72,6 +72,10 @@ APIS: dict[str, str] = {
     "torch.distributed.nn.functional.reduce_scatter": "call",
     "torch.distributed.nn.functional.all_to_all_single": "call",
     "torch.distributed.nn.functional.broadcast": "call",
+    "torch.distributed.nn.functional.gather": "call",
+    "torch.distributed.nn.functional.scatter": "call",
+    "torch.distributed.nn.functional.reduce": "call",
+    "torch.distributed.nn.functional.all_to_all": "call",
     "torch.distributed.fsdp.fully_shard": "call",
     "torch.distributed.fsdp.MixedPrecisionPolicy": "init",
     "torch.distributed.fsdp.FSDPModule": "methods",
@@ -307,7 +311,18 @@ ENTRIES: tuple[Entry, ...] = (
        "group rank is not its global rank"),
     *(_gap(_NN + fn, "op", "ReduceOp.SUM (the default) only: the backward reduces the "
            "gradients with the same op, the derivative of a sum only")
-      for fn in ("all_reduce", "reduce_scatter")),
+      for fn in ("all_reduce", "reduce_scatter", "reduce")),
+    *(
+        _e(_NN + fn, arg, COVERED, _DIFFERENTIABLE)
+        for fn, args in (("gather", ("tensor", "dst")), ("scatter", ("tensors", "src")),
+                         ("reduce", ("tensor", "dst")),
+                         ("all_to_all", ("output_tensor_list", "input_tensor_list")))
+        for arg in args
+    ),
+    *(_e(_NN + fn, "group", COVERED, _DIFFERENTIABLE,
+         why="the world and the subgroup of the first ranks only: elsewhere their code mixes "
+         "group and global ranks as broadcast's does (pytorch#130515), not yet checked")
+      for fn in ("gather", "scatter", "reduce", "all_to_all")),
     # -- FSDP2 -------------------------------------------------------------------------------
     _e("torch.distributed.fsdp.fully_shard", "module", COVERED, _FSDP),
     _e("torch.distributed.fsdp.fully_shard", "mesh", COVERED, _HSDP, why="1-D and 2-D (HSDP)"),

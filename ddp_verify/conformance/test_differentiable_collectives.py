@@ -18,7 +18,8 @@ from ddp_verify.world import RankError
 
 # Small integers: every sum is exact in float64, so the closed form is met exactly.
 VALUES = st.integers(-4, 4).map(float)
-KINDS = ["all_gather", "all_reduce", "broadcast", "reduce_scatter", "all_to_all_single"]
+KINDS = ["all_gather", "all_reduce", "broadcast", "reduce_scatter", "all_to_all_single",
+         "gather", "scatter", "reduce", "all_to_all"]  # fmt: skip
 
 
 def _vector(n: int) -> st.SearchStrategy:
@@ -51,12 +52,18 @@ def cases(world_size: int, kind: str, groups: str = "any") -> st.SearchStrategy:
             inputs = [draw_(_vector(m)) for m in lengths]
             weights = [[draw_(_vector(m))] for m in received]
         else:
-            width = n * size if kind == "reduce_scatter" else n
-            out = {"all_gather": n, "reduce_scatter": n}.get(kind, width)
-            count = size if kind == "all_gather" else 1
+            chunked = kind in ("reduce_scatter", "scatter", "all_to_all")
+            width = n * size if chunked else n
+            out = n if kind in ("all_gather", "reduce_scatter", "scatter", "gather",
+                                "all_to_all") else width  # fmt: skip
+            count = size if kind in ("all_gather", "gather", "all_to_all") else 1
             inputs = [draw_(_vector(width)) for _ in range(world_size)]
             weights = [[draw_(_vector(out)) for _ in range(count)] for _ in range(world_size)]
-        return inputs, weights, draw_(st.integers(0, size - 1)), group_size, splits
+        src = draw_(st.integers(0, size - 1))
+        if kind == "reduce":  # only the destination's output is defined: the others weigh 0
+            weights = [[w if r == src else [0.0] * len(w) for w in ws]
+                       for r, ws in enumerate(weights)]  # fmt: skip
+        return inputs, weights, src, group_size, splits
 
     return draw()
 
@@ -73,7 +80,25 @@ def expected(kind, inputs, weights, src, group_size, splits):
     for rank in range(world_size):
         first, mine = rank - rank % size, rank % size
         peers = range(first, first + size)
-        if kind == "all_gather":
+        if kind in jobs.ROOTED and group_size is not None and rank >= size:
+            out.append(([], []))  # outside the first ranks' subgroup: it sits out
+            continue
+        n = len(inputs[rank]) // size
+        if kind == "gather":
+            dst = first + src
+            forward = [inputs[p] if rank == dst else [0.0] * len(inputs[p]) for p in peers]
+            grad = list(weights[dst][mine])
+        elif kind == "scatter":
+            forward = [inputs[first + src][mine * n : (mine + 1) * n]]
+            grad = ([x for k in peers for x in weights[k][0]] if mine == src
+                    else [0.0] * len(inputs[rank]))  # fmt: skip
+        elif kind == "reduce":
+            forward = [_sum([inputs[p] for p in peers])] if mine == src else None
+            grad = list(weights[first + src][0])
+        elif kind == "all_to_all":
+            forward = [inputs[p][mine * n : (mine + 1) * n] for p in peers]
+            grad = [x for k in peers for x in weights[k][mine]]
+        elif kind == "all_gather":
             forward = [inputs[p] for p in peers]
             grad = _sum([weights[k][mine] for k in peers])
         elif kind == "all_reduce":
@@ -109,6 +134,14 @@ def test_the_oracle_follows_the_definitions():
     assert got == [([[1.0, 4.0]], [10.0, 30.0, 40.0]), ([[2.0, 3.0]], [20.0])]
     got = expected("reduce_scatter", [[1.0, 2.0], [3.0, 4.0]], [[[5.0]], [[7.0]]], 0, None, None)
     assert got == [([[4.0]], [5.0, 7.0]), ([[6.0]], [5.0, 7.0])]
+    # gather to rank 0: rank 1's outputs are zeros; each input's gradient is what rank 0's loss
+    # puts on its slot.
+    got = expected("gather", [[1.0], [2.0]], [[[10.0], [20.0]], [[30.0], [40.0]]], 0, None, None)
+    assert got == [([[1.0], [2.0]], [10.0]), ([[0.0], [0.0]], [20.0])]
+    # all_to_all: rank r's j-th output is rank j's r-th chunk, and back.
+    got = expected("all_to_all", [[1.0, 2.0], [3.0, 4.0]], [[[5.0], [6.0]], [[7.0], [8.0]]], 0,
+                   None, None)  # fmt: skip
+    assert got == [([[1.0], [3.0]], [5.0, 7.0]), ([[2.0], [4.0]], [6.0, 8.0])]
 
 
 def _checker(world, kind):
@@ -119,7 +152,7 @@ def _checker(world, kind):
         for rank, ((got, grad), (forward, want)) in enumerate(
             zip(results, expected(kind, *case), strict=True)
         ):
-            assert got == forward, (
+            assert forward is None or got == forward, (
                 f"torch.distributed.nn.functional.{kind} over {group} gave rank {rank} {got}, "
                 f"the ranks sent {inputs}{f' (splits {splits})' if splits else ''}: expected "
                 f"{forward}"
