@@ -608,6 +608,61 @@ def fully_shard_ignored_bias(
     return model.weight.grad.full_tensor().tolist(), bias.tolist(), plain
 
 
+class _Branches(torch.nn.Module):
+    """Two bias-free linear branches; the loss sums the branches a rank uses."""
+
+    def __init__(self, n_in: int, n_out: int) -> None:
+        super().__init__()
+        self.branches = torch.nn.ModuleList(
+            [torch.nn.Linear(n_in, n_out, bias=False) for _ in range(2)]
+        )
+
+    def forward(self, x: torch.Tensor, c: torch.Tensor, uses: list[bool]) -> torch.Tensor:
+        used = [b for b, on in zip(self.branches, uses, strict=True) if on]
+        return torch.stack([(branch(x) * c).sum() for branch in used]).sum()
+
+
+def fully_shard_branch_gradients(
+    inputs: list[list[float]],
+    weights: list[list[float]],
+    uses: list[list[bool]],
+    manual_replicas: bool = False,
+) -> list[list[list[float]]]:
+    """Two bias-free ``Linear`` branches ``fully_shard``-ed together (one param group) with
+    ``set_reduce_scatter_unused_params(True)``: rank r's loss sums
+    ``(branch(inputs[r]) * weights[r]).sum()`` over the branches ``uses[r]`` marks, so a
+    branch it skips gets no gradient there. With ``manual_replicas`` the world is a 2 x W/2
+    mesh: the model is sharded over its second dimension only, and ``set_all_reduce_hook``
+    all-reduces each reduce-scattered gradient over the first and halves it (HSDP by hand).
+    Returns each branch's full reduced gradient."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    rank, device, size = dist.get_rank(), rank_device(), dist.get_world_size()
+    model = _Branches(len(inputs[0]), len(weights[0])).to(device, torch.float64)
+    if manual_replicas:
+        mesh = init_device_mesh(device.type, (2, size // 2), mesh_dim_names=("replicate", "shard"))
+        fully_shard(model, mesh=mesh["shard"])
+        replicas = mesh.get_group("replicate")
+
+        def across_replicas(reduced: torch.Tensor) -> None:
+            dist.all_reduce(reduced, group=replicas)
+            reduced.div_(2)
+
+        model.set_all_reduce_hook(across_replicas)
+    else:
+        fully_shard(model, mesh=init_device_mesh(device.type, (size,)))
+    model.set_reduce_scatter_unused_params(True)
+    x = torch.tensor([inputs[rank]], dtype=torch.float64, device=device)
+    c = torch.tensor([weights[rank]], dtype=torch.float64, device=device)
+    model(x, c, uses[rank]).backward()
+    grads = []
+    for branch in model.branches:
+        grad = branch.weight.grad
+        grads.append(grad.full_tensor().tolist() if grad is not None else [])
+    return grads
+
+
 def fp16_wrapped_allreduce_hook(state: Any, bucket: Any) -> Any:
     """``fp16_compress_wrapper(allreduce_hook)``, at module level so that a rank can be sent
     it by name (the wrapper's closure cannot be pickled)."""

@@ -120,6 +120,7 @@ _WHERE = "test_fsdp::test_where_and_when_fully_shard_keeps_parameters_changes_no
 _ZERO_ADDED = (
     "test_zero::test_zero_with_a_param_group_added_after_construction_matches_the_reference"
 )
+_UNUSED = "test_fsdp::test_unused_parameters_reduce_as_zeros_and_an_all_reduce_hook_replicates"
 _DIVIDE = "test_fsdp::test_gradient_divide_factor_replaces_the_world_size"
 
 _DDP = "torch.nn.parallel.DistributedDataParallel"
@@ -358,11 +359,16 @@ ENTRIES: tuple[Entry, ...] = (
          "no property: with False, model.parameters() are the unsharded tensors, without "
          "gradients, until reshard(); the suite's trace reads them there"),
     _gap("torch.distributed.fsdp.FSDPModule", "set_is_last_backward()", "no property"),
-    _gap("torch.distributed.fsdp.FSDPModule", "set_all_reduce_hook()", "no property"),
-    _gap("torch.distributed.fsdp.FSDPModule", "set_reduce_scatter_unused_params()",
-         "no property"),
-    _gap("torch.distributed.fsdp.FSDPModule", "unshard()", "no property"),
-    _gap("torch.distributed.fsdp.FSDPModule", "reshard()", "no property"),
+    _e("torch.distributed.fsdp.FSDPModule", "set_all_reduce_hook()", COVERED, _UNUSED,
+       why="HSDP by hand: an all-reduce over the replicas"),
+    _e("torch.distributed.fsdp.FSDPModule", "set_reduce_scatter_unused_params()", COVERED,
+       _UNUSED),
+    *(
+        _e("torch.distributed.fsdp.FSDPModule", method, OUT,
+           why="when parameters are all-gathered or freed (the forward does both itself): "
+           "scheduling and memory, as the prefetch methods below")
+        for method in ("unshard()", "reshard()")
+    ),
     *(
         _e("torch.distributed.fsdp.FSDPModule", method, OUT,
            why="scheduling, memory or communication plumbing: when and where, not what is "

@@ -440,3 +440,43 @@ def test_ignored_params_are_neither_sharded_nor_reduced(world, fsdp, prove):
             _assert_gradient(weight, want, f"{said}'s weight gradient is not the ranks' mean")
 
     prove(_one_sample_per_rank(size), check)
+
+
+def test_unused_parameters_reduce_as_zeros_and_an_all_reduce_hook_replicates(world, fsdp, prove):
+    # set_reduce_scatter_unused_params(True): ranks that skip a branch (conditional control
+    # flow, as in mixture-of-experts) reduce zeros for it, so its gradient is the sum over the
+    # ranks that used it divided by the world size. With set_all_reduce_hook doing HSDP by
+    # hand (sharded over half the world, the hook all-reducing over the other half and
+    # halving), the gradient is the same world mean.
+    size = world.size
+
+    @st.composite
+    def cases(draw):
+        data = draw(_one_sample_per_rank(size))
+        use = st.sampled_from(([True, False], [False, True], [True, True]))
+        uses = draw(st.lists(use, min_size=size, max_size=size))
+        return data, uses, size % 2 == 0 and draw(st.booleans())
+
+    def check(case):
+        (inputs, weights), uses, manual = case
+        results = world.run(jobs.fully_shard_branch_gradients, inputs, weights, uses, manual)
+        for rank, grads in enumerate(results):
+            for branch, grad in enumerate(grads):
+                users = [k for k in range(size) if uses[k][branch]]
+                want = [
+                    [sum(weights[k][i] * inputs[k][j] for k in users) / size
+                     for j in range(len(inputs[0]))]
+                    for i in range(len(weights[0]))
+                ]  # fmt: skip
+                said = (
+                    f"fully_shard with set_reduce_scatter_unused_params(True)"
+                    f"{', HSDP by set_all_reduce_hook' if manual else ''}: rank {rank}'s "
+                    f"gradient of branch {branch} (used by ranks {users}) is not their sum "
+                    f"over the world size {size}"
+                )
+                _assert_gradient(grad, want, said)
+
+    # Never left to chance: HSDP by hand, ranks using different branches.
+    ranks = ([[float(r + 1)] for r in range(size)], [[1.0]] * size)
+    alternating = [[r % 2 == 0, r % 2 == 1] for r in range(size)]
+    prove(cases(), check, examples=[(ranks, alternating, size % 2 == 0)])

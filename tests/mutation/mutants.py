@@ -751,6 +751,15 @@ MUTANTS: tuple[Mutant, ...] = (
         "test_ignored_params_are_neither_sharded_nor_reduced",
     ),
     Mutant(
+        "fsdp_all_reduce_hook_never_called",
+        "fully_shard",
+        "fully_shard never calls the hook set_all_reduce_hook gave it after the reduce-scatter "
+        "(foreach_reduce's source, one line changed)",
+        "torch.distributed.fsdp._fully_shard._fsdp_param_group:foreach_reduce",
+        _source_patch("all_reduce_hook(reduce_output)", "None  # the hook not called"),
+        "test_unused_parameters_reduce_as_zeros_and_an_all_reduce_hook_replicates",
+    ),
+    Mutant(
         "fused_sgd_without_momentum",
         "DDP",
         "DDP's fused SGD (_register_fused_optim) steps without its momentum (the functional "
