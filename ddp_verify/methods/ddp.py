@@ -44,7 +44,10 @@ class DDP(DistributedMethod):
     consolidated on rank 0, as a training script saves it, and loaded on every rank), builds
     a fresh model (perturbed, so that only the load can make it right), loads them, and
     trains on. ``compile_backend`` compiles the wrapped model with ``torch.compile`` (dynamo's
-    DDP optimizer splits the graph at bucket boundaries).
+    DDP optimizer splits the graph at bucket boundaries). ``delay_all_reduce=True`` gives DDP
+    the parameters of every module but the first as ``delay_all_reduce_named_params``,
+    all-reduced when the first module's first parameter's gradient is ready
+    (``param_to_hook_all_reduce``).
     """
 
     def __init__(
@@ -58,6 +61,7 @@ class DDP(DistributedMethod):
         checkpoint: str = "",
         resume_at: int = 0,
         compile_backend: str = "",
+        delay_all_reduce: bool = False,
         **ddp_kwargs: Any,
     ) -> None:
         if checkpoint not in CHECKPOINTING:
@@ -70,6 +74,7 @@ class DDP(DistributedMethod):
         self.checkpoint = checkpoint
         self.resume_at = resume_at
         self.compile_backend = compile_backend
+        self.delay_all_reduce = delay_all_reduce
         self.ddp_kwargs = ddp_kwargs
         args = [f"{k}={v!r}" for k, v in sorted(ddp_kwargs.items())]
         if not set_to_none:
@@ -80,6 +85,8 @@ class DDP(DistributedMethod):
             args.append(f"resumed from a checkpoint before step {resume_at}")
         if compile_backend:
             args.append(f"torch.compile(backend={compile_backend!r})")
+        if delay_all_reduce:
+            args.append("delay_all_reduce_named_params=<all but the first module's>")
         if comm_hook is not None:
             args.append(f"comm_hook={getattr(comm_hook, '__name__', comm_hook)}")
         if zero:
@@ -137,6 +144,17 @@ class DDP(DistributedMethod):
             # reaches, is an error for DDP unless it is told to look; a wrapper without the
             # option must cope by itself.
             kwargs.setdefault("find_unused_parameters", True)
+        named = list(model.named_parameters())
+        first = named[0][0].rpartition(".")[0] if named else ""
+        later = [(n, p) for n, p in named if n.rpartition(".")[0] != first]
+        if self.delay_all_reduce and not accepts(factory, "delay_all_reduce_named_params"):
+            raise NotApplicable(f"{self.label} takes no delay_all_reduce_named_params")
+        if self.delay_all_reduce and later:
+            # The parameters of every module but the first (the input layer, whose gradients
+            # autograd computes after theirs) all-reduced when its first parameter's gradient
+            # is ready: the documented use, a hook parameter whose gradient comes last.
+            kwargs["param_to_hook_all_reduce"] = named[0][1]
+            kwargs["delay_all_reduce_named_params"] = later
         wrapped = factory(
             Checkpointed(model, self.checkpoint) if self.checkpoint else model, **kwargs
         )
