@@ -3,7 +3,11 @@ what torch documents, computed on one process by :mod:`ddp_verify.conformance.un
 
 from __future__ import annotations
 
-from ddp_verify.conformance.uneven_batches import check_join, join_runs
+import pytest
+
+from ddp_verify.conformance.known import known_torch_issue
+from ddp_verify.conformance.uneven_batches import JoinRun, check_join, join_runs
+from ddp_verify.engine.scenario import Scenario
 
 
 def test_join_with_uneven_batch_counts_follows_the_documented_semantics(
@@ -12,3 +16,32 @@ def test_join_with_uneven_batch_counts_follows_the_documented_semantics(
     # Both ways in: Join([model], ...) and DDP's own model.join(...), which passes the flag on.
     method = data_parallel(needs=("join_hook", "join"))
     prove(join_runs(world_size=world.size), lambda run: check_join(world, run, method))
+
+
+@known_torch_issue(
+    "documented limit: ZeroRedundancyOptimizer's join hook steps a joined rank's shard with "
+    "the gradients that rank holds ('Gradients must be properly set before this hook is "
+    "called'), and DDP's join hook all-reduces zeros for it and discards the result: under "
+    "Join([model, optimizer]) the shards of ranks out of batches step on stale gradients",
+    raises=AssertionError,
+    match=r"under Join, rank \d+'s parameter .*\n.*Join\(\[model, ZeroRedundancyOptimizer\]",
+)
+def test_join_with_zero_redundancy_optimizer_follows_the_documented_semantics(
+    world, data_parallel, prove
+):
+    # Join([model, ZeroRedundancyOptimizer]): a rank that has run out of batches still steps
+    # its shard (the optimizer's join hook) so that the ranks still training get its
+    # parameters; held to the same documented semantics as DDP alone.
+    if world.size < 2:
+        pytest.skip("a world of 1 has no rank to run out of batches first")
+    method = data_parallel(needs=("join_hook",))
+    size = world.size
+    one_short = JoinRun(
+        Scenario(world_size=size, schedule=(((1,),) * size,) * 2), (2,) + (1,) * (size - 1),
+        zero=True,
+    )  # fmt: skip
+    prove(
+        join_runs(world_size=size, zero=True),
+        lambda run: check_join(world, run, method),
+        examples=[one_short],
+    )

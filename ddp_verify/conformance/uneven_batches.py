@@ -42,6 +42,9 @@ class JoinRun:
     # How the script enters Join: the generic context manager over its joinables, or DDP's
     # own model.join(...), which must pass the flag on.
     entered: str = "Join"
+    # ZeroRedundancyOptimizer joins too (Join([model, optimizer], ...)): its join hook steps a
+    # joined rank's shard so that the others still receive its parameters.
+    zero: bool = False
 
     def __post_init__(self) -> None:
         steps, size = self.scenario.steps, self.scenario.world_size
@@ -65,13 +68,17 @@ class JoinRun:
     def describe(self) -> str:
         flag = self.divide_by_initial_world_size
         how = "Join([model], ...)" if self.entered == "Join" else "model.join(...)"
+        if self.zero:
+            how = "Join([model, ZeroRedundancyOptimizer], ...)"
         return (
             f"batches per rank {list(self.batches)}, {how} with "
             f"divide_by_initial_world_size={flag}; " + self.scenario.describe()
         )
 
 
-def join_runs(*, world_size: int, max_steps: int = 4) -> st.SearchStrategy[JoinRun]:
+def join_runs(
+    *, world_size: int, max_steps: int = 4, zero: bool = False
+) -> st.SearchStrategy[JoinRun]:
     """Join runs for ``world_size`` ranks; shrinks toward two steps, one rank one batch short,
     the default divisor.
 
@@ -93,8 +100,8 @@ def join_runs(*, world_size: int, max_steps: int = 4) -> st.SearchStrategy[JoinR
         longest = draw_(st.integers(0, world_size - 1))
         counts[longest] = steps
         flag = draw_(st.booleans().map(lambda b: not b))  # shrinks toward True, the default
-        entered = draw_(st.sampled_from(("Join", "model.join")))
-        return JoinRun(scenario, tuple(counts), flag, entered)
+        entered = "Join" if zero else draw_(st.sampled_from(("Join", "model.join")))
+        return JoinRun(scenario, tuple(counts), flag, entered, zero)
 
     return draw()
 
@@ -120,11 +127,16 @@ def train_with_join(
 
     rank_run = RankRun(run.scenario)
     wrapped = method.wrap(rank_run.model, run.scenario)
-    optimizer = rank_run.optimizer(wrapped.parameters())
+    if run.zero:
+        from ddp_verify.methods.ddp import zero_redundancy
+
+        optimizer = zero_redundancy(run.scenario, list(wrapped.parameters()))
+    else:
+        optimizer = rank_run.optimizer(wrapped.parameters())
     after = []
     flag = run.divide_by_initial_world_size
     joined = (
-        Join([wrapped], divide_by_initial_world_size=flag)
+        Join([wrapped, optimizer] if run.zero else [wrapped], divide_by_initial_world_size=flag)
         if run.entered == "Join"
         else wrapped.join(divide_by_initial_world_size=flag)
     )
