@@ -172,10 +172,24 @@ ENTRIES: tuple[Entry, ...] = (
            "issues (never waited, no_sync ignored, default-dtype buffer)")
         for arg in ("delay_all_reduce_named_params", "param_to_hook_all_reduce")
     ),
-    _e("torch.distributed.optim.ZeroRedundancyOptimizer", "join_hook()", COVERED,
-       "test_join::test_join_with_zero_redundancy_optimizer_follows_the_documented_semantics",
-       why="Join([model, optimizer]); a documented limit marked (stale gradients on joined "
-       "ranks)"),
+    _gap(_DDP, "mixed_precision", "DDP's own mixed precision (_MixedPrecision): no property"),
+    _e(_DDP, "device_mesh", COVERED, _DDP_GROUP, why="a 1-D mesh sliced out of a 2-D one"),
+    _e(_DDP, "skip_all_reduce_unused_params", COVERED,
+       "test_ddp_options::test_find_unused_parameters_with_unused_parameters"),
+    _e(_DDP, "bucket_cap_mb_list", COVERED, _OPTIONS, why="one-byte buckets first"),
+    _e(_DDP, "batched_grad_copy", COVERED, _OPTIONS, why="with default and one-byte buckets"),
+    _e(_DDP, "forward_sync_buffers", COVERED, _OPTIONS,
+       why="True, said outright (False is broadcast_buffers=False's, covered)"),
+    _e(_DDP, "forward()", COVERED, _OPTIONS),
+    _e(_DDP, "no_sync()", COVERED,
+       "test_ddp_options::test_no_sync_leaves_gradients_local_until_the_syncing_backward",
+       why="and in every DDP property with accumulation"),
+    _e(_DDP, "join()", COVERED,
+       "test_join::test_join_with_uneven_batch_counts_follows_the_documented_semantics",
+       why="as Join([model], ...) and as model.join(...), divide_by_initial_world_size "
+       "drawn both ways; enable and throw_on_early_termination at their defaults"),
+    _e(_DDP, "join_hook()", COVERED,
+       "test_join::test_join_with_uneven_batch_counts_follows_the_documented_semantics"),
     _e(_DDP, "register_comm_hook()", COVERED, "test_comm_hooks::test_allreduce_hook_is_exact"),
     _e(_DDP, "_register_fused_optim()", COVERED,
        "test_fused_optimizer::test_ddp_fused_sgd_follows_the_published_rule_on_the_averaged_gradient",
@@ -272,8 +286,10 @@ ENTRIES: tuple[Entry, ...] = (
        "test_zero::test_zero_resumes_from_its_consolidated_state"),
     _e("torch.distributed.optim.ZeroRedundancyOptimizer", "add_param_group()", COVERED,
        _ZERO_ADDED),
-    _gap("torch.distributed.optim.ZeroRedundancyOptimizer", "join_hook()",
-         "ZeRO under Join: no property"),
+    _e("torch.distributed.optim.ZeroRedundancyOptimizer", "join_hook()", COVERED,
+       "test_join::test_join_with_zero_redundancy_optimizer_follows_the_documented_semantics",
+       why="Join([model, optimizer]); a documented limit marked (stale gradients on joined "
+       "ranks)"),
     *(
         _e("torch.distributed.optim.PostLocalSGDOptimizer", arg, COVERED, _AVERAGING)
         for arg in ("optim", "averager", "step()")
