@@ -460,6 +460,19 @@ def fused_optimizer_steps(
     return after
 
 
+class _Casting(torch.nn.Linear):
+    """A bias-free ``Linear`` that casts its input to its weight's dtype and records the
+    dtype the input arrived in."""
+
+    def __init__(self, n_in: int, n_out: int) -> None:
+        super().__init__(n_in, n_out, bias=False)
+        self.received = ""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.received = str(x.dtype)
+        return super().forward(x.to(self.weight.dtype))
+
+
 def fully_shard_linear_gradients(
     inputs: list[list[float]],
     weights: list[list[float]],
@@ -470,6 +483,7 @@ def fully_shard_linear_gradients(
     force_sum: bool = False,
     deprecated_name: bool = False,
     group_size: int | None = None,
+    cast_forward_inputs: bool = True,
 ) -> tuple[str, str, list[list[float]]]:
     """A bias-free ``Linear`` in ``dtype``, ``fully_shard``-ed over the world: rank r's loss
     is ``(model(inputs[r]) * weights[r]).sum()`` for one sample, so its weight's gradient is
@@ -478,19 +492,23 @@ def fully_shard_linear_gradients(
     given to ``set_gradient_divide_factor`` (its deprecated name
     ``set_reduce_scatter_divide_factor`` with ``deprecated_name``), ``force_sum`` to
     ``set_force_sum_reduction_for_comms``; ``group_size`` shards over the 1-D mesh of that
-    many consecutive ranks sliced from a 2-D one (the whole world by default). Returns the
-    forward's output dtype, the sharded gradient's dtype and the full reduced gradient."""
+    many consecutive ranks sliced from a 2-D one (the whole world by default);
+    ``cast_forward_inputs`` goes to the policy (the module casts its input to its weight's
+    dtype itself, as a module fed uncast inputs must). Returns the forward's output dtype
+    (with, for ``param_dtype``, the dtype the module's forward received its input in), the
+    sharded gradient's dtype and the full reduced gradient."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     rank, device = dist.get_rank(), rank_device()
     torch.manual_seed(0)
     real = getattr(torch, dtype)
-    model = torch.nn.Linear(len(inputs[0]), len(weights[0]), bias=False).to(device, real)
+    model = _Casting(len(inputs[0]), len(weights[0])).to(device, real)
     policy = MixedPrecisionPolicy(
         param_dtype=getattr(torch, param_dtype) if param_dtype else None,
         reduce_dtype=torch.float32 if param_dtype else None,
         output_dtype=getattr(torch, output_dtype) if output_dtype else None,
+        cast_forward_inputs=cast_forward_inputs,
     )
     size = dist.get_world_size()
     if group_size is None:
@@ -516,7 +534,8 @@ def fully_shard_linear_gradients(
     (y * c).sum().backward()
     grad = model.weight.grad
     assert grad is not None
-    return str(y.dtype), str(grad.dtype), grad.full_tensor().double().tolist()
+    seen = f" from {model.received}" if param_dtype else ""
+    return str(y.dtype) + seen, str(grad.dtype), grad.full_tensor().double().tolist()
 
 
 def post_local_sgd_gradients(

@@ -354,7 +354,8 @@ ENTRIES: tuple[Entry, ...] = (
        "test_fsdp::test_mixed_precision_reduction_in_float32_of_a_bfloat16_model", _RECIPE),
     _e("torch.distributed.fsdp.MixedPrecisionPolicy", "output_dtype", COVERED, _RECIPE,
        why="None and float32"),
-    _gap("torch.distributed.fsdp.MixedPrecisionPolicy", "cast_forward_inputs", "no property"),
+    _e("torch.distributed.fsdp.MixedPrecisionPolicy", "cast_forward_inputs", COVERED, _RECIPE,
+       why="True and False: what dtype the module's forward receives its input in"),
     _e("torch.distributed.fsdp.FSDPModule", "set_requires_gradient_sync()", COVERED, _HSDP,
        why="accumulation without synchronisation"),
     *(

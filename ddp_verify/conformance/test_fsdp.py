@@ -269,17 +269,20 @@ def test_standard_mixed_precision_recipe_computes_in_param_dtype_and_reduces_in_
     # a reduction in param_dtype rounds it (about 1 part in 256 for bfloat16) where float32
     # gives it to 1 part in 10^6.
     def check(case):
-        (inputs, weights), param_dtype, output_dtype = case
+        (inputs, weights), param_dtype, output_dtype, cast = case
         out, grad_dtype, grad = world.run(
             jobs.fully_shard_linear_gradients, inputs, weights, "float32", param_dtype,
-            output_dtype,
+            output_dtype, None, False, False, None, cast,
         )[0]  # fmt: skip
         said = (
             f"fully_shard(mp_policy=MixedPrecisionPolicy(param_dtype={param_dtype}, "
-            f"reduce_dtype=float32, output_dtype={output_dtype})) on float32 parameters"
+            f"reduce_dtype=float32, output_dtype={output_dtype}, cast_forward_inputs={cast})) "
+            "on float32 parameters"
         )
-        assert out == f"torch.{output_dtype or param_dtype}", (
-            f"{said}: the forward's output is {out}, not {output_dtype or param_dtype}"
+        received = param_dtype if cast else "float32"
+        want = f"torch.{output_dtype or param_dtype} from torch.{received}"
+        assert out == want, (
+            f"{said}: the forward's output and the input its module received are {out}, not {want}"
         )
         assert grad_dtype == "torch.float32", (
             f"{said}: the sharded gradient is {grad_dtype}, not the parameters' float32"
@@ -303,12 +306,14 @@ def test_standard_mixed_precision_recipe_computes_in_param_dtype_and_reduces_in_
         ([[255.0 * (r + 1), 1.0, 3.0] for r in range(size)], [[1.0, 2.0]] * size),
         "bfloat16",
         None,
+        True,
     )
     prove(
         st.tuples(
             _one_sample_per_rank(size),
             st.sampled_from(("bfloat16", "float16")),
             st.sampled_from((None, "float32")),
+            st.booleans(),  # cast_forward_inputs: the module casts what arrives uncast
         ),
         check,
         examples=[boundary],
