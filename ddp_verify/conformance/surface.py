@@ -123,7 +123,7 @@ _ZERO_ADDED = (
 _UNUSED = "test_fsdp::test_unused_parameters_reduce_as_zeros_and_an_all_reduce_hook_replicates"
 _DELAYED = tuple(
     f"test_ddp_options::test_delayed_all_reduce_{name}"
-    for name in ("keeps_training_equivalent", "with_uneven_micro_batch_counts", "in_float64")
+    for name in ("keeps_training_equivalent", "with_accumulation", "in_float64")
 )
 _DIVIDE = "test_fsdp::test_gradient_divide_factor_replaces_the_world_size"
 

@@ -146,7 +146,7 @@ class DDP(DistributedMethod):
             kwargs.setdefault("find_unused_parameters", True)
         named = list(model.named_parameters())
         first = named[0][0].rpartition(".")[0] if named else ""
-        later = [(n, p) for n, p in named if n.rpartition(".")[0] != first]
+        later = [(n, p) for n, p in named if n.rpartition(".")[0] != first and p.requires_grad]
         if self.delay_all_reduce and not accepts(factory, "delay_all_reduce_named_params"):
             raise NotApplicable(f"{self.label} takes no delay_all_reduce_named_params")
         if self.delay_all_reduce and later:
