@@ -682,6 +682,48 @@ def fully_shard_branch_gradients(
     return grads
 
 
+def frozen_params_in_state_dicts(ignore_frozen_params: bool) -> tuple[list[str], bool, bool]:
+    """A ``fully_shard``-ed model with a frozen first layer: the keys of its model state dict
+    under ``StateDictOptions(ignore_frozen_params=...)``, and, after loading that state dict
+    (``strict=False``) into a fresh model whose every parameter is shifted by 1, whether the
+    trainable parameters came back and whether the frozen ones did."""
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        set_model_state_dict,
+    )
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    device = rank_device()
+
+    def build() -> torch.nn.Module:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
+        model.to(device, torch.float64)
+        for p in model[0].parameters():
+            p.requires_grad_(False)
+        return fully_shard(model, mesh=init_device_mesh(device.type, (dist.get_world_size(),)))
+
+    options = StateDictOptions(ignore_frozen_params=ignore_frozen_params, strict=False)
+    model = build()
+    state = get_model_state_dict(model, options=options)
+    keys = sorted(state)
+    fresh = build()
+    with torch.no_grad():
+        for p in fresh.parameters():
+            p.add_(1.0)
+    set_model_state_dict(fresh, state, options=options)
+
+    def same(a: torch.nn.Module, b: torch.nn.Module) -> bool:
+        return all(
+            torch.equal(x.full_tensor(), y.full_tensor())
+            for x, y in zip(a.parameters(), b.parameters(), strict=True)
+        )
+
+    return keys, same(model[1], fresh[1]), same(model[0], fresh[0])
+
+
 def fp16_wrapped_allreduce_hook(state: Any, bucket: Any) -> Any:
     """``fp16_compress_wrapper(allreduce_hook)``, at module level so that a rank can be sent
     it by name (the wrapper's closure cannot be pickled)."""

@@ -436,7 +436,8 @@ ENTRIES: tuple[Entry, ...] = (
             ("flatten_optimizer_state_dict", "True and False"),
         )
     ),
-    _gap(_STATE + "StateDictOptions", "ignore_frozen_params", "no frozen parameter is drawn"),
+    _e(_STATE + "StateDictOptions", "ignore_frozen_params", COVERED,
+       "test_fsdp::test_ignore_frozen_params_leaves_frozen_parameters_out_of_the_state_dict"),
     _e(_STATE + "StateDictOptions", "keep_submodule_prefixes", OUT,
        why="only with get_state_dict's deprecated submodules"),
     _e(_STATE + "StateDictOptions", "dsd_fqn_modifiers", OUT,

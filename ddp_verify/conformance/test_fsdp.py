@@ -506,3 +506,21 @@ def test_unused_parameters_reduce_as_zeros_and_an_all_reduce_hook_replicates(wor
     ranks = ([[float(r + 1)] for r in range(size)], [[1.0]] * size)
     alternating = [[r % 2 == 0, r % 2 == 1] for r in range(size)]
     prove(cases(), check, examples=[(ranks, alternating, size % 2 == 0)])
+
+
+@pytest.mark.parametrize("ignore", [False, True], ids=["frozen_kept", "ignore_frozen_params"])
+def test_ignore_frozen_params_leaves_frozen_parameters_out_of_the_state_dict(world, fsdp, ignore):
+    # StateDictOptions(ignore_frozen_params=True): the frozen layer's parameters are not in
+    # the model state dict, and loading it (strict=False) leaves them as the model has them;
+    # without it they are saved and restored like the others.
+    results = world.run(jobs.frozen_params_in_state_dicts, ignore)
+    for rank, (keys, trainable_back, frozen_back) in enumerate(results):
+        frozen = [k for k in keys if k.startswith("0.")]
+        said = f"StateDictOptions(ignore_frozen_params={ignore}) on rank {rank}"
+        assert trainable_back, f"{said}: the trainable parameters did not load back"
+        if ignore:
+            assert not frozen, f"{said}: the state dict holds the frozen {frozen}"
+            assert not frozen_back, f"{said}: the frozen parameters changed on loading"
+        else:
+            assert frozen == ["0.bias", "0.weight"], f"{said}: the state dict holds {keys}"
+            assert frozen_back, f"{said}: the frozen parameters did not load back"
