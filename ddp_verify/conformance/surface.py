@@ -125,6 +125,7 @@ _DELAYED = tuple(
     f"test_ddp_options::test_delayed_all_reduce_{name}"
     for name in ("keeps_training_equivalent", "with_accumulation", "in_float64")
 )
+_MICRO = "test_fsdp::test_micro_batching_without_resharding_matches_the_reference"
 _DIVIDE = "test_fsdp::test_gradient_divide_factor_replaces_the_world_size"
 
 _DDP = "torch.nn.parallel.DistributedDataParallel"
@@ -366,10 +367,10 @@ ENTRIES: tuple[Entry, ...] = (
     _e("torch.distributed.fsdp.FSDPModule", "set_requires_all_reduce()", COVERED, _HSDP,
        why="HSDP accumulation with the all-reduce skipped"),
     _e("torch.distributed.fsdp.FSDPModule", "set_reshard_after_forward()", COVERED, _WHERE),
-    _gap("torch.distributed.fsdp.FSDPModule", "set_reshard_after_backward()",
-         "no property: with False, model.parameters() are the unsharded tensors, without "
-         "gradients, until reshard(); the suite's trace reads them there"),
-    _gap("torch.distributed.fsdp.FSDPModule", "set_is_last_backward()", "no property"),
+    _e("torch.distributed.fsdp.FSDPModule", "set_reshard_after_backward()", COVERED, _MICRO,
+       why="False between a step's micro-batches, True for its last"),
+    _e("torch.distributed.fsdp.FSDPModule", "set_is_last_backward()", COVERED, _MICRO,
+       why="False between a step's micro-batches, True for its last"),
     _e("torch.distributed.fsdp.FSDPModule", "set_all_reduce_hook()", COVERED, _UNUSED,
        why="HSDP by hand: an all-reduce over the replicas"),
     _e("torch.distributed.fsdp.FSDPModule", "set_reduce_scatter_unused_params()", COVERED,

@@ -89,6 +89,22 @@ def test_where_and_when_fully_shard_keeps_parameters_changes_nothing(world, fsdp
     prove(st.tuples(strategy, options()), check, examples=[(even, {"shard_dim": 1})])
 
 
+def test_micro_batching_without_resharding_matches_the_reference(world, fsdp, prove):
+    # A micro-batching loop: before a step's last micro-batch, no gradient sync, parameters
+    # kept unsharded after backward, the backward not the last; all three back on for the
+    # last. What is trained must not change.
+    method = fully_shard(accumulation="micro_batching")
+    prove(
+        scenarios(
+            world_size=world.size,
+            max_micro_batches=3,
+            same_micro_batch_counts=True,
+            dtypes=("float64", "float32"),
+        ).filter(lambda s: any(len(sizes) > 1 for step in s.schedule for sizes in step)),
+        lambda scenario: world.assert_equivalent(method, scenario),
+    )
+
+
 def test_fully_shard_clips_by_the_total_norm_across_shards(world, fsdp, prove):
     # Each rank holds a shard of every gradient (DTensors): clip_grad_norm_ must clip by the
     # norm of the whole model's gradient, not of the shard it holds.

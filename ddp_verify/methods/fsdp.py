@@ -13,7 +13,7 @@ from .base import DistributedMethod
 from .loop import RankRun, fresh_model, train_data_parallel
 
 # How accumulating micro-batches turn communication off (FullyShard's ``accumulation``).
-ACCUMULATIONS = ("gradient_sync", "all_reduce")
+ACCUMULATIONS = ("gradient_sync", "all_reduce", "micro_batching")
 
 
 class FullyShard(DistributedMethod):
@@ -29,7 +29,9 @@ class FullyShard(DistributedMethod):
     ``"gradient_sync"`` (``set_requires_gradient_sync(False)``: no reduction at all, the
     unsharded gradients accumulate) or, for HSDP, ``"all_reduce"``
     (``set_requires_all_reduce(False)``: reduce-scattered in the group every micro-batch, the
-    partial results accumulate, all-reduced across the groups with the last one).
+    partial results accumulate, all-reduced across the groups with the last one), or
+    ``"micro_batching"`` (no reduction, and the parameters kept unsharded between
+    micro-batches: ``set_reshard_after_backward(False)``, ``set_is_last_backward(False)``).
     ``reduce_dtype`` (a ``MixedPrecisionPolicy``) reduces gradients in that dtype.
     ``resume_at=k`` checkpoints model and optimizer with ``torch.distributed.checkpoint``
     before step k (each rank writes its shards), shards a fresh (perturbed) model, loads the
@@ -67,6 +69,10 @@ class FullyShard(DistributedMethod):
         options = [f"replicas={replicas}"] if replicas > 1 else []
         if accumulation == "all_reduce":
             options.append("accumulating with set_requires_all_reduce(False)")
+        elif accumulation == "micro_batching":
+            options.append(
+                "micro-batching with set_reshard_after_backward(False), set_is_last_backward(False)"
+            )
         if reduce_dtype:
             options.append(f"reduce_dtype={reduce_dtype}")
         self.resume_at = resume_at
@@ -219,17 +225,24 @@ def _load(
 @contextlib.contextmanager
 def _without_gradient_sync(model: torch.nn.Module, accumulation: str) -> Iterator[None]:
     """FSDP2's counterpart of DDP's ``no_sync()``: no reduction at all, or (HSDP) no
-    all-reduce across the replica groups."""
-    turn = (
+    all-reduce across the replica groups; ``"micro_batching"`` also keeps the parameters
+    unsharded after backward and says the backward is not the last
+    (``set_reshard_after_backward(False)``, ``set_is_last_backward(False)``), as a
+    micro-batching loop does to skip the all-gathers between micro-batches."""
+    turns = [
         model.set_requires_all_reduce
         if accumulation == "all_reduce"
         else model.set_requires_gradient_sync
-    )
-    turn(False)
+    ]
+    if accumulation == "micro_batching":
+        turns += [model.set_reshard_after_backward, model.set_is_last_backward]
+    for turn in turns:
+        turn(False)
     try:
         yield
     finally:
-        turn(True)
+        for turn in turns:
+            turn(True)
 
 
 def fully_shard(
