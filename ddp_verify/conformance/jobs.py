@@ -285,6 +285,7 @@ def differentiable_collective(
     src: int,
     group_size: int | None = None,
     splits: list[list[int]] | None = None,
+    op: str = "sum",
 ) -> tuple[list[list[float]], list[float]]:
     """Rank r sends ``inputs[r]`` through ``torch.distributed.nn.functional``'s ``kind``
     (``all_gather``, ``all_reduce``, ``broadcast`` from the group's ``src``-th rank,
@@ -293,7 +294,8 @@ def differentiable_collective(
     to, ``scatter`` of ``inputs[r]`` cut in one chunk per rank from, ``reduce`` to the group's
     ``src``-th rank; ``all_to_all`` of one chunk per rank), over the world or (``group_size``)
     the subgroup of consecutive ranks ``new_subgroups`` puts it in (for :data:`ROOTED` kinds,
-    the first ``group_size`` ranks only; the others return nothing);
+    the first ``group_size`` ranks only; the others return nothing); ``op`` ("sum", "avg")
+    is the reducing collectives' ``ReduceOp``;
     backpropagates the loss ``sum_i <weights[r][i], output_i>``; returns its outputs and its
     input's gradient."""
     from torch.distributed.nn import functional as differentiable
@@ -311,15 +313,18 @@ def differentiable_collective(
         group, _ = dist.new_subgroups(group_size=group_size)  # every rank calls it
         size, first = group_size, rank - rank % group_size
     x = torch.tensor(inputs[rank], dtype=torch.float64, device=device, requires_grad=True)
+    reduce_op = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.AVG}[op]
     if kind == "all_gather":
         outputs = list(differentiable.all_gather(x, group=group))
     elif kind == "all_reduce":
-        outputs = [differentiable.all_reduce(x, group=group)]
+        outputs = [differentiable.all_reduce(x, op=reduce_op, group=group)]
     elif kind == "broadcast":
         outputs = [differentiable.broadcast(x, first + src, group=group)]
     elif kind == "reduce_scatter":
         out = torch.empty(x.numel() // size, dtype=torch.float64, device=device)
-        outputs = [differentiable.reduce_scatter(out, list(x.chunk(size)), group=group)]
+        outputs = [
+            differentiable.reduce_scatter(out, list(x.chunk(size)), op=reduce_op, group=group)
+        ]
         # chunk() of a tensor with fewer elements than chunks would give fewer: never drawn
     elif kind == "all_to_all_single":
         assert splits is not None
@@ -332,7 +337,7 @@ def differentiable_collective(
     elif kind == "scatter":
         outputs = [differentiable.scatter(list(x.chunk(size)), first + src, group=group)]
     elif kind == "reduce":
-        outputs = [differentiable.reduce(x, first + src, group=group)]
+        outputs = [differentiable.reduce(x, first + src, op=reduce_op, group=group)]
     elif kind == "all_to_all":
         chunks = list(x.chunk(size))
         received = [torch.empty_like(c) for c in chunks]
