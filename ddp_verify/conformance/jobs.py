@@ -16,12 +16,13 @@ from ..world.runtime import rank_device
 
 def buffers_after_forward(
     method: DDP, scenario: Scenario, reassigned: bool = False
-) -> tuple[float, ...]:
+) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """Each rank shifts its buffer by its rank *after* wrapping (so only the broadcast before
     each forward can make them agree again), runs one forward through the wrapped model and
     returns the buffer it then holds. ``reassigned``: the shifted buffer is a new tensor
     assigned to the module (``module.scale = module.scale + rank``), not the old one edited
-    in place, as modules that recompute a buffer do; DDP must broadcast the new one."""
+    in place, as modules that recompute a buffer do; DDP must broadcast the new one. Returns
+    the buffer before the forward (shifted) and after it."""
     run = RankRun(scenario)
     wrapped = method.wrap(run.model, scenario)
     with torch.no_grad():
@@ -29,9 +30,10 @@ def buffers_after_forward(
             run.model.scale = run.model.scale + run.rank
         else:
             run.model.scale.add_(run.rank)
+    before = tuple(float(v) for v in run.model.scale)
     inputs, _ = run.micro_batches(0)[0]
     wrapped(inputs)
-    return tuple(float(v) for v in run.model.scale)
+    return before, tuple(float(v) for v in run.model.scale)
 
 
 def state_after_wrapping(method: DDP, scenario: Scenario) -> tuple[float, ...]:

@@ -243,9 +243,11 @@ def _delayed(world, data_parallel, prove, dtype, accumulation=False):
 @known_torch_issue(
     "DDP's delayed all-reduce starts an asynchronous all-reduce of the delayed gradients and "
     "never waits for it: right after backward the ranks can read, and step on, a buffer it has "
-    "not finished (the ranks' gradients disagree)",
+    "not finished (the ranks' gradients disagree, or agree on a stale value)",
     raises=EquivalenceError,
-    match=r"rank agreement on (gradient|parameter)",
+    # A race: any wrong gradient or parameter can be it, so on a torch the mark covers this
+    # test gates nothing; it reports when torch waits (a steady pass on a fixed release).
+    match=r"not equivalent to single-process",
     flaky=True,
     repro="findings/ddp_delayed_all_reduce_not_waited.py",
 )
@@ -356,11 +358,17 @@ def test_broadcast_buffers_means_every_rank_uses_rank_0s_buffers(
     method = data_parallel(broadcast_buffers=broadcast)
 
     def check(scenario):
-        seen = world.run(jobs.buffers_after_forward, method, scenario, how == "reassigned")
+        results = world.run(jobs.buffers_after_forward, method, scenario, how == "reassigned")
+        before, seen = zip(*results, strict=True)
         if broadcast:
-            assert all(s == seen[0] for s in seen), f"ranks' buffers after forward: {seen}"
+            assert all(s == before[0] for s in seen), (
+                f"ranks' buffers after forward: {seen}; rank 0's before it: {before[0]} (the "
+                "forward must start from rank 0's)"
+            )
         else:
-            assert len(set(seen)) == world.size, f"ranks' buffers after forward: {seen}"
+            assert list(seen) == list(before), (
+                f"ranks' buffers after forward: {seen}; each rank's own before it: {before}"
+            )
 
     prove(scenarios(world_size=world.size, models=models(required_features=("buffer",))), check)
 
