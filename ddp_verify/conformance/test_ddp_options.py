@@ -32,7 +32,10 @@ OPTIONS = {
     "bucket_cap_mb_list": {"bucket_cap_mb_list": [TINY_BUCKET_MB, TINY_BUCKET_MB, 25]},
     # Gradients copied into a bucket and divided once per bucket, not per parameter.
     "batched_grad_copy": {"batched_grad_copy": True},
-    "batched_grad_copy_tiny_buckets": {"batched_grad_copy": True, "bucket_cap_mb": TINY_BUCKET_MB},
+    "batched_grad_copy_one_byte_buckets": {
+        "batched_grad_copy": True,
+        "bucket_cap_mb": TINY_BUCKET_MB,
+    },
     # broadcast_buffers' replacement, said outright.
     "forward_sync_buffers": {"forward_sync_buffers": True},
 }
