@@ -354,7 +354,11 @@ ENTRIES: tuple[Entry, ...] = (
        why="CPUOffloadPolicy on accelerator worlds (a CPU world refuses it)"),
     _e("torch.distributed.fsdp.fully_shard", "ignored_params", COVERED,
        "test_fsdp::test_ignored_params_are_neither_sharded_nor_reduced"),
-    _gap("torch.distributed.fsdp.fully_shard", "dp_mesh_dims", "no property"),
+    _e("torch.distributed.fsdp.fully_shard", "dp_mesh_dims", COVERED,
+       "test_fsdp::test_fully_shard_on_a_full_spmd_mesh_matches_the_reference",
+       why="a full mesh of data-parallel dimensions only: shard, and shard with replicate "
+       "(HSDP); with tensor-parallel dimensions beside them, DTensor's own computation, "
+       "not yet checked"),
     _e("torch.distributed.fsdp.MixedPrecisionPolicy", "param_dtype", COVERED, _RECIPE,
        why="bfloat16 and float16 on float32 parameters"),
     _e("torch.distributed.fsdp.MixedPrecisionPolicy", "reduce_dtype", COVERED,

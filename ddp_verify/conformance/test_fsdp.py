@@ -140,6 +140,26 @@ def test_hybrid_sharding_on_a_2d_mesh_matches_the_reference(world, fsdp, prove, 
     )
 
 
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_fully_shard_on_a_full_spmd_mesh_matches_the_reference(world, fsdp, prove, replicas):
+    # dp_mesh_dims: the mesh is the full SPMD mesh and the parameters already DTensors
+    # replicated on it (as a model parallelised over the whole mesh has them); FSDP shards on
+    # the dimension it is told, and with replicas, replicates across the other (HSDP). A
+    # description of the same data parallelism: what is trained must not change.
+    if world.size % replicas:
+        pytest.skip(f"a {replicas} x N mesh needs a world size it divides, not {world.size}")
+    method = fully_shard(replicas=replicas, shard_options={"spmd": True})
+    prove(
+        scenarios(
+            world_size=world.size,
+            max_micro_batches=2,
+            same_micro_batch_counts=True,
+            dtypes=("float64", "float32"),
+        ),
+        lambda scenario: world.assert_equivalent(method, scenario),
+    )
+
+
 def test_mixed_precision_reduction_in_float32_of_a_bfloat16_model(world, fsdp, prove):
     # MixedPrecisionPolicy(reduce_dtype=float32) on a bfloat16 model: gradients upcast for the
     # reduce-scatter, so the result must be within bfloat16's derived tolerance (the rounding

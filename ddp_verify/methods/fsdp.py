@@ -42,7 +42,11 @@ class FullyShard(DistributedMethod):
     ``set_reshard_after_forward`` (the method, after sharding), ``offload``
     (``CPUOffloadPolicy``), ``shard_dim``
     (a ``shard_placement_fn`` sharding every parameter along that dimension where its size
-    divides evenly, along dimension 0 elsewhere)."""
+    divides evenly, along dimension 0 elsewhere), ``spmd`` (the mesh as a full SPMD mesh:
+    every parameter first a DTensor replicated on it, as a model parallelised over the whole
+    mesh has them, and ``dp_mesh_dims`` naming the dimensions FSDP shards and replicates on;
+    inputs enter as DTensors replicated on the mesh and outputs leave as local tensors, as
+    each rank's batch is its own)."""
 
     def __init__(
         self,
@@ -79,7 +83,7 @@ class FullyShard(DistributedMethod):
         self.checkpoint_options = dict(checkpoint_options or {})
         self.shard_options = dict(shard_options or {})
         unknown = set(self.shard_options) - {
-            "reshard_after_forward", "set_reshard_after_forward", "offload", "shard_dim"
+            "reshard_after_forward", "set_reshard_after_forward", "offload", "shard_dim", "spmd"
         }  # fmt: skip
         if unknown:
             raise ValueError(f"unknown shard_options {sorted(unknown)}")
@@ -128,7 +132,10 @@ class FullyShard(DistributedMethod):
             )
         # The world's device, said outright: by default FSDP2 takes a CUDA mesh wherever CUDA
         # is available, and would move a CPU world's model to a GPU.
-        if self.replicas > 1:
+        chosen = self.shard_options
+        if chosen.get("spmd"):
+            mesh = _spmd_mesh(run.device.type, run.world_size, self.replicas)
+        elif self.replicas > 1:
             shape = (self.replicas, run.world_size // self.replicas)
             mesh = init_device_mesh(run.device.type, shape, mesh_dim_names=("replicate", "shard"))
         else:
@@ -137,7 +144,6 @@ class FullyShard(DistributedMethod):
             reduce_dtype=getattr(torch, self.reduce_dtype) if self.reduce_dtype else None
         )
         extra: dict[str, object] = {}
-        chosen = self.shard_options
         if "reshard_after_forward" in chosen:
             extra["reshard_after_forward"] = chosen["reshard_after_forward"]
         if chosen.get("offload"):
@@ -154,9 +160,69 @@ class FullyShard(DistributedMethod):
                 return Shard(dim) if fits else None
 
             extra["shard_placement_fn"] = placement
+        if chosen.get("spmd"):
+            extra["dp_mesh_dims"] = _on_the_full_mesh(run.model, mesh)
         shard(run.model, mesh=mesh, mp_policy=policy, **extra)
         if "set_reshard_after_forward" in chosen:
             run.model.set_reshard_after_forward(bool(chosen["set_reshard_after_forward"]))
+
+
+# One SPMD mesh per rank process and layout, as a training process has: DTensor hands out an
+# earlier mesh equal to a new one, which fully_shard's SPMD path then refuses as "different mesh
+# objects" (a torch issue: findings/fsdp_spmd_mesh_identity.py).
+_SPMD_MESHES: dict[tuple[object, ...], object] = {}
+
+
+def _spmd_mesh(device_type: str, world_size: int, replicas: int) -> object:
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    key = (id(dist.distributed_c10d._get_default_group()), device_type, world_size, replicas)
+    if key not in _SPMD_MESHES:
+        shape = (replicas, world_size // replicas) if replicas > 1 else (world_size,)
+        names = ("dp_replicate", "dp_shard") if replicas > 1 else ("dp_shard",)
+        _SPMD_MESHES[key] = init_device_mesh(device_type, shape, mesh_dim_names=names)
+    return _SPMD_MESHES[key]
+
+
+def _on_the_full_mesh(model: torch.nn.Module, mesh: object) -> object:
+    """Make ``model`` a model of the full SPMD ``mesh`` (parameters DTensors replicated on
+    every dimension, inputs in as replicated DTensors, outputs out as local tensors) and
+    return the ``DataParallelMeshDims`` that say which dimensions are data parallel."""
+    from torch.distributed.fsdp import DataParallelMeshDims
+    from torch.distributed.tensor import DTensor, Replicate, distribute_module, distribute_tensor
+
+    names = tuple(mesh.mesh_dim_names or ())  # type: ignore[attr-defined]
+    everywhere = [Replicate()] * len(names)
+
+    def inputs(module: torch.nn.Module, args: tuple, device_mesh: object) -> tuple:
+        # Each rank's batch is its own: "replicated" only in that no rank's rows are
+        # gathered, as data parallelism wants (FSDP reduces the gradients it makes).
+        return tuple(
+            DTensor.from_local(a, device_mesh, everywhere, run_check=False)  # type: ignore[arg-type]
+            if isinstance(a, torch.Tensor) and not isinstance(a, DTensor)
+            else a
+            for a in args
+        )
+
+    def outputs(module: torch.nn.Module, out: object, device_mesh: object) -> object:
+        return out.to_local() if isinstance(out, DTensor) else out
+
+    made: dict[int, tuple[torch.nn.Parameter, torch.nn.Parameter]] = {}  # id: (old, new)
+
+    def replicated(name: str, module: torch.nn.Module, device_mesh: object) -> None:
+        # Module by module, as distribute_module goes, but one DTensor per parameter: a
+        # parameter two modules share (tied weights) stays shared.
+        for key, param in list(module.named_parameters(recurse=False)):
+            if id(param) not in made:
+                data = distribute_tensor(param.data, device_mesh, everywhere)  # type: ignore[arg-type]
+                made[id(param)] = (param, torch.nn.Parameter(data, param.requires_grad))
+            setattr(module, key, made[id(param)][1])
+
+    distribute_module(model, mesh, replicated, inputs, outputs)  # type: ignore[arg-type]
+    return DataParallelMeshDims(
+        shard="dp_shard", replicate="dp_replicate" if "dp_replicate" in names else None
+    )
 
 
 @contextlib.contextmanager

@@ -440,6 +440,15 @@ MUTANTS: tuple[Mutant, ...] = (
         "test_fully_shard_matches_the_reference",
     ),
     Mutant(
+        "fsdp_spmd_mesh_drops_replicate_dims",
+        "fully_shard",
+        "fully_shard(dp_mesh_dims=...) reads only the shard dimensions of the full mesh: the "
+        "replicate ones are never all-reduced over (its source, one line changed)",
+        "torch.distributed.fsdp._fully_shard._fsdp_init:_get_mesh_info_from_named_dims",
+        _source_patch("if len(replicate_names) == 0:  # FSDP", "if True:  # FSDP"),
+        "test_fully_shard_on_a_full_spmd_mesh_matches_the_reference[2]",
+    ),
+    Mutant(
         "fsdp_clips_by_local_norm",
         "fully_shard",
         "clip_grad_norm_ takes a sharded gradient's local tensor: it clips by the norm of the "
