@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -11,6 +12,10 @@ from ..engine.scenario import Scenario
 from ..engine.trace import RankTrace
 from .base import DistributedMethod
 from .loop import RankRun, fresh_model, train_data_parallel
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import DataParallelMeshDims
 
 # How accumulating micro-batches turn communication off (FullyShard's ``accumulation``).
 ACCUMULATIONS = ("gradient_sync", "all_reduce", "micro_batching")
@@ -170,10 +175,10 @@ class FullyShard(DistributedMethod):
 # One SPMD mesh per rank process and layout, as a training process has: DTensor hands out an
 # earlier mesh equal to a new one, which fully_shard's SPMD path then refuses as "different mesh
 # objects" (a torch issue: findings/fsdp_spmd_mesh_identity.py).
-_SPMD_MESHES: dict[tuple[object, ...], object] = {}
+_SPMD_MESHES: dict[tuple[object, ...], DeviceMesh] = {}
 
 
-def _spmd_mesh(device_type: str, world_size: int, replicas: int) -> object:
+def _spmd_mesh(device_type: str, world_size: int, replicas: int) -> DeviceMesh:
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -185,41 +190,41 @@ def _spmd_mesh(device_type: str, world_size: int, replicas: int) -> object:
     return _SPMD_MESHES[key]
 
 
-def _on_the_full_mesh(model: torch.nn.Module, mesh: object) -> object:
+def _on_the_full_mesh(model: torch.nn.Module, mesh: DeviceMesh) -> DataParallelMeshDims:
     """Make ``model`` a model of the full SPMD ``mesh`` (parameters DTensors replicated on
     every dimension, inputs in as replicated DTensors, outputs out as local tensors) and
     return the ``DataParallelMeshDims`` that say which dimensions are data parallel."""
     from torch.distributed.fsdp import DataParallelMeshDims
     from torch.distributed.tensor import DTensor, Replicate, distribute_module, distribute_tensor
 
-    names = tuple(mesh.mesh_dim_names or ())  # type: ignore[attr-defined]
+    names = tuple(mesh.mesh_dim_names or ())
     everywhere = [Replicate()] * len(names)
 
-    def inputs(module: torch.nn.Module, args: tuple, device_mesh: object) -> tuple:
+    def inputs(module: torch.nn.Module, args: tuple, device_mesh: DeviceMesh) -> tuple:
         # Each rank's batch is its own: "replicated" only in that no rank's rows are
         # gathered, as data parallelism wants (FSDP reduces the gradients it makes).
         return tuple(
-            DTensor.from_local(a, device_mesh, everywhere, run_check=False)  # type: ignore[arg-type]
+            DTensor.from_local(a, device_mesh, everywhere, run_check=False)
             if isinstance(a, torch.Tensor) and not isinstance(a, DTensor)
             else a
             for a in args
         )
 
-    def outputs(module: torch.nn.Module, out: object, device_mesh: object) -> object:
+    def outputs(module: torch.nn.Module, out: object, device_mesh: DeviceMesh) -> object:
         return out.to_local() if isinstance(out, DTensor) else out
 
     made: dict[int, tuple[torch.nn.Parameter, torch.nn.Parameter]] = {}  # id: (old, new)
 
-    def replicated(name: str, module: torch.nn.Module, device_mesh: object) -> None:
+    def replicated(name: str, module: torch.nn.Module, device_mesh: DeviceMesh) -> None:
         # Module by module, as distribute_module goes, but one DTensor per parameter: a
         # parameter two modules share (tied weights) stays shared.
         for key, param in list(module.named_parameters(recurse=False)):
             if id(param) not in made:
-                data = distribute_tensor(param.data, device_mesh, everywhere)  # type: ignore[arg-type]
+                data = distribute_tensor(param.data, device_mesh, everywhere)
                 made[id(param)] = (param, torch.nn.Parameter(data, param.requires_grad))
             setattr(module, key, made[id(param)][1])
 
-    distribute_module(model, mesh, replicated, inputs, outputs)  # type: ignore[arg-type]
+    distribute_module(model, mesh, replicated, inputs, outputs)
     return DataParallelMeshDims(
         shard="dp_shard", replicate="dp_replicate" if "dp_replicate" in names else None
     )
