@@ -424,8 +424,9 @@ def hierarchical_averaging(
 ) -> list[list[float]]:
     """Rank r's parameters start at ``values[r]`` and move by ``deltas[t][r]`` at step t; a
     ``HierarchicalModelAverager`` with ``period_group_size_dict`` ``levels`` (period, group
-    size; ordered) and ``warmup_steps`` averages them after each step. The parameters after
-    each step."""
+    size; ordered) and ``warmup_steps`` averages them after each step, its ``process_group``
+    the subgroup of consecutive ranks the top level's size makes where that is smaller than
+    the world. The parameters after each step."""
     from collections import OrderedDict
 
     from torch.distributed.algorithms.model_averaging.hierarchical_model_averager import (
@@ -434,7 +435,11 @@ def hierarchical_averaging(
 
     rank, device = dist.get_rank(), rank_device()
     params = [torch.nn.Parameter(torch.tensor(values[rank], dtype=torch.float64, device=device))]
-    averager = HierarchicalModelAverager(OrderedDict(levels), warmup_steps=warmup)
+    top = levels[-1][1]
+    group = None if top == dist.get_world_size() else dist.new_subgroups(group_size=top)[0]
+    averager = HierarchicalModelAverager(
+        OrderedDict(levels), warmup_steps=warmup, process_group=group
+    )
     after = []
     for delta in deltas:
         params[0].grad = torch.zeros_like(params[0])  # only parameters with gradients average

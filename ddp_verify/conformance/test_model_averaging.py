@@ -128,11 +128,19 @@ def expected_hierarchical(values, deltas, levels, warmup):
 
 
 def hierarchical_cases(world_size: int) -> st.SearchStrategy:
-    # Group sizes: a chain of divisors of the world size, each dividing the next (so each
-    # level's groups nest in the next's), ending at the world; periods going up with them.
-    chains = [[world_size]]
-    for size in range(world_size - 1, 0, -1):
-        chains += [[size, *c] for c in chains if c[0] % size == 0]
+    # Group sizes: a chain of divisors, each dividing the next (so each level's groups nest in
+    # the next's), ending at the world or at a smaller top level given as the averager's
+    # process_group (consecutive ranks); periods going up with them. Below a top level smaller
+    # than the world, levels of one rank only: larger ones wait forever (the averager makes
+    # them with new_subgroups over its group, which every group's ranks call with their own
+    # ranks; findings/hierarchical_averager_subgroup_hang.py), which only worlds of 8 or more
+    # would draw.
+    chains = []
+    for top in (d for d in range(world_size, 0, -1) if world_size % d == 0):
+        from_top = [[top]]
+        for size in range(top - 1, 0, -1):
+            from_top += [[size, *c] for c in from_top if c[0] % size == 0]
+        chains += [c for c in from_top if top == world_size or set(c[:-1]) <= {1}]
 
     @st.composite
     def draw(draw_):
@@ -162,9 +170,11 @@ def test_hierarchical_model_averager_averages_the_largest_dividing_periods_group
         values, deltas, levels, warmup = case
         results = world.run(jobs.hierarchical_averaging, *case)
         want = expected_hierarchical(values, deltas, levels, warmup)
+        top = levels[-1][1]
+        group = "" if top == world.size else f", process_group=<{top} consecutive ranks>"
         said = (
             f"HierarchicalModelAverager(period_group_size_dict={dict(levels)}, "
-            f"warmup_steps={warmup})"
+            f"warmup_steps={warmup}{group})"
         )
         for rank, steps in enumerate(results):
             for step, got in enumerate(steps):

@@ -632,6 +632,19 @@ MUTANTS: tuple[Mutant, ...] = (
         "test_clip_grad_norm_raises_on_a_nonfinite_norm_only_when_asked[nan-for_loop]",
     ),
     Mutant(
+        "hierarchical_top_level_over_the_world",
+        "model averaging",
+        "HierarchicalModelAverager's top level averages over the world, not the process_group it "
+        "was given (its source, one line changed)",
+        "torch.distributed.algorithms.model_averaging.hierarchical_model_averager:"
+        "HierarchicalModelAverager.__init__",
+        _source_patch(
+            "self.period_process_group_dict[period] = self.process_group",
+            "self.period_process_group_dict[period] = dist.group.WORLD",
+        ),
+        "test_hierarchical_model_averager_averages_the_largest_dividing_periods_groups",
+    ),
+    Mutant(
         "averager_period_from_step_0",
         "model averaging",
         "PeriodicModelAverager counts its period from step 0, not from the end of the warm-up "
