@@ -616,6 +616,43 @@ def ddp_in_a_group(
     return after_wrapping, module.weight.grad.tolist()
 
 
+def zero_in_a_group(
+    starts: list[list[list[float]]],
+    gradients: list[list[list[list[float]]]],
+    group_size: int,
+    momentum: float,
+    bucket_view: bool,
+) -> list[list[float]]:
+    """``ZeroRedundancyOptimizer`` around ``SGD(lr=0.5, momentum)`` over the subgroup of
+    ``group_size`` consecutive ranks holding rank r (``process_group``): its parameters
+    (one tensor per entry) start at ``starts[g]``, g its group's index, and step t gives them
+    the gradients ``gradients[t][g]``. The parameters after each step, flattened."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    rank, device = dist.get_rank(), rank_device()
+    group_index = rank // group_size
+    group = dist.new_subgroups(group_size=group_size)[0]
+    params = [
+        torch.nn.Parameter(torch.tensor(values, dtype=torch.float64, device=device))
+        for values in starts[group_index]
+    ]
+    optimizer = ZeroRedundancyOptimizer(
+        params,
+        optimizer_class=torch.optim.SGD,
+        process_group=group,
+        parameters_as_bucket_view=bucket_view,
+        lr=0.5,
+        momentum=momentum,
+    )
+    after = []
+    for step in gradients:
+        for param, grad in zip(params, step[group_index], strict=True):
+            param.grad = torch.tensor(grad, dtype=torch.float64, device=device)
+        optimizer.step()
+        after.append(torch.cat([p.detach().reshape(-1) for p in params]).tolist())
+    return after
+
+
 def fully_shard_ignored_bias(
     inputs: list[list[float]], weights: list[list[float]]
 ) -> tuple[list[list[float]], list[float], bool]:

@@ -4,7 +4,10 @@ parameters and broadcasts them; training must stay equivalent to the unsharded o
 from __future__ import annotations
 
 import pytest
+import torch
+from hypothesis import strategies as st
 
+from ddp_verify.conformance import jobs
 from ddp_verify.engine.strategies import optimizers, scenarios
 
 
@@ -86,3 +89,81 @@ def test_zero_resumes_from_its_consolidated_state(world, data_parallel, prove):
         ).filter(lambda s: s.steps >= 2),
         check,
     )
+
+
+def sgd_steps(starts, gradients, momentum, lr=0.5):
+    """SGD with momentum (torch's form: the first buffer is the gradient itself) from
+    ``starts`` through ``gradients`` (one list of tensors' values per step): the flattened
+    parameters after each step."""
+    params = [list(p) for p in starts]
+    buffers = None
+    after = []
+    for step in gradients:
+        if buffers is None:
+            buffers = [list(g) for g in step]
+        else:
+            buffers = [
+                [momentum * b + g for b, g in zip(bs, gs, strict=True)]
+                for bs, gs in zip(buffers, step, strict=True)
+            ]
+        params = [
+            [x - lr * b for x, b in zip(ps, bs, strict=True)]
+            for ps, bs in zip(params, buffers, strict=True)
+        ]
+        after.append([x for p in params for x in p])
+    return after
+
+
+def test_the_sgd_oracle_steps_with_torchs_momentum():
+    # lr 0.5, momentum 0.5: buffers 2 then 0.5*2+4 = 5; parameters 10-1 = 9, then 9-2.5.
+    assert sgd_steps([[10.0]], [[[2.0]], [[4.0]]], momentum=0.5) == [[9.0], [6.5]]
+
+
+def test_zero_over_a_subgroup_steps_and_broadcasts_within_that_group(world, prove):
+    # process_group: each group of consecutive ranks shards the optimizer among its own ranks
+    # and broadcasts the stepped parameters within the group. Every group's ranks hold the
+    # same parameters and gradients (ZeRO itself does not average them), different groups
+    # different ones: each group must end where plain SGD on its own values ends. Closed
+    # form: small integers, lr 0.5, momentum 0 or 0.5.
+    size = world.size
+    divisors = [d for d in range(1, size + 1) if size % d == 0]
+    values = st.integers(-8, 8).map(float)
+
+    @st.composite
+    def draw(draw_):
+        group_size = draw_(st.sampled_from(divisors))
+        shapes = draw_(st.lists(st.integers(1, 3), min_size=1, max_size=4))
+        groups = size // group_size
+
+        def per_group():
+            tensors = st.tuples(*(st.lists(values, min_size=n, max_size=n) for n in shapes))
+            return st.lists(tensors.map(list), min_size=groups, max_size=groups)
+
+        starts = draw_(per_group())
+        gradients = draw_(st.lists(per_group(), min_size=1, max_size=3))
+        momentum = draw_(st.sampled_from((0.0, 0.5)))
+        return starts, gradients, group_size, momentum, draw_(st.booleans())
+
+    def check(case):
+        starts, gradients, group_size, momentum, bucket_view = case
+        results = world.run(jobs.zero_in_a_group, *case)
+        said = (
+            f"ZeroRedundancyOptimizer(SGD, lr=0.5, momentum={momentum}, process_group=<"
+            f"{group_size} consecutive ranks>, parameters_as_bucket_view={bucket_view})"
+        )
+        for rank, steps in enumerate(results):
+            g = rank // group_size
+            want = sgd_steps(starts[g], [step[g] for step in gradients], momentum)
+            for t, got in enumerate(steps):
+                torch.testing.assert_close(
+                    torch.tensor(got, dtype=torch.float64),
+                    torch.tensor(want[t], dtype=torch.float64),
+                    rtol=1e-12,
+                    atol=1e-12,
+                    msg=lambda m, rank=rank, t=t: (
+                        f"{said}: rank {rank}'s parameters after step {t} are not its group's "
+                        f"SGD step.\n{m}"
+                    ),
+                )
+
+    prove(draw(), check)

@@ -327,6 +327,18 @@ MUTANTS: tuple[Mutant, ...] = (
         _JOIN,
     ),
     Mutant(
+        "zero_ignores_its_process_group",
+        "ZeRO",
+        "ZeroRedundancyOptimizer shards over the world whatever process_group it is given (its "
+        "source, one line changed)",
+        "torch.distributed.optim:ZeroRedundancyOptimizer.__init__",
+        _source_patch(
+            "process_group if process_group is not None else dist.group.WORLD",
+            "dist.group.WORLD",
+        ),
+        "test_zero_over_a_subgroup_steps_and_broadcasts_within_that_group",
+    ),
+    Mutant(
         "zero_skips_parameter_sync",
         "ZeRO",
         "ZeroRedundancyOptimizer steps its shard but never broadcasts the updated parameters "
