@@ -550,6 +550,48 @@ def fully_shard_linear_gradients(
     return str(y.dtype) + seen, str(grad.dtype), grad.full_tensor().double().tolist()
 
 
+def ddp_mixed_precision_gradients(
+    inputs: list[list[float]],
+    weights: list[list[float]],
+    param_dtype: str,
+    steps: int,
+) -> tuple[str, list[str], list[list[list[float]]], list[list[float]]]:
+    """A bias-free float32 ``Linear`` under ``DistributedDataParallel(mixed_precision=
+    _MixedPrecision(param_dtype, reduce_dtype=float32))``: rank r's loss is
+    ``(model(inputs[r]) * weights[r]).sum()`` for one sample, ``steps`` times with SGD(lr=1/64)
+    between. Returns the dtype its module received its input in and computed in, each step's
+    gradient dtype and gradient, and the parameters after training (what DDP keeps in full
+    precision)."""
+    from torch.nn.parallel import DistributedDataParallel
+    from torch.nn.parallel.distributed import _MixedPrecision
+
+    rank, device = dist.get_rank(), rank_device()
+    model = _Casting(len(inputs[0]), len(weights[0])).to(device, torch.float32)
+    with torch.no_grad():  # the same small integers on every rank: exact in any dtype
+        model.weight.copy_(torch.arange(model.weight.numel()).reshape(model.weight.shape) % 5)
+    policy = _MixedPrecision(param_dtype=getattr(torch, param_dtype), reduce_dtype=torch.float32)
+    wrapped = DistributedDataParallel(
+        model,
+        device_ids=[device.index] if device.type == "cuda" else None,
+        mixed_precision=policy,
+    )
+    optimizer = torch.optim.SGD(model.parameters(), lr=1 / 64)
+    x = torch.tensor([inputs[rank]], dtype=torch.float32, device=device)
+    c = torch.tensor([weights[rank]], dtype=torch.float32, device=device)
+    dtypes, grads = [], []
+    for _ in range(steps):
+        optimizer.zero_grad()
+        y = wrapped(x)
+        (y * c.to(y.dtype)).sum().backward()
+        grad = model.weight.grad
+        assert grad is not None
+        dtypes.append(str(grad.dtype))
+        grads.append(grad.double().tolist())
+        optimizer.step()
+    received = f"{model.received} computing in {y.dtype}"
+    return received, dtypes, grads, model.weight.detach().double().tolist()
+
+
 def post_local_sgd_gradients(
     gradients: list[list[list[float]]],
     start: int,
@@ -650,6 +692,63 @@ def zero_in_a_group(
             param.grad = torch.tensor(grad, dtype=torch.float64, device=device)
         optimizer.step()
         after.append(torch.cat([p.detach().reshape(-1) for p in params]).tolist())
+    return after
+
+
+class _GivenGradients(torch.nn.Module):
+    """Parameters whose gradients are exactly the inputs: ``loss = sum_i (w_i * x_i).sum()``."""
+
+    def __init__(self, starts: list[list[float]]) -> None:
+        super().__init__()
+        device = rank_device()
+        self.weights = torch.nn.ParameterList(
+            torch.nn.Parameter(torch.tensor(v, dtype=torch.float32, device=device)) for v in starts
+        )
+
+    def forward(self, *xs: torch.Tensor) -> torch.Tensor:
+        return sum((w * x).sum() for w, x in zip(self.weights, xs, strict=True))
+
+
+def zero_overlapped_with_ddp(
+    starts: list[list[float]],
+    gradients: list[list[list[list[float]]]],
+    interleaved: bool,
+    shard_buckets: bool,
+    bucket_cap_mb: float,
+) -> list[list[float]]:
+    """DDP (``bucket_cap_mb``) over parameters starting at ``starts``, with
+    ``ZeroRedundancyOptimizer(SGD, lr=0.5, overlap_with_ddp=True)`` stepping inside its
+    communication hook (``hook_with_zero_step`` or ``..._interleaved`` around
+    ``allreduce_hook``, ``shard_buckets``); rank r's gradients at step t are
+    ``gradients[t][r]``. No ``step()`` in the loop, as documented. The parameters after each
+    step's backward, flattened (float32)."""
+    from torch.distributed.algorithms.ddp_comm_hooks.ddp_zero_hook import (
+        hook_with_zero_step,
+        hook_with_zero_step_interleaved,
+    )
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+    from torch.nn.parallel import DistributedDataParallel
+
+    rank, device = dist.get_rank(), rank_device()
+    module = _GivenGradients(starts)
+    ddp = DistributedDataParallel(
+        module,
+        device_ids=[device.index] if device.type == "cuda" else None,
+        bucket_cap_mb=bucket_cap_mb,
+    )
+    zero = ZeroRedundancyOptimizer(
+        module.parameters(), optimizer_class=torch.optim.SGD, overlap_with_ddp=True, lr=0.5
+    )
+    hook = hook_with_zero_step_interleaved if interleaved else hook_with_zero_step
+    ddp.register_comm_hook(None, hook(allreduce_hook, ddp, zero, shard_buckets=shard_buckets))
+    after = []
+    for step in gradients:
+        xs = [torch.tensor(g, dtype=torch.float32, device=device) for g in step[rank]]
+        ddp(*xs).backward()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        after.append(torch.cat([p.detach().reshape(-1) for p in module.parameters()]).tolist())
     return after
 
 

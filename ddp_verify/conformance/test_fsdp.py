@@ -148,6 +148,10 @@ def test_fully_shard_on_a_full_spmd_mesh_matches_the_reference(world, fsdp, prov
     # description of the same data parallelism: what is trained must not change.
     if world.size % replicas:
         pytest.skip(f"a {replicas} x N mesh needs a world size it divides, not {world.size}")
+    try:
+        from torch.distributed.fsdp import DataParallelMeshDims  # noqa: F401
+    except ImportError as exc:
+        pytest.skip(f"this torch's fully_shard has no dp_mesh_dims: {exc}")
     method = fully_shard(replicas=replicas, shard_options={"spmd": True})
     prove(
         scenarios(
