@@ -744,6 +744,7 @@ def zero_overlapped_with_ddp(
     ddp.register_comm_hook(None, hook(allreduce_hook, ddp, zero, shard_buckets=shard_buckets))
     after = []
     for step in gradients:
+        zero.zero_grad()  # the step is the hook's; zeroing the gradients is still the loop's
         xs = [torch.tensor(g, dtype=torch.float32, device=device) for g in step[rank]]
         ddp(*xs).backward()
         if device.type == "cuda":

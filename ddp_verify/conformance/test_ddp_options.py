@@ -495,7 +495,8 @@ def test_ddp_mixed_precision_computes_in_param_dtype_reduces_in_float32_keeps_fl
         trained = [[w - steps * g / 64 for w, g in zip(ws, gs, strict=True)]
                    for ws, gs in zip(start, mean, strict=True)]  # fmt: skip
         for step, grad in enumerate(grads):
-            got, exact = torch.tensor(grad), torch.tensor(mean, dtype=torch.float64)
+            got = torch.tensor(grad, dtype=torch.float64)
+            exact = torch.tensor(mean, dtype=torch.float64)
             scale = float(exact.abs().max()) or 1.0
             torch.testing.assert_close(
                 got, exact, rtol=1e-6, atol=1e-6 * scale,
@@ -504,7 +505,8 @@ def test_ddp_mixed_precision_computes_in_param_dtype_reduces_in_float32_keeps_fl
                     f"{param_dtype} gradients.\n{m}"
                 ),
             )  # fmt: skip
-        got, exact = torch.tensor(after), torch.tensor(trained, dtype=torch.float64)
+        got = torch.tensor(after, dtype=torch.float64)
+        exact = torch.tensor(trained, dtype=torch.float64)
         scale = float(exact.abs().max()) or 1.0
         torch.testing.assert_close(
             got, exact, rtol=1e-6, atol=1e-6 * scale,
