@@ -36,6 +36,10 @@ def fsdp(world):
         first = text.splitlines()[0]
         if re.search(UNSUPPORTED, text):
             pytest.skip(f"fully_shard does not run here (torch on {world.backend}): {first}")
+        # A crash of torch's on one pairing: gloo with CUDA tensors kills every rank by
+        # SIGSEGV (torch 2.11, on an H200); nccl runs it on the same GPUs.
+        if world.backend == "gloo" and world.device == "cuda" and "SIGSEGV" in text:
+            pytest.skip(f"fully_shard crashes on gloo with CUDA tensors here: {first}")
         pytest.fail(f"fully_shard fails on the simplest scenario (one sample per rank): {text}")
     return method
 
