@@ -8,7 +8,9 @@ import torch
 from hypothesis import strategies as st
 
 from ddp_verify.conformance import jobs
+from ddp_verify.conformance.known import known_torch_issue
 from ddp_verify.engine.strategies import optimizers, scenarios
+from ddp_verify.world import RankError
 
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adam", "adamw"])
@@ -175,6 +177,22 @@ WARM_UP = 2  # iterations that do not update, documented for static_graph=False
 
 
 def test_zero_overlapped_with_ddp_steps_inside_the_hook_after_its_warm_up(world, prove):
+    _overlapped(world, prove, shard_buckets=False)
+
+
+@known_torch_issue(
+    "ZeRO's overlap with shard_buckets=True cuts a DDP bucket before the parameter that "
+    "reaches its size threshold, into more pieces than there are ranks to take them, and "
+    "asserts 'All indices are disallowed' (one rank and a bucket of two parameters)",
+    raises=RankError,
+    match=r"All indices are disallowed",
+    repro="findings/zero_overlap_shard_buckets.py",
+)
+def test_zero_overlapped_with_ddp_sharding_its_buckets(world, prove):
+    _overlapped(world, prove, shard_buckets=True)
+
+
+def _overlapped(world, prove, shard_buckets: bool) -> None:
     # overlap_with_ddp=True: ZeRO steps inside DDP's communication hook, on the averaged
     # gradients of the buckets it owns, and broadcasts them. The first two iterations do not
     # update (DDP's buckets are not final until the second forward: documented); every one
@@ -194,7 +212,7 @@ def test_zero_overlapped_with_ddp_steps_inside_the_hook_after_its_warm_up(world,
         gradients = draw_(st.lists(per_rank, min_size=steps, max_size=steps))
         # one bucket for all, or (a cap smaller than any parameter) one per parameter
         cap = draw_(st.sampled_from((25.0, 1e-6)))
-        return starts, gradients, draw_(st.booleans()), draw_(st.booleans()), cap
+        return starts, gradients, draw_(st.booleans()), shard_buckets, cap
 
     def check(case):
         starts, gradients, interleaved, shard_buckets, cap = case
