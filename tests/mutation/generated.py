@@ -9,7 +9,11 @@ one is installed in a fresh conformance session (its ranks and its own process) 
 suite runs against it, stopping at the first failure: a failure kills it, a pass lets it
 survive, a run past ``--timeout`` counts as killed (the log says "timed out"). A mutant that
 cannot take the function's place (its code closes over other names) is set aside with the
-ones that change no numbers. The score per module is killed / live.
+ones that change no numbers. A survivor :mod:`tests.mutation.equivalent` declares equivalent
+under torch's contract (with its reason) counts as "equivalent". The score per module is
+killed / (live - equivalent); the raw score, killed / live, is shown beside it. Each module
+draws from its own random generator (seeded by ``--seed`` and its name), so a run over some
+modules draws what a run over all draws for them.
 
     python -m tests.mutation.generated [--samples 5] [--seed 0] [--world-size 4]
         [--modules GLOB ...] [--match TEXT] [--write docs/mutation.md] [--json out.json]
@@ -36,6 +40,7 @@ import textwrap
 import time
 from pathlib import Path
 
+from tests.mutation.equivalent import why_equivalent
 from tests.mutation.generated_patch import ENV, FIRST_ENV, compiled
 from tests.mutation.operators import Site, mutated, sites
 
@@ -194,7 +199,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--write", default=None)
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
-    rng = random.Random(args.seed)
     rows: list[list[object]] = []
     outcomes: list[dict[str, str]] = []
     started = time.monotonic()
@@ -207,9 +211,11 @@ def main(argv: list[str] | None = None) -> int:
             if args.match:
                 drawn = [m for m in every if args.match in f"{m.name} ({m.site.change})"]
             else:
+                rng = random.Random(f"{args.seed}:{module}")
                 drawn = rng.sample(every, min(args.samples, len(every)))
             baseline = probe(probe_name, None)
-            counts = {"live": 0, "killed": 0, "not live": 0, "survived": 0, "timed out": 0}
+            counts = {"live": 0, "killed": 0, "not live": 0, "survived": 0, "timed out": 0,
+                      "equivalent": 0}  # fmt: skip
             for mutant in drawn:
                 try:
                     compiled(mutant.as_json())
@@ -224,19 +230,27 @@ def main(argv: list[str] | None = None) -> int:
                     outcome, by = suite(
                         mutant, directory, args.world_size, args.timeout, FIRST[probe_name]
                     )
+                    reason = why_equivalent(
+                        mutant.module, mutant.qualname, mutant.site.operator, mutant.site.change
+                    )
+                    if outcome == "survived" and reason:
+                        outcome, by = "equivalent", reason
                     counts[outcome] += 1
                 outcomes.append({"mutant": mutant.name, "change": mutant.site.change,
                                  "outcome": outcome, "by": by})  # fmt: skip
                 print(f"{mutant.name} ({mutant.site.change}): {outcome} {by}".rstrip(),
                       flush=True)  # fmt: skip
             killed = counts["killed"] + counts["timed out"]
-            score = f"{killed / counts['live']:.0%}" if counts["live"] else "—"
+            judged = counts["live"] - counts["equivalent"]
+            score = f"{killed / judged:.0%}" if judged else "—"
+            raw = f"{killed / counts['live']:.0%}" if counts["live"] else "—"
             rows.append([module, len(every), len(drawn), counts["not live"], counts["live"],
-                         killed, score])  # fmt: skip
-    lines = ["| module | mutants | drawn | not live | live | killed | score |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+                         counts["equivalent"], killed, score, raw])  # fmt: skip
+    lines = ["| module | mutants | drawn | not live | live | equivalent | killed | score | raw |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
     lines += ["| `" + str(r[0]) + "` | " + " | ".join(str(x) for x in r[1:]) + " |" for r in rows]
     survivors = [o for o in outcomes if o["outcome"] == "survived"]
+    equivalents = [o for o in outcomes if o["outcome"] == "equivalent"]
     total = f"{time.monotonic() - started:.0f} s"
     print("\n" + "\n".join(lines) + f"\n\n{len(survivors)} survived; {total}")
     if args.write:
@@ -254,6 +268,11 @@ def main(argv: list[str] | None = None) -> int:
             "Survivors (a live change the suite let through):",
             "",
             *(f"- `{o['mutant']}`: {o['change']}" for o in survivors),
+            "",
+            "Equivalent under torch's contract (survivors `tests/mutation/equivalent.py` "
+            "declares, with the reason read from the code):",
+            "",
+            *(f"- `{o['mutant']}`: {o['change']}: {o['by']}" for o in equivalents),
             "",
         ]
         Path(args.write).write_text("\n".join(page))

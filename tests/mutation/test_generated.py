@@ -145,3 +145,20 @@ def test_the_mutated_modules_own_properties_run_first(tmp_path):
     assert all(t.startswith("test_zero.py") for t in ordered[:zero])
     assert all(t.startswith("test_fsdp.py") for t in ordered[zero : zero + fsdp])
     assert not plain[0].startswith("test_zero.py")
+
+
+def test_every_declared_equivalent_is_a_mutant_of_this_torch():
+    # Declarations read from torch 2.13.0's code: each must still name a mutant the operators
+    # make, or it would excuse nothing (and say so nowhere).
+    from tests.mutation.equivalent import EQUIVALENT
+
+    if not torch.__version__.startswith("2.13."):
+        pytest.skip(f"declared from torch 2.13.0's code, not {torch.__version__}'s")
+    made = {
+        (m.module, m.qualname, m.site.operator, m.site.change)
+        for module in {key[0] for key in EQUIVALENT}
+        for m in mutants(module)
+    }
+    stale = [key for key in EQUIVALENT if key not in made]
+    assert not stale, f"declared equivalents no operator makes: {stale}"
+    assert all(len(why) > 40 for why in EQUIVALENT.values()), "each needs its reason"
