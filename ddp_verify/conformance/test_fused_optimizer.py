@@ -10,6 +10,7 @@ import torch
 from hypothesis import strategies as st
 
 from ddp_verify.conformance import jobs
+from ddp_verify.conformance.closed_forms import assert_every_rank_and_step
 
 VALUES = st.integers(-3, 3).map(float)
 
@@ -41,19 +42,15 @@ def test_ddp_fused_sgd_follows_the_published_rule_on_the_averaged_gradient(world
         lr, momentum, inputs = case
         results = world.run(jobs.fused_optimizer_steps, lr, momentum, inputs)
         want = reference(lr, momentum, inputs, size)
-        for rank, steps in enumerate(results):
-            for step, got in enumerate(steps):
-                torch.testing.assert_close(
-                    torch.tensor(got, dtype=torch.float64),
-                    torch.tensor(want[step], dtype=torch.float64),
-                    rtol=1e-10,
-                    atol=1e-12,
-                    msg=lambda m, rank=rank, step=step: (
-                        f"DDP._register_fused_optim(SGD, lr={lr}, momentum={momentum}): rank "
-                        f"{rank}'s parameters after step {step} are not SGD's on the mean of "
-                        f"the ranks' gradients.\n{m}"
-                    ),
-                )
+        assert_every_rank_and_step(
+            results,
+            lambda rank, step: want[step],
+            lambda rank, step: (
+                f"DDP._register_fused_optim(SGD, lr={lr}, momentum={momentum}): rank {rank}'s "
+                f"parameters after step {step} are not SGD's on the mean of the ranks' gradients."
+            ),
+            rtol=1e-10,
+        )
 
     rows = st.lists(st.lists(VALUES, min_size=3, max_size=3), min_size=1, max_size=3)
     steps = st.lists(st.lists(rows, min_size=size, max_size=size), min_size=2, max_size=4)

@@ -13,10 +13,10 @@ and over the rank's subgroup from then on (or leave them local, with
 
 from __future__ import annotations
 
-import torch
 from hypothesis import strategies as st
 
 from ddp_verify.conformance import jobs
+from ddp_verify.conformance.closed_forms import assert_every_rank_and_step
 
 # Small integers: means of up to 4 ranks are exact enough for a tight bound in float64.
 VALUES = st.integers(-8, 8).map(float)
@@ -79,19 +79,15 @@ def test_periodic_model_averager_averages_its_group_at_the_steps_it_names(world,
             + (f", resumed from its state_dict() before step {resume_at}" if resume_at else "")
             + (", the second tensor added with add_param_group" if add_group else "")
         )
-        for rank, steps in enumerate(results):
-            for step, got in enumerate(steps):
-                torch.testing.assert_close(
-                    torch.tensor(got, dtype=torch.float64),
-                    torch.tensor(want[step][rank], dtype=torch.float64),
-                    rtol=1e-12,
-                    atol=1e-12,
-                    msg=lambda m, rank=rank, step=step: (
-                        f"{said}: rank {rank}'s parameters after step {step} are not what "
-                        f"its definition gives (average at steps >= warmup_steps that are a "
-                        f"multiple of period after it, over the group's ranks).\n{m}"
-                    ),
-                )
+        assert_every_rank_and_step(
+            results,
+            lambda rank, step: want[step][rank],
+            lambda rank, step: (
+                f"{said}: rank {rank}'s parameters after step {step} are not what its "
+                "definition gives (average at steps >= warmup_steps that are a multiple of "
+                "period after it, over the group's ranks)."
+            ),
+        )
 
     # Never left to chance: a warm-up that is not a multiple of the period (the averaging
     # steps are counted from its end), over the world and over a subgroup of one rank.
@@ -176,19 +172,15 @@ def test_hierarchical_model_averager_averages_the_largest_dividing_periods_group
             f"HierarchicalModelAverager(period_group_size_dict={dict(levels)}, "
             f"warmup_steps={warmup}{group})"
         )
-        for rank, steps in enumerate(results):
-            for step, got in enumerate(steps):
-                torch.testing.assert_close(
-                    torch.tensor(got, dtype=torch.float64),
-                    torch.tensor(want[step][rank], dtype=torch.float64),
-                    rtol=1e-12,
-                    atol=1e-12,
-                    msg=lambda m, rank=rank, step=step: (
-                        f"{said}: rank {rank}'s parameters after step {step} are not what its "
-                        f"definition gives (at a step >= warmup_steps, the mean over the groups "
-                        f"of the largest period dividing the step).\n{m}"
-                    ),
-                )
+        assert_every_rank_and_step(
+            results,
+            lambda rank, step: want[step][rank],
+            lambda rank, step: (
+                f"{said}: rank {rank}'s parameters after step {step} are not what its "
+                "definition gives (at a step >= warmup_steps, the mean over the groups of the "
+                "largest period dividing the step)."
+            ),
+        )
 
     # Never left to chance: every level reached, the top one (the world) at a step its smaller
     # periods also divide, warm-up covering a step the top level would have averaged.
@@ -272,18 +264,14 @@ def test_post_local_sgd_hook_averages_over_the_world_then_over_the_subgroup(worl
             f"start_localSGD_iter={start}, subgroup=new_subgroups(group_size={subgroup_size}), "
             f"post_local_gradient_allreduce={allreduce}))"
         )
-        for rank, steps in enumerate(results):
-            for step, got in enumerate(steps):
-                torch.testing.assert_close(
-                    torch.tensor(got, dtype=torch.float64),
-                    torch.tensor(want[step][rank], dtype=torch.float64),
-                    rtol=1e-12,
-                    atol=1e-12,
-                    msg=lambda m, rank=rank, step=step: (
-                        f"{said}: rank {rank}'s gradient at step {step} is not the mean over "
-                        f"{'its process group' if step < start else 'its subgroup'}.\n{m}"
-                    ),
-                )
+        assert_every_rank_and_step(
+            results,
+            lambda rank, step: want[step][rank],
+            lambda rank, step: (
+                f"{said}: rank {rank}'s gradient at step {step} is not the mean over "
+                f"{'its process group' if step < start else 'its subgroup'}."
+            ),
+        )
 
     gradients = [[[float(r + 1 + 2 * t)] for r in range(size)] for t in range(4)]
     boundary = (gradients, 2, divisors[len(divisors) // 2], True, None)

@@ -4,10 +4,10 @@ parameters and broadcasts them; training must stay equivalent to the unsharded o
 from __future__ import annotations
 
 import pytest
-import torch
 from hypothesis import strategies as st
 
 from ddp_verify.conformance import jobs
+from ddp_verify.conformance.closed_forms import assert_every_rank_and_step
 from ddp_verify.conformance.known import known_torch_issue
 from ddp_verify.engine.strategies import optimizers, scenarios
 from ddp_verify.world import RankError
@@ -153,20 +153,17 @@ def test_zero_over_a_subgroup_steps_and_broadcasts_within_that_group(world, prov
             f"ZeroRedundancyOptimizer(SGD, lr=0.5, momentum={momentum}, process_group=<"
             f"{group_size} consecutive ranks>, parameters_as_bucket_view={bucket_view})"
         )
-        for rank, steps in enumerate(results):
-            g = rank // group_size
-            want = sgd_steps(starts[g], [step[g] for step in gradients], momentum)
-            for t, got in enumerate(steps):
-                torch.testing.assert_close(
-                    torch.tensor(got, dtype=torch.float64),
-                    torch.tensor(want[t], dtype=torch.float64),
-                    rtol=1e-12,
-                    atol=1e-12,
-                    msg=lambda m, rank=rank, t=t: (
-                        f"{said}: rank {rank}'s parameters after step {t} are not its group's "
-                        f"SGD step.\n{m}"
-                    ),
-                )
+        want = [
+            sgd_steps(starts[g], [step[g] for step in gradients], momentum)
+            for g in range(len(starts))
+        ]
+        assert_every_rank_and_step(
+            results,
+            lambda rank, step: want[rank // group_size][step],
+            lambda rank, step: (
+                f"{said}: rank {rank}'s parameters after step {step} are not its group's SGD step."
+            ),
+        )
 
     prove(draw(), check)
 
@@ -223,22 +220,23 @@ def _overlapped(world, prove, shard_buckets: bool) -> None:
             f"{cap})'s {hook}(allreduce_hook, shard_buckets={shard_buckets})"
         )
         params = [x for p in starts for x in p]
+        trajectory = []
         for t, step in enumerate(gradients):
-            what = "the starting ones (warm-up)" if t < WARM_UP else "an SGD step on the mean"
             if t >= WARM_UP:
                 mean = [sum(column) / size for column in zip(*(
                     [x for g in rank for x in g] for rank in step), strict=True)]  # fmt: skip
                 params = [p - 0.5 * g for p, g in zip(params, mean, strict=True)]
-            for rank, steps in enumerate(results):
-                torch.testing.assert_close(
-                    torch.tensor(steps[t], dtype=torch.float64),
-                    torch.tensor(params, dtype=torch.float64),
-                    rtol=1e-6,
-                    atol=1e-6,
-                    msg=lambda m, rank=rank, t=t, what=what: (
-                        f"{said}: rank {rank}'s parameters after iteration {t} are not "
-                        f"{what} (every rank's trajectory: {results}).\n{m}"
-                    ),
-                )
+            trajectory.append(params)
+        assert_every_rank_and_step(
+            results,
+            lambda rank, step: trajectory[step],
+            lambda rank, step: (
+                f"{said}: rank {rank}'s parameters after iteration {step} are not "
+                + ("the starting ones (warm-up)" if step < WARM_UP else "an SGD step on the mean")
+                + f" (every rank's trajectory: {results})."
+            ),
+            rtol=1e-6,
+            atol=1e-6,
+        )
 
     prove(draw(), check)
