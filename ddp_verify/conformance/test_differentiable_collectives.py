@@ -226,13 +226,7 @@ def _over_the_second_subgroup(world, kind):
     url="https://github.com/pytorch/pytorch/issues/130515",
 )
 def test_differentiable_broadcast_over_subgroups(world, prove):
-    if world.size < 2:
-        pytest.skip("a world of 1 has no proper subgroup")
-    prove(
-        cases(world.size, "broadcast", "subgroups"),
-        _checker(world, "broadcast"),
-        examples=[_over_the_second_subgroup(world, "broadcast")],
-    )
+    _over_subgroups(world, prove, "broadcast")
 
 
 @known_torch_issue(
@@ -247,12 +241,16 @@ def test_differentiable_broadcast_over_subgroups(world, prove):
 def test_differentiable_all_gather_over_subgroups_on_gloo(world, prove):
     if world.backend != "gloo":
         pytest.skip("checked with the other subgroups by the test above on this backend")
+    _over_subgroups(world, prove, "all_gather")
+
+
+def _over_subgroups(world, prove, kind: str) -> None:
     if world.size < 2:
         pytest.skip("a world of 1 has no proper subgroup")
     prove(
-        cases(world.size, "all_gather", "subgroups"),
-        _checker(world, "all_gather"),
-        examples=[_over_the_second_subgroup(world, "all_gather")],
+        cases(world.size, kind, "subgroups"),
+        _checker(world, kind),
+        examples=[_over_the_second_subgroup(world, kind)],
     )
 
 

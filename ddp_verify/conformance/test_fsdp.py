@@ -184,17 +184,21 @@ def test_mixed_precision_reduction_in_float32_of_a_bfloat16_model(world, fsdp, p
     )
 
 
-def test_fully_shard_resumes_from_a_distributed_checkpoint(world, fsdp, prove):
-    # torch.distributed.checkpoint: every rank saves its shards of the model and optimizer
-    # (through get_state_dict, which names each param group's parameters by their fully
-    # qualified names), a fresh sharded model loads them, and training goes on as if never
-    # interrupted, each param group with its own settings.
+def _skip_across_nodes(world) -> None:
     launched = getattr(getattr(world, "member", None), "launched", None)
     if getattr(launched, "nodes", 1) > 1:
         pytest.skip(
             "the checkpoint directory is rank 0's temporary one: across nodes every rank would "
             "need a shared filesystem to read the shards the others wrote"
         )
+
+
+def test_fully_shard_resumes_from_a_distributed_checkpoint(world, fsdp, prove):
+    # torch.distributed.checkpoint: every rank saves its shards of the model and optimizer
+    # (through get_state_dict, which names each param group's parameters by their fully
+    # qualified names), a fresh sharded model loads them, and training goes on as if never
+    # interrupted, each param group with its own settings.
+    _skip_across_nodes(world)
 
     # StateDictOptions drawn too: full (unsharded) state dicts, offloaded to the CPU,
     # flattened optimizer state, non-strict loading, a full state broadcast from rank 0.
@@ -246,9 +250,7 @@ def _stateless(scenario: Scenario) -> bool:
 
 
 def _resumes_with(world, prove, names, chosen, which=lambda scenario: True):
-    launched = getattr(getattr(world, "member", None), "launched", None)
-    if getattr(launched, "nodes", 1) > 1:
-        pytest.skip("the checkpoint directory is rank 0's temporary one (see above)")
+    _skip_across_nodes(world)
 
     def check(scenario):
         world.assert_equivalent(
