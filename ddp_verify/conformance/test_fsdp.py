@@ -61,9 +61,10 @@ def test_fully_shard_matches_the_reference(world, fsdp, prove):
 def test_where_and_when_fully_shard_keeps_parameters_changes_nothing(world, fsdp, prove):
     # reshard_after_forward (False: kept unsharded for backward; an int: resharded to a
     # smaller group; set_reshard_after_forward after sharding too), CPUOffloadPolicy (on
-    # accelerators: on a CPU world it refuses, "Cannot access accelerator device"), and a
-    # shard_placement_fn sharding along dimension 1: memory and communication, never what is
-    # trained.
+    # accelerators: on a CPU world it refuses, "Cannot access accelerator device"), a
+    # shard_placement_fn sharding along dimension 1, and fully_shard layer by layer before
+    # the root (a reduce-scatter per layer, their buffers reclaimed as backward goes): memory
+    # and communication, never what is trained.
     size = world.size
     smaller = [d for d in range(1, size) if size % d == 0]
     offload = st.booleans() if world.backend != "gloo" else st.just(False)
@@ -74,7 +75,8 @@ def test_where_and_when_fully_shard_keeps_parameters_changes_nothing(world, fsdp
         reshard = st.sampled_from([True, False, *smaller])
         for key, strategy in (("reshard_after_forward", reshard),
                               ("set_reshard_after_forward", st.booleans()),
-                              ("offload", offload), ("shard_dim", st.just(1))):  # fmt: skip
+                              ("offload", offload), ("shard_dim", st.just(1)),
+                              ("per_module", st.just(True))):  # fmt: skip
             if draw(st.booleans()):
                 chosen[key] = draw(strategy)
         return chosen
@@ -90,7 +92,8 @@ def test_where_and_when_fully_shard_keeps_parameters_changes_nothing(world, fsdp
     # Never left to chance: every weight shardable along dimension 1 (widths the world size).
     model = ModelSpec(in_features=size, hidden=(size,), out_features=size)
     even = Scenario(world_size=size, schedule=(((1,),) * size, ((2,),) * size), model=model)
-    prove(st.tuples(strategy, options()), check, examples=[(even, {"shard_dim": 1})])
+    prove(st.tuples(strategy, options()), check,
+          examples=[(even, {"shard_dim": 1}), (even, {"per_module": True})])  # fmt: skip
 
 
 def test_micro_batching_without_resharding_matches_the_reference(world, fsdp, prove):

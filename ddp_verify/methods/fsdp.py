@@ -51,7 +51,9 @@ class FullyShard(DistributedMethod):
     every parameter first a DTensor replicated on it, as a model parallelised over the whole
     mesh has them, and ``dp_mesh_dims`` naming the dimensions FSDP shards and replicates on;
     inputs enter as DTensors replicated on the mesh and outputs leave as local tensors, as
-    each rank's batch is its own)."""
+    each rank's batch is its own), ``per_module`` (``fully_shard`` on every module that holds
+    parameters of its own first, then on the root, as models are sharded layer by layer; a
+    parameter two modules share stays with the root)."""
 
     def __init__(
         self,
@@ -88,7 +90,8 @@ class FullyShard(DistributedMethod):
         self.checkpoint_options = dict(checkpoint_options or {})
         self.shard_options = dict(shard_options or {})
         unknown = set(self.shard_options) - {
-            "reshard_after_forward", "set_reshard_after_forward", "offload", "shard_dim", "spmd"
+            "reshard_after_forward", "set_reshard_after_forward", "offload", "shard_dim", "spmd",
+            "per_module",
         }  # fmt: skip
         if unknown:
             raise ValueError(f"unknown shard_options {sorted(unknown)}")
@@ -167,9 +170,28 @@ class FullyShard(DistributedMethod):
             extra["shard_placement_fn"] = placement
         if chosen.get("spmd"):
             extra["dp_mesh_dims"] = _on_the_full_mesh(run.model, mesh)
+        if chosen.get("per_module"):
+            for module in _layers(run.model):
+                shard(module, mesh=mesh, mp_policy=policy, **extra)
         shard(run.model, mesh=mesh, mp_policy=policy, **extra)
         if "set_reshard_after_forward" in chosen:
             run.model.set_reshard_after_forward(bool(chosen["set_reshard_after_forward"]))
+
+
+def _layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The modules below the root that hold parameters of their own, none shared with another
+    module (FSDP2 gives a shared parameter to one group only: it stays with the root)."""
+    owners: dict[int, int] = {}
+    for module in model.modules():
+        for param in module.parameters(recurse=False):
+            owners[id(param)] = owners.get(id(param), 0) + 1
+    return [
+        module
+        for module in model.modules()
+        if module is not model
+        and any(True for _ in module.parameters(recurse=False))
+        and all(owners[id(p)] == 1 for p in module.parameters(recurse=False))
+    ]
 
 
 # One SPMD mesh per rank process and layout, as a training process has: DTensor hands out an
