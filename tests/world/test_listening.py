@@ -92,7 +92,15 @@ def _watch(
     return seen
 
 
-@pytest.mark.parametrize("front_end", ["cli", "check", "pytest"])
+# One world code behind every front end: CI runs the plugin's, tox -e slow the other two.
+@pytest.mark.parametrize(
+    "front_end",
+    [
+        pytest.param("cli", marks=pytest.mark.slow),
+        pytest.param("check", marks=pytest.mark.slow),
+        "pytest",
+    ],
+)
 def test_every_listening_socket_of_a_running_world_is_loopback(front_end, tmp_path):
     (tmp_path / "slow.py").write_text(SLOW_SYNC)
     (tmp_path / "run_check.py").write_text(CHECK_SCRIPT)
