@@ -243,7 +243,12 @@ except BaseException:
 
 SWALLOWED_THEN_A_JOB = (
     """
+import signal
 from ddp_verify.world import World, cleanup
+
+# As a shell starts a command: under nohup SIGHUP comes ignored, and ends_cleanly leaves it so.
+for terminating in cleanup.TERMINATING:
+    signal.signal(terminating, signal.SIG_DFL)
 
 cleanup.ends_cleanly()
 world = World(1, process_group=False)
@@ -284,6 +289,22 @@ def test_a_terminating_signal_whose_exception_was_swallowed_still_stops_the_next
     )
     assert done.stdout.strip() == said, done.stdout + done.stderr
     assert _ours(env) == []
+
+
+def test_a_signal_the_caller_ignores_stays_ignored(tmp_path):
+    # nohup starts a command with SIGHUP ignored: a front end must not undo that.
+    script = (
+        "import os, signal, time\n"
+        "signal.signal(signal.SIGHUP, signal.SIG_IGN)\n"
+        "from ddp_verify.world import cleanup\n"
+        "cleanup.ends_cleanly()\n"
+        "os.kill(os.getpid(), signal.SIGHUP)\n"
+        "time.sleep(0.2)\n"
+        "print(signal.getsignal(signal.SIGHUP) is signal.SIG_IGN)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=60)  # fmt: skip
+    assert done.returncode == 0 and done.stdout.strip() == "True", done.stdout + done.stderr
 
 
 def test_a_signal_whose_exception_a_test_swallowed_still_ends_the_session(tmp_path):
