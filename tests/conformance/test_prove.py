@@ -166,6 +166,9 @@ def test_a_wrapper_with_its_own_comm_hook_skips_the_hook_tests_and_fails_first_o
     assert result.parseoutcomes()["failed"] == 1  # -x: the first failure is the bug's
 
 
+# A correct wrapper against one known torch issue: tox -e slow (CI's time; the marks'
+# own behaviour is tests/conformance/test_known.py's).
+@pytest.mark.slow
 def test_a_correct_wrapper_that_finds_unused_parameters_meets_the_known_powersgd_issue(
     pytester,
 ):
@@ -190,6 +193,9 @@ def test_a_correct_wrapper_that_finds_unused_parameters_meets_the_known_powersgd
     assert outcomes.get("xfailed", 0) >= 3
 
 
+# A correct wrapper against one known torch issue: tox -e slow (CI's time; the marks'
+# own behaviour is tests/conformance/test_known.py's).
+@pytest.mark.slow
 def test_a_correct_wrapper_meets_reentrant_checkpointing_as_ddp_documents_it(pytester):
     # find_unused_parameters=True with reentrant checkpointing is unsupported by DDP's own
     # docstring: skipped with that reason, not failed ("Expected to mark a variable ready only

@@ -67,15 +67,18 @@ def test_a_teams_ddp_subclass_runs_in_place_of_ddp_and_is_named_in_the_header(py
 
 
 def test_a_wrapper_that_sums_instead_of_averaging_fails_the_suite_with_the_divergence(pytester):
+    # One option: each failing property shrinks its counterexample (worlds trained again and
+    # again), and one shows the divergence as well as two.
     result = run_suite(
         pytester,
         "--ddp-wrapper",
         "team_wrappers:summing_ddp",
         "--conformance-examples",
         "5",
-        *SUBSET,
+        "-k",
+        "test_ddp_option_keeps_training_equivalent and defaults",
     )
-    result.assert_outcomes(failed=2)
+    result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(
         [
             "*team_wrappers:summing_ddp(*) is not equivalent to single-process full-batch*",
