@@ -219,12 +219,32 @@ def _world_options(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def _version() -> str:
+    """What ``ddp-verify --version`` prints: its own version, and the Python and torch it runs
+    with (torch's read from its installed metadata: the flag imports nothing heavy).
+
+    >>> _version().startswith("ddp-verify ")
+    True
+    """
+    import platform
+    from importlib import metadata
+
+    from .. import __version__
+
+    try:
+        torch = metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        torch = "not installed"
+    return f"ddp-verify {__version__} (Python {platform.python_version()}, torch {torch})"
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="ddp-verify",
         description="Check that distributed training code computes what single-process "
         "training computes.",
     )
+    parser.add_argument("--version", action="version", version=_version())
     commands = parser.add_subparsers(dest="command", required=True)
     check = commands.add_parser(
         "check",

@@ -655,3 +655,24 @@ def test_a_parameter_that_says_nothing_is_a_usage_error_whose_suggested_bind_run
     checked = json.loads(result.stdout)
     assert checked["call"] == "reduce_tensor(tensor[], n=<the number of ranks>)"
     assert "unweighted mean of rank means" in checked["likely_cause"]
+
+
+def test_version_says_its_own_python_and_torch_and_imports_no_torch():
+    import platform
+
+    import ddp_verify as package
+
+    done = ddp_verify("--version", env={"PYTHONPROFILEIMPORTTIME": "1"})
+    assert done.returncode == 0, done.stderr
+    torch = __import__("importlib.metadata").metadata.version("torch")
+    assert done.stdout.strip() == (
+        f"ddp-verify {package.__version__} (Python {platform.python_version()}, torch {torch})"
+    )
+    # Python's import log (stderr) shows what the flag loaded: the CLI, not torch.
+    imported = {line.split("|")[-1].strip() for line in done.stderr.splitlines()}
+    assert "ddp_verify.frontends.cli" in imported and "torch" not in imported
+    # One place for the version: pyproject.toml reads it from the package.
+    pyproject = (Path(__file__).resolve().parents[2] / "pyproject.toml").read_text()
+    project = pyproject.split("[project]", 1)[1].split("\n[", 1)[0]
+    assert not re.search(r"^version\s*=", project, re.M), project
+    assert re.search(r'^dynamic = \["version"\]', project, re.M), project
