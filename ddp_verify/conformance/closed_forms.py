@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import torch
+from hypothesis import strategies as st
 
 
 def assert_every_rank_and_step(
@@ -40,3 +41,32 @@ def assert_every_rank_and_step(
                 atol=atol,
                 msg=lambda report, rank=rank, step=step: f"{message(rank, step)}\n{report}",
             )
+
+
+def rounded(value: float, dtype: str) -> float:
+    """``value`` rounded to ``dtype`` (a torch dtype's name), back as a float.
+
+    >>> rounded(257.0, "bfloat16")
+    256.0
+    """
+    return float(torch.tensor(value, dtype=torch.float64).to(getattr(torch, dtype)).double())
+
+
+def one_sample_per_rank(world_size: int) -> st.SearchStrategy:
+    """(inputs, weights): each rank's one integer input row (up to 600: past 256 not every one
+    is a bfloat16 number, so a cast to a low-precision dtype is seen) and its integer loss
+    weights, so that a Linear's weight gradient, outer(weights, inputs), is one product per
+    entry and known exactly in any dtype the operands are rounded to first."""
+
+    @st.composite
+    def draw(draw_):
+        n_in, n_out = draw_(st.integers(1, 4)), draw_(st.integers(1, 3))
+
+        def row(n, bound):
+            return st.lists(st.integers(-bound, bound).map(float), min_size=n, max_size=n)
+
+        inputs = draw_(st.lists(row(n_in, 600), min_size=world_size, max_size=world_size))
+        weights = draw_(st.lists(row(n_out, 20), min_size=world_size, max_size=world_size))
+        return inputs, weights
+
+    return draw()

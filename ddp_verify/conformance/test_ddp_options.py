@@ -10,6 +10,7 @@ import torch
 from hypothesis import strategies as st
 
 from ddp_verify.conformance import jobs
+from ddp_verify.conformance.closed_forms import one_sample_per_rank, rounded
 from ddp_verify.conformance.known import known_torch_issue
 from ddp_verify.engine.outcome import EquivalenceError
 from ddp_verify.engine.strategies import models, optimizers, scenarios
@@ -449,23 +450,10 @@ def test_ddp_over_a_subgroup_starts_from_and_averages_over_that_group(world, pro
     prove(draw(), check)
 
 
-def _rounded(value: float, dtype: str) -> float:
-    return float(torch.tensor(value, dtype=torch.float64).to(getattr(torch, dtype)).double())
-
-
 def _mixed_precision_cases(size: int) -> st.SearchStrategy:
-    @st.composite
-    def draw(draw_):
-        n_in, n_out = draw_(st.integers(1, 4)), draw_(st.integers(1, 3))
-
-        def row(n, bound):
-            return st.lists(st.integers(-bound, bound).map(float), min_size=n, max_size=n)
-
-        inputs = draw_(st.lists(row(n_in, 600), min_size=size, max_size=size))
-        weights = draw_(st.lists(row(n_out, 20), min_size=size, max_size=size))
-        return inputs, weights, draw_(st.sampled_from(("bfloat16", "float16"))), 3
-
-    return draw()
+    return st.tuples(one_sample_per_rank(size), st.sampled_from(("bfloat16", "float16"))).map(
+        lambda case: (*case[0], case[1], 3)
+    )
 
 
 def _mixed_precision(world, prove, first_backward: bool) -> None:
@@ -498,7 +486,7 @@ def _mixed_precision(world, prove, first_backward: bool) -> None:
         want = f"torch.{param_dtype} computing in torch.{param_dtype}"
         assert received == want, f"{said}: the module received {received}, not {want}"
         assert dtypes == ["torch.float32"] * steps, f"{said}: gradients in {dtypes}, not float32"
-        r = lambda v: _rounded(v, param_dtype)  # noqa: E731
+        r = lambda v: rounded(v, param_dtype)  # noqa: E731
         mean = [
             [sum(r(r(c[i]) * r(x[j])) for x, c in zip(inputs, weights, strict=True)) / size
              for j in range(len(inputs[0]))]

@@ -10,6 +10,7 @@ import torch
 from hypothesis import strategies as st
 
 from ddp_verify.conformance import jobs
+from ddp_verify.conformance.closed_forms import one_sample_per_rank, rounded
 from ddp_verify.conformance.known import known_torch_issue
 from ddp_verify.engine.scenario import ModelSpec, Scenario
 from ddp_verify.engine.strategies import optimizers, scenarios
@@ -290,29 +291,6 @@ def test_fully_shard_resumes_from_a_flattened_full_state_dict(world, fsdp, prove
     _resumes_with(world, prove, ("adam",), chosen)
 
 
-def _one_sample_per_rank(world_size: int) -> st.SearchStrategy:
-    # Integer inputs and loss weights: each rank's gradient outer(weights, inputs) is one
-    # product per entry, so what it must be is known exactly (in any dtype the recipe rounds
-    # the operands to first). Inputs past 256 are not bfloat16 numbers: the cast to
-    # param_dtype is seen.
-    @st.composite
-    def draw(draw_):
-        n_in, n_out = draw_(st.integers(1, 4)), draw_(st.integers(1, 3))
-
-        def row(n, bound):
-            return st.lists(st.integers(-bound, bound).map(float), min_size=n, max_size=n)
-
-        inputs = draw_(st.lists(row(n_in, 600), min_size=world_size, max_size=world_size))
-        weights = draw_(st.lists(row(n_out, 20), min_size=world_size, max_size=world_size))
-        return inputs, weights
-
-    return draw()
-
-
-def _rounded(value: float, dtype: str) -> float:
-    return float(torch.tensor(value, dtype=torch.float64).to(getattr(torch, dtype)).double())
-
-
 def _assert_gradient(got, want, said, dtype="float32"):
     # Closed forms on integers: float32 reductions round at ~6e-8 relative, float64 at ~1e-16.
     # A float64 run is held to 1e-12, so that one reduced in float32 (a buffer allocated in the
@@ -353,7 +331,7 @@ def test_standard_mixed_precision_recipe_computes_in_param_dtype_and_reduces_in_
         assert grad_dtype == "torch.float32", (
             f"{said}: the sharded gradient is {grad_dtype}, not the parameters' float32"
         )
-        r = lambda v: _rounded(v, param_dtype)  # noqa: E731
+        r = lambda v: rounded(v, param_dtype)  # noqa: E731
         want = [
             [
                 sum(r(r(c[i]) * r(x[j])) for x, c in zip(inputs, weights, strict=True)) / world.size
@@ -376,7 +354,7 @@ def test_standard_mixed_precision_recipe_computes_in_param_dtype_and_reduces_in_
     )
     prove(
         st.tuples(
-            _one_sample_per_rank(size),
+            one_sample_per_rank(size),
             st.sampled_from(("bfloat16", "float16")),
             st.sampled_from((None, "float32")),
             st.booleans(),  # cast_forward_inputs: the module casts what arrives uncast
@@ -400,7 +378,7 @@ def test_gradient_divide_factor_replaces_the_world_size(world, fsdp, prove):
     # A factor on a one-rank mesh, reduced by plain sums, is a known torch issue (below).
     prove(
         st.tuples(
-            _one_sample_per_rank(size),
+            one_sample_per_rank(size),
             st.sampled_from(("float32", "float64")),
             factors,
             st.booleans(),
@@ -477,7 +455,7 @@ def test_gradient_divide_factor_on_a_one_rank_mesh(world, fsdp, prove):
     ranks = ([[float(r + 1)] for r in range(size)], [[1.0]] * size)
     prove(
         st.tuples(
-            _one_sample_per_rank(size),
+            one_sample_per_rank(size),
             st.just("float64"),
             st.sampled_from((0.5, 2.0, 3.0)),
             st.booleans(),
@@ -514,7 +492,7 @@ def test_ignored_params_are_neither_sharded_nor_reduced(world, fsdp, prove):
                 weight, want, f"{said}'s weight gradient is not the ranks' mean", "float64"
             )
 
-    prove(_one_sample_per_rank(size), check)
+    prove(one_sample_per_rank(size), check)
 
 
 def test_unused_parameters_reduce_as_zeros_and_an_all_reduce_hook_replicates(world, fsdp, prove):
@@ -527,7 +505,7 @@ def test_unused_parameters_reduce_as_zeros_and_an_all_reduce_hook_replicates(wor
 
     @st.composite
     def cases(draw):
-        data = draw(_one_sample_per_rank(size))
+        data = draw(one_sample_per_rank(size))
         use = st.sampled_from(([True, False], [False, True], [True, True]))
         uses = draw(st.lists(use, min_size=size, max_size=size))
         return data, uses, size % 2 == 0 and draw(st.booleans())
