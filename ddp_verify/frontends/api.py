@@ -7,6 +7,7 @@ first use, closed at exit) and hands the search to :func:`ddp_verify.usercode.se
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -14,12 +15,13 @@ from typing import TYPE_CHECKING, Any
 
 from ..usercode.kinds import Binds, check_signature
 from ..usercode.search import Progress, search
-from ..usercode.verdict import Verdict
+from ..usercode.verdict import CheckFailed, Verdict
 from ..world import WorldPool
 from ..world.backends import check_device, require_devices
 from ..world.launch import Launched, resolve
 from ..world.naming import current, spelled_as
 from ..world.spmd import Member
+from . import session
 from .options import SPELLINGS, launched_sizes, resolve_with_source
 from .options import resolve as resolve_option
 from .verifying import VerifyingSpmdWorld, VerifyingWorld
@@ -95,12 +97,23 @@ def check(
     check_signature(fn, kind, bind=bind)  # before a device is looked for
     # Arguments not given come from the environment (DDP_VERIFY_WORLD_SIZE, ..._DEVICE,
     # ..._LAUNCH), then the defaults, as on the command line.
+    given_backend, given_device = backend, device
     timeout = resolve_option("timeout", "python", given=timeout)
     backend = resolve_option("backend", "python", given=backend)
     device = resolve_option("device", "python", given=device)
     sizes, source = resolve_with_source("world_sizes", "python", given=world_size)
     if len(sizes) != 1:
         raise ValueError(f"{source} asks for world sizes {sizes}: a check runs at one size")
+    world_from = None
+    in_session = session.current()
+    chose = (world_size, launch, given_backend, given_device, allow_tf32, debug)
+    if world is None and in_session is not None and chose == (None, None, None, None, False, False):
+        # Called from a test: the session's world, as its --world-size and backend say.
+        world = in_session.get()
+        world_from = (
+            f"the pytest session's, {in_session.size} ranks ({in_session.said}); "
+            "check(world_size=N) runs on a world of its own"
+        )
     if world is None:
         launched = resolve(resolve_option("launch", "python", given=launch), os.environ)
         if launched is not None:
@@ -116,7 +129,7 @@ def check(
     spellings = SPELLINGS["cli"] if current() is SPELLINGS["cli"] else SPELLINGS["python"]
     try:
         with spelled_as(spellings):
-            return search(
+            verdict = search(
                 fn,
                 kind=kind,
                 world=world,
@@ -135,11 +148,17 @@ def check(
                 full_trace=full_trace,
                 **scenario_bounds,
             )
+    except CheckFailed as exc:
+        if world_from is None:
+            raise
+        failed = dataclasses.replace(exc.verdict, world_from=world_from)
+        raise type(exc)(failed).with_traceback(exc.__traceback__) from None
     except BaseException:
         if isinstance(world, VerifyingSpmdWorld):
             # Rank 0 then leaves the launched job first, so the launcher names it.
             world.member.failed = True
         raise
+    return dataclasses.replace(verdict, world_from=world_from) if world_from else verdict
 
 
 def _world(

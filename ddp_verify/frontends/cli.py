@@ -252,18 +252,49 @@ def _parser() -> argparse.ArgumentParser:
         description="\n".join(f"  {k:10} {v}" for k, v in SIGNATURES.items()),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    check.add_argument("target", metavar="PATH.py:FUNCTION")
-    check.add_argument("--kind", required=True, choices=KINDS)
+    check.add_argument(
+        "target",
+        metavar="PATH.py:FUNCTION",
+        help="the function to check: a file and a name in it (one the file imports too)",
+    )
+    check.add_argument(
+        "--kind",
+        required=True,
+        choices=KINDS,
+        help="what the function is, which says how the harness calls it (the list above)",
+    )
     check.add_argument(
         "--world-size",
+        metavar="N",
         type=_positive,
         default=None,
         help="ranks (default 4; under torchrun or srun, the launched size)",
     )
-    check.add_argument("--max-examples", type=_positive, default=100)
-    check.add_argument("--seed", type=int, default=None)
-    check.add_argument("--dtype", choices=DTYPES, default=None)
-    check.add_argument("--even-batches", action="store_true")
+    check.add_argument(
+        "--max-examples",
+        metavar="N",
+        type=_positive,
+        default=100,
+        help="scenarios to try before calling the function equivalent (default 100)",
+    )
+    check.add_argument(
+        "--seed",
+        metavar="N",
+        type=int,
+        default=None,
+        help="hypothesis's seed, to draw the same scenarios again (default: random)",
+    )
+    check.add_argument(
+        "--dtype",
+        choices=DTYPES,
+        default=None,
+        help="train every scenario in this dtype (default float64)",
+    )
+    check.add_argument(
+        "--even-batches",
+        action="store_true",
+        help="give every rank as many samples (code that assumes even batches)",
+    )
     check.add_argument(
         "--exclude-features",
         type=_features,
@@ -298,8 +329,20 @@ def _parser() -> argparse.ArgumentParser:
         "generator) -> (inputs, targets) drawn from that generator; the loss follows from the "
         "targets (float: mse, class ids: cross_entropy, sequences with -100: tokens)",
     )
-    check.add_argument("--max-micro-batches", type=_positive, default=3)
-    check.add_argument("--max-steps", type=_positive, default=3)
+    check.add_argument(
+        "--max-micro-batches",
+        metavar="N",
+        type=_positive,
+        default=3,
+        help="most micro-batches a rank accumulates in one step (default 3)",
+    )
+    check.add_argument(
+        "--max-steps",
+        metavar="N",
+        type=_positive,
+        default=3,
+        help="most optimizer steps a scenario trains (default 3)",
+    )
     check.add_argument(
         "--micro-batch-counts",
         choices=("same", "varied"),
@@ -389,6 +432,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     check.add_argument(
         "--timeout",
+        metavar="S",
         type=_positive_seconds,
         default=None,
         help=f"seconds per example (default {opts.DEFAULT_TIMEOUT_S:g})",
@@ -416,7 +460,12 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="ranks, or a list such as 2,4 (default 4; under torchrun or srun, the launched size)",
     )
-    conformance.add_argument("--ddp-wrapper", metavar="MODULE:CALLABLE", default=None)
+    conformance.add_argument(
+        "--ddp-wrapper",
+        metavar="MODULE:CALLABLE",
+        default=None,
+        help="gate your own DDP-like wrapper instead of torch's DDP",
+    )
     conformance.add_argument(
         "--examples", type=_positive, default=None, help="scenarios per property"
     )
@@ -616,7 +665,9 @@ def _run_check(args: argparse.Namespace, fn: Callable[..., Any], context: dict[s
     if args.model:
         bounds["model"] = args.model
     started = time.monotonic()
-    progress = _Progress(quiet=args.launched is not None and args.launched.rank != 0)
+    progress = _Progress(
+        total=args.max_examples, quiet=args.launched is not None and args.launched.rank != 0
+    )
     try:
         verdict = check(
             fn,
@@ -642,6 +693,8 @@ def _run_check(args: argparse.Namespace, fn: Callable[..., Any], context: dict[s
         )
     except BaseException as exc:
         return verdict_for(exc, seconds=time.monotonic() - started, **context)
+    finally:
+        progress.end()
     return dataclasses.replace(verdict, seconds=time.monotonic() - started).filled(**context)
 
 
@@ -664,26 +717,57 @@ def _finish(verdict: Any, wants_json: bool) -> int:
 
 
 class _Progress:
-    """Examples tried and the phase, on stderr: rewritten in place on a terminal, a line every
-    few seconds otherwise (CI logs)."""
+    """Examples tried of how many, the phase and the time, on stderr: a bar rewritten in place
+    on a terminal, a plain line every few seconds otherwise (CI logs).
 
-    def __init__(self, *, quiet: bool = False) -> None:
+    Example::
+
+        >>> _Progress(total=100).line(37, "searching", 12.4)
+        'searching: 37/100 examples, 12 s'
+        >>> _Progress(total=100).line(5, "shrinking", 20.0)
+        'shrinking: 5 tries, 20 s'
+    """
+
+    BAR = 20
+
+    def __init__(self, *, total: int, quiet: bool = False) -> None:
         self.tty = sys.stderr.isatty() and os.environ.get("TERM") != "dumb"
+        self.total = total
+        self.started = time.monotonic()
         self.last = 0.0
         self.tried = 0
+        self.shrinking_from = 0
         self.quiet = quiet
+
+    def line(self, tried: int, phase: str, seconds: float) -> str:
+        if phase == "shrinking":
+            # Shrinking has no known end: its tries and the time, no bar.
+            return f"shrinking: {tried} tries, {seconds:.0f} s"
+        return f"{phase}: {min(tried, self.total)}/{self.total} examples, {seconds:.0f} s"
 
     def __call__(self, tried: int, phase: str) -> None:
         self.tried = tried
         if self.quiet:
             return
+        if phase == "shrinking" and not self.shrinking_from:
+            self.shrinking_from = tried
+        count = tried - self.shrinking_from + 1 if phase == "shrinking" else tried
         now = time.monotonic()
+        text = self.line(count, phase, now - self.started)
         if self.tty:
-            sys.stderr.write(f"\r[ddp-verify] {phase}: {tried} examples tried ")
+            done = self.BAR * min(tried, self.total) // self.total
+            bar = "" if phase == "shrinking" else f"[{'#' * done}{'.' * (self.BAR - done)}] "
+            sys.stderr.write(f"\r\033[K[ddp-verify] {bar}{text}")
             sys.stderr.flush()
         elif now - self.last >= 5.0:
-            print(f"[ddp-verify] {phase}: {tried} examples tried", file=sys.stderr, flush=True)
+            print(f"[ddp-verify] {text}", file=sys.stderr, flush=True)
             self.last = now
+
+    def end(self) -> None:
+        """Clear the bar on a terminal, so the report starts on a line of its own."""
+        if self.tty and not self.quiet and self.tried:
+            sys.stderr.write("\r\033[K")
+            sys.stderr.flush()
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ from typing import Any
 
 from .usage import Parser, UsageError
 
-__all__ = ["parser", "run"]
+__all__ = ["compare_parser", "parser", "run"]
 
 
 def parser() -> argparse.ArgumentParser:
@@ -67,14 +67,20 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def _compare_parser() -> argparse.ArgumentParser:
+def compare_parser() -> argparse.ArgumentParser:
     p = Parser(
         prog="ddp-verify parity compare",
         description="Compare recordings made by your own launches (DDP_VERIFY_RECORD=DIR "
         "torchrun ... train.py ...): the first directory is the reference layout's.",
     )
-    p.add_argument("directories", nargs="+", type=Path)
-    p.add_argument("--steps", type=int, default=3)
+    p.add_argument(
+        "directories",
+        nargs="+",
+        type=Path,
+        metavar="DIR",
+        help="recordings (DDP_VERIFY_RECORD=DIR): the reference layout's first",
+    )
+    p.add_argument("--steps", type=int, default=3, help="optimizer steps compared (default 3)")
     p.add_argument(
         "--variant",
         type=Path,
@@ -82,7 +88,7 @@ def _compare_parser() -> argparse.ArgumentParser:
         help="a rounding-only variant of the reference's run (DDP_VERIFY_PERTURB=1), where "
         "the script forces its own precision: the bound is derived from it",
     )
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print one JSON document")
     return p
 
 
@@ -98,7 +104,7 @@ def run(argv: Sequence[str]) -> Any:
     argv = list(argv)
     try:
         if argv[:1] == ["compare"]:
-            args = _compare_parser().parse_args(argv[1:])
+            args = compare_parser().parse_args(argv[1:])
             if len(args.directories) < 2 or args.steps < 1:
                 raise UsageError("give the reference's directory, then at least one layout's")
             recordings = [Recording.load(d) for d in args.directories]

@@ -26,6 +26,7 @@ from ..engine import compat
 from ..world.errors import RankError
 from ..world.naming import speak_as
 from . import options as opts
+from .session import SessionWorld
 
 if TYPE_CHECKING:
     from ..world import WorldPool
@@ -40,6 +41,7 @@ _item_world_key = pytest.StashKey["AnyVerifyingWorld"]()
 _launched_key = pytest.StashKey[Any]()
 _xdist_off_key = pytest.StashKey[bool]()
 _unspell_key = pytest.StashKey[Callable[[], None]]()
+_outer_session_key = pytest.StashKey[SessionWorld | None]()
 
 _MARKER = "distributed"
 
@@ -224,6 +226,7 @@ def pytest_configure(config: pytest.Config) -> None:
     # Advice made below (and on the ranks) spells options as this front end's flags.
     config.stash[_unspell_key] = speak_as(opts.SPELLINGS["pytest"])
     config.stash[_options_key] = options
+    _share_session_world(config, launched, options)
     if launched is not None and not hasattr(config, "workerinput"):
         # Under a launcher every process already is one rank: xdist workers would each run a
         # share of the tests, out of step with the other ranks. (A project's addopts often
@@ -231,6 +234,29 @@ def pytest_configure(config: pytest.Config) -> None:
         if compat.without_xdist(config):
             config.stash[_xdist_off_key] = True
         _join_launched_world(config, launched, options)
+
+
+def _share_session_world(config: pytest.Config, launched: Any, options: opts.WorldOptions) -> None:
+    """``check()`` called from a test runs on this session's world (see frontends.session)."""
+    from . import session
+
+    size = launched.world_size if launched is not None else options.world_sizes[0]
+    given, source = _option(config, "world_sizes")
+    value = ",".join(map(str, given))
+    if launched is not None:
+        said = f"the launched job's {size} ranks"
+    elif source is None:
+        said = f"the plugin's default world size, {size}"
+    elif source.startswith("ini "):
+        said = f"{source.removeprefix('ini ')} = {value} in the ini file"
+    elif source.startswith("-"):
+        said = f"{source} {value}"
+    else:
+        said = f"{source}={value}"
+    config.stash[_outer_session_key] = session.current()
+    session.set_current(
+        session.SessionWorld(get=lambda: _pool(config).get(size), size=size, said=said)
+    )
 
 
 def _join_launched_world(config: pytest.Config, launched: Any, options: opts.WorldOptions) -> None:
@@ -299,6 +325,11 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     if pool is not None:
         pool.close()
     config.stash.get(_unspell_key, lambda: None)()
+    if _outer_session_key in config.stash:
+        from . import session
+
+        # A session run inside another (pytester) hands the outer one its world back.
+        session.set_current(config.stash[_outer_session_key])
 
 
 def pytest_report_header(config: pytest.Config) -> str:

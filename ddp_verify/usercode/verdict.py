@@ -111,6 +111,9 @@ class Verdict:
     seconds: float | None = None
     # The report of a verdict other than equivalent (the equivalent one is composed).
     message: str = ""
+    # Where the world came from, where the caller did not choose it ("the pytest session's
+    # world (--world-size 2)"): said at the end of the report.
+    world_from: str | None = None
     # The traces of a counterexample, where there are some.
     outcome: Outcome | None = dataclasses.field(default=None, repr=False, compare=False)
 
@@ -134,6 +137,11 @@ class Verdict:
 
     @property
     def report(self) -> str:
+        if self.world_from is None:
+            return self._report()
+        return f"{self._report()}\nWorld: {self.world_from}"
+
+    def _report(self) -> str:
         if self.message or self.status is not Status.EQUIVALENT:
             return self.message
         lossy = ""

@@ -676,3 +676,57 @@ def test_version_says_its_own_python_and_torch_and_imports_no_torch():
     project = pyproject.split("[project]", 1)[1].split("\n[", 1)[0]
     assert not re.search(r"^version\s*=", project, re.M), project
     assert re.search(r'^dynamic = \["version"\]', project, re.M), project
+
+
+def _on_a_terminal(argv: list[str], cwd: Path) -> tuple[str, str, int]:
+    """``argv`` with stderr on a pseudo-terminal (as a user's shell gives it): what the
+    terminal showed, stdout, and the exit code."""
+    import pty
+    import select
+
+    leader, follower = pty.openpty()
+    child = subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=follower,
+        stdin=subprocess.DEVNULL,
+        cwd=cwd,
+        env={**os.environ, "TERM": "xterm"},
+    )
+    os.close(follower)
+    shown = b""
+    while select.select([leader], [], [], 120)[0]:
+        try:
+            chunk = os.read(leader, 4096)
+        except OSError:  # the child closed its end
+            break
+        if not chunk:
+            break
+        shown += chunk
+    os.close(leader)
+    stdout = child.stdout.read().decode() if child.stdout else ""
+    return shown.decode(), stdout, child.wait(timeout=60)
+
+
+def test_progress_is_a_bar_with_the_total_and_the_time_on_a_terminal(tmp_path):
+    argv = [sys.executable, "-m", "ddp_verify"]
+    argv += check_command(f"{FIXTURES}/grad_sync.py:sample_weighted", "--max-examples", "6")
+    shown, stdout, code = _on_a_terminal(argv, tmp_path)
+    assert code == 0, shown + stdout
+    frames = shown.split("\r\x1b[K")
+    assert re.fullmatch(r"\[ddp-verify\] \[#{20}\] searching: 6/6 examples, \d+ s", frames[-2])
+    assert frames[-1] == "", "the bar is cleared before the report"
+    assert stdout.startswith(
+        f"{FIXTURES}/grad_sync.py:sample_weighted (grad-sync): equivalent on 6"
+    )
+
+
+def test_progress_is_plain_lines_with_the_total_and_the_time_in_a_log(tmp_path):
+    result = ddp_verify(
+        *check_command(f"{FIXTURES}/grad_sync.py:sample_weighted", "--max-examples", "6"),
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    lines = result.stderr.splitlines()
+    assert re.fullmatch(r"\[ddp-verify\] searching: 1/6 examples, \d+ s", lines[0]), lines
+    assert "\r" not in result.stderr and "\x1b" not in result.stderr

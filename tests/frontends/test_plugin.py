@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -742,3 +743,33 @@ def test_cuda_without_a_gpu_skips_distributed_tests_with_the_reason(pytester):
             "*device 'cuda' asked for, but no GPU is visible here*",
         ]
     )
+
+
+def test_check_in_a_test_runs_on_the_sessions_world_unless_told_otherwise(pytester):
+    pytester.makepyfile(
+        """
+        import ddp_verify
+        from ddp_verify.frontends import session
+        from fixtures.grad_sync import sample_weighted
+
+        def test_session_world(world):
+            verdict = ddp_verify.check(sample_weighted, kind="grad-sync", max_examples=3)
+            assert verdict.world_size == 3
+            # The session's own world, the one the fixture gives: no second world started.
+            assert session.current().get() is world
+            assert verdict.report.splitlines()[-1] == (
+                "World: the pytest session's, 3 ranks (--world-size 3); "
+                "check(world_size=N) runs on a world of its own"
+            )
+
+        def test_a_world_size_of_its_own():
+            verdict = ddp_verify.check(
+                sample_weighted, kind="grad-sync", max_examples=3, world_size=2
+            )
+            assert verdict.world_size == 2
+            assert "World:" not in verdict.report
+        """
+    )
+    pytester.syspathinsert(str(Path(__file__).resolve().parents[2]))
+    result = run(pytester, "--world-size", "3", "-n", "0")
+    result.assert_outcomes(passed=2)

@@ -1,4 +1,4 @@
-"""The README's causes table is generated from the diagnosis's rows and passes, and every
+"""The documentation's causes table is generated from the diagnosis's rows and passes, and every
 finding a check can make is in it (ddp_verify/usercode/diagnosis/catalogue.py)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 from ddp_verify.usercode import findings as f
 from ddp_verify.usercode.diagnosis import axes, catalogue
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "reference" / "causes.md"
 
 # What only ddp-verify parity says (its own comparison of whole scripts).
 PARITY = {
@@ -28,11 +28,11 @@ PARITY = {
 }
 
 
-def test_the_readme_shows_the_table_the_rows_make():
-    readme = README.read_text()
-    assert catalogue.written(readme) == readme, (
-        "README.md's causes table is stale: python -m ddp_verify.usercode.diagnosis.catalogue "
-        "--write README.md"
+def test_the_causes_page_shows_the_table_the_rows_make():
+    page = PAGE.read_text()
+    assert catalogue.written(page) == page, (
+        "docs/reference/causes.md's table is stale: python -m "
+        "ddp_verify.usercode.diagnosis.catalogue --write docs/reference/causes.md"
     )
 
 

@@ -1,8 +1,10 @@
 """Every cause the diagnosis can name, as a table generated from its rows and passes: the
-README's causes table is this module's output, so a row added is a row documented.
+documentation's causes page (docs/reference/causes.md) shows this module's output, so a row
+added is a row documented.
 
 Run ``python -m ddp_verify.usercode.diagnosis.catalogue`` to print it, or with
-``--write README.md`` to replace the table between the README's markers.
+``--write docs/reference/causes.md`` to replace the table between
+that page's markers.
 
 Example::
 
@@ -23,7 +25,10 @@ from .axes import GRADIENT_AXES, LOSS_AXES, Choice, rows
 
 __all__ = ["BEGIN", "END", "causes_table", "named_codes", "written"]
 
-BEGIN = "<!-- causes table: python -m ddp_verify.usercode.diagnosis.catalogue --write README.md -->"
+BEGIN = (
+    "<!-- causes table: python -m ddp_verify.usercode.diagnosis.catalogue"
+    " --write docs/reference/causes.md -->"
+)
 END = "<!-- end of the causes table -->"
 
 # Findings said outside the passes: by the search around the diagnosis, or where nothing
@@ -131,15 +136,15 @@ def named_codes() -> set[str]:
     }
 
 
-def written(readme: str) -> str:
-    """``readme`` with the text between :data:`BEGIN` and :data:`END` replaced by the table."""
-    start, end = readme.index(BEGIN) + len(BEGIN), readme.index(END)
-    return readme[:start] + "\n" + causes_table() + "\n" + readme[end:]
+def written(page: str) -> str:
+    """``page`` with the text between :data:`BEGIN` and :data:`END` replaced by the table."""
+    start, end = page.index(BEGIN) + len(BEGIN), page.index(END)
+    return page[:start] + "\n" + causes_table() + "\n" + page[end:]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="The diagnosis's causes table, in Markdown.")
-    parser.add_argument("--write", metavar="README", help="replace the table in this file")
+    parser.add_argument("--write", metavar="PAGE", help="replace the table in this file")
     args = parser.parse_args(argv)
     if args.write is None:
         print(causes_table())

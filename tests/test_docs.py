@@ -1,0 +1,198 @@
+"""The documentation cannot drift from the code: every command its pages show is one the
+commands accept (checked against their parsers, pytest's options, tox's environments and the
+repository's files), the command line's reference page is its parsers' output, and every
+option has help text.
+
+The site itself is built with ``mkdocs build --strict`` by ``tox -e docs``, which CI runs.
+"""
+
+from __future__ import annotations
+
+import configparser
+import importlib.util
+import re
+import shlex
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ddp_verify.frontends import cli, parity_command, reference
+from ddp_verify.frontends.usage import UsageError
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = sorted([ROOT / "README.md", ROOT / "CONTRIBUTING.md", *(ROOT / "docs").rglob("*.md")])
+SHELL_BLOCKS = {"bash", "console", "sh", "shell", ""}
+
+
+def commands_in(text: str) -> Iterator[str]:
+    """The commands of a page's shell blocks: every line of a ``bash`` block, and the lines
+    after a ``$`` prompt in an unlabelled one (the rest is output); continuations joined,
+    comments dropped.
+
+    >>> list(commands_in("```bash\\nddp-verify check a.py:f \\\\\\n  --kind loss  # x\\n```\\n"))
+    ['ddp-verify check a.py:f --kind loss']
+    >>> list(commands_in("```\\n$ pytest -q\\noutput\\n```\\n"))
+    ['pytest -q']
+    """
+    for match in re.finditer(r"^```(\w*)\n(.*?)^```", text, re.M | re.S):
+        language, body = match.group(1), match.group(2)
+        if language not in SHELL_BLOCKS:
+            continue
+        lines = iter(body.splitlines())
+        for line in lines:
+            if language == "":
+                if not line.startswith("$ "):
+                    continue
+                line = line[2:]
+            while line.endswith("\\"):
+                line = line[:-1] + " " + next(lines, "").strip()
+            line = re.sub(r"\s+#.*$", "", line).strip()
+            if line and not line.startswith("#"):
+                yield line
+
+
+def _all_commands() -> list[tuple[str, str]]:
+    return [
+        (str(page.relative_to(ROOT)), command)
+        for page in PAGES
+        for command in commands_in(page.read_text())
+    ]
+
+
+def _words(command: str) -> list[str]:
+    # Environment assignments before the command, and what a pipe or && adds, are not its.
+    words = shlex.split(command.split("&&")[0].split("|")[0])
+    while words and re.fullmatch(r"[A-Z_][A-Z0-9_]*=\S*", words[0]):
+        words.pop(0)
+    return words
+
+
+def _ddp_verify_args(words: list[str]) -> list[str] | None:
+    if words[:1] == ["ddp-verify"]:
+        return words[1:]
+    if words[:3] == ["python", "-m", "ddp_verify"]:
+        return words[3:]
+    return None
+
+
+COMMANDS = _all_commands()
+
+
+def test_the_pages_show_commands_at_all():
+    # The collection below must not pass by finding nothing.
+    tools = {_words(c)[0] for _, c in COMMANDS if _words(c)}
+    assert {"ddp-verify", "pytest", "tox", "python"} <= tools, tools
+
+
+@pytest.mark.parametrize(
+    "page,command",
+    [(p, c) for p, c in COMMANDS if _ddp_verify_args(_words(c)) is not None],
+)
+def test_every_ddp_verify_command_shown_parses(page, command):
+    args = _ddp_verify_args(_words(command))
+    assert args is not None
+    if args == ["--version"]:
+        return
+    try:
+        if args[:2] == ["parity", "compare"]:
+            parity_command.compare_parser().parse_args(args[2:])
+        elif args[:1] == ["parity"]:
+            assert "--" in args, f"{page}: a parity command without its script: {command}"
+            split = args.index("--")
+            parity_command.parser().parse_args(args[1:split])
+            assert args[split + 1 :], f"{page}: nothing after --: {command}"
+        else:
+            cli._parser().parse_known_args(args)
+    except UsageError as exc:
+        pytest.fail(f"{page}: `{command}` is refused by the parser: {exc}")
+
+
+def _pytest_options() -> set[str]:
+    # pytest's own and every plugin's (this one's and xdist's), as `pytest --help` lists them.
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "--help", "-p", "no:cacheprovider"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    ).stdout
+    return set(re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", out))
+
+
+def test_every_pytest_option_shown_exists():
+    known = _pytest_options()
+    assert "--world-size" in known and "--ddp-backend" in known, "the plugin's options"
+    unknown = []
+    for page, command in COMMANDS:
+        words = _words(command)
+        if "pytest" not in words:
+            continue
+        for word in words[words.index("pytest") + 1 :]:
+            if word == "--":
+                break
+            flag = word.split("=")[0]
+            if flag.startswith("--") and flag not in known:
+                unknown.append(f"{page}: {flag} in `{command}`")
+    assert not unknown, "\n".join(unknown)
+
+
+def test_every_tox_environment_shown_exists():
+    ini = configparser.ConfigParser(interpolation=None)
+    ini.read(ROOT / "tox.ini")
+    envs = set()
+    for section in ini.sections():
+        name = section.removeprefix("testenv:")
+        # conformance-torch{212,213,214} -> each.
+        brace = re.fullmatch(r"(.*)\{([^}]*)\}(.*)", name)
+        if brace:
+            envs |= {brace[1] + part + brace[3] for part in brace[2].split(",")}
+        else:
+            envs.add(name)
+    missing = []
+    for page, command in COMMANDS:
+        words = _words(command)
+        if words[:1] == ["tox"] and "-e" in words:
+            for env in words[words.index("-e") + 1].split(","):
+                if env not in envs:
+                    missing.append(f"{page}: tox -e {env}")
+    assert not missing, "\n".join(missing)
+
+
+def test_every_script_and_module_shown_exists():
+    missing = []
+    for page, command in COMMANDS:
+        words = _words(command)
+        if words[:1] != ["python"] or len(words) < 2:
+            continue
+        if words[1] == "-m":
+            if importlib.util.find_spec(words[2]) is None:
+                missing.append(f"{page}: module {words[2]}")
+        elif (
+            words[1].endswith(".py")
+            and not (ROOT / words[1]).exists()
+            and not re.search(r"[A-Z]", words[1])  # PATH.py, TRAIN.py: placeholders
+        ):
+            missing.append(f"{page}: file {words[1]}")
+    assert not missing, "\n".join(missing)
+
+
+def test_the_command_line_page_is_the_parsers_output():
+    page = (ROOT / "docs" / "reference" / "cli.md").read_text()
+    assert page == reference.cli_reference(), (
+        "docs/reference/cli.md is stale: python -m ddp_verify.frontends.reference "
+        "--write docs/reference/cli.md"
+    )
+
+
+def test_every_option_of_every_command_has_help():
+    assert reference.undocumented() == []
+
+
+def test_every_page_is_in_the_sites_navigation():
+    nav = (ROOT / "mkdocs.yml").read_text()
+    pages = {str(p.relative_to(ROOT / "docs")) for p in (ROOT / "docs").rglob("*.md")}
+    missing = sorted(p for p in pages if f": {p}" not in nav)
+    assert not missing, f"pages mkdocs.yml's nav leaves out: {missing}"
