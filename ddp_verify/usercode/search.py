@@ -295,7 +295,9 @@ def _within_rounding(
     their largest contribution, so a small element far off can pass it). Such a run is held
     to exact equivalence, so that its divergence is reported and its cause named."""
     outcome = check_equivalent(world, method, scenario, tolerance=tolerance)
-    if outcome.equivalent and low_rank_cause(kind, outcome.reference, outcome.got) is not None:
+    fmt = getattr(tolerance, "fmt", None)
+    low_rank = low_rank_cause(kind, outcome.reference, outcome.got, fmt=fmt)
+    if outcome.equivalent and low_rank is not None:
         exact = Float64Tolerance()
         mismatch = compare(outcome.reference, outcome.got, scenario, exact)
         outcome = dataclasses.replace(outcome, mismatch=mismatch, tolerance=exact)

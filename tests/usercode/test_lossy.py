@@ -162,3 +162,27 @@ def test_a_rank_one_powersgd_from_step_one_is_caught_within_25_examples_under_bf
     if cause.pattern == "lowrank":
         assert caught.value.found_at <= 25
         assert caught.value.scenario.steps >= 2  # the state compresses from the second step
+
+
+def test_a_gradient_float16_flushes_to_zero_is_rounding_not_a_low_rank_approximation():
+    # Found by `ddp-verify check ... fp16_compress_hook --lossy fp16`: at the second step of
+    # this scenario every gradient is below float16's normal range, the hook's compressed
+    # parts underflow to zero, and the zero matrix (rank 0) was taken for a low-rank
+    # approximation and held to exact equivalence: a false counterexample whose own cause
+    # said "within float16's rounding".
+    from ddp_verify.engine.compression import CompressionTolerance
+    from ddp_verify.engine.scenario import ModelSpec, Scenario
+    from ddp_verify.frontends.verifying import VerifyingWorld
+    from ddp_verify.usercode.adapters import adapt
+    from ddp_verify.usercode.search import _within_rounding
+
+    scenario = Scenario(
+        world_size=4,
+        schedule=(((1,), (1,), (4,), (4,)), ((1,), (1,), (1,), (1,))),
+        model=ModelSpec(kind="conv", in_features=3, layernorm=True, frozen=True, buffer=True),
+        seed=23702,
+    )
+    method = adapt(hooks.fp16_compress_hook, "comm-hook")
+    with VerifyingWorld(4) as world:
+        bound = CompressionTolerance(scenario, "float16")
+        _within_rounding(world, method, "comm-hook", scenario, bound)  # raises if not

@@ -81,10 +81,16 @@ def held_by_rank_zero_only(scenario: Scenario, got: Trace) -> bool:
     return others_partial and apart and not own
 
 
-def low_rank_cause(kind: str, reference: Trace, got: Trace) -> Cause | None:
+def low_rank_cause(
+    kind: str, reference: Trace, got: Trace, *, fmt: str | None = None
+) -> Cause | None:
     """A kind that may compress whose gradient of some weight matrix at some step has a lower
     rank than the full-batch gradient's: a low-rank approximation, PowerSGD's design below
-    full rank. Named with the matrix, both ranks and the relative error.
+    full rank. Named with the matrix, both ranks and the relative error. Where the hook
+    compresses to a 16-bit ``fmt``, a matrix whose gradient lies below that format's normal
+    range (its smallest normal number times the world size: the hook sums that many
+    compressed parts) is left out: there rounding itself flushes values to zero and drops
+    rank (float16's underflow of a gradient near 1e-6).
 
     Example::
 
@@ -98,6 +104,8 @@ def low_rank_cause(kind: str, reference: Trace, got: Trace) -> Cause | None:
             value = mine.get(name)
             if truth is None or value is None or truth.dim() < 2 or min(truth.shape) < 2:
                 continue
+            if fmt is not None and float(truth.abs().max()) < _normal_floor(fmt, got):
+                continue
             full, lowered = _rank(truth), _rank(value)
             if lowered < full:
                 truth, value = truth.double(), value.double()
@@ -109,6 +117,11 @@ def low_rank_cause(kind: str, reference: Trace, got: Trace) -> Cause | None:
                 )
                 return f.LOW_RANK.cause(what=what, lossy=option("lossy", "lowrank"))
     return None
+
+
+def _normal_floor(fmt: str, got: Trace) -> float:
+    """Below this, a gradient summed from the world's ``fmt``-compressed parts may underflow."""
+    return float(torch.finfo(getattr(torch, fmt)).tiny) * len(got.ranks)
 
 
 def _rank(matrix: torch.Tensor) -> int:
