@@ -156,7 +156,7 @@ def test_every_tox_environment_shown_exists():
         words = _words(command)
         if words[:1] == ["tox"] and "-e" in words:
             for env in words[words.index("-e") + 1].split(","):
-                if env not in envs:
+                if env not in envs and not re.fullmatch(r"py\d+", env):  # pyNNN: tox's own
                     missing.append(f"{page}: tox -e {env}")
     assert not missing, "\n".join(missing)
 

@@ -91,7 +91,7 @@ def loads(data: bytes, *, what: str = "a value") -> Any:
         raise WireError(
             f"{what} in the job's store is not a value ddp_verify wrote ({_reason(exc)}): "
             "someone outside the job may have written to the launcher's store (it listens on "
-            "the master node's network; see the README's Security section), or the ranks run "
+            "the master node's network; see docs/security.md), or the ranks run "
             "different ddp_verify versions. Nothing was run; the session stops"
         ) from None
 
