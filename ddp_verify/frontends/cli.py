@@ -597,7 +597,70 @@ def parse_target(target: str) -> tuple[Path, str]:
     path = Path(path_text)
     if not path.is_file():
         raise UsageError(f"no such file: {path_text}")
+    names = _top_level_names(path)
+    if names is not None and name not in names:
+        # Said before the file is imported (its torch import alone takes seconds).
+        public = sorted(n for n in names if not n.startswith("_"))
+        raise UsageError(
+            f"{path_text} has no {name!r}; names it defines or imports: "
+            + (", ".join(public) or "none")
+        )
     return path, name
+
+
+def _top_level_names(path: Path) -> set[str] | None:
+    """The names the file binds at module level, read without running it; None where that
+    cannot be known so (a star import, a module ``__getattr__``, source that does not parse:
+    the import then says what it says)."""
+    import ast
+
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    except (SyntaxError, UnicodeDecodeError, ValueError):
+        return None
+    names: set[str] = set()
+
+    def visit(statements: list[ast.stmt]) -> bool:
+        for node in statements:
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                names.add(node.name)
+            elif isinstance(node, ast.Import | ast.ImportFrom):
+                for alias in node.names:
+                    if alias.name == "*":
+                        return False
+                    names.add(alias.asname or alias.name.split(".")[0])
+            elif isinstance(node, ast.Assign | ast.AnnAssign | ast.AugAssign | ast.For | ast.With):
+                targets = (
+                    node.targets
+                    if isinstance(node, ast.Assign)
+                    else [node.target]
+                    if not isinstance(node, ast.With)
+                    else [i.optional_vars for i in node.items if i.optional_vars is not None]
+                )
+                for target in targets:
+                    names.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
+            # Module-level blocks bind names too (an import under try, a def under if).
+            for block in ("body", "orelse", "finalbody", "handlers"):
+                inner = getattr(node, block, None)
+                if (
+                    isinstance(inner, list)
+                    and not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+                    and not visit([n for n in inner if isinstance(n, ast.stmt)])
+                ):
+                    return False
+            if isinstance(node, ast.Try):
+                for handler in node.handlers:
+                    if not visit(handler.body):
+                        return False
+        # Walrus targets and globals set elsewhere are rare at module level; a function that
+        # assigns a global makes the answer unknowable statically.
+        return True
+
+    if not visit(tree.body):
+        return None
+    if "__getattr__" in names or any(isinstance(n, ast.Global) for n in ast.walk(tree)):
+        return None
+    return names
 
 
 def load_function(path: Path, name: str) -> Callable[..., Any]:

@@ -730,3 +730,29 @@ def test_progress_is_plain_lines_with_the_total_and_the_time_in_a_log(tmp_path):
     lines = result.stderr.splitlines()
     assert re.fullmatch(r"\[ddp-verify\] searching: 1/6 examples, \d+ s", lines[0]), lines
     assert "\r" not in result.stderr and "\x1b" not in result.stderr
+
+
+def test_a_missing_function_is_said_before_the_file_is_imported(tmp_path):
+    # The file would fail to import (as one that imports torch would take seconds): the
+    # answer comes from reading it.
+    (tmp_path / "helpers.py").write_text(
+        "raise RuntimeError('imported')\n"
+        "try:\n    from math import fsum as total\nexcept ImportError:\n    total = sum\n"
+        "def sync(model):\n    pass\n"
+        "class Reducer:\n    pass\n"
+    )
+    result = ddp_verify("check", "helpers.py:synk", "--kind", "grad-sync", cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        "ddp-verify: error: helpers.py has no 'synk'; names it defines or imports: "
+        "Reducer, sync, total"
+    )
+
+
+def test_a_file_whose_names_cannot_be_read_is_imported_to_find_them(tmp_path):
+    (tmp_path / "starred.py").write_text("from math import *\n")
+    result = ddp_verify("check", "starred.py:nope", "--kind", "loss", cwd=tmp_path)
+    assert result.returncode == 2
+    # The import's answer (its words differ from the reading's): the names math brought.
+    assert "starred.py has no 'nope'; callables it defines or imports: " in result.stderr
+    assert "fsum" in result.stderr
