@@ -107,7 +107,10 @@ def check(
     world_from = None
     in_session = session.current()
     chose = (world_size, launch, given_backend, given_device, allow_tf32, debug)
-    if world is None and in_session is not None and chose == (None, None, None, None, False, False):
+    # An environment variable set since the session began (a size of its own) wins too.
+    env_agrees = source is None or sizes[0] == (in_session.size if in_session else None)
+    unchosen = chose == (None, None, None, None, False, False) and env_agrees
+    if world is None and in_session is not None and unchosen:
         # Called from a test: the session's world, as its --world-size and backend say.
         world = in_session.get()
         world_from = (

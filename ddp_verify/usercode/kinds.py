@@ -11,7 +11,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import inspect
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -488,6 +488,72 @@ class Call:
 NAMED_VALUES = ("world_size", "rank", "device", "group", "global_count")
 
 
+def _positional_names(fn: Callable[..., Any]) -> list[str] | None:
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return [p.name for p in signature.parameters.values() if p.kind in kinds]
+
+
+def _names_agree(spec: Kind, names: Sequence[str]) -> bool:
+    """Whether the callable's leading parameters are named as ``spec`` names what it passes
+    (the first may also carry one of its ``leading_names``)."""
+    if len(names) < len(spec.parameters):
+        return False
+    return all(
+        actual == expected or (i == 0 and actual in spec.leading_names)
+        for i, (expected, actual) in enumerate(zip(spec.parameters, names, strict=False))
+    )
+
+
+def kinds_read_as(fn: Callable[..., Any], kind: str, bind: Binds = None) -> list[str]:
+    """The other kinds ``fn``'s parameters read as, where they do not read as ``kind``: each
+    one whose every argument its names match and whose call the signature can take. Empty
+    where the names agree with ``kind``, or say nothing.
+
+    Example::
+
+        >>> def accumulate(model, optimizer, micro_batches, loss_fn): ...
+        >>> kinds_read_as(accumulate, "grad-sync")
+        ['step']
+        >>> kinds_read_as(accumulate, "step")
+        []
+    """
+    names = _positional_names(fn)
+    if names is None:
+        return []
+    checked = kind_named(kind)
+    # How many of its names the kind it is checked as accounts for: another kind must
+    # account for more (a step function's first parameter, model, is grad-sync's too).
+    said = len(checked.parameters) if _names_agree(checked, names) else 0
+    fitting = []
+    for spec in REGISTRY:
+        if spec.name == kind or len(spec.parameters) <= said or not _names_agree(spec, names):
+            continue
+        try:
+            _check_signature(fn, spec.name, bind)
+        except KindError:
+            continue
+        fitting.append(spec.name)
+    return fitting
+
+
+def read_as_words(fn: Callable[..., Any], kind: str, bind: Binds = None) -> str | None:
+    """A sentence that names the kinds ``fn``'s parameters read as, with the option that
+    checks it so, where they do not read as ``kind``; None otherwise."""
+    fitting = kinds_read_as(fn, kind, bind)
+    if not fitting:
+        return None
+    names = ", ".join(_positional_names(fn) or [])
+    choices = " or ".join(f"{option('kind', k)} ({KIND[k].signature})" for k in fitting)
+    return (
+        f"its parameters ({names}) read as {choices}, not as a {kind} plug-in "
+        f"({KIND[kind].signature}): check it with {option('kind', fitting[0])}"
+    )
+
+
 def check_signature(fn: Callable[..., Any], kind: str, bind: Binds = None) -> Call:
     """How the harness will call ``fn`` as a ``kind`` plug-in; :class:`KindError` if it
     cannot take what ``kind`` passes, or if what a parameter should get is not said.
@@ -501,12 +567,27 @@ def check_signature(fn: Callable[..., Any], kind: str, bind: Binds = None) -> Ca
     is bound so without asking. Any other required parameter is a usage error that names it
     and the bindings that would fit: never guessed.
 
+    Where ``fn``'s parameter names read as another kind, the error says which (a step
+    function checked as ``grad-sync`` is not asked to bind its optimizer).
+
     Example::
 
         >>> def allreduce_params(model, reduce_after=True, fp32_allreduce=False): ...
         >>> check_signature(allreduce_params, "grad-sync").describe()
         'allreduce_params(model)'
     """
+    try:
+        return _check_signature(fn, kind, bind)
+    except KindError as exc:
+        hint = read_as_words(fn, kind, bind)
+        if hint is None:
+            raise
+        # What the kind would have to be told to bind is beside the point: the kind is wrong.
+        name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
+        raise KindError(f"{name}: {hint}") from exc
+
+
+def _check_signature(fn: Callable[..., Any], kind: str, bind: Binds = None) -> Call:
     spec = kind_named(kind)
     binds = parse_binds(bind)
     if not callable(fn):

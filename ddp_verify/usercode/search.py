@@ -34,7 +34,7 @@ from .diagnosis import likely_causes
 from .diagnosis.probes import every_mistake, probes, told_apart
 from .diagnosis.structural import failure_cause, known_issue_cause, low_rank_cause
 from .findings import Cause
-from .kinds import KIND, Binds, parse_binds
+from .kinds import KIND, Binds, parse_binds, read_as_words
 from .layouts import parse_layout
 from .precision import held_to, measured_precision, probe_scenario
 from .probe import found_layout
@@ -266,6 +266,10 @@ def search(
             f"Scenario: {stop.scenario.describe()}\nReproduce with: {stop.scenario!r}"
             + (f"\nLikely cause: {cause.text}" if cause else "")
         )
+        hint = read_as_words(fn, kind, bind)
+        if hint is not None:
+            # The code ran, but as the wrong kind, it may fail on what it was handed.
+            report += f"\nKind: {hint}"
         errored = dataclasses.replace(
             verdict,
             status=Status.ERROR,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
+import re
 import textwrap
 from collections.abc import Sequence
 from typing import Any
@@ -164,16 +165,32 @@ class RankFailure:
         """A rank that failed on its own, as opposed to one stuck or broken by another's failure."""
         return self.kind is not FailureKind.STUCK and not self.consequence
 
-    def render(self, *, full_trace: bool = False) -> str:
-        parts = [f"━━ rank {self.rank} {self.summary}"]
+    def render(self, *, full_trace: bool = False, ranks: str | None = None) -> str:
+        """Its section of the report; ``ranks`` names the ranks it stands for where several
+        failed alike (``ranks 0-3``)."""
+        who = ranks or f"rank {self.rank}"
+        parts = [f"━━ {who} {self.summary}"]
         details = (self.full_details or self.details) if full_trace else self.details
         if details:
             parts.append(textwrap.indent(details.rstrip(), "  "))
         for name, text in (("stdout", self.stdout), ("stderr", self.stderr)):
             if text.strip():
-                parts.append(f"  ── rank {self.rank} {name} ──")
+                parts.append(f"  ── {who} {name} ──")
                 parts.append(textwrap.indent(_tail(text).rstrip(), "  "))
         return "\n".join(parts)
+
+    def likeness(self, *, full_trace: bool = False) -> tuple[object, ...]:
+        """What two ranks' failures must share to be reported once: everything they say,
+        thread and object addresses aside (each process has its own)."""
+        details = (self.full_details or self.details) if full_trace else self.details
+        return (
+            self.kind,
+            self.consequence,
+            self.summary,
+            _ADDRESS.sub("0x?", details),
+            self.stdout,
+            self.stderr,
+        )
 
 
 class RankError(WorldError):
@@ -229,13 +246,24 @@ class RankError(WorldError):
         primary = [f for f in self.failures if f.is_primary]
         broken = [f for f in self.failures if f.consequence]
         stuck = [f for f in self.failures if f.kind is FailureKind.STUCK]
-        headline = "; ".join(f"rank {f.rank} {f.summary}" for f in primary)
+        # Ranks that failed alike are said once, as "ranks 0-3" (every rank of a world
+        # usually raises the same exception on the same line).
+        alike: dict[str, list[RankFailure]] = {}
+        for failure in primary:
+            alike.setdefault(failure.summary, []).append(failure)
+        headline = "; ".join(f"{_ranks(group)} {summary}" for summary, group in alike.items())
         if broken:
             headline += f"; then {_ranks(broken)} failed in a collective as a consequence"
         if stuck:
             headline += f"; {_ranks(stuck)} stuck waiting and killed"
         lines = [f"{self.job} failed on {self.where}: {headline}"]
-        lines.extend(f.render(full_trace=full_trace) for f in self.failures)
+        sections: dict[tuple[object, ...], list[RankFailure]] = {}
+        for failure in self.failures:
+            sections.setdefault(failure.likeness(full_trace=full_trace), []).append(failure)
+        lines.extend(
+            group[0].render(full_trace=full_trace, ranks=_ranks(group))
+            for group in sections.values()
+        )
         if self.finished:
             ranks = ", ".join(map(str, self.finished))
             lines.append(
@@ -293,10 +321,25 @@ def _rebuild_rank_error(
 
 
 def _ranks(failures: Sequence[RankFailure]) -> str:
-    ranks = sorted(f.rank for f in failures)
+    """``rank 2``, ``ranks 0-3``, ``ranks 0, 2, 3``: runs of three or more as a span.
+
+    Example::
+
+        >>> _ranks([RankFailure(r, FailureKind.RAISED, "") for r in (3, 0, 1, 2)])
+        'ranks 0-3'
+        >>> _ranks([RankFailure(r, FailureKind.RAISED, "") for r in (0, 2, 3)])
+        'ranks 0, 2, 3'
+    """
+    ranks = sorted({f.rank for f in failures})
     if len(ranks) == 1:
         return f"rank {ranks[0]}"
+    if len(ranks) >= 3 and ranks == list(range(ranks[0], ranks[-1] + 1)):
+        return f"ranks {ranks[0]}-{ranks[-1]}"
     return "ranks " + ", ".join(map(str, ranks))
+
+
+# A thread's or an object's address in a stack dump or a repr.
+_ADDRESS = re.compile(r"0x[0-9a-fA-F]+")
 
 
 def _tail(text: str, limit: int = 4000) -> str:

@@ -71,8 +71,8 @@ def test_a_counterexample_exits_1_with_a_json_verdict(tmp_path):
     [
         ("missing.py:fn", "grad-sync", "no such file: missing.py"),
         ("{f}/grad_sync.py", "grad-sync", "expected PATH.py:FUNCTION"),
-        ("{f}/grad_sync.py:nope", "grad-sync", "has no 'nope'; callables it defines or imports:"),
-        ("{f}/loss.py:sample_weighted", "step", "cannot be a step plug-in: expected fn(model, "),
+        ("{f}/grad_sync.py:nope", "grad-sync", "has no 'nope'; names it defines or imports:"),
+        ("{f}/loss.py:sample_weighted", "step", "read as --kind loss (fn(local_loss, num_samples)"),
     ],
 )
 def test_usage_errors_exit_2_and_say_what_was_expected(target, kind, message):
@@ -756,3 +756,26 @@ def test_a_file_whose_names_cannot_be_read_is_imported_to_find_them(tmp_path):
     # The import's answer (its words differ from the reading's): the names math brought.
     assert "starred.py has no 'nope'; callables it defines or imports: " in result.stderr
     assert "fsum" in result.stderr
+
+
+def test_code_checked_as_the_wrong_kind_fails_once_and_names_the_kind_it_reads_as(tmp_path):
+    result = ddp_verify(
+        *check_command(f"{FIXTURES}/grad_sync.py:average_gradients", kind="loss"),
+        cwd=tmp_path,
+    )
+    assert result.returncode == 1, result.stderr
+    report = result.stdout
+    # Both ranks raised the same: one section, both ranks named in it.
+    assert report.count("━━") == 1, report
+    assert "━━ ranks 0, 1 raised AttributeError: 'Tensor' object has no attribute" in report
+    assert report.rstrip().endswith(
+        "Kind: its parameters (model) read as --kind grad-sync (fn(model) or fn(model, "
+        "num_samples)), not as a loss plug-in (fn(local_loss, num_samples) or fn(local_loss) "
+        "-> tensor or float): check it with --kind grad-sync"
+    ), report
+
+
+def test_a_signature_of_another_kind_is_a_usage_error_naming_it(tmp_path):
+    result = ddp_verify(*check_command(f"{FIXTURES}/step.py:accumulate_weighted"), cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.rstrip().endswith("check it with --kind step"), result.stderr

@@ -14,7 +14,7 @@ from ddp_verify.usercode import findings
 from ddp_verify.usercode.adapters import ADAPTERS, adapt
 from ddp_verify.usercode.diagnosis.evidence import MEASURED, tolerance
 from ddp_verify.usercode.diagnosis.mistakes import FAMILIES, candidates
-from ddp_verify.usercode.kinds import KIND, REGISTRY, KindError, check_signature
+from ddp_verify.usercode.kinds import KIND, REGISTRY, KindError, check_signature, kinds_read_as
 
 
 def _taking(n: int, lead: int | None = None):
@@ -100,3 +100,41 @@ def test_the_command_line_offers_every_kind_of_the_registry():
         assert _parser().parse_args(["check", "x.py:f", "--kind", kind]).kind == kind
     with pytest.raises(UsageError, match="invalid choice: 'gradsync'"):
         _parser().parse_args(["check", "x.py:f", "--kind", "gradsync"])
+
+
+def _step(model, optimizer, micro_batches, loss_fn): ...
+
+
+def _hook(state, bucket): ...
+
+
+def _sync(model): ...
+
+
+def _anonymous(a, b): ...
+
+
+@pytest.mark.parametrize(
+    "fn,checked_as,reads_as",
+    [
+        (_step, "grad-sync", ["step"]),  # its first name is grad-sync's too: more names win
+        (_hook, "loss", ["comm-hook"]),
+        (_sync, "loss", ["grad-sync"]),
+        (_step, "step", []),
+        (_sync, "grad-sync", []),
+        (_anonymous, "comm-hook", []),  # names that say nothing say no kind
+    ],
+)
+def test_a_callable_reads_as_the_kinds_its_parameter_names_say(fn, checked_as, reads_as):
+    assert kinds_read_as(fn, checked_as) == reads_as
+
+
+def test_a_signature_the_kind_cannot_take_names_the_kind_it_reads_as():
+    with pytest.raises(KindError) as caught:
+        check_signature(_step, "grad-sync")
+    assert str(caught.value) == (
+        "_step: its parameters (model, optimizer, micro_batches, loss_fn) read as "
+        "kind='step' (fn(model, optimizer, micro_batches, loss_fn) -> tensor or float), not "
+        "as a grad-sync plug-in (fn(model) or fn(model, num_samples)): check it with "
+        "kind='step'"
+    )

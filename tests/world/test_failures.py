@@ -269,6 +269,34 @@ def test_failure_output_is_shown_per_rank(world2):
         assert f"RuntimeError: failed on {r}" in report
 
 
+@pytest.fixture(scope="module")
+def world3():
+    # Three ranks: the fewest that make a span (ranks 0-2).
+    with World(3, timeout=TIMEOUT) as world:
+        yield world
+
+
+def test_ranks_that_fail_alike_are_reported_once(world3):
+    def same_everywhere():
+        raise ValueError("the same on every rank")
+
+    report = str(_fail(world3, same_everywhere))
+    assert report.count("━━") == 1, report
+    assert "failed on a world of 3 (gloo): ranks 0-2 raised ValueError: the same" in report
+    assert "━━ ranks 0-2 raised ValueError: the same on every rank\n  Traceback" in report
+
+
+def test_ranks_that_fail_differently_are_each_reported(world2):
+    def own_words():
+        raise ValueError(f"rank {dist.get_rank()}'s own")
+
+    report = str(_fail(world2, own_words))
+    assert report.count("━━") == 2, report
+    headline = report.splitlines()[0]
+    for r in (0, 1):
+        assert f"rank {r} raised ValueError: rank {r}'s own" in headline, headline
+
+
 _CONTROLLER = textwrap.dedent(
     """
     import os, sys, time
