@@ -196,3 +196,15 @@ def test_every_page_is_in_the_sites_navigation():
     pages = {str(p.relative_to(ROOT / "docs")) for p in (ROOT / "docs").rglob("*.md")}
     missing = sorted(p for p in pages if f": {p}" not in nav)
     assert not missing, f"pages mkdocs.yml's nav leaves out: {missing}"
+
+
+def test_the_json_table_has_every_key_of_the_document():
+    from ddp_verify.usercode.verdict import JSON_FIELDS
+
+    page = (ROOT / "docs" / "reference" / "check.md").read_text()
+    table = page[page.index("## The JSON document") : page.index("## The kinds")]
+    rows = set(re.findall(r"^\| `(\w+)`", table, re.M)) | set(
+        re.findall(r"^\| `\w+`, `(\w+)`", table, re.M)
+    )
+    missing = [key for key in JSON_FIELDS if f"`{key}`" not in table]
+    assert rows and not missing, f"keys the JSON table leaves out: {missing}"

@@ -96,6 +96,26 @@ def compare(
     return compare_traces(reference, got, scenario.steps, tolerance)
 
 
+def only_the_loss_differs(reference: Trace, got: Trace, steps: int, tolerance: Tolerance) -> bool:
+    """Whether ``got`` trains what ``reference`` trains (its gradients and parameters within
+    ``tolerance`` at every step) while the loss it reports differs: a logging mistake, not a
+    training one.
+
+    Example::
+
+        only_the_loss_differs(reference, got, 3, Float64Tolerance())  # True for a rank-local
+                                                                       # logged loss
+    """
+    if compare_traces(reference, got, steps, tolerance) is None:
+        return False
+    expected = reference.ranks[0].losses
+    as_reported = Trace(
+        got.method,
+        [dataclasses.replace(r, losses=list(expected[: len(r.losses)])) for r in got.ranks],
+    )
+    return compare_traces(reference, as_reported, steps, tolerance) is None
+
+
 def compare_traces(
     reference: Trace, got: Trace, steps: int, tolerance: Tolerance
 ) -> Mismatch | None:

@@ -59,6 +59,8 @@ class Comparison:
     mismatch: Mismatch | None
     causes: list[Cause]
     figures: dict[str, Any]
+    # It trains what the reference trains, and only the loss it logs differs.
+    only_log_differs: bool = False
 
 
 def compare_layouts(
@@ -93,6 +95,8 @@ def compare_layouts(
     logged = _logged_causes(reference, other, n, tolerance)
     if mismatch is None and not causes and not logged:
         return Comparison(other.label, True, None, [], figures)
+    if mismatch is None and not causes:
+        return Comparison(other.label, False, None, logged, figures, only_log_differs=True)
     if mismatch is not None or causes:
         causes += [
             _with_documented(cause, reference, other)

@@ -102,6 +102,63 @@ def fill(command: Sequence[str], layout: Layout, *, global_batch: int | None) ->
     return filled
 
 
+def used_placeholders(command: Sequence[str]) -> set[str]:
+    """The placeholders ``command`` uses.
+
+    Example::
+
+        >>> sorted(used_placeholders(["train.py", "--bs", "{micro_batch}", "--x={grad_accum}"]))
+        ['grad_accum', 'micro_batch']
+    """
+    return {
+        field
+        for part in command
+        for _, field, _, _ in string.Formatter().parse(part)
+        if field is not None
+    }
+
+
+def check_placeholders(
+    command: Sequence[str], layouts: Sequence[Layout], *, global_batch: int | None
+) -> None:
+    """The command tells the script what each layout changes, or :class:`LayoutError` naming
+    the placeholder it lacks (said before anything runs: otherwise every layout trains
+    another global batch, and the difference reads as the data's): a ``--global-batch`` the
+    script is told through ``{micro_batch}`` or ``{global_batch}``; accumulation through
+    ``{grad_accum}``, or both batch sizes, from which a script can derive it.
+
+    Example::
+
+        >>> check_placeholders(["train.py", "--grad-accum", "{grad_accum}"], [Layout(2, 2)],
+        ...                    global_batch=16)
+        Traceback (most recent call last):
+        ...
+        ddp_verify.parity.layouts.LayoutError: --global-batch 16 is given, but the command ...
+    """
+    used = used_placeholders(command)
+    if global_batch is not None and not used & {"micro_batch", "global_batch"}:
+        raise LayoutError(
+            f"--global-batch {global_batch} is given, but the command never passes the script "
+            "a batch size: each layout would train the script's own, not "
+            f"{global_batch} samples a step. Put {{micro_batch}} where it takes the per-rank "
+            "batch size (--batch-size {micro_batch}), or {global_batch} where it takes the "
+            "global one"
+        )
+    accumulating = [str(layout) for layout in layouts if layout.grad_accum > 1]
+    derivable = {"micro_batch", "global_batch"} <= used
+    if accumulating and "grad_accum" not in used and not derivable:
+        raise LayoutError(
+            (
+                f"layouts {', '.join(accumulating)} accumulate"
+                if len(accumulating) > 1
+                else f"layout {accumulating[0]} accumulates"
+            )
+            + " gradients, but the command never passes the script how many "
+            "micro-batches a step holds: put {grad_accum} where it takes them "
+            "(--grad-accum {grad_accum}), or give it both {micro_batch} and {global_batch}"
+        )
+
+
 def per_node(layout: Layout, nnodes: int) -> int:
     """The ranks each of ``nnodes`` nodes runs at ``layout``; :class:`LayoutError` where they
     do not divide.

@@ -27,7 +27,7 @@ from ..usercode.verdict import Status, Verdict
 from ..world import cleanup
 from .compare import Comparison, compare_layouts, derived_tolerance, rounding_dtype, told_apart
 from .launch import DEFAULT_LAUNCHER, Run, launch, script_of
-from .layouts import Layout, LayoutError, fill, per_node
+from .layouts import Layout, LayoutError, check_placeholders, fill, per_node
 from .recording import Recording, RecordingError
 
 __all__ = ["ParityResult", "compare_recordings", "run_parity"]
@@ -170,6 +170,7 @@ def _check_command(
     script = script_of(command)
     if script[0] != "-m" and not Path(script[0]).is_file():
         raise LayoutError(f"{script[0]}: no such script")
+    check_placeholders(script, layouts, global_batch=global_batch)
     for layout in layouts:
         fill(script, layout, global_batch=global_batch)
         if layout.world_size > 1:
@@ -208,6 +209,11 @@ def compare_recordings(
                 "verdict": (
                     Status.EQUIVALENT if comparison.equivalent else Status.NOT_EQUIVALENT
                 ).value,
+                "training": (
+                    "equivalent"
+                    if comparison.equivalent or comparison.only_log_differs
+                    else "not-equivalent"
+                ),
                 "causes": [c.key for c in comparison.causes],
             }
         )
@@ -225,6 +231,8 @@ def compare_recordings(
         causes=tuple(causes),
         seconds=time.monotonic() - started,
         message=_report(reference, comparisons, steps, target),
+        only_loss_differs=status is Status.NOT_EQUIVALENT
+        and all(c.equivalent or c.only_log_differs for c in comparisons),
     )
     return ParityResult(verdict, tuple(rows))
 
@@ -249,6 +257,8 @@ def _report(
             )
         else:
             first = c.causes[0].text if c.causes else "see below"
+            if c.only_log_differs:
+                first = f"training is equivalent; only the logged loss differs: {first}"
             lines.append(f"  {c.label}: NOT equivalent: {first}")
     failing = [c for c in comparisons if not c.equivalent]
     if not failing:

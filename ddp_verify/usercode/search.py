@@ -16,7 +16,7 @@ import hypothesis
 from hypothesis import HealthCheck, Phase, Verbosity, given, settings
 from hypothesis.errors import FlakyFailure
 
-from ..engine.compare import compare
+from ..engine.compare import compare, only_the_loss_differs
 from ..engine.compression import CompressionTolerance
 from ..engine.lockstep import in_lockstep
 from ..engine.outcome import EquivalenceError, Outcome
@@ -438,8 +438,22 @@ def _explained(
             )
         except OSError as exc:
             script = f"(could not be written: {exc})"
+    # Training matched and only the reported loss differs: a logging mistake, said first.
+    # (Not for kinds whose result is only ever reported: there the loss is the whole job.)
+    only_loss = (
+        outcome is not None
+        and KIND[kind].mistakes != "report"
+        and only_the_loss_differs(
+            outcome.reference, outcome.got, outcome.scenario.steps, outcome.tolerance
+        )
+    )
     # How the code was called goes in the header, under the verdict's first line.
     headline, _, body = str(error).partition("\n")
+    if only_loss:
+        headline += (
+            "\nTraining is equivalent: gradients and parameters match the reference at every "
+            "step; only the reported loss differs."
+        )
     report = f"{headline}\nCalled as: {verdict.called_as}\n{body}"
     if outcome is not None:
         report += f"\n{describe_causes(list(causes))}\nReproducer: python {script}"
@@ -451,6 +465,7 @@ def _explained(
         reproducer=script,
         message=report,
         outcome=outcome,
+        only_loss_differs=only_loss,
     )
 
 

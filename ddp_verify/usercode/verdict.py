@@ -63,6 +63,9 @@ JSON_FIELDS = {
     "call": "how the harness called the code: 'sync(model, num_samples=<...>)'",
     "layout": "where the kind accepts several layouts (logits, labels, a list or a tensor): "
     "which one the code was called in and why, as the probe found it; null otherwise",
+    "training": "equivalent where the code trains what one process trains (an equivalent "
+    "verdict, or one where only the reported loss differs), not-equivalent where gradients or "
+    "parameters differ; null where it did not run to a comparison",
     "examples": "scenarios tried",
     "precision": "float32 where the code was measured to compute in float32 inside (it was "
     "held to float32's measured bound); null otherwise",
@@ -111,11 +114,25 @@ class Verdict:
     seconds: float | None = None
     # The report of a verdict other than equivalent (the equivalent one is composed).
     message: str = ""
+    # Whether training itself matched where the verdict is not equivalent: "equivalent"
+    # where only the reported loss differs (see :attr:`training`).
+    only_loss_differs: bool = False
     # Where the world came from, where the caller did not choose it ("the pytest session's
     # world (--world-size 2)"): said at the end of the report.
     world_from: str | None = None
     # The traces of a counterexample, where there are some.
     outcome: Outcome | None = dataclasses.field(default=None, repr=False, compare=False)
+
+    @property
+    def training(self) -> str | None:
+        """``equivalent`` where the code trains what one process trains (all of it, or all
+        but the loss it reports), ``not-equivalent`` where gradients or parameters differ,
+        None where nothing was compared (an error)."""
+        if self.status is Status.EQUIVALENT or self.only_loss_differs:
+            return "equivalent"
+        if self.status is Status.NOT_EQUIVALENT:
+            return "not-equivalent"
+        return None
 
     @property
     def equivalent(self) -> bool:
@@ -182,6 +199,7 @@ class Verdict:
             "device": self.device,
             "call": self.call,
             "layout": self.layout,
+            "training": self.training,
             "examples": self.examples,
             "precision": self.precision,
             "scenario": repr(self.scenario) if self.scenario is not None else None,

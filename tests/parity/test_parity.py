@@ -82,6 +82,12 @@ def test_each_classic_mistake_is_caught_for_its_reason(
     first = result.verdict.causes[0]
     assert first.key == pattern and words in first.text, result.report
     assert result.layouts[0]["causes"][0] == pattern
+    # Only the logged loss is wrong where the loss is all that differs, and said so.
+    logged_only = pattern.startswith("loss:")
+    training = "equivalent" if logged_only else "not-equivalent"
+    assert result.layouts[0]["training"] == result.to_json()["training"] == training
+    said = "NOT equivalent: training is equivalent; only the logged loss differs: "
+    assert (said in result.report) == logged_only, result.report
 
 
 @pytest.fixture(scope="module")
@@ -172,6 +178,35 @@ def test_bad_layouts_and_commands_are_usage_errors_before_anything_runs(tmp_path
         (["--layouts", "2x3", "--global-batch", "16", "--", *COMMAND], "does not divide"),
         (["--layouts", "2x2", "--", *COMMAND], "{micro_batch} needs --global-batch N"),
         (["--layouts", "2x2", "--", "python", "missing.py"], "missing.py: no such script"),
+        # A command that forgets a placeholder: named before any layout trains other batches.
+        (
+            [
+                "--layouts",
+                "2x2",
+                "--global-batch",
+                "16",
+                "--",
+                "python",
+                str(SCRIPT),
+                "--grad-accum",
+                "{grad_accum}",
+            ],
+            "never passes the script a batch size",
+        ),
+        (
+            [
+                "--layouts",
+                "2x1,2x2",
+                "--global-batch",
+                "16",
+                "--",
+                "python",
+                str(SCRIPT),
+                "--batch-size",
+                "{micro_batch}",
+            ],
+            "layout 2x2 accumulates gradients, but the command never",
+        ),
         (["--layouts", "2x2"], "no script: give it after --"),
         (["compare", str(tmp_path)], "give the reference's directory"),
         (["compare", str(tmp_path), str(tmp_path)], "no recording (rank0.pt is missing)"),

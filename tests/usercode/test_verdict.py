@@ -53,6 +53,31 @@ def test_a_counterexample_is_raised_complete(tmp_path, monkeypatch):
     assert isinstance(copy, NotEquivalent) and copy.verdict.to_json() == document
 
 
+steps = load("step")
+loss = load("loss")
+
+
+@pytest.mark.parametrize(
+    "fn,kind,training",
+    [
+        # A right step whose logged loss is a running total: training matched.
+        (steps.running_total_never_reset, "step", "equivalent"),
+        # zero_grad() inside the accumulation loop: training itself differs.
+        (steps.zero_grad_inside_loop, "step", "not-equivalent"),
+        # A loss reducer's result is all it does: its mistake is never "only the loss".
+        (loss.mean_of_rank_means, "loss", "not-equivalent"),
+    ],
+)
+def test_a_verdict_says_whether_training_itself_matched(fn, kind, training, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(NotEquivalent) as info:
+        check(fn, kind=kind, world_size=2, seed=0, max_examples=30)
+    verdict = info.value.verdict
+    assert verdict.to_json()["training"] == training
+    said = "Training is equivalent: gradients and parameters match the reference at every step"
+    assert (said in verdict.report) == (training == "equivalent"), verdict.report
+
+
 def fails_on_rank_1(model):
     import torch.distributed as dist
 
