@@ -56,7 +56,7 @@ from .options import (  # noqa: E402
     parse_wrapper,
 )
 from .usage import Parser as _Parser  # noqa: E402
-from .usage import UsageError  # noqa: E402
+from .usage import UsageError, require_plotting  # noqa: E402
 
 # A launched rank other than 0: it reports nothing (rank 0 reports the same verdict).
 _QUIET = False
@@ -100,6 +100,8 @@ def _main(argv: list[str]) -> int:
         if launch_error is not None:
             raise launch_error
         _resolve_world_options(args, launched)
+        if args.plot is not None:
+            require_plotting()
     except UsageError as exc:
         return _finish(_usage_error(exc), wants_json)
     args.launched = launched
@@ -120,7 +122,21 @@ def _main(argv: list[str]) -> int:
         args.model = _user_model(args)
     except (UsageError, KindError) as exc:
         return _finish(_usage_error(exc, **context), wants_json)
-    return _finish(_run_check(args, fn, context), args.json)
+    verdict = _run_check(args, fn, context)
+    if args.plot is not None and not _QUIET:
+        _draw(verdict, args.plot)
+    return _finish(verdict, args.json)
+
+
+def _draw(verdict: Any, path: Path) -> None:
+    """The weights picture, or on stderr why there is none (an equivalent verdict)."""
+    from ..usercode.plot import PlotUnavailable, save_weights_plot
+
+    try:
+        written = save_weights_plot(verdict.to_json(), path)
+        print(f"[ddp-verify] wrote {written}", file=sys.stderr)
+    except (PlotUnavailable, OSError) as exc:
+        print(f"[ddp-verify] no picture written to {path}: {exc}", file=sys.stderr)
 
 
 def _resolve_world_options(args: argparse.Namespace, launched: Any) -> None:
@@ -441,6 +457,15 @@ def _parser() -> argparse.ArgumentParser:
         "--full-trace",
         action="store_true",
         help="when the code fails, show the harness's frames in the ranks' tracebacks too",
+    )
+    check.add_argument(
+        "--plot",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="for a not-equivalent verdict, draw the weights fitted to each rank's "
+        "micro-batches against single-process training's, to FILE (.png, .svg, .pdf; needs "
+        "matplotlib)",
     )
     check.add_argument("--json", action="store_true", help="print one JSON verdict")
     commands.add_parser(

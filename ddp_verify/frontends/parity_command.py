@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .usage import Parser, UsageError
+from .usage import Parser, UsageError, require_plotting
 
 __all__ = ["compare_parser", "parser", "run"]
 
@@ -63,6 +63,21 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per layout's run")
     p.add_argument("--keep", type=Path, default=None, help="keep the recordings in DIR")
+    p.add_argument(
+        "--plot",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="draw each layout's per-step loss and gradient norm against the reference's, "
+        "the first divergence marked, to FILE (.png, .svg, .pdf; needs matplotlib)",
+    )
+    p.add_argument(
+        "--html",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="write one self-contained HTML page: the curves and the report",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON document")
     return p
 
@@ -136,7 +151,9 @@ def run(argv: Sequence[str]) -> Any:
             raise UsageError("--steps must be at least 1")
         if args.nnodes < 1:
             raise UsageError("--nnodes must be at least 1")
-        return run_parity(
+        if args.plot is not None or args.html is not None:
+            require_plotting()
+        result = run_parity(
             command,
             layouts=parse_layouts(args.layouts),
             reference=parse_layout(args.reference),
@@ -149,10 +166,26 @@ def run(argv: Sequence[str]) -> Any:
             progress=_say,
             nnodes=args.nnodes,
         )
+        _draw(result.to_json(), args.plot, args.html)
+        return result
     except (UsageError, LayoutError, RecordingError) as exc:
         return ParityResult(Verdict(Status.USAGE_ERROR, message=f"ddp-verify: error: {exc}"))
     except (KeyboardInterrupt, Exception) as exc:  # a signal, or the harness failing: said
         return ParityResult(verdict_for(exc, kind="script"))
+
+
+def _draw(document: dict[str, Any], plot: Path | None, page: Path | None) -> None:
+    """The pictures asked for; where there is nothing to draw (a run that failed), why."""
+    from ..parity.plot import save_curves, save_html
+    from ..usercode.plot import PlotUnavailable
+
+    for path, save in ((plot, save_curves), (page, save_html)):
+        if path is None:
+            continue
+        try:
+            _say(f"wrote {save(document, path)}")
+        except (PlotUnavailable, OSError) as exc:
+            _say(f"no picture written to {path}: {exc}")
 
 
 def _say(line: str) -> None:

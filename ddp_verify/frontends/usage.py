@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 from typing import NoReturn
 
-__all__ = ["Parser", "UsageError"]
+__all__ = ["Parser", "UsageError", "require_plotting"]
 
 
 class UsageError(Exception):
@@ -26,3 +26,14 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         raise UsageError(f"{message}\n{self.format_usage().strip()}")
+
+
+def require_plotting() -> None:
+    """matplotlib is installed, or a :class:`UsageError` saying how to get it: asked for
+    pictures (``--plot``, ``--html``) are checked for before anything runs."""
+    from ..usercode.plot import PlotUnavailable, figure_class
+
+    try:
+        figure_class()
+    except PlotUnavailable as exc:
+        raise UsageError(str(exc)) from None

@@ -26,6 +26,7 @@ from ..usercode.search import describe_causes
 from ..usercode.verdict import Status, Verdict
 from ..world import cleanup
 from .compare import Comparison, compare_layouts, derived_tolerance, rounding_dtype, told_apart
+from .curves import curves
 from .launch import DEFAULT_LAUNCHER, Run, launch, script_of
 from .layouts import Layout, LayoutError, check_placeholders, fill, per_node
 from .recording import Recording, RecordingError
@@ -47,6 +48,8 @@ class ParityResult:
 
     verdict: Verdict
     layouts: tuple[dict[str, Any], ...] = ()
+    # The reference layout's label and curves (see curves.py); each row has its own.
+    reference: dict[str, Any] | None = None
 
     @property
     def exit_code(self) -> int:
@@ -57,7 +60,11 @@ class ParityResult:
         return self.verdict.report
 
     def to_json(self) -> dict[str, Any]:
-        return {**self.verdict.to_json(), "layouts": list(self.layouts)}
+        return {
+            **self.verdict.to_json(),
+            "layouts": list(self.layouts),
+            "reference_layout": self.reference,
+        }
 
 
 def run_parity(
@@ -202,7 +209,7 @@ def compare_recordings(
     )
     rows = []
     causes = []
-    for comparison in comparisons:
+    for comparison, recording in zip(comparisons, others, strict=True):
         rows.append(
             {
                 **comparison.figures,
@@ -215,6 +222,10 @@ def compare_recordings(
                     else "not-equivalent"
                 ),
                 "causes": [c.key for c in comparison.causes],
+                "first_divergence_step": (
+                    comparison.mismatch.step if comparison.mismatch is not None else None
+                ),
+                "curves": curves(recording, steps),
             }
         )
         causes += [
@@ -234,7 +245,8 @@ def compare_recordings(
         only_loss_differs=status is Status.NOT_EQUIVALENT
         and all(c.equivalent or c.only_log_differs for c in comparisons),
     )
-    return ParityResult(verdict, tuple(rows))
+    shown = {"layout": reference.label, "curves": curves(reference, steps)}
+    return ParityResult(verdict, tuple(rows), shown)
 
 
 def _report(

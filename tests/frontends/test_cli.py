@@ -779,3 +779,46 @@ def test_a_signature_of_another_kind_is_a_usage_error_naming_it(tmp_path):
     result = ddp_verify(*check_command(f"{FIXTURES}/step.py:accumulate_weighted"), cwd=tmp_path)
     assert result.returncode == 2
     assert result.stderr.rstrip().endswith("check it with --kind step"), result.stderr
+
+
+def test_check_plots_the_fitted_weights_of_a_counterexample(tmp_path):
+    pytest.importorskip("matplotlib", reason="plots need the plot extra (matplotlib)")
+    from PIL import Image
+
+    result = ddp_verify(
+        *check_command(f"{FIXTURES}/grad_sync.py:average_gradients", "--plot", "w.png"),
+        cwd=tmp_path,
+    )
+    assert result.returncode == 1, result.stderr
+    assert "[ddp-verify] wrote w.png" in result.stderr
+    with Image.open(tmp_path / "w.png") as image:
+        assert len(image.convert("RGB").getcolors(maxcolors=1 << 20) or []) > 50  # not blank
+    # An equivalent verdict has no weights to draw: said, and the verdict stands.
+    result = ddp_verify(
+        *check_command(
+            f"{FIXTURES}/grad_sync.py:sample_weighted", "--max-examples", "3", "--plot", "e.png"
+        ),
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "no picture written to e.png: nothing to plot: the verdict is 'equivalent'" in (
+        result.stderr
+    )
+    assert not (tmp_path / "e.png").exists()
+
+
+def test_plots_without_matplotlib_are_a_usage_error_before_anything_runs(tmp_path):
+    for argv in (
+        check_command(f"{FIXTURES}/grad_sync.py:sample_weighted", "--plot", "w.png"),
+        ["parity", "--html", "p.html", "--", "python", "-c", "pass"],
+    ):
+        # matplotlib made unimportable in the command's own process, as if not installed.
+        script = (
+            "import sys; sys.modules['matplotlib'] = None; "
+            "from ddp_verify.frontends.cli import main; "
+            f"sys.exit(main({argv!r}))"
+        )
+        result = python_script(script, cwd=tmp_path)
+        assert result.returncode == 2, result.stderr
+        assert "plots need matplotlib: pip install 'ddp_verify[plot]'" in result.stderr
+        assert "[ddp-verify] layout" not in result.stderr and "searching" not in result.stderr

@@ -424,3 +424,39 @@ def test_a_schedule_stepped_per_micro_batch_is_named_by_the_learning_rate(tmp_pa
     assert cause.pattern == "optimizer:settings", result.report
     # Stepped twice before step 0 applied it: 0.8² of the reference's rate at step 0.
     assert "step 0: lr 0.064, the reference's 0.08, 0.8x" in cause.text, result.report
+
+
+def _not_blank(path) -> int:
+    """The number of colours the image at ``path`` uses (a blank one has one)."""
+    from PIL import Image
+
+    with Image.open(path) as image:
+        image.verify()
+    with Image.open(path) as image:
+        return len(image.convert("RGB").getcolors(maxcolors=1 << 20) or [])
+
+
+def test_the_curves_are_drawn_with_the_first_divergence_marked(reference, tmp_path):
+    pytest.importorskip("matplotlib", reason="plots need the plot extra (matplotlib)")
+    from ddp_verify.parity.plot import save_curves, save_html
+
+    result = compare_recordings(
+        reference,
+        [_variant(tmp_path, "zero-grad-inside", Layout(1, 2)), _variant(tmp_path, "correct",
+                                                                        Layout(2, 1))],
+        steps=STEPS,
+    )  # fmt: skip
+    document = json.loads(json.dumps(result.to_json()))  # a saved --json draws the same
+    rows = {row["layout"]: row for row in document["layouts"]}
+    assert (
+        rows["1x2"]["first_divergence_step"] == 0 and rows["2x1"]["first_divergence_step"] is None
+    )
+    expected = document["reference_layout"]["curves"]
+    assert len(expected["loss"]) == len(expected["gradient_norm"]) == STEPS
+    # The correct layout's curve is the reference's; the mistaken one's gradient is not.
+    assert rows["2x1"]["curves"]["gradient_norm"] == pytest.approx(expected["gradient_norm"])
+    assert rows["1x2"]["curves"]["gradient_norm"][0] != pytest.approx(expected["gradient_norm"][0])
+    picture = save_curves(document, tmp_path / "parity.png")
+    assert _not_blank(picture) > 50
+    page = save_html(document, tmp_path / "parity.html").read_text()
+    assert "data:image/png;base64," in page and "zero_grad() inside" in page
