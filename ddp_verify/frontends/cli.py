@@ -78,7 +78,9 @@ def _main(argv: list[str]) -> int:
 
         # Its own options, and the script's after "--": parsed there.
         command = argv.index("--") if "--" in argv else len(argv)
-        return _finish(parity_command.run(argv[1:]), "--json" in argv[:command])
+        own = argv[:command]
+        verbose = "--verbose" in own or "-v" in own
+        return _finish(parity_command.run(argv[1:]), "--json" in own, verbose)
     try:
         args, extra = _parser().parse_known_args(argv)
         parse_error = None
@@ -125,7 +127,7 @@ def _main(argv: list[str]) -> int:
     verdict = _run_check(args, fn, context)
     if args.plot is not None and not _QUIET:
         _draw(verdict, args.plot)
-    return _finish(verdict, args.json)
+    return _finish(verdict, args.json, args.verbose)
 
 
 def _draw(verdict: Any, path: Path) -> None:
@@ -467,6 +469,12 @@ def _parser() -> argparse.ArgumentParser:
         "micro-batches against single-process training's, to FILE (.png, .svg, .pdf; needs "
         "matplotlib)",
     )
+    check.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="print each cause's evidence too (the numbers behind it; --json always has them)",
+    )
     check.add_argument("--json", action="store_true", help="print one JSON verdict")
     commands.add_parser(
         "parity",
@@ -792,15 +800,18 @@ def _usage_error(exc: Exception, **context: Any) -> Any:
     return Verdict(Status.USAGE_ERROR, message=f"ddp-verify: error: {exc}", **context)
 
 
-def _finish(verdict: Any, wants_json: bool) -> int:
-    """Say the verdict (one JSON document with ``--json``) and give its exit code. A launched
-    rank other than 0 says nothing: rank 0 says the same verdict."""
+def _finish(verdict: Any, wants_json: bool, verbose: bool = True) -> int:
+    """Say the verdict (one JSON document with ``--json``; without ``--verbose``, the report
+    without its evidence lines) and give its exit code. A launched rank other than 0 says
+    nothing: rank 0 says the same verdict."""
+    from ..usercode.verdict import brief
+
     if not _QUIET:
         if wants_json:
             print(json.dumps(verdict.to_json()))
         else:
             said_on = sys.stdout if verdict.exit_code in (0, 1) else sys.stderr
-            print(verdict.report, file=said_on)
+            print(verdict.report if verbose else brief(verdict.report), file=said_on)
     return int(verdict.exit_code)
 
 

@@ -78,6 +78,12 @@ def parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="write one self-contained HTML page: the curves and the report",
     )
+    p.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="print each cause's evidence too (the numbers behind it; --json always has them)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON document")
     return p
 
@@ -102,6 +108,12 @@ def compare_parser() -> argparse.ArgumentParser:
         default=None,
         help="a rounding-only variant of the reference's run (DDP_VERIFY_PERTURB=1), where "
         "the script forces its own precision: the bound is derived from it",
+    )
+    p.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="print each cause's evidence too (the numbers behind it; --json always has them)",
     )
     p.add_argument("--json", action="store_true", help="print one JSON document")
     return p

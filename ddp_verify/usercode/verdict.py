@@ -213,6 +213,28 @@ class Verdict:
         return document
 
 
+# Said where the evidence was left out of a report.
+EVIDENCE_HINT = "(The evidence behind each cause: rerun with --verbose, or --json.)"
+
+
+def brief(report: str) -> str:
+    r"""``report`` without its evidence lines, which a terminal reader rarely needs first: the
+    command line's default (``--verbose`` prints them, ``--json`` always carries them).
+
+    Example::
+
+        >>> print(brief("Likely cause: scale\n  evidence: fitted 0.5\nReproducer: x.py"))
+        Likely cause: scale
+        Reproducer: x.py
+        (The evidence behind each cause: rerun with --verbose, or --json.)
+    """
+    lines = report.splitlines()
+    kept = [line for line in lines if not line.lstrip().startswith("evidence:")]
+    if len(kept) == len(lines):
+        return report
+    return "\n".join([*kept, EVIDENCE_HINT])
+
+
 class CheckFailed(EquivalenceError):
     """A check that did not pass, with its :class:`Verdict` (``error.verdict``), complete
     when raised: ``causes``, ``reproducer`` and ``found_at`` read from it."""

@@ -822,3 +822,17 @@ def test_plots_without_matplotlib_are_a_usage_error_before_anything_runs(tmp_pat
         assert result.returncode == 2, result.stderr
         assert "plots need matplotlib: pip install 'ddp_verify[plot]'" in result.stderr
         assert "[ddp-verify] layout" not in result.stderr and "searching" not in result.stderr
+
+
+def test_the_default_report_leaves_the_evidence_to_verbose_and_json(tmp_path):
+    target = f"{FIXTURES}/grad_sync.py:average_gradients"
+    brief = ddp_verify(*check_command(target, "--seed", "0"), cwd=tmp_path)
+    full = ddp_verify(*check_command(target, "--seed", "0", "--verbose"), cwd=tmp_path)
+    assert brief.returncode == full.returncode == 1
+    assert "evidence:" not in brief.stdout and "evidence:" in full.stdout
+    assert brief.stdout.rstrip().endswith(
+        "(The evidence behind each cause: rerun with --verbose, or --json.)"
+    )
+    # Nothing else is left out: the same report, less the evidence lines.
+    kept = [line for line in full.stdout.splitlines() if "evidence:" not in line]
+    assert brief.stdout.splitlines()[:-1] == kept
