@@ -59,10 +59,10 @@ def one_sample_per_rank(world_size: int) -> st.SearchStrategy:
     entry and known exactly in any dtype the operands are rounded to first."""
 
     @st.composite
-    def draw(draw_):
+    def draw(draw_: st.DrawFn) -> tuple[list[list[float]], list[list[float]]]:
         n_in, n_out = draw_(st.integers(1, 4)), draw_(st.integers(1, 3))
 
-        def row(n, bound):
+        def row(n: int, bound: int) -> st.SearchStrategy[list[float]]:
             return st.lists(st.integers(-bound, bound).map(float), min_size=n, max_size=n)
 
         inputs = draw_(st.lists(row(n_in, 600), min_size=world_size, max_size=world_size))

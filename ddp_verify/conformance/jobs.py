@@ -189,7 +189,7 @@ def recorded_powersgd_state(rank: int, start: int, module: torch.nn.Module) -> R
 
 # No annotations: DDP refuses a hook whose bucket is annotated as anything but dist.GradBucket,
 # and under ``from __future__ import annotations`` an annotation is a string.
-def recording_powersgd_hook(recorded, bucket):
+def recording_powersgd_hook(recorded, bucket):  # type: ignore[no-untyped-def]
     """torch's ``powerSGD_hook`` (looked up on its module at every call), recording what it
     was given (the bucket's local gradients and the residual it carried in), what it returned
     (the gradient DDP applies) and the residual it kept."""

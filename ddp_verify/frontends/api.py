@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from ..world.interface import Ranked
 
 # One pool per way of starting worlds (backend, device, TF32), each world kept for the process.
-_pools: dict[tuple[str, str | None, bool, bool], WorldPool] = {}
+_pools: dict[tuple[str, str | None, bool, bool], WorldPool[VerifyingWorld]] = {}
 # Under a launcher: the launched job, joined on the first check and kept for the process.
 _launched: VerifyingSpmdWorld | None = None
 

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from ..engine import compat
+from ..world.backends import BACKENDS, DEVICES
 from ..world.errors import RankError
 from ..world.naming import speak_as
 from . import options as opts
@@ -60,14 +61,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--ddp-backend",
         dest="ddp_backend",
         default=None,
-        choices=opts.BACKENDS,
+        choices=BACKENDS,
         help="process group backend: gloo (CPU) or nccl (one GPU per rank); default gloo",
     )
     group.addoption(
         "--ddp-device",
         dest="ddp_device",
         default=None,
-        choices=opts.DEVICES,
+        choices=DEVICES,
         help="where the ranks train: cpu, or cuda (cuda:rank, GPUs shared round-robin when "
         f"gloo runs more ranks than GPUs); default cuda for nccl, cpu for gloo (ini "
         f"ddp_device, env {opts.DEVICE_ENV})",

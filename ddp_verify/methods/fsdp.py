@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -222,7 +222,9 @@ def _on_the_full_mesh(model: torch.nn.Module, mesh: DeviceMesh) -> DataParallelM
     names = tuple(mesh.mesh_dim_names or ())
     everywhere = [Replicate()] * len(names)
 
-    def inputs(module: torch.nn.Module, args: tuple, device_mesh: DeviceMesh) -> tuple:
+    def inputs(
+        module: torch.nn.Module, args: tuple[Any, ...], device_mesh: DeviceMesh
+    ) -> tuple[Any, ...]:
         # Each rank's batch is its own: "replicated" only in that no rank's rows are
         # gathered, as data parallelism wants (FSDP reduces the gradients it makes).
         return tuple(

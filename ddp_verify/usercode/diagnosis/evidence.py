@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 
@@ -147,7 +148,7 @@ def group_gradients(scenario: Scenario, step: int = 0) -> tuple[list[Group], tor
     return groups, columns
 
 
-def observed_gradients(scenario: Scenario, got: Trace, step: int) -> list[dict | None]:
+def observed_gradients(scenario: Scenario, got: Trace, step: int) -> list[dict[str, Any] | None]:
     """Each rank's gradient at ``step``: recorded, or (SGD at step 0, for step functions that
     keep their gradients to themselves) read back from the update, ``(p0 - p1) / lr`` less
     the weight decay. None where neither can be had (Adam's update is not linear in it)."""
@@ -157,7 +158,7 @@ def observed_gradients(scenario: Scenario, got: Trace, step: int) -> list[dict |
         return [None] * len(got.ranks)
     start = dict(build_model(scenario, "float64").named_parameters())
     lr, decay = scenario.optimizer.lr, scenario.optimizer.weight_decay
-    found: list[dict | None] = []
+    found: list[dict[str, Any] | None] = []
     for rank in got.ranks:
         grads = {}
         for name, after in rank.params[0].items():

@@ -209,7 +209,9 @@ def _stepping_each(step: Step, mistake: Mistake) -> tuple[list[float], float]:
     return local_means, sum(local_sums) / step.global_items()
 
 
-def _combine(models: list[torch.nn.Module], counts: list[int], total: int, mistake: Mistake):
+def _combine(
+    models: list[torch.nn.Module], counts: list[int], total: int, mistake: Mistake
+) -> None:
     if mistake.combine == "none":
         return
     per_rank = [[p for p in m.parameters() if p.requires_grad] for m in models]
