@@ -36,3 +36,17 @@ def test_every_docstring_example_of_the_package_holds():
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     passed = int(re.search(r"(\d+) passed", done.stdout).group(1))
     assert passed >= 30, done.stdout[-2000:]  # the examples are found, not skipped
+
+
+def test_every_public_name_has_an_example_that_runs():
+    # Each name of ddp_verify.__all__ shows itself at work in a doctest (run above).
+    import inspect
+
+    import ddp_verify
+
+    without = [
+        name
+        for name in ddp_verify.__all__
+        if ">>>" not in (inspect.getdoc(getattr(ddp_verify, name)) or "")
+    ]
+    assert not without, f"public names without a doctested example: {without}"

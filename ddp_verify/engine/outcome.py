@@ -19,7 +19,15 @@ class EquivalenceError(AssertionError):
     """Training left single-process full-batch training, or the code under test failed to
     run; the message says where and why. ``scenario`` is the (shrunk) scenario, ``outcome``
     the traces when there are any. A check of user code raises a subclass that also carries
-    its verdict, causes and reproducer (``ddp_verify.usercode.verdict.CheckFailed``)."""
+    its verdict, causes and reproducer (``ddp_verify.usercode.verdict.CheckFailed``). An
+    ``AssertionError``, so pytest reports it as a test's failure.
+
+    Example::
+
+        >>> error = EquivalenceError("ddp() is not equivalent to single-process training.")
+        >>> isinstance(error, AssertionError), error.scenario, error.mismatch
+        (True, None, None)
+    """
 
     def __init__(
         self, report: str, *, scenario: Scenario | None = None, outcome: Outcome | None = None

@@ -77,6 +77,11 @@ class ModelSpec:
     first hidden layer (each forward normalises by its own batch: DDP then differs from
     full-batch training, as documented);
     ``"sync"`` makes it a SyncBatchNorm on the ranks (global statistics; CUDA only).
+
+    Example::
+
+        >>> ModelSpec(kind="conv", hidden=(4,)).describe()
+        'conv 2→[4]→1 tanh'
     """
 
     kind: ModelKind = "mlp"
@@ -153,7 +158,13 @@ class OptimizerSpec:
     ``lr_decay`` multiplies the learning rate by itself after every step (on the ranks a
     ``LambdaLR`` scheduler edits the optimizer's ``param_groups``, which it must follow);
     ``param_groups=2`` puts the one-dimensional parameters (biases, norms' scales) in a second
-    group with ``lr * SECOND_GROUP_LR`` and no weight decay, as training scripts do."""
+    group with ``lr * SECOND_GROUP_LR`` and no weight decay, as training scripts do.
+
+    Example::
+
+        >>> OptimizerSpec(name="sgd", momentum=0.9, weight_decay=0.01).describe()
+        'sgd(lr=0.1, momentum=0.9, weight_decay=0.01)'
+    """
 
     name: OptimizerName = "sgd"
     lr: float = 0.1
@@ -207,10 +218,13 @@ class Scenario:
 
     Example::
 
-        Scenario(
-            world_size=2,
-            schedule=(((2,), (3,)),),        # one step; rank 0 holds 2 samples, rank 1 holds 3
-        )
+        >>> scenario = Scenario(world_size=2, schedule=(((2,), (3,)),))  # one step: 2 and 3
+        >>> scenario.samples(0)
+        [2, 3]
+        >>> print(scenario.describe())
+        world_size=2, 1 step(s), model mlp 2→[2]→1 tanh, loss mse, sgd(lr=0.1), float64, seed 0
+        micro-batch sizes per rank:
+          step 0: rank 0: 2  rank 1: 3
     """
 
     world_size: int

@@ -87,11 +87,16 @@ def check(
 
     Example::
 
-        import ddp_verify
-
-        def average_gradients(model, num_samples): ...
-
-        ddp_verify.check(average_gradients, kind="grad-sync", world_size=4)
+        >>> import torch.distributed as dist
+        >>> def summed(model):
+        ...     for p in model.parameters():
+        ...         if p.grad is not None:
+        ...             dist.all_reduce(p.grad)
+        >>> try:
+        ...     check(summed, kind="grad-sync", world_size=2, seed=0)
+        ... except AssertionError as error:
+        ...     print(error.verdict.cause.split(":")[0])
+        gradients summed across ranks but not divided
     """
     __tracebackhide__ = True
     check_signature(fn, kind, bind=bind)  # before a device is looked for
@@ -215,7 +220,21 @@ def _launched_world(
 class ParityFailed(AssertionError):
     """``assert_parity()`` found a layout that trains something else, or a layout's run failed:
     the report is the message, the result (``check``'s verdict and each layout's figures) is
-    ``error.result``."""
+    ``error.result``.
+
+    Example (the repository's fixture script, with ``zero_grad()`` inside its loop)::
+
+        >>> from pathlib import Path
+        >>> import ddp_verify
+        >>> script = Path(ddp_verify.__file__).parents[1] / "fixtures" / "scripts" / "plain_ddp.py"
+        >>> command = ["python", str(script), "--grad-accum", "{grad_accum}",
+        ...            "--batch-size", "{micro_batch}", "--variant", "zero-grad-inside"]
+        >>> try:
+        ...     assert_parity(command, layouts="1x2", global_batch=16, steps=1)
+        ... except ParityFailed as error:
+        ...     print(error.result.layouts[0]["causes"][0], error.result.exit_code)
+        micro:cleared 1
+    """
 
     def __init__(self, result: Any) -> None:
         super().__init__(result.report)
@@ -239,6 +258,13 @@ def assert_parity(
     ``layouts`` and hold it to the ``reference`` layout, as ``ddp-verify parity`` does; return
     the result when every layout trains the same, raise :class:`ParityFailed` (an
     ``AssertionError``, so pytest shows the report) otherwise.
+
+    A command that cannot run is a ``ValueError`` before anything starts:
+
+        >>> assert_parity(["python", "missing.py"])
+        Traceback (most recent call last):
+        ...
+        ddp_verify.parity.layouts.LayoutError: missing.py: no such script
 
     Example (a test)::
 

@@ -73,8 +73,12 @@ class VerifyingWorld(Verifying, World):
 
     Example::
 
-        with VerifyingWorld(2) as world:
-            world.assert_equivalent(ddp(), scenario)
+        >>> from ddp_verify import Scenario
+        >>> from ddp_verify.methods import ddp
+        >>> with VerifyingWorld(2) as world:
+        ...     world.assert_equivalent(ddp(), Scenario(world_size=2, schedule=(((1,), (2,)),)))
+        ...     world.helper is not None
+        True
     """
 
     def __init__(self, size: int, *, preload: Sequence[str] = (), **options: Any):

@@ -40,7 +40,15 @@ __all__ = [
 
 
 class HarnessError(RuntimeError):
-    """The harness itself failed (the reference's process, say), not the code under test."""
+    """The harness itself failed (the reference's process, say), not the code under test: never
+    an :class:`~ddp_verify.EquivalenceError`, so a test that expects one does not pass on it.
+
+    Example::
+
+        >>> from ddp_verify import EquivalenceError
+        >>> issubclass(HarnessError, EquivalenceError), issubclass(HarnessError, AssertionError)
+        (False, False)
+    """
 
 
 def check_equivalent(
@@ -50,8 +58,14 @@ def check_equivalent(
 
     Example::
 
-        outcome = check_equivalent(world, ddp(), scenario)
-        assert outcome.equivalent, outcome.report()
+        >>> from ddp_verify import Scenario, VerifyingWorld
+        >>> from ddp_verify.methods import ddp, manual_allreduce
+        >>> uneven = Scenario(world_size=2, schedule=(((1,), (2,)),))
+        >>> with VerifyingWorld(2) as world:
+        ...     check_equivalent(world, ddp(), uneven).equivalent
+        ...     check_equivalent(world, manual_allreduce(weighting="world"), uneven).equivalent
+        True
+        False
     """
     if world is not None and world.size != scenario.world_size:
         raise ValueError(
@@ -130,6 +144,18 @@ def assert_equivalent(
     """Raise :class:`EquivalenceError` unless ``method`` matches the reference on ``scenario``.
 
     Example::
+
+        >>> from ddp_verify import EquivalenceError, Scenario, VerifyingWorld
+        >>> from ddp_verify.methods import manual_allreduce
+        >>> uneven = Scenario(world_size=2, schedule=(((1,), (2,)),))
+        >>> with VerifyingWorld(2) as world:
+        ...     try:
+        ...         assert_equivalent(world, manual_allreduce(weighting="world"), uneven)
+        ...     except EquivalenceError as exc:
+        ...         print(str(exc).split(" to ")[0])
+        manual_allreduce(weighting='world') is not equivalent
+
+    In a test::
 
         from hypothesis import given
         from ddp_verify import assert_equivalent, methods, strategies

@@ -86,9 +86,20 @@ class Verdict:
 
     Example::
 
-        verdict = ddp_verify.check(sample_weighted, kind="grad-sync")
-        verdict.equivalent, verdict.examples, verdict.exit_code   # True, 100, 0
-        json.dumps(verdict.to_json())
+        >>> import torch
+        >>> import torch.distributed as dist
+        >>> import ddp_verify
+        >>> def sample_weighted(model, num_samples):
+        ...     total = torch.tensor([float(num_samples)], dtype=torch.float64)
+        ...     dist.all_reduce(total)
+        ...     for p in model.parameters():
+        ...         if p.grad is not None:
+        ...             p.grad.mul_(num_samples / total.item())
+        ...             dist.all_reduce(p.grad)
+        >>> verdict = ddp_verify.check(sample_weighted, kind="grad-sync", world_size=2,
+        ...                            max_examples=5)
+        >>> verdict.equivalent, verdict.examples, verdict.exit_code, verdict.to_json()["verdict"]
+        (True, 5, 0, 'equivalent')
     """
 
     status: Status
@@ -265,7 +276,23 @@ class CheckFailed(EquivalenceError):
 
 class NotEquivalent(CheckFailed):
     """A counterexample: the code trains something other than single-process full-batch
-    training. An :class:`~ddp_verify.engine.outcome.EquivalenceError`, as the methods'."""
+    training. An :class:`~ddp_verify.engine.outcome.EquivalenceError`, as the methods'.
+
+    Example::
+
+        >>> import torch.distributed as dist
+        >>> import ddp_verify
+        >>> def world_average(model):
+        ...     for p in model.parameters():
+        ...         if p.grad is not None:
+        ...             dist.all_reduce(p.grad)
+        ...             p.grad /= dist.get_world_size()
+        >>> try:
+        ...     ddp_verify.check(world_average, kind="grad-sync", world_size=2, seed=0)
+        ... except NotEquivalent as error:
+        ...     print(error.verdict.causes[0].pattern, error.verdict.exit_code)
+        ranks:world 1
+    """
 
 
 class CodeFailed(CheckFailed):
@@ -274,10 +301,14 @@ class CodeFailed(CheckFailed):
 
     Example::
 
-        try:
-            check(fn, kind="grad-sync")
-        except CodeFailed as error:
-            print("the code failed to run:", error)
+        >>> import ddp_verify
+        >>> def gives_up(model):
+        ...     raise RuntimeError("not today")
+        >>> try:
+        ...     ddp_verify.check(gives_up, kind="grad-sync", world_size=2)
+        ... except CodeFailed as error:
+        ...     print(error.verdict.status.value, error.verdict.exit_code)
+        error 1
     """
 
 

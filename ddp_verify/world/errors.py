@@ -29,24 +29,68 @@ def debug_hint() -> str:
 
 
 class WorldError(Exception):
-    """Base class of every error the world layer raises."""
+    """Base class of every error the world layer raises.
+
+    Example::
+
+        >>> kinds = (RankError, WorldStartError, BackendUnavailable, JobPicklingError)
+        >>> all(issubclass(kind, WorldError) for kind in kinds)
+        True
+    """
 
 
 class WorldStartError(WorldError):
-    """The rank processes could not be started or could not form a process group."""
+    """The rank processes could not be started or could not form a process group. The
+    harness's failure, never the code's: ``ddp-verify`` exits 3 for it.
+
+    Example::
+
+        >>> from ddp_verify.usercode.verdict import Status, verdict_for
+        >>> verdict_for(WorldStartError("no port")).status is Status.HARNESS_ERROR
+        True
+    """
 
 
 class BackendUnavailable(WorldError):
-    """The requested backend cannot run a world of this size here (e.g. nccl without GPUs)."""
+    """The requested backend cannot run a world of this size here (e.g. nccl without GPUs).
+    The pytest plugin skips a test with its words; the command line exits 3.
+
+    Example::
+
+        >>> from ddp_verify.usercode.verdict import Status, verdict_for
+        >>> verdict_for(BackendUnavailable("nccl needs GPUs")).status.value
+        'harness-error'
+    """
 
 
 class DeviceUnavailable(BackendUnavailable):
     """The world asks for GPUs this machine does not show (``device="cuda"`` with none visible,
-    or nccl with fewer GPUs than ranks): the request, not the machine, must change."""
+    or nccl with fewer GPUs than ranks): the request, not the machine, must change, so the
+    command line calls it a usage error (exit 2).
+
+    Example::
+
+        >>> from ddp_verify.usercode.verdict import verdict_for
+        >>> verdict_for(DeviceUnavailable("device='cuda', and no GPU is visible")).exit_code
+        2
+    """
 
 
 class JobPicklingError(WorldError, TypeError):
-    """A job, one of its arguments or one rank's result could not be pickled."""
+    """A job, one of its arguments or one rank's result could not be pickled; raised before
+    anything reaches the ranks, naming what could not travel.
+
+    Example::
+
+        >>> import threading
+        >>> from ddp_verify.world import World
+        >>> with World(2) as world:
+        ...     try:
+        ...         world.run(print, threading.Lock())
+        ...     except JobPicklingError as exc:
+        ...         print("cannot pickle" in str(exc))
+        True
+    """
 
 
 class FailureKind(str, enum.Enum):
@@ -198,6 +242,17 @@ class RankError(WorldError):
 
     ``failures`` lists them most telling first; ``world_relaunched`` says whether the world was
     torn down (it is relaunched on its next use).
+
+    Example::
+
+        >>> import torch.distributed as dist
+        >>> from ddp_verify.world import World
+        >>> with World(2) as world:
+        ...     try:
+        ...         world.run(lambda: 1 / (dist.get_rank() - 1))
+        ...     except RankError as exc:
+        ...         print(exc.ranks, str(exc).splitlines()[0].split(": ", 1)[1])
+        [1] rank 1 raised ZeroDivisionError: division by zero
     """
 
     def __init__(

@@ -14,10 +14,12 @@ class WorldPool(Generic[W]):
 
     Example::
 
-        pool = WorldPool(timeout=30.0)
-        world = pool.get(4)          # started on first use, then reused
-        assert pool.get(4) is world
-        pool.close()
+        >>> import torch.distributed as dist
+        >>> pool = WorldPool(timeout=30.0)
+        >>> world = pool.get(2)          # started on first use, then reused
+        >>> pool.get(2) is world, world.run(dist.get_world_size)
+        (True, [2, 2])
+        >>> pool.close()
     """
 
     def __init__(self, factory: type[W] = World, **world_options: Any) -> None:  # type: ignore[assignment]

@@ -39,16 +39,15 @@ class World(RunsJobs):
 
     Example::
 
-        import torch.distributed as dist
-        from ddp_verify.world import World
-
-        def total(x):
-            t = torch.tensor([x * (dist.get_rank() + 1)])
-            dist.all_reduce(t)
-            return t.item()
-
-        with World(4) as world:
-            assert world.run(total, 1.0) == [10.0] * 4
+        >>> import torch
+        >>> import torch.distributed as dist
+        >>> def total(x):
+        ...     t = torch.tensor([x * (dist.get_rank() + 1)])
+        ...     dist.all_reduce(t)
+        ...     return t.item()
+        >>> with World(4) as world:
+        ...     world.run(total, 1.0)
+        [10.0, 10.0, 10.0, 10.0]
 
     ``backend`` is ``"gloo"`` or ``"nccl"``; ``device`` is where the ranks train, ``"cpu"`` or
     ``"cuda"`` (default: ``"cuda"`` for nccl, ``"cpu"`` for gloo). On CUDA each rank uses
