@@ -56,7 +56,7 @@ from .options import (  # noqa: E402
     parse_wrapper,
 )
 from .usage import Parser as _Parser  # noqa: E402
-from .usage import UsageError, require_plotting  # noqa: E402
+from .usage import UsageError, add_verbose, require_plotting  # noqa: E402
 
 # A launched rank other than 0: it reports nothing (rank 0 reports the same verdict).
 _QUIET = False
@@ -469,12 +469,7 @@ def _parser() -> argparse.ArgumentParser:
         "micro-batches against single-process training's, to FILE (.png, .svg, .pdf; needs "
         "matplotlib)",
     )
-    check.add_argument(
-        "-v",
-        "--verbose",
-        action="store_true",
-        help="print each cause's evidence too (the numbers behind it; --json always has them)",
-    )
+    add_verbose(check)
     check.add_argument("--json", action="store_true", help="print one JSON verdict")
     commands.add_parser(
         "parity",

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .usage import Parser, UsageError, require_plotting
+from .usage import Parser, UsageError, add_verbose, require_plotting
 
 __all__ = ["compare_parser", "parser", "run"]
 
@@ -78,12 +78,7 @@ def parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="write one self-contained HTML page: the curves and the report",
     )
-    p.add_argument(
-        "-v",
-        "--verbose",
-        action="store_true",
-        help="print each cause's evidence too (the numbers behind it; --json always has them)",
-    )
+    add_verbose(p)
     p.add_argument("--json", action="store_true", help="print one JSON document")
     return p
 
@@ -109,12 +104,7 @@ def compare_parser() -> argparse.ArgumentParser:
         help="a rounding-only variant of the reference's run (DDP_VERIFY_PERTURB=1), where "
         "the script forces its own precision: the bound is derived from it",
     )
-    p.add_argument(
-        "-v",
-        "--verbose",
-        action="store_true",
-        help="print each cause's evidence too (the numbers behind it; --json always has them)",
-    )
+    add_verbose(p)
     p.add_argument("--json", action="store_true", help="print one JSON document")
     return p
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 from typing import NoReturn
 
-__all__ = ["Parser", "UsageError", "require_plotting"]
+__all__ = ["Parser", "UsageError", "add_verbose", "require_plotting"]
 
 
 class UsageError(Exception):
@@ -37,3 +37,14 @@ def require_plotting() -> None:
         figure_class()
     except PlotUnavailable as exc:
         raise UsageError(str(exc)) from None
+
+
+def add_verbose(parser: argparse.ArgumentParser) -> None:
+    """``-v``/``--verbose``, the same on every command: the report with each cause's evidence
+    (without it the evidence lines are left out; ``--json`` always has them)."""
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="print each cause's evidence too (the numbers behind it; --json always has them)",
+    )
