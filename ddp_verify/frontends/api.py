@@ -75,7 +75,10 @@ def check(
     ``model="my_models.py:tiny_lm"``, ...); ``step`` functions are checked with
     ``same_micro_batch_counts=True`` unless you pass ``False``. ``world`` runs the check on a
     world you already have (its size wins over ``world_size``); otherwise a shared one of
-    ``world_size`` ranks is started and kept for later checks. ``full_trace``: when ``fn``
+    ``world_size`` ranks is started and kept for later checks. Called from a pytest test, it
+    runs on the session's world (``pytest --world-size N``; its backend, device and time-out)
+    unless ``world_size``, ``backend``, ``device``, ``launch``, ``allow_tf32`` or ``debug`` is
+    given, and the report's last line says so. ``full_trace``: when ``fn``
     fails, the ranks' tracebacks keep the harness's frames (as pytest's ``--full-trace``).
     ``bind`` fills parameters by name: ``{"n": "world_size"}`` (or ``"n=world_size"``), to
     one of world_size, rank, count, global_count, vocab_size, device, group, or any value.
