@@ -186,3 +186,28 @@ def test_a_gradient_float16_flushes_to_zero_is_rounding_not_a_low_rank_approxima
     with VerifyingWorld(4) as world:
         bound = CompressionTolerance(scenario, "float16")
         _within_rounding(world, method, "comm-hook", scenario, bound)  # raises if not
+
+
+def test_a_low_rank_approximation_inside_bfloat16s_bound_is_never_called_rounding():
+    # Found by `ddp-verify check powerSGD_hook --hook-state ...:rank_one_from_step_one`: rank
+    # 1 on a 3 x 8 gradient lands inside bfloat16's (loose) bound, and the diagnosis named it
+    # "lossy compression (bfloat16 rounding)", where the docs promise low rank never is.
+    from ddp_verify.engine.scenario import ModelSpec, Scenario
+    from ddp_verify.frontends.verifying import VerifyingWorld
+    from ddp_verify.methods.equivalence import check_equivalent
+    from ddp_verify.usercode.adapters import adapt
+    from ddp_verify.usercode.diagnosis.structural import lossy_compression, low_rank_cause
+
+    powersgd = load("real_style/powersgd_hooks")
+    scenario = Scenario(
+        world_size=4,
+        schedule=(((1,), (1,), (1,), (1,)), ((1,), (1,), (1,), (1,))),
+        model=ModelSpec(kind="conv", hidden=(3,)),
+    )
+    method = adapt(powersgd.powerSGD_hook, "comm-hook", hook_state=powersgd.rank_one_from_step_one)
+    with VerifyingWorld(4) as world:
+        outcome = check_equivalent(world, method, scenario)
+    assert not outcome.equivalent
+    low_rank = low_rank_cause("comm-hook", outcome.reference, outcome.got)
+    assert low_rank is not None and "has rank 1 where" in low_rank.text
+    assert lossy_compression("comm-hook", scenario, outcome.reference, outcome.got) is None
