@@ -509,9 +509,9 @@ def _names_agree(spec: Kind, names: Sequence[str]) -> bool:
 
 
 def kinds_read_as(fn: Callable[..., Any], kind: str, bind: Binds = None) -> list[str]:
-    """The other kinds ``fn``'s parameters read as, where they do not read as ``kind``: each
-    one whose every argument its names match and whose call the signature can take. Empty
-    where the names agree with ``kind``, or say nothing.
+    """The other kinds ``fn``'s parameters read as: each one whose every argument its names
+    match, that accounts for more of its names than ``kind`` does, and whose call its
+    signature can take. Empty where none does (names that say nothing say no kind).
 
     Example::
 

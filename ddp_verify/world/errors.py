@@ -77,8 +77,9 @@ class DeviceUnavailable(BackendUnavailable):
 
 
 class JobPicklingError(WorldError, TypeError):
-    """A job, one of its arguments or one rank's result could not be pickled; raised before
-    anything reaches the ranks, naming what could not travel.
+    """A job or one of its arguments could not be pickled: raised before anything reaches the
+    ranks, naming what could not travel (a rank's result that cannot travel back is that
+    rank's failure, a :class:`RankError`).
 
     Example::
 
