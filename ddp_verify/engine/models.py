@@ -162,6 +162,33 @@ def build_model(
     return model
 
 
+def normalises_by_batch(scenario: Scenario) -> bool:
+    """Whether the scenario's model normalises each forward by its own batch's statistics:
+    a BatchNorm in training mode that is not SyncBatchNorm, in a drawn model or the user's.
+    Data-parallel training then normalises each rank's micro-batch by its own statistics,
+    however right the code that combines the gradients is.
+
+    Example::
+
+        >>> from ddp_verify.engine.scenario import ModelSpec
+        >>> s = Scenario(world_size=2, schedule=(((2,), (2,)),))
+        >>> normalises_by_batch(s)
+        False
+        >>> spec = ModelSpec(hidden=(4,), batch_norm="batch")
+        >>> normalises_by_batch(Scenario(world_size=2, schedule=(((2,), (2,)),), model=spec))
+        True
+    """
+    if scenario.model.kind != "user":
+        return scenario.model.batch_norm == "batch"
+    module = build_model(scenario)
+    return any(
+        isinstance(m, nn.modules.batchnorm._BatchNorm)
+        and not isinstance(m, nn.SyncBatchNorm)
+        and m.training
+        for m in module.modules()
+    )
+
+
 def _forward_under_autocast(model: nn.Module, dtype: str, device_type: str) -> None:
     """Run ``model``'s forward (not the loss, not backward) under ``torch.autocast``, as a
     training loop's ``with autocast(...): output = model(x)`` does; the hooks keep the model's

@@ -200,11 +200,29 @@ MICRO: tuple[Choice, ...] = (
         weight=_equally,
         accumulating=True,
     ),
+    # zero_grad() inside the loop keeps the last micro-batch as the loop weighted it: the
+    # whole rank's weight (a plain mean loss), its share of the rank's items, or 1/M (a loss
+    # divided by the accumulation steps). One finding: the weight is the loop's, not a
+    # second mistake.
     Choice(
         "micro",
         "last",
         f.MICRO_LAST_ONLY.code,
         weight=_last_only,
+        accumulating=True,
+    ),
+    Choice(
+        "micro",
+        "last-by-items",
+        f.MICRO_LAST_ONLY.code,
+        weight=lambda c, g: _last_only(c, g) * _by_items(c, g),
+        accumulating=True,
+    ),
+    Choice(
+        "micro",
+        "last-equally",
+        f.MICRO_LAST_ONLY.code,
+        weight=lambda c, g: _last_only(c, g) * _equally(c, g),
         accumulating=True,
     ),
     Choice(

@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from ...engine.models import normalises_by_batch
 from ...world.naming import option
 from .. import findings as f
 from ..findings import Cause
@@ -49,23 +50,26 @@ Found = Sequence[Hypothesis]
 @dataclasses.dataclass(frozen=True)
 class Pass:
     """A named pass: ``look(evidence, found so far)`` returns its hypotheses; ``says``: the
-    finding codes its hypotheses may name, besides the axes' (for the causes table)."""
+    finding codes its hypotheses may name, besides the axes'; ``adds``: the rows it adds to
+    an axis at run time, as templates (their numbers come from the run). Both are for the
+    causes table, which lists every reading a report can make."""
 
     name: str
     look: Callable[[Evidence, Found], list[Hypothesis]]
     says: tuple[str, ...] = ()
+    adds: tuple[Choice, ...] = ()
 
 
 _PASSES: list[Pass] = []
 
 
 def register(
-    name: str, *, says: tuple[str, ...] = ()
+    name: str, *, says: tuple[str, ...] = (), adds: tuple[Choice, ...] = ()
 ) -> Callable[[Callable[[Evidence, Found], list[Hypothesis]]], Pass]:
     """Register a pass, run after those registered before it."""
 
     def decorate(look: Callable[[Evidence, Found], list[Hypothesis]]) -> Pass:
-        made = Pass(name, look, says)
+        made = Pass(name, look, says, adds)
         _PASSES.append(made)
         return made
 
@@ -111,7 +115,7 @@ ALL = {"run", "parameters", "gradient", "loss"}
 
 @register("batch-norm", says=(f.BATCH_NORM.code,))
 def batch_norm(evidence: Evidence, found: Found) -> list[Hypothesis]:
-    if evidence.scenario.model.batch_norm != "batch":
+    if not normalises_by_batch(evidence.scenario):
         return []
     return [_structural(f.BATCH_NORM.cause(), ALL)]
 
@@ -298,7 +302,18 @@ def fitted_weights(evidence: Evidence, found: Found) -> list[Hypothesis]:
     ]
 
 
-@register("loss-axes")
+# The reported loss scaled as the gradient was: its factor is the one the gradient was found
+# scaled by, filled in per run.
+LIKE_GRADIENT = Choice(
+    "report-scale",
+    "like-gradient",
+    f.LOSS_SCALED.code,
+    cost=0.5,
+    words=f.LOSS_SCALED_LIKE_GRADIENT,
+)
+
+
+@register("loss-axes", adds=(LIKE_GRADIENT,))
 def loss_axes(evidence: Evidence, found: Found) -> list[Hypothesis]:
     """The reported loss's hypotheses, with one row more for each factor the gradient was
     found scaled by: the scaled loss that was backpropagated, reported, is one mistake seen
@@ -310,17 +325,7 @@ def loss_axes(evidence: Evidence, found: Found) -> list[Hypothesis]:
             if h.consistent and h.detail.get("factors") and any(c.axis == "scale" for c in h.wrong)
         }
     )
-    like = [
-        Choice(
-            "report-scale",
-            "like-gradient",
-            f.LOSS_SCALED.code,
-            cost=0.5,
-            factor=_constant(k),
-            words=f.LOSS_SCALED_LIKE_GRADIENT,
-        )
-        for k in factors
-    ]
+    like = [dataclasses.replace(LIKE_GRADIENT, factor=_constant(k)) for k in factors]
     return loss_hypotheses(evidence, like)
 
 

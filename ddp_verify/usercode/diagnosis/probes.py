@@ -7,7 +7,9 @@ the code on scenarios built from the counterexample (its model, loss, optimizer,
 seed) that each make one axis matter:
 
 - ranks: uneven ranks, one micro-batch each (1, 2, ..., W samples);
-- micro-batches: even ranks, each with uneven micro-batches (1 and 3 samples);
+- micro-batches: even ranks, each with uneven micro-batches (1 and 3 samples; 1, 1 and 2
+  where the world size is 2, so that a factor of the micro-batch count is not one of the
+  world size);
 - steps: three steps, the two above in turn (state and momentum carried across steps);
 - tokens: the first two on the token-level loss (sequences of different lengths, padding),
   where samples and tokens part.
@@ -54,16 +56,23 @@ def isolating_scenarios(
 
         >>> s = Scenario(world_size=2, schedule=(((1,), (1,)),))
         >>> [(axis, p.schedule) for axis, p in isolating_scenarios(s)][:2]
-        [('ranks', (((1,), (2,)),)), ('micro-batches', (((1, 3), (1, 3)),))]
+        [('ranks', (((1,), (2,)),)), ('micro-batches', (((1, 1, 2), (1, 1, 2)),))]
+        >>> s = Scenario(world_size=4, schedule=(((1,), (1,), (1,), (1,)),))
+        >>> [p.schedule[0][0] for axis, p in isolating_scenarios(s) if axis == "micro-batches"]
+        [(1, 3)]
     """
     bounds = dict(bounds or {})
     size = scenario.world_size
     # Within the samples per rank the search was bounded to.
     low, high = int(bounds.get("min_samples", 1)), int(bounds.get("max_samples", 4))
     ranks = tuple((min(low + r, high),) for r in range(size))
-    micro = tuple((1, 3) for _ in range(size))
-    even = bool(bounds.get("even", False))
     accumulates = int(bounds.get("max_micro_batches", 2)) >= 2
+    # As many micro-batches as the world size would make their count's factor (M) and the
+    # world size's (W) one number: the probe could not tell them apart. Three where the
+    # search drew at most two: that bound keeps the search small, and code that accumulates
+    # two micro-batches takes three alike.
+    micro = tuple(((1, 1, 2) if size == 2 else (1, 3)) for _ in range(size))
+    even = bool(bounds.get("even", False))
     steps = int(bounds.get("max_steps", 3)) >= 3
     layouts: list[tuple[str, tuple[tuple[tuple[int, ...], ...], ...]]] = []
     if size > 1 and not even and high > low:
