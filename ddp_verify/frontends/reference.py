@@ -1,9 +1,11 @@
-"""The command line's reference page (docs/reference/cli.md), generated from its parsers: every
-command's options with their values, defaults, environment variables and help, so the page
-cannot drift from what the commands accept.
+"""The reference pages generated from the code, so they cannot drift from it: the command
+line's (docs/reference/cli.md), from its parsers: every command's options with their values,
+defaults, environment variables and help; and the causes tables of docs/reference/causes.md,
+from the diagnosis's rows and passes and parity's findings, each cause with a real example.
 
-Run ``python -m ddp_verify.frontends.reference`` to print the page, or with ``--write
-docs/reference/cli.md`` to write it.
+Run ``python -m ddp_verify.frontends.reference`` to print the CLI page, or with ``--write
+docs/reference/cli.md`` to write it; ``--causes docs/reference/causes.md --examples
+fixtures/causes.py`` rewrites the causes tables between that page's markers.
 
 Example::
 
@@ -14,14 +16,25 @@ Example::
 from __future__ import annotations
 
 import argparse
+import runpy
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
+from ..parity.catalogue import script_causes
+from ..usercode.diagnosis.catalogue import check_causes, markdown
 from . import cli, parity_command
 from . import options as opts
 
-__all__ = ["cli_reference", "commands", "main", "undocumented"]
+__all__ = [
+    "CAUSES_MARKERS",
+    "causes_page",
+    "cli_reference",
+    "commands",
+    "example_cells",
+    "main",
+    "undocumented",
+]
 
 _INTRO = """\
 # Command line
@@ -126,10 +139,68 @@ def cli_reference() -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
+_WRITE_CAUSES = (
+    "python -m ddp_verify.frontends.reference --causes docs/reference/causes.md"
+    " --examples fixtures/causes.py"
+)
+# Each table's markers on the causes page: the check's, then parity's own.
+CAUSES_MARKERS = {
+    "check": (f"<!-- check causes: {_WRITE_CAUSES} -->", "<!-- end of the check causes -->"),
+    "parity": ("<!-- parity causes -->", "<!-- end of the parity causes -->"),
+}
+
+
+def example_cells(path: str | Path) -> dict[str, dict[str, str]]:
+    """The example column of each causes table, from a file that sets ``EXAMPLES`` (per
+    table, ``check`` and ``parity``: a pattern's command, as a user runs it) and
+    ``NO_EXAMPLE`` (a pattern no real code shows, and why)."""
+    held = runpy.run_path(str(path))
+    cells: dict[str, dict[str, str]] = {}
+    for table in CAUSES_MARKERS:
+        mine = {p: f"`{command}`" for p, command in held["EXAMPLES"].get(table, {}).items()}
+        for pattern, why in held.get("NO_EXAMPLE", {}).items():
+            mine.setdefault(pattern, f"none: {why}")
+        cells[table] = mine
+    return cells
+
+
+def causes_page(page: str, examples: Mapping[str, Mapping[str, str]] | None = None) -> str:
+    """``page`` with each causes table between its markers rewritten; ``examples``: each
+    table's example cells by pattern (see :func:`example_cells`).
+
+    Example::
+
+        >>> begin, end = CAUSES_MARKERS["parity"]
+        >>> "| `data:same-samples` |" in causes_page(begin + end)
+        True
+    """
+    tables = {"check": check_causes(), "parity": script_causes()}
+    for name, (begin, end) in CAUSES_MARKERS.items():
+        if begin not in page:
+            continue
+        start, stop = page.index(begin) + len(begin), page.index(end)
+        cells = None if examples is None else examples.get(name, {})
+        page = page[:start] + "\n" + markdown(tables[name], cells) + "\n" + page[stop:]
+    return page
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="The command line's reference page.")
-    parser.add_argument("--write", metavar="PAGE", help="write the page to this file")
+    parser = argparse.ArgumentParser(description="The reference pages generated from the code.")
+    parser.add_argument("--write", metavar="PAGE", help="write the CLI page to this file")
+    parser.add_argument(
+        "--causes", metavar="PAGE", help="rewrite the causes tables between this page's markers"
+    )
+    parser.add_argument(
+        "--examples",
+        metavar="FILE",
+        help="with --causes: the examples column, from this file's EXAMPLES and NO_EXAMPLE",
+    )
     args = parser.parse_args(argv)
+    if args.causes is not None:
+        path = Path(args.causes)
+        examples = example_cells(args.examples) if args.examples else None
+        path.write_text(causes_page(path.read_text(), examples))
+        return 0
     if args.write is None:
         print(cli_reference(), end="")
     else:

@@ -442,6 +442,24 @@ SCRIPT_STEPS = _finding(
     "data ran out sooner, or it stopped",
 )
 
+# What only ddp-verify parity says: its own comparison of whole scripts' recordings (it says
+# the diagnosis's findings too, where a layout's gradient fits one of them).
+SCRIPT_FINDINGS = (
+    DATA_SAME,
+    DATA_DUPLICATED,
+    DATA_MISSING,
+    DATA_ORDER,
+    SYNC_LEFT_OUT,
+    MICRO_CLEARED,
+    MICRO_OWN_MEAN,
+    MICRO_WEIGHTS,
+    GRAD_DIFFERS,
+    PRECISION_LOWER,
+    LOG_DIFFERS,
+    OPTIMIZER_SETTINGS,
+    SCRIPT_STEPS,
+)
+
 # Findings a simulated mistake's run is matched for, where the fit could not say.
 OPEN_QUESTIONS = (NONLINEAR, LOSS_UNEXPLAINED)
 

@@ -1,10 +1,7 @@
-"""Every cause the diagnosis can name, as a table generated from its rows and passes: the
-documentation's causes page (docs/reference/causes.md) shows this module's output, so a row
-added is a row documented.
-
-Run ``python -m ddp_verify.usercode.diagnosis.catalogue`` to print it, or with
-``--write docs/reference/causes.md`` to replace the table between
-that page's markers.
+"""Every cause the diagnosis can name, as table rows generated from its axes and passes: the
+documentation's causes page (docs/reference/causes.md, written by
+``python -m ddp_verify.frontends.reference --causes``) shows them, so a row added is a row
+documented.
 
 Example::
 
@@ -14,22 +11,15 @@ Example::
 
 from __future__ import annotations
 
-import argparse
-import sys
-from pathlib import Path
+import dataclasses
+from collections.abc import Mapping
 
 from ...world.naming import option
 from .. import findings as f
 from . import passes
 from .axes import GRADIENT_AXES, LOSS_AXES, Choice, rows
 
-__all__ = ["BEGIN", "END", "causes_table", "named_codes", "written"]
-
-BEGIN = (
-    "<!-- causes table: python -m ddp_verify.usercode.diagnosis.catalogue"
-    " --write docs/reference/causes.md -->"
-)
-END = "<!-- end of the causes table -->"
+__all__ = ["Row", "causes_table", "check_causes", "markdown", "named_codes", "words_of"]
 
 # Findings said outside the passes: by the search around the diagnosis, or where nothing
 # explains a subject.
@@ -62,6 +52,8 @@ def _words(choice: Choice) -> str:
         return f.SCALE.says(why=choice.words.format(**fill), unit="sample", factor=_Symbol("k "))
     if choice.axis == "report-scale":
         factor = "k at every step" if choice.name == "k" else choice.name
+        if choice.factor is None and choice.name != "k":
+            factor = "k"  # a factor the run fills in (a pass's row)
         return f.LOSS_SCALED.says(factor=factor, why=choice.words.format(**fill))
     try:
         finding = f.finding(choice.finding)
@@ -70,32 +62,83 @@ def _words(choice: Choice) -> str:
     return finding.says(**fill)
 
 
+@dataclasses.dataclass(frozen=True)
+class Row:
+    """One line of a causes table: the ``pattern`` a report names (``--json``'s ``reading``),
+    what finds it, and its words as a report says them (numbers left as symbols)."""
+
+    pattern: str
+    found_by: str
+    words: str
+
+
+def words_of(finding: f.Finding, **more: str) -> str:
+    """A finding's words with its numbers left as symbols (``more``: symbols for numbers the
+    table's defaults do not name).
+
+    Example::
+
+        >>> words_of(f.finding("ranks:sum"))
+        'gradients summed across ranks but not divided'
+    """
+    return finding.says(**_fill(**more))
+
+
+def check_causes() -> list[Row]:
+    """Every cause a check can name: one per wrong choice of every axis, then each pass's
+    findings and rows, then what is said elsewhere."""
+    made: list[Row] = []
+    for axis in (*GRADIENT_AXES, *LOSS_AXES):
+        for choice in rows(axis):
+            if not choice.right:
+                made.append(
+                    Row(choice.reading, f"axis `{axis}`, row `{choice.name}`", _words(choice))
+                )
+    said = {row.pattern for row in made}
+    for each in passes.registered():
+        for choice in each.adds:
+            if choice.reading not in said:
+                said.add(choice.reading)
+                made.append(Row(choice.reading, f"pass `{each.name}`", _words(choice)))
+        for code in each.says:
+            if code not in said:
+                said.add(code)
+                made.append(Row(code, f"pass `{each.name}`", words_of(f.finding(code))))
+    for code, where in ELSEWHERE.items():
+        if code not in said:
+            made.append(Row(code, where, words_of(f.finding(code))))
+    return made
+
+
 def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def causes_table() -> str:
-    """The causes table, in Markdown: one line per wrong choice of every axis, then each
-    pass's findings, then what is said elsewhere."""
-    lines = ["| pattern | found by | cause, as the report words it |", "| --- | --- | --- |"]
-    for axis in (*GRADIENT_AXES, *LOSS_AXES):
-        for choice in rows(axis):
-            if choice.right:
-                continue
-            how = f"axis `{axis}`, row `{choice.name}`"
-            lines.append(f"| `{choice.reading}` | {how} | {_cell(_words(choice))} |")
-    said = {c.reading for a in (*GRADIENT_AXES, *LOSS_AXES) for c in rows(a) if not c.right}
-    for each in passes.registered():
-        for code in each.says:
-            if code in said:
-                continue
-            said.add(code)
-            words = f.finding(code).says(**_fill())
-            lines.append(f"| `{code}` | pass `{each.name}` | {_cell(words)} |")
-    for code, where in ELSEWHERE.items():
-        if code not in said:
-            lines.append(f"| `{code}` | {where} | {_cell(f.finding(code).says(**_fill()))} |")
+def markdown(table: list[Row], examples: Mapping[str, str] | None = None) -> str:
+    """``table`` in Markdown; with ``examples`` (a cell per pattern), a column for them.
+
+    Example::
+
+        >>> print(markdown([Row("ranks:sum", "axis `ranks`", "summed")], {"ranks:sum": "x"}))
+        | pattern | found by | cause, as the report words it | example |
+        | --- | --- | --- | --- |
+        | `ranks:sum` | axis `ranks` | summed | x |
+    """
+    head = ["pattern", "found by", "cause, as the report words it"]
+    if examples is not None:
+        head.append("example")
+    lines = ["| " + " | ".join(head) + " |", "| " + " | ".join("---" for _ in head) + " |"]
+    for row in table:
+        cells = [f"`{row.pattern}`", row.found_by, _cell(row.words)]
+        if examples is not None:
+            cells.append(_cell(examples.get(row.pattern, "")))
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def causes_table() -> str:
+    """The check's causes table, in Markdown, without examples."""
+    return markdown(check_causes())
 
 
 # What a finding's words are filled with in the table: symbols, not one run's numbers (and
@@ -129,30 +172,5 @@ _FILL = {
 
 
 def named_codes() -> set[str]:
-    """Every finding code the table names."""
-    return {
-        line.split("`")[1].split(":")[0] if False else line.split("`")[1]
-        for line in causes_table().splitlines()[2:]
-    }
-
-
-def written(page: str) -> str:
-    """``page`` with the text between :data:`BEGIN` and :data:`END` replaced by the table."""
-    start, end = page.index(BEGIN) + len(BEGIN), page.index(END)
-    return page[:start] + "\n" + causes_table() + "\n" + page[end:]
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="The diagnosis's causes table, in Markdown.")
-    parser.add_argument("--write", metavar="PAGE", help="replace the table in this file")
-    args = parser.parse_args(argv)
-    if args.write is None:
-        print(causes_table())
-        return 0
-    path = Path(args.write)
-    path.write_text(written(path.read_text()))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    """Every pattern the check's table names."""
+    return {row.pattern for row in check_causes()}
