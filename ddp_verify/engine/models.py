@@ -223,7 +223,14 @@ def build_data(
 
             inputs, targets = user_model(spec.factory).batch(n, generator)
         elif spec.kind == "transformer":
-            inputs, targets = _token_batch(n, generator, unshifted=scenario.labels == "unshifted")
+            inputs, targets = _token_batch(
+                n,
+                generator,
+                unshifted=scenario.labels == "unshifted",
+                empty=_first_of_each_micro_batch(scenario, step)
+                if _sequence_objective(scenario)
+                else None,
+            )
         elif spec.kind == "conv":
             inputs = torch.randn(n, CONV_CHANNELS, SEQUENCE, generator=generator)
         elif spec.kind == "embedding":
@@ -244,14 +251,40 @@ def build_data(
     return batches
 
 
+def _sequence_objective(scenario: Scenario) -> bool:
+    """Whether the scenario declares an objective that means over sequences."""
+    if not scenario.objective:
+        return False
+    from .objectives import objective
+
+    return objective(scenario.objective).unit == "sequence"
+
+
+def _first_of_each_micro_batch(scenario: Scenario, step: int) -> list[int]:
+    """Where each micro-batch of ``step`` starts in its global batch."""
+    starts, at = [], 0
+    for sizes in scenario.schedule[step]:
+        for size in sizes:
+            starts.append(at)
+            at += size
+    return starts
+
+
 def _token_batch(
-    n: int, generator: torch.Generator, *, unshifted: bool = False
+    n: int,
+    generator: torch.Generator,
+    *,
+    unshifted: bool = False,
+    empty: list[int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``n`` sequences of 1 to TOKENS tokens, padded at the end; a target per position, with
     ``IGNORE_INDEX`` where it must not count: the padding, and some earlier positions (a
     prompt's tokens, say). The last real token of every sequence always counts, so no sample
     is empty. ``unshifted``: at most TOKENS - 1 tokens, so that the last position is always
-    padding and labels handed over unshifted lose no target that counts."""
+    padding and labels handed over unshifted lose no target that counts. ``empty``: some
+    sequences have no target that counts at all (a prompt with no response), which a sequence
+    mean must leave out; those at the positions ``empty`` lists (each micro-batch's first)
+    always count, so that no micro-batch is without a sequence."""
     lengths = torch.randint(1, TOKENS + (0 if unshifted else 1), (n,), generator=generator)
     inputs = torch.randint(1, VOCABULARY, (n, TOKENS), generator=generator)
     targets = torch.randint(0, VOCABULARY, (n, TOKENS), generator=generator)
@@ -261,6 +294,11 @@ def _token_batch(
     last = positions == (lengths - 1).unsqueeze(1)
     inputs[padding] = PAD_ID
     targets[padding | (ignored & ~last)] = IGNORE_INDEX
+    if empty is not None:
+        # Drawn after the rest, so the other sequences are those of the same seed without.
+        blank = torch.rand(n, generator=generator) < 0.3
+        blank[empty] = False
+        targets[blank] = IGNORE_INDEX
     return inputs, targets
 
 
@@ -273,6 +311,10 @@ def count_items(scenario: Scenario, targets: torch.Tensor) -> int:
         count_items(scenario, targets)  # 5 of a (2, 4) batch whose other 3 are padding
     """
     if scenario.loss == "tokens":
+        if scenario.objective:
+            from .objectives import objective
+
+            return objective(scenario.objective).units(targets != IGNORE_INDEX)
         return int((targets != IGNORE_INDEX).sum())
     return len(targets)
 
@@ -360,6 +402,8 @@ class _FirstOutput(nn.Module):
 
 def _loss(scenario: Scenario, reduction: str) -> nn.Module:
     if scenario.loss == "tokens":
+        if scenario.objective and reduction == "mean":
+            return DeclaredObjective(scenario.objective)
         return TokenCrossEntropy(reduction)
     if scenario.loss == "cross_entropy":
         return nn.CrossEntropyLoss(reduction=reduction)
@@ -400,6 +444,23 @@ class TokenCrossEntropy(nn.Module):
             reduction=self.reduction,
         )
         return losses.view(targets.shape) if self.reduction == "none" else losses
+
+
+class DeclaredObjective(nn.Module):
+    """The token-level loss aggregated as a declared objective (``seq-mean-token-mean``,
+    ...) over the batch it is given: each micro-batch's own objective, whose share-weighted
+    sum over micro-batches and ranks is the global batch's (see
+    :mod:`ddp_verify.engine.objectives`)."""
+
+    def __init__(self, declared: str) -> None:
+        super().__init__()
+        from .objectives import objective
+
+        self.objective = objective(declared)
+        self.per_token = TokenCrossEntropy("none")
+
+    def forward(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return self.objective.value(self.per_token(logits, targets), targets != IGNORE_INDEX)
 
 
 def optimizer_settings(spec: OptimizerSpec) -> tuple[type[torch.optim.Optimizer], dict[str, float]]:

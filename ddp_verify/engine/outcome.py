@@ -86,7 +86,8 @@ class Outcome:
 
 def tokens_line(scenario: Scenario) -> str:
     """Per step and rank, the tokens that count in each micro-batch: what a token-level loss
-    averages over, beside the micro-batch sizes in samples."""
+    averages over, beside the micro-batch sizes in samples (the sequences that count, where
+    the declared objective means over sequences)."""
     from .models import item_counts
 
     steps = "\n".join(
@@ -94,4 +95,8 @@ def tokens_line(scenario: Scenario) -> str:
         + "  ".join(f"rank {r}: {'+'.join(map(str, sizes))}" for r, sizes in enumerate(per_rank))
         for s, per_rank in enumerate(item_counts(scenario))
     )
+    from .objectives import objective
+
+    if scenario.objective and objective(scenario.objective).unit == "sequence":
+        return f"sequences with a token that counts, per micro-batch:\n{steps}"
     return f"tokens that count per micro-batch:\n{steps}"

@@ -236,6 +236,10 @@ class Scenario:
     seed: int = 0
     autocast: str = ""
     labels: str = "aligned"
+    # A declared objective of the token-level loss (ddp_verify.engine.objectives): what the
+    # reference trains on the whole global batch, and what the counts handed to code count;
+    # "" for the loss's own mean (over samples, or over the tokens that count).
+    objective: str = ""
 
     def __post_init__(self) -> None:
         if self.world_size < 1:
@@ -281,6 +285,21 @@ class Scenario:
             )
         if self.loss == "cross_entropy" and not user and self.model.out_features < 2:
             raise ValueError("cross_entropy needs a model with at least 2 outputs (classes)")
+        if self.objective:
+            from .objectives import objective
+
+            declared = objective(self.objective)
+            if self.loss != "tokens" or user:
+                raise ValueError(
+                    f"objective={self.objective!r} aggregates token losses: it goes with the "
+                    f"built-in token data (loss 'tokens'), got loss {self.loss!r} and model "
+                    f"{self.model.kind!r}"
+                )
+            if not declared.unit:
+                raise ValueError(
+                    f"objective={self.objective!r} adds its pieces unweighted: scenarios train "
+                    "share-weighted objectives (token-mean and the sequence means) for now"
+                )
 
     __repr__ = _compact_repr
     _repr_pretty_ = _pretty
@@ -324,6 +343,7 @@ class Scenario:
             f"loss {self.loss}, {self.optimizer.describe()}, {self.dtype}"
             f"{f' (forward under autocast to {self.autocast})' if self.autocast else ''}, "
             f"{'labels handed over unshifted, ' if self.labels == 'unshifted' else ''}"
+            f"{f'objective {self.objective}, ' if self.objective else ''}"
             f"seed {self.seed}\n"
             f"micro-batch sizes per rank:\n{steps}"
         )

@@ -280,6 +280,7 @@ def scenarios(
     model: str | None = None,
     labels: str = "aligned",
     several_steps: bool = False,
+    objective: str = "",
 ) -> st.SearchStrategy[Scenario]:
     """Whole scenarios for a world of ``world_size`` ranks; the drawn one is ``note()``d.
 
@@ -296,10 +297,15 @@ def scenarios(
     data whose last position never counts, for a loss that shifts its labels itself (token
     losses only). ``several_steps=True`` draws two steps or more in about half the examples,
     for code that keeps state from step to step (see :func:`accumulation_schedules`).
+    ``objective="seq-mean-token-mean"`` (token losses only) declares what the reference trains
+    on the whole global batch, and what the counts a plug-in is given count (sequences for
+    the sequence means, some drawn with no counted token); see
+    :mod:`ddp_verify.engine.objectives`.
 
     Example::
 
         scenarios(world_size=4, losses=("tokens",), max_micro_batches=3)
+        scenarios(world_size=2, losses=("tokens",), objective="seq-mean-token-mean")
         scenarios(world_size=2, model="my_project.models:tiny_gpt")
     """
     schedules = accumulation_schedules(
@@ -320,6 +326,19 @@ def scenarios(
             f"labels={labels!r} applies to the built-in token data: use it with "
             "losses=('tokens',) and no model="
         )
+    if objective:
+        from .objectives import objective as declared
+
+        if not declared(objective).unit:
+            raise InvalidArgument(
+                f"objective={objective!r} adds its pieces unweighted: scenarios train "
+                "token-mean and the sequence means for now"
+            )
+        if model is not None or tuple(losses) != ("tokens",):
+            raise InvalidArgument(
+                f"objective={objective!r} aggregates token losses: use it with "
+                "losses=('tokens',) and no model="
+            )
     user_spec: ModelSpec | None = None
     if model is not None:
         from .user_models import UserModelError, inspect_user_model, resolve_reference
@@ -358,6 +377,7 @@ def scenarios(
             dtype=draw(st.sampled_from(list(dtypes))),
             seed=draw(st.integers(0, 2**16)),
             labels=labels,
+            objective=objective,
         )
         note(f"Scenario: {scenario.describe()}")
         return scenario

@@ -72,10 +72,11 @@ def check(
 
     ``scenario_bounds`` go to :func:`ddp_verify.strategies.scenarios`
     (``max_micro_batches=3``, ``even=True``, ``losses=("tokens",)``,
-    ``model="my_models.py:tiny_lm"``, ...); ``step`` functions are checked with
-    ``same_micro_batch_counts=True`` unless you pass ``False``. ``world`` runs the check on a
-    world you already have (its size wins over ``world_size``); otherwise a shared one of
-    ``world_size`` ranks is started and kept for later checks. Called from a pytest test, it
+    ``objective="seq-mean-token-mean"``, ``model="my_models.py:tiny_lm"``, ...); ``step``
+    functions are checked with ``same_micro_batch_counts=True`` unless you pass ``False``.
+    ``world`` runs the check on a world you already have (its size wins over
+    ``world_size``); otherwise a shared one of ``world_size`` ranks is started and kept for
+    later checks. Called from a pytest test, it
     runs on the session's world (``pytest --world-size N``; its backend, device and time-out)
     unless ``world_size``, ``backend``, ``device``, ``launch``, ``allow_tf32`` or ``debug`` is
     given, and the report's last line says so. ``full_trace``: when ``fn``

@@ -340,6 +340,16 @@ def _parser() -> argparse.ArgumentParser:
         "--kind loss-fn)",
     )
     check.add_argument(
+        "--objective",
+        metavar="OBJECTIVE",
+        type=_objective,
+        default=None,
+        help="what the token-level loss aggregates to on the whole global batch (with --losses "
+        "tokens): token-mean (the default), seq-mean-token-mean, seq-mean-token-sum, "
+        "seq-mean-token-sum-norm:C (C declared, a maximum generation length). The count your "
+        "code gets is then in the objective's unit (tokens, or sequences with a counted token)",
+    )
+    check.add_argument(
         "--model",
         metavar="MODULE:FACTORY|PATH.py:FACTORY",
         default=None,
@@ -592,6 +602,18 @@ def _losses(text: str) -> tuple[str, ...]:
     return _choices_list(text, ALL_LOSSES, "losses")
 
 
+def _objective(text: str) -> str:
+    """A declared objective, checked as the parser reads it (a bad one is a usage error)."""
+    from hypothesis.errors import InvalidArgument
+
+    from ..engine.objectives import objective
+
+    try:
+        return str(objective(text))
+    except InvalidArgument as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _model_kinds(text: str) -> tuple[str, ...]:
     return _choices_list(text, MODEL_KINDS, "model kinds")
 
@@ -753,6 +775,8 @@ def _run_check(args: argparse.Namespace, fn: Callable[..., Any], context: dict[s
         bounds["same_micro_batch_counts"] = args.micro_batch_counts == "same"
     if args.losses:
         bounds["losses"] = args.losses
+    if args.objective:
+        bounds["objective"] = args.objective
     if args.model:
         bounds["model"] = args.model
     started = time.monotonic()

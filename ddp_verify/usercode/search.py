@@ -133,6 +133,14 @@ def search(
     world_size = world.size
     fmt = lossy_format(kind, lossy, hook_state)
     bounds = {**DEFAULT_BOUNDS.get(kind, {}), **scenario_bounds}
+    if scenario_bounds.get("objective"):
+        # A declared objective aggregates token losses: the token data is the one to draw.
+        if tuple(scenario_bounds.get("losses", ("tokens",))) != ("tokens",):
+            raise KindError(
+                f"objective={scenario_bounds['objective']!r} aggregates token losses: draw "
+                f"losses=('tokens',) (--losses tokens) with it, not {scenario_bounds['losses']!r}"
+            )
+        bounds["losses"] = ("tokens",)
     chosen = found_layout(fn, kind, world, called, pinned, bounds)
     called["layout"] = chosen.layout
     method = adapt(fn, kind, **called)

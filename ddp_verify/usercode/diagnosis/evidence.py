@@ -102,6 +102,10 @@ def tolerance(dtype: str, *, compressed: bool = False) -> Tolerance:
 
 def unit_of(scenario: Scenario) -> str:
     """What a loss item is in ``scenario``: ``token`` or ``sample``."""
+    if scenario.objective:
+        from ...engine.objectives import objective
+
+        return objective(scenario.objective).unit
     return "token" if scenario.loss == "tokens" else "sample"
 
 

@@ -1,0 +1,155 @@
+"""A declared objective (``objective=``, ``--objective``) is what the reference trains on the
+whole global batch, what the counts handed to code count, and what the report speaks of;
+code right for it is equivalent, code right only for another objective is not."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from ddp_verify import EquivalenceError, check
+from ddp_verify.engine.models import IGNORE_INDEX, build_data, build_model, item_counts
+from ddp_verify.engine.reference import train_reference
+from ddp_verify.engine.scenario import ModelSpec, Scenario
+from tests.user_code import load
+
+ROOT = Path(__file__).resolve().parents[2]
+GRAD_SYNC = load("grad_sync")
+
+
+def _scenario(objective: str, schedule=(((2, 1), (3,)),)) -> Scenario:
+    return Scenario(
+        world_size=2,
+        schedule=schedule,
+        model=ModelSpec(kind="transformer", in_features=1),
+        loss="tokens",
+        objective=objective,
+        seed=3,
+    )
+
+
+def _by_loops(objective: str, losses: torch.Tensor, targets: torch.Tensor) -> float:
+    """The objective of the issue's formulas, sequence by sequence."""
+    rows = [
+        [float(loss) for loss, t in zip(ls, ts, strict=True) if t != IGNORE_INDEX]
+        for ls, ts in zip(losses, targets, strict=True)
+    ]
+    present = [r for r in rows if r]
+    if objective == "seq-mean-token-mean":
+        return sum(sum(r) / len(r) for r in present) / len(present)
+    if objective == "seq-mean-token-sum":
+        return sum(sum(r) for r in present) / len(present)
+    if objective == "seq-mean-token-sum-norm:6":
+        return sum(sum(r) for r in present) / (len(present) * 6)
+    return sum(sum(r) for r in rows) / sum(len(r) for r in rows)
+
+
+@pytest.mark.parametrize(
+    "objective",
+    ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm:6"],
+)
+def test_the_reference_trains_the_declared_objective_on_the_whole_batch(objective):
+    scenario = _scenario(objective)
+    inputs, targets = build_data(scenario, "float64")[0]
+    logits = build_model(scenario, "float64")(inputs)
+    losses = torch.nn.functional.cross_entropy(
+        logits.transpose(1, 2), targets, ignore_index=IGNORE_INDEX, reduction="none"
+    ).detach()
+    reported = train_reference(scenario, "float64").ranks[0].losses[0]
+    assert reported == pytest.approx(_by_loops(objective, losses, targets), rel=1e-12)
+
+
+def test_sequence_means_draw_sequences_with_no_counted_token_but_no_empty_micro_batch():
+    schedule = (((3, 3), (4, 2)),) * 3
+    blanks = 0
+    for seed in range(6):
+        scenario = Scenario(
+            world_size=2,
+            schedule=schedule,
+            model=ModelSpec(kind="transformer", in_features=1),
+            loss="tokens",
+            objective="seq-mean-token-mean",
+            seed=seed,
+        )
+        for _, targets in build_data(scenario, "float64"):
+            blanks += int(((targets != IGNORE_INDEX).sum(dim=1) == 0).sum())
+        assert all(n >= 1 for step in item_counts(scenario) for rank in step for n in rank)
+    assert blanks > 0
+
+
+@pytest.mark.parametrize("objective", ["token-mean", "seq-mean-token-mean"])
+def test_the_counts_code_gets_are_the_objectives_units(objective):
+    scenario = _scenario(objective, schedule=(((3, 2), (4,)),))
+    _, targets = build_data(scenario, "float64")[0]
+    counted = targets != IGNORE_INDEX
+    expected, start = [], 0
+    for sizes in scenario.schedule[0]:
+        mine = []
+        for size in sizes:
+            piece = counted[start : start + size]
+            units = piece.sum() if objective == "token-mean" else piece.any(dim=1).sum()
+            mine.append(int(units))
+            start += size
+        expected.append(tuple(mine))
+    assert item_counts(scenario)[0] == tuple(expected)
+
+
+def test_share_weighted_code_is_equivalent_under_a_sequence_mean(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    verdict = check(
+        GRAD_SYNC.sample_weighted,
+        kind="grad-sync",
+        world_size=2,
+        max_examples=25,
+        seed=0,
+        objective="seq-mean-token-mean",
+    )
+    assert verdict.examples == 25
+
+
+def test_world_size_averaging_under_a_sequence_mean_is_named_in_sequences(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(EquivalenceError) as caught:
+        check(
+            GRAD_SYNC.average_gradients,
+            kind="grad-sync",
+            world_size=2,
+            max_examples=25,
+            seed=0,
+            objective="seq-mean-token-sum",
+        )
+    first = caught.value.causes[0]
+    assert first.pattern == "ranks:world", caught.value.cause
+    assert "not weighted by each rank's sequences" in first.text
+    report = str(caught.value)
+    assert "objective='seq-mean-token-sum'" in report
+    assert "sequences with a token that counts, per micro-batch:" in report
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "ddp_verify", "check", "fixtures/grad_sync.py:sample_weighted",
+         "--kind", "grad-sync", "--world-size", "2", "--json", *args],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (("--objective", "seq-mean"), "objective 'seq-mean' is none of token-mean"),
+        (("--objective", "seq-mean-token-sum-norm"), "seq-mean-token-sum-norm:C with C > 0"),
+        (("--objective", "token-mean", "--losses", "mse"), "aggregates token losses"),
+    ],
+)
+def test_a_bad_declaration_is_a_usage_error_before_any_world(args, says):
+    run = _cli(*args)
+    assert run.returncode == 2, run.stderr[-2000:]
+    assert says in run.stdout + run.stderr
+    if run.stdout.strip():
+        assert json.loads(run.stdout)["exit_code"] == 2
