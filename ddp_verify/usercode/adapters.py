@@ -465,6 +465,70 @@ class LossFunction(UserMethod):
         return logits, labels
 
 
+class LossAggregator(UserMethod):
+    """``fn(loss_mat, loss_mask, ...)`` is RL post-training's loss aggregation (verl's
+    ``agg_loss``, TRL's loss types): called on every micro-batch of every rank with the
+    per-token loss matrix ``[batch, seq]`` (each micro-batch padded to its own longest
+    sequence, so widths differ) and the 0/1 mask of the tokens that count. What it returns
+    is backpropagated as it is; gradients are summed over ranks and divided by the world size,
+    as DDP does, so ``fn`` must return its micro-batch's share of the declared objective times
+    the world size (verl multiplies by ``dp_size``). The loss reported is what it returned,
+    summed over micro-batches and averaged over ranks, as such a loop logs it. Counts come by
+    name (``global_tokens``, ``rank_sequences``, ... :data:`~.kinds.AGGREGATION_VALUES`)."""
+
+    call: Call
+
+    def __init__(self, fn: Callable[..., Any], name: str, call: Call) -> None:
+        super().__init__(fn, name)
+        self.call = call
+
+    def train_rank(self, scenario: Scenario) -> RankTrace:
+        from ..engine.objectives import objective
+
+        run = RankRun(scenario)
+        optimizer = run.optimizer()
+        params = run.trainable()
+        per_token = loss_function(scenario, "none")
+        tokens, sequences = objective("token-mean"), objective("seq-mean-token-mean")
+        for step in range(scenario.steps):
+            optimizer.zero_grad(set_to_none=True)
+            batches = run.micro_batches(step)
+            masks = [targets != IGNORE_INDEX for _, targets in batches]
+            counts = {
+                "accumulation_steps": len(batches),
+                "rank_tokens": sum(tokens.units(m) for m in masks),
+                "rank_sequences": sum(sequences.units(m) for m in masks),
+            }
+            summed = torch.tensor(
+                [counts["rank_tokens"], counts["rank_sequences"]], device=run.device
+            )
+            dist.all_reduce(summed)
+            counts["global_tokens"], counts["global_sequences"] = map(int, summed.tolist())
+            reported = run.zero()
+            for (inputs, targets), mask in zip(batches, masks, strict=True):
+                # Each micro-batch at its own width: its longest sequence's last position
+                # that counts, as dynamic padding leaves it.
+                width = int(mask.any(dim=0).nonzero().max()) + 1 if mask.any() else 1
+                losses = per_token(run.model(inputs), targets)[:, :width]
+                values = {
+                    **rank_values(run, step),
+                    **counts,
+                    "tokens": tokens.units(mask),
+                    "sequences": sequences.units(mask),
+                }
+                args, kwargs = self.call.arguments(
+                    (losses, mask[:, :width].to(losses.dtype)), 0, values=values
+                )
+                value = _as_loss(self.fn(*args, **kwargs))
+                value.backward()
+                reported += value.detach().double()
+            loss = all_reduce_weighted(params, 1.0, float(run.world_size), reported)
+            run.record_gradients()
+            optimizer.step()
+            run.record_step(loss)
+        return run.trace
+
+
 def _as_loss(value: Any) -> torch.Tensor:
     if not isinstance(value, torch.Tensor) or value.numel() != 1 or not value.requires_grad:
         got = (
@@ -571,5 +635,6 @@ ADAPTERS: dict[str, Adapter] = {
     ),
     "comm-hook": lambda fn, name, call, kind, o: CommHook(fn, name, o.hook_state),
     "loss-fn": lambda fn, name, call, kind, o: LossFunction(fn, name, call, o),
+    "loss-agg": lambda fn, name, call, kind, o: LossAggregator(fn, name, call),
     "wrapper": lambda fn, name, call, kind, o: Wrapper(fn, name),
 }

@@ -175,6 +175,17 @@ REGISTRY: tuple[Kind, ...] = (
         # ignore_index included) or one class per sample.
         default_bounds={"losses": ("tokens", "cross_entropy")},
     ),
+    Kind(
+        "loss-agg",
+        "fn(loss_mat, loss_mask, ...) -> tensor, on every micro-batch of every rank",
+        (2,),
+        ("loss_mat", "loss_mask"),
+        adapter="loss-agg",
+        mistakes="loss-fn",
+        # RL post-training's loop: every rank the same number of micro-batches, each padded
+        # to its own longest sequence, the token-level loss.
+        default_bounds={"losses": ("tokens",), **_SAME_COUNTS},
+    ),
 )
 KIND = {kind.name: kind for kind in REGISTRY}
 
@@ -306,7 +317,25 @@ BINDABLE: dict[str, str] = {
     "vocab_size": "the scenario's classes: the vocabulary of a token loss",
     "device": "the rank's device",
     "group": "the world's process group",
+    # What a loss-agg plug-in (RL post-training's loss aggregation) may be given.
+    "accumulation_steps": "the micro-batches each rank accumulates this step",
+    "tokens": "this micro-batch's tokens that count",
+    "rank_tokens": "this rank's tokens that count, this step",
+    "global_tokens": "the step's tokens that count over every rank",
+    "sequences": "this micro-batch's sequences with a token that counts",
+    "rank_sequences": "this rank's sequences with a token that counts, this step",
+    "global_sequences": "the step's sequences with a token that counts over every rank",
 }
+# The values a loss-agg plug-in's parameters are bound to by their names alone.
+AGGREGATION_VALUES = (
+    "accumulation_steps",
+    "tokens",
+    "rank_tokens",
+    "global_tokens",
+    "sequences",
+    "rank_sequences",
+    "global_sequences",
+)
 # Parameters bound to the scenario's classes without asking: the name says what they are.
 CLASS_NAMES = frozenset({"vocab_size", "num_classes", "n_classes"})
 
@@ -679,9 +708,17 @@ def _bound(
             continue
         if parameter.name in CLASS_NAMES:
             bound[parameter.name] = Bound(parameter.name, "vocab_size")
-        elif parameter.name in NAMED_VALUES and parameter.default is parameter.empty:
+        elif _named_value(parameter, spec):
             bound[parameter.name] = Bound(parameter.name, parameter.name)
     return bound
+
+
+def _named_value(parameter: inspect.Parameter, spec: Kind) -> bool:
+    """Whether ``parameter``'s name alone says what to pass: a required one named as a
+    value every kind has (``world_size``), or one named as a count a loss-agg plug-in gets."""
+    if parameter.name in NAMED_VALUES and parameter.default is parameter.empty:
+        return True
+    return spec.name == "loss-agg" and parameter.name in AGGREGATION_VALUES
 
 
 def _fits(parameter: str) -> list[str]:

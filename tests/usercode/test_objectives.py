@@ -153,3 +153,24 @@ def test_a_bad_declaration_is_a_usage_error_before_any_world(args, says):
     assert says in run.stdout + run.stderr
     if run.stdout.strip():
         assert json.loads(run.stdout)["exit_code"] == 2
+
+
+VERL = load("real_style/verl_losses")
+
+
+def test_a_loss_aggregation_is_right_for_its_own_objective_and_no_other(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    seq_mean = VERL.seq_mean_token_mean_over_global_sequences
+    verdict = check(
+        seq_mean, kind="loss-agg", world_size=2, max_examples=25, seed=0,
+        objective="seq-mean-token-mean",
+    )  # fmt: skip
+    assert verdict.examples == 25
+    with pytest.raises(EquivalenceError):
+        check(seq_mean, kind="loss-agg", world_size=2, max_examples=25, seed=0)
+    token_mean = VERL.token_mean_over_global_tokens
+    with pytest.raises(EquivalenceError):
+        check(
+            token_mean, kind="loss-agg", world_size=2, max_examples=25, seed=0,
+            objective="seq-mean-token-mean",
+        )  # fmt: skip
