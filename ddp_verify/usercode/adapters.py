@@ -490,6 +490,10 @@ class LossAggregator(UserMethod):
         params = run.trainable()
         per_token = loss_function(scenario, "none")
         tokens, sequences = objective("token-mean"), objective("seq-mean-token-mean")
+        # Masks come as bool, int or float and counts as ints or 0-d tensors, as RL code
+        # gets them: which, the scenario's seed says (hypothesis draws it, and shrinks it).
+        mask_dtype = (torch.bool, torch.int64, None)[scenario.seed % 3]
+        as_tensor = scenario.seed % 2 == 1
         for step in range(scenario.steps):
             optimizer.zero_grad(set_to_none=True)
             batches = run.micro_batches(step)
@@ -510,15 +514,16 @@ class LossAggregator(UserMethod):
                 # that counts, as dynamic padding leaves it.
                 width = int(mask.any(dim=0).nonzero().max()) + 1 if mask.any() else 1
                 losses = per_token(run.model(inputs), targets)[:, :width]
-                values = {
-                    **rank_values(run, step),
+                mine = {
                     **counts,
                     "tokens": tokens.units(mask),
                     "sequences": sequences.units(mask),
                 }
-                args, kwargs = self.call.arguments(
-                    (losses, mask[:, :width].to(losses.dtype)), 0, values=values
-                )
+                if as_tensor:
+                    mine = {k: torch.tensor(v, device=run.device) for k, v in mine.items()}
+                values = {**rank_values(run, step), **mine}
+                handed = mask[:, :width].to(mask_dtype or losses.dtype)
+                args, kwargs = self.call.arguments((losses, handed), 0, values=values)
                 value = _as_loss(self.fn(*args, **kwargs))
                 value.backward()
                 reported += value.detach().double()

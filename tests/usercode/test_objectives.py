@@ -174,3 +174,24 @@ def test_a_loss_aggregation_is_right_for_its_own_objective_and_no_other(tmp_path
             token_mean, kind="loss-agg", world_size=2, max_examples=25, seed=0,
             objective="seq-mean-token-mean",
         )  # fmt: skip
+
+
+def _float_masks_and_int_counts_only(loss_mat, loss_mask, global_tokens, world_size):
+    assert loss_mask.dtype == loss_mat.dtype, f"a {loss_mask.dtype} mask"
+    assert isinstance(global_tokens, int), f"a count of type {type(global_tokens).__name__}"
+    return (loss_mat * loss_mask).sum() / global_tokens * world_size
+
+
+def test_masks_and_counts_come_in_every_form_rl_code_gets_them(tmp_path, monkeypatch):
+    # bool, int or float masks; counts as ints or 0-d tensors: code that takes one form only
+    # fails on a drawn scenario, with the form in its message.
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(EquivalenceError) as caught:
+        check(
+            _float_masks_and_int_counts_only, kind="loss-agg", world_size=2, max_examples=25,
+            seed=0,
+        )  # fmt: skip
+    assert caught.value.verdict.status.value == "error"
+    assert "AssertionError: a torch." in str(caught.value) or "a count of type Tensor" in str(
+        caught.value
+    )
