@@ -394,6 +394,14 @@ def _parser() -> argparse.ArgumentParser:
         help="the reduction of the loss_fn a step function receives (default mean)",
     )
     check.add_argument(
+        "--trainer-divides",
+        choices=("on", "off"),
+        default="off",
+        help="loss-agg: divide what the function returns by the accumulation steps before "
+        "backward, as the Hugging Face Trainer does for a loss without num_items_in_batch "
+        "(default off)",
+    )
+    check.add_argument(
         "--ddp-wrapper",
         type=_wrapper,
         metavar="MODULE:CALLABLE",
@@ -797,6 +805,7 @@ def _run_check(args: argparse.Namespace, fn: Callable[..., Any], context: dict[s
             result_on=args.result_on,
             hook_state=args.hook_state_factory,
             loss_reduction=args.loss_reduction,
+            trainer_divides=args.trainer_divides == "on",
             ddp_wrapper=args.ddp_wrapper,
             bind=args.bind,
             layout=args.layout,

@@ -279,6 +279,10 @@ def _micro_batch_counts(value: Any) -> str:
     return f"--micro-batch-counts {'same' if value else 'varied'}"
 
 
+def _trainer_divides(value: Any) -> str:
+    return f"--trainer-divides {'on' if value else 'off'}"
+
+
 # How each front end's users set each parameter (see ddp_verify.world.naming): a flag, or a
 # function of the value. Python's spelling is name=value but where check() takes it otherwise.
 SPELLINGS: dict[str, Mapping[str, Spelling]] = {
@@ -311,6 +315,7 @@ SPELLINGS: dict[str, Mapping[str, Spelling]] = {
         "result_on": "--result-on",
         "hook_state": "--hook-state",
         "loss_reduction": "--loss-reduction",
+        "trainer_divides": _trainer_divides,
         "ddp_wrapper": "--ddp-wrapper",
         "bind": "--bind",
         "logits": "--logits",

@@ -73,6 +73,7 @@ def adapt(
     layout: Mapping[str, Any] | str | None = None,
     logits: str | None = None,
     labels: str | None = None,
+    trainer_divides: bool = False,
 ) -> UserMethod | CommHook:
     """The method that runs ``fn`` as a ``kind`` plug-in, after checking its signature and
     that each option applies to the kind. ``bind`` fills parameters by name
@@ -83,6 +84,8 @@ def adapt(
     ``aligned`` with the logits or ``unshifted`` (the inputs' next tokens, for a loss that
     shifts them itself); a ``reduce`` helper's input a ``tensor`` or a ``list``. An axis
     not given takes its first choice: the search probes the code to choose instead.
+    ``trainer_divides``: a ``loss-agg`` result is divided by the accumulation steps before
+    backward, as the Hugging Face Trainer does for a loss without ``num_items_in_batch``.
 
     Example::
 
@@ -98,6 +101,7 @@ def adapt(
         ddp_wrapper,
         parse_binds(bind),
         {**default_layout(kind, fn), **pinned},
+        trainer_divides,
     )
     _check_options(spec, options)
     call = check_signature(fn, kind, bind=options.bind)
@@ -151,6 +155,8 @@ class Options:
     # The layout, every axis of the kind resolved (usercode/layouts.py); empty for a kind
     # with one layout.
     layout: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    # A loss-agg result divided by the accumulation steps before backward (HF's Trainer).
+    trainer_divides: bool = False
 
 
 def _shown(kind: Kind, options: Options, fn: Callable[..., Any]) -> tuple[str, ...]:
@@ -203,6 +209,10 @@ def _check_options(kind: Kind, options: Options) -> None:
         raise KindError(
             "a comm hook is called by DDP as hook(state, bucket): give what it needs through "
             f"its state ({option('hook_state')}), not {option('bind')}"
+        )
+    if options.trainer_divides and kind.adapter != "loss-agg":
+        raise KindError(
+            f"{option('trainer_divides', True)} applies to loss-agg plug-ins, not {kind.name}"
         )
     if options.hook_state is not None and not callable(options.hook_state):
         raise KindError(f"the hook state factory {options.hook_state!r} is not callable")
@@ -478,9 +488,11 @@ class LossAggregator(UserMethod):
 
     call: Call
 
-    def __init__(self, fn: Callable[..., Any], name: str, call: Call) -> None:
+    def __init__(
+        self, fn: Callable[..., Any], name: str, call: Call, *, divides: bool = False
+    ) -> None:
         super().__init__(fn, name)
-        self.call = call
+        self.call, self.divides = call, divides
 
     def train_rank(self, scenario: Scenario) -> RankTrace:
         from ..engine.objectives import objective
@@ -525,6 +537,8 @@ class LossAggregator(UserMethod):
                 handed = mask[:, :width].to(mask_dtype or losses.dtype)
                 args, kwargs = self.call.arguments((losses, handed), 0, values=values)
                 value = _as_loss(self.fn(*args, **kwargs))
+                if self.divides:
+                    value = value / len(batches)
                 value.backward()
                 reported += value.detach().double()
             loss = all_reduce_weighted(params, 1.0, float(run.world_size), reported)
@@ -640,6 +654,8 @@ ADAPTERS: dict[str, Adapter] = {
     ),
     "comm-hook": lambda fn, name, call, kind, o: CommHook(fn, name, o.hook_state),
     "loss-fn": lambda fn, name, call, kind, o: LossFunction(fn, name, call, o),
-    "loss-agg": lambda fn, name, call, kind, o: LossAggregator(fn, name, call),
+    "loss-agg": lambda fn, name, call, kind, o: LossAggregator(
+        fn, name, call, divides=o.trainer_divides
+    ),
     "wrapper": lambda fn, name, call, kind, o: Wrapper(fn, name),
 }

@@ -58,6 +58,8 @@ RESULT_ON = {result_on!r}
 # The reduction of the loss_fn a step function gets, and the wrapper a wrapped step gets.
 LOSS_REDUCTION = {loss_reduction!r}
 DDP_WRAPPER = {ddp_wrapper!r}
+# A loss-agg result divided by the accumulation steps before backward (the Trainer's way).
+TRAINER_DIVIDES = {trainer_divides!r}
 # Parameters bound by name, and the layout the check called the code in (its logits and
 # labels, a list or a tensor).
 BIND = {bind!r}
@@ -92,6 +94,7 @@ def train(rank, port, results):
     method = adapt(
         load_function(), KIND, result_on=RESULT_ON, hook_state=load_hook_state(),
         loss_reduction=LOSS_REDUCTION, ddp_wrapper=DDP_WRAPPER, bind=BIND, layout=LAYOUT,
+        trainer_divides=TRAINER_DIVIDES,
     )
     for call in range(REPEATS):
         trace = method.train_rank(SCENARIO)
@@ -182,6 +185,7 @@ def write_reproducer(
     bind: Binds = None,
     layout: Mapping[str, str] | None = None,
     repeats: int = 1,
+    trainer_divides: bool = False,
 ) -> Path:
     """Write the script for ``fn`` on ``scenario``, its ranks training on ``device``, called
     as the check called it (``result_on``, ``hook_state``, ``loss_reduction``,
@@ -197,7 +201,7 @@ def write_reproducer(
     binds = [bound.text() for bound in parse_binds(bind)]
     called = (
         f"{kind}{name}{scenario!r}{device}{result_on}{loss_reduction}{ddp_wrapper}{binds}"
-        f"{sorted((layout or {}).items())}{repeats}"
+        f"{sorted((layout or {}).items())}{repeats}{'divides' if trainer_divides else ''}"
     )
     digest = hashlib.sha1(called.encode()).hexdigest()[:8]
     directory = directory or DEFAULT_DIRECTORY
@@ -214,6 +218,7 @@ def write_reproducer(
             result_on=result_on,
             loss_reduction=loss_reduction,
             ddp_wrapper=ddp_wrapper,
+            trainer_divides=trainer_divides,
             bind=binds,
             layout=dict(layout or {}),
             repeats=repeats,

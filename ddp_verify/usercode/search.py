@@ -81,6 +81,7 @@ def search(
     loss_reduction: str = "mean",
     ddp_wrapper: str | None = None,
     bind: Binds = None,
+    trainer_divides: bool = False,
     layout: Mapping[str, Any] | str | None = None,
     logits: str | None = None,
     labels: str | None = None,
@@ -127,6 +128,8 @@ def search(
         ddp_wrapper=ddp_wrapper,
         bind=parse_binds(bind),
     )
+    if trainer_divides:  # said only where given: the reproducer spells what differs
+        called["trainer_divides"] = True
     pinned = parse_layout(kind, layout, logits=logits, labels=labels)
     # The signature and the options are checked before anything runs.
     adapt(fn, kind, **called, layout=pinned)

@@ -195,3 +195,27 @@ def test_masks_and_counts_come_in_every_form_rl_code_gets_them(tmp_path, monkeyp
     assert "AssertionError: a torch." in str(caught.value) or "a count of type Tensor" in str(
         caught.value
     )
+
+
+def test_the_trainers_division_by_the_accumulation_steps_is_declared(tmp_path, monkeypatch):
+    # --trainer-divides on: what fn returns is divided by the accumulation steps before
+    # backward. verl's global normaliser then counts every token 1/M of what it should (the
+    # double division ms-swift shipped); code that multiplies back is right.
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(EquivalenceError) as caught:
+        check(
+            VERL.token_mean_over_global_tokens, kind="loss-agg", world_size=2,
+            max_examples=25, seed=0, trainer_divides=True,
+        )  # fmt: skip
+    assert caught.value.causes[0].key == "scale:1/M", caught.value.cause
+    verdict = check(
+        VERL.token_mean_times_accumulation_steps, kind="loss-agg", world_size=2,
+        max_examples=25, seed=0, trainer_divides=True,
+    )  # fmt: skip
+    assert verdict.examples == 25
+
+
+def test_the_trainers_division_applies_to_loss_aggregations_only():
+    run = _cli("--trainer-divides", "on")
+    assert run.returncode == 2, run.stderr[-2000:]
+    assert "--trainer-divides on applies to loss-agg plug-ins, not grad-sync" in run.stdout
