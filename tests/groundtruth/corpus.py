@@ -414,6 +414,22 @@ SHAPES = (
         options={"max_micro_batches": 1},
         families=frozenset({"wrapper"}),
     ),
+    Shape(
+        "loss-agg",
+        "loss-agg",
+        "agg_loss",
+        """\
+        def agg_loss($signature):
+            return (loss_mat * loss_mask).sum() / ($divide) * $dp
+        """,
+        dict(
+            signature="loss_mat, loss_mask, global_tokens, world_size",
+            divide="global_tokens",
+            dp="world_size",
+        ),
+        options={"max_micro_batches": 3},
+        families=frozenset({"loss-agg"}),
+    ),
 )
 
 
@@ -457,6 +473,7 @@ OPERATORS = (
             "token-loss-flat": {"divide": "1"},
             "token-loss-3d": {"divide": "1"},
             "token-loss-causal": {"divide": "1"},
+            "loss-agg": {"divide": "1"},
         },
         frozenset({"scale", "ranks:sum", "loss:item-sum"}),
     ),
@@ -471,6 +488,7 @@ OPERATORS = (
             "wrapper": {"divide": "dist.get_world_size() ** 2"},
             "token-loss-flat": {"divide": "num_items_in_batch ** 2"},
             "token-loss-3d": {"divide": "num_tokens ** 2"},
+            "loss-agg": {"divide": "global_tokens ** 2"},
         },
         frozenset({"scale", "loss:scaled"}),
     ),
@@ -588,6 +606,43 @@ OPERATORS = (
         "the reported loss is the rank's own",
         {"report": {"allreduce": "pass"}},
         frozenset({"loss:local", "loss:scaled"}),
+    ),
+    Operator(
+        "dp-forgotten",
+        "the data-parallel factor forgotten: DDP's average divides once more",
+        {"loss-agg": {"dp": "1"}},
+        frozenset({"scale"}),
+    ),
+    Operator(
+        "dp-twice",
+        "the data-parallel factor applied twice",
+        {"loss-agg": {"dp": "world_size * world_size"}},
+        frozenset({"scale"}),
+    ),
+    Operator(
+        "rank-count",
+        "a per-rank denominator: the rank's tokens, not the step's",
+        {
+            "loss-agg": {
+                "signature": "loss_mat, loss_mask, rank_tokens, world_size",
+                "divide": "rank_tokens",
+            }
+        },
+        # verl's dp factor undoes DDP's average: each rank's mean counted 1, summed.
+        frozenset({"ranks:sum", "loss:sum"}),
+    ),
+    Operator(
+        "micro-count",
+        "a per-micro-batch denominator: each micro-batch's own tokens",
+        {
+            "loss-agg": {
+                "signature": "loss_mat, loss_mask, world_size",
+                "divide": "loss_mask.sum()",
+            }
+        },
+        # Every micro-batch's own mean counted 1 (the dp factor undoes DDP's average): ranks
+        # and micro-batches summed, each alike whatever its tokens.
+        frozenset({"ranks:sum", "micro:equal", "micro:own-mean", "scale", "loss:sum"}),
     ),
     Operator(
         "sum-of-means",

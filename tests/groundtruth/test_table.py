@@ -27,6 +27,7 @@ SAMPLE = (
     "wrapped-step.micro-mean",
     "comm-hook-state.scale-w",
     "wrapper.parameter-left-out",
+    "loss-agg.micro-count",
 )
 
 
