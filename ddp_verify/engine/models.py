@@ -227,9 +227,9 @@ def build_data(
                 n,
                 generator,
                 unshifted=scenario.labels == "unshifted",
-                empty=_first_of_each_micro_batch(scenario, step)
-                if _sequence_objective(scenario)
-                else None,
+                # Under any declared objective, so that every objective trains the same data
+                # (the diagnosis compares the code with the others on it).
+                empty=_first_of_each_micro_batch(scenario, step) if scenario.objective else None,
             )
         elif spec.kind == "conv":
             inputs = torch.randn(n, CONV_CHANNELS, SEQUENCE, generator=generator)
@@ -249,15 +249,6 @@ def build_data(
             inputs = inputs.to(float_type)
         batches.append((inputs.to(device), targets.to(device)))
     return batches
-
-
-def _sequence_objective(scenario: Scenario) -> bool:
-    """Whether the scenario declares an objective that means over sequences."""
-    if not scenario.objective:
-        return False
-    from .objectives import objective
-
-    return objective(scenario.objective).unit == "sequence"
 
 
 def _first_of_each_micro_batch(scenario: Scenario, step: int) -> list[int]:
@@ -283,8 +274,8 @@ def _token_batch(
     is empty. ``unshifted``: at most TOKENS - 1 tokens, so that the last position is always
     padding and labels handed over unshifted lose no target that counts. ``empty``: some
     sequences have no target that counts at all (a prompt with no response), which a sequence
-    mean must leave out; those at the positions ``empty`` lists (each micro-batch's first)
-    always count, so that no micro-batch is without a sequence."""
+    mean must leave out and a token mean never sees; those at the positions ``empty`` lists
+    (each micro-batch's first) always count, so that no micro-batch is without a sequence."""
     lengths = torch.randint(1, TOKENS + (0 if unshifted else 1), (n,), generator=generator)
     inputs = torch.randint(1, VOCABULARY, (n, TOKENS), generator=generator)
     targets = torch.randint(0, VOCABULARY, (n, TOKENS), generator=generator)

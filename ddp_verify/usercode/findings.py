@@ -359,6 +359,13 @@ UNEXPLAINED = _finding(
 )
 DIAGNOSIS_FAILED = _finding("none", "run", "not found: the diagnosis failed ({reason})")
 
+OBJECTIVE_OTHER = _finding(
+    "objective:other",
+    "gradient",
+    "the code computes {computed} where {declared} was declared: its gradient is the "
+    "{computed} objective's on the whole global batch, exactly",
+)
+
 # -- whole training scripts (ddp-verify parity) -------------------------------------------------
 DATA_SAME = _finding(
     "data:same-samples",

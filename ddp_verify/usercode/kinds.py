@@ -184,7 +184,8 @@ REGISTRY: tuple[Kind, ...] = (
         mistakes="loss-fn",
         # RL post-training's loop: every rank the same number of micro-batches, each padded
         # to its own longest sequence, the token-level loss.
-        default_bounds={"losses": ("tokens",), **_SAME_COUNTS},
+        # Judged against a declared objective, token-mean unless the user declares another.
+        default_bounds={"losses": ("tokens",), "objective": "token-mean", **_SAME_COUNTS},
     ),
 )
 KIND = {kind.name: kind for kind in REGISTRY}

@@ -166,14 +166,18 @@ def test_a_loss_aggregation_is_right_for_its_own_objective_and_no_other(tmp_path
         objective="seq-mean-token-mean",
     )  # fmt: skip
     assert verdict.examples == 25
-    with pytest.raises(EquivalenceError):
+    with pytest.raises(EquivalenceError) as caught:
         check(seq_mean, kind="loss-agg", world_size=2, max_examples=25, seed=0)
+    said = "the code computes seq-mean-token-mean where token-mean was declared"
+    assert caught.value.causes[0].pattern == "objective:other" and said in caught.value.cause
     token_mean = VERL.token_mean_over_global_tokens
-    with pytest.raises(EquivalenceError):
+    with pytest.raises(EquivalenceError) as caught:
         check(
             token_mean, kind="loss-agg", world_size=2, max_examples=25, seed=0,
             objective="seq-mean-token-mean",
         )  # fmt: skip
+    said = "the code computes token-mean where seq-mean-token-mean was declared"
+    assert said in caught.value.cause
 
 
 def _float_masks_and_int_counts_only(loss_mat, loss_mask, global_tokens, world_size):

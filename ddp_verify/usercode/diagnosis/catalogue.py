@@ -168,6 +168,8 @@ _FILL = {
     "reason": "why",
     "measured": "",
     "ranks": "each rank's norm and what it kept",
+    "computed": "O",
+    "declared": "D",
 }
 
 

@@ -333,6 +333,42 @@ def _constant(value: float) -> Callable[[Any], float]:
     return lambda context: value
 
 
+@register("objective", says=(f.OBJECTIVE_OTHER.code,))
+def other_objective(evidence: Evidence, found: Found) -> list[Hypothesis]:
+    """Under a declared objective, each other objective the scenarios train, trained on the
+    same data as the reference: where the ranks' gradients are exactly one of them, the code
+    computes that objective instead (a sequence mean where a token mean was declared)."""
+    from ...engine.objectives import objective
+    from ...engine.reference import train_reference
+    from ...engine.trace import Trace
+
+    scenario = evidence.scenario
+    if not scenario.objective:
+        return []
+    declared = objective(scenario.objective)
+    others = [o for o in OTHER_OBJECTIVES if objective(o).name != declared.name]
+    strict = match_tolerance(scenario.dtype)
+    kept = []
+    for other in others:
+        alternative = dataclasses.replace(scenario, objective=other)
+        truth = train_reference(alternative, "float64")
+        expected = Trace(truth.method, [truth.ranks[0]] * scenario.world_size)
+        if not matches(expected, evidence.got, strict, losses=False):
+            continue
+        cause = f.OBJECTIVE_OTHER.cause(
+            computed=other,
+            declared=str(declared),
+            evidence=f"training {other} on the whole global batch reproduces every rank's "
+            "gradients and parameters",
+        )
+        kept.append(Hypothesis("gradient", frozenset({"gradient"}), 1.0, 0.0, causes=(cause,)))
+    return kept
+
+
+# The objectives another one is compared with (those scenarios train).
+OTHER_OBJECTIVES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+
+
 @register("simulated", says=(f.STEP_EACH.code,))
 def simulated(evidence: Evidence, found: Found) -> list[Hypothesis]:
     """The known mistakes, simulated: every one where a subject is left unexplained, and
