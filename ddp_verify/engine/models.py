@@ -16,6 +16,7 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
+from .objectives import objective
 from .optimizers import param_groups
 from .scenario import IGNORE_INDEX, ModelSpec, OptimizerSpec, Scenario
 
@@ -303,8 +304,6 @@ def count_items(scenario: Scenario, targets: torch.Tensor) -> int:
     """
     if scenario.loss == "tokens":
         if scenario.objective:
-            from .objectives import objective
-
             return objective(scenario.objective).units(targets != IGNORE_INDEX)
         return int((targets != IGNORE_INDEX).sum())
     return len(targets)
@@ -445,8 +444,6 @@ class DeclaredObjective(nn.Module):
 
     def __init__(self, declared: str) -> None:
         super().__init__()
-        from .objectives import objective
-
         self.objective = objective(declared)
         self.per_token = TokenCrossEntropy("none")
 

@@ -34,6 +34,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Sequence
 
 import torch
@@ -156,7 +157,13 @@ def objective(text: str | Objective) -> Objective:
     """
     if isinstance(text, Objective):
         return text
-    name, sep, constant = str(text).partition(":")
+    return _parsed(str(text))
+
+
+@functools.lru_cache(maxsize=32)
+def _parsed(text: str) -> Objective:
+    # Cached: the engine reads a scenario's declaration for every micro-batch it counts.
+    name, sep, constant = text.partition(":")
     if not sep:
         return Objective(name)
     try:

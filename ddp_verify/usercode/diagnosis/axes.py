@@ -204,26 +204,13 @@ MICRO: tuple[Choice, ...] = (
     # whole rank's weight (a plain mean loss), its share of the rank's items, or 1/M (a loss
     # divided by the accumulation steps). One finding: the weight is the loop's, not a
     # second mistake.
-    Choice(
-        "micro",
-        "last",
-        f.MICRO_LAST_ONLY.code,
-        weight=_last_only,
-        accumulating=True,
-    ),
-    Choice(
-        "micro",
-        "last-by-items",
-        f.MICRO_LAST_ONLY.code,
-        weight=lambda c, g: _last_only(c, g) * _by_items(c, g),
-        accumulating=True,
-    ),
-    Choice(
-        "micro",
-        "last-equally",
-        f.MICRO_LAST_ONLY.code,
-        weight=lambda c, g: _last_only(c, g) * _equally(c, g),
-        accumulating=True,
+    *(
+        Choice("micro", name, f.MICRO_LAST_ONLY.code, weight=weight, accumulating=True)
+        for name, weight in (
+            ("last", _last_only),
+            ("last-by-items", lambda c, g: _last_only(c, g) * _by_items(c, g)),
+            ("last-equally", lambda c, g: _last_only(c, g) * _equally(c, g)),
+        )
     ),
     Choice(
         "micro",

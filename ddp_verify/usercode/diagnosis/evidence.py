@@ -29,6 +29,7 @@ from ...engine.models import (
     micro_batches,
     one_thread,
 )
+from ...engine.objectives import objective
 from ...engine.scenario import Scenario
 from ...engine.tolerances import by_roundoff
 from ...engine.trace import Trace
@@ -103,8 +104,6 @@ def tolerance(dtype: str, *, compressed: bool = False) -> Tolerance:
 def unit_of(scenario: Scenario) -> str:
     """What a loss item is in ``scenario``: ``token`` or ``sample``."""
     if scenario.objective:
-        from ...engine.objectives import objective
-
         return objective(scenario.objective).unit
     return "token" if scenario.loss == "tokens" else "sample"
 

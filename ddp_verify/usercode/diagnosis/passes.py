@@ -25,6 +25,9 @@ from typing import Any
 import torch
 
 from ...engine.models import normalises_by_batch
+from ...engine.objectives import objective
+from ...engine.reference import train_reference
+from ...engine.trace import Trace
 from ...world.naming import option
 from .. import findings as f
 from ..findings import Cause
@@ -338,10 +341,6 @@ def other_objective(evidence: Evidence, found: Found) -> list[Hypothesis]:
     """Under a declared objective, each other objective the scenarios train, trained on the
     same data as the reference: where the ranks' gradients are exactly one of them, the code
     computes that objective instead (a sequence mean where a token mean was declared)."""
-    from ...engine.objectives import objective
-    from ...engine.reference import train_reference
-    from ...engine.trace import Trace
-
     scenario = evidence.scenario
     if not scenario.objective:
         return []
