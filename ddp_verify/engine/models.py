@@ -392,9 +392,10 @@ class _FirstOutput(nn.Module):
 
 def _loss(scenario: Scenario, reduction: str) -> nn.Module:
     if scenario.loss == "tokens":
+        weights = scenario.seed if scenario.token_weights else None
         if scenario.objective and reduction == "mean":
-            return DeclaredObjective(scenario.objective)
-        return TokenCrossEntropy(reduction)
+            return DeclaredObjective(scenario.objective, weights=weights)
+        return TokenCrossEntropy(reduction, weights=weights)
     if scenario.loss == "cross_entropy":
         return nn.CrossEntropyLoss(reduction=reduction)
     if reduction == "mean":
@@ -420,20 +421,55 @@ class TokenCrossEntropy(nn.Module):
     """Cross-entropy over every position of a batch of sequences, ``IGNORE_INDEX`` targets
     not counted: ``mean`` divides by the tokens that count, ``sum`` adds them, ``none`` gives
     a loss per position (0 where ignored), as ``F.cross_entropy`` does for logits
-    ``(n, length, classes)`` flattened."""
+    ``(n, length, classes)`` flattened. ``weights``: each position's loss multiplied by its
+    :func:`token_weights` of that seed first."""
 
-    def __init__(self, reduction: str = "mean") -> None:
+    def __init__(self, reduction: str = "mean", *, weights: int | None = None) -> None:
         super().__init__()
-        self.reduction = reduction
+        self.reduction, self.weights = reduction, weights
 
     def forward(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         losses = nn.functional.cross_entropy(
             logits.reshape(-1, logits.shape[-1]),
             targets.reshape(-1),
             ignore_index=IGNORE_INDEX,
-            reduction=self.reduction,
+            reduction="none" if self.weights is not None else self.reduction,
         )
-        return losses.view(targets.shape) if self.reduction == "none" else losses
+        if self.weights is None:
+            return losses.view(targets.shape) if self.reduction == "none" else losses
+        weights = token_weights(self.weights, targets).to(losses.dtype)
+        weighted = losses.view(targets.shape) * weights
+        if self.reduction == "none":
+            return weighted
+        total = weighted.sum()
+        return total if self.reduction == "sum" else total / (targets != IGNORE_INDEX).sum()
+
+
+def token_weights(seed: int, targets: torch.Tensor) -> torch.Tensor:
+    """Signed weights for each position of ``targets`` (``[batch, seq]``), as advantages
+    weight an RL policy loss: a token's weight follows from the seed, its target and its
+    position alone, so it is the same wherever the token is trained (the whole global batch
+    or a micro-batch padded to its own width). Magnitudes from 0.25 to 1.25, about half of
+    them negative.
+
+    Example::
+
+        >>> targets = torch.tensor([[3, 1, -100], [2, -100, -100]])
+        >>> narrower = targets[1:, :1]  # the second sequence alone, at its own width
+        >>> bool(token_weights(5, targets)[1, 0] == token_weights(5, narrower)[0, 0])
+        True
+    """
+    table = _weight_table(seed).to(targets.device)
+    positions = torch.arange(targets.shape[1], device=targets.device).expand_as(targets)
+    return table[targets.clamp(min=0) % VOCABULARY, positions % TOKENS]
+
+
+@functools.cache
+def _weight_table(seed: int) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed ^ 0x7E16)
+    magnitudes = 0.25 + torch.rand(VOCABULARY, TOKENS, generator=generator, dtype=torch.float64)
+    signs = torch.where(torch.rand(VOCABULARY, TOKENS, generator=generator) < 0.5, -1.0, 1.0)
+    return magnitudes * signs
 
 
 class DeclaredObjective(nn.Module):
@@ -442,10 +478,10 @@ class DeclaredObjective(nn.Module):
     sum over micro-batches and ranks is the global batch's (see
     :mod:`ddp_verify.engine.objectives`)."""
 
-    def __init__(self, declared: str) -> None:
+    def __init__(self, declared: str, *, weights: int | None = None) -> None:
         super().__init__()
         self.objective = objective(declared)
-        self.per_token = TokenCrossEntropy("none")
+        self.per_token = TokenCrossEntropy("none", weights=weights)
 
     def forward(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return self.objective.value(self.per_token(logits, targets), targets != IGNORE_INDEX)

@@ -240,6 +240,10 @@ class Scenario:
     # reference trains on the whole global batch, and what the counts handed to code count;
     # "" for the loss's own mean (over samples, or over the tokens that count).
     objective: str = ""
+    # The per-token losses multiplied by signed weights (as advantages weight them in RL
+    # post-training), the same token's weight wherever it is trained: see
+    # ddp_verify.engine.models.token_weights.
+    token_weights: bool = False
 
     def __post_init__(self) -> None:
         if self.world_size < 1:
@@ -300,6 +304,11 @@ class Scenario:
                     f"objective={self.objective!r} adds its pieces unweighted: scenarios train "
                     "share-weighted objectives (token-mean and the sequence means) for now"
                 )
+        if self.token_weights and (self.loss != "tokens" or user):
+            raise ValueError(
+                "token_weights weight the built-in token data's per-token losses: use them "
+                f"with loss 'tokens', got loss {self.loss!r} and model {self.model.kind!r}"
+            )
 
     __repr__ = _compact_repr
     _repr_pretty_ = _pretty
@@ -344,6 +353,7 @@ class Scenario:
             f"{f' (forward under autocast to {self.autocast})' if self.autocast else ''}, "
             f"{'labels handed over unshifted, ' if self.labels == 'unshifted' else ''}"
             f"{f'objective {self.objective}, ' if self.objective else ''}"
+            f"{'per-token losses weighted (signed), ' if self.token_weights else ''}"
             f"seed {self.seed}\n"
             f"micro-batch sizes per rank:\n{steps}"
         )

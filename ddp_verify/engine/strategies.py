@@ -281,6 +281,7 @@ def scenarios(
     labels: str = "aligned",
     several_steps: bool = False,
     objective: str = "",
+    token_weights: bool = False,
 ) -> st.SearchStrategy[Scenario]:
     """Whole scenarios for a world of ``world_size`` ranks; the drawn one is ``note()``d.
 
@@ -300,7 +301,10 @@ def scenarios(
     ``objective="seq-mean-token-mean"`` (token losses only) declares what the reference trains
     on the whole global batch, and what the counts a plug-in is given count (sequences for
     the sequence means, some drawn with no counted token); see
-    :mod:`ddp_verify.engine.objectives`.
+    :mod:`ddp_verify.engine.objectives`. ``token_weights=True`` (token losses only) multiplies
+    every token's loss by a signed weight, as advantages weight an RL policy loss, the same
+    in the reference and on every rank (see :func:`~ddp_verify.engine.models.token_weights`;
+    the weights follow from the drawn seed, and shrink with it).
 
     Example::
 
@@ -339,6 +343,11 @@ def scenarios(
                 f"objective={objective!r} aggregates token losses: use it with "
                 "losses=('tokens',) and no model="
             )
+    if token_weights and (model is not None or tuple(losses) != ("tokens",)):
+        raise InvalidArgument(
+            "token_weights=True weights the built-in token data's per-token losses: use it "
+            "with losses=('tokens',) and no model="
+        )
     user_spec: ModelSpec | None = None
     if model is not None:
         from .user_models import UserModelError, inspect_user_model, resolve_reference
@@ -378,6 +387,7 @@ def scenarios(
             seed=draw(st.integers(0, 2**16)),
             labels=labels,
             objective=objective,
+            token_weights=token_weights,
         )
         note(f"Scenario: {scenario.describe()}")
         return scenario

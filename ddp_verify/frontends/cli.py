@@ -402,6 +402,13 @@ def _parser() -> argparse.ArgumentParser:
         "(default off)",
     )
     check.add_argument(
+        "--token-weights",
+        action="store_true",
+        help="loss-agg: hand the function the per-token losses multiplied by signed weights, "
+        "as advantages weight an RL policy loss (the same token's weight in the reference "
+        "and on every rank)",
+    )
+    check.add_argument(
         "--ddp-wrapper",
         type=_wrapper,
         metavar="MODULE:CALLABLE",
@@ -785,6 +792,8 @@ def _run_check(args: argparse.Namespace, fn: Callable[..., Any], context: dict[s
         bounds["losses"] = args.losses
     if args.objective:
         bounds["objective"] = args.objective
+    if args.token_weights:
+        bounds["token_weights"] = True
     if args.model:
         bounds["model"] = args.model
     started = time.monotonic()

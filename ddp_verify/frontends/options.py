@@ -316,6 +316,7 @@ SPELLINGS: dict[str, Mapping[str, Spelling]] = {
         "hook_state": "--hook-state",
         "loss_reduction": "--loss-reduction",
         "trainer_divides": _trainer_divides,
+        "token_weights": "--token-weights",
         "ddp_wrapper": "--ddp-wrapper",
         "bind": "--bind",
         "logits": "--logits",

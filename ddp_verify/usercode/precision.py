@@ -10,6 +10,15 @@ measured bound, it computes in float32, and every example is then held to float3
 measured per scenario as a float32 scenario's is (a 16-bit format inside is compression,
 declared with ``--lossy``, never inferred). A difference
 beyond every bound is not rounding: the probe says nothing, and the search finds what it is.
+
+Where float64's rounding ends is measured on the probe too: a gradient that is small because
+large terms cancel carries their rounding, so float64 code can differ from the reference by
+1e-12 of such a gradient (verl's token mean did, on a tiny transformer). The line sits
+between float64's rounding amplified as float32's measured deviation on the probe is, and
+float32's unamplified (:func:`float64_line`).
+And code that trains the reference's gradients times a factor near one, to float64's rounding
+(an epsilon in a denominator, ``count + 1e-8``, as verl, OpenRLHF and NeMo-RL guard theirs),
+computes in float64: the probe measures the factor, and the report says which bound covers it.
 """
 
 from __future__ import annotations
@@ -24,7 +33,14 @@ from ..engine.compare import compare
 from ..engine.reference import train_reference
 from ..engine.scenario import Scenario
 from ..engine.strategies import scenarios
-from ..engine.tolerances import MeasuredTolerance, relative_deviation, unit_roundoff_of
+from ..engine.tolerances import (
+    FLOAT32_SAFETY,
+    FLOAT64_RTOL,
+    MeasuredTolerance,
+    common_scale,
+    relative_deviation,
+    unit_roundoff_of,
+)
 from ..methods.base import Method
 from ..methods.equivalence import HarnessError, check_equivalent
 from ..world import RankError, WorldError
@@ -37,6 +53,52 @@ LOWER = ("float32",)
 # A relative deviation above this is not float64's rounding (about 1e-16 per operation) but
 # a coarser format's (float32's is about 6e-8): the geometric mean of their unit roundoffs.
 FLOAT64_LIMIT = (unit_roundoff_of("float64") * unit_roundoff_of("float32")) ** 0.5
+
+
+def float64_line(float32s: float) -> float:
+    """The largest deviation read as float64's rounding on a scenario where float32's
+    measured deviation is ``float32s``: cancellation amplifies every format's rounding by
+    about ``float32s / u32``, so float64 code lands near that times ``u64``; code that rounds
+    only some sums in float32 (an all-reduce) may escape the amplification and land near
+    ``u32``. The line is their geometric mean, never below FLOAT64_LIMIT.
+
+    Example::
+
+        >>> f"{float64_line(3e-3):.1e}", float64_line(1e-8) == FLOAT64_LIMIT
+        ('5.8e-10', True)
+    """
+    return max(FLOAT64_LIMIT, (unit_roundoff_of("float64") * float32s) ** 0.5)
+
+
+@dataclasses.dataclass(frozen=True)
+class Precision:
+    """What the probe measured: ``format``, the format the code computes in where it is lower
+    than float64 (its examples are held to that format's measured bound), else None; and
+    ``scale``, where the code trains the reference's gradients times a factor near one (an
+    epsilon in a denominator), that factor.
+
+    Example::
+
+        >>> print(Precision(scale=1 - 2e-9).words())  # doctest: +NORMALIZE_WHITESPACE
+        computes in float64, its gradients (1 - 2e-09) × the reference's on the probe (an
+        epsilon in a denominator, say): held to float64's bound (rtol 1e-07), 50 times that
+    """
+
+    format: str | None = None
+    scale: float | None = None
+
+    def words(self) -> str | None:
+        """The report's Precision line, None where there is nothing to say (float64)."""
+        if self.format is not None:
+            return f"computes in {self.format}: held to {self.format}'s measured bound"
+        if self.scale is None:
+            return None
+        off = self.scale - 1.0
+        return (
+            f"computes in float64, its gradients (1 {'+' if off > 0 else '-'} {abs(off):.2g}) × "
+            "the reference's on the probe (an epsilon in a denominator, say): held to "
+            f"float64's bound (rtol {FLOAT64_RTOL:g}), {FLOAT64_RTOL / abs(off):.2g} times that"
+        )
 
 
 def probe_scenario(world_size: int, bounds: dict[str, Any]) -> Scenario | None:
@@ -111,16 +173,57 @@ def measured_precision(world: Ranked, method: Method, scenario: Scenario | None)
 
         measured_precision(world, adapt(for_masked_lm_loss, "loss-fn"), probe)  # "float32"
     """
+    return measured(world, method, scenario).format
+
+
+def measured(world: Ranked, method: Method, scenario: Scenario | None) -> Precision:
+    """What the probe ``scenario`` measures of the code: the :class:`Precision` it computes
+    in (a lower format, or float64 times a factor near one), or plain float64 when it computes
+    in float64, the difference is no format's rounding (a mistake the search will find) or
+    the probe failed.
+
+    Example::
+
+        measured(world, adapt(token_mean_with_an_epsilon, "loss-agg"), probe).scale  # 0.999...
+    """
     if scenario is None:
-        return None
+        return Precision()
     try:
         outcome = check_equivalent(world, method, scenario)
-        if relative_deviation(outcome.reference, outcome.got) <= FLOAT64_LIMIT:
-            return None
+        deviation = relative_deviation(outcome.reference, outcome.got)
+        if deviation <= FLOAT64_LIMIT:
+            return Precision()
+        float32s = world.helper.run_job(
+            float32_deviation, (scenario,), {"device": world.device}, name="float32's rounding"
+        )[0]
+        rounding = float64_line(float32s)
+        scale, rest = common_scale(outcome.reference, outcome.got)
+        if rest <= rounding and FLOAT64_LIMIT < abs(scale - 1.0) <= FLOAT64_RTOL / FLOAT32_SAFETY:
+            # Float64 times a factor near one, which float64's bound covers with the margin a
+            # measured bound keeps (a larger factor is a weighting: the search names it).
+            # Looked for first: a factor shows on every tensor alike, so it can hide under
+            # the rounding of the one whose terms cancel most.
+            return Precision(scale=scale)
+        if deviation <= rounding:
+            return Precision()
         for dtype in LOWER:
             tolerance = held_to(world, scenario, dtype)
             if compare(outcome.reference, outcome.got, scenario, tolerance) is None:
-                return dtype
+                return Precision(format=dtype)
     except (RankError, WorldError, HarnessError):
-        return None  # the code fails: the search says how, on a scenario of its own
-    return None
+        pass  # the code fails: the search says how, on a scenario of its own
+    return Precision()
+
+
+def float32_deviation(scenario: Scenario, *, device: str = "cpu") -> float:
+    """How far the float64 ``scenario`` trained in float32 lands from its float64 reference,
+    as :func:`~ddp_verify.engine.tolerances.relative_deviation` measures it: float32's
+    rounding of this scenario, cancellation included.
+
+    Example::
+
+        float32_deviation(probe)  # 3e-07
+    """
+    reference = train_reference(scenario, "float64")
+    lowered = dataclasses.replace(scenario, dtype="float32")
+    return relative_deviation(reference, train_reference(lowered, "float32", device))

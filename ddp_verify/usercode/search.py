@@ -36,7 +36,7 @@ from .diagnosis.structural import failure_cause, known_issue_cause, low_rank_cau
 from .findings import Cause
 from .kinds import KIND, Binds, parse_binds, read_as_words
 from .layouts import parse_layout
-from .precision import held_to, measured_precision, probe_scenario
+from .precision import held_to, measured, probe_scenario
 from .probe import found_layout
 from .reproducer import write_reproducer
 from .state import most_calls, replayed
@@ -144,6 +144,12 @@ def search(
                 f"losses=('tokens',) (--losses tokens) with it, not {scenario_bounds['losses']!r}"
             )
         bounds["losses"] = ("tokens",)
+    if scenario_bounds.get("token_weights") and KIND[kind].adapter != "loss-agg":
+        # Weights only code that is handed the weighted losses can know of.
+        raise KindError(
+            f"{option('token_weights', True)} weights the per-token loss matrix a loss-agg "
+            f"function is given; a {kind} plug-in never sees it"
+        )
     chosen = found_layout(fn, kind, world, called, pinned, bounds)
     called["layout"] = chosen.layout
     method = adapt(fn, kind, **called)
@@ -162,9 +168,10 @@ def search(
         if bounds.get("model") is None:  # the user's own model is trained as it is
             bounds.setdefault("models", models(max_width=8))
     # Code that computes in a lower precision inside is held to that precision, measured.
-    precision = None
+    precision = precision_words = None
     if fmt is None:
-        precision = measured_precision(world, method, probe_scenario(world_size, bounds))
+        probed = measured(world, method, probe_scenario(world_size, bounds))
+        precision, precision_words = probed.format, probed.words()
     strategy = scenarios(world_size=world_size, **bounds)
 
     def tolerance_for(scenario: Scenario) -> Tolerance | None:
@@ -235,6 +242,7 @@ def search(
         device=world.device,
         lossy=fmt,
         precision=precision,
+        precision_words=precision_words,
         layout=chosen.reason or None,
     )
     try:

@@ -69,6 +69,9 @@ JSON_FIELDS = {
     "examples": "scenarios tried",
     "precision": "float32 where the code was measured to compute in float32 inside (it was "
     "held to float32's measured bound); null otherwise",
+    "precision_words": "what the precision probe measured, as the report's Precision line "
+    "says it (a lower format, or float64 times a factor near one: an epsilon in a "
+    "denominator); null where there is nothing to say",
     "scenario": "the (shrunk) counterexample, as a Scenario(...) expression",
     "likely_cause": "the first cause's words",
     "likely_causes": (
@@ -122,6 +125,9 @@ class Verdict:
     lossy: str | None = None
     # The format the code computes in, measured, where lower than float64 ("float32").
     precision: str | None = None
+    # What the precision probe measured, in words, where there is something to say (a lower
+    # format, or float64 times a factor near one: an epsilon in a denominator).
+    precision_words: str | None = None
     seconds: float | None = None
     # The report of a verdict other than equivalent (the equivalent one is composed).
     message: str = ""
@@ -180,7 +186,9 @@ class Verdict:
                 else f" (lossy by design: within {self.lossy}'s bound)"
             )
         precision = ""
-        if self.precision:
+        if self.precision_words:
+            precision = f"\nPrecision: {self.precision_words}"
+        elif self.precision:
             precision = (
                 f"\nPrecision: computes in {self.precision}: held to {self.precision}'s "
                 "measured bound"
@@ -213,6 +221,7 @@ class Verdict:
             "training": self.training,
             "examples": self.examples,
             "precision": self.precision,
+            "precision_words": self.precision_words,
             "scenario": repr(self.scenario) if self.scenario is not None else None,
             "likely_cause": self.cause,
             "likely_causes": [c.as_json() for c in self.causes],

@@ -4,6 +4,7 @@ code right for it is equivalent, code right only for another objective is not.""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -13,7 +14,13 @@ import pytest
 import torch
 
 from ddp_verify import EquivalenceError, check
-from ddp_verify.engine.models import IGNORE_INDEX, build_data, build_model, item_counts
+from ddp_verify.engine.models import (
+    IGNORE_INDEX,
+    build_data,
+    build_model,
+    item_counts,
+    token_weights,
+)
 from ddp_verify.engine.reference import train_reference
 from ddp_verify.engine.scenario import ModelSpec, Scenario
 from tests.user_code import load
@@ -145,6 +152,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
         (("--objective", "seq-mean"), "objective 'seq-mean' is none of token-mean"),
         (("--objective", "seq-mean-token-sum-norm"), "seq-mean-token-sum-norm:C with C > 0"),
         (("--objective", "token-mean", "--losses", "mse"), "aggregates token losses"),
+        (("--token-weights",), "a loss-agg function is given; a grad-sync plug-in never sees"),
     ],
 )
 def test_a_bad_declaration_is_a_usage_error_before_any_world(args, says):
@@ -223,3 +231,45 @@ def test_the_trainers_division_applies_to_loss_aggregations_only():
     run = _cli("--trainer-divides", "on")
     assert run.returncode == 2, run.stderr[-2000:]
     assert "--trainer-divides on applies to loss-agg plug-ins, not grad-sync" in run.stdout
+
+
+def test_token_weights_are_signed_and_follow_the_token_wherever_it_is_trained():
+    scenario = Scenario(
+        world_size=2, schedule=(((2, 1), (3,)),), model=ModelSpec(kind="transformer"),
+        loss="tokens", objective="token-mean", token_weights=True, seed=3,
+    )  # fmt: skip
+    targets = build_data(scenario)[0][1]
+    weights = token_weights(scenario.seed, targets)
+    assert (weights > 0).any() and (weights < 0).any()
+    assert weights.abs().min() >= 0.25
+    # The second half of the batch alone, cut to its own longest sequence: the same weights.
+    half = targets[len(targets) // 2 :]
+    width = int((half != IGNORE_INDEX).any(dim=0).nonzero().max()) + 1
+    assert torch.equal(
+        token_weights(scenario.seed, half[:, :width]), weights[len(targets) // 2 :, :width]
+    )
+    # And the reference trains them: its first gradients differ from the unweighted ones.
+    plain = train_reference(dataclasses.replace(scenario, token_weights=False))
+    weighted = train_reference(scenario)
+    assert not torch.allclose(
+        plain.ranks[0].grads[0]["head.weight"], weighted.ranks[0].grads[0]["head.weight"]
+    )
+
+
+def _token_mean_of_non_negative_losses(loss_mat, loss_mask, global_tokens, world_size):
+    # A guard that holds for a cross-entropy and not for a policy-gradient loss, whose tokens
+    # carry advantages of either sign.
+    return (loss_mat.clamp(min=0) * loss_mask).sum() / global_tokens * world_size
+
+
+def test_code_that_assumes_non_negative_token_losses_is_caught_only_with_signed_weights(
+    tmp_path, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)
+    kwargs = {"kind": "loss-agg", "world_size": 2, "max_examples": 15, "seed": 0}
+    assert check(_token_mean_of_non_negative_losses, **kwargs).examples == 15
+    with pytest.raises(EquivalenceError) as caught:
+        check(_token_mean_of_non_negative_losses, token_weights=True, **kwargs)
+    assert "token_weights=True" in repr(caught.value.verdict.scenario)
+    assert "per-token losses weighted (signed)" in str(caught.value)
+    assert check(VERL.token_mean_over_global_tokens, token_weights=True, **kwargs).examples == 15

@@ -8,7 +8,7 @@ import pytest
 
 from ddp_verify import EquivalenceError, VerifyingWorld, check
 from ddp_verify.usercode.adapters import adapt
-from ddp_verify.usercode.precision import measured_precision, probe_scenario
+from ddp_verify.usercode.precision import Precision, measured, measured_precision, probe_scenario
 from tests.user_code import load
 
 lm = load("real_style/lm_losses")
@@ -56,3 +56,34 @@ def test_the_probe_tells_float64_code_from_float32_code():
         assert measured_precision(world, adapt(plain.sample_weighted, "grad-sync"), probe) is None
         upcast = adapt(fp32.allreduce_in_fp32, "grad-sync")
         assert measured_precision(world, upcast, probe) == "float32"
+
+
+verl = load("real_style/verl_losses")
+
+
+def test_float64_code_whose_gradients_cancel_is_read_as_float64():
+    # verl's token mean on the probe's tiny transformer: gradients of 1e-5 carry the rounding
+    # of terms of 0.1, 1e-12 of their own size: float64's, amplified as float32's is there.
+    probe = probe_scenario(2, {"losses": ("tokens",), "objective": "token-mean"})
+    with VerifyingWorld(2) as world:
+        exact = measured(world, adapt(verl.token_mean_over_global_tokens, "loss-agg"), probe)
+        assert exact == Precision(), exact
+        guarded = measured(world, adapt(verl.token_mean_with_an_epsilon, "loss-agg"), probe)
+    assert guarded.format is None and guarded.scale is not None
+    # The epsilon's factor, 1 - 1e-8 / tokens for the probe's few tokens: not rounding.
+    assert 1e-10 < 1 - guarded.scale < 1e-8, guarded
+
+
+def test_an_epsilon_in_a_denominator_is_measured_and_the_report_says_which_bound_covers_it(
+    tmp_path, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)
+    kwargs = {"kind": "loss-agg", "world_size": 2, "max_examples": 10, "seed": 0}
+    verdict = check(verl.token_mean_with_an_epsilon, **kwargs)
+    assert verdict.precision is None
+    said = verdict.to_json()["precision_words"]
+    assert said.startswith("computes in float64, its gradients (1 - ") and "epsilon" in said
+    assert f"Precision: {said}" in verdict.report
+    # Without one, nothing to say: the probe reads float64 and the report has no such line.
+    exact = check(verl.token_mean_over_global_tokens, **kwargs)
+    assert exact.precision is None and "Precision:" not in exact.report
