@@ -330,6 +330,30 @@ def item_counts(scenario: Scenario) -> tuple[tuple[tuple[int, ...], ...], ...]:
     )
 
 
+def blank_sequences(scenario: Scenario) -> tuple[tuple[tuple[int, ...], ...], ...]:
+    """Per step, per rank, the sequences of each micro-batch with no token that counts (a
+    prompt with no response): drawn under a declared objective, left out of its sequence
+    means; none otherwise.
+
+    Example::
+
+        blank_sequences(scenario)[0][1]  # rank 1's micro-batches at step 0: (0, 1) blank
+    """
+    if scenario.loss != "tokens":
+        return tuple(tuple((0,) * len(s) for s in per_rank) for per_rank in scenario.schedule)
+    data = build_data(scenario, "float64")
+    return tuple(
+        tuple(
+            tuple(
+                int((~(y != IGNORE_INDEX).any(dim=1)).sum())
+                for _, y in micro_batches(scenario, step, rank, batch)
+            )
+            for rank in range(scenario.world_size)
+        )
+        for step, batch in enumerate(data)
+    )
+
+
 def rank_items(scenario: Scenario, step: int) -> list[int]:
     """The loss items each rank holds at ``step``."""
     return [sum(sizes) for sizes in item_counts(scenario)[step]]

@@ -87,16 +87,28 @@ class Outcome:
 def tokens_line(scenario: Scenario) -> str:
     """Per step and rank, the tokens that count in each micro-batch: what a token-level loss
     averages over, beside the micro-batch sizes in samples (the sequences that count, where
-    the declared objective means over sequences)."""
-    from .models import item_counts
-
-    steps = "\n".join(
-        f"  step {s}: "
-        + "  ".join(f"rank {r}: {'+'.join(map(str, sizes))}" for r, sizes in enumerate(per_rank))
-        for s, per_rank in enumerate(item_counts(scenario))
-    )
+    the declared objective means over sequences); and under a declared objective, where some
+    were drawn, the sequences with no token that counts."""
+    from .models import blank_sequences, item_counts
     from .objectives import objective
 
+    def per_micro_batch(counts: tuple[tuple[tuple[int, ...], ...], ...]) -> str:
+        return "\n".join(
+            f"  step {s}: "
+            + "  ".join(f"rank {r}: {'+'.join(map(str, n))}" for r, n in enumerate(per_rank))
+            for s, per_rank in enumerate(counts)
+        )
+
+    steps = per_micro_batch(item_counts(scenario))
     if scenario.objective and objective(scenario.objective).unit == "sequence":
-        return f"sequences with a token that counts, per micro-batch:\n{steps}"
-    return f"tokens that count per micro-batch:\n{steps}"
+        line = f"sequences with a token that counts, per micro-batch:\n{steps}"
+    else:
+        line = f"tokens that count per micro-batch:\n{steps}"
+    blank = blank_sequences(scenario) if scenario.objective else ()
+    if any(n for per_rank in blank for sizes in per_rank for n in sizes):
+        # Drawn on purpose (prompts with no response): said, as sequence means leave them out.
+        line += (
+            "\nsequences with no token that counts (left out of sequence means), per "
+            f"micro-batch:\n{per_micro_batch(blank)}"
+        )
+    return line

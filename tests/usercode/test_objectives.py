@@ -16,11 +16,13 @@ import torch
 from ddp_verify import EquivalenceError, check
 from ddp_verify.engine.models import (
     IGNORE_INDEX,
+    blank_sequences,
     build_data,
     build_model,
     item_counts,
     token_weights,
 )
+from ddp_verify.engine.outcome import tokens_line
 from ddp_verify.engine.reference import train_reference
 from ddp_verify.engine.scenario import ModelSpec, Scenario
 from tests.user_code import load
@@ -273,3 +275,31 @@ def test_code_that_assumes_non_negative_token_losses_is_caught_only_with_signed_
     assert "token_weights=True" in repr(caught.value.verdict.scenario)
     assert "per-token losses weighted (signed)" in str(caught.value)
     assert check(VERL.token_mean_over_global_tokens, token_weights=True, **kwargs).examples == 15
+
+
+def test_the_report_says_which_sequences_were_drawn_with_no_token_that_counts():
+    blanks = []
+    for seed in range(8):
+        scenario = Scenario(
+            world_size=2, schedule=(((2, 1), (3,)),), model=ModelSpec(kind="transformer"),
+            loss="tokens", objective="seq-mean-token-mean", seed=seed,
+        )  # fmt: skip
+        counted, blank = item_counts(scenario), blank_sequences(scenario)
+        # Every sample of the schedule is a sequence that counts or a blank one.
+        for sizes, c, b in zip(scenario.schedule[0], counted[0], blank[0], strict=True):
+            assert [x + y for x, y in zip(c, b, strict=True)] == list(sizes)
+        line = tokens_line(scenario)
+        if any(n for rank in blank[0] for n in rank):
+            blanks.append(seed)
+            assert "sequences with no token that counts (left out of sequence means)" in line
+            assert "rank 1: " + "+".join(map(str, blank[0][1])) in line.split("left out")[1]
+        else:
+            assert "no token that counts" not in line
+    assert blanks and len(blanks) < 8  # drawn in some scenarios, not all
+    # Without a declared objective none are drawn, and nothing is said.
+    plain = Scenario(
+        world_size=2, schedule=(((2, 1), (3,)),), model=ModelSpec(kind="transformer"),
+        loss="tokens", seed=blanks[0],
+    )  # fmt: skip
+    assert not any(n for rank in blank_sequences(plain)[0] for n in rank)
+    assert "no token that counts" not in tokens_line(plain)
