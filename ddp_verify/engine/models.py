@@ -330,6 +330,24 @@ def item_counts(scenario: Scenario) -> tuple[tuple[tuple[int, ...], ...], ...]:
     )
 
 
+def padded_width(scenario: Scenario, targets: torch.Tensor) -> int:
+    """The width a batch of sequences is padded to where it is padded to its own longest
+    sequence (dynamic padding): the last position any of its targets counts at, plus one; 0
+    for data that is no token sequences.
+
+    Example::
+
+        >>> scenario = Scenario(world_size=1, schedule=(((1,),),), loss="tokens",
+        ...                     model=ModelSpec(kind="transformer"))
+        >>> padded_width(scenario, torch.tensor([[5, -100, 2, -100], [1, -100, -100, -100]]))
+        3
+    """
+    if scenario.loss != "tokens":
+        return 0
+    counts = (targets != IGNORE_INDEX).any(dim=0)
+    return int(counts.nonzero().max()) + 1 if counts.any() else 1
+
+
 def blank_sequences(scenario: Scenario) -> tuple[tuple[tuple[int, ...], ...], ...]:
     """Per step, per rank, the sequences of each micro-batch with no token that counts (a
     prompt with no response): drawn under a declared objective, left out of its sequence

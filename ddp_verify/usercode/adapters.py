@@ -23,7 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..engine.models import LOSS_REDUCTIONS, VOCABULARY, loss_function
+from ..engine.models import LOSS_REDUCTIONS, VOCABULARY, loss_function, padded_width
 from ..engine.scenario import IGNORE_INDEX, Scenario
 from ..engine.trace import RankTrace
 from ..methods.base import DistributedMethod
@@ -524,7 +524,7 @@ class LossAggregator(UserMethod):
             for (inputs, targets), mask in zip(batches, masks, strict=True):
                 # Each micro-batch at its own width: its longest sequence's last position
                 # that counts, as dynamic padding leaves it.
-                width = int(mask.any(dim=0).nonzero().max()) + 1 if mask.any() else 1
+                width = padded_width(scenario, targets)
                 losses = per_token(run.model(inputs), targets)[:, :width]
                 mine = {
                     **counts,

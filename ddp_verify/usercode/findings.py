@@ -175,11 +175,16 @@ MICRO_EQUAL = _finding(
     "micro-batch losses divided by the number of micro-batches instead of weighted by their "
     "sizes (a mean of micro-batch means)",
 )
-# MICRO_EQUAL's words where the loss averages tokens.
-MICRO_EQUAL_TOKENS = (
-    "normalised per micro-batch by its own token count instead of the global count: each "
-    "micro-batch's mean counted the same, whatever its tokens"
+# MICRO_EQUAL's words where the loss averages a counted unit other than samples (tokens, or
+# sequences under a declared sequence mean): the denominator it took instead.
+MICRO_EQUAL_COUNTED = (
+    "normalised per micro-batch by its own {unit} count instead of the global count: each "
+    "micro-batch's mean counted the same, whatever its {unit}s"
 )
+# RANKS_WORLD's, likewise.
+PER_RANK_DENOMINATOR = " (normalised per rank by its own {unit} count instead of the global count)"
+# The counted units whose denominators those words name.
+COUNTED_UNITS = ("token", "sequence")
 MICRO_LAST_ONLY = _finding(
     "micro:last-only",
     "gradient",
@@ -192,6 +197,20 @@ MICRO_SAMPLES = _finding(
     "micro:samples",
     "gradient",
     "micro-batches weighted by their samples, not by the tokens that count",
+)
+MICRO_ROWS = _finding(
+    "micro:rows",
+    "gradient",
+    "each micro-batch's sequence mean taken over all its rows, sequences with no token that "
+    "counts included (a count from the batch: loss_mat.size(0), .mean() over sequences), not "
+    "over its sequences that count",
+)
+MICRO_WIDTH = _finding(
+    "micro:padded-width",
+    "gradient",
+    "each micro-batch normalised by its own padded width (loss_mask.shape[-1]) where the "
+    "declared constant was due: dynamic padding makes the widths differ, so each micro-batch "
+    "counted constant / width times its share",
 )
 MICRO_OTHER = _finding("micro:other", "gradient", "micro-batches weighted wrongly within a rank")
 

@@ -106,10 +106,18 @@ PINNED = {
     for module in [load(f"real_style/{stem}")]
     for name, layout in getattr(module, "PINNED", {}).items()
 }
+# check() options declared per function (DECLARED): the objective a loss aggregation is
+# written for, the trainer's division it runs under, a literal bound (a constant).
+DECLARED = {
+    id(getattr(module, name)): declared
+    for stem in REAL_STYLE
+    for module in [load(f"real_style/{stem}")]
+    for name, declared in getattr(module, "DECLARED", {}).items()
+}
 
 
 def options(fn) -> dict:
-    return {**OPTIONS.get(id(fn), {}), **PINNED.get(id(fn), {})}
+    return {**OPTIONS.get(id(fn), {}), **PINNED.get(id(fn), {}), **DECLARED.get(id(fn), {})}
 
 
 def assert_layout_found(fn, verdict) -> None:

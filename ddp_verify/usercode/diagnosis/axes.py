@@ -38,12 +38,17 @@ __all__ = [
 @dataclasses.dataclass(frozen=True)
 class Group:
     """One micro-batch of one rank at a step: ``items`` loss items (samples, or tokens that
-    count), ``samples`` rows."""
+    count, or sequences that count), ``samples`` rows (blank sequences among them, under a
+    sequence mean); ``width``, its padded width where its items are tokens (its longest
+    sequence's last counted position), and ``constant``, the declared objective's constant
+    (``seq-mean-token-sum-norm:C``), 0 where none."""
 
     rank: int
     micro: int
     items: int
     samples: int = 0
+    width: int = 0
+    constant: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,6 +80,11 @@ class Context:
     def last(self, rank: int) -> int:
         return max(g.micro for g in self.groups if g.rank == rank)
 
+    @property
+    def constant(self) -> float:
+        """The declared objective's constant, 0 where none."""
+        return self.groups[0].constant if self.groups else 0.0
+
     def micro_counts(self) -> set[int]:
         return {self.pieces(r) for r in {g.rank for g in self.groups}}
 
@@ -94,8 +104,8 @@ class Choice:
     count ratio); ``per_rank``: one row per source rank (rank S's gradient used on all);
     ``free``: the row fixes which items count, not how much (fitted), as a rank's own
     gradient does when DDP-style training has already scaled it; ``tokens``: only where
-    samples and tokens part; ``accumulating``: only where some rank holds several
-    micro-batches."""
+    samples and tokens part; ``unit``: only where the loss items are that unit
+    (``"sequence"``); ``accumulating``: only where some rank holds several micro-batches."""
 
     axis: str
     name: str
@@ -107,6 +117,7 @@ class Choice:
     per_rank: bool = False
     free: bool = False
     tokens: bool = False
+    unit: str = ""
     accumulating: bool = False
 
     @property
@@ -219,6 +230,26 @@ MICRO: tuple[Choice, ...] = (
         weight=lambda c, g: g.samples / c.rows(g.rank),
         tokens=True,
         accumulating=True,
+    ),
+    # A sequence mean over the micro-batch's rows, blank sequences counted (TRL's grpo
+    # .mean(), a size(0)): each micro-batch counted equally, its sequences that count
+    # items / rows of it. With one micro-batch per rank it is the rank's own such mean.
+    # The declared constant replaced by each micro-batch's padded width (verl's fallback,
+    # loss_mask.shape[-1]): each counted C / width times what it should. Without a declared
+    # constant the row weights as the right one does, at a mistake's cost: never chosen.
+    Choice(
+        "micro",
+        "padded-width",
+        f.MICRO_WIDTH.code,
+        weight=lambda c, g: _by_items(c, g) * (c.constant / g.width if c.constant else 1.0),
+        unit="sequence",
+    ),
+    Choice(
+        "micro",
+        "rows",
+        f.MICRO_ROWS.code,
+        weight=lambda c, g: (g.items / g.samples if g.samples else 0.0) / c.pieces(g.rank),
+        unit="sequence",
     ),
 )
 
@@ -398,9 +429,16 @@ def choice(axis: str, name: str) -> Choice:
     raise KeyError(f"no choice {name!r} on axis {axis!r}")
 
 
-def applicable(rows: Sequence[Choice], *, tokens: bool, accumulates: bool) -> list[Choice]:
-    """The rows that can show on a scenario: token rows where samples and tokens part,
-    micro-batch rows where some rank holds several."""
+def applicable(
+    rows: Sequence[Choice], *, tokens: bool, accumulates: bool, unit: str = ""
+) -> list[Choice]:
+    """The rows that can show on a scenario: token rows where samples and tokens part, a
+    unit's rows where the loss items are that unit, micro-batch rows where some rank holds
+    several."""
     return [
-        row for row in rows if (tokens or not row.tokens) and (accumulates or not row.accumulating)
+        row
+        for row in rows
+        if (tokens or not row.tokens)
+        and (accumulates or not row.accumulating)
+        and (not row.unit or row.unit == unit)
     ]

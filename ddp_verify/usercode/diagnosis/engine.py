@@ -105,6 +105,7 @@ def _combinations(
             rows(a) + tuple(c for c in extra if c.axis == a),
             tokens=tokens,
             accumulates=accumulates,
+            unit=evidence.unit,
         )
         for a in axes
     ]

@@ -28,6 +28,7 @@ from ...engine.models import (
     loss_function,
     micro_batches,
     one_thread,
+    padded_width,
 )
 from ...engine.objectives import objective
 from ...engine.scenario import Scenario
@@ -132,6 +133,8 @@ def group_terms(
     with one_thread():
         inputs, targets = build_data(scenario, "float64")[step]
         loss_fn = loss_function(scenario)
+        declared = objective(scenario.objective) if scenario.objective else None
+        constant = float(declared.constant or 0.0) if declared else 0.0
         groups, columns, losses = [], [], []
         for rank in range(scenario.world_size):
             model = _model_at(scenario, None if starts is None else starts[rank])
@@ -141,7 +144,16 @@ def group_terms(
                 loss.backward()
                 columns.append(flatten(model, {n: p.grad for n, p in model.named_parameters()}))
                 losses.append(float(loss.detach()))
-                groups.append(Group(rank, micro, count_items(scenario, y), len(y)))
+                groups.append(
+                    Group(
+                        rank,
+                        micro,
+                        count_items(scenario, y),
+                        len(y),
+                        padded_width(scenario, y),
+                        constant,
+                    )
+                )
     return groups, torch.stack(columns, dim=1), losses
 
 

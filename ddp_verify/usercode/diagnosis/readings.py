@@ -148,11 +148,7 @@ def _rank_pattern(
     rows = {r: sum(g.samples for g in fit.groups if g.rank == r) for r in ranks}
     by_rows = {r: rows[r] / sum(rows.values()) for r in ranks}
     total = sum(fit.rank_items(r) for r in ranks)
-    tokens = (
-        " (normalised per rank by its own token count instead of the global count)"
-        if unit == "token"
-        else ""
-    )
+    tokens = f.PER_RANK_DENOMINATOR.format(unit=unit) if unit in f.COUNTED_UNITS else ""
     # Every weighting of the ranks the totals fit; where ranks hold as many samples, the
     # world size's is the plainest, and a scenario where they part tells which it is.
     fitting = [
@@ -243,8 +239,8 @@ def _micro_patterns(fit: WeightFit, totals: dict[int, float], close: float) -> l
         )
 
     def words(finding: f.Finding) -> str:
-        if finding is f.MICRO_EQUAL and unit == "token":
-            return f.MICRO_EQUAL_TOKENS
+        if finding is f.MICRO_EQUAL and unit in f.COUNTED_UNITS:
+            return f.MICRO_EQUAL_COUNTED.format(unit=unit)
         return finding.says()
 
     def alternatives(finding: f.Finding) -> tuple[str, ...]:

@@ -184,8 +184,8 @@ def _gradient_words(
             if abs(totals[r] - shares[r]) > 1e-12 * max(1.0, abs(shares[r]))
         )
         tokens = (
-            " (normalised per rank by its own token count instead of the global count)"
-            if unit == "token" and choice.name == "world"
+            f.PER_RANK_DENOMINATOR.format(unit=unit)
+            if unit in f.COUNTED_UNITS and choice.name == "world"
             else ""
         )
         value = next(iter(totals.values()), 0.0)
@@ -193,11 +193,36 @@ def _gradient_words(
         return f"{words}{tokens}: {numbers}" if numbers else words
     if choice.axis == "micro":
         words = (
-            f.MICRO_EQUAL_TOKENS
-            if choice.name == "equal" and unit == "token"
+            f.MICRO_EQUAL_COUNTED.format(unit=unit)
+            if choice.name == "equal" and unit in f.COUNTED_UNITS
             else finding.says(unit=unit)
         )
         details = []
+        if choice.name == "rows":
+            # What this reading turns on: the rows a mean divided by, beside those that count.
+            for r in sorted(totals):
+                groups = [g for g in context.groups if g.rank == r]
+                details.append(
+                    f"rank {r}: "
+                    + ", ".join(
+                        f"micro-batch {g.micro} divided by {g.samples} "
+                        f"{_plural('row', g.samples)}, {g.items} {_plural(unit, g.items)} counting"
+                        for g in groups
+                    )
+                )
+            return f"{words}: {'; '.join(details)}"
+        if choice.name == "padded-width":
+            for r in sorted(totals):
+                groups = [g for g in context.groups if g.rank == r]
+                details.append(
+                    f"rank {r}: "
+                    + ", ".join(
+                        f"micro-batch {g.micro} padded to {g.width}, counted "
+                        f"{context.constant / g.width:.3g}x its share"
+                        for g in groups
+                    )
+                )
+            return f"{words}, the constant {context.constant:g}: {'; '.join(details)}"
         for r in sorted(totals):
             index = [i for i, g in enumerate(context.groups) if g.rank == r]
             rank_total = sum(coefficients[i] for i in index) or 1.0
