@@ -430,6 +430,42 @@ SHAPES = (
         options={"max_micro_batches": 3},
         families=frozenset({"loss-agg"}),
     ),
+    # The sequence-level objectives: verl's seq-mean-token-mean over the global sequence
+    # count, and seq-mean-token-sum-norm with its declared constant (4, the data's longest).
+    Shape(
+        "loss-agg-seq",
+        "loss-agg",
+        "agg_loss",
+        """\
+        def agg_loss($signature):
+            tokens = loss_mask.sum(-1)
+            means = (loss_mat * loss_mask).sum(-1) / tokens.clamp(min=1)
+            return means.sum() / ($divide) * $dp
+        """,
+        dict(
+            signature="loss_mat, loss_mask, global_sequences, world_size",
+            divide="global_sequences",
+            dp="world_size",
+        ),
+        options={"max_micro_batches": 3, "objective": "seq-mean-token-mean"},
+        families=frozenset({"loss-agg-seq"}),
+    ),
+    Shape(
+        "loss-agg-norm",
+        "loss-agg",
+        "agg_loss",
+        """\
+        def agg_loss($signature):
+            return (loss_mat * loss_mask).sum() / ($divide) * $dp
+        """,
+        dict(
+            signature="loss_mat, loss_mask, global_sequences, world_size",
+            divide="global_sequences * 4",
+            dp="world_size",
+        ),
+        options={"max_micro_batches": 3, "objective": "seq-mean-token-sum-norm:4"},
+        families=frozenset({"loss-agg-norm"}),
+    ),
 )
 
 
@@ -474,6 +510,7 @@ OPERATORS = (
             "token-loss-3d": {"divide": "1"},
             "token-loss-causal": {"divide": "1"},
             "loss-agg": {"divide": "1"},
+            "loss-agg-seq": {"divide": "1"},
         },
         frozenset({"scale", "ranks:sum", "loss:item-sum"}),
     ),
@@ -489,6 +526,7 @@ OPERATORS = (
             "token-loss-flat": {"divide": "num_items_in_batch ** 2"},
             "token-loss-3d": {"divide": "num_tokens ** 2"},
             "loss-agg": {"divide": "global_tokens ** 2"},
+            "loss-agg-seq": {"divide": "global_sequences ** 2"},
         },
         frozenset({"scale", "loss:scaled"}),
     ),
@@ -610,13 +648,16 @@ OPERATORS = (
     Operator(
         "dp-forgotten",
         "the data-parallel factor forgotten: DDP's average divides once more",
-        {"loss-agg": {"dp": "1"}},
+        {"loss-agg": {"dp": "1"}, "loss-agg-seq": {"dp": "1"}, "loss-agg-norm": {"dp": "1"}},
         frozenset({"scale"}),
     ),
     Operator(
         "dp-twice",
         "the data-parallel factor applied twice",
-        {"loss-agg": {"dp": "world_size * world_size"}},
+        {
+            "loss-agg": {"dp": "world_size * world_size"},
+            "loss-agg-seq": {"dp": "world_size * world_size"},
+        },
         frozenset({"scale"}),
     ),
     Operator(
@@ -626,7 +667,15 @@ OPERATORS = (
             "loss-agg": {
                 "signature": "loss_mat, loss_mask, rank_tokens, world_size",
                 "divide": "rank_tokens",
-            }
+            },
+            "loss-agg-seq": {
+                "signature": "loss_mat, loss_mask, rank_sequences, world_size",
+                "divide": "rank_sequences",
+            },
+            "loss-agg-norm": {
+                "signature": "loss_mat, loss_mask, rank_sequences, world_size",
+                "divide": "rank_sequences * 4",
+            },
         },
         # verl's dp factor undoes DDP's average: each rank's mean counted 1, summed.
         frozenset({"ranks:sum", "loss:sum"}),
@@ -638,11 +687,34 @@ OPERATORS = (
             "loss-agg": {
                 "signature": "loss_mat, loss_mask, world_size",
                 "divide": "loss_mask.sum()",
-            }
+            },
+            "loss-agg-seq": {
+                "signature": "loss_mat, loss_mask, world_size",
+                "divide": "(tokens > 0).sum()",
+            },
         },
         # Every micro-batch's own mean counted 1 (the dp factor undoes DDP's average): ranks
         # and micro-batches summed, each alike whatever its tokens.
         frozenset({"ranks:sum", "micro:equal", "micro:own-mean", "scale", "loss:sum"}),
+    ),
+    Operator(
+        "row-count",
+        "a sequence mean over the micro-batch's rows, blank sequences counted (TRL's grpo)",
+        {
+            "loss-agg-seq": {
+                "signature": "loss_mat, loss_mask, accumulation_steps",
+                "divide": "loss_mask.shape[0] * accumulation_steps",
+                "dp": "1",
+            }
+        },
+        # Each micro-batch's mean over its rows, 1/M of its rank, ranks averaged by DDP.
+        frozenset({"micro:rows"}),
+    ),
+    Operator(
+        "padded-width",
+        "the declared constant replaced by the micro-batch's padded width (verl's fallback)",
+        {"loss-agg-norm": {"divide": "global_sequences * loss_mask.shape[-1]"}},
+        frozenset({"micro:padded-width"}),
     ),
     Operator(
         "sum-of-means",

@@ -28,6 +28,8 @@ SAMPLE = (
     "comm-hook-state.scale-w",
     "wrapper.parameter-left-out",
     "loss-agg.micro-count",
+    "loss-agg-seq.row-count",
+    "loss-agg-norm.padded-width",
 )
 
 
