@@ -303,3 +303,30 @@ def test_the_report_says_which_sequences_were_drawn_with_no_token_that_counts():
     )  # fmt: skip
     assert not any(n for rank in blank_sequences(plain)[0] for n in rank)
     assert "no token that counts" not in tokens_line(plain)
+
+
+@pytest.mark.parametrize(
+    "mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
+)
+def test_verls_signature_bound_is_right_for_each_mode_under_its_own_objective(
+    mode, tmp_path, monkeypatch
+):
+    # One function, verl's signature: the mode a literal, the counts by --bind; its
+    # seq-mean-token-sum-norm falls back to the padded width, so the constant is declared.
+    monkeypatch.chdir(tmp_path)
+    declared = "seq-mean-token-sum-norm:4" if mode.endswith("norm") else mode
+    bind = {**VERL.VERL_BINDS, "loss_agg_mode": mode}
+    if mode.endswith("norm"):
+        bind["loss_scale_factor"] = 4
+    kwargs = {"kind": "loss-agg", "world_size": 2, "max_examples": 15, "seed": 0}
+    assert check(VERL.agg_loss, objective=declared, bind=bind, **kwargs).examples == 15
+    if mode.endswith("norm"):
+        # Left to its fallback, the padded width, it is the known mistake, named.
+        with pytest.raises(EquivalenceError) as caught:
+            check(
+                VERL.agg_loss,
+                objective=declared,
+                bind=VERL.VERL_BINDS | {"loss_agg_mode": mode},
+                **kwargs,
+            )
+        assert caught.value.causes[0].pattern == "micro:padded-width", caught.value.cause
