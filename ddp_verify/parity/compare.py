@@ -489,6 +489,8 @@ def _weights(other: Recording, expected: Any, got: Any, step: int) -> Cause | No
     where: list[str] = []
     samples: list[int] = []
     tokens: list[int] = []
+    # Sequences with a token that counts: the unit of a sequence-level objective's mean.
+    answered: list[int] = []
     by_rank: list[int] = []
     for rank in range(other.world_size):
         record = other.step(rank, step)
@@ -502,6 +504,7 @@ def _weights(other: Recording, expected: Any, got: Any, step: int) -> Cause | No
             by_rank.append(rank)
             samples.append(len(record["batches"][m]))
             tokens.append(sum(record["tokens"][m]) if record["tokens"][m] else 0)
+            answered.append(sum(1 for t in record["tokens"][m] or () if t > 0))
             micro = f"micro-batch {m + 1}"
             if other.world_size == 1:
                 where.append(micro)
@@ -544,7 +547,11 @@ def _weights(other: Recording, expected: Any, got: Any, step: int) -> Cause | No
             causes=(f.MICRO_WEIGHTS.cause(numbers=numbers, evidence=evidence),),
         )
     ]
-    for unit, counts in (("token", tokens), ("token", shifted), ("sample", samples)):
+    # Token data's samples are sequences, and where some have no token that counts (a prompt
+    # with no response), a sequence-level mean counts only the others: each a reading.
+    rows = "sequence" if any(tokens) else "sample"
+    readings = (("token", tokens), ("token", shifted), ("sequence", answered), (rows, samples))
+    for unit, counts in readings:
         if len(counts) != len(columns) or not all(c > 0 for c in counts) or len(set(counts)) < 2:
             continue
         if not equal:

@@ -362,8 +362,19 @@ class Recorder:
         filled = self._step.setdefault("tokens_from_loss", [])
         if batches[index] and index not in filled:
             return  # the model saw the labels: counted there
-        counted = int((target != ignore_index).sum())
-        batches[index] = [sum(batches[index]) + counted]
+        counts = target != ignore_index
+        # Per sample where the targets keep their rows ([batch, seq]), as a forward's labels
+        # are counted: a sequence-level mean counts the sequences with a token that counts.
+        per_sample = (
+            [int(row.sum()) for row in counts] if counts.dim() >= 2 else [int(counts.sum())]
+        )
+        earlier = batches[index] if index in filled else []
+        if not earlier:
+            batches[index] = per_sample
+        elif len(earlier) == len(per_sample):
+            batches[index] = [a + b for a, b in zip(earlier, per_sample, strict=True)]
+        else:  # a loss in pieces of other shapes: their total
+            batches[index] = [sum(earlier) + sum(per_sample)]
         if index not in filled:
             filled.append(index)
 

@@ -426,7 +426,7 @@ MICRO_OWN_MEAN = _finding(
     "micro:own-mean",
     "gradient",
     "each micro-batch's loss averaged over its own {unit}s and the micro-batches weighted "
-    "equally, not by their share of the step's {unit}s{numbers}",
+    "equally, where the reference layout takes one mean over the step's {unit}s{numbers}",
 )
 MICRO_WEIGHTS = _finding(
     "micro:weights",

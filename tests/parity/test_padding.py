@@ -87,7 +87,12 @@ def test_a_float32_kernel_in_a_float64_run_is_held_to_a_bound_measured_for_it(tm
     result = run_parity(command, layouts=[Layout(1, 4)], steps=2, global_batch=8, keep=tmp_path)
     assert result.exit_code == 0, result.report
     assert "in float32 inside (Tensor.float at " in result.report, result.report
-    assert "padded_lm.py:72)" in result.report, result.report
+    line = next(
+        n
+        for n, text in enumerate(SCRIPT.read_text().splitlines(), 1)
+        if "self.head.weight.float()" in text
+    )
+    assert f"padded_lm.py:{line})" in result.report, result.report
     assert "rounding-only variant" in result.report
 
 
@@ -171,3 +176,26 @@ def test_a_float64_run_with_float32_inside_asks_for_a_variant_moved_by_float32()
     assert not inside.float64 and rounding_dtype(inside) == "float32"
     assert perturbation(inside) == "1:float32"
     assert inside.precision == "float64, in float32 inside (Tensor.float at train.py:9)"
+
+
+def test_a_sequence_level_mean_per_micro_batch_is_named_in_sequences(tmp_path):
+    # Issue 39, item 4: a script training one mean over the step's sequences that count (some
+    # are prompts with no response) is right at every layout; taking each micro-batch's own
+    # sequence mean is named in sequences, those that count, from the loss's targets.
+    right = run_parity(
+        [*COMMAND, "--variant", "seq-mean"], layouts=[Layout(1, 4), Layout(2, 2)], steps=2,
+        global_batch=8, keep=tmp_path / "right",
+    )  # fmt: skip
+    assert right.exit_code == 0, right.report
+    wrong = run_parity(
+        [*COMMAND, "--variant", "seq-mean-per-micro-batch"], layouts=[Layout(1, 4)], steps=2,
+        global_batch=8, keep=tmp_path / "wrong",
+    )  # fmt: skip
+    assert wrong.exit_code == 1, wrong.report
+    first = wrong.verdict.causes[0]
+    assert first.pattern == "micro:own-mean", wrong.report
+    said = "averaged over its own sequences and the micro-batches weighted equally, where the "
+    assert said + "reference layout takes one mean over the step's sequences" in first.text
+    # Micro-batches of two sequences each, a blank one among some: 1 or 2 that count.
+    counts = re.findall(r"micro-batch \d: (\d) of the step's (\d) sequences", first.text)
+    assert {c for c, _ in counts} == {"1", "2"} and {t for _, t in counts} == {"6"}, first.text
