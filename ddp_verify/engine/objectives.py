@@ -40,7 +40,12 @@ from collections.abc import Sequence
 import torch
 from hypothesis.errors import InvalidArgument
 
-__all__ = ["OBJECTIVES", "Objective", "combined", "objective"]
+__all__ = ["OBJECTIVES", "SAMPLE_MEAN", "Objective", "combined", "objective", "sample_mean"]
+
+# The mean over samples: what a loss that is no token loss (MSE, a classifier's
+# cross-entropy) averages to, and the default. Declared by this name, it changes nothing; a
+# token loss declares one of OBJECTIVES instead.
+SAMPLE_MEAN = "sample-mean"
 
 # Each declared objective's name, and the unit a piece's share is counted in ("" for a sum,
 # whose pieces add unweighted).
@@ -65,7 +70,8 @@ class Objective:
         if self.name not in OBJECTIVES:
             raise InvalidArgument(
                 f"objective {self.name!r} is none of {', '.join(OBJECTIVES)}: declare one of "
-                "them (seq-mean-token-sum-norm with its constant, seq-mean-token-sum-norm:4096)"
+                "them (seq-mean-token-sum-norm with its constant, seq-mean-token-sum-norm:4096), "
+                f"or {SAMPLE_MEAN} for a loss over samples"
             )
         normalised = self.name == "seq-mean-token-sum-norm"
         if normalised and (self.constant is None or not self.constant > 0):
@@ -141,6 +147,26 @@ class Objective:
         if not self.unit:
             return 1.0
         return self.units(piece) / whole if whole else 0.0
+
+
+def sample_mean(declared: str, token_losses: bool) -> str:
+    """``declared`` as the engine keeps it: :data:`SAMPLE_MEAN` is the default for losses
+    over samples, kept as ``""``; for token losses it is no objective of theirs.
+
+    Example::
+
+        >>> sample_mean("sample-mean", token_losses=False), sample_mean("token-mean", True)
+        ('', 'token-mean')
+    """
+    if declared != SAMPLE_MEAN:
+        return declared
+    if token_losses:
+        raise InvalidArgument(
+            f"{SAMPLE_MEAN} averages samples, and a token loss averages tokens or sequences: "
+            "declare token-mean (the default for token losses) or seq-mean-token-mean (the "
+            "mean over sequences of each one's token mean)"
+        )
+    return ""
 
 
 def objective(text: str | Objective) -> Objective:

@@ -290,8 +290,17 @@ class Scenario:
         if self.loss == "cross_entropy" and not user and self.model.out_features < 2:
             raise ValueError("cross_entropy needs a model with at least 2 outputs (classes)")
         if self.objective:
-            from .objectives import objective
+            from hypothesis.errors import InvalidArgument
 
+            from .objectives import objective, sample_mean
+
+            try:  # sample-mean, the default of losses over samples, is kept as ""
+                object.__setattr__(
+                    self, "objective", sample_mean(self.objective, self.loss == "tokens")
+                )
+            except InvalidArgument as exc:
+                raise ValueError(str(exc)) from None
+        if self.objective:
             declared = objective(self.objective)
             if self.loss != "tokens" or user:
                 raise ValueError(

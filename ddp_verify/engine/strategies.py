@@ -298,7 +298,8 @@ def scenarios(
     data whose last position never counts, for a loss that shifts its labels itself (token
     losses only). ``several_steps=True`` draws two steps or more in about half the examples,
     for code that keeps state from step to step (see :func:`accumulation_schedules`).
-    ``objective="seq-mean-token-mean"`` (token losses only) declares what the reference trains
+    ``objective="seq-mean-token-mean"`` (token losses only; ``"sample-mean"``, the default,
+    for the others) declares what the reference trains
     on the whole global batch, and what the counts a plug-in is given count (sequences for
     the sequence means, some drawn with no counted token); see
     :mod:`ddp_verify.engine.objectives`. ``token_weights=True`` (token losses only) multiplies
@@ -330,6 +331,9 @@ def scenarios(
             f"labels={labels!r} applies to the built-in token data: use it with "
             "losses=('tokens',) and no model="
         )
+    from .objectives import sample_mean
+
+    objective = sample_mean(objective, model is None and "tokens" in tuple(losses))
     if objective:
         from .objectives import objective as declared
 

@@ -347,7 +347,8 @@ def _parser() -> argparse.ArgumentParser:
         help="what the token-level loss aggregates to on the whole global batch (with --losses "
         "tokens): token-mean (the default), seq-mean-token-mean, seq-mean-token-sum, "
         "seq-mean-token-sum-norm:C (C declared, a maximum generation length). The count your "
-        "code gets is then in the objective's unit (tokens, or sequences with a counted token)",
+        "code gets is then in the objective's unit (tokens, or sequences with a counted token). "
+        "sample-mean is the default of the other losses",
     )
     check.add_argument(
         "--model",
@@ -621,10 +622,10 @@ def _objective(text: str) -> str:
     """A declared objective, checked as the parser reads it (a bad one is a usage error)."""
     from hypothesis.errors import InvalidArgument
 
-    from ..engine.objectives import objective
+    from ..engine.objectives import SAMPLE_MEAN, objective
 
     try:
-        return str(objective(text))
+        return text if text == SAMPLE_MEAN else str(objective(text))
     except InvalidArgument as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 

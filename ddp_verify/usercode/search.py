@@ -19,6 +19,7 @@ from hypothesis.errors import FlakyFailure
 from ..engine.compare import compare, only_the_loss_differs
 from ..engine.compression import CompressionTolerance
 from ..engine.lockstep import in_lockstep
+from ..engine.objectives import SAMPLE_MEAN
 from ..engine.outcome import EquivalenceError, Outcome
 from ..engine.scenario import Scenario
 from ..engine.strategies import models, optimizers, scenarios
@@ -136,7 +137,16 @@ def search(
     world_size = world.size
     fmt = lossy_format(kind, lossy, hook_state)
     bounds = {**DEFAULT_BOUNDS.get(kind, {}), **scenario_bounds}
-    if scenario_bounds.get("objective"):
+    if scenario_bounds.get("objective") == SAMPLE_MEAN:
+        # The default of losses over samples, declared: nothing changes, token data excepted.
+        if "tokens" in tuple(bounds.get("losses", ())):
+            other = "" if KIND[kind].adapter == "loss-agg" else ", or draw other losses"
+            raise KindError(
+                f"objective={SAMPLE_MEAN!r} averages samples, and {kind} code sees token "
+                f"losses here: declare token-mean or seq-mean-token-mean{other}"
+            )
+        del bounds["objective"]
+    elif scenario_bounds.get("objective"):
         # A declared objective aggregates token losses: the token data is the one to draw.
         if tuple(scenario_bounds.get("losses", ("tokens",))) != ("tokens",):
             raise KindError(

@@ -155,6 +155,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
         (("--objective", "seq-mean-token-sum-norm"), "seq-mean-token-sum-norm:C with C > 0"),
         (("--objective", "token-mean", "--losses", "mse"), "aggregates token losses"),
         (("--token-weights",), "a loss-agg function is given; a grad-sync plug-in never sees"),
+        (("--objective", "sample-mean", "--losses", "tokens"), "'sample-mean' averages samples"),
     ],
 )
 def test_a_bad_declaration_is_a_usage_error_before_any_world(args, says):
@@ -330,3 +331,23 @@ def test_verls_signature_bound_is_right_for_each_mode_under_its_own_objective(
                 **kwargs,
             )
         assert caught.value.causes[0].pattern == "micro:padded-width", caught.value.cause
+
+
+def test_sample_mean_is_the_declared_default_of_losses_over_samples(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    plain = load("grad_sync")
+    kwargs = {"kind": "grad-sync", "world_size": 2, "max_examples": 10, "seed": 0}
+    assert check(plain.sample_weighted, objective="sample-mean", **kwargs).examples == 10
+    with pytest.raises(EquivalenceError) as caught:
+        check(plain.average_gradients, objective="sample-mean", **kwargs)
+    # The same counterexample as undeclared: nothing declared changes the scenarios.
+    with pytest.raises(EquivalenceError) as undeclared:
+        check(plain.average_gradients, **kwargs)
+    assert caught.value.verdict.scenario == undeclared.value.verdict.scenario
+    assert "objective" not in repr(caught.value.verdict.scenario)
+    assert Scenario(world_size=1, schedule=(((1,),),), objective="sample-mean").objective == ""
+    with pytest.raises(ValueError, match="declare token-mean"):
+        Scenario(
+            world_size=1, schedule=(((1,),),), loss="tokens", model=ModelSpec(kind="transformer"),
+            objective="sample-mean",
+        )  # fmt: skip
