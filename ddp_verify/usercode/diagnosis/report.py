@@ -197,32 +197,30 @@ def _gradient_words(
             if choice.name == "equal" and unit in f.COUNTED_UNITS
             else finding.says(unit=unit)
         )
+        # Where the reading turns on a count the micro-batch holds (the rows a mean divided
+        # by, the width it was padded to), that count, per micro-batch of each rank.
+        counted = {
+            "rows": lambda g: (
+                f"divided by {g.samples} {_plural('row', g.samples)}, {g.items} "
+                f"{_plural(unit, g.items)} counting"
+            ),
+            "padded-width": lambda g: (
+                f"padded to {g.width}, counted {context.constant / g.width:.3g}x its share"
+            ),
+        }.get(choice.name)
+        if counted is not None:
+            said = "; ".join(
+                f"rank {r}: "
+                + ", ".join(
+                    f"micro-batch {g.micro} {counted(g)}" for g in context.groups if g.rank == r
+                )
+                for r in sorted(totals)
+            )
+            constant = (
+                f", the constant {context.constant:g}" if choice.name == "padded-width" else ""
+            )
+            return f"{words}{constant}: {said}"
         details = []
-        if choice.name == "rows":
-            # What this reading turns on: the rows a mean divided by, beside those that count.
-            for r in sorted(totals):
-                groups = [g for g in context.groups if g.rank == r]
-                details.append(
-                    f"rank {r}: "
-                    + ", ".join(
-                        f"micro-batch {g.micro} divided by {g.samples} "
-                        f"{_plural('row', g.samples)}, {g.items} {_plural(unit, g.items)} counting"
-                        for g in groups
-                    )
-                )
-            return f"{words}: {'; '.join(details)}"
-        if choice.name == "padded-width":
-            for r in sorted(totals):
-                groups = [g for g in context.groups if g.rank == r]
-                details.append(
-                    f"rank {r}: "
-                    + ", ".join(
-                        f"micro-batch {g.micro} padded to {g.width}, counted "
-                        f"{context.constant / g.width:.3g}x its share"
-                        for g in groups
-                    )
-                )
-            return f"{words}, the constant {context.constant:g}: {'; '.join(details)}"
         for r in sorted(totals):
             index = [i for i, g in enumerate(context.groups) if g.rank == r]
             rank_total = sum(coefficients[i] for i in index) or 1.0
