@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..usercode.kinds import Binds, check_signature
-from ..usercode.search import Progress, search
+from ..usercode.search import Progress, bounds_for, search
 from ..usercode.verdict import CheckFailed, Verdict
 from ..world import WorldPool
 from ..world.backends import check_device, require_devices
@@ -105,6 +105,11 @@ def check(
     """
     __tracebackhide__ = True
     check_signature(fn, kind, bind=bind)  # before a device is looked for
+    # Advice reads as check()'s arguments are spelled, unless the command line, whose flags
+    # these arguments are, is the one calling (a pytest session's flags are not check()'s).
+    spellings = SPELLINGS["cli"] if current() is SPELLINGS["cli"] else SPELLINGS["python"]
+    with spelled_as(spellings):
+        bounds_for(kind, scenario_bounds)  # bounds that do not go together: before any world
     # Arguments not given come from the environment (DDP_VERIFY_WORLD_SIZE, ..._DEVICE,
     # ..._LAUNCH), then the defaults, as on the command line.
     given_backend, given_device = backend, device
@@ -137,9 +142,6 @@ def check(
             device = check_device(backend, device)
             require_devices(backend, sizes[0], device)
             world = _world(sizes[0], timeout, backend, device, allow_tf32, debug)
-    # Advice reads as check()'s arguments are spelled, unless the command line, whose flags
-    # these arguments are, is the one calling (a pytest session's flags are not check()'s).
-    spellings = SPELLINGS["cli"] if current() is SPELLINGS["cli"] else SPELLINGS["python"]
     try:
         with spelled_as(spellings):
             verdict = search(

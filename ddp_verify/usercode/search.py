@@ -43,7 +43,15 @@ from .reproducer import write_reproducer
 from .state import most_calls, replayed
 from .verdict import CodeFailed, NotEquivalent, Status, Verdict
 
-__all__ = ["CodeFailed", "NotEquivalent", "Progress", "Verdict", "describe_causes", "search"]
+__all__ = [
+    "CodeFailed",
+    "NotEquivalent",
+    "Progress",
+    "Verdict",
+    "bounds_for",
+    "describe_causes",
+    "search",
+]
 
 # Called with (examples tried, phase): phase is "searching", then "shrinking" once a
 # counterexample has been found.
@@ -136,30 +144,7 @@ def search(
     adapt(fn, kind, **called, layout=pinned)
     world_size = world.size
     fmt = lossy_format(kind, lossy, hook_state)
-    bounds = {**DEFAULT_BOUNDS.get(kind, {}), **scenario_bounds}
-    if scenario_bounds.get("objective") == SAMPLE_MEAN:
-        # The default of losses over samples, declared: nothing changes, token data excepted.
-        if "tokens" in tuple(bounds.get("losses", ())):
-            other = "" if KIND[kind].adapter == "loss-agg" else ", or draw other losses"
-            raise KindError(
-                f"objective={SAMPLE_MEAN!r} averages samples, and {kind} code sees token "
-                f"losses here: declare token-mean or seq-mean-token-mean{other}"
-            )
-        del bounds["objective"]
-    elif scenario_bounds.get("objective"):
-        # A declared objective aggregates token losses: the token data is the one to draw.
-        if tuple(scenario_bounds.get("losses", ("tokens",))) != ("tokens",):
-            raise KindError(
-                f"objective={scenario_bounds['objective']!r} aggregates token losses: draw "
-                f"losses=('tokens',) (--losses tokens) with it, not {scenario_bounds['losses']!r}"
-            )
-        bounds["losses"] = ("tokens",)
-    if scenario_bounds.get("token_weights") and KIND[kind].adapter != "loss-agg":
-        # Weights only code that is handed the weighted losses can know of.
-        raise KindError(
-            f"{option('token_weights', True)} weights the per-token loss matrix a loss-agg "
-            f"function is given; a {kind} plug-in never sees it"
-        )
+    bounds = bounds_for(kind, scenario_bounds)
     chosen = found_layout(fn, kind, world, called, pinned, bounds)
     called["layout"] = chosen.layout
     method = adapt(fn, kind, **called)
@@ -572,3 +557,39 @@ def describe_causes(causes: list[Cause]) -> str:
         if cause.scenario:
             lines.append(("  " if i == 0 else "    ") + "shown on: " + cause.scenario)
     return "\n".join(lines)
+
+
+def bounds_for(kind: str, scenario_bounds: Mapping[str, Any]) -> dict[str, Any]:
+    """The scenario bounds a check of ``kind`` draws from: the kind's defaults, then the
+    caller's, then what a declared objective implies (token data). A :class:`KindError` for
+    bounds that do not go together, which ``check()`` asks before any world starts.
+
+    Example::
+
+        bounds_for("loss-agg", {})["objective"]  # 'token-mean'
+    """
+    bounds = {**DEFAULT_BOUNDS.get(kind, {}), **scenario_bounds}
+    if scenario_bounds.get("objective") == SAMPLE_MEAN:
+        # The default of losses over samples, declared: nothing changes, token data excepted.
+        if "tokens" in tuple(bounds.get("losses", ())):
+            other = "" if KIND[kind].adapter == "loss-agg" else ", or draw other losses"
+            raise KindError(
+                f"objective={SAMPLE_MEAN!r} averages samples, and {kind} code sees token "
+                f"losses here: declare token-mean or seq-mean-token-mean{other}"
+            )
+        del bounds["objective"]
+    elif scenario_bounds.get("objective"):
+        # A declared objective aggregates token losses: the token data is the one to draw.
+        if tuple(scenario_bounds.get("losses", ("tokens",))) != ("tokens",):
+            raise KindError(
+                f"objective={scenario_bounds['objective']!r} aggregates token losses: draw "
+                f"losses=('tokens',) (--losses tokens) with it, not {scenario_bounds['losses']!r}"
+            )
+        bounds["losses"] = ("tokens",)
+    if scenario_bounds.get("token_weights") and KIND[kind].adapter != "loss-agg":
+        # Weights only code that is handed the weighted losses can know of.
+        raise KindError(
+            f"{option('token_weights', True)} weights the per-token loss matrix a loss-agg "
+            f"function is given; a {kind} plug-in never sees it"
+        )
+    return bounds

@@ -25,6 +25,7 @@ from ddp_verify.engine.models import (
 from ddp_verify.engine.outcome import tokens_line
 from ddp_verify.engine.reference import train_reference
 from ddp_verify.engine.scenario import ModelSpec, Scenario
+from ddp_verify.usercode.adapters import KindError
 from tests.user_code import load
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -351,3 +352,18 @@ def test_sample_mean_is_the_declared_default_of_losses_over_samples(tmp_path, mo
             world_size=1, schedule=(((1,),),), loss="tokens", model=ModelSpec(kind="transformer"),
             objective="sample-mean",
         )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("bounds", "says"),
+    [
+        ({"token_weights": True}, "a grad-sync plug-in never sees it"),
+        ({"objective": "sample-mean", "losses": ("tokens",)}, "'sample-mean' averages samples"),
+        ({"objective": "token-mean", "losses": ("mse",)}, "aggregates token losses"),
+    ],
+)
+def test_bounds_that_do_not_go_together_are_refused_before_any_world(bounds, says):
+    # nccl on this CPU machine would fail to start a world: the bounds are refused first.
+    plain = load("grad_sync")
+    with pytest.raises(KindError, match=says):
+        check(plain.sample_weighted, kind="grad-sync", world_size=2, backend="nccl", **bounds)
