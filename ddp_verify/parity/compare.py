@@ -550,8 +550,14 @@ def _weights(other: Recording, expected: Any, got: Any, step: int) -> Cause | No
     # Token data's samples are sequences, and where some have no token that counts (a prompt
     # with no response), a sequence-level mean counts only the others: each a reading.
     rows = "sequence" if any(tokens) else "sample"
-    readings = (("token", tokens), ("token", shifted), ("sequence", answered), (rows, samples))
-    for unit, counts in readings:
+    counted = "sequences with a token that counts"
+    readings = (
+        ("token", tokens, "tokens"),
+        ("token", shifted, "tokens"),
+        ("sequence", answered, counted),
+        (rows, samples, f"{rows}s"),
+    )
+    for unit, counts, noun in readings:
         if len(counts) != len(columns) or not all(c > 0 for c in counts) or len(set(counts)) < 2:
             continue
         if not equal:
@@ -560,7 +566,7 @@ def _weights(other: Recording, expected: Any, got: Any, step: int) -> Cause | No
         # Each contribution its own mean: the right weights go as its count.
         ratios = [float(w) / c for w, c in zip(weights, counts, strict=True)]
         said = "; ".join(
-            f"{w}: {c} of the step's {total} {unit}s" for w, c in zip(where, counts, strict=True)
+            f"{w}: {c} of the step's {total} {noun}" for w, c in zip(where, counts, strict=True)
         )
         own = (
             f.RANKS_WORLD.cause(unit=unit, evidence=f"{evidence}; {said}")
@@ -578,7 +584,7 @@ def _weights(other: Recording, expected: Any, got: Any, step: int) -> Cause | No
         if other.world_size > 1 and len(set(rank_counts)) > 1:
             per_rank = [float(w) / c for w, c in zip(weights, rank_counts, strict=True)]
             totals = sorted(set(zip(by_rank, rank_counts, strict=True)))
-            said = "; ".join(f"rank {r}: {c} of the step's {total} {unit}s" for r, c in totals)
+            said = "; ".join(f"rank {r}: {c} of the step's {total} {noun}" for r, c in totals)
             cause = f.RANKS_WORLD.cause(unit=unit, evidence=f"{evidence}; {said}")
             made.append(_spread(per_rank, close, cause))
     ((best, ties),), _ = choose(made)

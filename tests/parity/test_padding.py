@@ -197,5 +197,7 @@ def test_a_sequence_level_mean_per_micro_batch_is_named_in_sequences(tmp_path):
     said = "averaged over its own sequences and the micro-batches weighted equally, where the "
     assert said + "reference layout takes one mean over the step's sequences" in first.text
     # Micro-batches of two sequences each, a blank one among some: 1 or 2 that count.
-    counts = re.findall(r"micro-batch \d: (\d) of the step's (\d) sequences", first.text)
+    counts = re.findall(
+        r"micro-batch \d: (\d) of the step's (\d) sequences with a token that counts", first.text
+    )
     assert {c for c, _ in counts} == {"1", "2"} and {t for _, t in counts} == {"6"}, first.text
