@@ -129,7 +129,7 @@ def contribution_scales(
         for rank in range(scenario.world_size):
             step.model.zero_grad(set_to_none=True)
             batch = step.rank_batch(rank)
-            share = step.items(batch) / step.global_items()
+            share = step.share(batch)
             (step.loss(step.model, batch) * share).backward()
             for acc, p in zip(total, params, strict=True):
                 if p.grad is not None:

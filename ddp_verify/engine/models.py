@@ -303,8 +303,10 @@ def count_items(scenario: Scenario, targets: torch.Tensor) -> int:
         count_items(scenario, targets)  # 5 of a (2, 4) batch whose other 3 are padding
     """
     if scenario.loss == "tokens":
-        if scenario.objective:
-            return objective(scenario.objective).units(targets != IGNORE_INDEX)
+        declared = objective(scenario.objective) if scenario.objective else None
+        if declared is not None and declared.unit:
+            return declared.units(targets != IGNORE_INDEX)
+        # The tokens that count: a token mean's items, and a sum's (whose pieces add).
         return int((targets != IGNORE_INDEX).sum())
     return len(targets)
 

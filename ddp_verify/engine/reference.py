@@ -45,12 +45,11 @@ def train_per_batch_statistics(scenario: Scenario) -> Trace:
     """
 
     def per_micro_batch(step: Step) -> list[float]:
-        total = step.global_items()
         reported = 0.0
         for rank in range(scenario.world_size):
             for batch in step.micro_batches(rank):
                 loss = step.loss(step.model, batch)
-                share = step.items(batch) / total
+                share = step.share(batch)
                 (loss * share).backward()
                 reported += loss.item() * share
         return [reported]

@@ -301,17 +301,12 @@ class Scenario:
             except InvalidArgument as exc:
                 raise ValueError(str(exc)) from None
         if self.objective:
-            declared = objective(self.objective)
+            objective(self.objective)  # a declaration that parses
             if self.loss != "tokens" or user:
                 raise ValueError(
                     f"objective={self.objective!r} aggregates token losses: it goes with the "
                     f"built-in token data (loss 'tokens'), got loss {self.loss!r} and model "
                     f"{self.model.kind!r}"
-                )
-            if not declared.unit:
-                raise ValueError(
-                    f"objective={self.objective!r} adds its pieces unweighted: scenarios train "
-                    "share-weighted objectives (token-mean and the sequence means) for now"
                 )
         if self.token_weights and (self.loss != "tokens" or user):
             raise ValueError(

@@ -296,22 +296,21 @@ def _variant(
         params = [p for p in step.model.parameters() if p.requires_grad]
         sums: list[torch.Tensor | None] = [None] * len(params)
         reported = 0.0
-        total = step.global_items()
         for start, end in zip([0, *cuts], [*cuts, n], strict=True):
             factor = rng.uniform(1.0, 2.0)
             chunk = (inputs[start:end], targets[start:end])
             loss = step.loss(step.model, chunk)
-            items = step.items(chunk)  # samples, or the tokens that count
-            weight = items * factor / total
+            share = step.share(chunk)  # of the samples, or the tokens that count; 1 in a sum
+            weight = share * factor
             grads = torch.autograd.grad(loss * weight, params, allow_unused=True)
             for i, grad in enumerate(grads):
                 if grad is not None:
                     grad = grad / factor
                     sums[i] = grad if sums[i] is None else sums[i] + grad
-            reported += loss.item() * items
+            reported += loss.item() * share
         for p, summed in zip(params, sums, strict=True):
             p.grad = summed
-        return [reported / total]
+        return [reported]
 
     return train(scenario, reordered, dtype=dtype, device=device, name=f"{dtype} variant {variant}")
 

@@ -26,6 +26,7 @@ from .models import (
     one_thread,
     rank_items,
 )
+from .objectives import objective
 from .optimizers import ReferenceOptimizer
 from .scenario import Scenario
 from .trace import RankTrace, Trace, gradients, parameters
@@ -75,6 +76,13 @@ class Step:
     def global_items(self) -> int:
         """The loss items of this step's global batch."""
         return global_items(self.scenario, self.index)
+
+    def share(self, batch: MicroBatch) -> float:
+        """The weight of ``batch``'s own loss in the step's: its share of the step's loss
+        items, or 1 under a declared sum, whose pieces add unweighted."""
+        if self.scenario.objective and not objective(self.scenario.objective).unit:
+            return 1.0
+        return self.items(batch) / self.global_items()
 
     def step_optimizers(self) -> None:
         """Step every replica's optimizer now (a simulation that steps per micro-batch); the

@@ -346,7 +346,8 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="what the token-level loss aggregates to on the whole global batch (with --losses "
         "tokens): token-mean (the default), seq-mean-token-mean, seq-mean-token-sum, "
-        "seq-mean-token-sum-norm:C (C declared, a maximum generation length). The count your "
+        "seq-mean-token-sum-norm:C (C declared, a maximum generation length), sum (loss-agg "
+        "only). The count your "
         "code gets is then in the objective's unit (tokens, or sequences with a counted token). "
         "sample-mean is the default of the other losses",
     )

@@ -586,6 +586,12 @@ def bounds_for(kind: str, scenario_bounds: Mapping[str, Any]) -> dict[str, Any]:
                 f"losses=('tokens',) (--losses tokens) with it, not {scenario_bounds['losses']!r}"
             )
         bounds["losses"] = ("tokens",)
+    if scenario_bounds.get("objective") == "sum" and KIND[kind].adapter != "loss-agg":
+        # The harness weights the pieces it hands other kinds by their shares.
+        raise KindError(
+            f"objective='sum' is checked for loss-agg plug-ins for now, not {kind}: the "
+            "harness hands other kinds each piece's mean, weighted by its share"
+        )
     if scenario_bounds.get("token_weights") and KIND[kind].adapter != "loss-agg":
         # Weights only code that is handed the weighted losses can know of.
         raise KindError(

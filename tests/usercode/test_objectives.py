@@ -25,6 +25,7 @@ from ddp_verify.engine.models import (
 from ddp_verify.engine.outcome import tokens_line
 from ddp_verify.engine.reference import train_reference
 from ddp_verify.engine.scenario import ModelSpec, Scenario
+from ddp_verify.engine.tolerances import relative_deviation, rounding_variant
 from ddp_verify.usercode.adapters import KindError
 from tests.user_code import load
 
@@ -360,6 +361,7 @@ def test_sample_mean_is_the_declared_default_of_losses_over_samples(tmp_path, mo
         ({"token_weights": True}, "a grad-sync plug-in never sees it"),
         ({"objective": "sample-mean", "losses": ("tokens",)}, "'sample-mean' averages samples"),
         ({"objective": "token-mean", "losses": ("mse",)}, "aggregates token losses"),
+        ({"objective": "sum"}, "checked for loss-agg plug-ins for now, not grad-sync"),
     ],
 )
 def test_bounds_that_do_not_go_together_are_refused_before_any_world(bounds, says):
@@ -367,3 +369,44 @@ def test_bounds_that_do_not_go_together_are_refused_before_any_world(bounds, say
     plain = load("grad_sync")
     with pytest.raises(KindError, match=says):
         check(plain.sample_weighted, kind="grad-sync", world_size=2, backend="nccl", **bounds)
+
+
+def test_a_declared_sum_is_trained_as_the_sum_of_the_global_batchs_token_losses():
+    # The reference under sum: the token mean's gradient times the step's tokens.
+    base = dict(world_size=2, schedule=(((2, 1), (3,)),), model=ModelSpec(kind="transformer"),
+                loss="tokens", seed=5)  # fmt: skip
+    summed = train_reference(Scenario(**base, objective="sum"))
+    mean = train_reference(Scenario(**base, objective="token-mean"))
+    tokens = sum(item_counts(Scenario(**base, objective="sum"))[0][0]) + sum(
+        item_counts(Scenario(**base, objective="sum"))[0][1]
+    )
+    for name, grad in mean.ranks[0].grads[0].items():
+        torch.testing.assert_close(summed.ranks[0].grads[0][name], grad * tokens)
+    assert summed.ranks[0].losses[0] == pytest.approx(mean.ranks[0].losses[0] * tokens)
+
+
+def test_a_declared_sum_is_checked_for_loss_aggregations(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    kwargs = {"kind": "loss-agg", "world_size": 2, "max_examples": 15, "seed": 0}
+    assert check(VERL.token_sum, objective="sum", **kwargs).examples == 15
+    # A token mean where the sum was declared: divided by the step's tokens once too often.
+    with pytest.raises(EquivalenceError) as caught:
+        check(VERL.token_mean_over_global_tokens, objective="sum", **kwargs)
+    first = caught.value.causes[0]
+    assert first.key == "scale:1/N", caught.value.cause
+    assert "divided by the global token count" in first.text
+    # And the sum where a token mean was declared: N times too large.
+    with pytest.raises(EquivalenceError) as caught:
+        check(VERL.token_sum, **kwargs)
+    assert caught.value.causes[0].key == "scale:N", caught.value.cause
+
+
+def test_the_float32_bound_of_a_declared_sum_is_measured_on_runs_of_the_sum():
+    # The rounding variants weight each chunk's own loss by its share: 1 in a sum.
+    scenario = Scenario(
+        world_size=2, schedule=(((2, 1), (3,)),), model=ModelSpec(kind="transformer"),
+        loss="tokens", seed=5, objective="sum", dtype="float32",
+    )  # fmt: skip
+    reference = train_reference(scenario, "float64")
+    for variant in range(3):
+        assert relative_deviation(reference, rounding_variant(scenario, variant)) < 1e-4

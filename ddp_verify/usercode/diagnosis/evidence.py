@@ -25,6 +25,7 @@ from ...engine.models import (
     build_data,
     build_model,
     count_items,
+    global_items,
     loss_function,
     micro_batches,
     one_thread,
@@ -105,7 +106,7 @@ def tolerance(dtype: str, *, compressed: bool = False) -> Tolerance:
 def unit_of(scenario: Scenario) -> str:
     """What a loss item is in ``scenario``: ``token`` or ``sample``."""
     if scenario.objective:
-        return objective(scenario.objective).unit
+        return objective(scenario.objective).unit or "token"  # a sum adds tokens
     return "token" if scenario.loss == "tokens" else "sample"
 
 
@@ -135,12 +136,21 @@ def group_terms(
         loss_fn = loss_function(scenario)
         declared = objective(scenario.objective) if scenario.objective else None
         constant = float(declared.constant or 0.0) if declared else 0.0
+        # A declared sum is the token mean times the step's tokens: each micro-batch's column
+        # is that (its mean's gradient times T), so the share-weighted reading is the right
+        # one, and a mean where the sum was due reads as divided by N once too often.
+        summed = declared is not None and not declared.unit
+        if summed:
+            loss_fn = loss_function(dataclasses.replace(scenario, objective="token-mean"))
+            scale = float(global_items(scenario, step))
         groups, columns, losses = [], [], []
         for rank in range(scenario.world_size):
             model = _model_at(scenario, None if starts is None else starts[rank])
             for micro, (x, y) in enumerate(micro_batches(scenario, step, rank, (inputs, targets))):
                 model.zero_grad(set_to_none=True)
                 loss = loss_fn(model(x), y)
+                if summed:
+                    loss = loss * scale
                 loss.backward()
                 columns.append(flatten(model, {n: p.grad for n, p in model.named_parameters()}))
                 losses.append(float(loss.detach()))
