@@ -466,6 +466,21 @@ SHAPES = (
         options={"max_micro_batches": 3, "objective": "seq-mean-token-sum-norm:4"},
         families=frozenset({"loss-agg-norm"}),
     ),
+    # A declared sum: no normaliser, the dp factor undoing DDP's average.
+    Shape(
+        "loss-agg-sum",
+        "loss-agg",
+        "agg_loss",
+        """\
+        def agg_loss($signature):
+            return (loss_mat * loss_mask).sum() / ($divide) * $dp
+        """,
+        dict(
+            signature="loss_mat, loss_mask, global_tokens, world_size", divide="1", dp="world_size"
+        ),
+        options={"max_micro_batches": 3, "objective": "sum"},
+        families=frozenset({"loss-agg-sum"}),
+    ),
 )
 
 
@@ -648,7 +663,12 @@ OPERATORS = (
     Operator(
         "dp-forgotten",
         "the data-parallel factor forgotten: DDP's average divides once more",
-        {"loss-agg": {"dp": "1"}, "loss-agg-seq": {"dp": "1"}, "loss-agg-norm": {"dp": "1"}},
+        {
+            "loss-agg": {"dp": "1"},
+            "loss-agg-seq": {"dp": "1"},
+            "loss-agg-norm": {"dp": "1"},
+            "loss-agg-sum": {"dp": "1"},
+        },
         frozenset({"scale"}),
     ),
     Operator(
@@ -696,6 +716,12 @@ OPERATORS = (
         # Every micro-batch's own mean counted 1 (the dp factor undoes DDP's average): ranks
         # and micro-batches summed, each alike whatever its tokens.
         frozenset({"ranks:sum", "micro:equal", "micro:own-mean", "scale", "loss:sum"}),
+    ),
+    Operator(
+        "mean-for-sum",
+        "a token mean where the sum was declared: divided by the step's tokens",
+        {"loss-agg-sum": {"divide": "global_tokens"}},
+        frozenset({"scale", "objective:other"}),
     ),
     Operator(
         "row-count",
