@@ -68,13 +68,20 @@ OPTIONS = _per_function(
         **getattr(module, "SCENARIO_BOUNDS", {}),
     }
 )
+
+
 # What the fitted weights must show, per buggy fixture that says (EXPECTED_PATTERNS).
-PATTERNS = {
-    id(getattr(module, name)): patterns
-    for stem in REAL_STYLE
-    for module in [load(f"real_style/{stem}")]
-    for name, patterns in getattr(module, "EXPECTED_PATTERNS", {}).items()
-}
+def _by_function(attribute: str) -> dict:
+    """Each real-style file's ``attribute`` (a dict keyed by function name), by function."""
+    return {
+        id(getattr(module, name)): value
+        for stem in REAL_STYLE
+        for module in [load(f"real_style/{stem}")]
+        for name, value in getattr(module, attribute, {}).items()
+    }
+
+
+PATTERNS = _by_function("EXPECTED_PATTERNS")
 
 
 def assert_patterns(fn, error) -> None:
@@ -100,20 +107,10 @@ def assert_patterns(fn, error) -> None:
 
 # A layout pinned per function (PINNED): code whose mistake is a layout only the user can
 # declare (a loss that forgets to shift labels it is told come unshifted).
-PINNED = {
-    id(getattr(module, name)): {"layout": layout}
-    for stem in REAL_STYLE
-    for module in [load(f"real_style/{stem}")]
-    for name, layout in getattr(module, "PINNED", {}).items()
-}
+PINNED = {fn: {"layout": layout} for fn, layout in _by_function("PINNED").items()}
 # check() options declared per function (DECLARED): the objective a loss aggregation is
 # written for, the trainer's division it runs under, a literal bound (a constant).
-DECLARED = {
-    id(getattr(module, name)): declared
-    for stem in REAL_STYLE
-    for module in [load(f"real_style/{stem}")]
-    for name, declared in getattr(module, "DECLARED", {}).items()
-}
+DECLARED = _by_function("DECLARED")
 
 
 def options(fn) -> dict:
