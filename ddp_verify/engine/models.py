@@ -311,6 +311,28 @@ def count_items(scenario: Scenario, targets: torch.Tensor) -> int:
     return len(targets)
 
 
+def sums(scenario: Scenario) -> bool:
+    """Whether ``scenario`` declares the ``sum`` objective: the loss items' losses added, not
+    averaged.
+
+    Example::
+
+        sums(scenario)  # False for the default, a mean over the loss items
+    """
+    return scenario.objective == "sum"
+
+
+def normaliser(scenario: Scenario, items: int) -> int:
+    """What the summed loss of ``items`` loss items is divided by to give their objective:
+    their number under a mean, 1 under a declared sum (whose pieces add unweighted).
+
+    Example::
+
+        normaliser(scenario, 12)  # 12, or 1 under objective="sum"
+    """
+    return 1 if sums(scenario) else items
+
+
 @functools.lru_cache(maxsize=32)
 def item_counts(scenario: Scenario) -> tuple[tuple[tuple[int, ...], ...], ...]:
     """Per step, per rank, the loss items of each micro-batch (as ``schedule`` lays out
@@ -418,6 +440,9 @@ def loss_function(scenario: Scenario, reduction: str = "mean") -> nn.Module:
     """
     if reduction not in LOSS_REDUCTIONS:
         raise ValueError(f"reduction must be one of {LOSS_REDUCTIONS}, got {reduction!r}")
+    if reduction == "mean" and sums(scenario):
+        # The loss of a batch is the declared objective on it: under a sum, the sum.
+        reduction = "sum"
     if scenario.model.aside:
         return _FirstOutput(_loss(scenario, reduction))
     return _loss(scenario, reduction)

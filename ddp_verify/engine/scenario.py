@@ -236,9 +236,10 @@ class Scenario:
     seed: int = 0
     autocast: str = ""
     labels: str = "aligned"
-    # A declared objective of the token-level loss (ddp_verify.engine.objectives): what the
-    # reference trains on the whole global batch, and what the counts handed to code count;
-    # "" for the loss's own mean (over samples, or over the tokens that count).
+    # A declared objective (ddp_verify.engine.objectives): what the reference trains on the
+    # whole global batch, and what the counts handed to code count; "" for the loss's own mean
+    # (over samples, or over the tokens that count). "sum" goes with any loss; the others
+    # aggregate the built-in token data.
     objective: str = ""
     # The per-token losses multiplied by signed weights (as advantages weight them in RL
     # post-training), the same token's weight wherever it is trained: see
@@ -302,7 +303,8 @@ class Scenario:
                 raise ValueError(str(exc)) from None
         if self.objective:
             objective(self.objective)  # a declaration that parses
-            if self.loss != "tokens" or user:
+            # A sum adds any loss's items; the other objectives aggregate token sequences.
+            if self.objective != "sum" and (self.loss != "tokens" or user):
                 raise ValueError(
                     f"objective={self.objective!r} aggregates token losses: it goes with the "
                     f"built-in token data (loss 'tokens'), got loss {self.loss!r} and model "

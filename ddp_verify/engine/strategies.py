@@ -299,9 +299,9 @@ def scenarios(
     losses only). ``several_steps=True`` draws two steps or more in about half the examples,
     for code that keeps state from step to step (see :func:`accumulation_schedules`).
     ``objective="seq-mean-token-mean"`` (token losses only; ``"sample-mean"``, the default,
-    for the others) declares what the reference trains
-    on the whole global batch, and what the counts a plug-in is given count (sequences for
-    the sequence means, some drawn with no counted token); see
+    for the others; ``"sum"`` for any loss) declares what the reference trains on the whole
+    global batch, and what the counts a plug-in is given count (sequences for the sequence
+    means, some drawn with no counted token); see
     :mod:`ddp_verify.engine.objectives`. ``token_weights=True`` (token losses only) multiplies
     every token's loss by a signed weight, as advantages weight an RL policy loss, the same
     in the reference and on every rank (see :func:`~ddp_verify.engine.models.token_weights`;
@@ -338,7 +338,7 @@ def scenarios(
         from .objectives import objective as declared
 
         declared(objective)  # a declaration that parses (InvalidArgument otherwise)
-        if model is not None or tuple(losses) != ("tokens",):
+        if objective != "sum" and (model is not None or tuple(losses) != ("tokens",)):
             raise InvalidArgument(
                 f"objective={objective!r} aggregates token losses: use it with "
                 "losses=('tokens',) and no model="

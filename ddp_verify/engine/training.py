@@ -23,10 +23,10 @@ from .models import (
     global_items,
     loss_function,
     micro_batches,
+    normaliser,
     one_thread,
     rank_items,
 )
-from .objectives import objective
 from .optimizers import ReferenceOptimizer
 from .scenario import Scenario
 from .trace import RankTrace, Trace, gradients, parameters
@@ -80,9 +80,18 @@ class Step:
     def share(self, batch: MicroBatch) -> float:
         """The weight of ``batch``'s own loss in the step's: its share of the step's loss
         items, or 1 under a declared sum, whose pieces add unweighted."""
-        if self.scenario.objective and not objective(self.scenario.objective).unit:
-            return 1.0
-        return self.items(batch) / self.global_items()
+        return self.weight(batch) / self.normaliser()
+
+    def weight(self, batch: MicroBatch) -> int:
+        """What ``batch``'s own loss is multiplied by to give its part of the summed loss:
+        its loss items under a mean, 1 under a declared sum (its loss already sums)."""
+        return normaliser(self.scenario, self.items(batch))
+
+    def normaliser(self, rank: int | None = None) -> int:
+        """What the step's summed loss (or ``rank``'s) is divided by to give its objective:
+        the loss items under a mean, 1 under a declared sum."""
+        items = self.global_items() if rank is None else self.rank_items()[rank]
+        return normaliser(self.scenario, items)
 
     def step_optimizers(self) -> None:
         """Step every replica's optimizer now (a simulation that steps per micro-batch); the

@@ -344,12 +344,12 @@ def _parser() -> argparse.ArgumentParser:
         metavar="OBJECTIVE",
         type=_objective,
         default=None,
-        help="what the token-level loss aggregates to on the whole global batch (with --losses "
+        help="what the loss aggregates to on the whole global batch. Token losses (--losses "
         "tokens): token-mean (the default), seq-mean-token-mean, seq-mean-token-sum, "
-        "seq-mean-token-sum-norm:C (C declared, a maximum generation length), sum (loss-agg "
-        "only). The count your "
+        "seq-mean-token-sum-norm:C (C declared, a maximum generation length); the count your "
         "code gets is then in the objective's unit (tokens, or sequences with a counted token). "
-        "sample-mean is the default of the other losses",
+        "sample-mean is the default of the other losses. sum (any loss, any kind): the losses "
+        "added, no normaliser, so the code must add over micro-batches and ranks",
     )
     check.add_argument(
         "--model",

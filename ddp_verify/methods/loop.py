@@ -19,6 +19,7 @@ from ..engine.models import (
     global_items,
     loss_function,
     micro_batches,
+    normaliser,
     rank_items,
 )
 from ..engine.scenario import Scenario
@@ -70,20 +71,36 @@ class RankRun:
         return micro_batches(self.scenario, step, self.rank, self.data[step])
 
     def local_backward(self, step: int) -> torch.Tensor:
-        """Backward of this rank's mean loss over its micro-batches of ``step`` (each weighted
-        by its share of the rank's loss items); returns the sum of per-item losses, float64."""
-        n = self.local_samples(step)
+        """Backward of this rank's objective over its micro-batches of ``step``: their mean
+        loss (each weighted by its share of the rank's loss items), or under a declared sum
+        their summed loss; returns the sum of per-item losses, float64."""
+        n = self.local_normaliser(step)
         local_sum = self.zero()
         for inputs, targets in self.micro_batches(step):
             loss = self.loss_fn(self.model(inputs), targets)
-            items = self.items(targets)
-            (loss * (items / n)).backward()
-            local_sum += loss.detach().double() * items
+            weight = self.weight(targets)
+            (loss * (weight / n)).backward()
+            local_sum += loss.detach().double() * weight
         return local_sum
 
     def items(self, targets: torch.Tensor) -> int:
         """The loss items of a micro-batch: samples, or tokens that count."""
         return count_items(self.scenario, targets)
+
+    def weight(self, targets: torch.Tensor) -> int:
+        """What a micro-batch's loss is multiplied by to give its summed loss: its loss
+        items, or 1 under a declared sum (whose loss already sums)."""
+        return normaliser(self.scenario, self.items(targets))
+
+    def local_normaliser(self, step: int) -> int:
+        """What this rank's summed loss at ``step`` is divided by to give its objective: its
+        loss items, or 1 under a declared sum."""
+        return normaliser(self.scenario, self.local_samples(step))
+
+    def global_normaliser(self, step: int) -> int:
+        """What the step's summed loss over every rank is divided by to give the objective:
+        its loss items, or 1 under a declared sum."""
+        return normaliser(self.scenario, self.global_samples(step))
 
     def zero(self) -> torch.Tensor:
         """A float64 zero on this rank's device, to sum losses into (nccl reduces CUDA
@@ -147,7 +164,8 @@ def train_data_parallel(
 ) -> RankTrace:
     """Train ``run``'s scenario through ``wrapped``, which must average gradients over the
     ranks during backward, as DDP does; each micro-batch's loss is scaled by
-    ``world_size * m / N``. DDP, FSDP and DDP-like wrappers all train here.
+    ``world_size * m / N`` (``world_size`` under a declared sum, whose loss sums). DDP, FSDP
+    and DDP-like wrappers all train here.
 
     ``no_sync()`` (default: ``wrapped.no_sync`` if it has one) holds gradient
     synchronisation back for all but each rank's last micro-batch of a step. Without it,
@@ -174,7 +192,7 @@ def train_data_parallel(
             if given_no_sync is None:
                 no_sync = getattr(wrapped, "no_sync", None)
         optimizer.zero_grad(set_to_none=set_to_none)
-        weight = run.world_size / run.global_samples(step)
+        scale = run.world_size / run.global_normaliser(step)
         batches = run.micro_batches(step)
         local_sum = run.zero()
         pending: torch.Tensor | None = None
@@ -182,19 +200,19 @@ def train_data_parallel(
             last = j == len(batches) - 1
             with contextlib.nullcontext() if last or no_sync is None else no_sync():
                 loss = run.loss_fn(wrapped(inputs), targets)
-                items = run.items(targets)
-                scaled = loss * (items * weight)
+                weight = run.weight(targets)
+                scaled = loss * (weight * scale)
                 if no_sync is not None:
                     scaled.backward()
                 else:
                     pending = scaled if pending is None else pending + scaled
-            local_sum += loss.detach().double() * items
+            local_sum += loss.detach().double() * weight
         if pending is not None:
             pending.backward()
         dist.all_reduce(local_sum)
         run.record_gradients()
         optimizer.step()
-        run.record_step(local_sum / run.global_samples(step))
+        run.record_step(local_sum / run.global_normaliser(step))
     return run.trace
 
 
@@ -202,8 +220,10 @@ def train_local_then_sync(
     run: RankRun, synchronise: Callable[[int, torch.Tensor], float | torch.Tensor]
 ) -> RankTrace:
     """Train ``run``'s scenario the manual way: each step, the backward of this rank's mean
-    loss over its micro-batches, then ``synchronise(step, local_sum)`` makes every ``.grad``
-    the global mean gradient and returns the loss to report (``local_sum`` is the float64 sum
+    loss over its micro-batches (its summed loss under a declared sum), then
+    ``synchronise(step, local_sum)`` makes every ``.grad`` the global objective's gradient
+    (the global mean's, or the sum's) and returns the loss to report (``local_sum`` is the
+    float64 sum
     of this rank's per-sample losses); then the optimizer steps.
 
     Example (on a rank)::

@@ -20,7 +20,8 @@ class ManualAllReduce(DistributedMethod):
     ``weighting="samples"``: each rank's gradient and loss weighted by its share of the global
     batch, ``sum_i n_i * g_i / N``: the global mean for any split. ``weighting="world"``: the
     plain mean over ranks of the source documents, ``sum_i g_i / world_size``: right only when
-    every rank holds as many samples as the others.
+    every rank holds as many samples as the others. Under a declared sum (``objective="sum"``)
+    ``"samples"`` adds the ranks' summed gradients, and ``"world"`` averages them.
     """
 
     def __init__(self, weighting: str = "samples") -> None:
@@ -34,9 +35,9 @@ class ManualAllReduce(DistributedMethod):
         params = run.trainable()
 
         def average(step: int, local_sum: torch.Tensor) -> float | None:
-            n = run.local_samples(step)
+            n = run.local_normaliser(step)
             if self.weighting == "samples":
-                scale, divisor = float(n), float(run.global_samples(step))
+                scale, divisor = float(n), float(run.global_normaliser(step))
             else:
                 scale, divisor = 1.0, float(run.world_size)
             return all_reduce_weighted(params, scale, divisor, local_sum / n)

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..engine.models import LOSS_REDUCTIONS, VOCABULARY, loss_function, padded_width
+from ..engine.models import LOSS_REDUCTIONS, VOCABULARY, loss_function, padded_width, sums
 from ..engine.scenario import IGNORE_INDEX, Scenario
 from ..engine.trace import RankTrace
 from ..methods.base import DistributedMethod
@@ -235,8 +235,10 @@ class UserMethod(DistributedMethod):
 
 class GradSync(UserMethod):
     """The harness does the local backward of each rank's mean loss; ``fn`` must leave the
-    global mean gradient in every ``.grad``. It is called as ``call`` says (the count only
-    where the signature asks for one)."""
+    global mean gradient in every ``.grad``. Under a declared sum (``objective="sum"``) the
+    harness backpropagates each rank's summed loss and ``fn`` must leave the global sum's
+    gradient: what correct code is changes with the objective. It is called as ``call`` says
+    (the count only where the signature asks for one)."""
 
     call: Call
 
@@ -256,14 +258,15 @@ class GradSync(UserMethod):
             )
             self.fn(*args, **kwargs)
             dist.all_reduce(local_sum)
-            return local_sum / run.global_samples(step)
+            return local_sum / run.global_normaliser(step)
 
         return train_local_then_sync(run, users_sync)
 
 
 class LossAggregation(UserMethod):
     """The harness synchronises gradients correctly; ``fn`` turns each rank's mean loss into
-    the global mean loss it reports (called as ``call`` says). ``form`` is how the loss is
+    the global mean loss it reports (called as ``call`` says); under a declared sum, each
+    rank's summed loss into the global sum. ``form`` is how the loss is
     handed over and must come back: ``loss`` (a scalar tensor in, a number or tensor out),
     ``reduce`` (a tensor in, one of the same shape out), ``list`` (a list of one tensor in and
     out), ``reduce-dict`` (``{"loss": tensor}`` in and out). ``result_on="rank0"``: only rank
@@ -291,12 +294,12 @@ class LossAggregation(UserMethod):
         dtype = params[0].dtype if params else torch.float64
 
         def users_loss(step: int, local_sum: torch.Tensor) -> float:
-            n = run.local_samples(step)
-            all_reduce_weighted(params, float(n), run.global_samples(step))
+            n = run.local_normaliser(step)
+            all_reduce_weighted(params, float(n), run.global_normaliser(step))
             local = (local_sum / n).to(dtype).clone()
             args, kwargs = self.call.arguments(
                 (_handed_over(self.form, local, self.carried),),
-                n,
+                run.local_samples(step),
                 samples=run.local_rows(step),
                 values=rank_values(run, step),
             )
@@ -371,9 +374,11 @@ def _taken_back(
 
 class TrainingStep(UserMethod):
     """``fn`` does the whole step (forward, backward, synchronisation, optimizer step) and
-    returns the global mean loss. Its gradients are its own business: only losses and
-    parameters are compared. ``loss_reduction`` is the reduction of the ``loss_fn`` it gets
-    (``mean`` unless the user's loop wants ``sum`` or ``none``). ``wrapped``: the model it
+    returns the global mean loss (the global sum under a declared sum). Its gradients are its
+    own business: only losses and parameters are compared. ``loss_reduction`` is the
+    reduction of the ``loss_fn`` it gets (``mean`` unless the user's loop wants ``sum`` or
+    ``none``; ``mean`` is the declared objective on the batch it is given, so under a
+    declared sum it sums). ``wrapped``: the model it
     gets is already in DDP (the ``wrapped-step`` kind), whose ``no_sync()`` it may use, or in
     ``ddp_wrapper`` (``"module:callable"``, called as DDP is)."""
 
@@ -417,7 +422,9 @@ class LossFunction(UserMethod):
     return its micro-batch's share of the global mean (its summed loss over the count).
     Without a count, the loop does what Trainers did before the count existed: each result
     divided by the number of micro-batches, gradients and loss averaged over ranks, which is
-    right only when every micro-batch holds as many items."""
+    right only when every micro-batch holds as many items. Under a declared sum
+    (``objective="sum"``) the loop adds what ``fn`` returns over micro-batches and ranks, with
+    a count or without, so ``fn`` must return its micro-batch's summed loss."""
 
     call: Call
 
@@ -433,7 +440,9 @@ class LossFunction(UserMethod):
         run = RankRun(scenario)
         optimizer = run.optimizer()
         params = run.trainable()
-        counted = self.call.takes_count
+        # A count makes the loop add what fn returns, as a declared sum does whatever fn
+        # takes: the loop then neither divides by the micro-batches nor averages over ranks.
+        counted = self.call.takes_count or sums(scenario)
         for step in range(scenario.steps):
             optimizer.zero_grad(set_to_none=True)
             batches = run.micro_batches(step)

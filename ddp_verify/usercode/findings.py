@@ -70,15 +70,22 @@ class Cause:
 @dataclasses.dataclass(frozen=True)
 class Finding:
     """A finding: ``code`` (stable, public), ``subject`` and its words (``{unit}`` is
-    ``sample`` or ``token``)."""
+    ``sample`` or ``token``; ``{whole}`` what the objective is over the whole global batch,
+    ``global mean`` unless a sum was declared)."""
 
     code: str
     subject: str
     words: str
 
     def says(self, **fill: Any) -> str:
-        """The words, filled in (``unit``, ...)."""
-        return self.words.format(**fill) if fill else self.words
+        """The words, filled in (``unit``, ...); a placeholder not filled is left as it is.
+
+        Example::
+
+            >>> LOSS_LOCAL.says(whole="global sum")
+            "the reported loss is the rank's local loss, not the global sum"
+        """
+        return self.words.format_map(_Fill({"whole": WHOLE_MEAN, **fill}))
 
     def cause(
         self,
@@ -93,6 +100,28 @@ class Finding:
 
 
 _ALL: dict[str, Finding] = {}
+
+# What the objective is over the whole global batch, as the words say it.
+WHOLE_MEAN = "global mean"
+WHOLE_SUM = "global sum"
+
+
+def whole(sums: bool) -> str:
+    """How the words name the objective over the whole global batch.
+
+    Example::
+
+        >>> whole(sums=True)
+        'global sum'
+    """
+    return WHOLE_SUM if sums else WHOLE_MEAN
+
+
+class _Fill(dict[str, Any]):
+    """Words' fill that leaves a placeholder it has no value for as it is."""
+
+    def __missing__(self, key: str) -> str:
+        return "{" + key + "}"
 
 
 def _finding(code: str, subject: str, words: str) -> Finding:
@@ -136,6 +165,13 @@ RANKS_EQUAL = _finding(
     "ranks:equal",
     "gradient",
     "every rank's gradient counted {value:.4g} in all, whatever its share of the {unit}s",
+)
+RANKS_SHARES = _finding(
+    "ranks:shares",
+    "gradient",
+    "each rank's summed gradient weighted by its share of the step's {unit}s, as averaging "
+    "means weights it: under a declared sum the ranks' sums add whole (all_reduce with SUM, "
+    "no weights, no division)",
 )
 RANKS_OTHER = _finding("ranks:other", "gradient", "ranks weighted wrongly")
 RANKS_REDUCE_TO_0 = _finding(
@@ -245,7 +281,7 @@ CLIP = _finding(
 )
 
 LOSS_LOCAL = _finding(
-    "loss:local", "loss", "the reported loss is the rank's local loss, not the global mean"
+    "loss:local", "loss", "the reported loss is the rank's local loss, not the {whole}"
 )
 LOSS_SUM = _finding("loss:sum", "loss", "the reported loss is summed across ranks but not divided")
 LOSS_WORLD = _finding(
@@ -259,6 +295,12 @@ LOSS_MEANS_OVER_COUNT = _finding(
     "loss",
     "the reported loss sums the ranks' means and divides by the global {unit} count: a mean "
     "is already divided by its own count, so weight it by its share, or sum the ranks' sums",
+)
+LOSS_SHARES = _finding(
+    "loss:shares",
+    "loss",
+    "the reported loss weights each rank's summed loss by its share of the step's {unit}s, as "
+    "averaging means weights it: under a declared sum the ranks' sums add whole",
 )
 LOSS_ITEM_SUM = _finding(
     "loss:item-sum",
@@ -283,12 +325,12 @@ LOSS_RANK0_ONLY = _finding(
     "sum of some ranks' (what a reduce onto rank 0, dist.reduce or a gather, leaves on them; "
     "the reduce tree of gloo and nccl leaves partial sums from 4 ranks on); if only rank 0's "
     "result is meant to be used, check with {result_on}, which holds rank 0's result to the "
-    "global mean",
+    "{whole}",
 )
 LOSS_SCALED = _finding(
     "loss:scaled",
     "loss",
-    "the reported loss is the global mean times {factor}{why}",
+    "the reported loss is the {whole} times {factor}{why}",
 )
 # What LOSS_SCALED says, by the factor where it is a ratio of counts.
 TIMES_WORLD = ": multiplied by the world size ({world})"
@@ -373,7 +415,7 @@ UNEXPLAINED = _finding(
     "unexplained",
     "run",
     NO_KNOWN_MISTAKE + ": the gradients each rank ended with {read} and the reported loss is "
-    "the global mean, so the difference lies elsewhere (the optimizer, the parameters' "
+    "the {whole}, so the difference lies elsewhere (the optimizer, the parameters' "
     "update); see the first divergence above",
 )
 DIAGNOSIS_FAILED = _finding("none", "run", "not found: the diagnosis failed ({reason})")

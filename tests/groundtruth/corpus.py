@@ -481,6 +481,71 @@ SHAPES = (
         options={"max_micro_batches": 3, "objective": "sum"},
         families=frozenset({"loss-agg-sum"}),
     ),
+    # A declared sum of sample losses: the ranks' summed gradients and losses add, nothing
+    # divides; what is right for a mean is a mistake here.
+    Shape(
+        "grad-sync-sum",
+        "grad-sync",
+        "sync_sum",
+        """\
+        def sync_sum(model, num_samples):
+            total = torch.tensor([float(num_samples)], dtype=torch.float64)
+            dist.all_reduce(total)
+            total = total.item()
+            for p in model.parameters():
+                if p.grad is None:
+                    continue
+                p.grad.mul_($weight)
+                dist.all_reduce(p.grad)
+                p.grad.div_($divide)
+        """,
+        dict(weight="1", divide="1"),
+        options={"objective": "sum"},
+        families=frozenset({"sum"}),
+    ),
+    Shape(
+        "loss-sum",
+        "loss",
+        "global_sum",
+        """\
+        def global_sum(local_loss, num_samples):
+            pair = torch.stack(
+                [local_loss.detach().double() * $weight, torch.tensor(float(num_samples)).double()]
+            )
+            dist.all_reduce(pair)
+            total = pair[1].item()
+            return (pair[0] / ($divide)).item()
+        """,
+        dict(weight="1", divide="1"),
+        options={"objective": "sum"},
+        families=frozenset({"sum"}),
+    ),
+    Shape(
+        "step-sum",
+        "step",
+        "step_sum",
+        """\
+        def step_sum(model, optimizer, micro_batches, loss_fn):
+            optimizer.zero_grad()
+            local = 0.0
+            for x, y in micro_batches:
+                $zero_inside
+                loss = loss_fn(model(x), y) * $mb_weight
+                loss.backward()
+                local += loss.item()
+            for p in model.parameters():
+                if p.grad is not None:
+                    dist.all_reduce(p.grad)
+                    p.grad.div_($divide)
+            optimizer.step()
+            total = torch.tensor([local], dtype=torch.float64)
+            dist.all_reduce(total)
+            return total.item() / ($divide)
+        """,
+        dict(zero_inside="", mb_weight="1", divide="1"),
+        options={"max_micro_batches": 3, "objective": "sum"},
+        families=frozenset({"sum-step"}),
+    ),
 )
 
 
@@ -741,6 +806,39 @@ OPERATORS = (
         "the declared constant replaced by the micro-batch's padded width (verl's fallback)",
         {"loss-agg-norm": {"divide": "global_sequences * loss_mask.shape[-1]"}},
         frozenset({"micro:padded-width"}),
+    ),
+    Operator(
+        "sum-averaged",
+        "a declared sum averaged over ranks, as a mean's sync does: 1/W of it",
+        {
+            "sum": {"divide": "dist.get_world_size()"},
+            "sum-step": {"divide": "dist.get_world_size()"},
+        },
+        frozenset({"scale", "loss:scaled"}),
+    ),
+    Operator(
+        "sum-weighted-as-mean",
+        "the ranks' sums weighted by their shares of the samples, as a mean's average is",
+        {"sum": {"weight": "num_samples", "divide": "total"}},
+        frozenset({"ranks:shares", "loss:shares"}),
+    ),
+    Operator(
+        "sum-over-count",
+        "a declared sum divided by the step's samples: the mean",
+        {"sum": {"divide": "total"}},
+        frozenset({"scale", "loss:scaled"}),
+    ),
+    Operator(
+        "sum-micro-mean",
+        "a declared sum's micro-batches divided by the accumulation steps",
+        {"sum-step": {"mb_weight": "1 / len(micro_batches)"}},
+        frozenset({"scale", "micro:equal"}),
+    ),
+    Operator(
+        "sum-zero-grad-inside",
+        "zero_grad() inside the accumulation loop of a declared sum",
+        {"sum-step": {"zero_inside": "optimizer.zero_grad()"}},
+        frozenset({"micro:last-only"}),
     ),
     Operator(
         "sum-of-means",

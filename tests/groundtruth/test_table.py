@@ -30,6 +30,8 @@ SAMPLE = (
     "loss-agg.micro-count",
     "loss-agg-seq.row-count",
     "loss-agg-norm.padded-width",
+    "grad-sync-sum.sum-weighted-as-mean",
+    "step-sum.sum-micro-mean",
 )
 
 

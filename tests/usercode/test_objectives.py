@@ -361,7 +361,6 @@ def test_sample_mean_is_the_declared_default_of_losses_over_samples(tmp_path, mo
         ({"token_weights": True}, "a grad-sync plug-in never sees it"),
         ({"objective": "sample-mean", "losses": ("tokens",)}, "'sample-mean' averages samples"),
         ({"objective": "token-mean", "losses": ("mse",)}, "aggregates token losses"),
-        ({"objective": "sum"}, "checked for loss-agg plug-ins for now, not grad-sync"),
     ],
 )
 def test_bounds_that_do_not_go_together_are_refused_before_any_world(bounds, says):
@@ -383,6 +382,27 @@ def test_a_declared_sum_is_trained_as_the_sum_of_the_global_batchs_token_losses(
     for name, grad in mean.ranks[0].grads[0].items():
         torch.testing.assert_close(summed.ranks[0].grads[0][name], grad * tokens)
     assert summed.ranks[0].losses[0] == pytest.approx(mean.ranks[0].losses[0] * tokens)
+
+
+@pytest.mark.parametrize(
+    ("loss", "model"),
+    [("mse", ModelSpec()), ("cross_entropy", ModelSpec(out_features=3))],
+)
+def test_a_declared_sum_of_sample_losses_is_trained_as_the_sum_of_per_sample_losses(loss, model):
+    # The reference under sum: the sample mean's gradient times the step's samples (a
+    # sample's MSE is the mean over its outputs, as the mean counts it).
+    base = dict(world_size=2, schedule=(((2, 1), (3,)),), model=model, loss=loss, seed=5)
+    summed = train_reference(Scenario(**base, objective="sum"))
+    mean = train_reference(Scenario(**base))
+    for name, grad in mean.ranks[0].grads[0].items():
+        torch.testing.assert_close(summed.ranks[0].grads[0][name], grad * 6)
+    assert summed.ranks[0].losses[0] == pytest.approx(mean.ranks[0].losses[0] * 6)
+
+
+def test_a_sum_of_sample_losses_is_a_scenario_and_the_other_objectives_are_not():
+    assert Scenario(world_size=1, schedule=(((2,),),), objective="sum").objective == "sum"
+    with pytest.raises(ValueError, match="aggregates token losses"):
+        Scenario(world_size=1, schedule=(((2,),),), objective="token-mean")
 
 
 def test_a_declared_sum_is_checked_for_loss_aggregations(tmp_path, monkeypatch):

@@ -105,7 +105,8 @@ class Choice:
     ``free``: the row fixes which items count, not how much (fitted), as a rank's own
     gradient does when DDP-style training has already scaled it; ``tokens``: only where
     samples and tokens part; ``unit``: only where the loss items are that unit
-    (``"sequence"``); ``accumulating``: only where some rank holds several micro-batches."""
+    (``"sequence"``); ``accumulating``: only where some rank holds several micro-batches;
+    ``sums``: only under a declared sum."""
 
     axis: str
     name: str
@@ -119,6 +120,7 @@ class Choice:
     tokens: bool = False
     unit: str = ""
     accumulating: bool = False
+    sums: bool = False
 
     @property
     def right(self) -> bool:
@@ -166,6 +168,12 @@ def _last_only(c: Context, g: Group) -> float:
     return float(g.micro == c.last(g.rank))
 
 
+def _shares(c: Context, g: Group) -> float:
+    # Under a declared sum the columns are each group's mean times the step's items, so the
+    # right weight of a rank is its share; weighting its sum by its share again squares it.
+    return _share(c, g) ** 2
+
+
 RANKS: tuple[Choice, ...] = (
     Choice("ranks", "share", cost=0.0, weight=_share),
     Choice("ranks", "world", f.RANKS_WORLD.code, weight=_by_world),
@@ -183,6 +191,7 @@ RANKS: tuple[Choice, ...] = (
         weight=lambda c, g: c.rows(g.rank) / c.rows(),
         tokens=True,
     ),
+    Choice("ranks", "shares", f.RANKS_SHARES.code, weight=_shares, sums=True),
     Choice(
         "ranks",
         "own",
@@ -317,6 +326,7 @@ REPORT_RANKS: tuple[Choice, ...] = (
         f.LOSS_MEANS_OVER_COUNT.code,
         weight=_over_count,
     ),
+    Choice("report-ranks", "shares", f.LOSS_SHARES.code, weight=_shares, sums=True),
 )
 REPORT_MICRO: tuple[Choice, ...] = (
     Choice("report-micro", "items", cost=0.0, weight=_by_items),
@@ -430,15 +440,16 @@ def choice(axis: str, name: str) -> Choice:
 
 
 def applicable(
-    rows: Sequence[Choice], *, tokens: bool, accumulates: bool, unit: str = ""
+    rows: Sequence[Choice], *, tokens: bool, accumulates: bool, unit: str = "", sums: bool = False
 ) -> list[Choice]:
     """The rows that can show on a scenario: token rows where samples and tokens part, a
     unit's rows where the loss items are that unit, micro-batch rows where some rank holds
-    several."""
+    several, a sum's rows where a sum is declared."""
     return [
         row
         for row in rows
         if (tokens or not row.tokens)
         and (accumulates or not row.accumulating)
         and (not row.unit or row.unit == unit)
+        and (sums or not row.sums)
     ]

@@ -106,6 +106,7 @@ def _combinations(
             tokens=tokens,
             accumulates=accumulates,
             unit=evidence.unit,
+            sums=evidence.sums,
         )
         for a in axes
     ]

@@ -30,11 +30,13 @@ from ...engine.models import (
     micro_batches,
     one_thread,
     padded_width,
+    sums,
 )
 from ...engine.objectives import objective
 from ...engine.scenario import Scenario
 from ...engine.tolerances import by_roundoff
 from ...engine.trace import Trace
+from ..findings import whole
 from ..kinds import KIND
 from .axes import Choice, Group, choice
 
@@ -105,9 +107,10 @@ def tolerance(dtype: str, *, compressed: bool = False) -> Tolerance:
 
 def unit_of(scenario: Scenario) -> str:
     """What a loss item is in ``scenario``: ``token`` or ``sample``."""
+    items = "token" if scenario.loss == "tokens" else "sample"
     if scenario.objective:
-        return objective(scenario.objective).unit or "token"  # a sum adds tokens
-    return "token" if scenario.loss == "tokens" else "sample"
+        return objective(scenario.objective).unit or items  # a sum adds the loss's items
+    return items
 
 
 def _model_at(scenario: Scenario, params: Params | None) -> torch.nn.Module:
@@ -136,12 +139,15 @@ def group_terms(
         loss_fn = loss_function(scenario)
         declared = objective(scenario.objective) if scenario.objective else None
         constant = float(declared.constant or 0.0) if declared else 0.0
-        # A declared sum is the token mean times the step's tokens: each micro-batch's column
-        # is that (its mean's gradient times T), so the share-weighted reading is the right
-        # one, and a mean where the sum was due reads as divided by N once too often.
+        # A declared sum is the mean over the loss items times the step's items: each
+        # micro-batch's column is that (its mean's gradient times N), so the share-weighted
+        # reading is the right one, and a mean where the sum was due reads as divided by N
+        # once too often.
         summed = declared is not None and not declared.unit
         if summed:
-            loss_fn = loss_function(dataclasses.replace(scenario, objective="token-mean"))
+            builtin_tokens = scenario.loss == "tokens" and scenario.model.kind != "user"
+            mean = "token-mean" if builtin_tokens else ""
+            loss_fn = loss_function(dataclasses.replace(scenario, objective=mean))
             scale = float(global_items(scenario, step))
         groups, columns, losses = [], [], []
         for rank in range(scenario.world_size):
@@ -245,6 +251,9 @@ class Evidence:
         self.reference = reference
         self.got = got
         self.unit = unit_of(scenario)
+        # A declared sum, and what the words call the objective over the global batch.
+        self.sums = sums(scenario)
+        self.whole = whole(self.sums)
         self.compressed = KIND[kind].lossy
         self.tolerance = tolerance(scenario.dtype, compressed=self.compressed)
 

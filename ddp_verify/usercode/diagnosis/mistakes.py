@@ -15,6 +15,7 @@ from collections.abc import Callable
 import torch
 
 from ...engine.compare import outside
+from ...engine.models import normaliser
 from ...engine.scenario import Scenario
 from ...engine.tolerances import Float64Tolerance, Tolerance
 from ...engine.trace import Trace
@@ -59,7 +60,9 @@ class Mistake:
     prescaled: bool = False
     stepping: str = "once"
 
-    def causes(self, *, unit: str = "sample", evidence: str = "") -> list[Cause]:
+    def causes(
+        self, *, unit: str = "sample", evidence: str = "", whole: str = findings.WHOLE_MEAN
+    ) -> list[Cause]:
         """A cause for each of this mistake's wrong choices: the gradient's (how ranks
         combine, how micro-batches weigh, when the optimizer steps), then the loss's."""
         found: list[Cause] = []
@@ -73,7 +76,7 @@ class Mistake:
             found.append(combine.cause(evidence=evidence, unit=unit))
         for finding in (MICRO[self.micro], REPORT[self.report], STEPPING[self.stepping]):
             if finding is not None:
-                found.append(finding.cause(evidence=evidence, unit=unit))
+                found.append(finding.cause(evidence=evidence, unit=unit, whole=whole))
         return sorted(found, key=lambda c: c.subject != "gradient")
 
     @property
@@ -167,14 +170,15 @@ def _stepping_once(step: Step, mistake: Mistake) -> tuple[list[float], float]:
     """Each rank weights its micro-batches the mistake's way, then gradients are combined
     across ranks; returns each rank's local mean loss and the global mean loss."""
     world = step.scenario.world_size
-    total = step.global_items()
-    counts = step.rank_items()
+    # Under a mean, the loss items; under a declared sum, 1 (a batch's loss already sums).
+    total = step.normaliser()
+    counts = [step.normaliser(rank) for rank in range(world)]
     local_means = []
     for rank, (model, optimizer) in enumerate(zip(step.models, step.optimizers, strict=True)):
         batches = step.micro_batches(rank)
         local_sum = 0.0
         for batch in batches:
-            size = step.items(batch)
+            size = step.weight(batch)
             if mistake.micro == "last-only":
                 optimizer.zero_grad(set_to_none=True)
             loss = step.loss(model, batch)
@@ -196,17 +200,18 @@ def _stepping_each(step: Step, mistake: Mistake) -> tuple[list[float], float]:
     local_sums = [0.0] * world
     for j in range(len(per_rank[0])):
         batches = [per_rank[rank][j] for rank in range(world)]
-        sizes = [step.items(batch) for batch in batches]
+        sizes = [step.weight(batch) for batch in batches]
         for rank, (model, optimizer) in enumerate(zip(step.models, step.optimizers, strict=True)):
             optimizer.zero_grad(set_to_none=True)
             loss = step.loss(model, batches[rank])
             loss.backward()
             local_sums[rank] += loss.item() * sizes[rank]
-        _combine(step.models, sizes, sum(sizes), mistake)
+        items = sum(step.items(batch) for batch in batches)
+        _combine(step.models, sizes, normaliser(step.scenario, items), mistake)
         step.step_optimizers()
-    counts = step.rank_items()
+    counts = [step.normaliser(rank) for rank in range(world)]
     local_means = [s / n for s, n in zip(local_sums, counts, strict=True)]
-    return local_means, sum(local_sums) / step.global_items()
+    return local_means, sum(local_sums) / step.normaliser()
 
 
 def _combine(

@@ -158,7 +158,7 @@ def rank_zero_result(evidence: Evidence, found: Found) -> list[Hypothesis]:
         return []
     if not held_by_rank_zero_only(evidence.scenario, evidence.got):
         return []
-    cause = f.LOSS_RANK0_ONLY.cause(result_on=option("result_on", "rank0"))
+    cause = f.LOSS_RANK0_ONLY.cause(result_on=option("result_on", "rank0"), whole=evidence.whole)
     return [_structural(cause, {"loss"})]
 
 
@@ -320,12 +320,18 @@ LIKE_GRADIENT = Choice(
 def loss_axes(evidence: Evidence, found: Found) -> list[Hypothesis]:
     """The reported loss's hypotheses, with one row more for each factor the gradient was
     found scaled by: the scaled loss that was backpropagated, reported, is one mistake seen
-    twice, and its factor is no free number (one step shows it)."""
+    twice, and its factor is no free number (one step shows it). Only the gradient's
+    cheapest consistent readings count: where the gradient is right, a costlier reading that
+    happens to fit too (a sum divided by W on even ranks) scaled nothing."""
+    gradient = [h for h in found if h.consistent and h.subject == "gradient"]
+    cheapest = min((h.cost for h in gradient), default=0.0)
     factors = sorted(
         {
             round(float(h.detail["factors"][0]), 12)
-            for h in found
-            if h.consistent and h.detail.get("factors") and any(c.axis == "scale" for c in h.wrong)
+            for h in gradient
+            if h.cost == cheapest
+            and h.detail.get("factors")
+            and any(c.axis == "scale" for c in h.wrong)
         }
     )
     like = [dataclasses.replace(LIKE_GRADIENT, factor=_constant(k)) for k in factors]
@@ -342,7 +348,9 @@ def other_objective(evidence: Evidence, found: Found) -> list[Hypothesis]:
     same data as the reference: where the ranks' gradients are exactly one of them, the code
     computes that objective instead (a sequence mean where a token mean was declared)."""
     scenario = evidence.scenario
-    if not scenario.objective:
+    # The other objectives aggregate the built-in token data; a sum of other losses is told
+    # from their mean by its scale alone.
+    if not scenario.objective or scenario.loss != "tokens" or scenario.model.kind == "user":
         return []
     declared = objective(scenario.objective)
     others = [o for o in OTHER_OBJECTIVES if objective(o).name != declared.name]
@@ -406,6 +414,7 @@ def simulated(evidence: Evidence, found: Found) -> list[Hypothesis]:
             dataclasses.replace(c, text=c.text + said)
             for c in mistake.causes(
                 unit=evidence.unit,
+                whole=evidence.whole,
                 evidence=f"simulating {mistake} reproduces every rank's {reproduces}",
             )
             if c.subject == "gradient" or with_loss

@@ -74,6 +74,7 @@ def render(
             evidence=shown.evidence() if shown else "",
             weights=shown.table() if shown else (),
             read=read,
+            whole=evidence.whole,
         )
     ]
 
@@ -248,7 +249,7 @@ def _loss_causes(evidence: Evidence, h: Hypothesis) -> list[Cause]:
     reported = evidence.reported(0)
     truth = [float(v) for v in evidence.reference.ranks[0].losses[: evidence.steps]]
     evidence_text = (
-        f"rank 0 reported {reported[0]:.6g} at step 0, the global mean there is "
+        f"rank 0 reported {reported[0]:.6g} at step 0, the {evidence.whole} there is "
         f"{truth[0]:.6g}; every step of every rank is what {h.describe()} predicts"
     )
     said = []
@@ -265,11 +266,11 @@ def _loss_causes(evidence: Evidence, h: Hypothesis) -> list[Cause]:
             else:
                 factors = h.detail.get("factors") or (1.0,)
                 factor, why = f"{float(factors[0]):.4g} at every step", ""
-            text = f.LOSS_SCALED.says(factor=factor, why=why)
+            text = f.LOSS_SCALED.says(factor=factor, why=why, whole=evidence.whole)
         elif choice.words:
             text = choice.words.format(unit=unit)
         else:
-            text = f.finding(choice.finding).says(unit=unit)
+            text = f.finding(choice.finding).says(unit=unit, whole=evidence.whole)
         said.append(
             Cause(
                 text,
@@ -301,7 +302,7 @@ def _unexplained_loss(evidence: Evidence) -> Cause:
         f"step {s}: {reported[s]:.6g} vs {float(truth[s]):.6g}" for s in range(evidence.steps)
     )
     return f.LOSS_UNEXPLAINED.cause(
-        evidence=f"rank 0 reported vs the global mean: {steps}", unit=evidence.unit
+        evidence=f"rank 0 reported vs the {evidence.whole}: {steps}", unit=evidence.unit
     )
 
 
