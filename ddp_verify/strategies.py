@@ -5,9 +5,17 @@
 from .engine.strategies import (
     accumulation_schedules,
     batch_splits,
+    coupled_scenarios,
     models,
     optimizers,
     scenarios,
 )
 
-__all__ = ["accumulation_schedules", "batch_splits", "models", "optimizers", "scenarios"]
+__all__ = [
+    "accumulation_schedules",
+    "batch_splits",
+    "coupled_scenarios",
+    "models",
+    "optimizers",
+    "scenarios",
+]

@@ -9,9 +9,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Literal
 
-ModelKind = Literal["mlp", "conv", "embedding", "transformer", "user"]
+ModelKind = Literal["mlp", "conv", "embedding", "transformer", "user", "towers"]
 Activation = Literal["tanh", "relu", "gelu"]
-LossName = Literal["mse", "cross_entropy", "tokens"]
+LossName = Literal["mse", "cross_entropy", "tokens", "coupled"]
 BatchNorm = Literal["", "batch", "sync"]
 OptimizerName = Literal["sgd", "adam", "adamw"]
 DType = Literal["float64", "float32", "bfloat16"]
@@ -19,7 +19,7 @@ DType = Literal["float64", "float32", "bfloat16"]
 # The built-in kinds hypothesis draws by default; "transformer" (per-token logits, for the
 # token-level loss) and "user" (a factory of the user's) are asked for by name.
 MODEL_KINDS: tuple[ModelKind, ...] = ("mlp", "conv", "embedding")
-ALL_MODEL_KINDS: tuple[ModelKind, ...] = (*MODEL_KINDS, "transformer", "user")
+ALL_MODEL_KINDS: tuple[ModelKind, ...] = (*MODEL_KINDS, "transformer", "user", "towers")
 BATCH_NORMS: tuple[BatchNorm, ...] = ("", "batch", "sync")
 # The structural features a ModelSpec can switch on (its boolean fields).
 FEATURES = ("layernorm", "tied", "unused", "frozen", "buffer")
@@ -28,6 +28,11 @@ ACTIVATIONS: tuple[Activation, ...] = ("tanh", "relu", "gelu")
 # and ignore_index targets, averaged over the tokens that count) is asked for by name.
 LOSSES: tuple[LossName, ...] = ("mse", "cross_entropy")
 ALL_LOSSES: tuple[LossName, ...] = (*LOSSES, "tokens")
+# A loss of the user's whose samples interact across ranks (the coupled-loss kind): it goes
+# with the "towers" encoder, and its reference is the user's own loss on one rank.
+COUPLED = "coupled"
+# The loss parameters a towers model learns where the loss asks for them by name.
+LEARNED_PARAMETERS = ("logit_scale", "logit_bias")
 # The target that does not count (torch's CrossEntropyLoss default): padding, prompt tokens.
 IGNORE_INDEX = -100
 OPTIMIZERS: tuple[OptimizerName, ...] = ("sgd", "adam", "adamw")
@@ -77,6 +82,10 @@ class ModelSpec:
     first hidden layer (each forward normalises by its own batch: DDP then differs from
     full-batch training, as documented);
     ``"sync"`` makes it a SyncBatchNorm on the ranks (global statistics; CUDA only).
+    ``towers`` (the coupled-loss kind's encoder, :mod:`ddp_verify.engine.coupled`): a linear
+    tower per view, ``in_features`` to ``out_features``, one shared by both views where
+    ``towers=1``; ``negatives`` hard-negative inputs per pair; ``learned`` the loss
+    parameters it learns (``logit_scale``, ``logit_bias``).
 
     Example::
 
@@ -97,6 +106,9 @@ class ModelSpec:
     aside: bool = False
     batch_norm: BatchNorm = ""
     factory: str = ""
+    towers: int = 2
+    negatives: int = 0
+    learned: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.kind not in ALL_MODEL_KINDS:
@@ -125,6 +137,20 @@ class ModelSpec:
             raise ValueError(f"layer sizes must be positive: {self}")
         if not self.hidden and (self.layernorm or self.tied or self.frozen):
             raise ValueError("layernorm, tied and frozen need at least one hidden layer")
+        if self.kind == "towers":
+            if self.towers not in (1, 2) or self.negatives < 0 or self.hidden:
+                raise ValueError(
+                    "a towers encoder has towers=1 or 2, negatives >= 0 and no hidden layers "
+                    f"(a linear tower per view): {self}"
+                )
+            unknown = set(self.learned) - set(LEARNED_PARAMETERS)
+            if unknown:
+                raise ValueError(
+                    f"a towers encoder learns {', '.join(LEARNED_PARAMETERS)}, not "
+                    f"{', '.join(sorted(unknown))}"
+                )
+        elif self.towers != 2 or self.negatives or self.learned:
+            raise ValueError("towers, negatives and learned belong to the towers encoder")
 
     __repr__ = _compact_repr
     _repr_pretty_ = _pretty
@@ -133,6 +159,11 @@ class ModelSpec:
         """``mlp 2→[3, 2]→1 tanh +layernorm +tied``."""
         if self.kind == "user":
             return f"user model {self.factory}"
+        if self.kind == "towers":
+            views = "one tower for both views" if self.towers == 1 else "two towers"
+            more = f", {self.negatives} hard negative(s) a pair" if self.negatives else ""
+            learns = f", learns {', '.join(self.learned)}" if self.learned else ""
+            return f"towers {self.in_features}→{self.out_features} ({views}{more}{learns})"
         features = [f"+{self.batch_norm}norm"] if self.batch_norm else []
         features += [
             f"+{name}"
@@ -144,6 +175,14 @@ class ModelSpec:
             return f"transformer d={self.in_features + 1} mlp {list(self.hidden)}, {head}"
         shape = f"{self.in_features}→{list(self.hidden)}→{self.out_features}"
         return " ".join([self.kind, shape, self.activation, *features])
+
+
+# What accumulation means to a coupled loss, said wherever a scenario shows it.
+_IN_BATCH_NEGATIVES = (
+    "\nin-batch negatives come from each micro-batch, so accumulation changes the objective: "
+    "the reference accumulates the same micro-batches on one rank (no equivalence across "
+    "accumulation steps is claimed)"
+)
 
 
 # The learning rate of the second param group, relative to the first: different, so that a
@@ -257,15 +296,29 @@ class Scenario:
                     f"step {step} lists {len(per_rank)} ranks, the world has {self.world_size}"
                 )
             for rank, sizes in enumerate(per_rank):
-                if not sizes or any(m < 1 for m in sizes):
+                # A coupled loss's rank may hold no pair: its gathers must still take part.
+                least = 0 if self.loss == COUPLED else 1
+                if not sizes or any(m < least for m in sizes):
                     raise ValueError(
                         f"step {step}, rank {rank}: every rank needs at least one micro-batch "
-                        f"of at least one sample, got {sizes}"
+                        f"of at least {least} sample(s), got {sizes}"
                     )
-        if self.loss not in ALL_LOSSES:
-            raise ValueError(f"loss must be one of {ALL_LOSSES}, got {self.loss!r}")
+            if self.loss == COUPLED and (
+                len({len(sizes) for sizes in per_rank}) > 1 or not sum(map(sum, per_rank))
+            ):
+                raise ValueError(
+                    f"step {step}: a coupled loss's ranks hold as many micro-batches, and some "
+                    f"pair in all, got {per_rank}"
+                )
+        if self.loss not in (*ALL_LOSSES, COUPLED):
+            raise ValueError(f"loss must be one of {(*ALL_LOSSES, COUPLED)}, got {self.loss!r}")
+        if (self.loss == COUPLED) != (self.model.kind == "towers"):
+            raise ValueError(
+                "a coupled loss goes with the towers encoder, and the towers with it: got model "
+                f"{self.model.kind!r} and loss {self.loss!r}"
+            )
         if (self.loss == "tokens") != (self.model.kind == "transformer") and (
-            self.model.kind != "user"
+            self.model.kind not in ("user", "towers")
         ):
             raise ValueError(
                 "the token-level loss goes with the transformer model (per-token logits), and "
@@ -361,5 +414,6 @@ class Scenario:
             f"{f'objective {self.objective}, ' if self.objective else ''}"
             f"{'per-token losses weighted (signed), ' if self.token_weights else ''}"
             f"seed {self.seed}\n"
-            f"micro-batch sizes per rank:\n{steps}"
+            f"micro-batch sizes per rank{' (pairs)' if self.loss == COUPLED else ''}:\n{steps}"
+            + (_IN_BATCH_NEGATIVES if self.loss == COUPLED and self.accumulates else "")
         )

@@ -395,6 +395,94 @@ def scenarios(
     return draw_scenario()
 
 
+def coupled_scenarios(
+    *,
+    world_size: int,
+    min_samples: int = 1,
+    max_samples: int = 4,
+    max_micro_batches: int = 1,
+    max_steps: int = 2,
+    even: bool = False,
+    same_micro_batch_counts: bool = True,
+    several_steps: bool = False,
+    dtypes: Sequence[str] = ("float64",),
+    optimizers: st.SearchStrategy[OptimizerSpec] | None = None,
+    towers: int = 2,
+    negatives: int = 0,
+    learned: Sequence[str] = (),
+) -> st.SearchStrategy[Scenario]:
+    """Scenarios for a loss whose samples interact across ranks (the ``coupled-loss`` kind):
+    the harness's encoder (``towers`` 1 or 2, ``negatives`` hard negatives a pair, the
+    ``learned`` loss parameters) on pairs. Ranks hold ``min_samples`` to ``max_samples``
+    pairs, uneven unless ``even=True``, and a rank may hold none (drawn, shrinking away);
+    every rank of a step holds as many micro-batches (one unless ``max_micro_batches`` says
+    more: in-batch negatives then come from each micro-batch).
+
+    Example::
+
+        coupled_scenarios(world_size=2, towers=1, learned=("logit_scale",))
+    """
+    _check_bounds(world_size, min_samples, max_samples)
+    _check_int("max_micro_batches", max_micro_batches, 1)
+    _check_int("max_steps", max_steps, 1)
+    _check_int("negatives", negatives, 0)
+    if towers not in (1, 2):
+        raise InvalidArgument(f"towers={towers!r}: one tower for both views (1) or one each (2)")
+    if not same_micro_batch_counts:
+        raise InvalidArgument(
+            "a coupled loss's ranks hold as many micro-batches: its gathers pair up per call"
+        )
+    if tuple(dtypes) != ("float64",):
+        raise InvalidArgument(
+            f"dtypes={tuple(dtypes)!r}: a coupled loss is checked in float64 for now (its "
+            "reference is your code on one rank, whose rounding in a lower precision is not "
+            "measured yet)"
+        )
+    optimizer_strategy = optimizers if optimizers is not None else _default_optimizers()
+    steps = st.integers(1, max_steps) if several_steps else st.just(1)
+    encoders = st.builds(
+        ModelSpec,
+        kind=st.just("towers"),
+        in_features=st.integers(2, 3),
+        hidden=st.just(()),
+        out_features=st.integers(2, 4),
+        towers=st.just(towers),
+        negatives=st.just(negatives),
+        learned=st.just(tuple(learned)),
+    )
+
+    @st.composite
+    def draw_scenario(draw: st.DrawFn) -> Scenario:
+        schedule = []
+        for _ in range(draw(steps)):
+            pieces = draw(st.integers(1, max_micro_batches))
+            common = draw(st.integers(min_samples, max_samples)) if even else None
+            per_rank = []
+            for _ in range(world_size):
+                sizes = tuple(
+                    common or draw(st.integers(min_samples, max_samples)) for _ in range(pieces)
+                )
+                per_rank.append(sizes)
+            if not even and world_size > 1 and draw(st.booleans()):
+                # A rank that holds no pair: its collectives must still take part.
+                empty = draw(st.integers(0, world_size - 1))
+                per_rank[empty] = (0,) * pieces
+            schedule.append(tuple(per_rank))
+        scenario = Scenario(
+            world_size=world_size,
+            schedule=tuple(schedule),
+            model=draw(encoders),
+            loss="coupled",
+            optimizer=draw(optimizer_strategy),
+            dtype=draw(st.sampled_from(list(dtypes))),
+            seed=draw(st.integers(0, 2**16)),
+        )
+        note(f"Scenario: {scenario.describe()}")
+        return scenario
+
+    return draw_scenario()
+
+
 def _as_transformer(model: ModelSpec) -> ModelSpec:
     """The transformer block of the same size: what the token-level loss trains."""
     return ModelSpec(

@@ -164,6 +164,26 @@ class Float64Tolerance(Tolerance):
         return f"atol {self.atol:g} + rtol {self.rtol:g} × |expected|, float64 rounding"
 
 
+class TrainingOnly(Float64Tolerance):
+    """float64's tolerance for gradients and parameters, and none for the loss: for code whose
+    loss is an objective to backpropagate, which it may scale, rather than a value to log (a
+    coupled loss multiplied by the world size to undo DDP's average trains right).
+
+    Example::
+
+        >>> float(TrainingOnly().allowed("loss", 0, "", torch.tensor(1.0)))
+        inf
+    """
+
+    def allowed(self, quantity: str, step: int, name: str, expected: torch.Tensor) -> torch.Tensor:
+        if quantity == "loss":
+            return torch.full_like(expected, math.inf, dtype=torch.float64)
+        return super().allowed(quantity, step, name, expected)
+
+    def describe(self) -> str:
+        return f"{super().describe()}; the loss your code returns is not held, only training"
+
+
 class MeasuredTolerance(Tolerance):
     """``safety`` × the largest deviation from the float64 reference among runs in the
     scenario's dtype (float32 or bfloat16) that differ from each other only in rounding,

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..usercode.kinds import Binds, check_signature
-from ..usercode.search import Progress, bounds_for, search
+from ..usercode.search import Progress, preflight, search
 from ..usercode.verdict import CheckFailed, Verdict
 from ..world import WorldPool
 from ..world.backends import check_device, require_devices
@@ -109,7 +109,8 @@ def check(
     # these arguments are, is the one calling (a pytest session's flags are not check()'s).
     spellings = SPELLINGS["cli"] if current() is SPELLINGS["cli"] else SPELLINGS["python"]
     with spelled_as(spellings):
-        bounds_for(kind, scenario_bounds)  # bounds that do not go together: before any world
+        # Bounds that do not go together, a call the kind cannot make: before any world.
+        preflight(fn, kind, bind, scenario_bounds)
     # Arguments not given come from the environment (DDP_VERIFY_WORLD_SIZE, ..._DEVICE,
     # ..._LAUNCH), then the defaults, as on the command line.
     given_backend, given_device = backend, device

@@ -43,7 +43,13 @@ from typing import Any
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
 
 from ..engine.scenario import ALL_LOSSES, DTYPES, FEATURES, MODEL_KINDS  # noqa: E402
-from ..usercode.kinds import KINDS, SIGNATURES, KindError, check_signature  # noqa: E402
+from ..usercode.kinds import (  # noqa: E402
+    DEFAULT_BOUNDS,
+    KINDS,
+    SIGNATURES,
+    KindError,
+    check_signature,
+)
 from ..world import cleanup  # noqa: E402
 from ..world.backends import BACKENDS, DEVICES  # noqa: E402
 from ..world.naming import spelled_as  # noqa: E402
@@ -363,8 +369,9 @@ def _parser() -> argparse.ArgumentParser:
         "--max-micro-batches",
         metavar="N",
         type=_positive,
-        default=3,
-        help="most micro-batches a rank accumulates in one step (default 3)",
+        default=None,
+        help="most micro-batches a rank accumulates in one step (default 3; 1 for "
+        "coupled-loss, whose in-batch negatives come from each micro-batch)",
     )
     check.add_argument(
         "--max-steps",
@@ -402,6 +409,22 @@ def _parser() -> argparse.ArgumentParser:
         help="loss-agg: divide what the function returns by the accumulation steps before "
         "backward, as the Hugging Face Trainer does for a loss without num_items_in_batch "
         "(default off)",
+    )
+    check.add_argument(
+        "--towers",
+        type=int,
+        choices=(1, 2),
+        default=None,
+        help="coupled-loss: one tower encodes both views (1, SimCLR) or one each (2, CLIP; "
+        "the default)",
+    )
+    check.add_argument(
+        "--negatives",
+        metavar="K",
+        type=int,
+        default=None,
+        help="coupled-loss: hard-negative feature tensors passed after the two views (as DPR, "
+        "Tevatron and sentence-transformers pass them); default 0",
     )
     check.add_argument(
         "--token-weights",
@@ -777,11 +800,16 @@ def _run_check(args: argparse.Namespace, fn: Callable[..., Any], context: dict[s
     from ..usercode.verdict import verdict_for
     from .api import check
 
+    # Unless given: the kind's own (a coupled loss's single micro-batch), else 3.
+    kind_default = DEFAULT_BOUNDS.get(args.kind, {}).get("max_micro_batches", 3)
     bounds: dict[str, Any] = {
-        "max_micro_batches": args.max_micro_batches,
+        "max_micro_batches": args.max_micro_batches or kind_default,
         "max_steps": args.max_steps,
         "even": args.even_batches,
     }
+    for name in ("towers", "negatives"):
+        if getattr(args, name) is not None:
+            bounds[name] = getattr(args, name)
     if args.dtype:
         bounds["dtypes"] = (args.dtype,)
     if args.exclude_features or tuple(args.model_kinds) != MODEL_KINDS:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
+from typing import Any
 
 from ..engine.compare import compare
 from ..engine.outcome import EquivalenceError, Outcome
@@ -23,6 +24,7 @@ from ..engine.tolerances import (
     Float64Tolerance,
     MeasuredTolerance,
     Tolerance,
+    TrainingOnly,
     rounding_may_branch,
 )
 from ..engine.trace import Trace
@@ -74,8 +76,13 @@ def check_equivalent(
         )
     finish = _start(world, method, scenario)
     try:
-        # The reference trains beside the ranks, on the world's helper process.
-        reference, derived = _truth(world, scenario, tolerance is None)
+        # The reference trains beside the ranks, on the world's helper process (or, for
+        # code that is its own reference on one rank, on a one-rank world).
+        derived: Tolerance | None
+        if getattr(method, "whole_batch_reference", False):
+            reference, derived = _own_truth(world, method, scenario)
+        else:
+            reference, derived = _truth(world, scenario, tolerance is None)
     except RankError as exc:
         with contextlib.suppress(RankError):
             finish()  # the ranks' job is collected either way: the world stays usable
@@ -136,6 +143,39 @@ def _truth(
     return world.helper.run_job(
         reference_and_tolerance, (scenario, derive_tolerance), options, name="the reference"
     )[0]
+
+
+def _own_truth(world: Ranked | None, method: Method, scenario: Scenario) -> tuple[Trace, Tolerance]:
+    """The reference of code that is its own on one rank holding the whole batch (a coupled
+    loss's): trained on the world's one-rank world, or in this process on a one-rank process
+    group of its own (a reproducer's) when there is no world."""
+    from ..usercode.coupled import reference_trace, train_whole_batch
+
+    if scenario.dtype != "float64":
+        raise ValueError(f"{method.name} is checked in float64, not {scenario.dtype}")
+    if world is not None:
+        job = (method.shipped(), scenario)  # type: ignore[attr-defined]
+        trained = world.solo.run_job(train_whole_batch, job, name="the reference")[0]
+    else:
+        trained = _on_one_rank(lambda: train_whole_batch(method, scenario))  # type: ignore[arg-type]
+    # What the code returns is backpropagated, and may be scaled (times the world size):
+    # training is held, the loss is shown.
+    return reference_trace(trained), TrainingOnly()
+
+
+def _on_one_rank(run: Callable[[], Any]) -> Any:
+    """``run()`` in a one-rank gloo process group of this process's own, made for it."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        if dist.get_world_size() != 1:
+            raise RuntimeError("this process is a rank of a larger world; the reference needs one")
+        return run()
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        return run()
+    finally:
+        dist.destroy_process_group()
 
 
 def assert_equivalent(

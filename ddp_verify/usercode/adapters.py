@@ -456,7 +456,7 @@ class LossFunction(UserMethod):
                     values=rank_values(run, step, classes=logits.shape[-1]),
                 )
                 value = self.fn(*args, **kwargs)
-                value = _as_loss(value) / (1 if counted else len(batches))
+                value = as_loss(value) / (1 if counted else len(batches))
                 value.backward()
                 reported += value.detach().double()
             divisor = 1.0 if counted else float(run.world_size)
@@ -545,7 +545,7 @@ class LossAggregator(UserMethod):
                 values = {**rank_values(run, step), **mine}
                 handed = mask[:, :width].to(mask_dtype or losses.dtype)
                 args, kwargs = self.call.arguments((losses, handed), 0, values=values)
-                value = _as_loss(self.fn(*args, **kwargs))
+                value = as_loss(self.fn(*args, **kwargs))
                 if self.divides:
                     value = value / len(batches)
                 value.backward()
@@ -557,7 +557,9 @@ class LossAggregator(UserMethod):
         return run.trace
 
 
-def _as_loss(value: Any) -> torch.Tensor:
+def as_loss(value: Any, who: str = "a loss-fn plug-in", into: str = "the logits") -> torch.Tensor:
+    """``value`` as the 0-d loss to backpropagate; a :class:`KindError` that says what ``who``
+    must return otherwise (a one-element tensor that backpropagates ``into``)."""
     if not isinstance(value, torch.Tensor) or value.numel() != 1 or not value.requires_grad:
         got = (
             f"a tensor of shape {tuple(value.shape)}"
@@ -566,8 +568,8 @@ def _as_loss(value: Any) -> torch.Tensor:
             else type(value).__name__
         )
         raise KindError(
-            "a loss-fn plug-in must return the loss as a one-element tensor that "
-            f"backpropagates to the logits, got {got}"
+            f"{who} must return the loss as a one-element tensor that backpropagates to "
+            f"{into}, got {got}"
         )
     return value.reshape(())
 
@@ -638,6 +640,16 @@ def _as_float(value: Any, kind: str) -> float:
         ) from None
 
 
+def _coupled(fn: Callable[..., Any], name: str, call: Call) -> UserMethod:
+    # Its own module: a coupled loss trains the harness's encoder, not a scenario's model.
+    from .coupled import CoupledLoss, single_process_defaults
+
+    said = single_process_defaults(fn)
+    if said:
+        raise KindError(said)
+    return CoupledLoss(fn, name, call)
+
+
 # How each kind's callable becomes a method (Kind.adapter names an entry).
 Adapter = Callable[[Callable[..., Any], str, Call, Kind, Options], "UserMethod | CommHook"]
 ADAPTERS: dict[str, Adapter] = {
@@ -667,4 +679,5 @@ ADAPTERS: dict[str, Adapter] = {
         fn, name, call, divides=o.trainer_divides
     ),
     "wrapper": lambda fn, name, call, kind, o: Wrapper(fn, name),
+    "coupled-loss": lambda fn, name, call, kind, o: _coupled(fn, name, call),
 }

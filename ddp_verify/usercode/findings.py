@@ -410,6 +410,74 @@ COLLECTIVES_PER_MICRO_BATCH = _finding(
     "({held}), so their collectives did not pair up. If every rank of your training always "
     "has as many micro-batches, check with {same_counts}; otherwise synchronise once per step",
 )
+# -- a loss that couples samples across ranks (coupled-loss) -----------------------------------
+COUPLED_SCALE = _finding(
+    "coupled:scale",
+    "gradient",
+    "the gradient is {factor} times the reference's on every parameter{why}",
+)
+# What COUPLED_SCALE adds, by its factor.
+COUPLED_TIMES_WORLD = (
+    ": the loss multiplied by the world size where its gradient already reaches every "
+    "rank's features (a gather with gradients): multiply only where the gradient reaches "
+    "the local features alone"
+)
+COUPLED_OVER_WORLD = (
+    ": every rank's gradient is the whole batch's, and DDP's average divides it by the "
+    "world size once too often"
+)
+COUPLED_LOCAL_GRADIENT = _finding(
+    "coupled:local-gradient",
+    "gradient",
+    "every rank computes the loss of the whole batch, but its gradient reaches only the "
+    "rank's local features (the others came out of a gather without gradients), and DDP "
+    "averages: the towers get {towers} of their gradient{learned}. Gather with gradients "
+    "(torch.distributed.nn.functional.all_gather), or multiply the loss by the world size",
+)
+COUPLED_NO_FEATURE_GRADIENT = _finding(
+    "coupled:no-feature-gradient",
+    "gradient",
+    "no gradient reaches the towers: every feature the loss used came out of a gather "
+    "without gradients (dist.all_gather returns copies); put the local features back in "
+    "their slot, or gather with torch.distributed.nn.functional.all_gather",
+)
+COUPLED_LOCAL_NEGATIVES = _finding(
+    "coupled:local-negatives",
+    "gradient",
+    "negatives from the local batch only: each rank's loss is its own pairs' loss, as if "
+    "every rank trained alone; gather the other ranks' features to use them as negatives",
+)
+COUPLED_RANKS_EQUAL = _finding(
+    "coupled:ranks-equal",
+    "gradient",
+    "each rank's loss is the mean over its own pairs, and DDP's average counts every rank "
+    "{share}, whatever its pairs: weight each rank's loss by its pairs x world size / the "
+    "global pairs (or sum over the rank's pairs and divide by the global count), or check "
+    "with --even-batches if every rank always holds as many",
+)
+COUPLED_CONSTANT_FEATURES = _finding(
+    "coupled:constant-features",
+    "gradient",
+    "the other ranks' features are constants in each rank's loss: no gradient crosses ranks, "
+    "so the gradient through the other ranks' pairs is missing; gather with gradients "
+    "(torch.distributed.nn.functional.all_gather, or an autograd gather whose backward "
+    "all-reduces)",
+)
+COUPLED_UNEVEN = _finding(
+    "coupled:uneven",
+    "run",
+    "the code cannot take ranks holding different numbers of pairs ({sizes}): {what}. If "
+    "every rank always holds as many, check with --even-batches; otherwise exchange sizes "
+    "first, pad to the longest for the gather and cut each rank's rows back out",
+)
+COUPLED_UNEXPLAINED = _finding(
+    "coupled:unexplained",
+    "run",
+    "no reading of a coupled loss fits this divergence (read: a scale, the gradient "
+    "reaching local features only or none, local negatives, ranks weighted equally, no "
+    "gradient crossing ranks); what limits it: {why}",
+)
+
 NO_KNOWN_MISTAKE = "no known mistake reproduces this divergence"
 UNEXPLAINED = _finding(
     "unexplained",

@@ -64,7 +64,23 @@ class Kind:
     # Its code may keep state from step to step (a hook's state, a step function's own): the
     # search draws several steps early (strategies' several_steps).
     keeps_state: bool = False
+    # Parameters it fills by their names alone, beside NAMED_VALUES (a loss-agg plug-in's
+    # counts, a coupled loss's learned parameters).
+    named_values: tuple[str, ...] = ()
 
+
+# The values a loss-agg plug-in's parameters are bound to by their names alone.
+AGGREGATION_VALUES = (
+    "accumulation_steps",
+    "tokens",
+    "rank_tokens",
+    "global_tokens",
+    "sequences",
+    "rank_sequences",
+    "global_sequences",
+)
+# The learned loss parameters a coupled-loss plug-in is given by their names alone.
+LEARNED_VALUES = ("logit_scale", "logit_bias")
 
 # A step function owns its accumulation loop, and training loops give every rank the same
 # number of accumulation steps; code that synchronises per micro-batch would only hang on
@@ -186,6 +202,19 @@ REGISTRY: tuple[Kind, ...] = (
         # to its own longest sequence, the token-level loss.
         # Judged against a declared objective, token-mean unless the user declares another.
         default_bounds={"losses": ("tokens",), "objective": "token-mean", **_SAME_COUNTS},
+        named_values=AGGREGATION_VALUES,
+    ),
+    Kind(
+        "coupled-loss",
+        "fn(features_a, features_b, *negatives, logit_scale=..., logit_bias=...) -> tensor, "
+        "on every rank with the features of its local pairs",
+        (2, 3, 4, 5),
+        ("features_a", "features_b", "negatives", "negatives", "negatives"),
+        adapter="coupled-loss",
+        mistakes="coupled",
+        # One micro-batch per rank: in-batch negatives come from the micro-batch.
+        default_bounds={"max_micro_batches": 1},
+        named_values=LEARNED_VALUES,
     ),
 )
 KIND = {kind.name: kind for kind in REGISTRY}
@@ -326,17 +355,10 @@ BINDABLE: dict[str, str] = {
     "sequences": "this micro-batch's sequences with a token that counts",
     "rank_sequences": "this rank's sequences with a token that counts, this step",
     "global_sequences": "the step's sequences with a token that counts over every rank",
+    # What a coupled-loss plug-in may be given: the loss parameters the harness's model learns.
+    "logit_scale": "the logit scale the harness's encoder learns (coupled-loss)",
+    "logit_bias": "the logit bias the harness's encoder learns (coupled-loss)",
 }
-# The values a loss-agg plug-in's parameters are bound to by their names alone.
-AGGREGATION_VALUES = (
-    "accumulation_steps",
-    "tokens",
-    "rank_tokens",
-    "global_tokens",
-    "sequences",
-    "rank_sequences",
-    "global_sequences",
-)
 # Parameters bound to the scenario's classes without asking: the name says what they are.
 CLASS_NAMES = frozenset({"vocab_size", "num_classes", "n_classes"})
 
@@ -716,10 +738,11 @@ def _bound(
 
 def _named_value(parameter: inspect.Parameter, spec: Kind) -> bool:
     """Whether ``parameter``'s name alone says what to pass: a required one named as a
-    value every kind has (``world_size``), or one named as a count a loss-agg plug-in gets."""
+    value every kind has (``world_size``), or one the kind fills by name (a count a
+    loss-agg plug-in gets, a coupled loss's ``logit_scale``)."""
     if parameter.name in NAMED_VALUES and parameter.default is parameter.empty:
         return True
-    return spec.name == "loss-agg" and parameter.name in AGGREGATION_VALUES
+    return parameter.name in spec.named_values
 
 
 def _fits(parameter: str) -> list[str]:

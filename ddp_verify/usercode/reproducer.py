@@ -107,6 +107,10 @@ def train(rank, port, results):
 class Recorded(Method):
     """One call's traces, as the spawned ranks recorded them."""
 
+    # A coupled loss is its own reference: the same code on a one-rank process group of
+    # this process's own, holding the whole batch (check_equivalent trains it here).
+    whole_batch_reference = KIND == "coupled-loss"
+
     def __init__(self, trace, call):
         self.trace = trace
         repeat = f" (call {{call + 1}} of {{REPEATS}})" if REPEATS > 1 else ""
@@ -114,6 +118,9 @@ class Recorded(Method):
 
     def run(self, scenario, world=None):
         return self.trace
+
+    def train_whole(self, scenario):
+        return adapt(load_function(), KIND, bind=BIND).train_whole(scenario)
 
 
 class Spawned:

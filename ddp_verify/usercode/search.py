@@ -22,7 +22,7 @@ from ..engine.lockstep import in_lockstep
 from ..engine.objectives import SAMPLE_MEAN
 from ..engine.outcome import EquivalenceError, Outcome
 from ..engine.scenario import Scenario
-from ..engine.strategies import models, optimizers, scenarios
+from ..engine.strategies import coupled_scenarios, models, optimizers, scenarios
 from ..engine.tolerances import Float64Tolerance, Tolerance
 from ..methods.base import Method
 from ..methods.equivalence import HarnessError, assert_equivalent, check_equivalent
@@ -31,7 +31,9 @@ from ..world.interface import Ranked
 from ..world.naming import option
 from . import findings
 from .adapters import DEFAULT_BOUNDS, KindError, adapt
+from .coupled import CoupledLoss
 from .diagnosis import likely_causes
+from .diagnosis.coupled import coupled_bounds, coupled_causes, uneven_cause
 from .diagnosis.probes import every_mistake, probes, told_apart
 from .diagnosis.structural import failure_cause, known_issue_cause, low_rank_cause
 from .findings import Cause
@@ -50,6 +52,7 @@ __all__ = [
     "Verdict",
     "bounds_for",
     "describe_causes",
+    "preflight",
     "search",
 ]
 
@@ -145,6 +148,12 @@ def search(
     world_size = world.size
     fmt = lossy_format(kind, lossy, hook_state)
     bounds = bounds_for(kind, scenario_bounds)
+    coupled = KIND[kind].adapter == "coupled-loss"
+    if coupled:
+        # The encoder learns the loss parameters the code asks for by name.
+        call = adapt(fn, kind, **called, layout=pinned).call
+        assert call is not None  # adapt() says how it calls the code
+        bounds = coupled_bounds(fn, call, bounds)
     chosen = found_layout(fn, kind, world, called, pinned, bounds)
     called["layout"] = chosen.layout
     method = adapt(fn, kind, **called)
@@ -164,10 +173,10 @@ def search(
             bounds.setdefault("models", models(max_width=8))
     # Code that computes in a lower precision inside is held to that precision, measured.
     precision = precision_words = None
-    if fmt is None:
+    if fmt is None and not coupled:  # a coupled loss is checked in float64, its own reference
         probed = measured(world, method, probe_scenario(world_size, bounds))
         precision, precision_words = probed.format, probed.words()
-    strategy = scenarios(world_size=world_size, **bounds)
+    strategy = (coupled_scenarios if coupled else scenarios)(world_size=world_size, **bounds)
 
     def tolerance_for(scenario: Scenario) -> Tolerance | None:
         """What an example is held to: the compression bound of a declared lossy format, the
@@ -271,6 +280,8 @@ def search(
         # micro-batch counts; an exception of the user's own is its own news.
         in_collectives = stop.error.in_collectives
         cause = known_issue_cause(stop.scenario, stop.error)
+        if cause is None and coupled:
+            cause = uneven_cause(stop.scenario, stop.error)
         if cause is None and in_collectives:
             cause = failure_cause(kind, stop.scenario)
         report = (
@@ -321,6 +332,59 @@ def _within_rounding(
         outcome = dataclasses.replace(outcome, mismatch=mismatch, tolerance=exact)
     if not outcome.equivalent:
         raise EquivalenceError.from_outcome(outcome)
+
+
+def _generic_causes(
+    world: Ranked,
+    method: Method,
+    kind: str,
+    outcome: Outcome,
+    bounds: dict[str, Any],
+    tolerance_for: Callable[[Scenario], Tolerance | None],
+    state: Any,
+) -> tuple[Cause, ...]:
+    """Every likely cause of ``outcome``'s divergence: the diagnosis on the helper, on a
+    wider model where the weights are not determined, and the probes that tell readings
+    apart and find every mistake (or, where the code keeps state, what it carried)."""
+    # Weights fitted on a model with fewer parameters than micro-batches are not
+    # determined: diagnose the same scenario on a wider model where the code diverges
+    # there too, and say so.
+    diagnosed, wider = outcome, None
+    if state is None:
+        diagnosed, wider = _determined(world, method, outcome)
+    found = world.helper.run_job(
+        likely_causes,
+        (kind, outcome.scenario, outcome.reference, outcome.got),
+        name="the diagnosis",
+    )[0]
+    if wider is not None:
+        # The gradient's causes from the wider model, the loss's from the run itself.
+        widened = world.helper.run_job(
+            likely_causes,
+            (kind, diagnosed.scenario, diagnosed.reference, diagnosed.got),
+            name="the diagnosis on a wider model",
+        )[0]
+        model_changing = ("gradient", "parameters")
+        found = [
+            dataclasses.replace(c, evidence=f"{c.evidence} ({wider})".lstrip())
+            for c in widened
+            if c.subject in model_changing and c.pattern not in _NOT_FOUND
+        ] + [c for c in found if c.subject not in model_changing] or found
+    if state is None:
+        # Every mistake, not the first: scenarios that isolate one axis each, which
+        # also tell apart readings the counterexample's numbers fit alike.
+        tried = probes(
+            world,
+            method,
+            kind,
+            outcome.scenario,
+            bounds,
+            tolerance_for,
+            unsettled=found,
+        )
+        found = told_apart(found, tried)
+        found = [*found, *every_mistake(found, tried)]
+    return tuple(_causes_first(found)) if state is None else (state.cause, *found)
 
 
 def _timed(verdict: Verdict, started: float) -> Verdict:
@@ -395,45 +459,15 @@ def _explained(
         state = replayed(world, method, outcome, calls=most_calls(verdict.examples or 1))
     if outcome is not None:
         try:
-            # Weights fitted on a model with fewer parameters than micro-batches are not
-            # determined: diagnose the same scenario on a wider model where the code diverges
-            # there too, and say so.
-            diagnosed, wider = outcome, None
-            if state is None:
-                diagnosed, wider = _determined(world, method, outcome)
-            found = world.helper.run_job(
-                likely_causes,
-                (kind, outcome.scenario, outcome.reference, outcome.got),
-                name="the diagnosis",
-            )[0]
-            if wider is not None:
-                # The gradient's causes from the wider model, the loss's from the run itself.
-                widened = world.helper.run_job(
-                    likely_causes,
-                    (kind, diagnosed.scenario, diagnosed.reference, diagnosed.got),
-                    name="the diagnosis on a wider model",
-                )[0]
-                model_changing = ("gradient", "parameters")
-                found = [
-                    dataclasses.replace(c, evidence=f"{c.evidence} ({wider})".lstrip())
-                    for c in widened
-                    if c.subject in model_changing and c.pattern not in _NOT_FOUND
-                ] + [c for c in found if c.subject not in model_changing] or found
-            if state is None:
-                # Every mistake, not the first: scenarios that isolate one axis each, which
-                # also tell apart readings the counterexample's numbers fit alike.
-                tried = probes(
-                    world,
-                    method,
-                    kind,
-                    outcome.scenario,
-                    bounds,
-                    tolerance_for,
-                    unsettled=found,
+            if KIND[kind].adapter == "coupled-loss":
+                # Its own probes: the code re-run on the ranks and on a one-rank world.
+                assert isinstance(method, CoupledLoss)
+                found = coupled_causes(
+                    world, method, outcome.scenario, outcome.reference, outcome.got
                 )
-                found = told_apart(found, tried)
-                found = [*found, *every_mistake(found, tried)]
-            causes = tuple(_causes_first(found)) if state is None else (state.cause, *found)
+                causes = tuple(found) if state is None else (state.cause, *found)
+            else:
+                causes = _generic_causes(world, method, kind, outcome, bounds, tolerance_for, state)
         except RankError as exc:
             # The counterexample stands; only its explanation is missing.
             causes = (findings.DIAGNOSIS_FAILED.cause(reason=str(exc).splitlines()[0]),)
@@ -557,6 +591,26 @@ def describe_causes(causes: list[Cause]) -> str:
         if cause.scenario:
             lines.append(("  " if i == 0 else "    ") + "shown on: " + cause.scenario)
     return "\n".join(lines)
+
+
+def preflight(
+    fn: Callable[..., Any], kind: str, bind: Binds, scenario_bounds: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The scenario bounds of a check of ``fn`` as a ``kind`` plug-in (:func:`bounds_for`),
+    and a :class:`KindError` for anything that cannot run, asked before any world starts:
+    bounds that do not go together, a coupled loss built for one process or taking another
+    number of feature tensors than its bounds give it.
+
+    Example::
+
+        preflight(average_gradients, "grad-sync", None, {"even": True})
+    """
+    bounds = bounds_for(kind, scenario_bounds)
+    if KIND[kind].adapter == "coupled-loss":
+        call = adapt(fn, kind, bind=bind).call
+        assert call is not None  # adapt() says how it calls the code
+        bounds = coupled_bounds(fn, call, bounds)
+    return bounds
 
 
 def bounds_for(kind: str, scenario_bounds: Mapping[str, Any]) -> dict[str, Any]:

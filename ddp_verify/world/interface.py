@@ -118,6 +118,12 @@ class Ranked(Ranks, Protocol):
         """Work beside the ranks' (the reference, a tolerance's measuring runs)."""
         ...
 
+    @property
+    def solo(self) -> Ranks:
+        """A world of one rank beside the ranks, in a process group of its own (the
+        reference of code that is its own reference on one rank: a coupled loss)."""
+        ...
+
     def submit(
         self,
         fn: Callable[..., Any],

@@ -42,7 +42,7 @@ from . import protocol, wire
 from .agreement import DEAD_AFTER_S, Agreement, Late, OutOfStep
 from .backends import check_backend, check_device, placement
 from .errors import Category, FailureKind, RankError, RankFailure, WorldError
-from .interface import RunsJobs
+from .interface import Ranks, RunsJobs
 from .launch import Launched
 from .naming import option
 from .runtime import Group, flush, run_job, set_up_device
@@ -522,6 +522,15 @@ class SpmdWorld(RunsJobs):
         if self._helper is None:
             self._helper = LocalHelper(self)
         return self._helper
+
+    @property
+    def solo(self) -> Ranks:
+        """No one-rank world here: a launched rank's default process group is the job's."""
+        raise WorldError(
+            "a launched world has no one-rank world beside it (each process is a rank of the "
+            "job's group): check code whose reference is itself on one rank (a coupled loss) "
+            "on a forked world, without torchrun"
+        )
 
     def connect(self) -> SpmdWorld:
         """Reach the other ranks (through the job's store) without forming the group yet."""

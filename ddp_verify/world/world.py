@@ -113,6 +113,7 @@ class World(RunsJobs):
         # start time-out, until retry_start() (the pytest plugin calls it before each test).
         self._start_failure: WorldStartError | None = None
         self._helper: World | None = None
+        self._solo: World | None = None
         # "fork server" or "spawn": how the current ranks were started.
         self.start_method = ""
         self._ranks: list[RankProcess] = []
@@ -147,6 +148,8 @@ class World(RunsJobs):
         self._start_failure = None
         if self._helper is not None:
             self._helper.retry_start()
+        if self._solo is not None:
+            self._solo.retry_start()
 
     def restart(self) -> bool:
         """Replace the ranks with new ones forked afresh (nothing of earlier jobs in them:
@@ -186,6 +189,8 @@ class World(RunsJobs):
         self._shutdown()
         if self._helper is not None:
             self._helper.close()
+        if self._solo is not None:
+            self._solo.close()
 
     @property
     def helper(self) -> World:
@@ -202,24 +207,48 @@ class World(RunsJobs):
         if self._closed:
             raise WorldError("this world was closed, and its helper with it")
         if self._helper is None:
-            self._helper = World(
-                1,
-                # The ranks' device and TF32 setting: float32's tolerance runs there measure
-                # the rounding of the ranks' kind of device (the float64 truth stays on CPU).
-                device=self.device,
-                allow_tf32=self.allow_tf32,
-                timeout=self.timeout,
-                start_timeout=self.start_timeout,
-                threads_per_rank=self.threads_per_rank,
-                # The ranks' own environment, so both are forked from the same server.
-                debug=self.debug,
-                env=self._extra_env,
-                preload=self.preload,
-                process_group=False,
-            )
+            self._helper = self._beside(process_group=False)
             self._helper.label = f"the helper process of {self.label}"
         self._helper.timeout = self.timeout
         return self._helper
+
+    @property
+    def solo(self) -> World:
+        """A world of one rank beside this one, forked as the ranks are, in a process group
+        of its own (its collectives are identities): for code whose reference is the code
+        itself on one rank holding the whole batch (a coupled loss). Started on first use,
+        closed with this world.
+
+        Example::
+
+            reference = world.solo.run_job(train_whole_batch, (method, scenario))[0]
+        """
+        if self._closed:
+            raise WorldError("this world was closed, and its one-rank world with it")
+        if self._solo is None:
+            self._solo = self._beside(process_group=True)
+            self._solo.label = f"the one-rank world beside {self.label}"
+        self._solo.timeout = self.timeout
+        return self._solo
+
+    def _beside(self, *, process_group: bool) -> World:
+        """One process forked as the ranks are, with their settings: its own one-rank
+        process group, or none."""
+        return World(
+            1,
+            # The ranks' device and TF32 setting: float32's tolerance runs there measure the
+            # rounding of the ranks' kind of device (the float64 truth stays on CPU).
+            device=self.device,
+            allow_tf32=self.allow_tf32,
+            timeout=self.timeout,
+            start_timeout=self.start_timeout,
+            threads_per_rank=self.threads_per_rank,
+            # The ranks' own environment, so both are forked from the same server.
+            debug=self.debug,
+            env=self._extra_env,
+            preload=self.preload,
+            process_group=process_group,
+        )
 
     def __enter__(self) -> World:
         return self.start()

@@ -99,6 +99,26 @@ def _lines(*lines: str, indent: int) -> str:
     return ("\n" + " " * indent).join(lines)
 
 
+_GATHER_WITH_GRAD = _lines(
+    "all_a = torch.cat(torch.distributed.nn.all_gather(features_a))",
+    "all_b = torch.cat(torch.distributed.nn.all_gather(features_b))",
+    indent=8,
+)
+_GATHER_COPIES = _lines(
+    "copies_a = [torch.zeros_like(features_a) for _ in range(dist.get_world_size())]",
+    "copies_b = [torch.zeros_like(features_b) for _ in range(dist.get_world_size())]",
+    "dist.all_gather(copies_a, features_a)",
+    "dist.all_gather(copies_b, features_b)",
+    "$substitute",
+    "all_a, all_b = torch.cat(copies_a), torch.cat(copies_b)",
+    indent=8,
+)
+_SUBSTITUTE = _lines(
+    "copies_a[dist.get_rank()] = features_a",
+    "copies_b[dist.get_rank()] = features_b",
+    indent=8,
+)
+
 SHAPES = (
     Shape(
         "grad-sync-loop",
@@ -546,6 +566,29 @@ SHAPES = (
         options={"max_micro_batches": 3, "objective": "sum"},
         families=frozenset({"sum-step"}),
     ),
+    # A loss that couples samples across ranks: CLIP's, features gathered with gradients.
+    Shape(
+        "coupled-clip",
+        "coupled-loss",
+        "clip",
+        """\
+        import torch.distributed.nn
+
+
+        def clip(features_a, features_b, logit_scale):
+            if dist.get_world_size() > 1:  # one process has nothing to gather
+                $gather
+            else:
+                all_a, all_b = features_a, features_b
+            logits = logit_scale * all_a @ all_b.T
+            labels = torch.arange(len(logits))
+            loss = (F.cross_entropy(logits, labels) + F.cross_entropy(logits.T, labels)) / 2
+            return loss * $factor
+        """,
+        dict(gather=_GATHER_WITH_GRAD, factor="1"),
+        options={"even": True},
+        families=frozenset({"coupled"}),
+    ),
 )
 
 
@@ -839,6 +882,30 @@ OPERATORS = (
         "zero_grad() inside the accumulation loop of a declared sum",
         {"sum-step": {"zero_inside": "optimizer.zero_grad()"}},
         frozenset({"micro:last-only"}),
+    ),
+    Operator(
+        "gather-local-put-back",
+        "gathered without gradients, the local features put back (open_clip's default)",
+        {"coupled": {"gather": _GATHER_COPIES, "substitute": _SUBSTITUTE}},
+        frozenset({"coupled:local-gradient"}),
+    ),
+    Operator(
+        "gather-copies",
+        "gathered without gradients, every feature a copy",
+        {"coupled": {"gather": _GATHER_COPIES, "substitute": ""}},
+        frozenset({"coupled:no-feature-gradient"}),
+    ),
+    Operator(
+        "local-negatives",
+        "no gather: negatives from the local batch only",
+        {"coupled": {"gather": "all_a, all_b = features_a, features_b"}},
+        frozenset({"coupled:local-negatives"}),
+    ),
+    Operator(
+        "times-world",
+        "the loss multiplied by the world size where gradients already cross ranks",
+        {"coupled": {"factor": "dist.get_world_size()"}},
+        frozenset({"coupled:scale"}),
     ),
     Operator(
         "sum-of-means",

@@ -32,6 +32,7 @@ SAMPLE = (
     "loss-agg-norm.padded-width",
     "grad-sync-sum.sum-weighted-as-mean",
     "step-sum.sum-micro-mean",
+    "coupled-clip.gather-local-put-back",
 )
 
 

@@ -34,6 +34,23 @@ ELSEWHERE: dict[str, str] = {
 }
 
 
+# A coupled loss's findings, said by its own probes (diagnosis/coupled.py), with the symbols
+# their words take.
+COUPLED: dict[str, dict[str, str]] = {
+    f.COUPLED_SCALE.code: {"factor": "k", "why": ""},
+    f.COUPLED_LOCAL_GRADIENT.code: {
+        "towers": "1/W",
+        "learned": ", the learned loss parameters all of theirs",
+    },
+    f.COUPLED_NO_FEATURE_GRADIENT.code: {},
+    f.COUPLED_LOCAL_NEGATIVES.code: {},
+    f.COUPLED_RANKS_EQUAL.code: {"share": "1/W"},
+    f.COUPLED_CONSTANT_FEATURES.code: {},
+    f.COUPLED_UNEVEN.code: {"sizes": "the pairs per rank", "what": "what failed, and where"},
+    f.COUPLED_UNEXPLAINED.code: {"why": "what was read"},
+}
+
+
 class _Symbol(str):
     """A number's place in the words, shown as its symbol whatever its format (``{k:.4g}``)."""
 
@@ -107,6 +124,8 @@ def check_causes() -> list[Row]:
     for code, where in ELSEWHERE.items():
         if code not in said:
             made.append(Row(code, where, words_of(f.finding(code))))
+    for code, symbols in COUPLED.items():
+        made.append(Row(code, "the coupled-loss probes", words_of(f.finding(code), **symbols)))
     return made
 
 

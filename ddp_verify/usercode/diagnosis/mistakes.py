@@ -125,6 +125,9 @@ FAMILIES: dict[str, Callable[[], list[Mistake]]] = {
     "prescaled": _prescaled_family,
     "loss-fn": _loss_fn_family,
     "step": _step_family,
+    # A coupled loss's mistakes are not simulated: its own probes name them
+    # (diagnosis/coupled.py).
+    "coupled": list,
 }
 
 

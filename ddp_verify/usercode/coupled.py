@@ -1,0 +1,262 @@
+"""The ``coupled-loss`` kind: a loss whose samples interact across ranks (contrastive and
+in-batch-negative training), trained on the harness's encoder under real DDP, and its
+reference: the same loss on a world of one rank holding the whole global batch.
+
+``fn(features_a, features_b, *negatives, **learned)`` is called on every rank with the
+features of its local pairs (each view's tower's output, then one tensor per hard negative),
+and the learned loss parameters it asks for by name (``logit_scale``, ``logit_bias``), which
+are the harness model's own. What it returns is backpropagated, DDP averages the gradients
+and the optimizer steps; the loss reported is what it returned, averaged over ranks. The
+reference runs the very same code on a real one-rank process group (its collectives are
+identities) with every rank's pairs in rank order, so the objective is "your loss on the
+whole batch", and nothing about the loss is assumed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from ..engine.coupled import (
+    LEARNED,
+    build_towers,
+    features,
+    pairs,
+    rank_micro_batches,
+    whole_micro_batches,
+)
+from ..engine.models import build_optimizer
+from ..engine.scenario import Scenario
+from ..engine.trace import RankTrace, Trace, gradients, parameters
+from ..world.runtime import rank_device
+from .adapters import UserMethod, anywhere_values, as_loss
+from .kinds import Call, KindError
+
+__all__ = [
+    "CoupledLoss",
+    "Probed",
+    "learned_parameters",
+    "predicted_on_one_rank",
+    "probe_ranks",
+    "train_whole_batch",
+]
+
+
+def learned_parameters(fn: Callable[..., Any]) -> tuple[str, ...]:
+    """The learned loss parameters ``fn`` asks for by name (of :data:`LEARNED`), in order.
+
+    Example::
+
+        >>> learned_parameters(lambda image, text, logit_scale: None)
+        ('logit_scale',)
+    """
+    try:
+        names = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return ()
+    return tuple(name for name in LEARNED if name in names)
+
+
+def single_process_defaults(fn: Callable[..., Any]) -> str:
+    """What to say of a loss written as a class whose ``rank`` and ``world_size`` default to
+    one process (open_clip's ``ClipLoss(rank=0, world_size=1)``): given as it is, every rank
+    would compute a local loss and nothing would say so. Empty where ``fn`` is no such loss.
+
+    Example::
+
+        >>> class ClipLoss:
+        ...     def __init__(self, rank=0, world_size=1): self.world_size = world_size
+        ...     def __call__(self, image_features, text_features): ...
+        >>> single_process_defaults(ClipLoss()).split(":")[0]
+        'ClipLoss was built with world_size=1 (its default, one process)'
+    """
+    klass = fn if inspect.isclass(fn) else type(fn)
+    try:
+        parameters = inspect.signature(klass.__init__).parameters
+    except (TypeError, ValueError):
+        return ""
+    if "world_size" not in parameters or "rank" not in parameters:
+        return ""
+    name = klass.__name__
+    build = (
+        f"check a function that builds it on each rank with the rank's values, such as: "
+        f"def loss(*features, **learned): return {name}(rank=dist.get_rank(), "
+        f"world_size=dist.get_world_size())(*features, **learned)"
+    )
+    if inspect.isclass(fn):
+        return f"{name} is a class; a coupled loss is called with the features: {build}"
+    if getattr(fn, "world_size", None) == 1:
+        return (
+            f"{name} was built with world_size=1 (its default, one process): every rank would "
+            f"compute a local loss of its own pairs, whatever the world; {build}"
+        )
+    return ""
+
+
+class CoupledLoss(UserMethod):
+    """``fn`` as a coupled loss, called as ``call`` says (its feature tensors by position,
+    the learned parameters and what is bound by keyword)."""
+
+    call: Call
+
+    def __init__(self, fn: Callable[..., Any], name: str, call: Call) -> None:
+        super().__init__(fn, name)
+        self.call = call
+
+    # The reference is this code on one rank (methods.equivalence asks for it).
+    whole_batch_reference = True
+
+    def train_rank(self, scenario: Scenario) -> RankTrace:
+        return self._train(scenario, whole=False)
+
+    def train_whole(self, scenario: Scenario) -> RankTrace:
+        """The reference: the whole global batch on this one-rank world."""
+        return self._train(scenario, whole=True)
+
+    def _train(self, scenario: Scenario, *, whole: bool) -> RankTrace:
+        device = rank_device()
+        model = build_towers(scenario, device=device)
+        wrapped = DistributedDataParallel(model)
+        optimizer = build_optimizer(scenario.optimizer, model.parameters())
+        data = pairs(scenario, device=device)
+        rank, world = dist.get_rank(), dist.get_world_size()
+        expected = scenario.model.negatives + 2
+        if self.call.positional != expected:
+            raise KindError(
+                f"{self.call.name} takes {self.call.positional} feature tensors, and the "
+                f"harness passes {expected} (two views and {scenario.model.negatives} hard "
+                f"negatives): draw as many negatives as it takes (--negatives "
+                f"{max(self.call.positional - 2, 0)})"
+            )
+        trace = RankTrace()
+        for step in range(scenario.steps):
+            optimizer.zero_grad(set_to_none=True)
+            if whole:
+                batches = whole_micro_batches(scenario, step, data[step])
+            else:
+                batches = rank_micro_batches(scenario, step, rank, data[step])
+            reported = torch.zeros((), dtype=torch.float64, device=device)
+            for j, batch in enumerate(batches):
+                last = j == len(batches) - 1
+                with contextlib.nullcontext() if last else wrapped.no_sync():
+                    given = features(wrapped, batch)
+                    values = {
+                        **anywhere_values(),
+                        **{n: getattr(model, n) for n in scenario.model.learned},
+                    }
+                    args, kwargs = self.call.arguments(given, 0, values=values)
+                    loss = _as_loss(self.fn(*args, **kwargs), self.call.name)
+                    (loss / len(batches)).backward()
+                reported += loss.detach().double() / len(batches)
+            dist.all_reduce(reported)
+            trace.grads.append(gradients(model))  # type: ignore[union-attr]
+            optimizer.step()
+            trace.losses.append(float(reported) / world)
+            trace.params.append(parameters(model))
+        return trace
+
+    def probe(self, scenario: Scenario, weights: tuple[float, ...] | None = None) -> Probed:
+        """Step 0 on this rank from the initial parameters, without DDP: what ``fn`` returns
+        (times ``weights[rank]``, where given) and the gradient its backward leaves here,
+        through whatever its collectives send back, before any averaging."""
+        rank = dist.get_rank()
+        model = build_towers(scenario, device=rank_device())
+        (batch,) = rank_micro_batches(scenario, 0, rank, pairs(scenario, device=rank_device())[0])
+        values = {**anywhere_values(), **{n: getattr(model, n) for n in scenario.model.learned}}
+        args, kwargs = self.call.arguments(features(model, batch), 0, values=values)
+        loss = _as_loss(self.fn(*args, **kwargs), self.call.name)
+        weight = 1.0 if weights is None else weights[rank]
+        (loss * weight).backward()
+        return Probed(float(loss.detach()), _with_zeros(model))
+
+    def predicted(self, scenario: Scenario, variant: str) -> Gradients:
+        """On a one-rank world, step 0's gradient from the initial parameters were every rank
+        to run ``fn`` as ``variant`` says, DDP averaging: ``local-gradient`` (the whole
+        batch's loss on every rank, its gradient reaching that rank's features only),
+        ``detached`` (no gradient reaching any feature), ``alone`` (each rank's pairs on
+        their own, negatives from the local batch only)."""
+        model = build_towers(scenario, device=rank_device())
+        whole = pairs(scenario, device=rank_device())[0]
+        values = {**anywhere_values(), **{n: getattr(model, n) for n in scenario.model.learned}}
+        if variant == "detached":
+            # Every rank's loss the same, its features all constants: the average is one.
+            given = tuple(f.detach() for f in features(model, whole))
+            args, kwargs = self.call.arguments(given, 0, values=values)
+            loss = self.fn(*args, **kwargs)
+            if isinstance(loss, torch.Tensor) and loss.requires_grad:
+                loss.backward()  # only the learned parameters can get a gradient
+            return _with_zeros(model)
+        world = scenario.world_size
+        for rank in range(world):
+            if variant == "alone":
+                given = features(model, rank_micro_batches(scenario, 0, rank, whole)[0])
+            else:
+                start, n = scenario.offset(0, rank), scenario.samples(0)[rank]
+                given = tuple(_rows_only(f, start, n) for f in features(model, whole))
+            args, kwargs = self.call.arguments(given, 0, values=values)
+            (_as_loss(self.fn(*args, **kwargs), self.call.name) / world).backward()
+        return _with_zeros(model)
+
+
+@dataclasses.dataclass(frozen=True)
+class Probed:
+    """What one rank's call did at step 0: the loss ``fn`` returned and its gradient here."""
+
+    loss: float
+    grads: Gradients
+
+
+Gradients = dict[str, "torch.Tensor | None"]
+
+
+def _with_zeros(model: torch.nn.Module) -> Gradients:
+    """The model's gradients, a zero where none reached a parameter (as DDP leaves it)."""
+    return {
+        name: torch.zeros_like(p) if p.grad is None else p.grad.detach().clone()
+        for name, p in model.named_parameters()
+    }
+
+
+def _rows_only(features: torch.Tensor, start: int, n: int) -> torch.Tensor:
+    """``features`` whose gradient reaches rows ``start .. start + n`` only."""
+    keep = torch.zeros(features.shape[0], dtype=torch.bool, device=features.device)
+    keep[start : start + n] = True
+    shape = (-1,) + (1,) * (features.dim() - 1)
+    return torch.where(keep.view(shape), features, features.detach())
+
+
+def probe_ranks(
+    method: CoupledLoss, scenario: Scenario, weights: tuple[float, ...] | None = None
+) -> Probed:
+    """The job every rank runs for :meth:`CoupledLoss.probe`."""
+    return method.probe(scenario, weights)
+
+
+def predicted_on_one_rank(method: CoupledLoss, scenario: Scenario, variant: str) -> Gradients:
+    """The job a one-rank world runs for :meth:`CoupledLoss.predicted`."""
+    return method.predicted(scenario, variant)
+
+
+def train_whole_batch(method: CoupledLoss, scenario: Scenario) -> RankTrace:
+    """The job a one-rank world runs for a coupled loss's reference."""
+    if dist.get_world_size() != 1:
+        raise ValueError(
+            f"a coupled loss's reference runs on a world of one rank, not {dist.get_world_size()}"
+        )
+    return method.train_whole(scenario)
+
+
+def reference_trace(rank_trace: RankTrace) -> Trace:
+    """The reference's trace, as the comparison takes it."""
+    return Trace("reference (your loss on one rank, the whole batch)", [rank_trace])
+
+
+def _as_loss(value: Any, name: str) -> torch.Tensor:
+    return as_loss(value, name, "the features")
