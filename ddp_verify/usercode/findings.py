@@ -459,9 +459,9 @@ COUPLED_CONSTANT_FEATURES = _finding(
     "coupled:constant-features",
     "gradient",
     "the other ranks' features are constants in each rank's loss: no gradient crosses ranks, "
-    "so the gradient through the other ranks' pairs is missing; gather with gradients "
-    "(torch.distributed.nn.functional.all_gather, or an autograd gather whose backward "
-    "all-reduces)",
+    "so the gradient through the other ranks' pairs is missing; gather or exchange with "
+    "gradients (torch.distributed.nn.functional.all_gather, or an autograd function whose "
+    "backward sends each gradient back to the rank its features came from)",
 )
 COUPLED_UNEVEN = _finding(
     "coupled:uneven",

@@ -130,11 +130,14 @@ def uneven_cause(scenario: Scenario, error: RankError) -> Cause | None:
         return None
     said = str(error)
     if "size" in said.lower() and ("match" in said.lower() or "gloo" in said.lower()):
-        what = "a gather of tensors of unequal sizes failed (gloo checks every size it receives)"
+        what = (
+            "a gather or exchange of tensors of unequal sizes failed (gloo checks every size "
+            "it receives)"
+        )
     elif "SIGABRT" in said or "abort" in said.lower():
         what = (
             "a rank was aborted (SIGABRT) in a collective: gloo aborts a process that receives "
-            "a gather of another size than it expected"
+            "a tensor of another size than it expected"
         )
     elif "out of bounds" in said or "IndexError" in said:
         what = (
