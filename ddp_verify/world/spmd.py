@@ -440,6 +440,21 @@ class _Done:
         return self._results
 
 
+class _NoOneRankWorld:
+    """Where a launched world's one-rank world would be: every job refused, with why."""
+
+    size = 1
+
+    def run_job(self, *args: Any, **kwargs: Any) -> Any:
+        raise WorldError(
+            "a launched world has no one-rank world beside it (each process is a rank of the "
+            "job's group): check code whose reference is itself on one rank (a coupled loss) "
+            "on a forked world, without torchrun"
+        )
+
+    submit = run = run_job
+
+
 class SpmdWorld(RunsJobs):
     """The launched job as a :class:`~ddp_verify.world.World`: the same ``run`` / ``submit``
     / ``helper`` interface, run by every rank together.
@@ -525,12 +540,9 @@ class SpmdWorld(RunsJobs):
 
     @property
     def solo(self) -> Ranks:
-        """No one-rank world here: a launched rank's default process group is the job's."""
-        raise WorldError(
-            "a launched world has no one-rank world beside it (each process is a rank of the "
-            "job's group): check code whose reference is itself on one rank (a coupled loss) "
-            "on a forked world, without torchrun"
-        )
+        """No one-rank world here (a launched rank's default process group is the job's):
+        a stand-in that refuses every job, saying so."""
+        return _NoOneRankWorld()  # type: ignore[return-value]
 
     def connect(self) -> SpmdWorld:
         """Reach the other ranks (through the job's store) without forming the group yet."""
