@@ -132,8 +132,8 @@ class CoupledLoss(UserMethod):
             raise KindError(
                 f"{self.call.name} takes {self.call.positional} feature tensors, and the "
                 f"harness passes {expected} (two views and {scenario.model.negatives} hard "
-                f"negatives): draw as many negatives as it takes (--negatives "
-                f"{max(self.call.positional - 2, 0)})"
+                f"negatives): draw as many negatives as it takes "
+                f"(negatives={max(self.call.positional - 2, 0)})"
             )
         trace = RankTrace()
         for step in range(scenario.steps):

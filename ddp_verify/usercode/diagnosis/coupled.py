@@ -57,6 +57,9 @@ def coupled_causes(
     truth = _zero_filled(reference.ranks[0].grads[0])  # type: ignore[index]
     observed = _zero_filled(got.ranks[0].grads[0], like=truth)  # type: ignore[index]
     world_size = scenario.world_size
+    if _close(observed, truth):
+        # Every probe reads step 0 from the initial parameters: nothing to read there.
+        return [f.COUPLED_UNEXPLAINED.cause(why="step 0 trains right; a later step diverges")]
     for factor, reading in ((1 / world_size, "1/W"), (float(world_size), "W")):
         if _close(observed, _scaled(truth, factor)):
             return [_scale_cause(reading, world_size)]
