@@ -30,7 +30,7 @@ from ..engine.tolerances import (
 from ..engine.trace import Trace
 from ..world import RankError
 from ..world.interface import Ranked
-from .base import DistributedMethod, Method, train_on_rank
+from .base import DistributedMethod, Method, train_on_rank, train_whole_batch
 
 __all__ = [
     "EquivalenceError",
@@ -149,18 +149,16 @@ def _own_truth(world: Ranked | None, method: Method, scenario: Scenario) -> tupl
     """The reference of code that is its own on one rank holding the whole batch (a coupled
     loss's): trained on the world's one-rank world, or in this process on a one-rank process
     group of its own (a reproducer's) when there is no world."""
-    from ..usercode.coupled import reference_trace, train_whole_batch
-
     if scenario.dtype != "float64":
         raise ValueError(f"{method.name} is checked in float64, not {scenario.dtype}")
     if world is not None:
         job = (method.shipped(), scenario)  # type: ignore[attr-defined]
         trained = world.solo.run_job(train_whole_batch, job, name="the reference")[0]
     else:
-        trained = _on_one_rank(lambda: train_whole_batch(method, scenario))  # type: ignore[arg-type]
+        trained = _on_one_rank(lambda: train_whole_batch(method, scenario))
     # What the code returns is backpropagated, and may be scaled (times the world size):
     # training is held, the loss is shown.
-    return reference_trace(trained), TrainingOnly()
+    return Trace("reference (your code on one rank, the whole batch)", [trained]), TrainingOnly()
 
 
 def _on_one_rank(run: Callable[[], Any]) -> Any:

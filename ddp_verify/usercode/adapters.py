@@ -26,12 +26,12 @@ import torch.distributed as dist
 from ..engine.models import LOSS_REDUCTIONS, VOCABULARY, loss_function, padded_width, sums
 from ..engine.scenario import IGNORE_INDEX, Scenario
 from ..engine.trace import RankTrace
-from ..methods.base import DistributedMethod
 from ..methods.ddp import DDP
 from ..methods.loop import RankRun, train_data_parallel, train_local_then_sync
 from ..methods.manual import all_reduce_weighted
 from ..world.naming import option
 from ..world.protocol import modules_ranks_cannot_import
+from .calling import UserMethod, anywhere_values, as_loss
 from .kinds import (
     DEFAULT_BOUNDS,
     KIND,
@@ -223,16 +223,6 @@ def _check_options(kind: Kind, options: Options) -> None:
         )
 
 
-class UserMethod(DistributedMethod):
-    # How the harness calls the code (set by adapt()).
-    call: Call | None = None
-
-    def __init__(self, fn: Callable[..., Any], name: str) -> None:
-        self.fn = fn
-        self.name = name
-        self.by_value = tuple(modules_ranks_cannot_import(fn))
-
-
 class GradSync(UserMethod):
     """The harness does the local backward of each rank's mean loss; ``fn`` must leave the
     global mean gradient in every ``.grad``. Under a declared sum (``objective="sum"``) the
@@ -311,19 +301,6 @@ class LossAggregation(UserMethod):
             return reported
 
         return train_local_then_sync(run, users_loss)
-
-
-def anywhere_values() -> dict[str, Any]:
-    """What a bound parameter may get on any rank, whatever the kind: the world's size, this
-    rank's index and device, the world's group."""
-    from ..world.runtime import rank_device
-
-    return {
-        "world_size": dist.get_world_size(),
-        "rank": dist.get_rank(),
-        "device": rank_device(),
-        "group": dist.group.WORLD,
-    }
 
 
 def rank_values(run: RankRun, step: int, classes: int | None = None) -> dict[str, Any]:
@@ -555,23 +532,6 @@ class LossAggregator(UserMethod):
             optimizer.step()
             run.record_step(loss)
         return run.trace
-
-
-def as_loss(value: Any, who: str = "a loss-fn plug-in", into: str = "the logits") -> torch.Tensor:
-    """``value`` as the 0-d loss to backpropagate; a :class:`KindError` that says what ``who``
-    must return otherwise (a one-element tensor that backpropagates ``into``)."""
-    if not isinstance(value, torch.Tensor) or value.numel() != 1 or not value.requires_grad:
-        got = (
-            f"a tensor of shape {tuple(value.shape)}"
-            + ("" if value.requires_grad else " that does not require grad")
-            if isinstance(value, torch.Tensor)
-            else type(value).__name__
-        )
-        raise KindError(
-            f"{who} must return the loss as a one-element tensor that backpropagates to "
-            f"{into}, got {got}"
-        )
-    return value.reshape(())
 
 
 class CommHook(DDP):

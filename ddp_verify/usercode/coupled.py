@@ -34,9 +34,9 @@ from ..engine.coupled import (
 )
 from ..engine.models import build_optimizer
 from ..engine.scenario import Scenario
-from ..engine.trace import RankTrace, Trace, gradients, parameters
+from ..engine.trace import RankTrace, gradients, parameters
 from ..world.runtime import rank_device
-from .adapters import UserMethod, anywhere_values, as_loss
+from .calling import UserMethod, anywhere_values, as_loss
 from .kinds import Call, KindError
 
 __all__ = [
@@ -45,7 +45,6 @@ __all__ = [
     "learned_parameters",
     "predicted_on_one_rank",
     "probe_ranks",
-    "train_whole_batch",
 ]
 
 
@@ -242,20 +241,6 @@ def probe_ranks(
 def predicted_on_one_rank(method: CoupledLoss, scenario: Scenario, variant: str) -> Gradients:
     """The job a one-rank world runs for :meth:`CoupledLoss.predicted`."""
     return method.predicted(scenario, variant)
-
-
-def train_whole_batch(method: CoupledLoss, scenario: Scenario) -> RankTrace:
-    """The job a one-rank world runs for a coupled loss's reference."""
-    if dist.get_world_size() != 1:
-        raise ValueError(
-            f"a coupled loss's reference runs on a world of one rank, not {dist.get_world_size()}"
-        )
-    return method.train_whole(scenario)
-
-
-def reference_trace(rank_trace: RankTrace) -> Trace:
-    """The reference's trace, as the comparison takes it."""
-    return Trace("reference (your loss on one rank, the whole batch)", [rank_trace])
 
 
 def _as_loss(value: Any, name: str) -> torch.Tensor:
