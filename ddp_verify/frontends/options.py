@@ -329,6 +329,11 @@ SPELLINGS: dict[str, Mapping[str, Spelling]] = {
         "same_micro_batch_counts": _micro_batch_counts,
         "full_trace": "--full-trace",
         "excluded_features": "--exclude-features",
+        "models": "--model-kinds/--exclude-features",
+        "losses": "--losses",
+        "objective": "--objective",
+        "model": "--model",
+        "dtypes": "--dtype",
     },
     "python": {
         # check() takes the models strategy itself: ddp_verify.strategies.models.

@@ -8,6 +8,7 @@ the world it runs on.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -613,6 +614,60 @@ def preflight(
     return bounds
 
 
+# What only one family of scenarios draws: the encoder of a coupled loss, and the models,
+# losses and objectives of every other kind. Said by option, so the advice reads as typed.
+_COUPLED_ONLY = ("towers", "negatives")
+_NOT_COUPLED = (
+    "losses",
+    "models",
+    "model",
+    "labels",
+    "objective",
+    "token_weights",
+)
+
+
+def _refuse_foreign_bounds(kind: str, scenario_bounds: Mapping[str, Any]) -> None:
+    """A :class:`KindError` for a bound the kind's scenarios do not draw (the coupled
+    encoder's for another kind, a model or loss choice for a coupled loss), and for a name
+    no scenario takes: either would reach the strategy as an unknown keyword."""
+    coupled = KIND[kind].adapter == "coupled-loss"
+    strategy = coupled_scenarios if coupled else scenarios
+    # The learned parameters are read from the code itself (coupled_bounds).
+    taken = set(inspect.signature(strategy).parameters) - {"world_size", "learned"}
+    if coupled and tuple(scenario_bounds.get("dtypes", ("float64",))) != ("float64",):
+        raise KindError(
+            f"{option('dtypes')}: a coupled loss is checked in float64 (its reference is your "
+            "code on one rank, and how far its rounding in a lower precision may move is not "
+            "measured): leave it out"
+        )
+    if coupled and scenario_bounds.get("same_micro_batch_counts") is False:
+        raise KindError(
+            f"{option('same_micro_batch_counts', False)}: the ranks of a coupled loss hold "
+            "as many micro-batches, since every call gathers from every rank"
+        )
+    for name in scenario_bounds:
+        if name in taken:
+            continue
+        if not coupled and name in _COUPLED_ONLY:
+            raise KindError(
+                f"{option(name, scenario_bounds[name])} shapes the encoder whose features a "
+                f"coupled-loss function is given; a {kind} plug-in trains the harness's "
+                f"models: leave it out, or check a loss with {option('kind', 'coupled-loss')}"
+            )
+        if coupled and name in _NOT_COUPLED:
+            raise KindError(
+                f"{option(name)} chooses the models or losses other "
+                f"kinds train; a coupled-loss function is given the features of the "
+                f"harness's encoder and is its own loss: leave it out (shape the encoder with "
+                f"{option('towers', 2)} and {option('negatives', 1)})"
+            )
+        raise KindError(
+            f"{name!r} is not a scenario bound of a {kind} check; the bounds are "
+            f"{', '.join(sorted(taken))}"
+        )
+
+
 def bounds_for(kind: str, scenario_bounds: Mapping[str, Any]) -> dict[str, Any]:
     """The scenario bounds a check of ``kind`` draws from: the kind's defaults, then the
     caller's, then what a declared objective implies (token data). A :class:`KindError` for
@@ -622,6 +677,7 @@ def bounds_for(kind: str, scenario_bounds: Mapping[str, Any]) -> dict[str, Any]:
 
         bounds_for("loss-agg", {})["objective"]  # 'token-mean'
     """
+    _refuse_foreign_bounds(kind, scenario_bounds)
     bounds = {**DEFAULT_BOUNDS.get(kind, {}), **scenario_bounds}
     if scenario_bounds.get("objective") == SAMPLE_MEAN:
         # The default of losses over samples, declared: nothing changes, token data excepted.

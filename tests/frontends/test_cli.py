@@ -836,3 +836,32 @@ def test_the_default_report_leaves_the_evidence_to_verbose_and_json(tmp_path):
     # Nothing else is left out: the same report, less the evidence lines.
     kept = [line for line in full.stdout.splitlines() if "evidence:" not in line]
     assert brief.stdout.splitlines()[:-1] == kept
+
+
+@pytest.mark.parametrize(
+    ("target", "kind", "options", "says"),
+    [
+        ("grad_sync.py:sample_weighted", "grad-sync", ("--towers", "1"), "--towers 1 shapes"),
+        (
+            "real_style/open_clip_losses.py:clip_loss_gather_with_grad",
+            "coupled-loss",
+            ("--losses", "tokens"),
+            "--losses chooses the models or losses",
+        ),
+        (
+            "real_style/open_clip_losses.py:clip_loss_gather_with_grad",
+            "coupled-loss",
+            ("--dtype", "float32"),
+            "a coupled loss is checked in float64",
+        ),
+    ],
+)
+def test_a_bound_the_kinds_scenarios_do_not_draw_is_a_usage_error(
+    tmp_path, target, kind, options, says
+):
+    # Exit 2, in the words the user typed.
+    command = check_command(f"{FIXTURES}/{target}", *options, kind=kind)
+    result = ddp_verify(*command, "--json", cwd=tmp_path)
+    assert result.returncode == 2, result.stdout + result.stderr
+    verdict = json.loads(result.stdout)
+    assert verdict["verdict"] == "usage-error" and says in verdict["report"], verdict["report"]

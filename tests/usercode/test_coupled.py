@@ -145,3 +145,22 @@ def test_a_coupled_scenario_that_accumulates_says_its_negatives_come_from_each_m
     )
     assert "in-batch negatives come from each micro-batch" in scenario.describe()
     assert "in-batch" not in _scenario(1, 2).describe()
+
+
+@pytest.mark.parametrize(
+    ("bounds", "says"),
+    [
+        ({"models": None}, "models chooses the models or losses other kinds train"),
+        ({"objective": "sum"}, "objective chooses"),
+        ({"same_micro_batch_counts": False}, "hold as many micro-batches"),
+        ({"tower": 1}, "'tower' is not a scenario bound of a coupled-loss check"),
+    ],
+)
+def test_bounds_a_coupled_loss_does_not_draw_are_refused_before_any_world(bounds, says):
+    with pytest.raises(KindError, match=says):
+        check(local_clip, kind="coupled-loss", world_size=2, backend="nccl", **bounds)
+    with pytest.raises(KindError, match="negatives=1 shapes the encoder"):
+        check(
+            load("grad_sync").sample_weighted, kind="grad-sync", world_size=2, backend="nccl",
+            negatives=1,
+        )  # fmt: skip
