@@ -261,12 +261,15 @@ def assert_parity(
     launcher: str | None = None,
     timeout: float = 600.0,
     keep: str | os.PathLike[str] | None = None,
+    caches_gradients: bool = False,
 ) -> Any:
     """Run the training script ``command`` (as one process runs it, with ``{world_size}``,
     ``{grad_accum}``, ``{micro_batch}``, ``{global_batch}`` in its flags) at each of
     ``layouts`` and hold it to the ``reference`` layout, as ``ddp-verify parity`` does; return
     the result when every layout trains the same, raise :class:`ParityFailed` (an
-    ``AssertionError``, so pytest shows the report) otherwise.
+    ``AssertionError``, so pytest shows the report) otherwise. A script whose loss couples
+    samples across ranks is judged at layouts that do not accumulate, unless
+    ``caches_gradients=True`` says it accumulates exactly (GradCache).
 
     A command that cannot run is a ``ValueError`` before anything starts:
 
@@ -298,6 +301,7 @@ def assert_parity(
         launcher=launcher or DEFAULT_LAUNCHER,
         timeout=timeout,
         keep=None if keep is None else Path(keep),
+        caches_gradients=caches_gradients,
     )
     if result.exit_code != 0:
         raise ParityFailed(result)

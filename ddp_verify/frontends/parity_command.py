@@ -3,9 +3,10 @@ only).
 
     ddp-verify parity [--layouts 1x1,1x4,2x2,4x1] [--reference 1x1] [--steps 3]
         [--global-batch N] [--dtype float64|native] [--launcher TEMPLATE] [--timeout S]
-        [--keep DIR] [--json] -- python train.py ARGS (with {world_size}, {grad_accum},
-        {micro_batch}, {global_batch})
-    ddp-verify parity compare REFERENCE_DIR DIR [DIR...] [--steps N] [--variant DIR] [--json]
+        [--keep DIR] [--caches-gradients] [--json] -- python train.py ARGS (with
+        {world_size}, {grad_accum}, {micro_batch}, {global_batch})
+    ddp-verify parity compare REFERENCE_DIR DIR [DIR...] [--steps N] [--variant DIR]
+        [--caches-gradients] [--json]
 
 Exit codes as ``check``: 0 every layout trains what the reference trains; 1 one does not, or
 a layout's run failed; 2 a usage error; 3 the harness failed.
@@ -61,6 +62,7 @@ def parser() -> argparse.ArgumentParser:
         "torchrun agent per node on this machine (c10d rendezvous on loopback); a --launcher "
         "of yours starts them (srun ... torchrun --nnodes {nnodes} ...)",
     )
+    _add_caches_gradients(p)
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per layout's run")
     p.add_argument("--keep", type=Path, default=None, help="keep the recordings in DIR")
     p.add_argument(
@@ -104,9 +106,21 @@ def compare_parser() -> argparse.ArgumentParser:
         help="a rounding-only variant of the reference's run (DDP_VERIFY_PERTURB=1), where "
         "the script forces its own precision: the bound is derived from it",
     )
+    _add_caches_gradients(p)
     add_verbose(p)
     p.add_argument("--json", action="store_true", help="print one JSON document")
     return p
+
+
+def _add_caches_gradients(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--caches-gradients",
+        action="store_true",
+        help="the script accumulates a loss that couples samples across ranks exactly "
+        "(GradCache: the loss on the whole batch's features, then each micro-batch's backward "
+        "with their cached gradient): judge the layouts that accumulate too, which are "
+        "otherwise left unjudged where the script gathers features that carry gradient",
+    )
 
 
 def run(argv: Sequence[str]) -> Any:
@@ -139,7 +153,11 @@ def run(argv: Sequence[str]) -> Any:
                     "with --variant DIR"
                 )
             return compare_recordings(
-                reference, recordings[1:], steps=args.steps, tolerance=tolerance
+                reference,
+                recordings[1:],
+                steps=args.steps,
+                tolerance=tolerance,
+                caches_gradients=args.caches_gradients,
             )
         split = argv.index("--") if "--" in argv else len(argv)
         args = parser().parse_args(argv[:split])
@@ -167,6 +185,7 @@ def run(argv: Sequence[str]) -> Any:
             keep=args.keep,
             progress=_say,
             nnodes=args.nnodes,
+            caches_gradients=args.caches_gradients,
         )
         _draw(result.to_json(), args.plot, args.html)
         return result

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import fractions
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -99,7 +100,7 @@ def compare_layouts(
         return Comparison(other.label, False, None, logged, figures, only_log_differs=True)
     if mismatch is not None or causes:
         causes += [
-            _with_documented(cause, reference, other)
+            _in_coupled_terms(_with_documented(cause, reference, other), reference, other)
             for cause in _gradient_causes(reference, other, expected, got, tolerance)
         ]
         if not causes:
@@ -262,6 +263,26 @@ def _with_documented(cause: Cause, reference: Recording, other: Recording) -> Ca
         )
         return dataclasses.replace(cause, text=cause.text + note)
     return cause
+
+
+def _in_coupled_terms(cause: Cause, reference: Recording, other: Recording) -> Cause:
+    """A world-size scale said in the terms of a loss that couples samples across ranks,
+    where the layout's run gathered features that carry gradient: every rank's gradient is
+    the whole batch's (1/W after DDP's average), or the loss was multiplied by the world
+    size where the gather already carries the gradient back (W)."""
+    readings = {"scale:1/W": f.COUPLED_OVER_WORLD, "scale:W": f.COUPLED_TIMES_WORLD}
+    if not other.exchanged or cause.reading not in readings:
+        return cause
+    ratio = fractions.Fraction(other.world_size, reference.world_size)
+    factor = ratio if cause.reading == "scale:W" else 1 / ratio
+    said = f.COUPLED_SCALE.cause(factor=str(factor), why=readings[cause.reading])
+    where = "; ".join(other.exchanged[:3])
+    return dataclasses.replace(
+        said,
+        reading="coupled:" + cause.reading,
+        evidence=f"the script sends other ranks features that carry gradient: {where}"
+        + (f"; {cause.evidence}" if cause.evidence else ""),
+    )
 
 
 # -- the optimizer's settings ------------------------------------------------------------------

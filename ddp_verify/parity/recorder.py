@@ -75,6 +75,19 @@ WRAPPER_PARTS = frozenset(
 )
 
 
+# The collectives that send a rank's tensors to other ranks whole (gathers, exchanges): what
+# gathers features for a loss that couples samples across ranks. Reductions are left out:
+# they add, as a gradient's synchronisation and a logged loss's mean do.
+EXCHANGES = (
+    "all_gather",
+    "all_gather_into_tensor",
+    "all_to_all",
+    "all_to_all_single",
+    "batch_isend_irecv",
+    "isend",
+    "send",
+)
+
 # Frameworks whose documented data or loss handling the report names.
 FRAMEWORKS = frozenset({"lightning", "pytorch_lightning", "accelerate", "transformers", "trl"})
 
@@ -131,6 +144,9 @@ class Recorder:
             "param_dtypes": [],
             # Where a float64 run computes in a lower precision inside (see _Lower).
             "lower_inside": None,
+            # Where the script sent tensors that carry gradient to other ranks (see
+            # _watch_exchanges): "all_gather at train.py:42".
+            "exchanged": [],
         }
         self._known_modules: set[int] = set()
         self._local: dict[str, torch.Tensor] = {}
@@ -235,6 +251,7 @@ class Recorder:
         # from the model hands them to the loss function.
         for name in ("cross_entropy", "nll_loss"):
             setattr(torch.nn.functional, name, self._counting(getattr(torch.nn.functional, name)))
+        self._watch_exchanges()
         register_optimizer_step_pre_hook(self._before_step)
         register_optimizer_step_post_hook(self._after_step)
         # What the script logs, read as it goes by.
@@ -242,6 +259,41 @@ class Recorder:
         # A script that ends before the steps wanted leaves what it did.
         atexit.register(self.write)
         return self
+
+    def _watch_exchanges(self) -> None:
+        """Note each collective that sends another rank a tensor computed from the model (one
+        with a gradient history: features gathered for in-batch negatives, by
+        ``all_gather`` or through ``torch.distributed.nn``, a neighbour exchange). Such a
+        loss couples samples across ranks, and accumulation then changes what it computes.
+        Parameters (leaves: FSDP's shards, DDP's broadcasts) and detached values are not
+        features, and not noted."""
+        import torch.distributed as dist
+
+        if not dist.is_available():
+            return
+        from torch.distributed import distributed_c10d
+
+        recorder = self
+
+        def watched(name: str, collective: Callable[..., Any]) -> Callable[..., Any]:
+            @functools.wraps(collective)
+            def exchange(*args: Any, **kwargs: Any) -> Any:
+                if any(_carries_gradient(t) for t in _sent(args, kwargs)):
+                    said = f"{name} at {_caller()}"
+                    if said not in recorder.meta["exchanged"]:
+                        recorder.meta["exchanged"].append(said)
+                return collective(*args, **kwargs)
+
+            return exchange
+
+        for name in EXCHANGES:
+            collective = getattr(distributed_c10d, name, None)
+            if collective is None:
+                continue
+            wrapped = watched(name, collective)
+            for module in (dist, distributed_c10d):
+                if getattr(module, name, None) is collective:
+                    setattr(module, name, wrapped)
 
     # -- what the hooks record ---------------------------------------------------------------
 
@@ -675,6 +727,22 @@ class _Lower(torch.overrides.TorchFunctionMode):
                     "where": _caller(),
                 }
         return result
+
+
+def _sent(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
+    """The tensors a collective's call holds: its arguments, lists of them, and the tensors
+    of point-to-point operations (``P2POp``)."""
+    found = []
+    for value in [*args, *kwargs.values()]:
+        for item in value if isinstance(value, (list, tuple)) else [value]:
+            found.append(getattr(item, "tensor", item))
+    return found
+
+
+def _carries_gradient(value: Any) -> bool:
+    """A tensor computed from parameters (it has a gradient history): not a parameter, not
+    a detached value, not a buffer."""
+    return isinstance(value, torch.Tensor) and value.requires_grad and value.grad_fn is not None
 
 
 def _named(func: Any) -> str:

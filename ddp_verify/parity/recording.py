@@ -171,6 +171,16 @@ class Recording:
         return None
 
     @property
+    def exchanged(self) -> list[str]:
+        """Where any rank sent other ranks a tensor computed from the model (features for a
+        loss that couples samples across ranks): ``"all_gather at train.py:42"``, in the
+        order first seen."""
+        found: list[str] = []
+        for rank in self.ranks:
+            found += [w for w in rank["meta"].get("exchanged", ()) if w not in found]
+        return found
+
+    @property
     def precision(self) -> str:
         """What the script computed in: ``float64``, or its parameters' dtype and autocast,
         and the lower precision it computed in inside."""

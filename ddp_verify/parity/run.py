@@ -80,12 +80,20 @@ def run_parity(
     keep: Path | None = None,
     progress: Callable[[str], None] | None = None,
     nnodes: int = 1,
+    caches_gradients: bool = False,
 ) -> ParityResult:
     """Run ``command`` (the script as one process runs it, placeholders included) at the
     ``reference`` layout and at each of ``layouts``, ``steps`` optimizer steps each, and
     compare. ``keep``: the directory the recordings stay in (a temporary one otherwise);
     ``progress`` is told what runs; ``nnodes``: the nodes each layout of more than one rank
     spans (see :func:`~.launch.launch`).
+
+    A script whose loss couples samples across ranks (it gathers features that carry
+    gradient) is judged at layouts that do not accumulate: accumulating takes in-batch
+    negatives from each micro-batch. Layouts of several ranks without accumulation run
+    first, so that the ones that accumulate need not run once it is seen;
+    ``caches_gradients=True`` says the script accumulates exactly (GradCache) and has every
+    layout judged.
 
     Example::
 
@@ -95,7 +103,9 @@ def run_parity(
     started = time.monotonic()
     reference = reference or Layout(1, 1)
     target = " ".join(command)
-    order = [reference, *(layout for layout in layouts if layout != reference)]
+    asked = [layout for layout in layouts if layout != reference]
+    # Several ranks and no accumulation first: a gather of features shows there first.
+    order = [reference, *sorted(asked, key=lambda layout: not _shows_gathers(layout))]
     _check_command(command, order, global_batch, nnodes)
     work = keep or Path(tempfile.mkdtemp(prefix=cleanup.owned("ddp_verify-parity-")))
     # Every run of this parity run: the same script, steps, batch, dtype and launcher.
@@ -111,7 +121,14 @@ def run_parity(
     )
     try:
         runs: dict[Layout, Run] = {}
+        recordings: dict[Layout, Recording] = {}
         for layout in order:
+            if layout != reference and _not_judged(
+                layout, [r.exchanged for r in recordings.values()], caches_gradients
+            ):
+                if progress is not None:
+                    progress(f"layout {layout}: not run (the loss couples samples across ranks)")
+                continue
             if progress is not None:
                 progress(f"layout {layout}: running {steps} step(s)")
             run = run_at(layout, directory=work / str(layout))
@@ -119,8 +136,6 @@ def run_parity(
             failed = _failed(run, target, started)
             if failed is not None:
                 return failed
-        recordings = {}
-        for layout, run in runs.items():
             try:
                 recordings[layout] = Recording.load(run.directory)
             except RecordingError as exc:
@@ -145,15 +160,25 @@ def run_parity(
             if failed is not None:
                 return failed
             tolerance = derived_tolerance(base, Recording.load(variant.directory), steps)
-        others = [recordings[layout] for layout in order[1:]]
+        # Reported in the order asked; a layout not run is reported as not judged.
+        others = [
+            recordings.get(layout) or _unrun(layout, command, global_batch) for layout in asked
+        ]
         result = compare_recordings(
-            base, others, steps=steps, tolerance=tolerance, target=target, started=started
+            base,
+            others,
+            steps=steps,
+            tolerance=tolerance,
+            target=target,
+            started=started,
+            caches_gradients=caches_gradients,
         )
         by_label = {str(layout): run for layout, run in runs.items()}
         for row in result.layouts:
-            row["seconds"] = round(by_label[row["layout"]].seconds, 3)
-            row["command"] = shlex.join(by_label[row["layout"]].command)
-        failing = [row for row in result.layouts if row["verdict"] != Status.EQUIVALENT.value]
+            if row["layout"] in by_label:
+                row["seconds"] = round(by_label[row["layout"]].seconds, 3)
+                row["command"] = shlex.join(by_label[row["layout"]].command)
+        failing = [row for row in result.layouts if row["verdict"] == NOT_EQUIVALENT]
         verdict = result.verdict
         if failing:
             verdict = dataclasses.replace(verdict, reproducer=failing[0]["command"])
@@ -184,17 +209,53 @@ def _check_command(
             per_node(layout, nnodes)
 
 
+def _shows_gathers(layout: Layout) -> bool:
+    """Whether a layout's run shows a loss that couples samples across ranks before any
+    layout that accumulates must run: several ranks, one micro-batch each."""
+    return layout.world_size > 1 and layout.grad_accum == 1
+
+
+def _not_judged(layout: Layout, exchanged: Sequence[Sequence[str]], caches: bool) -> bool:
+    """Whether ``layout`` is left unjudged: it accumulates, and some run gathered features
+    that carry gradient (``exchanged``: each run's), and the script does not say it caches
+    gradients across micro-batches."""
+    return layout.grad_accum > 1 and not caches and any(exchanged)
+
+
+@dataclasses.dataclass
+class _Unrun:
+    """A layout left unjudged before it ran: what the report and its row say of it."""
+
+    layout: Layout
+    command: str
+
+    @property
+    def label(self) -> str:
+        return str(self.layout)
+
+
+def _unrun(layout: Layout, command: Sequence[str], global_batch: int | None) -> _Unrun:
+    return _Unrun(layout, shlex.join(fill(script_of(command), layout, global_batch=global_batch)))
+
+
+NOT_EQUIVALENT = Status.NOT_EQUIVALENT.value
+NOT_JUDGED = "not-judged"
+
+
 def compare_recordings(
     reference: Recording,
-    others: Sequence[Recording],
+    others: Sequence[Recording | _Unrun],
     *,
     steps: int,
     tolerance: Tolerance | None = None,
     target: str | None = None,
     started: float | None = None,
+    caches_gradients: bool = False,
 ) -> ParityResult:
     """The verdict on ``others`` held to ``reference`` (recordings made by the user's own
-    launches, or by :func:`run_parity`).
+    launches, or by :func:`run_parity`). Where a run gathered features that carry gradient
+    (a loss that couples samples across ranks), the layouts that accumulate are not judged,
+    and the report says why, unless ``caches_gradients``.
 
     Example::
 
@@ -204,9 +265,82 @@ def compare_recordings(
     started = time.monotonic() if started is None else started
     if not others:
         raise RecordingError("nothing to compare: give the reference and at least one layout")
+    ran = [other for other in others if isinstance(other, Recording)]
+    exchanged = [where for r in [reference, *ran] for where in r.exchanged]
+    gathers = list(dict.fromkeys(exchanged))
+    unjudged = [
+        other
+        for other in others
+        if not isinstance(other, Recording)
+        or _not_judged(Layout(other.world_size, other.grad_accum), [gathers], caches_gradients)
+    ]
+    if gathers and not caches_gradients and reference.grad_accum > 1:
+        raise RecordingError(
+            f"the reference layout {reference.label} accumulates {reference.grad_accum} "
+            f"micro-batches, and your script's loss couples samples across ranks "
+            f"({_gathered(gathers)}): its in-batch negatives then come from each micro-batch. "
+            "Hold the layouts to one that does not accumulate (--reference 1x1), or say that "
+            "the script caches gradients across micro-batches (--caches-gradients)"
+        )
+    judged = [other for other in ran if other not in unjudged]
+    if not judged:
+        raise RecordingError(
+            f"no layout left to judge: your script's loss couples samples across ranks "
+            f"({_gathered(gathers)}), so layouts that accumulate are not judged: give layouts "
+            "of one micro-batch (--layouts 2x1,4x1), or say that the script caches gradients "
+            "across micro-batches (--caches-gradients)"
+        )
     comparisons = told_apart(
-        [compare_layouts(reference, other, steps=steps, tolerance=tolerance) for other in others]
+        [compare_layouts(reference, other, steps=steps, tolerance=tolerance) for other in judged]
     )
+    result = _verdict(reference, judged, comparisons, steps, target, started)
+    if not unjudged:
+        return result
+    why = _why_not_judged(gathers)
+    rows = [
+        {
+            "layout": other.label,
+            "verdict": NOT_JUDGED,
+            "why": why,
+            **({"command": other.command} if isinstance(other, _Unrun) else {}),
+        }
+        for other in unjudged
+    ]
+    labels = ", ".join(other.label for other in unjudged)
+    verdict = dataclasses.replace(
+        result.verdict, message=f"{result.verdict.message}\n\nNot judged: layouts {labels}. {why}"
+    )
+    return dataclasses.replace(result, verdict=verdict, layouts=(*result.layouts, *rows))
+
+
+def _gathered(gathers: Sequence[str]) -> str:
+    shown = "; ".join(gathers[:3]) + ("; ..." if len(gathers) > 3 else "")
+    return f"it sends other ranks tensors computed from the model: {shown}"
+
+
+def _why_not_judged(gathers: Sequence[str]) -> str:
+    return (
+        f"Your script's loss couples samples across ranks ({_gathered(gathers)}), as in-batch "
+        "negatives do: each micro-batch's loss then takes its negatives from that micro-batch "
+        "alone, so accumulating changes the objective, and no layout that accumulates trains "
+        "what one process on the whole batch trains, right or wrong. Layouts of one "
+        "micro-batch are judged. A script that caches gradients across micro-batches "
+        "(GradCache: every micro-batch's features first, the loss on the whole batch, then "
+        "each micro-batch's backward with its features' cached gradient) accumulates "
+        "exactly: say so with --caches-gradients and every layout is judged (so too where "
+        "what is gathered only logs: detach it)."
+    )
+
+
+def _verdict(
+    reference: Recording,
+    others: Sequence[Recording],
+    comparisons: list[Comparison],
+    steps: int,
+    target: str | None,
+    started: float,
+) -> ParityResult:
+    """The verdict and rows of the layouts compared."""
     rows = []
     causes = []
     for comparison, recording in zip(comparisons, others, strict=True):
