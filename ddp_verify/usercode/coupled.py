@@ -175,6 +175,38 @@ class CoupledLoss(UserMethod):
         (loss * weight).backward()
         return Probed(float(loss.detach()), _with_zeros(model))
 
+    def matched(self, scenario: Scenario) -> list[tuple[int, int]]:
+        """Which pair each of this rank's pairs at step 0 was scored as matching: ``fn`` is
+        given one-hot features (pair ``g``'s two views both the axis ``e_g``, every hard
+        negative an axis of its own), so each pair is like itself and unlike every other;
+        the gradient on a pair's first view is then most negative along the view it was
+        pulled toward, its positive. ``(g, matched)`` for each pair whose gradient reads
+        (none where no gradient reaches the features; -1 where it pulls toward no view)."""
+        rank, device = dist.get_rank(), rank_device()
+        sizes = scenario.samples(0)
+        total, start, n = sum(sizes), scenario.offset(0, rank), sizes[rank]
+        axes = torch.eye(total * (1 + scenario.model.negatives), dtype=torch.float64)
+        given = tuple(
+            axes[k * total + start : k * total + start + n].to(device).requires_grad_()
+            for k in (0, 0, *range(1, 1 + scenario.model.negatives))
+        )
+        model = build_towers(scenario, device=device)
+        values = {**anywhere_values(), **{m: getattr(model, m) for m in scenario.model.learned}}
+        args, kwargs = self.call.arguments(given, 0, values=values)
+        loss = _as_loss(self.fn(*args, **kwargs), self.call.name)
+        if not loss.requires_grad:
+            return []
+        loss.backward()
+        first = given[0].grad
+        if first is None:
+            return []
+        # A row pulled toward no view (a padding row, a constant) matched nothing: -1.
+        return [
+            (start + i, int(row.argmin()) if float(row.min()) < -1e-9 else -1)
+            for i, row in enumerate(first.detach().cpu())
+            if float(row.abs().max()) > 1e-9
+        ]
+
     def predicted(self, scenario: Scenario, variant: str) -> Gradients:
         """On a one-rank world, step 0's gradient from the initial parameters were every rank
         to run ``fn`` as ``variant`` says, DDP averaging: ``local-gradient`` (the whole
@@ -236,6 +268,11 @@ def probe_ranks(
 ) -> Probed:
     """The job every rank runs for :meth:`CoupledLoss.probe`."""
     return method.probe(scenario, weights)
+
+
+def matched_on_ranks(method: CoupledLoss, scenario: Scenario) -> list[tuple[int, int]]:
+    """The job every rank runs for :meth:`CoupledLoss.matched`."""
+    return method.matched(scenario)
 
 
 def predicted_on_one_rank(method: CoupledLoss, scenario: Scenario, variant: str) -> Gradients:

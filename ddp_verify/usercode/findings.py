@@ -470,12 +470,20 @@ COUPLED_UNEVEN = _finding(
     "every rank always holds as many, check with --even-batches; otherwise exchange sizes "
     "first, pad to the longest for the gather and cut each rank's rows back out",
 )
+COUPLED_WRONG_POSITIVES = _finding(
+    "coupled:wrong-positives",
+    "gradient",
+    "some pairs were scored against another pair's view as their positive ({matched}): "
+    "positives labelled by rank x local batch assume every rank holds as many pairs; offset "
+    "each rank's labels by the pairs the ranks before it hold (exchange the sizes first), or "
+    "check with --even-batches if every rank always holds as many",
+)
 COUPLED_UNEXPLAINED = _finding(
     "coupled:unexplained",
     "run",
     "no reading of a coupled loss fits this divergence (read: a scale, the gradient "
     "reaching local features only or none, local negatives, ranks weighted equally, no "
-    "gradient crossing ranks); what limits it: {why}",
+    "gradient crossing ranks, which pairs were matched); what limits it: {why}",
 )
 
 NO_KNOWN_MISTAKE = "no known mistake reproduces this divergence"

@@ -589,6 +589,35 @@ SHAPES = (
         options={"even": True},
         families=frozenset({"coupled"}),
     ),
+    # Each rank's anchors against every rank's positives, ranks holding different numbers
+    # of pairs: sizes exchanged, the gather padded and cut back, the rank's summed loss
+    # weighted by its share of the pairs.
+    Shape(
+        "coupled-mnrl",
+        "coupled-loss",
+        "mnrl",
+        """        import torch.distributed.nn
+
+
+        def mnrl(anchors, positives):
+            world, rank = dist.get_world_size(), dist.get_rank()
+            size = torch.tensor([anchors.shape[0]])
+            sizes = [torch.zeros_like(size) for _ in range(world)]
+            dist.all_gather(sizes, size)
+            sizes = [int(n) for n in sizes]
+            longest = max(sizes)
+            pad = positives.new_zeros(longest - sizes[rank], positives.shape[1])
+            padded = torch.cat([positives, pad])
+            parts = torch.distributed.nn.all_gather(padded)
+            candidates = torch.cat([p[:n] for p, n in zip(parts, sizes)])
+            scores = 10.0 * anchors @ candidates.T
+            labels = (torch.arange(anchors.shape[0]) + $offset) % max(len(candidates), 1)
+            summed = F.cross_entropy(scores, labels, reduction="sum")
+            return $reduce
+        """,
+        dict(offset="sum(sizes[:rank])", reduce="summed * world / sum(sizes)"),
+        families=frozenset({"coupled-uneven"}),
+    ),
 )
 
 
@@ -906,6 +935,18 @@ OPERATORS = (
         "the loss multiplied by the world size where gradients already cross ranks",
         {"coupled": {"factor": "dist.get_world_size()"}},
         frozenset({"coupled:scale"}),
+    ),
+    Operator(
+        "rank-mean",
+        "each rank's loss the mean over its own pairs, ranks weighted equally by DDP",
+        {"coupled-uneven": {"reduce": "summed / max(anchors.shape[0], 1)"}},
+        frozenset({"coupled:ranks-equal"}),
+    ),
+    Operator(
+        "offset-by-local-batch",
+        "positives labelled by rank x local batch, wrapped into the batch",
+        {"coupled-uneven": {"offset": "rank * anchors.shape[0]"}},
+        frozenset({"coupled:wrong-positives"}),
     ),
     Operator(
         "sum-of-means",

@@ -16,6 +16,8 @@ from ddp_verify.engine.scenario import ModelSpec, Scenario
 from ddp_verify.engine.strategies import coupled_scenarios
 from ddp_verify.methods.equivalence import check_equivalent
 from ddp_verify.usercode.adapters import adapt
+from ddp_verify.usercode.coupled import matched_on_ranks
+from ddp_verify.usercode.diagnosis.coupled import coupled_causes
 from ddp_verify.usercode.kinds import KindError
 from ddp_verify.usercode.verdict import CodeFailed
 from tests.user_code import load
@@ -99,6 +101,23 @@ class ClipLoss:
 
     def __call__(self, image_features, text_features):
         return local_clip(image_features, text_features)
+
+
+def test_positives_offset_by_rank_that_stay_in_the_batch_are_measured_as_wrong_pairs(world2):
+    # Rank 1 holds one pair, the third of the batch; its label 1 x 1 points at the second.
+    scenario = _scenario(2, 1)
+    method = adapt(MNRL.mnrl_rank_offset, "coupled-loss")
+    outcome = check_equivalent(world2, method, scenario)
+    assert not outcome.equivalent
+    causes = coupled_causes(world2, method, scenario, outcome.reference, outcome.got)
+    assert causes[0].pattern == "coupled:wrong-positives", causes
+    assert "pair 2 (rank 1's pair 0) with pair 1" in causes[0].text
+    # The right offset, probed alike, matches every pair with itself.
+    right = adapt(MNRL.mnrl_gathered, "coupled-loss")
+    assert world2.run_job(matched_on_ranks, (right.shipped(), scenario)) == [
+        [(0, 0), (1, 1)],
+        [(2, 2)],
+    ]
 
 
 def test_a_loss_built_for_one_process_is_called_out_before_any_world():

@@ -47,6 +47,7 @@ COUPLED: dict[str, dict[str, str]] = {
     f.COUPLED_RANKS_EQUAL.code: {"share": "1/W"},
     f.COUPLED_CONSTANT_FEATURES.code: {},
     f.COUPLED_UNEVEN.code: {"sizes": "the pairs per rank", "what": "what failed, and where"},
+    f.COUPLED_WRONG_POSITIVES.code: {"matched": "which pair each was matched with"},
     f.COUPLED_UNEXPLAINED.code: {"why": "what was read"},
 }
 

@@ -34,6 +34,7 @@ from ..coupled import (
     Gradients,
     Probed,
     learned_parameters,
+    matched_on_ranks,
     predicted_on_one_rank,
     probe_ranks,
 )
@@ -64,6 +65,12 @@ def coupled_causes(
         if _close(observed, _scaled(truth, factor)):
             return [_scale_cause(reading, world_size)]
     shipped = method.shipped()
+    # Which pairs were scored as positives, measured: a wrong positive is wrong whatever
+    # else the gradient shows.
+    found = world.run_job(matched_on_ranks, (shipped, scenario), name="a matched-pairs probe")
+    wrong = [(g, m) for on_rank in found for g, m in on_rank if g != m]
+    if wrong:
+        return [_wrong_positives_cause(scenario, wrong)]
 
     def on_one_rank(variant: str) -> Gradients:
         job = (shipped, scenario, variant)
@@ -151,6 +158,26 @@ def uneven_cause(scenario: Scenario, error: RankError) -> Cause | None:
         what = "it failed where they differ"
     pairs = ", ".join(f"rank {r} {n} pair{'s' * (n != 1)}" for r, n in enumerate(sizes[0]))
     return f.COUPLED_UNEVEN.cause(sizes=pairs, what=what)
+
+
+def _wrong_positives_cause(scenario: Scenario, wrong: Sequence[tuple[int, int]]) -> Cause:
+    """Which pairs were matched with which, each named by its rank and place there."""
+    starts = [scenario.offset(0, r) for r in range(scenario.world_size)]
+
+    def named(g: int) -> str:
+        rank = max(r for r, start in enumerate(starts) if start <= g)
+        return f"pair {g} (rank {rank}'s pair {g - starts[rank]})"
+
+    matched = "; ".join(
+        f"{named(g)} with " + (f"pair {m}" if m >= 0 else "no pair's view (a padding row?)")
+        for g, m in wrong[:4]
+    )
+    more = f"; {len(wrong) - 4} more" if len(wrong) > 4 else ""
+    return f.COUPLED_WRONG_POSITIVES.cause(
+        matched=matched + more,
+        evidence="given one-hot features (each pair's views alike, every other pair unlike "
+        "them), the gradient on each listed pair's first view pulls it toward the other pair",
+    )
 
 
 def _scale_cause(reading: str, world_size: int) -> Cause:
