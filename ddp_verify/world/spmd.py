@@ -42,7 +42,7 @@ from . import protocol, wire
 from .agreement import DEAD_AFTER_S, Agreement, Late, OutOfStep
 from .backends import check_backend, check_device, placement
 from .errors import Category, FailureKind, RankError, RankFailure, WorldError
-from .interface import Ranks, RunsJobs
+from .interface import RunsJobs
 from .launch import Launched
 from .naming import option
 from .runtime import Group, flush, run_job, set_up_device
@@ -440,21 +440,6 @@ class _Done:
         return self._results
 
 
-class _NoOneRankWorld:
-    """Where a launched world's one-rank world would be: every job refused, with why."""
-
-    size = 1
-
-    def run_job(self, *args: Any, **kwargs: Any) -> Any:
-        raise WorldError(
-            "a launched world has no one-rank world beside it (each process is a rank of the "
-            "job's group): check code whose reference is itself on one rank (a coupled loss) "
-            "on a forked world, without torchrun"
-        )
-
-    submit = run = run_job
-
-
 class SpmdWorld(RunsJobs):
     """The launched job as a :class:`~ddp_verify.world.World`: the same ``run`` / ``submit``
     / ``helper`` interface, run by every rank together.
@@ -484,6 +469,7 @@ class SpmdWorld(RunsJobs):
         self.launches = 0
         self.start_method = member.launched.launcher
         self._helper: LocalHelper | None = None
+        self._solo: LocalSolo | None = None
 
     # The World lifecycle: the launcher owns the processes, so there is little to do.
     def start(self) -> SpmdWorld:
@@ -506,6 +492,8 @@ class SpmdWorld(RunsJobs):
         return False
 
     def close(self) -> None:
+        if self._solo is not None:
+            self._solo.close()
         self.member.finish()
 
     def __enter__(self) -> SpmdWorld:
@@ -539,10 +527,12 @@ class SpmdWorld(RunsJobs):
         return self._helper
 
     @property
-    def solo(self) -> Ranks:
-        """No one-rank world here (a launched rank's default process group is the job's):
-        a stand-in that refuses every job, saying so."""
-        return _NoOneRankWorld()  # type: ignore[return-value]
+    def solo(self) -> LocalSolo:
+        """The one-rank world: forked, in its turn, by a rank of the job (see
+        :class:`LocalSolo`)."""
+        if self._solo is None:
+            self._solo = LocalSolo(self)
+        return self._solo
 
     def connect(self) -> SpmdWorld:
         """Reach the other ranks (through the job's store) without forming the group yet."""
@@ -768,7 +758,7 @@ class LocalHelper(RunsJobs):
         if member.rank == runner:
             member.begin(f"{name} (the helper work)")
             try:
-                mine = run_job(fn, args, dict(kwargs or {}))
+                mine = self._execute(fn, args, dict(kwargs or {}), name)
             finally:
                 member.end()
         outcome = member.agree(
@@ -794,6 +784,12 @@ class LocalHelper(RunsJobs):
             world_state="The world is still up.",
         )
 
+    def _execute(
+        self, fn: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any], name: str
+    ) -> protocol.Outcome:
+        """The job, run on this rank (the runner's turn), as an outcome."""
+        return run_job(fn, args, kwargs)
+
     def retry_start(self) -> None:
         """Nothing to start."""
 
@@ -805,6 +801,55 @@ class LocalHelper(RunsJobs):
 
     def close(self) -> None:
         """Nothing to stop."""
+
+
+class LocalSolo(LocalHelper):
+    """The one-rank world of a launched world: a rank's own default process group is the
+    job's, so the job's one-rank work (a coupled loss's reference: the code itself on one
+    rank holding the whole batch) runs on a world of one rank forked by the rank whose turn
+    it is, in a process group of its own, and is shared through the store as the helper's
+    work is. Forked on first use, closed with the launched world.
+
+    Example::
+
+        reference = world.solo.run_job(train_whole_batch, (method, scenario))[0]
+    """
+
+    process_group = True
+
+    def __init__(self, world: SpmdWorld) -> None:
+        super().__init__(world)
+        self.label = f"the one-rank world beside {world.label}"
+        self._forked: Any = None
+
+    def _execute(
+        self, fn: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any], name: str
+    ) -> protocol.Outcome:
+        return run_job(self._on_one_rank, (fn, args, kwargs, name), {})
+
+    def _on_one_rank(
+        self, fn: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any], name: str
+    ) -> Any:
+        if self._forked is None:
+            from .world import World
+
+            world = self._world
+            self._forked = World(
+                1,
+                device=world.device,
+                allow_tf32=world.allow_tf32,
+                timeout=world.timeout,
+                start_timeout=world.start_timeout,
+                debug=world.debug,
+                process_group=True,
+            )
+            self._forked.label = self.label
+        return self._forked.run_job(fn, args, kwargs, name=name)[0]
+
+    def close(self) -> None:
+        if self._forked is not None:
+            self._forked.close()
+            self._forked = None
 
 
 S = TypeVar("S", bound=SpmdWorld)

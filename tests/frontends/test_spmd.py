@@ -130,6 +130,25 @@ def test_check_under_torchrun_gives_the_fork_modes_verdict(
     assert spmd["likely_cause"] == fork["likely_cause"]
 
 
+def test_a_coupled_loss_under_torchrun_is_held_to_its_one_rank_world(tmp_path: Path) -> None:
+    # The reference is the code on a one-rank world, which a rank of the job forks: the same
+    # counterexample and cause as a forked world's.
+    target = f"{ROOT / 'fixtures' / 'real_style' / 'open_clip_losses.py'}:clip_loss_default"
+    args = ["check", target, "--kind", "coupled-loss", "--even-batches", "--max-examples", "5",
+            "--seed", "0", "--json"]  # fmt: skip
+    launched = torchrun(["-m", "ddp_verify.frontends.cli", *args], cwd=tmp_path, nproc=2)
+    forked = subprocess.run(
+        [sys.executable, "-m", "ddp_verify.frontends.cli", *args, "--world-size", "2",
+         "--launch", "fork"],
+        cwd=tmp_path, env=environment(), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    spmd, fork = json_document(launched.stdout), json_document(forked.stdout)
+    assert spmd["verdict"] == fork["verdict"] == "not-equivalent", spmd["report"]
+    assert launched.returncode == forked.returncode == 1
+    assert spmd["scenario"] == fork["scenario"]
+    assert spmd["likely_causes"][0]["pattern"] == "coupled:local-gradient", spmd["report"]
+
+
 def test_a_raising_rank_fails_the_test_on_every_rank_and_the_session_goes_on(
     tmp_path: Path,
 ) -> None:

@@ -32,6 +32,8 @@ def test_the_launched_world_its_helper_and_its_pool_implement_the_protocol():
     assert not member.joined
     assert isinstance(world.helper, Ranks) and world.helper.size == 1
     assert world.helper.timeout == world.timeout
+    # The one-rank world (a coupled loss's reference) is forked by a rank only when used.
+    assert isinstance(world.solo, Ranks) and world.solo.size == 1 and world.solo.process_group
     pool = SpmdPool(world)
     assert isinstance(pool, Pool) and pool.get(4, start=False) is world
     with pytest.raises(Exception, match="launched with 4 ranks"):
