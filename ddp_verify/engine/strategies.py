@@ -42,6 +42,7 @@ from .scenario import (
     Scenario,
     Schedule,
 )
+from .tolerances import BRANCHING_OPTIMIZERS
 
 LEARNING_RATES = (0.1, 0.05, 0.01)
 # Gradient norms to clip to: the toy models' gradients run from about 0.05 to 5, so both bite.
@@ -432,11 +433,11 @@ def coupled_scenarios(
         raise InvalidArgument(
             "a coupled loss's ranks hold as many micro-batches: its gathers pair up per call"
         )
-    if tuple(dtypes) != ("float64",):
+    if not set(dtypes) <= {"float64", "float32"} or not dtypes:
         raise InvalidArgument(
-            f"dtypes={tuple(dtypes)!r}: a coupled loss is checked in float64 for now (its "
-            "reference is your code on one rank, whose rounding in a lower precision is not "
-            "measured yet)"
+            f"dtypes={tuple(dtypes)!r}: a coupled loss is checked in float64 or float32 (its "
+            "bound in float32 is measured on your code's own run on one rank; a 16-bit one is "
+            "not measured yet)"
         )
     optimizer_strategy = optimizers if optimizers is not None else _default_optimizers()
     steps = st.integers(1, max_steps) if several_steps else st.just(1)
@@ -468,19 +469,34 @@ def coupled_scenarios(
                 empty = draw(st.integers(0, world_size - 1))
                 per_rank[empty] = (0,) * pieces
             schedule.append(tuple(per_rank))
+        dtype: Any = draw(st.sampled_from(list(dtypes)))
+        chosen = optimizer_strategy
+        if dtype != "float64" and optimizers is None:
+            # Adam turns a gradient that is exactly zero (a bias's, under a softmax over
+            # shared candidates) into a step of +-lr on rounding alone, and the code's own
+            # reordered runs on one rank need not round that way: a rounded coupled loss is
+            # stepped by the optimizers that follow the gradient's size.
+            chosen = _steady_optimizers()
         scenario = Scenario(
             world_size=world_size,
             schedule=tuple(schedule),
             model=draw(encoders),
             loss="coupled",
-            optimizer=draw(optimizer_strategy),
-            dtype=draw(st.sampled_from(list(dtypes))),
+            optimizer=draw(chosen),
+            dtype=dtype,
             seed=draw(st.integers(0, 2**16)),
         )
         note(f"Scenario: {scenario.describe()}")
         return scenario
 
     return draw_scenario()
+
+
+@functools.cache
+def _steady_optimizers() -> st.SearchStrategy[OptimizerSpec]:
+    """The optimizers whose step a rounding error moves by as little (no normalisation by
+    the gradient's own size)."""
+    return optimizers(names=tuple(n for n in OPTIMIZERS if n not in BRANCHING_OPTIMIZERS))
 
 
 def _as_transformer(model: ModelSpec) -> ModelSpec:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 
 import torch
 
@@ -232,6 +232,34 @@ class MeasuredTolerance(Tolerance):
             raise ValueError(f"a measured tolerance is for {tuple(UNIT_ROUNDOFF)}, not {dtype}")
         runs = [train_reference(scenario, dtype, device)]
         runs += [rounding_variant(scenario, v, device=device) for v in range(variants)]
+        return cls.of_runs(
+            scenario,
+            reference64,
+            runs,
+            tf32=tf32 and torch.device(device or "cpu").type == "cuda",
+            safety=safety,
+        )
+
+    @classmethod
+    def of_runs(
+        cls,
+        scenario: Scenario,
+        reference64: Trace,
+        runs: Sequence[Trace],
+        *,
+        tf32: bool = False,
+        safety: float = FLOAT32_SAFETY,
+    ) -> MeasuredTolerance:
+        """The bound ``runs`` in ``scenario``'s dtype measure against ``reference64``: per
+        quantity and step, ``safety`` x the largest deviation, never less than ``safety`` x
+        (world size + 2) roundings of the quantity's largest value. ``tf32``: the runs'
+        float32 matmuls may round to TF32.
+
+        Example::
+
+            MeasuredTolerance.of_runs(scenario, reference64, [run32])
+        """
+        dtype = scenario.dtype
         deviations: dict[tuple[str, int], float] = {}
         scales: dict[tuple[str, int], float] = {}
         for run in runs:
@@ -245,7 +273,7 @@ class MeasuredTolerance(Tolerance):
                 deviations[key] = max(deviations.get(key, 0.0), deviation)
                 scales[key] = max(scales.get(key, 0.0), float(exact64.abs().max()))
         unit = UNIT_ROUNDOFF[dtype]
-        if tf32 and dtype == "float32" and torch.device(device or "cpu").type == "cuda":
+        if tf32 and dtype == "float32":
             unit = TF32_UNIT_ROUNDOFF
         roundings = (scenario.world_size + 2) * unit
         bounds = {
@@ -270,6 +298,23 @@ class MeasuredTolerance(Tolerance):
         return (
             f"{self.safety:g} × the largest deviation of {self.runs} {self.precision} runs "
             f"that differ only in summation order and loss scaling{because}"
+        )
+
+
+class TrainingOnlyMeasured(MeasuredTolerance):
+    """:class:`MeasuredTolerance` for gradients and parameters, none for the loss: a coupled
+    loss in float32, measured on its own float32 run on one rank (see :class:`TrainingOnly`).
+    """
+
+    def allowed(self, quantity: str, step: int, name: str, expected: torch.Tensor) -> torch.Tensor:
+        if quantity == "loss":
+            return torch.full_like(expected, math.inf, dtype=torch.float64)
+        return super().allowed(quantity, step, name, expected)
+
+    def describe(self) -> str:
+        return (
+            f"{self.safety:g} × how far your code's {self.precision} run on one rank lands "
+            "from its float64 run; the loss your code returns is not held, only training"
         )
 
 

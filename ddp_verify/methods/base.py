@@ -85,3 +85,15 @@ def train_whole_batch(method: Any, scenario: Scenario) -> RankTrace:
             f"{method.name}'s reference runs on a world of one rank, not {dist.get_world_size()}"
         )
     return method.train_whole(scenario)
+
+
+def train_whole_variants(method: Any, scenario: Scenario, variants: int) -> list[RankTrace]:
+    """:func:`train_whole_batch`'s job, ``variants`` times in rounding-only variants (variant
+    ``k`` lays the pairs out in another order: the same loss, other sums)."""
+    import torch.distributed as dist
+
+    if dist.get_world_size() != 1:
+        raise ValueError(
+            f"{method.name}'s reference runs on a world of one rank, not {dist.get_world_size()}"
+        )
+    return [method.train_whole(scenario, variant=k) for k in range(variants)]

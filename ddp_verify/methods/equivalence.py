@@ -11,6 +11,7 @@ builds no model and no optimizer, so it never imports what torch's optimizers pu
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -25,12 +26,13 @@ from ..engine.tolerances import (
     MeasuredTolerance,
     Tolerance,
     TrainingOnly,
+    TrainingOnlyMeasured,
     rounding_may_branch,
 )
 from ..engine.trace import Trace
 from ..world import RankError
 from ..world.interface import Ranked
-from .base import DistributedMethod, Method, train_on_rank, train_whole_batch
+from .base import DistributedMethod, Method, train_on_rank, train_whole_variants
 
 __all__ = [
     "EquivalenceError",
@@ -94,7 +96,10 @@ def check_equivalent(
     if mismatch is not None and derived is not None and rounding_may_branch(scenario):
         # A rare rounding branch, not a divergence, until more runs say otherwise.
         try:
-            _, tolerance = _truth(world, scenario, True, variants=BRANCHING_VARIANTS)
+            if getattr(method, "whole_batch_reference", False):
+                _, tolerance = _own_truth(world, method, scenario, variants=BRANCHING_VARIANTS)
+            else:
+                _, tolerance = _truth(world, scenario, True, variants=BRANCHING_VARIANTS)
         except RankError as exc:
             raise HarnessError(f"the tolerance could not be measured again:\n{exc}") from exc
         assert tolerance is not None
@@ -145,20 +150,35 @@ def _truth(
     )[0]
 
 
-def _own_truth(world: Ranked | None, method: Method, scenario: Scenario) -> tuple[Trace, Tolerance]:
+def _own_truth(
+    world: Ranked | None, method: Method, scenario: Scenario, variants: int = FLOAT32_VARIANTS
+) -> tuple[Trace, Tolerance]:
     """The reference of code that is its own on one rank holding the whole batch (a coupled
     loss's): trained on the world's one-rank world, or in this process on a one-rank process
-    group of its own (a reproducer's) when there is no world."""
-    if scenario.dtype != "float64":
-        raise ValueError(f"{method.name} is checked in float64, not {scenario.dtype}")
+    group of its own (a reproducer's) when there is no world. In float32: trained in float64,
+    and held to how far ``variants`` runs of the code in float32 on one rank (the pairs laid
+    out in other orders: other sums) land from it."""
+    exact = dataclasses.replace(scenario, dtype="float64")
+    asked = [(exact, 1)] if scenario.dtype == "float64" else [(exact, 1), (scenario, variants)]
     if world is not None:
-        job = (method.shipped(), scenario)  # type: ignore[attr-defined]
-        trained = world.solo.run_job(train_whole_batch, job, name="the reference")[0]
+        shipped = method.shipped()  # type: ignore[attr-defined]
+        runs = [
+            world.solo.run_job(train_whole_variants, (shipped, *job), name="the reference")[0]
+            for job in asked
+        ]
     else:
-        trained = _on_one_rank(lambda: train_whole_batch(method, scenario))
+        # All in one process group's life: code may keep the group it first saw (a default
+        # argument of torch.distributed.nn's collectives is bound at import).
+        runs = _on_one_rank(lambda: [train_whole_variants(method, *job) for job in asked])
+    label = "reference (your code on one rank, the whole batch)"
+    reference = Trace(label, runs[0])
     # What the code returns is backpropagated, and may be scaled (times the world size):
     # training is held, the loss is shown.
-    return Trace("reference (your code on one rank, the whole batch)", [trained]), TrainingOnly()
+    if scenario.dtype == "float64":
+        return reference, TrainingOnly()
+    rounded = [Trace(f"{label}, {scenario.dtype}", [run]) for run in runs[1]]
+    tf32 = world is not None and world.allow_tf32 and world.device == "cuda"
+    return reference, TrainingOnlyMeasured.of_runs(scenario, reference, rounded, tf32=tf32)
 
 
 def _on_one_rank(run: Callable[[], Any]) -> Any:

@@ -26,6 +26,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ..engine.coupled import (
     LEARNED,
+    Pairs,
     build_towers,
     features,
     pairs,
@@ -115,11 +116,14 @@ class CoupledLoss(UserMethod):
     def train_rank(self, scenario: Scenario) -> RankTrace:
         return self._train(scenario, whole=False)
 
-    def train_whole(self, scenario: Scenario) -> RankTrace:
-        """The reference: the whole global batch on this one-rank world."""
-        return self._train(scenario, whole=True)
+    def train_whole(self, scenario: Scenario, variant: int = 0) -> RankTrace:
+        """The reference: the whole global batch on this one-rank world. A ``variant`` above
+        0 lays each micro-batch's pairs out in another order (seeded by it): the same loss
+        of a correct contrastive loss, its float32 sums taken otherwise (a rounding-only
+        variant, for float32's bound)."""
+        return self._train(scenario, whole=True, variant=variant)
 
-    def _train(self, scenario: Scenario, *, whole: bool) -> RankTrace:
+    def _train(self, scenario: Scenario, *, whole: bool, variant: int = 0) -> RankTrace:
         device = rank_device()
         model = build_towers(scenario, device=device)
         wrapped = DistributedDataParallel(model)
@@ -139,6 +143,8 @@ class CoupledLoss(UserMethod):
             optimizer.zero_grad(set_to_none=True)
             if whole:
                 batches = whole_micro_batches(scenario, step, data[step])
+                if variant:
+                    batches = [_reordered(batch, variant) for batch in batches]
             else:
                 batches = rank_micro_batches(scenario, step, rank, data[step])
             reported = torch.zeros((), dtype=torch.float64, device=device)
@@ -245,6 +251,14 @@ class Probed:
 
 
 Gradients = dict[str, "torch.Tensor | None"]
+
+
+def _reordered(batch: Pairs, seed: int) -> Pairs:
+    """``batch``'s pairs in the order a permutation seeded by ``seed`` lays them out, every
+    view and negative of a pair moved together."""
+    order = torch.randperm(len(batch[0]), generator=torch.Generator().manual_seed(seed))
+    a, b, negatives = (t[order.to(t.device)] for t in batch)
+    return a, b, negatives
 
 
 def _with_zeros(model: torch.nn.Module) -> Gradients:

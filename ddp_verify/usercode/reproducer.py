@@ -119,8 +119,8 @@ class Recorded(Method):
     def run(self, scenario, world=None):
         return self.trace
 
-    def train_whole(self, scenario):
-        return adapt(load_function(), KIND, bind=BIND).train_whole(scenario)
+    def train_whole(self, scenario, variant=0):
+        return adapt(load_function(), KIND, bind=BIND).train_whole(scenario, variant)
 
 
 class Spawned:

@@ -174,7 +174,8 @@ def search(
             bounds.setdefault("models", models(max_width=8))
     # Code that computes in a lower precision inside is held to that precision, measured.
     precision = precision_words = None
-    if fmt is None and not coupled:  # a coupled loss is checked in float64, its own reference
+    # A coupled loss's bound comes from its own runs on one rank (methods.equivalence).
+    if fmt is None and not coupled:
         probed = measured(world, method, probe_scenario(world_size, bounds))
         precision, precision_words = probed.format, probed.words()
     strategy = (coupled_scenarios if coupled else scenarios)(world_size=world_size, **bounds)
@@ -635,11 +636,11 @@ def _refuse_foreign_bounds(kind: str, scenario_bounds: Mapping[str, Any]) -> Non
     strategy = coupled_scenarios if coupled else scenarios
     # The learned parameters are read from the code itself (coupled_bounds).
     taken = set(inspect.signature(strategy).parameters) - {"world_size", "learned"}
-    if coupled and tuple(scenario_bounds.get("dtypes", ("float64",))) != ("float64",):
+    if coupled and not set(scenario_bounds.get("dtypes", ())) <= {"float64", "float32"}:
         raise KindError(
-            f"{option('dtypes')}: a coupled loss is checked in float64 (its reference is your "
-            "code on one rank, and how far its rounding in a lower precision may move is not "
-            "measured): leave it out"
+            f"{option('dtypes')}: a coupled loss is checked in float64 or float32 (its bound "
+            "in float32 is measured on your code's own run on one rank; a 16-bit one is not "
+            "measured yet)"
         )
     if coupled and scenario_bounds.get("same_micro_batch_counts") is False:
         raise KindError(

@@ -188,11 +188,7 @@ def test_fixture_verdict_and_cause(kind, fn, verdict, cause, tmp_path, monkeypat
     assert f"Reproducer: python {error.reproducer}" in report
 
 
-# A coupled loss is checked in float64 only (its reference is the code itself on one rank).
-IN_FLOAT32 = [case for case in BUGGY if case.values[0] != "coupled-loss"]
-
-
-@pytest.mark.parametrize(("kind", "fn", "verdict", "cause"), first_of_each_file(IN_FLOAT32))
+@pytest.mark.parametrize(("kind", "fn", "verdict", "cause"), first_of_each_file(BUGGY))
 def test_buggy_fixtures_are_caught_in_float32_too(kind, fn, verdict, cause, tmp_path, monkeypatch):
     # float32's bound is measured per scenario: it must stay far below what bugs do.
     monkeypatch.chdir(tmp_path)
