@@ -36,6 +36,7 @@ from ..engine.coupled import (
 from ..engine.models import build_optimizer
 from ..engine.scenario import Scenario
 from ..engine.trace import RankTrace, gradients, parameters
+from ..world.naming import option
 from ..world.runtime import rank_device
 from .calling import UserMethod, anywhere_values, as_loss
 from .kinds import Call, KindError
@@ -100,6 +101,18 @@ def single_process_defaults(fn: Callable[..., Any]) -> str:
     return ""
 
 
+def check_feature_count(call: Call, negatives: int) -> None:
+    """A :class:`KindError` where the code takes another number of feature tensors than the
+    harness passes: the two views and ``negatives`` hard negatives."""
+    if call.positional != 2 + negatives:
+        takes = call.positional - 2
+        raise KindError(
+            f"{call.name} takes {call.positional} feature tensors, the two views and "
+            f"{max(takes, 0)} hard negative(s); the harness passes {2 + negatives}: "
+            f"{option('negatives', max(takes, 0))}"
+        )
+
+
 class CoupledLoss(UserMethod):
     """``fn`` as a coupled loss, called as ``call`` says (its feature tensors by position,
     the learned parameters and what is bound by keyword)."""
@@ -130,14 +143,7 @@ class CoupledLoss(UserMethod):
         optimizer = build_optimizer(scenario.optimizer, model.parameters())
         data = pairs(scenario, device=device)
         rank, world = dist.get_rank(), dist.get_world_size()
-        expected = scenario.model.negatives + 2
-        if self.call.positional != expected:
-            raise KindError(
-                f"{self.call.name} takes {self.call.positional} feature tensors, and the "
-                f"harness passes {expected} (two views and {scenario.model.negatives} hard "
-                f"negatives): draw as many negatives as it takes "
-                f"(negatives={max(self.call.positional - 2, 0)})"
-            )
+        check_feature_count(self.call, scenario.model.negatives)
         trace = RankTrace()
         for step in range(scenario.steps):
             optimizer.zero_grad(set_to_none=True)

@@ -29,19 +29,19 @@ from ...engine.trace import Trace
 from ...methods.equivalence import check_equivalent
 from ...world import RankError
 from ...world.interface import Ranked
-from ...world.naming import option
 from .. import findings as f
 from ..coupled import (
     CoupledLoss,
     Gradients,
     Probed,
+    check_feature_count,
     learned_parameters,
     matched_on_ranks,
     predicted_on_one_rank,
     probe_ranks,
 )
 from ..findings import Cause
-from ..kinds import Call, KindError
+from ..kinds import Call
 
 __all__ = ["coupled_bounds", "coupled_causes", "uneven_cause"]
 
@@ -134,16 +134,8 @@ def coupled_bounds(fn: Callable[..., Any], call: Call, bounds: dict[str, Any]) -
     """``bounds`` for ``fn``'s scenarios: the learned parameters it asks for by name, and a
     :class:`~ddp_verify.usercode.kinds.KindError` before any world starts where it takes
     another number of feature tensors than the bounds' negatives give it."""
-    bounds = {**bounds, "learned": learned_parameters(fn)}
-    negatives = bounds.get("negatives", 0)
-    if call.positional != 2 + negatives:
-        takes = call.positional - 2
-        raise KindError(
-            f"{call.name} takes {call.positional} feature tensors, the two views and "
-            f"{takes} hard negative(s); the harness passes {2 + negatives}: "
-            f"{option('negatives', takes)}"
-        )
-    return bounds
+    check_feature_count(call, bounds.get("negatives", 0))
+    return {**bounds, "learned": learned_parameters(fn)}
 
 
 def uneven_cause(scenario: Scenario, error: RankError) -> Cause | None:
