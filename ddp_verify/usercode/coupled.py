@@ -44,7 +44,11 @@ from .kinds import Call, KindError
 __all__ = [
     "CoupledLoss",
     "Probed",
+    "check_feature_count",
     "learned_parameters",
+    "matched_on_ranks",
+    "micro_batches",
+    "micro_sizes",
     "predicted_on_one_rank",
     "probe_ranks",
 ]
@@ -173,79 +177,102 @@ class CoupledLoss(UserMethod):
             trace.params.append(parameters(model))
         return trace
 
-    def probe(self, scenario: Scenario, weights: tuple[float, ...] | None = None) -> Probed:
+    def probe(
+        self, scenario: Scenario, weights: tuple[tuple[float, ...], ...] | None = None
+    ) -> Probed:
         """Step 0 on this rank from the initial parameters, without DDP: what ``fn`` returns
-        (times ``weights[rank]``, where given) and the gradient its backward leaves here,
+        (each micro-batch's times ``weights[rank][micro-batch]``, where given, over the
+        micro-batches as training divides it) and the gradient its backward leaves here,
         through whatever its collectives send back, before any averaging."""
         rank = dist.get_rank()
         model = build_towers(scenario, device=rank_device())
-        (batch,) = rank_micro_batches(scenario, 0, rank, pairs(scenario, device=rank_device())[0])
+        batches = rank_micro_batches(scenario, 0, rank, pairs(scenario, device=rank_device())[0])
         values = {**anywhere_values(), **{n: getattr(model, n) for n in scenario.model.learned}}
-        args, kwargs = self.call.arguments(features(model, batch), 0, values=values)
-        loss = _as_loss(self.fn(*args, **kwargs), self.call.name)
-        weight = 1.0 if weights is None else weights[rank]
-        (loss * weight).backward()
-        return Probed(float(loss.detach()), _with_zeros(model))
+        reported = 0.0
+        for m, batch in enumerate(batches):
+            args, kwargs = self.call.arguments(features(model, batch), 0, values=values)
+            loss = _as_loss(self.fn(*args, **kwargs), self.call.name)
+            weight = 1.0 if weights is None else weights[rank][m]
+            (loss * weight / len(batches)).backward()
+            reported += float(loss.detach()) / len(batches)
+        return Probed(reported, _with_zeros(model))
 
-    def matched(self, scenario: Scenario) -> list[tuple[int, int]]:
+    def matched(self, scenario: Scenario) -> list[tuple[int, int, int]]:
         """Which pair each of this rank's pairs at step 0 was scored as matching: ``fn`` is
         given one-hot features (pair ``g``'s two views both the axis ``e_g``, every hard
         negative an axis of its own), so each pair is like itself and unlike every other;
         the gradient on a pair's first view is then most negative along the view it was
-        pulled toward, its positive. ``(g, matched)`` for each pair whose gradient reads
-        (none where no gradient reaches the features; -1 where it pulls toward no view)."""
+        pulled toward, its positive. ``(micro-batch, g, matched)`` for each pair whose
+        gradient reads, ``g`` counted in its micro-batch across ranks (none where no
+        gradient reaches the features; -1 where it pulls toward no view)."""
         rank, device = dist.get_rank(), rank_device()
-        sizes = scenario.samples(0)
-        total, start, n = sum(sizes), scenario.offset(0, rank), sizes[rank]
-        axes = torch.eye(total * (1 + scenario.model.negatives), dtype=torch.float64)
-        given = tuple(
-            axes[k * total + start : k * total + start + n].to(device).requires_grad_()
-            for k in (0, 0, *range(1, 1 + scenario.model.negatives))
-        )
         model = build_towers(scenario, device=device)
         values = {**anywhere_values(), **{m: getattr(model, m) for m in scenario.model.learned}}
-        args, kwargs = self.call.arguments(given, 0, values=values)
-        loss = _as_loss(self.fn(*args, **kwargs), self.call.name)
-        if not loss.requires_grad:
-            return []
-        loss.backward()
-        first = given[0].grad
-        if first is None:
-            return []
-        # A row pulled toward no view (a padding row, a constant) matched nothing: -1.
-        return [
-            (start + i, int(row.argmin()) if float(row.min()) < -1e-9 else -1)
-            for i, row in enumerate(first.detach().cpu())
-            if float(row.abs().max()) > 1e-9
-        ]
+        found = []
+        for m in range(micro_batches(scenario)):
+            sizes = micro_sizes(scenario, m)
+            total, start, n = sum(sizes), sum(sizes[:rank]), sizes[rank]
+            axes = torch.eye(total * (1 + scenario.model.negatives), dtype=torch.float64)
+            given = tuple(
+                axes[k * total + start : k * total + start + n].to(device).requires_grad_()
+                for k in (0, 0, *range(1, 1 + scenario.model.negatives))
+            )
+            args, kwargs = self.call.arguments(given, 0, values=values)
+            loss = _as_loss(self.fn(*args, **kwargs), self.call.name)
+            if not loss.requires_grad:
+                continue
+            loss.backward()
+            first = given[0].grad
+            if first is None:
+                continue
+            # A row pulled toward no view (a padding row, a constant) matched nothing: -1.
+            found += [
+                (m, start + i, int(row.argmin()) if float(row.min()) < -1e-9 else -1)
+                for i, row in enumerate(first.detach().cpu())
+                if float(row.abs().max()) > 1e-9
+            ]
+        return found
 
     def predicted(self, scenario: Scenario, variant: str) -> Gradients:
         """On a one-rank world, step 0's gradient from the initial parameters were every rank
-        to run ``fn`` as ``variant`` says, DDP averaging: ``local-gradient`` (the whole
-        batch's loss on every rank, its gradient reaching that rank's features only),
-        ``detached`` (no gradient reaching any feature), ``alone`` (each rank's pairs on
-        their own, negatives from the local batch only)."""
+        to run ``fn`` as ``variant`` says on each of its micro-batches, DDP averaging:
+        ``local-gradient`` (the whole micro-batch's loss on every rank, its gradient reaching
+        that rank's features only), ``detached`` (no gradient reaching any feature),
+        ``alone`` (each rank's pairs on their own, negatives from the local batch only)."""
         model = build_towers(scenario, device=rank_device())
         whole = pairs(scenario, device=rank_device())[0]
         values = {**anywhere_values(), **{n: getattr(model, n) for n in scenario.model.learned}}
-        if variant == "detached":
-            # Every rank's loss the same, its features all constants: the average is one.
-            given = tuple(f.detach() for f in features(model, whole))
-            args, kwargs = self.call.arguments(given, 0, values=values)
-            loss = self.fn(*args, **kwargs)
-            if isinstance(loss, torch.Tensor) and loss.requires_grad:
-                loss.backward()  # only the learned parameters can get a gradient
-            return _with_zeros(model)
-        world = scenario.world_size
-        for rank in range(world):
-            if variant == "alone":
-                given = features(model, rank_micro_batches(scenario, 0, rank, whole)[0])
-            else:
-                start, n = scenario.offset(0, rank), scenario.samples(0)[rank]
-                given = tuple(_rows_only(f, start, n) for f in features(model, whole))
-            args, kwargs = self.call.arguments(given, 0, values=values)
-            (_as_loss(self.fn(*args, **kwargs), self.call.name) / world).backward()
+        world, count = scenario.world_size, micro_batches(scenario)
+        for m, batch in enumerate(whole_micro_batches(scenario, 0, whole)):
+            if variant == "detached":
+                # Every rank's loss the same, its features all constants: the average is one.
+                given = tuple(f.detach() for f in features(model, batch))
+                args, kwargs = self.call.arguments(given, 0, values=values)
+                loss = self.fn(*args, **kwargs)
+                if isinstance(loss, torch.Tensor) and loss.requires_grad:
+                    (loss / count).backward()  # only the learned parameters can get one
+                continue
+            sizes = micro_sizes(scenario, m)
+            for rank in range(world):
+                if variant == "alone":
+                    given = features(model, rank_micro_batches(scenario, 0, rank, whole)[m])
+                else:
+                    start, n = sum(sizes[:rank]), sizes[rank]
+                    given = tuple(_rows_only(f, start, n) for f in features(model, batch))
+                args, kwargs = self.call.arguments(given, 0, values=values)
+                loss = _as_loss(self.fn(*args, **kwargs), self.call.name)
+                (loss / (world * count)).backward()
         return _with_zeros(model)
+
+
+def micro_batches(scenario: Scenario) -> int:
+    """The micro-batches every rank holds at step 0 (as many on every rank)."""
+    return len(scenario.schedule[0][0])
+
+
+def micro_sizes(scenario: Scenario, m: int) -> list[int]:
+    """Each rank's pairs in its micro-batch ``m`` of step 0, in rank order."""
+    return [sizes[m] for sizes in scenario.schedule[0]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -284,13 +311,13 @@ def _rows_only(features: torch.Tensor, start: int, n: int) -> torch.Tensor:
 
 
 def probe_ranks(
-    method: CoupledLoss, scenario: Scenario, weights: tuple[float, ...] | None = None
+    method: CoupledLoss, scenario: Scenario, weights: tuple[tuple[float, ...], ...] | None = None
 ) -> Probed:
     """The job every rank runs for :meth:`CoupledLoss.probe`."""
     return method.probe(scenario, weights)
 
 
-def matched_on_ranks(method: CoupledLoss, scenario: Scenario) -> list[tuple[int, int]]:
+def matched_on_ranks(method: CoupledLoss, scenario: Scenario) -> list[tuple[int, int, int]]:
     """The job every rank runs for :meth:`CoupledLoss.matched`."""
     return method.matched(scenario)
 

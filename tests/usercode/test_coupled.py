@@ -200,3 +200,36 @@ def test_in_float32_a_coupled_loss_is_held_to_its_own_reordered_runs_on_one_rank
         find(drawn, lambda s: s.optimizer.name in ("adam", "adamw"), settings=settings(
             max_examples=200, database=None))  # fmt: skip
     assert find(coupled_scenarios(world_size=2), lambda s: s.optimizer.name == "adam")
+
+
+@pytest.mark.parametrize(
+    ("fn", "micro_batches", "pattern"),
+    [
+        ("open_clip_losses.clip_loss_default", ((1, 2), (1, 2)), "coupled:local-gradient"),
+        ("sentence_transformers_losses.mnrl_rank_mean", ((2, 1), (1, 2)), "coupled:ranks-equal"),
+        (
+            "sentence_transformers_losses.mnrl_rank_offset_wrapped",
+            ((2, 1), (1, 2)),
+            "coupled:wrong-positives",
+        ),
+        (
+            "open_clip_losses.clip_loss_local_without_grad",
+            ((2, 1), (2, 1)),
+            "coupled:constant-features",
+        ),
+    ],
+)
+def test_the_probes_read_ranks_that_accumulate_several_micro_batches(
+    world2, fn, micro_batches, pattern
+):
+    # Each micro-batch is its own set of in-batch negatives, on the ranks and in the reference.
+    module, name = fn.split(".")
+    scenario = dataclasses.replace(
+        _scenario(1, 1, learned=("logit_scale",) if "clip" in name else ()),
+        schedule=(micro_batches,),
+    )
+    method = adapt(getattr(load(f"real_style/{module}"), name), "coupled-loss")
+    outcome = check_equivalent(world2, method, scenario)
+    assert not outcome.equivalent
+    causes = coupled_causes(world2, method, scenario, outcome.reference, outcome.got)
+    assert causes[0].pattern == pattern, causes

@@ -37,6 +37,8 @@ from ..coupled import (
     check_feature_count,
     learned_parameters,
     matched_on_ranks,
+    micro_batches,
+    micro_sizes,
     predicted_on_one_rank,
     probe_ranks,
 )
@@ -68,8 +70,6 @@ def coupled_causes(
             return [f.COUPLED_UNEXPLAINED.cause(why=why)]
         causes = coupled_causes(world, method, exact, outcome.reference, outcome.got)
         return [dataclasses.replace(c, scenario=c.scenario or repr(exact)) for c in causes]
-    if any(len(sizes) > 1 for sizes in scenario.schedule[0]):
-        return [f.COUPLED_UNEXPLAINED.cause(why="its micro-batches (one per rank is read)")]
     truth = _zero_filled(reference.ranks[0].grads[0])  # type: ignore[index]
     observed = _zero_filled(got.ranks[0].grads[0], like=truth)  # type: ignore[index]
     world_size = scenario.world_size
@@ -83,7 +83,7 @@ def coupled_causes(
     # Which pairs were scored as positives, measured: a wrong positive is wrong whatever
     # else the gradient shows.
     matched = world.run_job(matched_on_ranks, (shipped, scenario), name="a matched-pairs probe")
-    wrong = [(g, m) for on_rank in matched for g, m in on_rank if g != m]
+    wrong = [(m, g, to) for on_rank in matched for m, g, to in on_rank if g != to]
     if wrong:
         return [_wrong_positives_cause(scenario, wrong)]
 
@@ -94,20 +94,26 @@ def coupled_causes(
     if _close(observed, on_one_rank("local-gradient")):
         return [_local_gradient_cause(truth, observed, world_size)]
     pairs = scenario.samples(0)
+    count = micro_batches(scenario)
+    sizes = [micro_sizes(scenario, m) for m in range(count)]
     # Local negatives before no gradient at all: one pair alone has a loss without one.
-    if all(pairs) and _close(observed, on_one_rank("alone")):
+    if all(all(each) for each in sizes) and _close(observed, on_one_rank("alone")):
         return [f.COUPLED_LOCAL_NEGATIVES.cause(evidence=_factors(truth, observed))]
     if _close(observed, on_one_rank("detached")):
         return [f.COUPLED_NO_FEATURE_GRADIENT.cause(evidence=_factors(truth, observed))]
 
-    def probed(weights: Sequence[float] | None = None) -> list[Probed]:
-        job = (shipped, scenario, None if weights is None else tuple(weights))
+    def probed(weights: Sequence[Sequence[float]] | None = None) -> list[Probed]:
+        given = None if weights is None else tuple(tuple(w) for w in weights)
+        job = (shipped, scenario, given)
         return list(world.run_job(probe_ranks, job, name="a probed call"))
 
     plain = probed()
-    total = sum(pairs)
-    by_pairs = [n * world_size / total for n in pairs]
-    if len(set(pairs)) > 1 and _close(_average(probed(by_pairs)), truth):
+    # Each rank's loss on each micro-batch weighted by its pairs x W / the micro-batch's.
+    by_pairs = [
+        [each[r] * world_size / (sum(each) or 1) for each in sizes] for r in range(world_size)
+    ]
+    uneven = any(len(set(each)) > 1 for each in sizes)
+    if uneven and _close(_average(probed(by_pairs)), truth):
         numbers = "; ".join(
             f"rank {r}: {n} pair{'s' * (n != 1)}, loss {p.loss:.6g}"
             for r, (n, p) in enumerate(zip(pairs, plain, strict=True))
@@ -119,7 +125,9 @@ def coupled_causes(
                 share=f"1/{world_size}",
             )
         ]
-    alone = [probed([float(r == s) for s in range(world_size)])[r] for r in range(world_size)]
+    alone = [
+        probed([[float(r == s)] * count for s in range(world_size)])[r] for r in range(world_size)
+    ]
     if all(_close(a.grads, p.grads) for a, p in zip(alone, plain, strict=True)):
         return [
             f.COUPLED_CONSTANT_FEATURES.cause(
@@ -167,17 +175,21 @@ def uneven_cause(scenario: Scenario, error: RankError) -> Cause | None:
     return f.COUPLED_UNEVEN.cause(sizes=pairs, what=what)
 
 
-def _wrong_positives_cause(scenario: Scenario, wrong: Sequence[tuple[int, int]]) -> Cause:
-    """Which pairs were matched with which, each named by its rank and place there."""
-    starts = [scenario.offset(0, r) for r in range(scenario.world_size)]
+def _wrong_positives_cause(scenario: Scenario, wrong: Sequence[tuple[int, int, int]]) -> Cause:
+    """Which pairs were matched with which, each named by its rank and place there (and its
+    micro-batch, where ranks hold several)."""
+    several = micro_batches(scenario) > 1
 
-    def named(g: int) -> str:
-        rank = max(r for r, start in enumerate(starts) if start <= g)
-        return f"pair {g} (rank {rank}'s pair {g - starts[rank]})"
+    def named(m: int, g: int) -> str:
+        sizes = micro_sizes(scenario, m)
+        starts = [sum(sizes[:r]) for r in range(len(sizes))]
+        rank = max(r for r, start in enumerate(starts) if start <= g and sizes[r])
+        where = f"micro-batch {m}'s " if several else ""
+        return f"{where}pair {g} (rank {rank}'s pair {g - starts[rank]})"
 
     matched = "; ".join(
-        f"{named(g)} with " + (f"pair {m}" if m >= 0 else "no pair's view (a padding row?)")
-        for g, m in wrong[:4]
+        f"{named(m, g)} with " + (f"pair {to}" if to >= 0 else "no pair's view (a padding row?)")
+        for m, g, to in wrong[:4]
     )
     more = f"; {len(wrong) - 4} more" if len(wrong) > 4 else ""
     return f.COUPLED_WRONG_POSITIVES.cause(
