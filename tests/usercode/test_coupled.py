@@ -118,8 +118,8 @@ def test_positives_offset_by_rank_that_stay_in_the_batch_are_measured_as_wrong_p
     # The right offset, probed alike, matches every pair with itself.
     right = adapt(MNRL.mnrl_gathered, "coupled-loss")
     assert world2.run_job(matched_on_ranks, (right.shipped(), scenario)) == [
-        [(0, 0), (1, 1)],
-        [(2, 2)],
+        [(0, 0, 0), (0, 1, 1)],
+        [(0, 2, 2)],
     ]
 
 
