@@ -463,6 +463,14 @@ COUPLED_CONSTANT_FEATURES = _finding(
     "gradients (torch.distributed.nn.functional.all_gather, or an autograd function whose "
     "backward sends each gradient back to the rank its features came from)",
 )
+COUPLED_CONSTANT_TOWER = _finding(
+    "coupled:constant-tower",
+    "gradient",
+    "the other ranks' {tower} features are constants in each rank's loss (gathered without "
+    "gradients), while the {other} features carry theirs across ranks: {tower} misses the "
+    "gradient through the other ranks' pairs; gather both views the same way, with "
+    "gradients (torch.distributed.nn.functional.all_gather)",
+)
 COUPLED_UNEVEN = _finding(
     "coupled:uneven",
     "run",

@@ -113,6 +113,14 @@ _GATHER_COPIES = _lines(
     "all_a, all_b = torch.cat(copies_a), torch.cat(copies_b)",
     indent=8,
 )
+_GATHER_B_WITHOUT_GRAD = _lines(
+    "all_a = torch.cat(torch.distributed.nn.all_gather(features_a))",
+    "copies_b = [torch.zeros_like(features_b) for _ in range(dist.get_world_size())]",
+    "dist.all_gather(copies_b, features_b)",
+    "copies_b[dist.get_rank()] = features_b",
+    "all_b = torch.cat(copies_b)",
+    indent=8,
+)
 _SUBSTITUTE = _lines(
     "copies_a[dist.get_rank()] = features_a",
     "copies_b[dist.get_rank()] = features_b",
@@ -923,6 +931,12 @@ OPERATORS = (
         "gathered without gradients, every feature a copy",
         {"coupled": {"gather": _GATHER_COPIES, "substitute": ""}},
         frozenset({"coupled:no-feature-gradient"}),
+    ),
+    Operator(
+        "one-view-without-grad",
+        "one view gathered with gradients, the other without (the local features put back)",
+        {"coupled": {"gather": _GATHER_B_WITHOUT_GRAD}},
+        frozenset({"coupled:constant-tower"}),
     ),
     Operator(
         "local-negatives",

@@ -46,6 +46,7 @@ COUPLED: dict[str, dict[str, str]] = {
     f.COUPLED_LOCAL_NEGATIVES.code: {},
     f.COUPLED_RANKS_EQUAL.code: {"share": "1/W"},
     f.COUPLED_CONSTANT_FEATURES.code: {},
+    f.COUPLED_CONSTANT_TOWER.code: {"tower": "one tower", "other": "the other"},
     f.COUPLED_UNEVEN.code: {"sizes": "the pairs per rank", "what": "what failed, and where"},
     f.COUPLED_WRONG_POSITIVES.code: {"matched": "which pair each was matched with"},
     f.COUPLED_UNEXPLAINED.code: {"why": "what was read"},

@@ -128,14 +128,39 @@ def coupled_causes(
     alone = [
         probed([[float(r == s)] * count for s in range(world_size)])[r] for r in range(world_size)
     ]
-    if all(_close(a.grads, p.grads) for a, p in zip(alone, plain, strict=True)):
+    # Per tower: whether each rank's gradient is the same without the other ranks' losses.
+    towers = sorted({n.split(".")[0] for n in truth if n.startswith("tower_")})
+    constant = [
+        t
+        for t in towers
+        if all(_close(_of(a.grads, t), _of(p.grads, t)) for a, p in zip(alone, plain, strict=True))
+    ]
+    if constant == towers:
         return [
             f.COUPLED_CONSTANT_FEATURES.cause(
                 evidence="each rank's gradient is the same whether or not the other ranks' "
                 "losses are backpropagated: " + _factors(truth, observed)
             )
         ]
+    if constant:
+        # One tower's features cross ranks with their gradient, the other's do not.
+        (tower,) = constant
+        (other,) = set(towers) - {tower}
+        return [
+            f.COUPLED_CONSTANT_TOWER.cause(
+                tower=tower,
+                other=other,
+                evidence=f"each rank's {tower} gradient is the same whether or not the other "
+                f"ranks' losses are backpropagated, its {other} gradient is not: "
+                + _factors(truth, observed),
+            )
+        ]
     return [f.COUPLED_UNEXPLAINED.cause(why="the probes")]
+
+
+def _of(grads: Gradients, tower: str) -> Gradients:
+    """The gradients of one tower's parameters."""
+    return {n: g for n, g in grads.items() if n.split(".")[0] == tower}
 
 
 def coupled_bounds(fn: Callable[..., Any], call: Call, bounds: dict[str, Any]) -> dict[str, Any]:
