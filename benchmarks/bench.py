@@ -43,6 +43,7 @@ import multiprocessing
 import os
 import platform
 import resource
+import select
 import socket
 import statistics
 import subprocess
@@ -74,6 +75,41 @@ from ddp_verify.world import World, rank_device  # noqa: E402
 from ddp_verify.world.runtime import set_rank_device  # noqa: E402
 
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "bench.json"
+# The longest one yardstick sample may take (a spawned world, a bare start) before it is
+# ended and counted as failed.
+SAMPLE_TIMEOUT_S = 120.0
+
+
+def say(line: str) -> None:
+    """Progress, as it goes (stderr: the table and the JSON path go to stdout)."""
+    print(f"[bench] {line}", file=sys.stderr, flush=True)
+
+
+def samples(
+    name: str, fn: Callable[..., float], count: int, failures: dict[str, str], *inputs: Any
+) -> list[float]:
+    """``count`` samples of ``fn`` (sample ``i`` given ``inputs[i]``, where given); one that
+    raises is tried again on the same input once, and where that fails too it is left out
+    and the failure kept in ``failures`` under ``name``: a yardstick that crashes (the plain
+    spawn's SIGABRT) never loses the figures measured before it."""
+    taken = []
+    for i in range(count):
+        given = (inputs[i],) if inputs else ()
+        for attempt in (1, 2):
+            try:
+                taken.append(fn(*given))
+                break
+            except Exception as exc:  # any crash of a yardstick is recorded, not raised
+                lines = str(exc).strip().splitlines()
+                said = f"{type(exc).__name__}: {lines[-1] if lines else ''}"
+                say(f"{name}: sample {i + 1} failed (attempt {attempt} of 2): {said}")
+                if attempt == 2:
+                    failures[name] = said
+    return taken
+
+
+def median_of(taken: list[float]) -> float | None:
+    return statistics.median(taken) if taken else None
 
 
 # -- the work, bare: what the floor and the usual way run on every rank -------------------------
@@ -206,7 +242,17 @@ def _usual_rank(
 def usual_way(size: int, kind: str, scenario: Scenario, device: str) -> float:
     start = time.perf_counter()
     args = (size, _free_port(), kind, scenario, device)
-    mp.spawn(_usual_rank, args=args, nprocs=size, join=True)
+    context = mp.spawn(_usual_rank, args=args, nprocs=size, join=False)
+    try:
+        # join() raises when a rank dies (the SIGABRT this yardstick sometimes ends in).
+        while not context.join(timeout=1.0):
+            if time.perf_counter() - start > SAMPLE_TIMEOUT_S:
+                raise TimeoutError(f"a spawned world outlasted {SAMPLE_TIMEOUT_S:.0f} s")
+    finally:
+        for process in context.processes:
+            if process.is_alive():
+                process.kill()
+                process.join(timeout=10)
     return time.perf_counter() - start
 
 
@@ -235,11 +281,22 @@ def bare_start(size: int) -> float:
         )
         for r in range(size)
     ]
-    for p in procs:
-        assert p.stdout is not None and p.stdout.readline().strip() == "ready"
-    elapsed = time.perf_counter() - start
-    for p in procs:
-        p.communicate("")
+    try:
+        for p in procs:
+            assert p.stdout is not None
+            # Never a read without a time-out: a rank that dies or hangs fails the sample.
+            left = SAMPLE_TIMEOUT_S - (time.perf_counter() - start)
+            ready, _, _ = select.select([p.stdout], [], [], max(left, 0.0))
+            if not ready or p.stdout.readline().strip() != "ready":
+                raise RuntimeError(f"a bare rank did not get ready (exit status {p.poll()})")
+        elapsed = time.perf_counter() - start
+        for p in procs:
+            p.communicate("", timeout=SAMPLE_TIMEOUT_S)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=10)
     return elapsed
 
 
@@ -269,6 +326,7 @@ def cold_world_start(size: int, device: str) -> float:
         capture_output=True,
         text=True,
         check=True,
+        timeout=SAMPLE_TIMEOUT_S,
     )
     return float(result.stdout.strip().splitlines()[-1])
 
@@ -318,7 +376,9 @@ def fixed_scenarios(world_size: int, count: int) -> list[Scenario]:
 def bare_import_torch() -> float:
     """A fresh interpreter that imports torch and exits: what any tool using torch pays."""
     start = time.perf_counter()
-    subprocess.run([sys.executable, "-W", "ignore", "-c", "import torch"], check=True)
+    subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", "import torch"], check=True, timeout=SAMPLE_TIMEOUT_S
+    )
     return time.perf_counter() - start
 
 
@@ -342,27 +402,51 @@ def cli_check(size: int, examples: int, device: str) -> float:
         device,
     ]
     start = time.perf_counter()
-    result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
+    result = subprocess.run(
+        command, capture_output=True, text=True, cwd=ROOT, timeout=10 * SAMPLE_TIMEOUT_S
+    )
     elapsed = time.perf_counter() - start
     if result.returncode != 0:
         raise RuntimeError(f"ddp-verify check failed:\n{result.stdout}\n{result.stderr}")
     return elapsed
 
 
-def measure(size: int, args: argparse.Namespace) -> dict[str, float]:
-    out: dict[str, float] = {}
+def measure(size: int, args: argparse.Namespace) -> dict[str, Any]:
+    """Every figure at world size ``size``; a yardstick that fails leaves its figure out and
+    says why under ``failures``."""
+    out: dict[str, Any] = {}
+    failures: dict[str, str] = {}
     device = args.device
-    colds = [cold_world_start(size, device) for _ in range(args.repeats)]
-    bares = [bare_start(size) for _ in range(args.repeats)]
+
+    def put(key: str, value: float | None, scale: float = 1.0) -> None:
+        if value is not None:
+            out[key] = value * scale
+
+    def ratio(key: str, over: str, under: str) -> None:
+        if over in out and under in out:
+            out[key] = out[over] / out[under]
+
+    say(f"world size {size}: start-up (a fresh controller, a bare spawn, a warm start)")
+    put(
+        "world_start_s",
+        median_of(
+            samples("world start", lambda: cold_world_start(size, device), args.repeats, failures)
+        ),
+    )
+    put(
+        "bare_spawn_and_init_s",
+        median_of(samples("bare spawn", lambda: bare_start(size), args.repeats, failures)),
+    )
     world_start(size, device)  # the fork server of this process, started once
-    starts = [world_start(size, device) for _ in range(args.repeats)]
-    out["world_start_s"] = statistics.median(colds)
-    out["warm_world_start_s"] = statistics.median(starts)
-    out["bare_spawn_and_init_s"] = statistics.median(bares)
-    out["start_world_over_bare"] = out["world_start_s"] / out["bare_spawn_and_init_s"]
+    put(
+        "warm_world_start_s",
+        median_of(samples("warm start", lambda: world_start(size, device), args.repeats, failures)),
+    )
+    ratio("start_world_over_bare", "world_start_s", "bare_spawn_and_init_s")
 
     cases = fixed_scenarios(size, args.examples)
     with VerifyingWorld(size, device=device) as world:
+        say(f"world size {size}: round trips")
         for job, name in ((_noop, "noop"), (_trivial, "trivial")):
             _timed(lambda job=job: world.run(job), 10)  # warm-up
             out[f"{name}_round_trip_ms"] = (
@@ -371,6 +455,7 @@ def measure(size: int, args: argparse.Namespace) -> dict[str, float]:
         floor = FloorWorkers(size, device)
         try:
             for kind in WORK:
+                say(f"world size {size}: {kind}, {len(cases)} examples, checked and at the floor")
                 method = harness_method(kind)
                 for scenario in cases[:3]:  # warm-up: first optimizer, first DDP, caches
                     world.check_equivalent(method, scenario)
@@ -384,30 +469,55 @@ def measure(size: int, args: argparse.Namespace) -> dict[str, float]:
                     start = time.perf_counter()
                     floor.run(kind, scenario)
                     floors.append(time.perf_counter() - start)
-                usual = [usual_way(size, kind, s, device) for s in cases[: args.usual]]
-                check, bare = statistics.median(checks), statistics.median(floors)
-                out[f"{kind}_check_ms"] = check * 1e3
-                out[f"{kind}_floor_ms"] = bare * 1e3
-                out[f"{kind}_usual_ms"] = statistics.median(usual) * 1e3
-                out[f"{kind}_check_over_floor"] = check / bare
-                out[f"{kind}_usual_over_check"] = statistics.median(usual) / check
+                out[f"{kind}_check_ms"] = statistics.median(checks) * 1e3
+                out[f"{kind}_floor_ms"] = statistics.median(floors) * 1e3
+                ratio(f"{kind}_check_over_floor", f"{kind}_check_ms", f"{kind}_floor_ms")
+                say(f"world size {size}: {kind}, {args.usual} examples the usual way (spawned)")
+                put(
+                    f"{kind}_usual_ms",
+                    median_of(
+                        samples(
+                            f"{kind} usual way",
+                            lambda scenario, kind=kind: usual_way(size, kind, scenario, device),
+                            min(args.usual, len(cases)),
+                            failures,
+                            *cases[: args.usual],
+                        )
+                    ),
+                    1e3,
+                )
+                ratio(f"{kind}_usual_over_check", f"{kind}_usual_ms", f"{kind}_check_ms")
         finally:
             floor.close()
         out["rank_peak_rss_mib"] = max(world.run(_peak_rss_mib))
     out["controller_peak_rss_mib"] = _peak_rss_mib()
     if args.cli_examples:
-        out["cli_check_s"] = statistics.median(
-            cli_check(size, args.cli_examples, device) for _ in range(args.cli_runs)
+        say(f"world size {size}: ddp-verify check, {args.cli_examples} examples, as a user runs it")
+        put(
+            "cli_check_s",
+            median_of(
+                samples(
+                    "cli check",
+                    lambda: cli_check(size, args.cli_examples, device),
+                    args.cli_runs,
+                    failures,
+                )
+            ),
         )
-        out["bare_import_torch_s"] = statistics.median(
-            bare_import_torch() for _ in range(args.repeats)
+        put(
+            "bare_import_torch_s",
+            median_of(samples("import torch", bare_import_torch, args.repeats, failures)),
         )
-        out["cli_budget_s"] = (
-            args.cli_examples * out["grad-sync_floor_ms"] / 1e3
-            + out["bare_import_torch_s"]
-            + out["bare_spawn_and_init_s"]
-        )
-        out["cli_over_budget"] = out["cli_check_s"] / out["cli_budget_s"]
+        parts = ("grad-sync_floor_ms", "bare_import_torch_s", "bare_spawn_and_init_s")
+        if all(part in out for part in parts):
+            out["cli_budget_s"] = (
+                args.cli_examples * out["grad-sync_floor_ms"] / 1e3
+                + out["bare_import_torch_s"]
+                + out["bare_spawn_and_init_s"]
+            )
+        ratio("cli_over_budget", "cli_check_s", "cli_budget_s")
+    if failures:
+        out["failures"] = failures
     return out
 
 
@@ -450,8 +560,14 @@ def render(results: dict[str, dict[str, float]]) -> str:
     lines.append(f"{'ws':>3} {'example':>10} " + " ".join(f"{t:>11}" for _, t, _ in PER_KIND))
     for size, r in results.items():
         for kind in WORK:
-            cells = [fmt.format(r[f"{kind}_{key}"]) for key, _, fmt in PER_KIND]
+            cells = [
+                fmt.format(r[f"{kind}_{key}"]) if f"{kind}_{key}" in r else "failed"
+                for key, _, fmt in PER_KIND
+            ]
             lines.append(f"{size:>3} {kind:>10} " + " ".join(f"{c:>11}" for c in cells))
+    for size, r in results.items():
+        for name, why in r.get("failures", {}).items():
+            lines.append(f"ws {size}: {name} failed twice, left out: {why}")
     return "\n".join(lines)
 
 
@@ -466,12 +582,34 @@ def main() -> None:
     parser.add_argument("--cli-runs", type=int, default=3, help="CLI runs timed")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--out", type=Path, default=None, help="default results/bench.json")
-    args = parser.parse_args()
-    args.out = args.out or DEFAULT_OUT.with_name(
-        "bench.json" if args.device == "cpu" else f"bench_{args.device}.json"
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="about a minute: world size 2, 8 examples, one sample of each yardstick, 20 "
+        "CLI examples (figures for a quick look, not for the performance page)",
     )
-    results = {n: measure(int(n), args) for n in args.sizes.split(",")}
+    args = parser.parse_args()
+    if args.quick:
+        args.sizes = "2" if args.sizes == parser.get_default("sizes") else args.sizes
+        args.examples, args.usual, args.repeats, args.round_trips = 8, 1, 1, 20
+        args.cli_examples, args.cli_runs = 20, 1
+    args.out = args.out or DEFAULT_OUT.with_name(
+        ("bench" if args.device == "cpu" else f"bench_{args.device}")
+        + ("_quick" if args.quick else "")
+        + ".json"
+    )
+    results: dict[str, dict[str, Any]] = {}
+    sizes = args.sizes.split(",")
+    for n in sizes:
+        results[n] = measure(int(n), args)
+        # Written after every world size: a later one that fails loses nothing measured.
+        _write(args, results, complete=n == sizes[-1])
+        say(f"world size {n} done; written to {args.out}")
     print(render(results))
+    print(f"written to {args.out}")
+
+
+def _write(args: argparse.Namespace, results: dict[str, dict[str, Any]], complete: bool) -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(
         json.dumps(
@@ -482,12 +620,12 @@ def main() -> None:
                 "torch": torch.__version__,
                 "gpu": torch.cuda.get_device_name(0) if args.device == "cuda" else None,
                 "arguments": {k: str(v) for k, v in vars(args).items()},
+                "complete": complete,
                 "medians": results,
             },
             indent=2,
         )
     )
-    print(f"written to {args.out}")
 
 
 if __name__ == "__main__":
