@@ -132,9 +132,14 @@ class Spawned:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        results = mp.get_context("spawn").SimpleQueue()
-        context = mp.spawn(
-            train, args=(port, results), nprocs=scenario.world_size, join=False
+        # On the CPU the ranks are forked from this process, torch already imported (nothing
+        # has run a torch op here yet, so no thread pool is copied): no rank imports torch
+        # again. CUDA cannot be forked into: spawned there.
+        method = "fork" if DEVICE == "cpu" else "spawn"
+        results = mp.get_context(method).SimpleQueue()
+        context = mp.start_processes(
+            train, args=(port, results), nprocs=scenario.world_size, join=False,
+            start_method=method,
         )
         traces = {{}}
         expected = scenario.world_size * REPEATS
