@@ -38,9 +38,17 @@ import functools
 from collections.abc import Sequence
 
 import torch
-from hypothesis.errors import InvalidArgument
 
 __all__ = ["OBJECTIVES", "SAMPLE_MEAN", "Objective", "combined", "objective", "sample_mean"]
+
+
+def _invalid(message: str) -> Exception:
+    """hypothesis's ``InvalidArgument`` (a bad bound), imported where one is raised: code that
+    only trains a declared objective (a reproducer) never imports hypothesis."""
+    from hypothesis.errors import InvalidArgument
+
+    return InvalidArgument(message)
+
 
 # The mean over samples: what a loss that is no token loss (MSE, a classifier's
 # cross-entropy) averages to, and the default. Declared by this name, it changes nothing; a
@@ -68,20 +76,20 @@ class Objective:
 
     def __post_init__(self) -> None:
         if self.name not in OBJECTIVES:
-            raise InvalidArgument(
+            raise _invalid(
                 f"objective {self.name!r} is none of {', '.join(OBJECTIVES)}: declare one of "
                 "them (seq-mean-token-sum-norm with its constant, seq-mean-token-sum-norm:4096), "
                 f"or {SAMPLE_MEAN} for a loss over samples"
             )
         normalised = self.name == "seq-mean-token-sum-norm"
         if normalised and (self.constant is None or not self.constant > 0):
-            raise InvalidArgument(
+            raise _invalid(
                 "seq-mean-token-sum-norm divides by a constant you declare, as "
                 "seq-mean-token-sum-norm:C with C > 0 (a maximum generation length, say); got "
                 f"{self.constant!r}"
             )
         if not normalised and self.constant is not None:
-            raise InvalidArgument(f"{self.name} takes no constant; got {self.constant!r}")
+            raise _invalid(f"{self.name} takes no constant; got {self.constant!r}")
 
     def __str__(self) -> str:
         if self.constant is None:
@@ -161,7 +169,7 @@ def sample_mean(declared: str, token_losses: bool) -> str:
     if declared != SAMPLE_MEAN:
         return declared
     if token_losses:
-        raise InvalidArgument(
+        raise _invalid(
             f"{SAMPLE_MEAN} averages samples, and a token loss averages tokens or sequences: "
             "declare token-mean (the default for token losses) or seq-mean-token-mean (the "
             "mean over sequences of each one's token mean)"
@@ -195,7 +203,7 @@ def _parsed(text: str) -> Objective:
     try:
         value = float(constant)
     except ValueError:
-        raise InvalidArgument(
+        raise _invalid(
             f"{text!r}: the constant after ':' must be a number (seq-mean-token-sum-norm:4096)"
         ) from None
     return Objective(name, value)
