@@ -724,6 +724,9 @@ class LocalHelper(RunsJobs):
 
     size = 1
     process_group = False
+    # The store's agreement tag: a job named alike in the helper and the one-rank world
+    # reads apart in a stuck-rank report.
+    tag = "helper"
 
     def __init__(self, world: SpmdWorld) -> None:
         self._world = world
@@ -762,7 +765,7 @@ class LocalHelper(RunsJobs):
             finally:
                 member.end()
         outcome = member.agree(
-            f"helper: {name}",
+            f"{self.tag}: {name}",
             None if mine is None else _as_data(mine, name),
             timeout=(timeout or world.timeout) + _REPORT_GRACE_S,
             since=started,
@@ -812,10 +815,11 @@ class LocalSolo(LocalHelper):
 
     Example::
 
-        reference = world.solo.run_job(train_whole_batch, (method, scenario))[0]
+        references = world.solo.run_job(train_whole_variants, (method, scenario, 1))[0]
     """
 
     process_group = True
+    tag = "solo"
 
     def __init__(self, world: SpmdWorld) -> None:
         super().__init__(world)
@@ -831,18 +835,9 @@ class LocalSolo(LocalHelper):
         self, fn: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any], name: str
     ) -> Any:
         if self._forked is None:
-            from .world import World
+            from .world import one_rank_world_like
 
-            world = self._world
-            self._forked = World(
-                1,
-                device=world.device,
-                allow_tf32=world.allow_tf32,
-                timeout=world.timeout,
-                start_timeout=world.start_timeout,
-                debug=world.debug,
-                process_group=True,
-            )
+            self._forked = one_rank_world_like(self._world)
             self._forked.label = self.label
         return self._forked.run_job(fn, args, kwargs, name=name)[0]
 

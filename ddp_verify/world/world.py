@@ -221,7 +221,7 @@ class World(RunsJobs):
 
         Example::
 
-            reference = world.solo.run_job(train_whole_batch, (method, scenario))[0]
+            references = world.solo.run_job(train_whole_variants, (method, scenario, 1))[0]
         """
         if self._closed:
             raise WorldError("this world was closed, and its one-rank world with it")
@@ -234,21 +234,7 @@ class World(RunsJobs):
     def _beside(self, *, process_group: bool) -> World:
         """One process forked as the ranks are, with their settings: its own one-rank
         process group, or none."""
-        return World(
-            1,
-            # The ranks' device and TF32 setting: float32's tolerance runs there measure the
-            # rounding of the ranks' kind of device (the float64 truth stays on CPU).
-            device=self.device,
-            allow_tf32=self.allow_tf32,
-            timeout=self.timeout,
-            start_timeout=self.start_timeout,
-            threads_per_rank=self.threads_per_rank,
-            # The ranks' own environment, so both are forked from the same server.
-            debug=self.debug,
-            env=self._extra_env,
-            preload=self.preload,
-            process_group=process_group,
-        )
+        return one_rank_world_like(self, process_group=process_group)
 
     def __enter__(self) -> World:
         return self.start()
@@ -575,3 +561,29 @@ def _kill_and_remove(ranks: list[RankProcess], workdir: Path | None) -> None:
     terminate(ranks, grace_s=0.5)
     if workdir is not None:
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def one_rank_world_like(source: Any, *, process_group: bool = True) -> World:
+    """A world of one rank with ``source``'s settings (a :class:`World`, or a launched world,
+    whose ranks' threads, environment and preloads are the launcher's and so stay the
+    defaults here): the one-rank worlds beside a world and beside a launched job are one kind.
+
+    Example::
+
+        solo = one_rank_world_like(world)  # one rank, its own process group
+    """
+    return World(
+        1,
+        # The ranks' device and TF32 setting: float32's tolerance runs there measure the
+        # rounding of the ranks' kind of device (the float64 truth stays on CPU).
+        device=source.device,
+        allow_tf32=source.allow_tf32,
+        timeout=source.timeout,
+        start_timeout=source.start_timeout,
+        threads_per_rank=getattr(source, "threads_per_rank", 1),
+        # The ranks' own environment, so both are forked from the same server.
+        debug=source.debug,
+        env=getattr(source, "_extra_env", None),
+        preload=getattr(source, "preload", ()),
+        process_group=process_group,
+    )
