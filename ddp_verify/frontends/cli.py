@@ -229,7 +229,7 @@ def _prestart(args: argparse.Namespace) -> None:
     """Have the ranks' fork server import torch while this process imports the user's file
     and torch itself: on a small machine that halves the wait for the first example."""
     from ..world import World
-    from .verifying import RANK_PRELOAD
+    from .preloads import RANK_PRELOAD
 
     World(args.world_size, preload=RANK_PRELOAD, **_world_options(args)).prestart()
 

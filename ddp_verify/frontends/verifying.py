@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from ..world import World
 from ..world.spmd import Member, SpmdWorld
+from .preloads import RANK_PRELOAD
 
 if TYPE_CHECKING:
     from ..engine.outcome import Outcome
@@ -16,17 +17,6 @@ if TYPE_CHECKING:
     from ..engine.tolerances import Tolerance
     from ..methods import Method
     from ..world.interface import Ranked
-
-# What ranks and the helper import before their first job, once, in the fork server: torch's
-# first optimizer imports torch._dynamo (seconds of CPU per process otherwise); the rest is
-# what methods, the reference and the diagnosis run.
-RANK_PRELOAD = (
-    "torch._dynamo",
-    "torch.nn.parallel",
-    "ddp_verify.usercode.adapters",
-    "ddp_verify.methods.equivalence",
-    "ddp_verify.usercode.diagnosis",
-)
 
 
 class Verifying:

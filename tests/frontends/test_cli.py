@@ -865,3 +865,29 @@ def test_a_bound_the_kinds_scenarios_do_not_draw_is_a_usage_error(
     assert result.returncode == 2, result.stdout + result.stderr
     verdict = json.loads(result.stdout)
     assert verdict["verdict"] == "usage-error" and says in verdict["report"], verdict["report"]
+
+
+_PRESTART_ORDER = """
+import argparse, sys
+from ddp_verify.frontends import cli
+from ddp_verify.world import forkserver
+
+def server_for(*args, **kwargs):
+    print("torch imported first" if "torch" in sys.modules else "server asked first")
+    raise forkserver.ForkServerError("not started: the order is all this test wants")
+
+forkserver.server_for = server_for
+cli._prestart(argparse.Namespace(
+    world_size=2, backend="gloo", device="cpu", allow_tf32=False, debug=False
+))
+"""
+
+
+def test_the_cli_asks_for_the_fork_server_before_it_imports_torch():
+    # The server's torch import overlaps this process's only if it is asked for first: a
+    # prestart that imports torch on its way costs the whole import again (3 s here).
+    result = subprocess.run(
+        [sys.executable, "-c", _PRESTART_ORDER], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "server asked first"

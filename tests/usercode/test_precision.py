@@ -4,9 +4,11 @@ and a mistake is still found at float32's bound."""
 
 from __future__ import annotations
 
+import hypothesis
 import pytest
 
 from ddp_verify import EquivalenceError, VerifyingWorld, check
+from ddp_verify.strategies import scenarios
 from ddp_verify.usercode.adapters import adapt
 from ddp_verify.usercode.precision import Precision, measured, measured_precision, probe_scenario
 from tests.user_code import load
@@ -56,6 +58,21 @@ def test_the_probe_tells_float64_code_from_float32_code():
         assert measured_precision(world, adapt(plain.sample_weighted, "grad-sync"), probe) is None
         upcast = adapt(fp32.allreduce_in_fp32, "grad-sync")
         assert measured_precision(world, upcast, probe) == "float32"
+
+
+@pytest.mark.parametrize(
+    "bounds",
+    [{}, {"losses": ("tokens",), "objective": "token-mean"}, {"max_micro_batches": 3}],
+    ids=["default", "tokens", "accumulating-bounds"],
+)
+def test_the_probe_is_the_simplest_scenario_a_shrink_would_find(bounds):
+    # The probe is the first example hypothesis draws; shrinking it changes nothing.
+    shrunk = hypothesis.find(
+        scenarios(world_size=2, **{**bounds, "even": True, "max_micro_batches": 1, "max_steps": 1}),
+        lambda scenario: True,
+        settings=hypothesis.settings(database=None, derandomize=True, max_examples=10),
+    )
+    assert probe_scenario(2, bounds) == shrunk
 
 
 verl = load("real_style/verl_losses")
