@@ -55,6 +55,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "fixtures"))
+sys.path.insert(0, str(ROOT / "fixtures" / "real_style"))
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch: one thread per process
 
 import torch  # noqa: E402
@@ -62,15 +63,21 @@ import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 from grad_sync import sample_weighted  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402
+from open_clip_losses import clip_loss_gather_with_grad  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel  # noqa: E402
+from verl_losses import token_mean_over_global_tokens  # noqa: E402
 
 from ddp_verify import VerifyingWorld  # noqa: E402
 from ddp_verify.engine import compat  # noqa: E402
 from ddp_verify.engine.models import build_data, build_model, build_optimizer, loss_function  # noqa: E402
+from ddp_verify.engine.reference import train_reference  # noqa: E402
 from ddp_verify.engine.scenario import Scenario  # noqa: E402
 from ddp_verify.methods import ddp  # noqa: E402
-from ddp_verify.strategies import scenarios  # noqa: E402
+from ddp_verify.methods.base import train_whole_variants  # noqa: E402
+from ddp_verify.strategies import coupled_scenarios, scenarios  # noqa: E402
 from ddp_verify.usercode.adapters import adapt  # noqa: E402
+from ddp_verify.usercode.diagnosis.coupled import coupled_bounds  # noqa: E402
+from ddp_verify.usercode.search import bounds_for  # noqa: E402
 from ddp_verify.world import World, rank_device  # noqa: E402
 from ddp_verify.world.runtime import set_rank_device  # noqa: E402
 
@@ -166,11 +173,51 @@ def bare_grad_sync(scenario: Scenario) -> float:
     return float(total)
 
 
-WORK: dict[str, Callable[[Scenario], float]] = {"ddp": bare_ddp, "grad-sync": bare_grad_sync}
+# The loss-agg and coupled-loss kinds' floors train as the kind's own rank job does (token
+# losses through verl's correct token mean; a CLIP loss gathered with gradients), called
+# directly in the bare workers: the floor keeps their training and collectives and drops
+# the harness around them (the world's protocol, the comparison, the probes).
+OWN_JOB = {
+    "loss-agg": adapt(token_mean_over_global_tokens, "loss-agg"),
+    "coupled-loss": adapt(clip_loss_gather_with_grad, "coupled-loss"),
+}
+COUPLED = OWN_JOB["coupled-loss"]
+
+
+def own_rank_job(kind: str) -> Callable[[Scenario], float]:
+    def job(scenario: Scenario) -> float:
+        trace = OWN_JOB[kind].train_rank(scenario)
+        return trace.losses[-1] if trace.losses else 0.0
+
+    return job
+
+
+WORK: dict[str, Callable[[Scenario], float]] = {
+    "ddp": bare_ddp,
+    "grad-sync": bare_grad_sync,
+    "loss-agg": own_rank_job("loss-agg"),
+    "coupled-loss": own_rank_job("coupled-loss"),
+}
+
+
+# The kinds also timed the usual way (a spawned world per example: seconds each).
+USUAL = ("ddp", "grad-sync")
+
+
+def bare_reference(kind: str, scenario: Scenario) -> float:
+    """The reference a check is held to, trained once, in one process: the full batch on one
+    model (a coupled loss: the loss itself on one rank holding every pair)."""
+    if kind == "coupled-loss":
+        return train_whole_variants(COUPLED, scenario, 1)[0].losses[-1]
+    return train_reference(scenario, "float64").ranks[0].losses[-1]
 
 
 def harness_method(kind: str) -> Any:
-    return ddp() if kind == "ddp" else adapt(sample_weighted, "grad-sync")
+    if kind == "ddp":
+        return ddp()
+    if kind in OWN_JOB:
+        return OWN_JOB[kind]
+    return adapt(sample_weighted, kind)
 
 
 # -- the floor: a bare persistent-worker loop -----------------------------------------------------
@@ -197,8 +244,19 @@ def _floor_worker(rank: int, size: int, port: int, conn: Any, device: str) -> No
     dist.destroy_process_group()
 
 
+def _floor_reference(conn: Any) -> None:
+    """The floor's reference: one process, a one-rank group of its own (a coupled loss's
+    reference calls its collectives), fed scenarios through a pipe."""
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    while (message := conn.recv()) is not None:
+        conn.send(bare_reference(*message))
+    dist.destroy_process_group()
+
+
 class FloorWorkers:
-    """``size`` spawned workers in one process group, fed scenarios through pipes."""
+    """``size`` spawned workers in one process group, and one more that trains the
+    reference beside them, fed scenarios through pipes."""
 
     def __init__(self, size: int, device: str) -> None:
         context = multiprocessing.get_context("spawn")
@@ -210,18 +268,37 @@ class FloorWorkers:
             proc.start()
             self.conns.append(ours)
             self.procs.append(proc)
+        self.reference, theirs = context.Pipe()
+        proc = context.Process(target=_floor_reference, args=(theirs,))
+        proc.start()
+        self.procs.append(proc)
 
-    def run(self, kind: str, scenario: Scenario) -> None:
+    def run(self, kind: str, scenario: Scenario, *, reference: bool = True) -> None:
+        """The ranks' training of ``scenario``, and (``reference``) the reference's beside
+        it, as a check trains both."""
         for conn in self.conns:
             conn.send((kind, scenario))
+        if reference:
+            self.reference.send((kind, scenario))
         for conn in self.conns:
-            conn.recv()
+            _receive(conn)
+        if reference:
+            _receive(self.reference)
 
     def close(self) -> None:
-        for conn in self.conns:
+        for conn in [*self.conns, self.reference]:
             conn.send(None)
         for proc in self.procs:
-            proc.join()
+            proc.join(timeout=SAMPLE_TIMEOUT_S)
+            if proc.is_alive():
+                proc.kill()
+
+
+def _receive(conn: Any) -> Any:
+    # Never a read without a time-out: a worker that dies or hangs fails the run.
+    if not conn.poll(SAMPLE_TIMEOUT_S):
+        raise TimeoutError(f"a floor worker gave no answer in {SAMPLE_TIMEOUT_S:.0f} s")
+    return conn.recv()
 
 
 # -- the usual way: a fresh world per example -----------------------------------------------------
@@ -263,13 +340,17 @@ import sys, torch, torch.distributed as dist
 rank, size, port = map(int, sys.argv[1:])
 torch.set_num_threads(1)
 dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size)
+# torch's first optimizer imports torch._dynamo: a rank that trains pays it before its first
+# step (the floor's workers do, in their warm-up).
+torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1).zero_grad()
 print("ready", flush=True)
 sys.stdin.read()
 """
 
 
 def bare_start(size: int) -> float:
-    """Spawn ``size`` plain interpreters that import torch and init a process group."""
+    """Spawn ``size`` plain interpreters that import torch, init a process group and build
+    torch's first optimizer: ready to train."""
     port = _free_port()
     start = time.perf_counter()
     procs = [
@@ -354,7 +435,7 @@ def _timed(fn: Callable[[], object], count: int) -> list[float]:
     return times
 
 
-def fixed_scenarios(world_size: int, count: int) -> list[Scenario]:
+def fixed_scenarios(world_size: int, count: int, kind: str = "ddp") -> list[Scenario]:
     # The same list whatever the code around it: hypothesis (from 6.131.1) mixes constants of
     # the local modules into its draws, derandomized or not, so an edit to ddp_verify would
     # change which scenarios a benchmark times.
@@ -365,12 +446,25 @@ def fixed_scenarios(world_size: int, count: int) -> list[Scenario]:
         max_examples=count, derandomize=True, database=None, suppress_health_check=list(HealthCheck)
     )
     # The bounds ddp-verify check draws with, so the floor does the work the CLI run does.
-    @given(scenarios(world_size=world_size, max_micro_batches=3))
+    @given(kind_scenarios(kind, world_size))
     def collect(scenario: Scenario) -> None:
         drawn.append(scenario)
 
     collect()
     return drawn[:count]
+
+
+def kind_scenarios(kind: str, world_size: int) -> Any:
+    """The scenarios ``ddp-verify check`` draws for ``kind``."""
+    if kind == "coupled-loss":
+        # open_clip's gather takes as many pairs on every rank (--even-batches).
+        bounds = bounds_for(kind, {"even": True})
+        return coupled_scenarios(
+            world_size=world_size, **coupled_bounds(COUPLED.fn, COUPLED.call, bounds)
+        )
+    if kind == "ddp":  # a method, not a kind: the bounds of a check
+        return scenarios(world_size=world_size, max_micro_batches=3)
+    return scenarios(world_size=world_size, **bounds_for(kind, {"max_micro_batches": 3}))
 
 
 def bare_import_torch() -> float:
@@ -444,7 +538,6 @@ def measure(size: int, args: argparse.Namespace) -> dict[str, Any]:
     )
     ratio("start_world_over_bare", "world_start_s", "bare_spawn_and_init_s")
 
-    cases = fixed_scenarios(size, args.examples)
     with VerifyingWorld(size, device=device) as world:
         say(f"world size {size}: round trips")
         for job, name in ((_noop, "noop"), (_trivial, "trivial")):
@@ -455,12 +548,13 @@ def measure(size: int, args: argparse.Namespace) -> dict[str, Any]:
         floor = FloorWorkers(size, device)
         try:
             for kind in WORK:
+                cases = fixed_scenarios(size, args.examples, kind)
                 say(f"world size {size}: {kind}, {len(cases)} examples, checked and at the floor")
                 method = harness_method(kind)
                 for scenario in cases[:3]:  # warm-up: first optimizer, first DDP, caches
                     world.check_equivalent(method, scenario)
                     floor.run(kind, scenario)
-                checks, floors = [], []
+                checks, floors, rank_floors = [], [], []
                 for scenario in cases:
                     start = time.perf_counter()
                     outcome = world.check_equivalent(method, scenario)
@@ -469,9 +563,15 @@ def measure(size: int, args: argparse.Namespace) -> dict[str, Any]:
                     start = time.perf_counter()
                     floor.run(kind, scenario)
                     floors.append(time.perf_counter() - start)
+                    start = time.perf_counter()
+                    floor.run(kind, scenario, reference=False)
+                    rank_floors.append(time.perf_counter() - start)
                 out[f"{kind}_check_ms"] = statistics.median(checks) * 1e3
                 out[f"{kind}_floor_ms"] = statistics.median(floors) * 1e3
+                out[f"{kind}_ranks_floor_ms"] = statistics.median(rank_floors) * 1e3
                 ratio(f"{kind}_check_over_floor", f"{kind}_check_ms", f"{kind}_floor_ms")
+                if kind not in USUAL:
+                    continue
                 say(f"world size {size}: {kind}, {args.usual} examples the usual way (spawned)")
                 put(
                     f"{kind}_usual_ms",
@@ -543,6 +643,7 @@ COLUMNS = [
 PER_KIND = [
     ("check_ms", "check ms", "{:.1f}"),
     ("floor_ms", "floor ms", "{:.1f}"),
+    ("ranks_floor_ms", "ranks ms", "{:.1f}"),
     ("check_over_floor", "check/floor", "{:.2f}"),
     ("usual_ms", "usual ms", "{:.0f}"),
     ("usual_over_check", "usual/check", "{:.0f}x"),
@@ -561,7 +662,9 @@ def render(results: dict[str, dict[str, float]]) -> str:
     for size, r in results.items():
         for kind in WORK:
             cells = [
-                fmt.format(r[f"{kind}_{key}"]) if f"{kind}_{key}" in r else "failed"
+                fmt.format(r[f"{kind}_{key}"])
+                if f"{kind}_{key}" in r
+                else ("-" if key.startswith("usual") and kind not in USUAL else "failed")
                 for key, _, fmt in PER_KIND
             ]
             lines.append(f"{size:>3} {kind:>10} " + " ".join(f"{c:>11}" for c in cells))

@@ -133,6 +133,7 @@ def search(
     """
     __tracebackhide__ = True
     started = time.monotonic()
+    timeline = Timeline(started)
     # How the code is called: the adapter's options, the reproducer's too.
     called: dict[str, Any] = dict(
         result_on=result_on,
@@ -156,6 +157,7 @@ def search(
         assert call is not None  # adapt() says how it calls the code
         bounds = coupled_bounds(fn, call, bounds)
     chosen = found_layout(fn, kind, world, called, pinned, bounds)
+    timeline.mark("layout")
     called["layout"] = chosen.layout
     method = adapt(fn, kind, **called)
     labels = chosen.layout.get("labels")
@@ -178,6 +180,7 @@ def search(
     if fmt is None and not coupled:
         probed = measured(world, method, probe_scenario(world_size, bounds))
         precision, precision_words = probed.format, probed.words()
+        timeline.mark("precision")
     strategy = (coupled_scenarios if coupled else scenarios)(world_size=world_size, **bounds)
 
     def tolerance_for(scenario: Scenario) -> Tolerance | None:
@@ -214,6 +217,7 @@ def search(
     def search(scenario: Scenario) -> None:
         nonlocal tried, failed, found_at
         tried += 1
+        timeline.mark("first_example")
         if progress is not None:
             progress(tried, "shrinking" if failed else "searching")
         try:
@@ -225,6 +229,7 @@ def search(
         except EquivalenceError:
             if not failed:
                 failed, found_at = True, tried
+                timeline.mark("first_failure")
             raise
         except RankError as error:
             raise _CodeFailed(scenario, error) from None
@@ -262,6 +267,7 @@ def search(
     except _HarnessFailed as stop:
         raise stop.error from None
     except EquivalenceError as error:
+        timeline.mark("shrunk")
         verdict = _explained(
             dataclasses.replace(verdict, examples=tried, found_at=found_at),
             error,
@@ -272,7 +278,7 @@ def search(
             bounds,
             tolerance_for,
         )
-        raise NotEquivalent(_timed(verdict, started)) from None
+        raise NotEquivalent(_timed(verdict, timeline)) from None
     except _CodeFailed as stop:
         misuse = _kind_errors(stop.error)
         if misuse:
@@ -305,8 +311,8 @@ def search(
             causes=(cause,) if cause else (),
             message=report,
         )
-        raise CodeFailed(_timed(errored, started)) from None
-    return _timed(dataclasses.replace(verdict, examples=tried), started)
+        raise CodeFailed(_timed(errored, timeline)) from None
+    return _timed(dataclasses.replace(verdict, examples=tried), timeline)
 
 
 def _first_divergence(flaky: FlakyFailure) -> BaseException:
@@ -389,8 +395,34 @@ def _generic_causes(
     return tuple(_causes_first(found)) if state is None else (state.cause, *found)
 
 
-def _timed(verdict: Verdict, started: float) -> Verdict:
-    return dataclasses.replace(verdict, seconds=time.monotonic() - started)
+class Timeline:
+    """When a check reached each of its milestones, in seconds from its start (the first
+    time only): what a benchmark reads to say where a check's time went.
+
+    Example::
+
+        >>> timeline = Timeline(time.monotonic())
+        >>> timeline.mark("first_example"); timeline.mark("first_example")
+        >>> [name for name, _ in timeline.marks]
+        ['first_example']
+    """
+
+    def __init__(self, started: float) -> None:
+        self.started = started
+        self.marks: list[tuple[str, float]] = []
+
+    def mark(self, name: str, now: float | None = None) -> None:
+        if all(name != seen for seen, _ in self.marks):
+            at = (time.monotonic() if now is None else now) - self.started
+            self.marks.append((name, round(at, 3)))
+
+
+def _timed(verdict: Verdict, timeline: Timeline) -> Verdict:
+    now = time.monotonic()
+    timeline.mark("report", now)
+    return dataclasses.replace(
+        verdict, seconds=now - timeline.started, timeline=tuple(timeline.marks)
+    )
 
 
 # A low-rank hook (PowerSGD) is exact when its state's rank reaches every matrix's side: it is

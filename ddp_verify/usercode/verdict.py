@@ -79,6 +79,10 @@ JSON_FIELDS = {
     ),
     "reproducer": "the path of a script that reproduces the counterexample",
     "seconds": "how long the check took",
+    "timeline": "when the check reached each milestone, in seconds from its start: layout "
+    "(the layout probes done), precision (the precision probe done), first_example, "
+    "first_failure, shrunk (the counterexample shrunk), report; a milestone not reached is "
+    "left out",
     "report": "the report, as the command prints it",
 }
 
@@ -129,6 +133,8 @@ class Verdict:
     # format, or float64 times a factor near one: an epsilon in a denominator).
     precision_words: str | None = None
     seconds: float | None = None
+    # (milestone, seconds from the start) in the order reached: see JSON_FIELDS["timeline"].
+    timeline: tuple[tuple[str, float], ...] = ()
     # The report of a verdict other than equivalent (the equivalent one is composed).
     message: str = ""
     # Whether training itself matched where the verdict is not equivalent: "equivalent"
@@ -227,6 +233,7 @@ class Verdict:
             "likely_causes": [c.as_json() for c in self.causes],
             "reproducer": self.reproducer,
             "seconds": round(self.seconds, 3) if self.seconds is not None else None,
+            "timeline": dict(self.timeline),
             "report": self.report,
         }
         assert document.keys() == JSON_FIELDS.keys()

@@ -27,6 +27,14 @@ def test_an_equivalent_check_returns_its_verdict_as_the_command_prints_it():
     assert document.keys() == JSON_FIELDS.keys()
     assert document["verdict"] == "equivalent" and document["call"] == verdict.call
     assert verdict.report.startswith("sample_weighted (grad-sync): equivalent on 4 generated")
+    # Where its time went: no failure, so no shrinking.
+    assert [name for name, _ in verdict.timeline] == [
+        "layout",
+        "precision",
+        "first_example",
+        "report",
+    ]
+    assert document["timeline"]["report"] == round(verdict.seconds, 3)
 
 
 def test_a_counterexample_is_raised_complete(tmp_path, monkeypatch):
@@ -48,6 +56,11 @@ def test_a_counterexample_is_raised_complete(tmp_path, monkeypatch):
     document = verdict.to_json()
     assert document["likely_causes"][0]["pattern"] == verdict.causes[0].pattern
     assert document["scenario"] == repr(verdict.scenario)
+    # The milestones in the order reached: what shrinking and the diagnosis took is readable.
+    names = [name for name, _ in verdict.timeline]
+    assert names == ["layout", "precision", "first_example", "first_failure", "shrunk", "report"]
+    seconds = [at for _, at in verdict.timeline]
+    assert seconds == sorted(seconds) and seconds[-1] == round(verdict.seconds, 3)
     # It crosses process boundaries whole (pytest-xdist, users' own pools).
     copy = pickle.loads(pickle.dumps(error))
     assert isinstance(copy, NotEquivalent) and copy.verdict.to_json() == document
