@@ -476,33 +476,71 @@ def bare_import_torch() -> float:
     return time.perf_counter() - start
 
 
-def cli_check(size: int, examples: int, device: str) -> float:
-    """``ddp-verify check`` as a user runs it: a fresh process, start-up included."""
+def cli_json(size: int, device: str, target: str, *options: str) -> dict[str, Any]:
+    """``ddp-verify check TARGET --json`` as a user runs it: a fresh process, start-up
+    included; its verdict, and its wall time under ``wall_s``."""
     command = [
         sys.executable,
         "-m",
         "ddp_verify",
         "check",
-        f"{ROOT}/fixtures/grad_sync.py:sample_weighted",
-        "--kind",
-        "grad-sync",
+        f"{ROOT}/fixtures/{target}",
         "--world-size",
         str(size),
-        "--max-examples",
-        str(examples),
         "--seed",
         "0",
         "--device",
         device,
+        "--json",
+        *options,
     ]
     start = time.perf_counter()
     result = subprocess.run(
         command, capture_output=True, text=True, cwd=ROOT, timeout=10 * SAMPLE_TIMEOUT_S
     )
     elapsed = time.perf_counter() - start
-    if result.returncode != 0:
-        raise RuntimeError(f"ddp-verify check failed:\n{result.stdout}\n{result.stderr}")
-    return elapsed
+    try:
+        verdict = json.loads(result.stdout)
+    except json.JSONDecodeError:
+        raise RuntimeError(f"ddp-verify check gave no verdict:\n{result.stderr}") from None
+    return {**verdict, "wall_s": elapsed}
+
+
+def cli_check(size: int, examples: int, device: str) -> float:
+    """A correct grad-sync function checked on ``examples`` examples."""
+    verdict = cli_json(
+        size, device, "grad_sync.py:sample_weighted", "--kind", "grad-sync",
+        "--max-examples", str(examples),
+    )  # fmt: skip
+    if verdict["verdict"] != "equivalent":
+        raise RuntimeError(f"ddp-verify check said {verdict['verdict']}:\n{verdict['report']}")
+    return float(verdict["wall_s"])
+
+
+def diagnosis(size: int, device: str) -> dict[str, float]:
+    """A world-averaged grad-sync function (a mistake on uneven batches), from its first
+    failing example to the report: shrinking (and the examples it ran), then the diagnosis."""
+    verdict = cli_json(size, device, "grad_sync.py:average_gradients", "--kind", "grad-sync")
+    if verdict["verdict"] != "not-equivalent":
+        raise RuntimeError(f"ddp-verify check said {verdict['verdict']}:\n{verdict['report']}")
+    at = verdict["timeline"]
+    return {
+        "to_report_s": at["report"] - at["first_failure"],
+        "shrink_s": at["shrunk"] - at["first_failure"],
+        "diagnosis_s": at["report"] - at["shrunk"],
+        "shrink_examples": float(verdict["examples"] - verdict["found_at"]),
+    }
+
+
+def layout_probes(size: int, device: str) -> float:
+    """What probing a loss's layouts adds to a check: a Hugging Face style loss whose logits
+    layout is found by probing, against the same check with the layout pinned (each to its
+    precision probe, the world's start in both)."""
+    options = ("--kind", "loss-fn", "--max-examples", "1")
+    target = "real_style/lm_losses.py:masked_lm_loss"
+    probed = cli_json(size, device, target, *options)
+    pinned = cli_json(size, device, target, *options, "--logits", "3d", "--labels", "aligned")
+    return float(probed["timeline"]["precision"] - pinned["timeline"]["precision"])
 
 
 def measure(size: int, args: argparse.Namespace) -> dict[str, Any]:
@@ -616,6 +654,26 @@ def measure(size: int, args: argparse.Namespace) -> dict[str, Any]:
                 + out["bare_spawn_and_init_s"]
             )
         ratio("cli_over_budget", "cli_check_s", "cli_budget_s")
+    if args.diagnosis:
+        say(f"world size {size}: a mistake found, shrunk and diagnosed (ddp-verify check)")
+        taken = samples("diagnosis", lambda: diagnosis(size, device), args.cli_runs, failures)
+        for key in ("to_report_s", "shrink_s", "diagnosis_s", "shrink_examples"):
+            put(f"diagnosis_{key}", median_of([t[key] for t in taken]))  # type: ignore[index]
+        if "diagnosis_shrink_examples" in out and "grad-sync_floor_ms" in out:
+            # The floor of shrinking: as many examples as it ran, each at the floor.
+            out["diagnosis_shrink_floor_s"] = (
+                out["diagnosis_shrink_examples"] * out["grad-sync_floor_ms"] / 1e3
+            )
+        ratio("diagnosis_shrink_over_floor", "diagnosis_shrink_s", "diagnosis_shrink_floor_s")
+        say(f"world size {size}: layout probes (a loss's logits layout probed, then pinned)")
+        put(
+            "layout_probes_s",
+            median_of(
+                samples(
+                    "layout probes", lambda: layout_probes(size, device), args.cli_runs, failures
+                )
+            ),
+        )
     if failures:
         out["failures"] = failures
     return out
@@ -639,6 +697,16 @@ COLUMNS = [
     ("cli_check_s", "cli s", "{:.1f}"),
     ("cli_budget_s", "budget s", "{:.1f}"),
     ("cli_over_budget", "cli/budget", "{:.2f}"),
+]
+# From the first failing example to the report, and what probing a loss's layout adds.
+PATHS = [
+    ("diagnosis_to_report_s", "to report s", "{:.2f}"),
+    ("diagnosis_shrink_s", "shrink s", "{:.2f}"),
+    ("diagnosis_shrink_examples", "shrink ex", "{:.0f}"),
+    ("diagnosis_shrink_floor_s", "its floor s", "{:.2f}"),
+    ("diagnosis_shrink_over_floor", "shrink/floor", "{:.2f}"),
+    ("diagnosis_diagnosis_s", "diagnosis s", "{:.2f}"),
+    ("layout_probes_s", "layouts s", "{:.2f}"),
 ]
 PER_KIND = [
     ("check_ms", "check ms", "{:.1f}"),
@@ -668,6 +736,11 @@ def render(results: dict[str, dict[str, float]]) -> str:
                 for key, _, fmt in PER_KIND
             ]
             lines.append(f"{size:>3} {kind:>10} " + " ".join(f"{c:>11}" for c in cells))
+    lines.append("")
+    lines.append(f"{'ws':>3} " + " ".join(f"{t:>12}" for _, t, _ in PATHS))
+    for size, r in results.items():
+        cells = [fmt.format(r[key]) if key in r else "-" for key, _, fmt in PATHS]
+        lines.append(f"{size:>3} " + " ".join(f"{c:>12}" for c in cells))
     for size, r in results.items():
         for name, why in r.get("failures", {}).items():
             lines.append(f"ws {size}: {name} failed twice, left out: {why}")
@@ -684,6 +757,12 @@ def main() -> None:
     parser.add_argument("--cli-examples", type=int, default=100, help="0 skips the CLI run")
     parser.add_argument("--cli-runs", type=int, default=3, help="CLI runs timed")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument(
+        "--no-diagnosis",
+        dest="diagnosis",
+        action="store_false",
+        help="skip the diagnosis and layout-probe rows",
+    )
     parser.add_argument("--out", type=Path, default=None, help="default results/bench.json")
     parser.add_argument(
         "--quick",

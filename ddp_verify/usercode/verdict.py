@@ -67,6 +67,8 @@ JSON_FIELDS = {
     "verdict, or one where only the reported loss differs), not-equivalent where gradients or "
     "parameters differ; null where it did not run to a comparison",
     "examples": "scenarios tried",
+    "found_at": "the example (1-based) at which the first counterexample turned up; the "
+    "examples after it shrank it. null where none did",
     "precision": "float32 where the code was measured to compute in float32 inside (it was "
     "held to float32's measured bound); null otherwise",
     "precision_words": "what the precision probe measured, as the report's Precision line "
@@ -226,6 +228,7 @@ class Verdict:
             "layout": self.layout,
             "training": self.training,
             "examples": self.examples,
+            "found_at": self.found_at,
             "precision": self.precision,
             "precision_words": self.precision_words,
             "scenario": repr(self.scenario) if self.scenario is not None else None,

@@ -56,6 +56,7 @@ def test_a_counterexample_is_raised_complete(tmp_path, monkeypatch):
     document = verdict.to_json()
     assert document["likely_causes"][0]["pattern"] == verdict.causes[0].pattern
     assert document["scenario"] == repr(verdict.scenario)
+    assert document["found_at"] == verdict.found_at
     # The milestones in the order reached: what shrinking and the diagnosis took is readable.
     names = [name for name, _ in verdict.timeline]
     assert names == ["layout", "precision", "first_example", "first_failure", "shrunk", "report"]
