@@ -718,13 +718,17 @@ PER_KIND = [
 ]
 
 
-def render(results: dict[str, dict[str, float]]) -> str:
-    lines = []
-    header = f"{'ws':>3} " + " ".join(f"{title:>10}" for _, title, _ in COLUMNS)
-    lines.append(header)
+def _table(columns: Any, results: dict[str, dict[str, float]], width: int) -> list[str]:
+    """One row per world size: the cells of ``columns`` that were measured, "-" for the rest."""
+    lines = [f"{'ws':>3} " + " ".join(f"{title:>{width}}" for _, title, _ in columns)]
     for size, r in results.items():
-        cells = [fmt.format(r[key]) if key in r else "-" for key, _, fmt in COLUMNS]
-        lines.append(f"{size:>3} " + " ".join(f"{c:>10}" for c in cells))
+        cells = [fmt.format(r[key]) if key in r else "-" for key, _, fmt in columns]
+        lines.append(f"{size:>3} " + " ".join(f"{c:>{width}}" for c in cells))
+    return lines
+
+
+def render(results: dict[str, dict[str, float]]) -> str:
+    lines = _table(COLUMNS, results, 10)
     lines.append("")
     lines.append(f"{'ws':>3} {'example':>10} " + " ".join(f"{t:>11}" for _, t, _ in PER_KIND))
     for size, r in results.items():
@@ -737,10 +741,7 @@ def render(results: dict[str, dict[str, float]]) -> str:
             ]
             lines.append(f"{size:>3} {kind:>10} " + " ".join(f"{c:>11}" for c in cells))
     lines.append("")
-    lines.append(f"{'ws':>3} " + " ".join(f"{t:>12}" for _, t, _ in PATHS))
-    for size, r in results.items():
-        cells = [fmt.format(r[key]) if key in r else "-" for key, _, fmt in PATHS]
-        lines.append(f"{size:>3} " + " ".join(f"{c:>12}" for c in cells))
+    lines += _table(PATHS, results, 12)
     for size, r in results.items():
         for name, why in r.get("failures", {}).items():
             lines.append(f"ws {size}: {name} failed twice, left out: {why}")

@@ -132,8 +132,7 @@ def search(
             search(average_gradients, kind="grad-sync", world=world, max_examples=50)
     """
     __tracebackhide__ = True
-    started = time.monotonic()
-    timeline = Timeline(started)
+    timeline = Timeline(time.monotonic())
     # How the code is called: the adapter's options, the reproducer's too.
     called: dict[str, Any] = dict(
         result_on=result_on,
