@@ -136,6 +136,10 @@ class Spawned:
         # has run a torch op here yet, so no thread pool is copied): no rank imports torch
         # again. CUDA cannot be forked into: spawned there.
         method = "fork" if DEVICE == "cpu" else "spawn"
+        if method == "fork":
+            # torch's optimizers import torch._dynamo at their first step (seconds of CPU):
+            # once here, before the fork, rather than in every rank and then here again.
+            importlib.import_module("torch._dynamo")
         results = mp.get_context(method).SimpleQueue()
         context = mp.start_processes(
             train, args=(port, results), nprocs=scenario.world_size, join=False,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -123,6 +124,54 @@ def test_a_reproducer_reports_even_when_a_rank_dies_after_its_trace_arrived(tmp_
     result = _run_script(script)
     assert result.returncode == 1, result.stdout + result.stderr
     assert "First divergence: step 0 of 1" in result.stdout, result.stderr
+
+
+NOTING_SYNC = """
+import os
+import sys
+
+import torch.distributed as dist
+
+# Loaded on each rank once it has forked, before it trains: whether torch._dynamo (which a
+# rank's first optimizer imports) came with the fork.
+INHERITED = "torch._dynamo" in sys.modules
+
+
+def noting_sync(model):
+    with open(os.path.join(os.environ["NOTES"], f"rank{dist.get_rank()}"), "w") as note:
+        note.write(str(INHERITED))
+    for p in model.parameters():
+        dist.all_reduce(p.grad)
+"""
+
+
+def test_a_reproducer_on_the_cpu_imports_torchs_compiler_once_before_its_ranks_fork(tmp_path):
+    # torch's optimizers import torch._dynamo at their first use, seconds of CPU each: the
+    # ranks inherit it rather than each importing it beside the others.
+    (tmp_path / "noting.py").write_text(NOTING_SYNC)
+    scenario = Scenario(world_size=2, schedule=(((1,), (2,)),))
+    sys.path.insert(0, str(tmp_path))
+    try:
+        import noting
+
+        # Imported by name on each rank (a function pickled by value would carry this
+        # process's INHERITED).
+        script = write_reproducer(noting.noting_sync, "grad-sync", scenario, tmp_path)
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("noting", None)
+    assert "import_module('noting')" in script.read_text()
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    result = subprocess.run(
+        [sys.executable, "-W", "ignore", str(script)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "NOTES": str(notes)},
+    )
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert [(notes / f"rank{r}").read_text() for r in range(2)] == ["True", "True"]
 
 
 def test_a_reproducer_calls_the_code_as_the_check_did(tmp_path):
