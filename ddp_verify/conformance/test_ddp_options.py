@@ -274,8 +274,8 @@ def test_delayed_all_reduce_keeps_training_equivalent(world, data_parallel, prov
 def test_delayed_all_reduce_with_accumulation(world, data_parallel, prove):
     if world.lockstep:
         pytest.skip(
-            "this known torch issue can abort a rank's process (gloo's preamble check), and "
-            "under a launcher a rank that dies ends the whole job: it runs in fork mode only"
+            "this known torch issue can make gloo abort a rank's process, and under a "
+            "launcher a rank that dies ends the whole job: it runs in fork mode only"
         )
     _delayed(world, data_parallel, prove, "float32", accumulation=True)
 

@@ -138,7 +138,7 @@ class Spawned:
         method = "fork" if DEVICE == "cpu" else "spawn"
         if method == "fork":
             # torch's optimizers import torch._dynamo at their first step (seconds of CPU):
-            # once here, before the fork, rather than in every rank and then here again.
+            # once here, before the fork, rather than in every rank side by side.
             importlib.import_module("torch._dynamo")
         results = mp.get_context(method).SimpleQueue()
         context = mp.start_processes(
