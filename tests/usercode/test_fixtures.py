@@ -143,6 +143,11 @@ FILE_OF = {
 }
 
 
+def _marked(case, *marks):
+    """``case`` with ``marks`` added to its own."""
+    return pytest.param(*case.values, id=case.id, marks=[*case.marks, *marks])
+
+
 # The kinds whose float32 bound is measured in a way of its own: runs of the ranks' method
 # (grad-sync), over token-level losses (loss-agg), of the code on one rank holding the whole
 # batch (coupled-loss). The other kinds' re-checks take grad-sync's path.
@@ -165,7 +170,7 @@ def first_of_each_file(cases: list, ci_kinds: tuple[str, ...] | None = None) -> 
             continue
         files.add(stem)
         if kind in kinds or (ci_kinds is not None and kind not in ci_kinds):
-            case = pytest.param(*case.values, id=case.id, marks=pytest.mark.slow)
+            case = _marked(case, pytest.mark.slow)
         kinds.add(kind)
         chosen.append(case)
     return chosen
@@ -189,7 +194,7 @@ def one_per_path(cases: list) -> list:
             *([("cause", cause)] if verdict != "equivalent" else []),
         }
         if paths <= seen:
-            case = pytest.param(*case.values, id=case.id, marks=pytest.mark.slow)
+            case = _marked(case, pytest.mark.slow)
         seen |= paths
         chosen.append(case)
     return chosen
@@ -232,11 +237,7 @@ FLOAT32_GAPS = {
 
 def _known_gaps(cases: list) -> list:
     return [
-        pytest.param(
-            *case.values,
-            id=case.id,
-            marks=[*case.marks, pytest.mark.xfail(strict=True, reason=FLOAT32_GAPS[case.id])],
-        )
+        _marked(case, pytest.mark.xfail(strict=True, reason=FLOAT32_GAPS[case.id]))
         if case.id in FLOAT32_GAPS
         else case
         for case in cases
