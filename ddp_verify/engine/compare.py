@@ -207,24 +207,25 @@ def _all_within(reference: Trace, got: Trace, tolerance: Tolerance, grads: bool)
         packed = [r.packed(field) for r in got.ranks]
         if expected is None or any(p is None for p in packed):
             return False
-        shape = _names_and_shapes(expected[0])
-        if any(_names_and_shapes(p[0]) != shape for p in packed):  # type: ignore[index]
+        first = packed[0]
+        assert first is not None
+        # The ranks' layouts, dtypes included, are the same (compared as they are); rank 0's
+        # names and shapes are the reference's (whose dtype may differ).
+        if any(p[0] != first[0] for p in packed[1:]):  # type: ignore[index]
+            return False
+        if _names_and_shapes(first[0]) != _names_and_shapes(expected[0]):
             return False
         lengths = step_lengths(expected[0])
         flats = torch.stack([p[1] for p in packed])  # type: ignore[index]
-        for against in (expected[1], flats[0]):
-            allowed = torch.cat(
-                [
-                    tolerance.allowed(quantity, step, "", part)
-                    for step, part in enumerate(against.split(lengths))
-                ]
-            )
-            if bool(outside(flats, against, allowed).any()):
+        allowed = tolerance.allowed_flat(quantity, expected[1], lengths)
+        if bool(outside(flats, expected[1], allowed).any()):
+            return False
+        if len(flats) > 1:
+            allowed = tolerance.allowed_flat(quantity, flats[0], lengths)
+            if bool(outside(flats[1:], flats[0], allowed).any()):
                 return False
     losses = torch.tensor(reference.ranks[0].losses, dtype=torch.float64)
-    allowed = torch.cat(
-        [tolerance.allowed("loss", step, "", loss.view(1)) for step, loss in enumerate(losses)]
-    )
+    allowed = tolerance.allowed_flat("loss", losses, [1] * len(losses))
     got_losses = torch.tensor([r.losses for r in got.ranks], dtype=torch.float64)
     return not bool(outside(got_losses, losses, allowed).any())
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import math
 from typing import Any
 
 import torch
@@ -112,10 +113,7 @@ def step_lengths(layout: Layout) -> list[int]:
 
 
 def _numel(shape: tuple[int, ...]) -> int:
-    count = 1
-    for extent in shape:
-        count *= extent
-    return count
+    return math.prod(shape)
 
 
 def _pack(steps: list[dict[str, torch.Tensor | None]]) -> tuple[Layout, torch.Tensor]:
