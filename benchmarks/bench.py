@@ -27,6 +27,10 @@ For each world size, one run measures:
   examples, start-up included, as a user runs it, next to its budget: the floor's work for as
   many examples, plus a bare ``python -c "import torch"``, plus a bare world start (the target
   is within 1.2 times that);
+- a world-averaged ``grad-sync`` function (a mistake on uneven batches) checked on the warm
+  world with ``world.check``: from its first failing example to the report, split into
+  shrinking (next to as many examples at the floor) and the diagnosis; and what probing a
+  loss's logits layout adds (the same loss checked with its layout probed, then pinned);
 - peak resident memory of the controller and of the largest rank.
 
 It prints medians and the ratios harness/floor and usual-way/harness, and writes everything as
@@ -61,8 +65,9 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch: one thread per pr
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
-from grad_sync import sample_weighted  # noqa: E402
+from grad_sync import average_gradients, sample_weighted  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402
+from lm_losses import masked_lm_loss  # noqa: E402
 from open_clip_losses import clip_loss_gather_with_grad  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 from verl_losses import token_mean_over_global_tokens  # noqa: E402
@@ -78,6 +83,7 @@ from ddp_verify.strategies import coupled_scenarios, scenarios  # noqa: E402
 from ddp_verify.usercode.adapters import adapt  # noqa: E402
 from ddp_verify.usercode.diagnosis.coupled import coupled_bounds  # noqa: E402
 from ddp_verify.usercode.search import bounds_for  # noqa: E402
+from ddp_verify.usercode.verdict import NotEquivalent  # noqa: E402
 from ddp_verify.world import World, rank_device  # noqa: E402
 from ddp_verify.world.runtime import set_rank_device  # noqa: E402
 
@@ -87,9 +93,13 @@ DEFAULT_OUT = ROOT / "benchmarks" / "results" / "bench.json"
 SAMPLE_TIMEOUT_S = 120.0
 
 
+STARTED = time.monotonic()
+
+
 def say(line: str) -> None:
-    """Progress, as it goes (stderr: the table and the JSON path go to stdout)."""
-    print(f"[bench] {line}", file=sys.stderr, flush=True)
+    """Progress, as it goes, with the seconds since the benchmark started (stderr: the table
+    and the JSON path go to stdout)."""
+    print(f"[bench {time.monotonic() - STARTED:6.1f} s] {line}", file=sys.stderr, flush=True)
 
 
 def samples(
@@ -517,30 +527,35 @@ def cli_check(size: int, examples: int, device: str) -> float:
     return float(verdict["wall_s"])
 
 
-def diagnosis(size: int, device: str) -> dict[str, float]:
+def diagnosis(world: VerifyingWorld) -> dict[str, float]:
     """A world-averaged grad-sync function (a mistake on uneven batches), from its first
-    failing example to the report: shrinking (and the examples it ran), then the diagnosis."""
-    verdict = cli_json(size, device, "grad_sync.py:average_gradients", "--kind", "grad-sync")
-    if verdict["verdict"] != "not-equivalent":
-        raise RuntimeError(f"ddp-verify check said {verdict['verdict']}:\n{verdict['report']}")
-    at = verdict["timeline"]
+    failing example to the report: shrinking (and the examples it ran), then the diagnosis.
+    Checked on the benchmark's warm world, as ``world.check`` runs it in a test: the
+    milestones are the check's own (start-up is the CLI row's)."""
+    try:
+        world.check(average_gradients, kind="grad-sync", seed=0)
+    except NotEquivalent as failed:
+        verdict = failed.verdict
+    else:
+        raise RuntimeError("a world-averaged grad-sync passed its check")
+    at = dict(verdict.timeline)
+    assert verdict.examples is not None and verdict.found_at is not None
     return {
         "to_report_s": at["report"] - at["first_failure"],
         "shrink_s": at["shrunk"] - at["first_failure"],
         "diagnosis_s": at["report"] - at["shrunk"],
-        "shrink_examples": float(verdict["examples"] - verdict["found_at"]),
+        "shrink_examples": float(verdict.examples - verdict.found_at),
     }
 
 
-def layout_probes(size: int, device: str) -> float:
+def layout_probes(world: VerifyingWorld) -> float:
     """What probing a loss's layouts adds to a check: a Hugging Face style loss whose logits
-    layout is found by probing, against the same check with the layout pinned (each to its
-    precision probe, the world's start in both)."""
-    options = ("--kind", "loss-fn", "--max-examples", "1")
-    target = "real_style/lm_losses.py:masked_lm_loss"
-    probed = cli_json(size, device, target, *options)
-    pinned = cli_json(size, device, target, *options, "--logits", "3d", "--labels", "aligned")
-    return float(probed["timeline"]["precision"] - pinned["timeline"]["precision"])
+    layout is found by probing, against the same check with the layout pinned (each to the
+    end of its precision probe, on the benchmark's warm world)."""
+    options: dict[str, Any] = {"kind": "loss-fn", "max_examples": 1, "seed": 0}
+    probed = world.check(masked_lm_loss, **options)
+    pinned = world.check(masked_lm_loss, **options, logits="3d", labels="aligned")
+    return float(dict(probed.timeline)["precision"] - dict(pinned.timeline)["precision"])
 
 
 def measure(size: int, args: argparse.Namespace) -> dict[str, Any]:
@@ -608,8 +623,8 @@ def measure(size: int, args: argparse.Namespace) -> dict[str, Any]:
                 out[f"{kind}_floor_ms"] = statistics.median(floors) * 1e3
                 out[f"{kind}_ranks_floor_ms"] = statistics.median(rank_floors) * 1e3
                 ratio(f"{kind}_check_over_floor", f"{kind}_check_ms", f"{kind}_floor_ms")
-                if kind not in USUAL:
-                    continue
+                if kind not in USUAL or (args.quick and kind != USUAL[0]):
+                    continue  # --quick: one spawned world (seconds each) is enough to compare
                 say(f"world size {size}: {kind}, {args.usual} examples the usual way (spawned)")
                 put(
                     f"{kind}_usual_ms",
@@ -627,6 +642,24 @@ def measure(size: int, args: argparse.Namespace) -> dict[str, Any]:
                 ratio(f"{kind}_usual_over_check", f"{kind}_usual_ms", f"{kind}_check_ms")
         finally:
             floor.close()
+        if args.diagnosis:
+            say(f"world size {size}: a mistake found, shrunk and diagnosed (world.check)")
+            taken = samples("diagnosis", lambda: diagnosis(world), args.cli_runs, failures)
+            for key in ("to_report_s", "shrink_s", "diagnosis_s", "shrink_examples"):
+                put(f"diagnosis_{key}", median_of([t[key] for t in taken]))  # type: ignore[index]
+            if "diagnosis_shrink_examples" in out and "grad-sync_floor_ms" in out:
+                # The floor of shrinking: as many examples as it ran, each at the floor.
+                out["diagnosis_shrink_floor_s"] = (
+                    out["diagnosis_shrink_examples"] * out["grad-sync_floor_ms"] / 1e3
+                )
+            ratio("diagnosis_shrink_over_floor", "diagnosis_shrink_s", "diagnosis_shrink_floor_s")
+            say(f"world size {size}: layout probes (a loss's logits layout probed, then pinned)")
+            put(
+                "layout_probes_s",
+                median_of(
+                    samples("layout probes", lambda: layout_probes(world), args.cli_runs, failures)
+                ),
+            )
         out["rank_peak_rss_mib"] = max(world.run(_peak_rss_mib))
     out["controller_peak_rss_mib"] = _peak_rss_mib()
     if args.cli_examples:
@@ -654,26 +687,6 @@ def measure(size: int, args: argparse.Namespace) -> dict[str, Any]:
                 + out["bare_spawn_and_init_s"]
             )
         ratio("cli_over_budget", "cli_check_s", "cli_budget_s")
-    if args.diagnosis:
-        say(f"world size {size}: a mistake found, shrunk and diagnosed (ddp-verify check)")
-        taken = samples("diagnosis", lambda: diagnosis(size, device), args.cli_runs, failures)
-        for key in ("to_report_s", "shrink_s", "diagnosis_s", "shrink_examples"):
-            put(f"diagnosis_{key}", median_of([t[key] for t in taken]))  # type: ignore[index]
-        if "diagnosis_shrink_examples" in out and "grad-sync_floor_ms" in out:
-            # The floor of shrinking: as many examples as it ran, each at the floor.
-            out["diagnosis_shrink_floor_s"] = (
-                out["diagnosis_shrink_examples"] * out["grad-sync_floor_ms"] / 1e3
-            )
-        ratio("diagnosis_shrink_over_floor", "diagnosis_shrink_s", "diagnosis_shrink_floor_s")
-        say(f"world size {size}: layout probes (a loss's logits layout probed, then pinned)")
-        put(
-            "layout_probes_s",
-            median_of(
-                samples(
-                    "layout probes", lambda: layout_probes(size, device), args.cli_runs, failures
-                )
-            ),
-        )
     if failures:
         out["failures"] = failures
     return out
@@ -733,10 +746,9 @@ def render(results: dict[str, dict[str, float]]) -> str:
     lines.append(f"{'ws':>3} {'example':>10} " + " ".join(f"{t:>11}" for _, t, _ in PER_KIND))
     for size, r in results.items():
         for kind in WORK:
+            # A figure not measured (or whose yardstick failed twice: listed below) is "-".
             cells = [
-                fmt.format(r[f"{kind}_{key}"])
-                if f"{kind}_{key}" in r
-                else ("-" if key.startswith("usual") and kind not in USUAL else "failed")
+                fmt.format(r[f"{kind}_{key}"]) if f"{kind}_{key}" in r else "-"
                 for key, _, fmt in PER_KIND
             ]
             lines.append(f"{size:>3} {kind:>10} " + " ".join(f"{c:>11}" for c in cells))
@@ -768,8 +780,9 @@ def main() -> None:
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="about a minute: world size 2, 8 examples, one sample of each yardstick, 20 "
-        "CLI examples (figures for a quick look, not for the performance page)",
+        help="about a minute: world size 2, 8 examples, one sample of each yardstick (the "
+        "usual way for ddp only), 20 CLI examples (figures for a quick look, not for the "
+        "performance page)",
     )
     args = parser.parse_args()
     if args.quick:
