@@ -47,6 +47,9 @@ _FRAME = re.compile(r'^\s+File "(?P<file>.*)", line \d+ in (?P<name>.*)$')
 _JOB_LOOP = f"{os.sep}ddp_verify{os.sep}world{os.sep}"
 
 
+_HAS_PROC = os.path.exists("/proc/self/stat")
+
+
 def cpu_ticks(pid: int) -> int | None:
     """User and system clock ticks the process (all its threads) has used; None if gone."""
     try:
@@ -81,7 +84,7 @@ class DeadlockWatch:
     kernels uses no CPU either)."""
 
     def __init__(self, *, enabled: bool, idle_s: float = IDLE_S) -> None:
-        self.enabled = enabled and os.path.exists("/proc/self/stat")
+        self.enabled = enabled and _HAS_PROC
         self.idle_s = idle_s
         self._last: dict[int, int] = {}
         self._idle_since: float | None = None

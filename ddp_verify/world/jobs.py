@@ -89,7 +89,8 @@ def collect(job: PendingJob) -> Collected:
             break
         if watch.enabled and not failures:
             remaining = min(remaining, WATCH_POLL_S)
-        for conn in ready(pending, remaining):
+        answered = ready(pending, remaining)
+        for conn in answered:
             r = pending.pop(conn)
             now = time.monotonic()
             try:
@@ -108,7 +109,9 @@ def collect(job: PendingJob) -> Collected:
             if failures and grace_deadline is None:
                 grace_deadline = time.monotonic() + FAILURE_GRACE_S
         waiting = list(pending.values())
-        if waiting and not failures and watch.idle(waiting):
+        # Looked at only when a poll went by with no answer: a rank that just answered says
+        # the job is moving (and reading every rank's /proc costs the controller per example).
+        if waiting and not failures and not answered and watch.idle(waiting):
             dumps = collect_stack_dumps(waiting)
             if all_in_collectives(dumps, waiting):
                 finished = [r for r in range(len(job.ranks)) if r not in {w.rank for w in waiting}]
