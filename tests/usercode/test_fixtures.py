@@ -227,10 +227,6 @@ def test_fixture_verdict_and_cause(kind, fn, verdict, cause, tmp_path, monkeypat
 # Known gaps of the diagnosis in float32, found by `tox -e slow` on 2026-11-29 (the verdict
 # is right in each; what it says is not yet): strict, so a fix shows as an unexpected pass.
 FLOAT32_GAPS = {
-    "real_style.gpt_accumulation": "micro:equal is named, but its weights, fitted on a "
-    "float32 counterexample of a one-feature model, do not show the pattern",
-    "real_style.divides_by_accumulation_steps": "scale is named, but its fitted float32 "
-    "weights do not show the scale",
     "real_style.mean_cross_entropy": "the float32 counterexample gets no likely cause",
 }
 

@@ -5,6 +5,8 @@ weights and name the pattern; a loss is checked on traces of simulated mistakes.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -179,3 +181,32 @@ def test_where_many_weightings_fit_the_simplest_structured_one_is_taken() -> Non
     assert not fit.identifiable
     assert [p for p, _ in explain_fit(fit, 1e-3)] == ["ranks:world"]
     assert [round(fit.rank_total(r), 9) for r in range(4)] == [0.25] * 4
+
+
+def test_weights_the_runs_rounding_cannot_pin_down_are_read_as_the_simplest_pattern() -> None:
+    # A one-feature model: its micro-batches' gradients are independent in float64 (the
+    # smallest singular value 3e-5 of the largest), but a float32 run's rounding (about 1e-6
+    # of the gradient, the table's) moves least squares' weights by more than a pattern's
+    # closeness. The fit is then rank-deficient at that precision, and the weights shown are
+    # the simplest structured ones that explain it: here micro-batches averaged equally.
+    scenario = Scenario(
+        world_size=2,
+        schedule=(((1, 2), (2, 1)),),
+        model=ModelSpec(in_features=1, hidden=(1,)),
+        seed=2,
+    )
+    exact = observed(scenario, lambda g: 1 / (2 * 2 * g.items))  # each micro-batch: 1/4
+    fit = fit_gradient(scenario, exact)
+    assert fit.identifiable
+    assert [p for p, _ in explain_fit(fit, 1e-3)] == ["micro:equal"]
+    noise = torch.Generator().manual_seed(0)
+    rounded = {
+        name: (g * (1 + 1e-6 * torch.randn(g.shape, generator=noise, dtype=g.dtype))).float()
+        for name, g in exact.items()
+    }
+    fit = fit_gradient(dataclasses.replace(scenario, dtype="float32"), rounded)
+    assert not fit.identifiable
+    assert [p for p, _ in explain_fit(fit, 1e-3)] == ["micro:equal"]
+    assert [round(w * g.items, 6) for w, g in zip(fit.fitted, fit.groups, strict=True)] == [
+        0.25
+    ] * 4

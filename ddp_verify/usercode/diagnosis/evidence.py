@@ -64,26 +64,36 @@ class Tolerance:
     ``close``: a fitted factor or weight against a row's, relative; ``residual``: the share of
     a gradient a prediction may leave unexplained; ``loss``: a reported loss against a
     prediction, relative, at every step; ``match_rtol``/``match_atol``: a run against a
-    simulated one, elementwise."""
+    simulated one, elementwise; ``noise``: the rounding an observed gradient carries,
+    relative to its norm (what a fit's weights inherit, amplified by its conditioning)."""
 
     close: float
     residual: float
     loss: float
     match_rtol: float
     match_atol: float
+    noise: float
 
 
 # Measured: a float64 run's fit is exact to ~1e-12, float32 gradients carry ~1e-6 of
 # rounding, bfloat16 ~1e-2. A simulated mistake need only be told apart from the others,
 # which differ by far more: loose on purpose.
 MEASURED: dict[str, Tolerance] = {
-    "float64": Tolerance(close=1e-3, residual=1e-6, loss=1e-7, match_rtol=1e-5, match_atol=1e-7),
-    "float32": Tolerance(close=1e-3, residual=1e-3, loss=1e-4, match_rtol=1e-3, match_atol=1e-5),
-    "bfloat16": Tolerance(close=3e-2, residual=5e-2, loss=3e-2, match_rtol=4e-2, match_atol=4e-3),
+    "float64": Tolerance(
+        close=1e-3, residual=1e-6, loss=1e-7, match_rtol=1e-5, match_atol=1e-7, noise=1e-12
+    ),
+    "float32": Tolerance(
+        close=1e-3, residual=1e-3, loss=1e-4, match_rtol=1e-3, match_atol=1e-5, noise=1e-6
+    ),
+    "bfloat16": Tolerance(
+        close=3e-2, residual=5e-2, loss=3e-2, match_rtol=4e-2, match_atol=4e-3, noise=1e-2
+    ),
 }
 # A hook that may compress: float16 rounds each contribution by 2^-11 of its size and the
 # sum again per rank, which moves fitted weights by a few parts in a thousand to a percent.
-COMPRESSED = Tolerance(close=3e-2, residual=5e-2, loss=3e-2, match_rtol=2e-2, match_atol=1e-4)
+COMPRESSED = Tolerance(
+    close=3e-2, residual=5e-2, loss=3e-2, match_rtol=2e-2, match_atol=1e-4, noise=2**-11
+)
 
 
 def tolerance(dtype: str, *, compressed: bool = False) -> Tolerance:
@@ -98,7 +108,7 @@ def tolerance(dtype: str, *, compressed: bool = False) -> Tolerance:
     """
     fields = {
         name: by_roundoff(dtype, {d: getattr(t, name) for d, t in MEASURED.items()})
-        for name in ("close", "residual", "loss", "match_rtol", "match_atol")
+        for name in ("close", "residual", "loss", "match_rtol", "match_atol", "noise")
     }
     if compressed:
         fields = {k: max(v, getattr(COMPRESSED, k)) for k, v in fields.items()}

@@ -336,7 +336,7 @@ def gradient_causes(
             dataclasses.replace(
                 c,
                 evidence=c.evidence + " (the micro-batches' gradients are linearly dependent "
-                "here, so other weights would explain it as well)",
+                "here, at the run's precision, so other weights would explain it as well)",
             )
             for c in causes
         ]

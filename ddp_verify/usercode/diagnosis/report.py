@@ -154,7 +154,7 @@ def _gradient_causes(evidence: Evidence, h: Hypothesis, fits: _Fits) -> list[Cau
             dataclasses.replace(
                 c,
                 evidence=c.evidence + " (the micro-batches' gradients are linearly dependent "
-                "here, so other weights would explain it as well)",
+                "here, at the run's precision, so other weights would explain it as well)",
             )
             for c in said
         ]

@@ -28,6 +28,20 @@ def close_for(dtype: str) -> float:
     return tolerance(dtype).close
 
 
+def determined_for(dtype: str) -> float:
+    """The smallest ratio of a fit's singular values (smallest to largest) at which its
+    weights are determined to :func:`close_for`, given the rounding a ``dtype`` gradient
+    carries: below it, they are not (the fit is rank-deficient at that precision).
+
+    Example::
+
+        >>> determined_for("float64") < determined_for("float32") < determined_for("bfloat16")
+        True
+    """
+    at = tolerance(dtype)
+    return at.noise / at.close
+
+
 def residual_for(dtype: str) -> float:
     """The share of a gradient a fit may leave unexplained: the tolerance table's."""
     return tolerance(dtype).residual
@@ -39,7 +53,8 @@ class WeightFit:
 
     ``expected`` is ``1/N`` for every group; ``residual`` is the share of the observed
     gradient that no weighting of the micro-batches explains (near 0: the fit holds);
-    ``identifiable`` is False when the micro-batches' gradients are linearly dependent, so
+    ``identifiable`` is False when the micro-batches' gradients are linearly dependent (at the
+    observed gradient's precision: :func:`determined_for`), so
     that other weights would explain it as well.
     """
 
@@ -114,7 +129,10 @@ def fit_gradient(
         coefficients = solution.squeeze(1)
         scale = float(target.norm()) or 1.0
         residual = float((columns @ coefficients - target).norm()) / scale
-        matrix_rank = int(torch.linalg.matrix_rank(columns))
+        # Weights are determined to a pattern's closeness only where the observed gradient's
+        # rounding, amplified by how near the micro-batches' gradients come to dependence,
+        # stays below it: a fit at a float32 counterexample of a one-feature model is not.
+        matrix_rank = int(torch.linalg.matrix_rank(columns, rtol=determined_for(scenario.dtype)))
         if matrix_rank < len(groups):
             # Many weightings explain it equally well, and least squares picks the smallest,
             # not the true one: the simplest structured weighting that explains it instead.
