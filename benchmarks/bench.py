@@ -31,10 +31,14 @@ For each world size, one run measures:
   world with ``world.check``: from its first failing example to the report, split into
   shrinking (next to as many examples at the floor) and the diagnosis; and what probing a
   loss's logits layout adds (the same loss checked with its layout probed, then pinned);
+- that diagnosis's reproducer run as a user runs it (``python PATH``; not in ``--quick``), next
+  to its floor: a bare ``python -c "import torch, torch._dynamo"`` (torch's optimizers import
+  ``torch._dynamo`` at their first step);
 - peak resident memory of the controller and of the largest rank.
 
-It prints medians and the ratios harness/floor and usual-way/harness, and writes everything as
-JSON. Plan on four to six minutes on two cores.
+It prints medians and the ratios harness/floor (of the medians, and of the totals over the
+same scenarios) and usual-way/harness, and writes everything as JSON. Plan on about nine
+minutes on two cores (``--quick``: about one).
 """
 
 from __future__ import annotations
@@ -527,7 +531,7 @@ def cli_check(size: int, examples: int, device: str) -> float:
     return float(verdict["wall_s"])
 
 
-def diagnosis(world: VerifyingWorld) -> dict[str, float]:
+def diagnosis(world: VerifyingWorld) -> dict[str, float | str]:
     """A world-averaged grad-sync function (a mistake on uneven batches), from its first
     failing example to the report: shrinking (and the examples it ran), then the diagnosis.
     Checked on the benchmark's warm world, as ``world.check`` runs it in a test: the
@@ -540,12 +544,40 @@ def diagnosis(world: VerifyingWorld) -> dict[str, float]:
         raise RuntimeError("a world-averaged grad-sync passed its check")
     at = dict(verdict.timeline)
     assert verdict.examples is not None and verdict.found_at is not None
+    assert verdict.reproducer is not None
     return {
         "to_report_s": at["report"] - at["first_failure"],
         "shrink_s": at["shrunk"] - at["first_failure"],
         "diagnosis_s": at["report"] - at["shrunk"],
         "shrink_examples": float(verdict.examples - verdict.found_at),
+        "reproducer": verdict.reproducer,
     }
+
+
+def reproducer(path: str) -> float:
+    """The diagnosis's reproducer run as a user runs it (``python PATH``): a fresh process
+    that starts its own world and trains the one shrunk scenario; it exits 1 while the
+    mistake is there."""
+    start = time.perf_counter()
+    result = subprocess.run(
+        [sys.executable, path], capture_output=True, text=True, timeout=SAMPLE_TIMEOUT_S
+    )
+    elapsed = time.perf_counter() - start
+    if result.returncode != 1:
+        raise RuntimeError(f"the reproducer exited {result.returncode}:\n{result.stderr}")
+    return elapsed
+
+
+def bare_import_optimizers() -> float:
+    """A fresh interpreter importing torch and what torch's optimizers import at their first
+    step (``torch._dynamo``): a reproducer's floor, as it trains with them."""
+    start = time.perf_counter()
+    subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", "import torch, torch._dynamo"],
+        check=True,
+        timeout=SAMPLE_TIMEOUT_S,
+    )
+    return time.perf_counter() - start
 
 
 def layout_probes(world: VerifyingWorld) -> float:
@@ -623,6 +655,9 @@ def measure(size: int, args: argparse.Namespace) -> dict[str, Any]:
                 out[f"{kind}_floor_ms"] = statistics.median(floors) * 1e3
                 out[f"{kind}_ranks_floor_ms"] = statistics.median(rank_floors) * 1e3
                 ratio(f"{kind}_check_over_floor", f"{kind}_check_ms", f"{kind}_floor_ms")
+                # The same scenarios' work in all: long examples weigh by their length, where
+                # the medians' ratio shows the fixed cost of a short one.
+                out[f"{kind}_total_over_floor"] = sum(checks) / sum(floors)
                 if kind not in USUAL or (args.quick and kind != USUAL[0]):
                     continue  # --quick: one spawned world (seconds each) is enough to compare
                 say(f"world size {size}: {kind}, {args.usual} examples the usual way (spawned)")
@@ -646,13 +681,31 @@ def measure(size: int, args: argparse.Namespace) -> dict[str, Any]:
             say(f"world size {size}: a mistake found, shrunk and diagnosed (world.check)")
             taken = samples("diagnosis", lambda: diagnosis(world), args.cli_runs, failures)
             for key in ("to_report_s", "shrink_s", "diagnosis_s", "shrink_examples"):
-                put(f"diagnosis_{key}", median_of([t[key] for t in taken]))  # type: ignore[index]
+                put(f"diagnosis_{key}", median_of([float(t[key]) for t in taken]))
             if "diagnosis_shrink_examples" in out and "grad-sync_floor_ms" in out:
                 # The floor of shrinking: as many examples as it ran, each at the floor.
                 out["diagnosis_shrink_floor_s"] = (
                     out["diagnosis_shrink_examples"] * out["grad-sync_floor_ms"] / 1e3
                 )
             ratio("diagnosis_shrink_over_floor", "diagnosis_shrink_s", "diagnosis_shrink_floor_s")
+            if taken and not args.quick:
+                say(f"world size {size}: the diagnosis's reproducer, run as a user runs it")
+                script = str(taken[-1]["reproducer"])
+                put(
+                    "reproducer_s",
+                    median_of(
+                        samples("reproducer", lambda: reproducer(script), args.repeats, failures)
+                    ),
+                )
+                put(
+                    "bare_import_optimizers_s",
+                    median_of(
+                        samples(
+                            "import torch._dynamo", bare_import_optimizers, args.repeats, failures
+                        )
+                    ),
+                )
+                ratio("reproducer_over_floor", "reproducer_s", "bare_import_optimizers_s")
             say(f"world size {size}: layout probes (a loss's logits layout probed, then pinned)")
             put(
                 "layout_probes_s",
@@ -720,12 +773,16 @@ PATHS = [
     ("diagnosis_shrink_over_floor", "shrink/floor", "{:.2f}"),
     ("diagnosis_diagnosis_s", "diagnosis s", "{:.2f}"),
     ("layout_probes_s", "layouts s", "{:.2f}"),
+    ("reproducer_s", "repro s", "{:.2f}"),
+    ("bare_import_optimizers_s", "its floor s", "{:.2f}"),
+    ("reproducer_over_floor", "repro/floor", "{:.2f}"),
 ]
 PER_KIND = [
     ("check_ms", "check ms", "{:.1f}"),
     ("floor_ms", "floor ms", "{:.1f}"),
     ("ranks_floor_ms", "ranks ms", "{:.1f}"),
     ("check_over_floor", "check/floor", "{:.2f}"),
+    ("total_over_floor", "all/floor", "{:.2f}"),
     ("usual_ms", "usual ms", "{:.0f}"),
     ("usual_over_check", "usual/check", "{:.0f}x"),
 ]
