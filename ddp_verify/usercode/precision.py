@@ -101,22 +101,24 @@ class Precision:
         )
 
 
-def probe_scenario(world_size: int, bounds: dict[str, Any]) -> Scenario | None:
+def probe_scenario(
+    world_size: int, bounds: dict[str, Any], *, dtype: str = "float64"
+) -> Scenario | None:
     """The simplest scenario of ``bounds`` that is even, one micro-batch per rank, one step,
-    in float64; None if the bounds allow none (float64 excluded, say).
+    in ``dtype``; None if the bounds allow none (``dtype`` excluded, say).
 
     Example::
 
         probe_scenario(2, {})  # Scenario(world_size=2, schedule=(((1,), (1,)),), ...)
     """
-    if "float64" not in tuple(bounds.get("dtypes", ("float64",))):
+    if dtype not in tuple(bounds.get("dtypes", ("float64",))):
         return None
     probe_bounds = {
         **bounds,
         "even": True,
         "max_micro_batches": 1,
         "max_steps": 1,
-        "dtypes": ("float64",),
+        "dtypes": (dtype,),
     }
     probe_bounds.pop("same_micro_batch_counts", None)
     try:

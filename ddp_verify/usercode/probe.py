@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from ..engine.tolerances import unit_roundoff_of
 from ..engine.trace import Trace
 from ..methods.equivalence import reference_and_tolerance
 from ..world import RankError, WorldError
@@ -77,11 +78,15 @@ def found_layout(
 def _probe(world_size: int, bounds: Mapping[str, Any]) -> Any:
     """The probe scenario: token data laid out so that labels work aligned or unshifted
     (the last position never counts) where the bounds allow tokens, with as many tokens on
-    every rank; else the bounds' simplest even scenario."""
+    every rank; else the bounds' simplest even scenario. In the most precise dtype the
+    bounds allow: float64 where they do, else the next (a check held to float32 only probes
+    in float32, whose rounding stays far below what a wrong layout does)."""
+    allowed = tuple(bounds.get("dtypes", ("float64",)))
+    dtype = min(allowed, key=unit_roundoff_of) if allowed else "float64"
     losses = tuple(bounds.get("losses", ("tokens",)))
     if "tokens" in losses and bounds.get("model") is None:
         token_bounds = {**bounds, "losses": ("tokens",), "labels": "unshifted"}
-        scenario = probe_scenario(world_size, token_bounds)
+        scenario = probe_scenario(world_size, token_bounds, dtype=dtype)
         if scenario is not None:
             return equal_items_scenario(scenario)
-    return probe_scenario(world_size, dict(bounds))
+    return probe_scenario(world_size, dict(bounds), dtype=dtype)

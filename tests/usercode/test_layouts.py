@@ -119,3 +119,40 @@ def test_a_list_helper_is_called_with_a_list_whatever_its_name(tmp_path, monkeyp
     assert verdict.layout.startswith("a list of one tensor, as it agreed with the reference")
     assert "a tensor: raised TypeError: iteration over a 0-d tensor" in verdict.layout
     assert {c.pattern for c in verdict.causes} & {"loss:world"}
+
+
+def test_the_probe_runs_in_the_most_precise_dtype_the_check_allows():
+    from ddp_verify.usercode.probe import _probe
+
+    assert _probe(2, {"dtypes": ("float32", "float64")}).dtype == "float64"
+    # A check held to float32 only is still probed (it was called in the default layout,
+    # unprobed, and a loss written for (positions, vocab) logits crashed on every example).
+    only = _probe(2, {"dtypes": ("float32",)})
+    assert only.dtype == "float32" and only.loss == "tokens"
+    assert _probe(2, {"dtypes": ("bfloat16", "float32")}).dtype == "float32"
+
+
+def flat_logits_mean(logits, labels):
+    # Written for (positions, vocab) logits (3d ones raise in F.cross_entropy), and a mean
+    # over its own tokens: wrong wherever ranks hold different numbers of them.
+    import torch.nn.functional as F
+
+    return F.cross_entropy(logits, labels, ignore_index=-100)
+
+
+def test_a_float32_only_check_calls_the_code_in_the_layout_it_runs_in():
+    from ddp_verify.usercode.verdict import NotEquivalent
+
+    with pytest.raises(NotEquivalent) as info:
+        check(
+            flat_logits_mean,
+            kind="loss-fn",
+            world_size=2,
+            max_examples=5,
+            seed=0,
+            dtypes=("float32",),
+        )
+    verdict = info.value.verdict
+    assert verdict.layout and "pin it: logits='2d'" in verdict.layout
+    assert info.value.scenario.dtype == "float32"
+    assert info.value.causes, "a float32 counterexample gets its likely cause"
