@@ -231,8 +231,9 @@ def _all_within(reference: Trace, got: Trace, tolerance: Tolerance, grads: bool)
 
 
 def _within(value: torch.Tensor, expected: torch.Tensor, allowed: torch.Tensor) -> bool:
-    """Whether no element of ``value`` is :func:`outside`; the plain difference first, as it
-    settles a passing example (a NaN or an infinity fails it and goes to the full rule)."""
+    """Whether no element of ``value`` is :func:`outside`: the plain difference first, which
+    settles a passing example; what it does not settle (a NaN, an infinity against itself)
+    goes to the full rule."""
     v, e = value.to("cpu", torch.float64), expected.to("cpu", torch.float64)
     if bool(((v - e).abs() <= allowed.cpu()).all()):
         return True

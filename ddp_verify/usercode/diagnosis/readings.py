@@ -274,7 +274,14 @@ def gradient_fits(scenario: Scenario, got: Trace, *, compressed: bool = False) -
             return []
         starts = starts_of(scenario, got, step)
         fits = [
-            fit_gradient(scenario, g, step, rank=r, starts=starts)  # type: ignore[arg-type]
+            fit_gradient(
+                scenario,
+                g,  # type: ignore[arg-type]
+                step,
+                rank=r,
+                starts=starts,
+                compressed=compressed,
+            )
             for r, g in enumerate(observed)
         ]
         if any(explain_fit(fit, close) or fit.residual > limit for fit in fits):

@@ -28,17 +28,18 @@ def close_for(dtype: str) -> float:
     return tolerance(dtype).close
 
 
-def determined_for(dtype: str) -> float:
+def determined_for(dtype: str, *, compressed: bool = False) -> float:
     """The smallest ratio of a fit's singular values (smallest to largest) at which its
-    weights are determined to :func:`close_for`, given the rounding a ``dtype`` gradient
-    carries: below it, they are not (the fit is rank-deficient at that precision).
+    weights are determined to a pattern's closeness, given the rounding a ``dtype`` gradient
+    carries (``compressed``: by a hook that may compress it): below it, they are not (the fit
+    is rank-deficient at that precision).
 
     Example::
 
         >>> determined_for("float64") < determined_for("float32") < determined_for("bfloat16")
         True
     """
-    at = tolerance(dtype)
+    at = tolerance(dtype, compressed=compressed)
     return at.noise / at.close
 
 
@@ -53,9 +54,9 @@ class WeightFit:
 
     ``expected`` is ``1/N`` for every group; ``residual`` is the share of the observed
     gradient that no weighting of the micro-batches explains (near 0: the fit holds);
-    ``identifiable`` is False when the micro-batches' gradients are linearly dependent (at the
-    observed gradient's precision: :func:`determined_for`), so
-    that other weights would explain it as well.
+    ``identifiable`` is False when the micro-batches' gradients are linearly dependent at the
+    observed gradient's precision (:func:`determined_for`), so that other weights would
+    explain it as well.
     """
 
     world_size: int
@@ -111,10 +112,12 @@ def fit_gradient(
     *,
     rank: int = 0,
     starts: Sequence[Params | None] | None = None,
+    compressed: bool = False,
 ) -> WeightFit:
     """The weights that explain ``observed`` (``rank``'s ``.grad`` by parameter name at
     ``step``, every rank having started it from ``starts``) as a weighted sum of the
-    micro-batches' mean gradients.
+    micro-batches' mean gradients; ``compressed``: it came through a comm hook that may
+    compress it, whose rounding the weights inherit too.
 
     Example::
 
@@ -132,7 +135,8 @@ def fit_gradient(
         # Weights are determined to a pattern's closeness only where the observed gradient's
         # rounding, amplified by how near the micro-batches' gradients come to dependence,
         # stays below it: a fit at a float32 counterexample of a one-feature model is not.
-        matrix_rank = int(torch.linalg.matrix_rank(columns, rtol=determined_for(scenario.dtype)))
+        determined = determined_for(scenario.dtype, compressed=compressed)
+        matrix_rank = int(torch.linalg.matrix_rank(columns, rtol=determined))
         if matrix_rank < len(groups):
             # Many weightings explain it equally well, and least squares picks the smallest,
             # not the true one: the simplest structured weighting that explains it instead.
