@@ -344,15 +344,19 @@ class Scenario:
         if self.loss == "cross_entropy" and not user and self.model.out_features < 2:
             raise ValueError("cross_entropy needs a model with at least 2 outputs (classes)")
         if self.objective:
-            from hypothesis.errors import InvalidArgument
-
             from .objectives import objective, sample_mean
 
             try:  # sample-mean, the default of losses over samples, is kept as ""
                 object.__setattr__(
                     self, "objective", sample_mean(self.objective, self.loss == "tokens")
                 )
-            except InvalidArgument as exc:
+            except Exception as exc:
+                # Imported only where one was raised: a reproducer builds its scenario
+                # without importing hypothesis (half a second of its start).
+                from hypothesis.errors import InvalidArgument
+
+                if not isinstance(exc, InvalidArgument):
+                    raise
                 raise ValueError(str(exc)) from None
         if self.objective:
             objective(self.objective)  # a declaration that parses

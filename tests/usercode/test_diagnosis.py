@@ -126,6 +126,27 @@ def test_a_reproducer_reports_even_when_a_rank_dies_after_its_trace_arrived(tmp_
     assert "First divergence: step 0 of 1" in result.stdout, result.stderr
 
 
+def test_a_reproducer_runs_without_hypothesis(tmp_path):
+    # A reproducer starts lean: no search, so no hypothesis (half a second of its start).
+    # Blocked here, an import of it anywhere in the script or its forked ranks raises. A
+    # declared objective takes the scenario through the validation that once imported it.
+    scenario = Scenario(world_size=2, schedule=(((1,), (2,)),), objective="sum")
+    script = write_reproducer(_summing_sync, "grad-sync", scenario, tmp_path)
+    blocked = (
+        "import runpy, sys; sys.modules['hypothesis'] = None; sys.argv = [sys.argv[1]]; "
+        "runpy.run_path(sys.argv[0], run_name='__main__')"
+    )
+    result = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", blocked, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    # Summed gradients are the gradient of the summed objective: equivalent.
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "is equivalent to the reference on this scenario" in result.stdout
+
+
 NOTING_SYNC = """
 import os
 import sys

@@ -140,8 +140,10 @@ def flat_logits_mean(logits, labels):
     return F.cross_entropy(logits, labels, ignore_index=-100)
 
 
-def test_a_float32_only_check_calls_the_code_in_the_layout_it_runs_in():
+def test_a_float32_only_check_calls_the_code_in_the_layout_it_runs_in(tmp_path, monkeypatch):
     from ddp_verify.usercode.verdict import NotEquivalent
+
+    monkeypatch.chdir(tmp_path)  # its reproducer is written under ./.ddp_verify
 
     with pytest.raises(NotEquivalent) as info:
         check(
