@@ -25,15 +25,15 @@ For each world size, one run measures:
   example, as spawn-based test suites do;
 - ``ddp-verify check fixtures/grad_sync.py:sample_weighted --kind grad-sync`` with 100
   examples, start-up included, as a user runs it, next to its budget: the floor's work for as
-  many examples, plus a bare ``python -c "import torch"``, plus a bare world start (the target
-  is within 1.2 times that);
+  many examples, plus a bare ``python -c "import torch"`` (ended by ``os._exit``, as the
+  command ends), plus a bare world start (the target is within 1.1 times that);
 - a world-averaged ``grad-sync`` function (a mistake on uneven batches) checked on the warm
   world with ``world.check``: from its first failing example to the report, split into
   shrinking (next to as many examples at the floor) and the diagnosis; and what probing a
   loss's logits layout adds (the same loss checked with its layout probed, then pinned);
 - that diagnosis's reproducer run as a user runs it (``python PATH``; not in ``--quick``), next
   to its floor: a bare ``python -c "import torch, torch._dynamo"`` (torch's optimizers import
-  ``torch._dynamo`` at their first step);
+  ``torch._dynamo`` at their first step), ended by ``os._exit`` as a reproducer ends;
 - peak resident memory of the controller and of the largest rank.
 
 It prints medians and the ratios harness/floor (of the medians, and of the totals over the
@@ -482,10 +482,14 @@ def kind_scenarios(kind: str, world_size: int) -> Any:
 
 
 def bare_import_torch() -> float:
-    """A fresh interpreter that imports torch and exits: what any tool using torch pays."""
+    """A fresh interpreter that imports torch and ends: what any tool using torch pays. It
+    ends by ``os._exit``, as ``ddp-verify`` does, without tearing torch's modules down (a
+    second of CPU a floor need not pay)."""
     start = time.perf_counter()
     subprocess.run(
-        [sys.executable, "-W", "ignore", "-c", "import torch"], check=True, timeout=SAMPLE_TIMEOUT_S
+        [sys.executable, "-W", "ignore", "-c", "import os, torch; os._exit(0)"],
+        check=True,
+        timeout=SAMPLE_TIMEOUT_S,
     )
     return time.perf_counter() - start
 
@@ -570,10 +574,12 @@ def reproducer(path: str) -> float:
 
 def bare_import_optimizers() -> float:
     """A fresh interpreter importing torch and what torch's optimizers import at their first
-    step (``torch._dynamo``): a reproducer's floor, as it trains with them."""
+    step (``torch._dynamo``): a reproducer's floor, as it trains with them. It ends by
+    ``os._exit``, as a reproducer does, without tearing the modules down (two seconds of CPU
+    with ``torch._dynamo``)."""
     start = time.perf_counter()
     subprocess.run(
-        [sys.executable, "-W", "ignore", "-c", "import torch, torch._dynamo"],
+        [sys.executable, "-W", "ignore", "-c", "import os, torch, torch._dynamo; os._exit(0)"],
         check=True,
         timeout=SAMPLE_TIMEOUT_S,
     )

@@ -1,7 +1,5 @@
 """``python -m ddp_verify``: the ``ddp-verify`` command."""
 
-import sys
+from .frontends.cli import console
 
-from .frontends.cli import main
-
-sys.exit(main())
+console()

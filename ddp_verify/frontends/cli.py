@@ -37,7 +37,7 @@ import traceback
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 # torch warns at import when numpy is missing; ddp_verify needs none (tests/frontends/test_cli.py).
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
@@ -66,6 +66,12 @@ from .usage import UsageError, add_verbose, require_plotting  # noqa: E402
 
 # A launched rank other than 0: it reports nothing (rank 0 reports the same verdict).
 _QUIET = False
+
+
+def console() -> NoReturn:
+    """The ``ddp-verify`` command: :func:`main` on ``sys.argv``, its result the exit code,
+    the process ended without tearing torch's modules down one by one (a second and more)."""
+    cleanup.exit_now(main())
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -937,4 +943,4 @@ class _Progress:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    console()

@@ -81,6 +81,35 @@ def test_usage_errors_exit_2_and_say_what_was_expected(target, kind, message):
     assert message in result.stderr
 
 
+ENDED_BY_MARKER = """
+import os, runpy, sys
+
+
+class Marker:
+    # Alive in a module until the interpreter tears its modules down, if it does.
+    def __del__(self):
+        os.write(2, b"torn down")
+
+
+sys.modules["marker"] = type(sys)("marker")
+sys.modules["marker"].alive = Marker()
+sys.argv = ["ddp-verify", "check", "missing.py:fn", "--kind", "grad-sync"]
+runpy.run_module("ddp_verify", run_name="__main__")
+"""
+
+
+def test_the_command_ends_without_tearing_its_modules_down(tmp_path):
+    # The interpreter's teardown is a second of CPU once torch is imported: the command ends
+    # through cleanup.exit_now (tests/world/test_exit.py), its exit code and output kept.
+    from importlib.metadata import entry_points
+
+    (script,) = entry_points(group="console_scripts", name="ddp-verify")
+    assert script.value == "ddp_verify.frontends.cli:console"
+    result = python_script(ENDED_BY_MARKER, cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr == "ddp-verify: error: no such file: missing.py\n"
+
+
 def test_a_name_the_file_imports_can_be_checked(tmp_path):
     (tmp_path / "mine.py").write_text(
         f"import sys\nsys.path.insert(0, {str(FIXTURES)!r})\n"
