@@ -29,14 +29,15 @@ from .recorder import ENV_DIR, ENV_DTYPE, ENV_PERTURB, ENV_STEPS
 __all__ = ["DEFAULT_LAUNCHER", "Run", "launch", "script_of"]
 
 # How a layout's ranks are started: torchrun on this machine, a rendezvous on a free port.
+# Its agent runs through .agent: torchrun itself, less the interpreter's teardown at its end.
 DEFAULT_LAUNCHER = (
-    "{python} -m torch.distributed.run --standalone --nproc-per-node {world_size} "
+    "{python} -m ddp_verify.parity.agent --standalone --nproc-per-node {world_size} "
     "--local-addr 127.0.0.1"
 )
 # The default across --nnodes agents on this machine: one torchrun agent per node, joined by
 # the c10d rendezvous on a loopback port (a multi-node job simulated on one machine).
 _AGENTS = (
-    "{python} -m torch.distributed.run --nnodes {nnodes} --nproc-per-node {nproc_per_node} "
+    "{python} -m ddp_verify.parity.agent --nnodes {nnodes} --nproc-per-node {nproc_per_node} "
     "--rdzv-backend c10d --rdzv-endpoint 127.0.0.1:{port} --rdzv-id {run_id} "
     "--local-addr 127.0.0.1"
 )
