@@ -13,6 +13,7 @@ import pytest
 
 from ddp_verify.usercode.verdict import JSON_FIELDS
 from tests.user_code import FIXTURES
+from tests.world.test_exit import TEARDOWN_MARKER
 
 
 def ddp_verify(
@@ -81,21 +82,15 @@ def test_usage_errors_exit_2_and_say_what_was_expected(target, kind, message):
     assert message in result.stderr
 
 
-ENDED_BY_MARKER = """
-import os, runpy, sys
+ENDED_BY_MARKER = (
+    TEARDOWN_MARKER
+    + """
+import runpy
 
-
-class Marker:
-    # Alive in a module until the interpreter tears its modules down, if it does.
-    def __del__(self):
-        os.write(2, b"torn down")
-
-
-sys.modules["marker"] = type(sys)("marker")
-sys.modules["marker"].alive = Marker()
 sys.argv = ["ddp-verify", "check", "missing.py:fn", "--kind", "grad-sync"]
 runpy.run_module("ddp_verify", run_name="__main__")
 """
+)
 
 
 def test_the_command_ends_without_tearing_its_modules_down(tmp_path):

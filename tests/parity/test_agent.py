@@ -8,20 +8,14 @@ import subprocess
 import sys
 import textwrap
 
+from tests.world.test_exit import TEARDOWN_MARKER
+
 # The agent run as its module, in an interpreter holding an object that says so if the
 # interpreter tears its modules down at the end.
-MARKED = textwrap.dedent(
+MARKED = TEARDOWN_MARKER + textwrap.dedent(
     """
-    import os, runpy, sys
+    import runpy
 
-
-    class Marker:
-        def __del__(self):
-            os.write(2, b"torn down")
-
-
-    sys.modules["marker"] = type(sys)("marker")
-    sys.modules["marker"].alive = Marker()
     sys.argv = ["agent", *sys.argv[1:]]
     runpy.run_module("ddp_verify.parity.agent", run_name="__main__")
     """

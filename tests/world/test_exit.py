@@ -11,10 +11,10 @@ import sys
 
 import pytest
 
-SCRIPT = """
-import atexit, os, sys, threading, time
-
-from ddp_verify.world import cleanup
+# The start of a script whose interpreter writes "torn down" to stderr if it tears its
+# modules down at the end (tests/frontends/test_cli.py and tests/parity/test_agent.py too).
+TEARDOWN_MARKER = """
+import os, sys
 
 
 class Marker:
@@ -25,12 +25,21 @@ class Marker:
 
 sys.modules["marker"] = type(sys)("marker")
 sys.modules["marker"].alive = Marker()
+"""
+SCRIPT = (
+    TEARDOWN_MARKER
+    + """
+import atexit, threading, time
+
+from ddp_verify.world import cleanup
+
 atexit.register(lambda: sys.stdout.write(" atexit ran"))
 thread = threading.Thread(target=lambda: (time.sleep(0.2), sys.stdout.write(" thread done")))
 thread.start()
 sys.stdout.write("buffered")
 {end}
 """
+)
 
 
 def _ended(end: str) -> subprocess.CompletedProcess[str]:
