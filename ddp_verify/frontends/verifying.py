@@ -23,12 +23,19 @@ class Verifying:
     """What both kinds of world add: checking methods and user code against the reference."""
 
     def check_equivalent(
-        self, method: Method, scenario: Scenario, *, tolerance: Tolerance | None = None
+        self,
+        method: Method,
+        scenario: Scenario,
+        *,
+        tolerance: Tolerance | None = None,
+        measure_all: bool = False,
     ) -> Outcome:
         """See :func:`ddp_verify.methods.equivalence.check_equivalent`."""
         from ..methods.equivalence import check_equivalent
 
-        return check_equivalent(self._world(), method, scenario, tolerance=tolerance)
+        return check_equivalent(
+            self._world(), method, scenario, tolerance=tolerance, measure_all=measure_all
+        )
 
     def assert_equivalent(
         self, method: Method, scenario: Scenario, *, tolerance: Tolerance | None = None

@@ -3,7 +3,11 @@
 ``assert_equivalent(world, method, scenario)`` trains the scenario with ``method`` on the
 world's ranks while the world's helper process trains the reference (and derives the float32
 tolerance), compares the traces here, and raises
-:class:`~ddp_verify.engine.outcome.EquivalenceError` at the first divergence. The controller
+:class:`~ddp_verify.engine.outcome.EquivalenceError` at the first divergence. A measured
+bound (float32, bfloat16) is measured as far as the verdict needs: on one run in the
+scenario's dtype first, on the reordered variants only when the ranks' result is outside that
+run's bound (a bound only grows with the runs it is measured on, so the verdict is the one
+all of them give). The controller
 builds no model and no optimizer, so it never imports what torch's optimizers pull in
 (``torch._dynamo``, FSDP, sympy).
 """
@@ -28,6 +32,7 @@ from ..engine.tolerances import (
     TrainingOnly,
     TrainingOnlyMeasured,
     rounding_may_branch,
+    rounding_variant,
 )
 from ..engine.trace import Trace
 from ..world import RankError
@@ -56,9 +61,21 @@ class HarnessError(RuntimeError):
 
 
 def check_equivalent(
-    world: Ranked | None, method: Method, scenario: Scenario, *, tolerance: Tolerance | None = None
+    world: Ranked | None,
+    method: Method,
+    scenario: Scenario,
+    *,
+    tolerance: Tolerance | None = None,
+    measure_all: bool = False,
 ) -> Outcome:
     """Train ``scenario`` with ``method`` and with the reference; compare them.
+
+    Without a ``tolerance``, a float32 or bfloat16 scenario is held to a bound measured on
+    runs of the reference in its dtype: one run first, and the reordered variants only when
+    the result is outside that run's bound. The verdict is the one every run gives (a bound
+    only grows with its runs); a passing outcome's :meth:`~Outcome.allowance_used` is against
+    the bound of the runs it needed. ``measure_all=True`` measures every run whatever the
+    result: for a study of the margins themselves.
 
     Example::
 
@@ -77,12 +94,17 @@ def check_equivalent(
             f"scenarios with scenarios(world_size=world.size)"
         )
     finish = _start(world, method, scenario)
+    # The one run in the scenario's dtype a staged bound was first measured on.
+    first: Trace | None = None
     try:
         # The reference trains beside the ranks, on the world's helper process (or, for
         # code that is its own reference on one rank, on a one-rank world).
         derived: Tolerance | None
         if getattr(method, "whole_batch_reference", False):
             reference, derived = _own_truth(world, method, scenario)
+        elif tolerance is None and scenario.dtype != "float64" and not measure_all:
+            reference, first = _on_helper(world, _first_truth, scenario)
+            derived = _measured(world, scenario, reference, [first])
         else:
             reference, derived = _truth(world, scenario, tolerance is None)
     except RankError as exc:
@@ -93,6 +115,14 @@ def check_equivalent(
     tolerance = tolerance or derived
     assert tolerance is not None
     mismatch = compare(reference, got, scenario, tolerance)
+    if mismatch is not None and first is not None:
+        # Outside the one run's bound: judged against the bound of every run, as always.
+        try:
+            variants = _on_helper(world, _variant_runs, scenario)
+        except RankError as exc:
+            raise HarnessError(f"the tolerance could not be measured:\n{exc}") from exc
+        tolerance = derived = _measured(world, scenario, reference, [first, *variants])
+        mismatch = compare(reference, got, scenario, tolerance)
     if mismatch is not None and derived is not None and rounding_may_branch(scenario):
         # A rare rounding branch, not a divergence, until more runs say otherwise.
         try:
@@ -148,6 +178,33 @@ def _truth(
     return world.helper.run_job(
         reference_and_tolerance, (scenario, derive_tolerance), options, name="the reference"
     )[0]
+
+
+def _first_truth(scenario: Scenario, *, device: str = "cpu") -> tuple[Trace, Trace]:
+    """The float64 reference (on the CPU) and the reference trained in the scenario's dtype
+    on ``device``: the first run a measured bound is measured on."""
+    return train_reference(scenario, "float64"), train_reference(scenario, scenario.dtype, device)
+
+
+def _variant_runs(scenario: Scenario, *, device: str = "cpu") -> list[Trace]:
+    """The reordered runs of ``scenario`` in its dtype that complete a measured bound."""
+    return [rounding_variant(scenario, v, device=device) for v in range(FLOAT32_VARIANTS)]
+
+
+def _on_helper(world: Ranked | None, fn: Callable[..., Any], scenario: Scenario) -> Any:
+    """``fn(scenario)`` on the world's helper process, on the ranks' kind of device (in this
+    process, on the CPU, without a world)."""
+    if world is None:
+        return fn(scenario)
+    return world.helper.run_job(fn, (scenario,), {"device": world.device}, name="the reference")[0]
+
+
+def _measured(
+    world: Ranked | None, scenario: Scenario, reference: Trace, runs: list[Trace]
+) -> MeasuredTolerance:
+    """The bound ``runs`` measure, as :meth:`MeasuredTolerance.derive` gives it for them."""
+    tf32 = world is not None and world.allow_tf32 and world.device == "cuda"
+    return MeasuredTolerance.of_runs(scenario, reference, runs, tf32=tf32)
 
 
 def _own_truth(
