@@ -313,6 +313,11 @@ class MeasuredTolerance(Tolerance):
             precision=precision,
         )
 
+    @property
+    def bounds(self) -> dict[tuple[str, int], float]:
+        """The allowed difference per ``(quantity, step)`` (``fallback`` where none)."""
+        return dict(self._bounds)
+
     def allowed(self, quantity: str, step: int, name: str, expected: torch.Tensor) -> torch.Tensor:
         bound = self._bounds.get((quantity, step), self.fallback)
         return torch.full_like(expected, bound, dtype=torch.float64)

@@ -75,15 +75,17 @@ def train_on_rank(method: DistributedMethod, scenario: Scenario) -> RankTrace:
     return method.train_rank(scenario)
 
 
-def train_whole_variants(method: Any, scenario: Scenario, variants: int) -> list[RankTrace]:
+def train_whole_variants(
+    method: Any, scenario: Scenario, variants: int, first: int = 0
+) -> list[RankTrace]:
     """The job a one-rank world runs for a method that is its own reference (its
-    ``train_whole``: the whole global batch on one rank, a coupled loss's), ``variants``
-    times in rounding-only variants (variant ``k`` lays the pairs out in another order: the
-    same loss, other sums; variant 0 is the pairs in rank order)."""
+    ``train_whole``: the whole global batch on one rank, a coupled loss's), in rounding-only
+    variants ``first`` to ``variants - 1`` (variant ``k`` lays the pairs out in another
+    order: the same loss, other sums; variant 0 is the pairs in rank order)."""
     import torch.distributed as dist
 
     if dist.get_world_size() != 1:
         raise ValueError(
             f"{method.name}'s reference runs on a world of one rank, not {dist.get_world_size()}"
         )
-    return [method.train_whole(scenario, variant=k) for k in range(variants)]
+    return [method.train_whole(scenario, variant=k) for k in range(first, variants)]

@@ -34,7 +34,7 @@ from ..engine.tolerances import (
     rounding_may_branch,
     rounding_variant,
 )
-from ..engine.trace import Trace
+from ..engine.trace import RankTrace, Trace
 from ..world import RankError
 from ..world.interface import Ranked
 from .base import DistributedMethod, Method, train_on_rank, train_whole_variants
@@ -94,17 +94,17 @@ def check_equivalent(
             f"scenarios with scenarios(world_size=world.size)"
         )
     finish = _start(world, method, scenario)
-    # The one run in the scenario's dtype a staged bound was first measured on.
-    first: Trace | None = None
+    staged = tolerance is None and scenario.dtype != "float64" and not measure_all
+    # A staged bound's completion: the bound of every run, for a result outside the first's.
+    complete: Callable[[], Tolerance] | None = None
     try:
         # The reference trains beside the ranks, on the world's helper process (or, for
         # code that is its own reference on one rank, on a one-rank world).
         derived: Tolerance | None
         if getattr(method, "whole_batch_reference", False):
-            reference, derived = _own_truth(world, method, scenario)
-        elif tolerance is None and scenario.dtype != "float64" and not measure_all:
-            reference, first = _on_helper(world, _first_truth, scenario)
-            derived = _measured(world, scenario, reference, [first])
+            reference, derived, complete = _own_truth(world, method, scenario, staged=staged)
+        elif staged:
+            reference, derived, complete = _staged_truth(world, scenario)
         else:
             reference, derived = _truth(world, scenario, tolerance is None)
     except RankError as exc:
@@ -115,19 +115,18 @@ def check_equivalent(
     tolerance = tolerance or derived
     assert tolerance is not None
     mismatch = compare(reference, got, scenario, tolerance)
-    if mismatch is not None and first is not None:
-        # Outside the one run's bound: judged against the bound of every run, as always.
+    if mismatch is not None and complete is not None:
+        # Outside the first run's bound: judged against the bound of every run, as always.
         try:
-            variants = _on_helper(world, _variant_runs, scenario)
+            tolerance = derived = complete()
         except RankError as exc:
             raise HarnessError(f"the tolerance could not be measured:\n{exc}") from exc
-        tolerance = derived = _measured(world, scenario, reference, [first, *variants])
         mismatch = compare(reference, got, scenario, tolerance)
     if mismatch is not None and derived is not None and rounding_may_branch(scenario):
         # A rare rounding branch, not a divergence, until more runs say otherwise.
         try:
             if getattr(method, "whole_batch_reference", False):
-                _, tolerance = _own_truth(world, method, scenario, variants=BRANCHING_VARIANTS)
+                _, tolerance, _ = _own_truth(world, method, scenario, variants=BRANCHING_VARIANTS)
             else:
                 _, tolerance = _truth(world, scenario, True, variants=BRANCHING_VARIANTS)
         except RankError as exc:
@@ -180,6 +179,20 @@ def _truth(
     )[0]
 
 
+def _staged_truth(
+    world: Ranked | None, scenario: Scenario
+) -> tuple[Trace, MeasuredTolerance, Callable[[], MeasuredTolerance]]:
+    """The float64 reference, the bound of its one run in the scenario's dtype, and how to
+    complete that bound with the reordered variants (see :func:`check_equivalent`)."""
+    reference, first = _on_helper(world, _first_truth, scenario)
+
+    def complete() -> MeasuredTolerance:
+        variants = _on_helper(world, _variant_runs, scenario)
+        return _measured(world, scenario, reference, [first, *variants])
+
+    return reference, _measured(world, scenario, reference, [first]), complete
+
+
 def _first_truth(scenario: Scenario, *, device: str = "cpu") -> tuple[Trace, Trace]:
     """The float64 reference (on the CPU) and the reference trained in the scenario's dtype
     on ``device``: the first run a measured bound is measured on."""
@@ -208,34 +221,57 @@ def _measured(
 
 
 def _own_truth(
-    world: Ranked | None, method: Method, scenario: Scenario, variants: int = FLOAT32_VARIANTS
-) -> tuple[Trace, Tolerance]:
+    world: Ranked | None,
+    method: Method,
+    scenario: Scenario,
+    variants: int = FLOAT32_VARIANTS,
+    *,
+    staged: bool = False,
+) -> tuple[Trace, Tolerance, Callable[[], Tolerance] | None]:
     """The reference of code that is its own on one rank holding the whole batch (a coupled
     loss's): trained on the world's one-rank world, or in this process on a one-rank process
     group of its own (a reproducer's) when there is no world. In float32: trained in float64,
     and held to how far ``variants`` runs of the code in float32 on one rank (the pairs laid
-    out in other orders: other sums) land from it."""
+    out in other orders: other sums) land from it. ``staged`` (on a world): the bound of the
+    first of those runs, and how to complete it with the others."""
+    staged = staged and world is not None
     exact = dataclasses.replace(scenario, dtype="float64")
-    asked = [(exact, 1)] if scenario.dtype == "float64" else [(exact, 1), (scenario, variants)]
-    if world is not None:
-        shipped = method.shipped()  # type: ignore[attr-defined]
-        runs = [
-            world.solo.run_job(train_whole_variants, (shipped, *job), name="the reference")[0]
-            for job in asked
-        ]
-    else:
-        # All in one process group's life: code may keep the group it first saw (a default
-        # argument of torch.distributed.nn's collectives is bound at import).
-        runs = _on_one_rank(lambda: [train_whole_variants(method, *job) for job in asked])
+    asked = [(exact, 1)]
+    if scenario.dtype != "float64":
+        asked.append((scenario, 1 if staged else variants))
+    runs = _own_runs(world, method, asked)
     label = "reference (your code on one rank, the whole batch)"
     reference = Trace(label, runs[0])
     # What the code returns is backpropagated, and may be scaled (times the world size):
     # training is held, the loss is shown.
     if scenario.dtype == "float64":
-        return reference, TrainingOnly()
-    rounded = [Trace(f"{label}, {scenario.dtype}", [run]) for run in runs[1]]
+        return reference, TrainingOnly(), None
     tf32 = world is not None and world.allow_tf32 and world.device == "cuda"
-    return reference, TrainingOnlyMeasured.of_runs(scenario, reference, rounded, tf32=tf32)
+
+    def measured(rounded: list[RankTrace]) -> Tolerance:
+        traces = [Trace(f"{label}, {scenario.dtype}", [run]) for run in rounded]
+        return TrainingOnlyMeasured.of_runs(scenario, reference, traces, tf32=tf32)
+
+    def complete() -> Tolerance:
+        # The variants after the first: variant k is the same run whichever job trains it.
+        (others,) = _own_runs(world, method, [(scenario, variants, 1)])
+        return measured([*runs[1], *others])
+
+    return reference, measured(runs[1]), complete if staged else None
+
+
+def _own_runs(world: Ranked | None, method: Method, asked: list[tuple[Any, ...]]) -> list[Any]:
+    """:func:`train_whole_variants` for each job ``asked``, on the world's one-rank world."""
+    if world is not None:
+        shipped = method.shipped()  # type: ignore[attr-defined]
+        return [
+            world.solo.run_job(train_whole_variants, (shipped, *job), name="the reference")[0]
+            for job in asked
+        ]
+    # All in one process group's life: code may keep the group it first saw (a default
+    # argument of torch.distributed.nn's collectives is bound at import). So no world, no
+    # staging: a second job would be a second group.
+    return _on_one_rank(lambda: [train_whole_variants(method, *job) for job in asked])
 
 
 def _on_one_rank(run: Callable[[], Any]) -> Any:

@@ -109,6 +109,7 @@ def test_a_bound_measured_as_far_as_the_verdict_needs_gives_every_runs_verdict(w
                 # A failure is said against every run's bound, as measure_all says it.
                 assert staged.tolerance.runs == every.tolerance.runs
                 assert str(staged.mismatch) == str(every.mismatch)
+                assert staged.tolerance.bounds == every.tolerance.bounds
                 staged_runs["failed"].add(min(staged.tolerance.runs, runs))
 
     compare_stages()
