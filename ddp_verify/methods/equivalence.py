@@ -3,13 +3,14 @@
 ``assert_equivalent(world, method, scenario)`` trains the scenario with ``method`` on the
 world's ranks while the world's helper process trains the reference (and derives the float32
 tolerance), compares the traces here, and raises
-:class:`~ddp_verify.engine.outcome.EquivalenceError` at the first divergence. A measured
-bound (float32, bfloat16) is measured as far as the verdict needs: on one run in the
-scenario's dtype first, on the reordered variants only when the ranks' result is outside that
-run's bound (a bound only grows with the runs it is measured on, so the verdict is the one
-all of them give). The controller
+:class:`~ddp_verify.engine.outcome.EquivalenceError` at the first divergence. The controller
 builds no model and no optimizer, so it never imports what torch's optimizers pull in
 (``torch._dynamo``, FSDP, sympy).
+
+A measured bound (float32, bfloat16) is measured as far as the verdict needs: on one run in
+the scenario's dtype first, on the reordered variants only when the ranks' result is outside
+that run's bound (a bound only grows with the runs it is measured on, so the verdict is the
+one all of them give).
 """
 
 from __future__ import annotations
