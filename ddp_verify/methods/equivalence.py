@@ -217,8 +217,12 @@ def _measured(
     world: Ranked | None, scenario: Scenario, reference: Trace, runs: list[Trace]
 ) -> MeasuredTolerance:
     """The bound ``runs`` measure, as :meth:`MeasuredTolerance.derive` gives it for them."""
-    tf32 = world is not None and world.allow_tf32 and world.device == "cuda"
-    return MeasuredTolerance.of_runs(scenario, reference, runs, tf32=tf32)
+    return MeasuredTolerance.of_runs(scenario, reference, runs, tf32=_tf32(world))
+
+
+def _tf32(world: Ranked | None) -> bool:
+    """Whether the runs a bound is measured on may round float32 matmuls to TF32."""
+    return world is not None and world.allow_tf32 and world.device == "cuda"
 
 
 def _own_truth(
@@ -247,11 +251,10 @@ def _own_truth(
     # training is held, the loss is shown.
     if scenario.dtype == "float64":
         return reference, TrainingOnly(), None
-    tf32 = world is not None and world.allow_tf32 and world.device == "cuda"
 
     def measured(rounded: list[RankTrace]) -> Tolerance:
         traces = [Trace(f"{label}, {scenario.dtype}", [run]) for run in rounded]
-        return TrainingOnlyMeasured.of_runs(scenario, reference, traces, tf32=tf32)
+        return TrainingOnlyMeasured.of_runs(scenario, reference, traces, tf32=_tf32(world))
 
     def complete() -> Tolerance:
         # The variants after the first: variant k is the same run whichever job trains it.
