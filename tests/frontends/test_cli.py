@@ -1,4 +1,9 @@
-"""The ddp-verify command, run as users run it: exit codes, JSON verdicts, usage errors."""
+"""The ddp-verify command, run as users run it: exit codes, JSON verdicts, usage errors.
+
+The tests of what only a process shows (its exit, its imports, its one JSON document on
+stdout, its terminal) start the command as a subprocess (``ddp_verify``); the tests of
+verdicts, options and reports run it in this process (``ddp_verify_here``: the same ranks,
+forked from a fork server started once)."""
 
 from __future__ import annotations
 
@@ -12,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from ddp_verify.usercode.verdict import JSON_FIELDS
+from tests.frontends.in_process import ddp_verify_here
 from tests.user_code import FIXTURES
 from tests.world.test_exit import TEARDOWN_MARKER
 
@@ -77,7 +83,7 @@ def test_a_counterexample_exits_1_with_a_json_verdict(tmp_path):
     ],
 )
 def test_usage_errors_exit_2_and_say_what_was_expected(target, kind, message):
-    result = ddp_verify("check", target.format(f=FIXTURES), "--kind", kind)
+    result = ddp_verify_here("check", target.format(f=FIXTURES), "--kind", kind)
     assert result.returncode == 2
     assert message in result.stderr
 
@@ -110,7 +116,7 @@ def test_a_name_the_file_imports_can_be_checked(tmp_path):
         f"import sys\nsys.path.insert(0, {str(FIXTURES)!r})\n"
         "from grad_sync import sample_weighted as my_sync\n"
     )
-    result = ddp_verify(*check_command(f"{tmp_path}/mine.py:my_sync", "--max-examples", "5"))
+    result = ddp_verify_here(*check_command(f"{tmp_path}/mine.py:my_sync", "--max-examples", "5"))
     assert result.returncode == 0, result.stdout + result.stderr
     assert "equivalent on 5 generated scenarios at world size 2" in result.stdout
 
@@ -238,7 +244,7 @@ def sync(model):
 def test_an_error_verdict_names_the_users_file_and_line_and_cuts_the_harness(tmp_path):
     (tmp_path / "my_sync.py").write_text(_RAISES_IN_A_HELPER)
     command = check_command("my_sync.py:sync", "--max-examples", "2", "--json")
-    cut = json.loads(ddp_verify(*command, cwd=tmp_path).stdout)
+    cut = json.loads(ddp_verify_here(*command, cwd=tmp_path).stdout)
     assert cut["verdict"] == "error"
     traceback = (
         "  Traceback (most recent call last):\n"
@@ -249,7 +255,7 @@ def test_an_error_verdict_names_the_users_file_and_line_and_cuts_the_harness(tmp
         "  RuntimeError: no scale for rank 0\n"
     )
     assert traceback in cut["report"], cut["report"]
-    full = json.loads(ddp_verify(*command, "--full-trace", cwd=tmp_path).stdout)
+    full = json.loads(ddp_verify_here(*command, "--full-trace", cwd=tmp_path).stdout)
     # The training loop and the adapter that called the code, and the rank that ran it.
     for harness in ("in train_local_then_sync", "in users_sync", "in run_job"):
         assert harness not in cut["report"]
@@ -269,8 +275,8 @@ def test_ddp_debug_does_not_hide_the_cause_of_collectives_that_do_not_pair_up(tm
         "--json",
         kind="step",
     )
-    plain = json.loads(ddp_verify(*command, cwd=tmp_path).stdout)
-    debug = json.loads(ddp_verify(*command, "--ddp-debug", cwd=tmp_path).stdout)
+    plain = json.loads(ddp_verify_here(*command, cwd=tmp_path).stdout)
+    debug = json.loads(ddp_verify_here(*command, "--ddp-debug", cwd=tmp_path).stdout)
     assert "Detected mismatch between collectives" in debug["report"]
     assert plain["verdict"] == debug["verdict"] == "error"
     assert plain["likely_cause"].startswith("collectives called once per micro-batch")
@@ -352,7 +358,7 @@ def test_gpus_that_are_not_there_are_a_usage_error_said_before_anything_starts(
 
 
 def test_bfloat16_is_a_dtype_of_the_check(tmp_path):
-    result = ddp_verify(
+    result = ddp_verify_here(
         *check_command(
             f"{FIXTURES}/grad_sync.py:sample_weighted",
             "--dtype",
@@ -434,14 +440,14 @@ def flat_sync(model, num_samples):
 def test_model_features_the_code_does_not_support_can_be_left_out(tmp_path):
     (tmp_path / "my_code.py").write_text(EVERY_GRADIENT)
     command = check_command(f"{tmp_path}/my_code.py:flat_sync", "--max-examples", "30", "--json")
-    with_all = json.loads(ddp_verify(*command, "--seed", "1", cwd=tmp_path).stdout)
+    with_all = json.loads(ddp_verify_here(*command, "--seed", "1", cwd=tmp_path).stdout)
     assert with_all["verdict"] == "error", with_all["report"]
     assert "a parameter without a gradient" in with_all["report"]
-    without = ddp_verify(
+    without = ddp_verify_here(
         *command, "--exclude-features", "unused,frozen", "--model-kinds", "mlp", cwd=tmp_path
     )
     assert json.loads(without.stdout)["verdict"] == "equivalent", without.stdout
-    bad = ddp_verify(*command, "--exclude-features", "wings", cwd=tmp_path)
+    bad = ddp_verify_here(*command, "--exclude-features", "wings", cwd=tmp_path)
     assert bad.returncode == 2
     report = json.loads(bad.stdout)["report"]
     assert "expected model features from layernorm, tied, unused" in report
@@ -452,13 +458,13 @@ def test_a_stateful_hook_gets_the_state_its_factory_makes_on_each_rank(tmp_path)
     command = check_command(
         f"{hooks}:group_average", "--max-examples", "5", "--json", kind="comm-hook"
     )
-    with_state = ddp_verify(*command, "--hook-state", f"{hooks}:counting_state", cwd=tmp_path)
+    with_state = ddp_verify_here(*command, "--hook-state", f"{hooks}:counting_state", cwd=tmp_path)
     assert json.loads(with_state.stdout)["verdict"] == "equivalent", with_state.stdout
     # Without one the hook gets state=None, as DDP gives it, and fails on the ranks.
-    without = json.loads(ddp_verify(*command, cwd=tmp_path).stdout)
+    without = json.loads(ddp_verify_here(*command, cwd=tmp_path).stdout)
     assert without["verdict"] == "error"
     assert "'NoneType' object has no attribute 'buckets_seen'" in without["report"]
-    misplaced = ddp_verify(
+    misplaced = ddp_verify_here(
         *check_command(f"{FIXTURES}/grad_sync.py:sample_weighted", "--json"),
         "--hook-state",
         f"{hooks}:counting_state",
@@ -473,12 +479,12 @@ def test_loss_reduction_applies_to_step_functions_only(tmp_path):
     written_for_sum = check_command(
         f"{steps}:divide_by_global_count", "--max-examples", "5", "--json", kind="step"
     )
-    ok = ddp_verify(*written_for_sum, "--loss-reduction", "sum", cwd=tmp_path)
+    ok = ddp_verify_here(*written_for_sum, "--loss-reduction", "sum", cwd=tmp_path)
     assert json.loads(ok.stdout)["verdict"] == "equivalent", ok.stdout
     # Given a mean-reduced loss_fn, the same code divides a mean by the sample count again.
-    wrong = json.loads(ddp_verify(*written_for_sum, cwd=tmp_path).stdout)
+    wrong = json.loads(ddp_verify_here(*written_for_sum, cwd=tmp_path).stdout)
     assert wrong["verdict"] == "not-equivalent"
-    misplaced = ddp_verify(
+    misplaced = ddp_verify_here(
         *check_command(f"{FIXTURES}/grad_sync.py:sample_weighted", "--json"),
         "--loss-reduction",
         "sum",
@@ -563,7 +569,7 @@ def test_conformance_without_a_world_size_runs_at_4_unless_launched(
 def test_the_2024_accumulation_bug_on_the_cli_lists_every_cause_in_json(tmp_path):
     # A Trainer-style loss without num_items_in_batch, on token-level scenarios (loss-fn's
     # default): per micro-batch (or per rank) normalisation, found by the fitted weights.
-    result = ddp_verify(
+    result = ddp_verify_here(
         *check_command(
             f"{FIXTURES}/real_style/trainer_losses.py:mean_cross_entropy",
             "--max-examples",
@@ -603,7 +609,7 @@ def test_code_that_runs_in_no_layout_is_a_usage_error_listing_each(tmp_path):
     (tmp_path / "loss.py").write_text(
         "def token_loss(logits, labels):\n    return logits.sum(dim=5) / labels.numel()\n"
     )
-    result = ddp_verify(
+    result = ddp_verify_here(
         *check_command("loss.py:token_loss", "--json", kind="loss-fn"), cwd=tmp_path
     )
     assert result.returncode == 2, result.stderr
@@ -620,7 +626,7 @@ def test_code_that_runs_in_no_layout_is_a_usage_error_listing_each(tmp_path):
 
 
 def test_a_users_model_is_trained_and_a_bad_factory_is_a_usage_error(tmp_path):
-    good = ddp_verify(
+    good = ddp_verify_here(
         *check_command(
             f"{FIXTURES}/real_style/token_grad_sync.py:weight_by_tokens",
             "--model",
@@ -633,7 +639,7 @@ def test_a_users_model_is_trained_and_a_bad_factory_is_a_usage_error(tmp_path):
     )
     assert good.returncode == 0, good.stdout + good.stderr
     assert json.loads(good.stdout)["examples"] == 5
-    bad = ddp_verify(
+    bad = ddp_verify_here(
         *check_command(
             f"{FIXTURES}/grad_sync.py:sample_weighted",
             "--model",
@@ -644,7 +650,7 @@ def test_a_users_model_is_trained_and_a_bad_factory_is_a_usage_error(tmp_path):
     )
     assert bad.returncode == 2
     assert "ignores the generator it is given" in json.loads(bad.stdout)["report"]
-    mixed = ddp_verify(
+    mixed = ddp_verify_here(
         *check_command(
             f"{FIXTURES}/grad_sync.py:sample_weighted",
             "--model",
@@ -662,14 +668,14 @@ def test_a_parameter_that_says_nothing_is_a_usage_error_whose_suggested_bind_run
     # (exit 2), names the parameter and the --bind that would fit; run as suggested, the check
     # runs and finds the world-size averaging it does (exit 1).
     target = f"{FIXTURES}/real_style/bound_helpers.py:reduce_tensor"
-    refused = ddp_verify(*check_command(target, "--json", kind="reduce"), cwd=tmp_path)
+    refused = ddp_verify_here(*check_command(target, "--json", kind="reduce"), cwd=tmp_path)
     assert refused.returncode == 2, refused.stderr
     verdict = json.loads(refused.stdout)
     assert verdict["verdict"] == "usage-error"
     assert "cannot tell what 'n' should get" in verdict["report"]
     suggested = re.findall(r"--bind (n=\w+)", verdict["report"])
     assert suggested[:2] == ["n=world_size", "n=count"]
-    result = ddp_verify(
+    result = ddp_verify_here(
         *check_command(
             target, "--bind", suggested[0], "--max-examples", "20", "--json", kind="reduce"
         ),
@@ -765,7 +771,7 @@ def test_a_missing_function_is_said_before_the_file_is_imported(tmp_path):
         "def sync(model):\n    pass\n"
         "class Reducer:\n    pass\n"
     )
-    result = ddp_verify("check", "helpers.py:synk", "--kind", "grad-sync", cwd=tmp_path)
+    result = ddp_verify_here("check", "helpers.py:synk", "--kind", "grad-sync", cwd=tmp_path)
     assert result.returncode == 2
     assert result.stderr.strip() == (
         "ddp-verify: error: helpers.py has no 'synk'; names it defines or imports: "
@@ -775,7 +781,7 @@ def test_a_missing_function_is_said_before_the_file_is_imported(tmp_path):
 
 def test_a_file_whose_names_cannot_be_read_is_imported_to_find_them(tmp_path):
     (tmp_path / "starred.py").write_text("from math import *\n")
-    result = ddp_verify("check", "starred.py:nope", "--kind", "loss", cwd=tmp_path)
+    result = ddp_verify_here("check", "starred.py:nope", "--kind", "loss", cwd=tmp_path)
     assert result.returncode == 2
     # The import's answer (its words differ from the reading's): the names math brought.
     assert "starred.py has no 'nope'; callables it defines or imports: " in result.stderr
@@ -783,7 +789,7 @@ def test_a_file_whose_names_cannot_be_read_is_imported_to_find_them(tmp_path):
 
 
 def test_code_checked_as_the_wrong_kind_fails_once_and_names_the_kind_it_reads_as(tmp_path):
-    result = ddp_verify(
+    result = ddp_verify_here(
         *check_command(f"{FIXTURES}/grad_sync.py:average_gradients", kind="loss"),
         cwd=tmp_path,
     )
@@ -800,7 +806,9 @@ def test_code_checked_as_the_wrong_kind_fails_once_and_names_the_kind_it_reads_a
 
 
 def test_a_signature_of_another_kind_is_a_usage_error_naming_it(tmp_path):
-    result = ddp_verify(*check_command(f"{FIXTURES}/step.py:accumulate_weighted"), cwd=tmp_path)
+    result = ddp_verify_here(
+        *check_command(f"{FIXTURES}/step.py:accumulate_weighted"), cwd=tmp_path
+    )
     assert result.returncode == 2
     assert result.stderr.rstrip().endswith("check it with --kind step"), result.stderr
 
@@ -809,7 +817,7 @@ def test_check_plots_the_fitted_weights_of_a_counterexample(tmp_path):
     pytest.importorskip("matplotlib", reason="plots need the plot extra (matplotlib)")
     from PIL import Image
 
-    result = ddp_verify(
+    result = ddp_verify_here(
         *check_command(f"{FIXTURES}/grad_sync.py:average_gradients", "--plot", "w.png"),
         cwd=tmp_path,
     )
@@ -818,7 +826,7 @@ def test_check_plots_the_fitted_weights_of_a_counterexample(tmp_path):
     with Image.open(tmp_path / "w.png") as image:
         assert len(image.convert("RGB").getcolors(maxcolors=1 << 20) or []) > 50  # not blank
     # An equivalent verdict has no weights to draw: said, and the verdict stands.
-    result = ddp_verify(
+    result = ddp_verify_here(
         *check_command(
             f"{FIXTURES}/grad_sync.py:sample_weighted", "--max-examples", "3", "--plot", "e.png"
         ),
@@ -850,8 +858,8 @@ def test_plots_without_matplotlib_are_a_usage_error_before_anything_runs(tmp_pat
 
 def test_the_default_report_leaves_the_evidence_to_verbose_and_json(tmp_path):
     target = f"{FIXTURES}/grad_sync.py:average_gradients"
-    brief = ddp_verify(*check_command(target, "--seed", "0"), cwd=tmp_path)
-    full = ddp_verify(*check_command(target, "--seed", "0", "--verbose"), cwd=tmp_path)
+    brief = ddp_verify_here(*check_command(target, "--seed", "0"), cwd=tmp_path)
+    full = ddp_verify_here(*check_command(target, "--seed", "0", "--verbose"), cwd=tmp_path)
     assert brief.returncode == full.returncode == 1
     assert "evidence:" not in brief.stdout and "evidence:" in full.stdout
     assert brief.stdout.rstrip().endswith(
@@ -885,7 +893,7 @@ def test_a_bound_the_kinds_scenarios_do_not_draw_is_a_usage_error(
 ):
     # Exit 2, in the words the user typed.
     command = check_command(f"{FIXTURES}/{target}", *options, kind=kind)
-    result = ddp_verify(*command, "--json", cwd=tmp_path)
+    result = ddp_verify_here(*command, "--json", cwd=tmp_path)
     assert result.returncode == 2, result.stdout + result.stderr
     verdict = json.loads(result.stdout)
     assert verdict["verdict"] == "usage-error" and says in verdict["report"], verdict["report"]
