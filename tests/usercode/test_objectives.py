@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -27,6 +26,7 @@ from ddp_verify.engine.reference import train_reference
 from ddp_verify.engine.scenario import ModelSpec, Scenario
 from ddp_verify.engine.tolerances import relative_deviation, rounding_variant
 from ddp_verify.usercode.adapters import KindError
+from tests.frontends.in_process import ddp_verify_here
 from tests.user_code import load
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -143,10 +143,10 @@ def test_world_size_averaging_under_a_sequence_mean_is_named_in_sequences(tmp_pa
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "ddp_verify", "check", "fixtures/grad_sync.py:sample_weighted",
-         "--kind", "grad-sync", "--world-size", "2", "--json", *args],
-        cwd=ROOT, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
+    # In this process: the usage error is the subject, not the command's process.
+    return ddp_verify_here(
+        "check", "fixtures/grad_sync.py:sample_weighted", "--kind", "grad-sync",
+        "--world-size", "2", "--json", *args, cwd=ROOT,
     )  # fmt: skip
 
 
