@@ -23,6 +23,8 @@ from pathlib import Path
 
 from ddp_verify.world import cleanup
 
+_PACKAGE = str(Path(__file__).resolve().parents[2] / "ddp_verify")
+
 
 @contextlib.contextmanager
 def _restored(cwd: Path | None, env: Mapping[str, str] | None) -> Iterator[None]:
@@ -59,8 +61,7 @@ def _installed(origin: str) -> bool:
     imported: torch's lazily imported submodules must stay the ones torch holds)."""
     if not origin:
         return True  # built-in and namespace modules
-    package = str(Path(__file__).resolve().parents[2] / "ddp_verify")
-    return origin.startswith((sys.prefix, sys.base_prefix, package))
+    return origin.startswith((sys.prefix, sys.base_prefix, _PACKAGE))
 
 
 def ddp_verify_here(
