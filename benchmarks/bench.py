@@ -1,7 +1,8 @@
 """ddp_verify's cost next to its two yardsticks: the floor and the usual way.
 
-    python benchmarks/bench.py [--sizes 2,4] [--examples 40] [--usual 3] [--repeats 3]
-        [--cli-examples 100] [--device cpu|cuda] [--out benchmarks/results/bench.json]
+    python benchmarks/bench.py [--sizes 2,4] [--kinds ddp,grad-sync,...] [--examples 40]
+        [--rounds 5] [--usual 3] [--repeats 3] [--cli-examples 100] [--device cpu|cuda]
+        [--out benchmarks/results/bench.json]
 
 ``--device cuda`` trains on GPUs everywhere (the harness's ranks, the floor's and the usual
 way's, ranks sharing GPUs round-robin, all over gloo) and writes ``bench_cuda.json``.
@@ -17,20 +18,22 @@ For each world size, one run measures:
 - per example, on the same fixed list of scenarios (the default ``scenarios()`` strategy,
   derandomized): a full check of ``ddp()`` against the reference, and a check of the
   ``grad-sync`` plug-in ``fixtures/grad_sync.py:sample_weighted``; each timed from the
-  controller, reference and comparison included;
+  controller, reference and comparison included, ``--rounds`` times alternated with its
+  floor (below), the fastest round of each counting;
 - the **floor** for the same work: the same training steps and collectives run by a bare
   persistent-worker loop (plain multiprocessing workers, one process group, a scenario in, a
   number out), no harness around them;
 - the **usual way** for the same work: a fresh ``torch.multiprocessing.spawn`` world per
-  example, as spawn-based test suites do;
+  example, as spawn-based test suites do (timed last, after every other figure);
 - ``ddp-verify check fixtures/grad_sync.py:sample_weighted --kind grad-sync`` with 100
   examples, start-up included, as a user runs it, next to its budget: the floor's work for as
   many examples, plus a bare ``python -c "import torch"`` (ended by ``os._exit``, as the
   command ends), plus a bare world start (the target is within 1.1 times that);
 - a world-averaged ``grad-sync`` function (a mistake on uneven batches) checked on the warm
   world with ``world.check``: from its first failing example to the report, split into
-  shrinking (next to as many examples at the floor) and the diagnosis; and what probing a
-  loss's logits layout adds (the same loss checked with its layout probed, then pinned);
+  shrinking (its examples, next to the same scenarios trained at the floor, and
+  hypothesis's own search around them) and the diagnosis; and what probing a loss's
+  logits layout adds (the same loss checked with its layout probed, then pinned);
 - that diagnosis's reproducer run as a user runs it (``python PATH``; not in ``--quick``), next
   to its floor: a bare ``python -c "import torch, torch._dynamo"`` (torch's optimizers import
   ``torch._dynamo`` at their first step), ended by ``os._exit`` as a reproducer ends;
@@ -57,7 +60,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +87,7 @@ from ddp_verify.engine.scenario import Scenario  # noqa: E402
 from ddp_verify.methods import ddp  # noqa: E402
 from ddp_verify.methods.base import train_whole_variants  # noqa: E402
 from ddp_verify.strategies import coupled_scenarios, scenarios  # noqa: E402
+from ddp_verify.usercode import search as search_module  # noqa: E402
 from ddp_verify.usercode.adapters import adapt  # noqa: E402
 from ddp_verify.usercode.diagnosis.coupled import coupled_bounds  # noqa: E402
 from ddp_verify.usercode.search import bounds_for  # noqa: E402
@@ -436,6 +440,42 @@ def _trivial() -> float:
     return float(t)
 
 
+def timed_rounds(
+    world: VerifyingWorld,
+    floor: FloorWorkers,
+    kind: str,
+    method: Any,
+    cases: list[Scenario],
+    args: argparse.Namespace,
+) -> tuple[list[float], list[float], list[float]]:
+    """Each scenario's check, floor and ranks-only floor, timed ``args.rounds`` times (the
+    order reversed every other round, so neither side always runs first): per scenario, the
+    fastest of its rounds, as ``timeit`` takes the fastest repeat. On two cores shared by
+    the controller, the ranks and the reference, another process's slice of the CPU only
+    ever adds to a sample (one sample of a 15 ms example moves by a tenth from run to run),
+    and both sides are read the same way."""
+    rounds: list[list[list[float]]] = [[[] for _ in cases] for _ in range(3)]
+
+    def check(scenario: Scenario) -> None:
+        outcome = world.check_equivalent(method, scenario)
+        assert outcome.equivalent, outcome.report()
+
+    sides: list[Callable[[Scenario], None]] = [
+        check,
+        lambda scenario: floor.run(kind, scenario),
+        lambda scenario: floor.run(kind, scenario, reference=False),
+    ]
+    for round_ in range(args.rounds):
+        order = range(3) if round_ % 2 == 0 else range(2, -1, -1)
+        for i, scenario in enumerate(cases):
+            for side in order:
+                start = time.perf_counter()
+                sides[side](scenario)
+                rounds[side][i].append(time.perf_counter() - start)
+    checks, floors, rank_floors = ([min(t) for t in side] for side in rounds)
+    return checks, floors, rank_floors
+
+
 def _peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
@@ -535,25 +575,75 @@ def cli_check(size: int, examples: int, device: str) -> float:
     return float(verdict["wall_s"])
 
 
-def diagnosis(world: VerifyingWorld) -> dict[str, float | str]:
-    """A world-averaged grad-sync function (a mistake on uneven batches), from its first
-    failing example to the report: shrinking (and the examples it ran), then the diagnosis.
-    Checked on the benchmark's warm world, as ``world.check`` runs it in a test: the
-    milestones are the check's own (start-up is the CLI row's)."""
+# What the diagnosis row reports (medians over its runs), besides the ratios.
+DIAGNOSIS_FIGURES = (
+    "to_report_s",
+    "shrink_s",
+    "examples_s",
+    "search_s",
+    "shrink_floor_s",
+    "diagnosis_s",
+    "shrink_examples",
+)
+
+
+@contextlib.contextmanager
+def examples_recorded() -> Iterator[list[tuple[Scenario, float]]]:
+    """Every example a search checks, with the seconds its check took, in the order run.
+    The search calls ``assert_equivalent`` once per example it reaches (a draw hypothesis
+    abandons reaches none); the benchmark wraps it, the check itself is unchanged."""
+    ran: list[tuple[Scenario, float]] = []
+    checked = search_module.assert_equivalent
+
+    def recorded(world: Any, method: Any, scenario: Scenario, **options: Any) -> None:
+        start = time.perf_counter()
+        try:
+            checked(world, method, scenario, **options)
+        finally:
+            ran.append((scenario, time.perf_counter() - start))
+
+    search_module.assert_equivalent = recorded
     try:
-        world.check(average_gradients, kind="grad-sync", seed=0)
-    except NotEquivalent as failed:
-        verdict = failed.verdict
-    else:
-        raise RuntimeError("a world-averaged grad-sync passed its check")
+        yield ran
+    finally:
+        search_module.assert_equivalent = checked
+
+
+def diagnosis(world: VerifyingWorld, floor: FloorWorkers) -> dict[str, float | str]:
+    """A world-averaged grad-sync function (a mistake on uneven batches), from its first
+    failing example to the report: shrinking, then the diagnosis. Checked on the benchmark's
+    warm world, as ``world.check`` runs it in a test: the milestones are the check's own
+    (start-up is the CLI row's). Shrinking's floor is the examples it ran, the same
+    scenarios, trained by the floor's workers; what shrinking took beyond its examples is
+    hypothesis's own search (drawing, and the tries it abandons before an example)."""
+    with examples_recorded() as ran:
+        try:
+            world.check(average_gradients, kind="grad-sync", seed=0)
+        except NotEquivalent as failed:
+            verdict = failed.verdict
+        else:
+            raise RuntimeError("a world-averaged grad-sync passed its check")
     at = dict(verdict.timeline)
     assert verdict.examples is not None and verdict.found_at is not None
     assert verdict.reproducer is not None
+    # The examples after the first failing one: shrinking's (the report's replays and
+    # probes after it do not go through the search's examples).
+    shrinking = ran[verdict.found_at : verdict.examples]
+    examples_s = sum(taken for _, taken in shrinking)
+    floor_s = 0.0
+    for scenario, _ in shrinking:
+        start = time.perf_counter()
+        floor.run("grad-sync", scenario)
+        floor_s += time.perf_counter() - start
+    shrink_s = at["shrunk"] - at["first_failure"]
     return {
         "to_report_s": at["report"] - at["first_failure"],
-        "shrink_s": at["shrunk"] - at["first_failure"],
+        "shrink_s": shrink_s,
+        "examples_s": examples_s,
+        "search_s": shrink_s - examples_s,
+        "shrink_floor_s": floor_s,
         "diagnosis_s": at["report"] - at["shrunk"],
-        "shrink_examples": float(verdict.examples - verdict.found_at),
+        "shrink_examples": float(len(shrinking)),
         "reproducer": verdict.reproducer,
     }
 
@@ -637,26 +727,16 @@ def measure(size: int, args: argparse.Namespace) -> dict[str, Any]:
                 statistics.median(_timed(lambda job=job: world.run(job), args.round_trips)) * 1e3
             )
         floor = FloorWorkers(size, device)
+        drawn: dict[str, list[Scenario]] = {}
         try:
-            for kind in WORK:
+            for kind in args.kinds:
                 cases = fixed_scenarios(size, args.examples, kind)
                 say(f"world size {size}: {kind}, {len(cases)} examples, checked and at the floor")
                 method = harness_method(kind)
                 for scenario in cases[:3]:  # warm-up: first optimizer, first DDP, caches
                     world.check_equivalent(method, scenario)
                     floor.run(kind, scenario)
-                checks, floors, rank_floors = [], [], []
-                for scenario in cases:
-                    start = time.perf_counter()
-                    outcome = world.check_equivalent(method, scenario)
-                    checks.append(time.perf_counter() - start)
-                    assert outcome.equivalent, outcome.report()
-                    start = time.perf_counter()
-                    floor.run(kind, scenario)
-                    floors.append(time.perf_counter() - start)
-                    start = time.perf_counter()
-                    floor.run(kind, scenario, reference=False)
-                    rank_floors.append(time.perf_counter() - start)
+                checks, floors, rank_floors = timed_rounds(world, floor, kind, method, cases, args)
                 out[f"{kind}_check_ms"] = statistics.median(checks) * 1e3
                 out[f"{kind}_floor_ms"] = statistics.median(floors) * 1e3
                 out[f"{kind}_ranks_floor_ms"] = statistics.median(rank_floors) * 1e3
@@ -664,61 +744,58 @@ def measure(size: int, args: argparse.Namespace) -> dict[str, Any]:
                 # The same scenarios' work in all: long examples weigh by their length, where
                 # the medians' ratio shows the fixed cost of a short one.
                 out[f"{kind}_total_over_floor"] = sum(checks) / sum(floors)
-                if kind not in USUAL or (args.quick and kind != USUAL[0]):
-                    continue  # --quick: one spawned world (seconds each) is enough to compare
-                say(f"world size {size}: {kind}, {args.usual} examples the usual way (spawned)")
+                drawn[kind] = cases
+            if args.diagnosis:
+                say(f"world size {size}: a mistake found, shrunk and diagnosed (world.check)")
+                taken = samples(
+                    "diagnosis", lambda: diagnosis(world, floor), args.cli_runs, failures
+                )
+                for key in DIAGNOSIS_FIGURES:
+                    put(f"diagnosis_{key}", median_of([float(t[key]) for t in taken]))
+                ratio(
+                    "diagnosis_shrink_over_floor", "diagnosis_shrink_s", "diagnosis_shrink_floor_s"
+                )
+                ratio(
+                    "diagnosis_examples_over_floor",
+                    "diagnosis_examples_s",
+                    "diagnosis_shrink_floor_s",
+                )
+                say(
+                    f"world size {size}: layout probes (a loss's logits layout probed, then pinned)"
+                )
                 put(
-                    f"{kind}_usual_ms",
+                    "layout_probes_s",
                     median_of(
                         samples(
-                            f"{kind} usual way",
-                            lambda scenario, kind=kind: usual_way(size, kind, scenario, device),
-                            min(args.usual, len(cases)),
-                            failures,
-                            *cases[: args.usual],
+                            "layout probes", lambda: layout_probes(world), args.cli_runs, failures
                         )
                     ),
-                    1e3,
                 )
-                ratio(f"{kind}_usual_over_check", f"{kind}_usual_ms", f"{kind}_check_ms")
+                if taken and not args.quick:
+                    say(f"world size {size}: the diagnosis's reproducer, run as a user runs it")
+                    script = str(taken[-1]["reproducer"])
+                    put(
+                        "reproducer_s",
+                        median_of(
+                            samples(
+                                "reproducer", lambda: reproducer(script), args.repeats, failures
+                            )
+                        ),
+                    )
+                    put(
+                        "bare_import_optimizers_s",
+                        median_of(
+                            samples(
+                                "import torch._dynamo",
+                                bare_import_optimizers,
+                                args.repeats,
+                                failures,
+                            )
+                        ),
+                    )
+                    ratio("reproducer_over_floor", "reproducer_s", "bare_import_optimizers_s")
         finally:
             floor.close()
-        if args.diagnosis:
-            say(f"world size {size}: a mistake found, shrunk and diagnosed (world.check)")
-            taken = samples("diagnosis", lambda: diagnosis(world), args.cli_runs, failures)
-            for key in ("to_report_s", "shrink_s", "diagnosis_s", "shrink_examples"):
-                put(f"diagnosis_{key}", median_of([float(t[key]) for t in taken]))
-            if "diagnosis_shrink_examples" in out and "grad-sync_floor_ms" in out:
-                # The floor of shrinking: as many examples as it ran, each at the floor.
-                out["diagnosis_shrink_floor_s"] = (
-                    out["diagnosis_shrink_examples"] * out["grad-sync_floor_ms"] / 1e3
-                )
-            ratio("diagnosis_shrink_over_floor", "diagnosis_shrink_s", "diagnosis_shrink_floor_s")
-            if taken and not args.quick:
-                say(f"world size {size}: the diagnosis's reproducer, run as a user runs it")
-                script = str(taken[-1]["reproducer"])
-                put(
-                    "reproducer_s",
-                    median_of(
-                        samples("reproducer", lambda: reproducer(script), args.repeats, failures)
-                    ),
-                )
-                put(
-                    "bare_import_optimizers_s",
-                    median_of(
-                        samples(
-                            "import torch._dynamo", bare_import_optimizers, args.repeats, failures
-                        )
-                    ),
-                )
-                ratio("reproducer_over_floor", "reproducer_s", "bare_import_optimizers_s")
-            say(f"world size {size}: layout probes (a loss's logits layout probed, then pinned)")
-            put(
-                "layout_probes_s",
-                median_of(
-                    samples("layout probes", lambda: layout_probes(world), args.cli_runs, failures)
-                ),
-            )
         out["rank_peak_rss_mib"] = max(world.run(_peak_rss_mib))
     out["controller_peak_rss_mib"] = _peak_rss_mib()
     if args.cli_examples:
@@ -746,6 +823,26 @@ def measure(size: int, args: argparse.Namespace) -> dict[str, Any]:
                 + out["bare_spawn_and_init_s"]
             )
         ratio("cli_over_budget", "cli_check_s", "cli_budget_s")
+    # The usual way last: its spawned worlds start and end (a SIGABRT at times) after every
+    # figure of the harness is taken, not between two kinds' examples.
+    for kind, cases in drawn.items():
+        if kind not in USUAL or (args.quick and kind != USUAL[0]):
+            continue  # --quick: one spawned world (seconds each) is enough to compare
+        say(f"world size {size}: {kind}, {args.usual} examples the usual way (spawned)")
+        put(
+            f"{kind}_usual_ms",
+            median_of(
+                samples(
+                    f"{kind} usual way",
+                    lambda scenario, kind=kind: usual_way(size, kind, scenario, device),
+                    min(args.usual, len(cases)),
+                    failures,
+                    *cases[: args.usual],
+                )
+            ),
+            1e3,
+        )
+        ratio(f"{kind}_usual_over_check", f"{kind}_usual_ms", f"{kind}_check_ms")
     if failures:
         out["failures"] = failures
     return out
@@ -775,7 +872,10 @@ PATHS = [
     ("diagnosis_to_report_s", "to report s", "{:.2f}"),
     ("diagnosis_shrink_s", "shrink s", "{:.2f}"),
     ("diagnosis_shrink_examples", "shrink ex", "{:.0f}"),
-    ("diagnosis_shrink_floor_s", "its floor s", "{:.2f}"),
+    ("diagnosis_examples_s", "in them s", "{:.2f}"),
+    ("diagnosis_shrink_floor_s", "their floor", "{:.2f}"),
+    ("diagnosis_examples_over_floor", "ex/floor", "{:.2f}"),
+    ("diagnosis_search_s", "search s", "{:.2f}"),
     ("diagnosis_shrink_over_floor", "shrink/floor", "{:.2f}"),
     ("diagnosis_diagnosis_s", "diagnosis s", "{:.2f}"),
     ("layout_probes_s", "layouts s", "{:.2f}"),
@@ -826,7 +926,13 @@ def render(results: dict[str, dict[str, float]]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="2,4")
+    parser.add_argument(
+        "--kinds", default=",".join(WORK), help=f"the examples timed (of {', '.join(WORK)})"
+    )
     parser.add_argument("--examples", type=int, default=40, help="scenarios per kind")
+    parser.add_argument(
+        "--rounds", type=int, default=5, help="times each example is checked and floored"
+    )
     parser.add_argument("--usual", type=int, default=3, help="examples run the usual way")
     parser.add_argument("--repeats", type=int, default=3, help="start-ups timed")
     parser.add_argument("--round-trips", type=int, default=200)
@@ -848,9 +954,13 @@ def main() -> None:
         "performance page)",
     )
     args = parser.parse_args()
+    args.kinds = args.kinds.split(",")
+    if unknown := sorted(set(args.kinds) - set(WORK)):
+        parser.error(f"--kinds: {', '.join(unknown)} not among {', '.join(WORK)}")
     if args.quick:
         args.sizes = "2" if args.sizes == parser.get_default("sizes") else args.sizes
         args.examples, args.usual, args.repeats, args.round_trips = 8, 1, 1, 20
+        args.rounds = 1
         args.cli_examples, args.cli_runs = 20, 1
     args.out = args.out or DEFAULT_OUT.with_name(
         ("bench" if args.device == "cpu" else f"bench_{args.device}")
