@@ -40,8 +40,8 @@ For each world size, one run measures:
 - peak resident memory of the controller and of the largest rank.
 
 It prints medians and the ratios harness/floor (of the medians, and of the totals over the
-same scenarios) and usual-way/harness, and writes everything as JSON. Plan on about nine
-minutes on two cores (``--quick``: about one).
+same scenarios) and usual-way/harness, and writes everything as JSON. Plan on about seven
+minutes on two cores (``--quick``: about half a minute).
 """
 
 from __future__ import annotations
