@@ -454,7 +454,8 @@ def timed_rounds(
     the controller, the ranks and the reference, another process's slice of the CPU only
     ever adds to a sample (one sample of a 15 ms example moves by a tenth from run to run),
     and both sides are read the same way."""
-    rounds: list[list[list[float]]] = [[[] for _ in cases] for _ in range(3)]
+    # taken[side][i]: every round's seconds of side `side` on scenario i.
+    taken: list[list[list[float]]] = [[[] for _ in cases] for _ in range(3)]
 
     def check(scenario: Scenario) -> None:
         outcome = world.check_equivalent(method, scenario)
@@ -471,8 +472,8 @@ def timed_rounds(
             for side in order:
                 start = time.perf_counter()
                 sides[side](scenario)
-                rounds[side][i].append(time.perf_counter() - start)
-    checks, floors, rank_floors = ([min(t) for t in side] for side in rounds)
+                taken[side][i].append(time.perf_counter() - start)
+    checks, floors, rank_floors = ([min(t) for t in side] for side in taken)
     return checks, floors, rank_floors
 
 
