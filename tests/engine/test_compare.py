@@ -60,6 +60,25 @@ def test_a_parameter_off_on_one_rank_is_a_rank_disagreement(ref):
     assert "got" in text and "(rank 1)" in text and "expected" in text and "(rank 0)" in text
 
 
+def test_ranks_each_within_the_reference_but_apart_from_each_other_disagree(ref):
+    # Each rank is within the reference's allowance, on either side of it: together they are
+    # almost twice the allowance apart, which rank agreement (against rank 0) does not allow.
+    got = as_ranks(ref)
+    tolerance = Float64Tolerance()
+    expected = ref.ranks[0].params[0]["head.weight"]
+    allowed = tolerance.allowed("parameter", 0, "head.weight", expected)
+    got.ranks[0].params[0]["head.weight"] = expected + 0.9 * allowed
+    got.ranks[1].params[0]["head.weight"] = expected - 0.9 * allowed
+    m = compare(ref, got, SCENARIO, tolerance)
+    assert m is not None
+    assert (m.step, m.quantity, m.name, m.ranks) == (
+        0,
+        "rank agreement on parameter",
+        "head.weight",
+        [1],
+    )
+
+
 def test_a_gradient_off_everywhere_is_reported_like_assert_close(ref):
     got = as_ranks(ref)
     for rank in got.ranks:
