@@ -14,7 +14,7 @@ import torch
 
 from .scenario import Scenario
 from .tolerances import Tolerance
-from .trace import Layout, Trace, step_lengths
+from .trace import Layout, RankTrace, Trace, step_lengths
 
 
 @dataclasses.dataclass
@@ -196,36 +196,105 @@ def outside(value: torch.Tensor, expected: torch.Tensor, allowed: torch.Tensor) 
     return ~inside
 
 
+# The fields compared over whole flat traces, with the quantity their allowance is for.
+_FIELDS = (("params", "parameter"), ("grads", "gradient"))
+
+
+@dataclasses.dataclass
+class _Expected:
+    """The reference's half of the whole-trace comparison of one field under one tolerance:
+    its flat values, its layout (and names and shapes), its steps' lengths, its allowances."""
+
+    tolerance: Tolerance
+    layout: Layout
+    flat: torch.Tensor
+    names: list[list[tuple[str, object]]]
+    lengths: list[int]
+    allowed: torch.Tensor
+
+
+def prepare_comparison(reference: Trace, tolerance: Tolerance) -> None:
+    """Work out now the reference's half of comparing traces with ``reference`` under
+    ``tolerance`` (its allowances, its layout's names and shapes), so that what is left
+    when a trace arrives is that trace's half. A check calls it while its ranks still
+    train: the controller then does less after their answers, where the ranks wait for it.
+    The verdict is the same either way: what was worked out is used only while the
+    reference's record is as it arrived (never unpacked, so never edited), for the same
+    tolerance and the same losses.
+
+    Example::
+
+        prepare_comparison(reference, tolerance)       # the ranks still training
+        mismatch = compare(reference, got, scenario, tolerance)
+    """
+    if tolerance.by_name:
+        return  # compared tensor by tensor: nothing whole to work out
+    record = reference.ranks[0]
+    for field, quantity in _FIELDS:
+        _expected(record, field, quantity, tolerance)
+    _expected_losses(record, tolerance)
+
+
+def _expected(
+    record: RankTrace, field: str, quantity: str, tolerance: Tolerance
+) -> _Expected | None:
+    arrived = record.as_arrived(field)
+    kept = record._memo.get(field)
+    if arrived and kept is not None and kept.tolerance is tolerance:
+        return kept
+    packed = record.packed(field)
+    if packed is None:
+        return None
+    layout, flat = packed
+    lengths = step_lengths(layout)
+    allowed = tolerance.allowed_flat(quantity, flat, lengths)
+    made = _Expected(tolerance, layout, flat, _names_and_shapes(layout), lengths, allowed)
+    if arrived:
+        record._memo[field] = made
+    return made
+
+
+def _expected_losses(record: RankTrace, tolerance: Tolerance) -> tuple[torch.Tensor, torch.Tensor]:
+    kept = record._memo.get("losses")
+    if kept is not None and kept[0] is tolerance and kept[1] == record.losses:
+        return kept[2], kept[3]
+    losses = torch.tensor(record.losses, dtype=torch.float64)
+    allowed = tolerance.allowed_flat("loss", losses, [1] * len(losses))
+    record._memo["losses"] = (tolerance, list(record.losses), losses, allowed)
+    return losses, allowed
+
+
 def _all_within(reference: Trace, got: Trace, tolerance: Tolerance, grads: bool) -> bool:
     """Every rank agrees with rank 0 and with the reference, checked over whole flat traces
     at once: the verdict the per-tensor comparison would reach when it finds nothing."""
     if tolerance.by_name:
         return False  # the allowance may differ from tensor to tensor
-    fields = [("params", "parameter")] + ([("grads", "gradient")] if grads else [])
-    for field, quantity in fields:
-        expected = reference.ranks[0].packed(field)
+    record = reference.ranks[0]
+    for field, quantity in _FIELDS if grads else _FIELDS[:1]:
+        expected = _expected(record, field, quantity, tolerance)
         packed = [r.packed(field) for r in got.ranks]
         if expected is None or any(p is None for p in packed):
             return False
         first = packed[0]
         assert first is not None
         # The ranks' layouts, dtypes included, are the same (compared as they are); rank 0's
-        # names and shapes are the reference's (whose dtype may differ).
+        # names and shapes are the reference's (whose dtype may differ: the same layout
+        # settles it at once).
         if any(p[0] != first[0] for p in packed[1:]):  # type: ignore[index]
             return False
-        if _names_and_shapes(first[0]) != _names_and_shapes(expected[0]):
+        if first[0] != expected.layout and _names_and_shapes(first[0]) != expected.names:
             return False
-        lengths = step_lengths(expected[0])
         flats = torch.stack([p[1] for p in packed])  # type: ignore[index]
-        allowed = tolerance.allowed_flat(quantity, expected[1], lengths)
-        if not _within(flats, expected[1], allowed):
+        if not _within(flats, expected.flat, expected.allowed):
             return False
-        if len(flats) > 1:
-            allowed = tolerance.allowed_flat(quantity, flats[0], lengths)
-            if not _within(flats[1:], flats[0], allowed):
+        # Ranks equal to rank 0 bit for bit agree with it within any allowance (a NaN is
+        # never equal, and goes to the rule that says how NaNs compare).
+        others = flats[1:]
+        if len(others) and not torch.equal(others, flats[0].expand_as(others)):
+            allowed = tolerance.allowed_flat(quantity, flats[0], expected.lengths)
+            if not _within(others, flats[0], allowed):
                 return False
-    losses = torch.tensor(reference.ranks[0].losses, dtype=torch.float64)
-    allowed = tolerance.allowed_flat("loss", losses, [1] * len(losses))
+    losses, allowed = _expected_losses(record, tolerance)
     got_losses = torch.tensor([r.losses for r in got.ranks], dtype=torch.float64)
     return _within(got_losses, losses, allowed)
 

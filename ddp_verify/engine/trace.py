@@ -27,6 +27,11 @@ class RankTrace:
     _arrived: dict[str, tuple[Layout, torch.Tensor]] = dataclasses.field(
         default_factory=dict, repr=False, compare=False
     )
+    # What a comparison worked out from this record ahead of time (see
+    # engine.compare.prepare_comparison); never sent with the trace.
+    _memo: dict[str, Any] = dataclasses.field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     def __getattr__(self, name: str) -> Any:
         # Only called for attributes the instance lacks: a received trace's unpacked fields.
@@ -55,10 +60,15 @@ class RankTrace:
         steps = getattr(self, field)
         return None if steps is None else len(steps)
 
+    def as_arrived(self, field: str) -> bool:
+        """Whether ``grads`` or ``params`` is still the flat form the trace arrived in:
+        never unpacked, so never edited."""
+        return field in self._arrived and field not in self.__dict__
+
     def packed(self, field: str) -> tuple[Layout, torch.Tensor] | None:
         """``grads`` or ``params`` as ``(layout, flat float64 tensor)``: per step, per tensor,
         its name, shape and dtype, and every value in order (None without gradients)."""
-        if field in self._arrived and field not in self.__dict__:
+        if self.as_arrived(field):
             return self._arrived[field]  # never unpacked, so never edited
         steps = getattr(self, field)
         # Packed afresh each time: a cached copy would go stale if a tensor were replaced.

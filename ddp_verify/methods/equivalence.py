@@ -20,7 +20,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from ..engine.compare import compare
+from ..engine.compare import compare, prepare_comparison
 from ..engine.outcome import EquivalenceError, Outcome
 from ..engine.reference import train_reference
 from ..engine.scenario import Scenario
@@ -112,9 +112,12 @@ def check_equivalent(
         with contextlib.suppress(RankError):
             finish()  # the ranks' job is collected either way: the world stays usable
         raise HarnessError(f"the reference could not be trained:\n{exc}") from exc
-    got = finish()
     tolerance = tolerance or derived
     assert tolerance is not None
+    try:
+        prepare_comparison(reference, tolerance)  # while the ranks train, not after
+    finally:
+        got = finish()  # the ranks' job is collected either way: the world stays usable
     mismatch = compare(reference, got, scenario, tolerance)
     if mismatch is not None and complete is not None:
         # Outside the first run's bound: judged against the bound of every run, as always.

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import pickle
 
 import pytest
 import torch
 
-from ddp_verify.engine.compare import compare
+from ddp_verify.engine.compare import compare, prepare_comparison
 from ddp_verify.engine.outcome import EquivalenceError, Outcome
 from ddp_verify.engine.scenario import ModelSpec, Scenario
 from ddp_verify.engine.tolerances import Float32Tolerance, Float64Tolerance, float32_variant
@@ -77,6 +78,51 @@ def test_ranks_each_within_the_reference_but_apart_from_each_other_disagree(ref)
         "head.weight",
         [1],
     )
+
+
+def arrived(trace: Trace) -> Trace:
+    """``trace`` as a check receives it from another process (flat, unpacked on first use)."""
+    return pickle.loads(pickle.dumps(trace))
+
+
+def test_the_prepared_half_of_a_comparison_is_used_when_a_trace_arrives(ref, monkeypatch):
+    reference, tolerance = arrived(ref), Float64Tolerance()
+    prepare_comparison(reference, tolerance)
+
+    def worked_out_again(*args, **kwargs):
+        raise AssertionError("the reference's allowances were worked out again")
+
+    # Ranks equal bit for bit need no allowance of their own, and the reference's was
+    # worked out ahead: nothing is left to work out.
+    monkeypatch.setattr(tolerance, "allowed_flat", worked_out_again)
+    assert compare(reference, arrived(as_ranks(ref)), SCENARIO, tolerance) is None
+
+
+def test_what_was_prepared_is_never_used_for_a_reference_edited_since(ref):
+    reference, tolerance = arrived(ref), Float64Tolerance()
+    prepare_comparison(reference, tolerance)
+    got = arrived(as_ranks(ref))
+    steps = reference.ranks[0].params  # unpacked here; the flat form it arrived in stays
+    steps[1]["head.bias"] = steps[1]["head.bias"] + 1e-3
+    m = compare(reference, got, SCENARIO, tolerance)
+    assert m is not None and (m.step, m.quantity, m.name) == (1, "parameter", "head.bias")
+
+
+def test_what_was_prepared_is_never_used_for_other_losses_or_another_tolerance(ref):
+    reference, tolerance = arrived(ref), Float64Tolerance()
+    prepare_comparison(reference, tolerance)
+    got = arrived(as_ranks(ref))
+    reference.ranks[0].losses[0] += 1e-3
+    m = compare(reference, got, SCENARIO, tolerance)
+    assert m is not None and (m.step, m.quantity) == (0, "loss")
+    # Prepared under a loose tolerance, compared under a strict one: the strict one judges.
+    reference = arrived(ref)
+    prepare_comparison(reference, Float64Tolerance(rtol=1.0, atol=1.0))
+    got = as_ranks(ref)
+    for rank in got.ranks:
+        rank.params[0]["head.weight"] = rank.params[0]["head.weight"] + 1e-3
+    m = compare(reference, got, SCENARIO, Float64Tolerance())
+    assert m is not None and (m.step, m.quantity, m.name) == (0, "parameter", "head.weight")
 
 
 def test_a_gradient_off_everywhere_is_reported_like_assert_close(ref):
