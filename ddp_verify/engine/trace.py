@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import math
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -32,15 +33,74 @@ class RankTrace:
     _memo: dict[str, Any] = dataclasses.field(
         default_factory=dict, init=False, repr=False, compare=False
     )
+    # Steps recorded here by `record`, by field: their layout and one flat copy per step,
+    # the form `packed` sends; unpacked into grads or params only if read on this side.
+    _recording: dict[str, tuple[Layout, list[torch.Tensor]]] = dataclasses.field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     def __getattr__(self, name: str) -> Any:
-        # Only called for attributes the instance lacks: a received trace's unpacked fields.
-        arrived = self.__dict__.get("_arrived", {})
-        if name in ("grads", "params") and name in arrived:
-            steps = _unpack(*arrived[name])
+        # Only called for attributes the instance lacks: a received trace's unpacked fields,
+        # or steps recorded flat here.
+        if name in ("grads", "params"):
+            recording = self.__dict__.get("_recording", {}).get(name)
+            arrived = self.__dict__.get("_arrived", {}).get(name)
+            if recording is not None:
+                steps = _unpack(recording[0], _joined(recording[1]))
+            elif arrived is not None:
+                steps = _unpack(*arrived)
+            else:
+                raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
             setattr(self, name, steps)
             return steps
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # Steps recorded flat are replaced with the field, never kept beside it.
+        if name in ("grads", "params"):
+            self.__dict__.get("_recording", {}).pop(name, None)
+        object.__setattr__(self, name, value)
+
+    def record(self, field: str, tensors: Iterable[tuple[str, torch.Tensor | None]]) -> None:
+        """Append one step to ``grads`` or ``params``: each named tensor (``None`` for a missing
+        gradient) copied now, all of them in one flat tensor.
+
+        A rank records every parameter and gradient at every step and sends them home after
+        every example: one copy per step, in the flat form :meth:`packed` sends, costs a
+        fraction of a copy per tensor (as :func:`parameters` makes) packed afterwards.
+
+        Example::
+
+            >>> trace = RankTrace()
+            >>> trace.record("params", [("w", torch.ones(2, 1)), ("b", torch.zeros(1))])
+            >>> trace.recorded("params"), trace.params[0]["w"].shape
+            (1, torch.Size([2, 1]))
+        """
+        entry: list[tuple[str, tuple[int, ...] | None, torch.dtype | None]] = []
+        values: list[torch.Tensor] = []
+        with torch.no_grad():  # the copy is no part of any graph (and needs no detach)
+            for name, tensor in tensors:
+                if tensor is None:
+                    entry.append((name, None, None))
+                    continue
+                full = getattr(tensor, "full_tensor", None)  # a DTensor: a collective
+                value = full() if full is not None else tensor
+                entry.append((name, tuple(value.shape), value.dtype))
+                values.append(value.reshape(-1))
+            flat = _copied_flat(values)
+        recording = self._recording.get(field)
+        if recording is None:
+            steps = self.__dict__.get(field, ())
+            if field == "grads" and steps is None:
+                raise ValueError("this trace records no gradients (its grads are None)")
+            if steps or field not in self.__dict__:
+                # Steps held one by one already (or received): the new one joins them so.
+                getattr(self, field).append(_unpack([entry], flat.to(torch.float64))[0])
+                return
+            del self.__dict__[field]  # read back through __getattr__, if ever
+            recording = self._recording[field] = ([], [])
+        recording[0].append(entry)
+        recording[1].append(flat)
 
     def __reduce__(self) -> tuple[Any, ...]:
         # A rank sends its trace home after every example: one flat buffer of raw bytes per
@@ -54,7 +114,9 @@ class RankTrace:
 
     def recorded(self, field: str) -> int | None:
         """How many steps ``grads`` or ``params`` hold (None without gradients), without
-        unpacking a received trace."""
+        unpacking a received trace or one recorded flat."""
+        if field in self._recording:
+            return len(self._recording[field][0])
         if field in self._arrived and field not in self.__dict__:
             return len(self._arrived[field][0])
         steps = getattr(self, field)
@@ -70,6 +132,9 @@ class RankTrace:
         its name, shape and dtype, and every value in order (None without gradients)."""
         if self.as_arrived(field):
             return self._arrived[field]  # never unpacked, so never edited
+        if field in self._recording:
+            layout, chunks = self._recording[field]
+            return layout, _joined(chunks).to("cpu")
         steps = getattr(self, field)
         # Packed afresh each time: a cached copy would go stale if a tensor were replaced.
         return None if steps is None else _pack(steps)
@@ -108,9 +173,42 @@ def gradients(model: torch.nn.Module) -> dict[str, torch.Tensor | None]:
 
 
 def _whole(tensor: torch.Tensor) -> torch.Tensor:
+    return _gathered(tensor).clone()
+
+
+def _gathered(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` detached, and whole where it is sharded (not copied otherwise)."""
     value = tensor.detach()
     full = getattr(value, "full_tensor", None)  # a DTensor: a collective on every rank
-    return (full() if full is not None else value).clone()
+    return full() if full is not None else value
+
+
+def named_parameters(model: torch.nn.Module) -> list[tuple[str, torch.Tensor | None]]:
+    """What :func:`parameters` copies, not copied: for :meth:`RankTrace.record`."""
+    return list(model.named_parameters())
+
+
+def named_gradients(model: torch.nn.Module) -> list[tuple[str, torch.Tensor | None]]:
+    """What :func:`gradients` copies, not copied: for :meth:`RankTrace.record`."""
+    return [(name, p.grad) for name, p in model.named_parameters() if p.requires_grad]
+
+
+def _copied_flat(values: list[torch.Tensor]) -> torch.Tensor:
+    """Flat tensors joined in one copy, in their dtype where they share one (float64, exact for
+    every float dtype, where they do not)."""
+    if not values:
+        return torch.zeros(0, dtype=torch.float64)
+    dtype = values[0].dtype
+    if any(v.dtype != dtype for v in values):
+        values = [v.to(torch.float64) for v in values]
+    return torch.cat(values)  # a copy, even of one tensor: the record never aliases the model
+
+
+def _joined(chunks: list[torch.Tensor]) -> torch.Tensor:
+    """Steps recorded flat, as one float64 tensor on the device they were recorded on."""
+    if not chunks:
+        return torch.zeros(0, dtype=torch.float64)
+    return torch.cat([c.to(torch.float64) for c in chunks])
 
 
 # Per step, per tensor: its name, and its shape and dtype (None for a missing gradient).

@@ -29,7 +29,7 @@ from .models import (
 )
 from .optimizers import ReferenceOptimizer
 from .scenario import Scenario
-from .trace import RankTrace, Trace, gradients, parameters
+from .trace import RankTrace, Trace, named_gradients, named_parameters
 
 
 @dataclasses.dataclass
@@ -138,11 +138,11 @@ def train(
             step = Step(scenario, index, inputs, targets, models, optimizers, loss_fn)
             losses = backward(step)
             for model, record in zip(models, records, strict=True):
-                record.grads.append(gradients(model))  # type: ignore[union-attr]
+                record.record("grads", named_gradients(model))
             if not step.stepped:
                 for optimizer in optimizers:
                     optimizer.step()
             for model, record, loss in zip(models, records, losses, strict=True):
                 record.losses.append(float(loss))
-                record.params.append(parameters(model))
+                record.record("params", named_parameters(model))
         return Trace(name, records)

@@ -23,7 +23,7 @@ from ..engine.models import (
     rank_items,
 )
 from ..engine.scenario import Scenario
-from ..engine.trace import RankTrace, gradients, parameters
+from ..engine.trace import RankTrace, named_gradients, named_parameters
 from ..world.naming import option
 from ..world.runtime import rank_device
 
@@ -125,12 +125,11 @@ class RankRun:
         return global_items(self.scenario, step)
 
     def record_gradients(self, model: torch.nn.Module | None = None) -> None:
-        assert self.trace.grads is not None
-        self.trace.grads.append(gradients(model or self.model))
+        self.trace.record("grads", named_gradients(model or self.model))
 
     def record_step(self, loss: float | torch.Tensor, model: torch.nn.Module | None = None) -> None:
         self.trace.losses.append(float(loss))
-        self.trace.params.append(parameters(model or self.model))
+        self.trace.record("params", named_parameters(model or self.model))
 
 
 def fresh_model(run: RankRun) -> torch.nn.Module:

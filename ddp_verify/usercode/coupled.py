@@ -35,7 +35,7 @@ from ..engine.coupled import (
 )
 from ..engine.models import build_optimizer
 from ..engine.scenario import Scenario
-from ..engine.trace import RankTrace, gradients, parameters
+from ..engine.trace import RankTrace, named_gradients, named_parameters
 from ..world.naming import option
 from ..world.runtime import rank_device
 from .calling import UserMethod, anywhere_values, as_loss
@@ -171,10 +171,10 @@ class CoupledLoss(UserMethod):
                     (loss / len(batches)).backward()
                 reported += loss.detach().double() / len(batches)
             dist.all_reduce(reported)
-            trace.grads.append(gradients(model))  # type: ignore[union-attr]
+            trace.record("grads", named_gradients(model))
             optimizer.step()
             trace.losses.append(float(reported) / world)
-            trace.params.append(parameters(model))
+            trace.record("params", named_parameters(model))
         return trace
 
     def probe(
