@@ -273,10 +273,10 @@ def _floor_reference(conn: Any) -> None:
 
 
 class FloorWorkers:
-    """``size`` spawned workers in one process group, and one more that trains the
-    reference beside them, fed scenarios through pipes."""
+    """``size`` spawned workers in one process group, and (``reference``) one more that
+    trains the reference beside them, fed scenarios through pipes."""
 
-    def __init__(self, size: int, device: str) -> None:
+    def __init__(self, size: int, device: str, *, reference: bool = True) -> None:
         context = multiprocessing.get_context("spawn")
         port = _free_port()
         self.conns, self.procs = [], []
@@ -286,14 +286,17 @@ class FloorWorkers:
             proc.start()
             self.conns.append(ours)
             self.procs.append(proc)
-        self.reference, theirs = context.Pipe()
-        proc = context.Process(target=_floor_reference, args=(theirs,))
-        proc.start()
-        self.procs.append(proc)
+        self.reference: Any = None
+        if reference:
+            self.reference, theirs = context.Pipe()
+            proc = context.Process(target=_floor_reference, args=(theirs,))
+            proc.start()
+            self.procs.append(proc)
 
     def run(self, kind: str, scenario: Scenario, *, reference: bool = True) -> None:
         """The ranks' training of ``scenario``, and (``reference``) the reference's beside
         it, as a check trains both."""
+        reference = reference and self.reference is not None
         for conn in self.conns:
             conn.send((kind, scenario))
         if reference:
@@ -304,7 +307,7 @@ class FloorWorkers:
             _receive(self.reference)
 
     def close(self) -> None:
-        for conn in [*self.conns, self.reference]:
+        for conn in [*self.conns, *([self.reference] if self.reference is not None else [])]:
             conn.send(None)
         for proc in self.procs:
             proc.join(timeout=SAMPLE_TIMEOUT_S)
@@ -443,6 +446,7 @@ def _trivial() -> float:
 def timed_rounds(
     world: VerifyingWorld,
     floor: FloorWorkers,
+    ranks_floor: FloorWorkers,
     kind: str,
     method: Any,
     cases: list[Scenario],
@@ -453,7 +457,14 @@ def timed_rounds(
     fastest of its rounds, as ``timeit`` takes the fastest repeat. On two cores shared by
     the controller, the ranks and the reference, another process's slice of the CPU only
     ever adds to a sample (one sample of a 15 ms example moves by a tenth from run to run),
-    and both sides are read the same way."""
+    and both sides are read the same way.
+
+    Each side runs on processes of its own (the ranks-only floor on ``ranks_floor``, not on
+    the floor's workers), so every side's processes wait as long between their examples:
+    a process that has waited through two other examples runs its next one on cold caches,
+    and with the ranks-only floor on the floor's workers those ran two examples in three
+    while the check's ran one (check / floor at world size 2 read 1.15-1.28 by the totals
+    so, 1.03-1.10 with a side's processes to each; three alternated runs of each)."""
     # taken[side][i]: every round's seconds of side `side` on scenario i.
     taken: list[list[list[float]]] = [[[] for _ in cases] for _ in range(3)]
 
@@ -464,7 +475,7 @@ def timed_rounds(
     sides: list[Callable[[Scenario], None]] = [
         check,
         lambda scenario: floor.run(kind, scenario),
-        lambda scenario: floor.run(kind, scenario, reference=False),
+        lambda scenario: ranks_floor.run(kind, scenario, reference=False),
     ]
     for round_ in range(args.rounds):
         order = range(3) if round_ % 2 == 0 else range(2, -1, -1)
@@ -728,6 +739,7 @@ def measure(size: int, args: argparse.Namespace) -> dict[str, Any]:
                 statistics.median(_timed(lambda job=job: world.run(job), args.round_trips)) * 1e3
             )
         floor = FloorWorkers(size, device)
+        ranks_floor = FloorWorkers(size, device, reference=False)
         drawn: dict[str, list[Scenario]] = {}
         try:
             for kind in args.kinds:
@@ -737,7 +749,10 @@ def measure(size: int, args: argparse.Namespace) -> dict[str, Any]:
                 for scenario in cases[:3]:  # warm-up: first optimizer, first DDP, caches
                     world.check_equivalent(method, scenario)
                     floor.run(kind, scenario)
-                checks, floors, rank_floors = timed_rounds(world, floor, kind, method, cases, args)
+                    ranks_floor.run(kind, scenario)
+                checks, floors, rank_floors = timed_rounds(
+                    world, floor, ranks_floor, kind, method, cases, args
+                )
                 out[f"{kind}_check_ms"] = statistics.median(checks) * 1e3
                 out[f"{kind}_floor_ms"] = statistics.median(floors) * 1e3
                 out[f"{kind}_ranks_floor_ms"] = statistics.median(rank_floors) * 1e3
@@ -797,6 +812,7 @@ def measure(size: int, args: argparse.Namespace) -> dict[str, Any]:
                     ratio("reproducer_over_floor", "reproducer_s", "bare_import_optimizers_s")
         finally:
             floor.close()
+            ranks_floor.close()
         out["rank_peak_rss_mib"] = max(world.run(_peak_rss_mib))
     out["controller_peak_rss_mib"] = _peak_rss_mib()
     if args.cli_examples:

@@ -6,11 +6,13 @@ imports them under their file names."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -52,16 +54,21 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def test_a_crashing_sample_is_tried_again_then_recorded_and_nothing_else_is_lost() -> None:
+def _run(script: str) -> Any:
+    """``script`` in a fresh interpreter beside the benchmark: the JSON it prints last."""
     result = subprocess.run(
-        [sys.executable, "-c", SCRIPT, str(ROOT / "benchmarks")],
+        [sys.executable, "-c", script, str(ROOT / "benchmarks")],
         capture_output=True,
         text=True,
         timeout=120,
         cwd=ROOT,
     )
     assert result.returncode == 0, result.stderr
-    got = json.loads(result.stdout.strip().splitlines()[-1])
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_a_crashing_sample_is_tried_again_then_recorded_and_nothing_else_is_lost() -> None:
+    got = _run(SCRIPT)
     # The crashed sample was tried again on the same input, and both samples count.
     assert got["calls"] == [10, 10, 20]
     assert got["kept"] == [10.0, 20.0]
@@ -75,3 +82,49 @@ def test_a_crashing_sample_is_tried_again_then_recorded_and_nothing_else_is_lost
     assert "12.5" in ddp_row and ddp_row.split()[3] == "-"  # measured kept, the rest "-"
     # The search's examples were recorded through a wrapper, put back when the search ended.
     assert got["wrapped"] is True and got["restored"] is True and got["ran"] == []
+
+
+ROUNDS_SCRIPT = textwrap.dedent(
+    """
+    import argparse, json, sys, types
+    sys.path.insert(0, sys.argv[1])
+    import bench
+
+    ran = []  # (who ran, scenario), in the order the examples ran
+
+    class Ran:
+        def __init__(self, name):
+            self.name = name
+
+        def run(self, kind, scenario, *, reference=True):
+            ran.append((self.name if reference else self.name + " without reference", scenario))
+
+        def check_equivalent(self, method, scenario):
+            ran.append((self.name, scenario))
+            return types.SimpleNamespace(equivalent=True)
+
+    bench.timed_rounds(
+        Ran("world"), Ran("floor"), Ran("ranks_floor"), "ddp", None, [0, 1, 2],
+        argparse.Namespace(rounds=2),
+    )
+    print(json.dumps(ran))
+    """
+)
+
+
+def test_each_side_of_a_round_runs_on_processes_of_its_own_that_wait_alike() -> None:
+    # A process that has waited through more examples runs its next one on colder caches:
+    # every side's processes must wait as long, or one side's figure carries the others'.
+    ran = [tuple(r) for r in _run(ROUNDS_SCRIPT)]
+    who = [name for name, _ in ran]
+    assert set(who) == {"world", "floor", "ranks_floor without reference"}
+    assert len(ran) == 2 * 3 * 3  # 2 rounds, 3 scenarios, 3 sides
+    for round_ in (who[:9], who[9:]):
+        for name in set(who):
+            uses = [i for i, n in enumerate(round_) if n == name]
+            gaps = [b - a - 1 for a, b in itertools.pairwise(uses)]
+            assert gaps == [2, 2], (name, gaps)  # two other examples between two of its own
+    # Every scenario is checked, floored and floored ranks-only in each round.
+    assert sorted(ran) == sorted(
+        (name, scenario) for name in set(who) for scenario in (0, 1, 2) for _ in range(2)
+    )
