@@ -173,14 +173,9 @@ def gradients(model: torch.nn.Module) -> dict[str, torch.Tensor | None]:
 
 
 def _whole(tensor: torch.Tensor) -> torch.Tensor:
-    return _gathered(tensor).clone()
-
-
-def _gathered(tensor: torch.Tensor) -> torch.Tensor:
-    """``tensor`` detached, and whole where it is sharded (not copied otherwise)."""
     value = tensor.detach()
     full = getattr(value, "full_tensor", None)  # a DTensor: a collective on every rank
-    return full() if full is not None else value
+    return (full() if full is not None else value).clone()
 
 
 def named_parameters(model: torch.nn.Module) -> list[tuple[str, torch.Tensor | None]]:
@@ -195,19 +190,25 @@ def named_gradients(model: torch.nn.Module) -> list[tuple[str, torch.Tensor | No
 
 def _copied_flat(values: list[torch.Tensor]) -> torch.Tensor:
     """Flat tensors joined in one copy, in their dtype where they share one (float64, exact for
-    every float dtype, where they do not)."""
+    every float dtype, where they do not), on their device where they share one (the CPU
+    where they do not: a model laid over several devices)."""
     if not values:
         return torch.zeros(0, dtype=torch.float64)
-    dtype = values[0].dtype
-    if any(v.dtype != dtype for v in values):
+    dtype, device = values[0].dtype, values[0].device
+    if any(v.device != device for v in values):
+        values = [v.to("cpu", torch.float64) for v in values]
+    elif any(v.dtype != dtype for v in values):
         values = [v.to(torch.float64) for v in values]
     return torch.cat(values)  # a copy, even of one tensor: the record never aliases the model
 
 
 def _joined(chunks: list[torch.Tensor]) -> torch.Tensor:
-    """Steps recorded flat, as one float64 tensor on the device they were recorded on."""
+    """Steps recorded flat, as one float64 tensor (on the CPU where steps were recorded on
+    several devices)."""
     if not chunks:
         return torch.zeros(0, dtype=torch.float64)
+    if any(c.device != chunks[0].device for c in chunks):
+        return torch.cat([c.to("cpu", torch.float64) for c in chunks])
     return torch.cat([c.to(torch.float64) for c in chunks])
 
 
