@@ -296,7 +296,8 @@ class FloorWorkers:
     def run(self, kind: str, scenario: Scenario, *, reference: bool = True) -> None:
         """The ranks' training of ``scenario``, and (``reference``) the reference's beside
         it, as a check trains both."""
-        reference = reference and self.reference is not None
+        if reference and self.reference is None:
+            raise ValueError("these floor workers train no reference: run(..., reference=False)")
         for conn in self.conns:
             conn.send((kind, scenario))
         if reference:
@@ -307,7 +308,7 @@ class FloorWorkers:
             _receive(self.reference)
 
     def close(self) -> None:
-        for conn in [*self.conns, *([self.reference] if self.reference is not None else [])]:
+        for conn in self.conns + ([self.reference] if self.reference is not None else []):
             conn.send(None)
         for proc in self.procs:
             proc.join(timeout=SAMPLE_TIMEOUT_S)
@@ -749,7 +750,7 @@ def measure(size: int, args: argparse.Namespace) -> dict[str, Any]:
                 for scenario in cases[:3]:  # warm-up: first optimizer, first DDP, caches
                     world.check_equivalent(method, scenario)
                     floor.run(kind, scenario)
-                    ranks_floor.run(kind, scenario)
+                    ranks_floor.run(kind, scenario, reference=False)
                 checks, floors, rank_floors = timed_rounds(
                     world, floor, ranks_floor, kind, method, cases, args
                 )

@@ -203,13 +203,8 @@ def _copied_flat(values: list[torch.Tensor]) -> torch.Tensor:
 
 
 def _joined(chunks: list[torch.Tensor]) -> torch.Tensor:
-    """Steps recorded flat, as one float64 tensor (on the CPU where steps were recorded on
-    several devices)."""
-    if not chunks:
-        return torch.zeros(0, dtype=torch.float64)
-    if any(c.device != chunks[0].device for c in chunks):
-        return torch.cat([c.to("cpu", torch.float64) for c in chunks])
-    return torch.cat([c.to(torch.float64) for c in chunks])
+    """Steps recorded flat, as one float64 tensor."""
+    return _copied_flat(chunks).to(torch.float64)
 
 
 # Per step, per tensor: its name, and its shape and dtype (None for a missing gradient).
