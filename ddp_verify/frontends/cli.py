@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import importlib.util
 import json
 import os
@@ -762,7 +763,10 @@ def _top_level_names(path: Path) -> set[str] | None:
 def load_function(path: Path, name: str) -> Callable[..., Any]:
     """The callable ``name`` of the file at ``path``, which may import it from elsewhere."""
     path_text = str(path)
-    module_name = f"ddp_verify_user_{abs(hash(str(path.resolve())))}"
+    # Named for its path by a digest, the same in every process (hash() of a string is not:
+    # each rank of an SPMD job would give the same file another name).
+    digest = hashlib.blake2b(str(path.resolve()).encode(), digest_size=8).hexdigest()
+    module_name = f"ddp_verify_user_{digest}"
     loader = importlib.machinery.SourceFileLoader(module_name, str(path))
     spec = importlib.util.spec_from_loader(module_name, loader)
     assert spec is not None

@@ -165,10 +165,15 @@ def dump_result(value: Any) -> bytes:
 
 
 def dumps(obj: Any) -> bytes:
-    """``cloudpickle.dumps``, also for modules of a subclass of the module type (see
-    :class:`_Pickler`)."""
+    """``cloudpickle.dumps``, also for modules of a subclass of the module type, and with the
+    code of every file the ranks cannot import by name shipped by value wherever the object
+    reaches it (see :class:`_Pickler`)."""
     buffer = io.BytesIO()
-    _Pickler(buffer, protocol=5).dump(obj)
+    pickler = _Pickler(buffer, protocol=5)
+    try:
+        pickler.dump(obj)
+    finally:
+        pickler.unregister()
     return buffer.getvalue()
 
 
@@ -184,15 +189,26 @@ class _Pickler(cloudpickle.Pickler):
     Modules that replace themselves in ``sys.modules`` with an instance of a ``ModuleType``
     subclass (``torch.backends.cudnn`` is a ``CudnnModule``) are imported by name on the other
     side, as plain modules are: cloudpickle refuses them, so a test that reads
-    ``torch.backends.cudnn.allow_tf32`` could not be sent to the ranks."""
+    ``torch.backends.cudnn.allow_tf32`` could not be sent to the ranks.
+
+    And a function or class of a file the ranks cannot import by name (a user's file loaded by
+    path) is pickled by value wherever the object reaches it: inside a library's closure
+    (``fp16_compress_wrapper(my_hook)``), a ``functools.partial``, a decorator's wrapper, an
+    object's attribute. Which functions an object reaches is what pickling it finds out, so the
+    pickler decides as it meets each one; a list of modules made beforehand from the outermost
+    function alone misses every one reached through another module's code."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._sources: dict[str, tuple[str, ...] | None] = {}
+        self._modules_seen: set[str] = set()
+        self._registered: list[types.ModuleType] = []
 
     def reducer_override(self, obj: Any) -> Any:
         if isinstance(obj, types.CodeType):
             return self._reduce_code(obj)
+        if isinstance(obj, types.FunctionType | type):
+            self._ship_by_value(getattr(obj, "__module__", None))
         if (
             isinstance(obj, types.ModuleType)
             and type(obj) is not types.ModuleType
@@ -200,6 +216,33 @@ class _Pickler(cloudpickle.Pickler):
         ):
             return importlib.import_module, (obj.__name__,)
         return super().reducer_override(obj)
+
+    def _ship_by_value(self, name: Any) -> None:
+        """Register module ``name`` for pickling by value while this pickler runs, when it is
+        a file the ranks cannot import by name and is not registered already."""
+        if not isinstance(name, str) or name in self._modules_seen:
+            return
+        self._modules_seen.add(name)
+        module = sys.modules.get(name)
+        file = getattr(module, "__file__", None)
+        if name == "__main__" or not isinstance(file, str) or not file.endswith(".py"):
+            # cloudpickle pickles __main__'s by value; an extension's submodules
+            # (torch._C._distributed_c10d) are made by their parent, never found on a path.
+            return
+        if not ranks_cannot_import(module):
+            return
+        with _registry_lock:
+            if name not in cloudpickle.list_registry_pickle_by_value():
+                cloudpickle.register_pickle_by_value(module)
+                self._registered.append(module)
+
+    def unregister(self) -> None:
+        """Undo what :meth:`_ship_by_value` registered (the registry is cloudpickle's, for
+        the whole process)."""
+        with _registry_lock:
+            for module in self._registered:
+                cloudpickle.unregister_pickle_by_value(module)
+        self._registered.clear()
 
     def _reduce_code(self, code: types.CodeType) -> Any:
         # cloudpickle's own reduction (it follows each Python's code constructor); the file
@@ -246,7 +289,11 @@ def dump_exception(exc: BaseException) -> bytes | None:
     """The exception pickled, or None when it cannot be (its traceback text still travels)."""
     try:
         buffer = io.BytesIO()
-        _ExceptionPickler(buffer, protocol=5).dump(exc)
+        pickler = _ExceptionPickler(buffer, protocol=5)
+        try:
+            pickler.dump(exc)
+        finally:
+            pickler.unregister()
         data = buffer.getvalue()
         pickle.loads(data)  # Exceptions with custom __init__ often pickle but fail to load.
     except Exception:
@@ -304,7 +351,8 @@ def job_name(fn: Callable[..., Any]) -> str:
     return f"world.run({callable_name(fn)})"
 
 
-_registry_lock = threading.Lock()
+# Reentrant: a pickler registers the modules it meets while pickled_by_value may hold it.
+_registry_lock = threading.RLock()
 _importable: dict[str, bool] = {}
 
 
@@ -335,9 +383,17 @@ def modules_ranks_cannot_import(fn: Callable[..., Any]) -> list[types.ModuleType
     name = getattr(target, "__module__", None)
     if not name or name == "__main__" or name not in sys.modules:
         return []  # cloudpickle already pickles these by value.
+    module = sys.modules[name]
+    return [module] if ranks_cannot_import(module) else []
+
+
+def ranks_cannot_import(module: types.ModuleType) -> bool:
+    """Whether importing ``module`` by its name on a rank would not find this very file
+    (remembered per name: the answer costs a search of the import path)."""
+    name = module.__name__
     if name not in _importable:
-        _importable[name] = _importable_from_sys_path(sys.modules[name])
-    return [] if _importable[name] else [sys.modules[name]]
+        _importable[name] = _importable_from_sys_path(module)
+    return not _importable[name]
 
 
 def _importable_from_sys_path(module: types.ModuleType) -> bool:
