@@ -108,7 +108,9 @@ def single_process_defaults(fn: Callable[..., Any]) -> str:
 def check_feature_count(call: Call, negatives: int) -> None:
     """A :class:`KindError` where the code takes another number of feature tensors than the
     harness passes: the two views and ``negatives`` hard negatives."""
-    if call.positional != 2 + negatives:
+    most = call.most_positional or call.positional
+    if not call.positional <= 2 + negatives <= most:
+        # Where optional parameters could take more, the fewest it needs is what to say.
         takes = call.positional - 2
         raise KindError(
             f"{call.name} takes {call.positional} feature tensors, the two views and "

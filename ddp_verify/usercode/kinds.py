@@ -474,6 +474,9 @@ class Call:
     bound: tuple[Bound, ...] = ()
     # How the positional arguments are shown (their shapes), where the options decide it.
     shown: tuple[str, ...] = ()
+    # The most positional arguments it can take, where the kind passes a varying number (a
+    # coupled loss's hard negatives): optional ones are filled only where the options say.
+    most_positional: int | None = None
 
     @property
     def takes_count(self) -> bool:
@@ -672,12 +675,24 @@ def _check_signature(fn: Callable[..., Any], kind: str, bind: Binds = None) -> C
 def _fixed_call(
     name: str, spec: Kind, unbound: inspect.Signature, signature: inspect.Signature
 ) -> Call:
-    for arity in reversed(spec.arities):
+    fitting = []
+    for arity in spec.arities:
         try:
             unbound.bind(*range(arity))
         except TypeError:
             continue
-        return Call(name, spec.name, arity)
+        fitting.append(arity)
+    if fitting:
+        params = list(unbound.parameters.values())
+        if any(p.kind is p.VAR_POSITIONAL for p in params):
+            return Call(name, spec.name, fitting[-1])
+        # A parameter with a default keeps it (a contrastive loss's temperature=0.5): the
+        # harness passes the fewest arguments that fill every required one.
+        positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        required = sum(p.kind in positional and p.default is p.empty for p in params)
+        fewest = next((a for a in fitting if a >= required), fitting[-1])
+        most = fitting[-1] if fitting[-1] > fewest else None
+        return Call(name, spec.name, fewest, most_positional=most)
     required = _required(unbound, min(spec.arities))
     if required:
         raise KindError(_unsaid(name, signature, spec, required))

@@ -138,3 +138,32 @@ def test_a_signature_the_kind_cannot_take_names_the_kind_it_reads_as():
         "as a grad-sync plug-in (fn(model) or fn(model, num_samples)): check it with "
         "kind='step'"
     )
+
+
+def _info_nce(features_a, features_b, temperature=0.5): ...
+def _scaled(anchors, positives, scale: float = 20.0, loss_scale=None): ...
+def _hard(q_reps, p_reps, hard_negatives): ...
+def _optional_hard(q_reps, p_reps, hard_negatives=None, temperature=0.05): ...
+def _views(*features, logit_scale=None): ...
+
+
+@pytest.mark.parametrize(
+    ("fn", "fewest", "most"),
+    [(_info_nce, 2, 3), (_scaled, 2, 4), (_hard, 3, None), (_optional_hard, 2, 4)],
+)
+def test_a_parameter_with_a_default_is_left_to_it_not_taken_for_a_feature(fn, fewest, most):
+    call = check_signature(fn, "coupled-loss")
+    assert (call.positional, call.most_positional) == (fewest, most)
+    assert call.describe().count("features") + call.describe().count("negatives") == fewest
+
+
+def test_optional_negatives_are_passed_only_where_the_options_draw_them():
+    from ddp_verify.usercode.coupled import check_feature_count
+
+    optional = check_signature(_optional_hard, "coupled-loss")
+    check_feature_count(optional, 0)
+    check_feature_count(optional, 1)  # hard_negatives by position: it can take one
+    with pytest.raises(KindError, match="takes 3 feature tensors"):
+        check_feature_count(check_signature(_hard, "coupled-loss"), 0)
+    # *features takes any number: as many as the kind passes at most, as before.
+    assert check_signature(_views, "coupled-loss").positional == 5
