@@ -475,10 +475,30 @@ class LossAggregator(UserMethod):
     call: Call
 
     def __init__(
-        self, fn: Callable[..., Any], name: str, call: Call, *, divides: bool = False
+        self,
+        fn: Callable[..., Any],
+        name: str,
+        call: Call,
+        *,
+        divides: bool = False,
+        zero_under_mask: bool = False,
     ) -> None:
         super().__init__(fn, name)
         self.call, self.divides = call, divides
+        # Losses where the mask is 0 are zero (as F.cross_entropy's ignore_index leaves
+        # them): the diagnosis's probe of whether the code applies the mask at all.
+        self.zero_under_mask = zero_under_mask
+
+    def under_zeroed_mask(self) -> LossAggregator:
+        """The same code, handed losses that are 0 wherever the mask is.
+
+        Example::
+
+            probe = method.under_zeroed_mask()
+        """
+        return LossAggregator(
+            self.fn, self.name, self.call, divides=self.divides, zero_under_mask=True
+        )
 
     def train_rank(self, scenario: Scenario) -> RankTrace:
         from ..engine.objectives import objective
@@ -511,7 +531,11 @@ class LossAggregator(UserMethod):
                 # Each micro-batch at its own width: its longest sequence's last position
                 # that counts, as dynamic padding leaves it.
                 width = padded_width(scenario, targets)
-                losses = per_token(run.model(inputs), targets)[:, :width]
+                # Every position has a loss of its own, as a policy loss has (ratios times
+                # advantages exist wherever there is a token): code that forgets the mask
+                # counts them. Where the mask is 0 the loss is the model's against class 0.
+                given = targets if self.zero_under_mask else unmasked_targets(targets)
+                losses = per_token(run.model(inputs), given)[:, :width]
                 mine = {
                     **counts,
                     "tokens": tokens.units(mask),
@@ -532,6 +556,18 @@ class LossAggregator(UserMethod):
             optimizer.step()
             run.record_step(loss)
         return run.trace
+
+
+def unmasked_targets(targets: torch.Tensor) -> torch.Tensor:
+    """``targets`` with every ignored position given class 0: a per-token loss computed on it
+    is non-zero, with a gradient, wherever the mask says not to count it.
+
+    Example::
+
+        >>> unmasked_targets(torch.tensor([[3, -100], [-100, 1]])).tolist()
+        [[3, 0], [0, 1]]
+    """
+    return targets.clamp(min=0)
 
 
 class CommHook(DDP):

@@ -358,6 +358,12 @@ PARTIAL_SYNC = _finding(
     "some parameters are not synchronised across ranks (ranks disagree on {names} after step "
     "0, and agree on the others)",
 )
+MASK_IGNORED = _finding(
+    "mask:ignored",
+    "gradient",
+    "losses the mask excludes are counted: the result changes with loss_mat where loss_mask "
+    "is 0 ({zeroed}); multiply loss_mat by loss_mask before reducing it",
+)
 LOSSY = _finding(
     "lossy",
     "gradient",

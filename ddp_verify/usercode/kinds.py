@@ -689,8 +689,8 @@ def _fixed_call(
         # A parameter with a default keeps it (a contrastive loss's temperature=0.5): the
         # harness passes the fewest arguments that fill every required one.
         positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-        required = sum(p.kind in positional and p.default is p.empty for p in params)
-        fewest = next((a for a in fitting if a >= required), fitting[-1])
+        needed = sum(p.kind in positional and p.default is p.empty for p in params)
+        fewest = next((a for a in fitting if a >= needed), fitting[-1])
         most = fitting[-1] if fitting[-1] > fewest else None
         return Call(name, spec.name, fewest, most_positional=most)
     required = _required(unbound, min(spec.arities))

@@ -35,6 +35,7 @@ from .adapters import DEFAULT_BOUNDS, KindError, adapt
 from .coupled import CoupledLoss
 from .diagnosis import likely_causes
 from .diagnosis.coupled import coupled_bounds, coupled_causes, uneven_cause
+from .diagnosis.masked import mask_probe
 from .diagnosis.probes import every_mistake, probes, told_apart
 from .diagnosis.structural import failure_cause, known_issue_cause, low_rank_cause
 from .findings import Cause
@@ -353,6 +354,14 @@ def _generic_causes(
     """Every likely cause of ``outcome``'s divergence: the diagnosis on the helper, on a
     wider model where the weights are not determined, and the probes that tell readings
     apart and find every mistake (or, where the code keeps state, what it carried)."""
+    # Losses the mask excludes, counted: said first, the rest diagnosed where they are 0.
+    masked, outcome, method = mask_probe(world, method, outcome, bounds)
+    if masked is not None:
+        if outcome.equivalent:
+            return (masked,)
+        rest = _generic_causes(world, method, kind, outcome, bounds, tolerance_for, state)
+        # Shown elsewhere: the counterexample's own causes come first.
+        return (*rest, masked) if masked.scenario else (masked, *rest)
     # Weights fitted on a model with fewer parameters than micro-batches are not
     # determined: diagnose the same scenario on a wider model where the code diverges
     # there too, and say so.

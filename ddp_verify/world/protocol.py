@@ -225,7 +225,12 @@ class _Pickler(cloudpickle.Pickler):
         self._modules_seen.add(name)
         module = sys.modules.get(name)
         file = getattr(module, "__file__", None)
-        if name == "__main__" or not isinstance(file, str) or not file.endswith(".py"):
+        if (
+            module is None
+            or name == "__main__"
+            or not isinstance(file, str)
+            or not file.endswith(".py")
+        ):
             # cloudpickle pickles __main__'s by value; an extension's submodules
             # (torch._C._distributed_c10d) are made by their parent, never found on a path.
             return

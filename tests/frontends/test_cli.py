@@ -928,7 +928,7 @@ def test_the_cli_asks_for_the_fork_server_before_it_imports_torch():
 # User code reached through another module's code: a library's closure, a partial, a
 # decorator's wrapper. The function handed over is not the user's, so what the ranks need of
 # the user's file is known only where pickling reaches it.
-_WRAPPED_HOOKS = '''
+_WRAPPED_HOOKS = """
 import functools
 import torch
 import torch.distributed as dist
@@ -963,7 +963,7 @@ compressed = fp16_compress_wrapper(my_hook)
 decorated = traced(my_hook)
 # torch's DDP refuses a partial as a comm hook (it reads the hook's __name__): a sync here.
 partial_sync = functools.partial(weighted_sync, total_dtype=torch.float64)
-'''
+"""
 
 
 @pytest.mark.parametrize(

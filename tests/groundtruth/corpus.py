@@ -448,10 +448,11 @@ SHAPES = (
         "agg_loss",
         """\
         def agg_loss($signature):
-            return (loss_mat * loss_mask).sum() / ($divide) * $dp
+            return ($masked).sum() / ($divide) * $dp
         """,
         dict(
             signature="loss_mat, loss_mask, global_tokens, world_size",
+            masked="loss_mat * loss_mask",
             divide="global_tokens",
             dp="world_size",
         ),
@@ -596,6 +597,33 @@ SHAPES = (
         dict(gather=_GATHER_WITH_GRAD, factor="1"),
         options={"even": True},
         families=frozenset({"coupled"}),
+    ),
+    # The same with the temperature a parameter with a default, as InfoNCE code writes it:
+    # never taken for a feature tensor.
+    Shape(
+        "coupled-temperature",
+        "coupled-loss",
+        "info_nce",
+        """\
+        import torch.distributed.nn
+
+
+        def info_nce(features_a, features_b, temperature=0.5):
+            if dist.get_world_size() > 1:  # one process has nothing to gather
+                $gather
+            else:
+                all_a, all_b = features_a, features_b
+            logits = all_a @ all_b.T / temperature
+            labels = torch.arange(len(logits))
+            loss = (F.cross_entropy(logits, labels) + F.cross_entropy(logits.T, labels)) / 2
+            return loss * $factor
+        """,
+        dict(gather=_GATHER_WITH_GRAD, factor="1"),
+        options={"even": True},
+        # No learned parameter: gradients that stay local are 1/W of the right ones (every
+        # rank computes the same loss), a scale, and copies without gradients leave nothing
+        # to train; the mistakes whose truth holds without a learned parameter apply.
+        families=frozenset({"coupled-fixed"}),
     ),
     # Each rank's anchors against every rank's positives, ranks holding different numbers
     # of pairs: sizes exchanged, the gather padded and cut back, the rank's summed loss
@@ -935,19 +963,28 @@ OPERATORS = (
     Operator(
         "one-view-without-grad",
         "one view gathered with gradients, the other without (the local features put back)",
-        {"coupled": {"gather": _GATHER_B_WITHOUT_GRAD}},
+        {
+            "coupled": {"gather": _GATHER_B_WITHOUT_GRAD},
+            "coupled-fixed": {"gather": _GATHER_B_WITHOUT_GRAD},
+        },
         frozenset({"coupled:constant-tower"}),
     ),
     Operator(
         "local-negatives",
         "no gather: negatives from the local batch only",
-        {"coupled": {"gather": "all_a, all_b = features_a, features_b"}},
+        {
+            "coupled": {"gather": "all_a, all_b = features_a, features_b"},
+            "coupled-fixed": {"gather": "all_a, all_b = features_a, features_b"},
+        },
         frozenset({"coupled:local-negatives"}),
     ),
     Operator(
         "times-world",
         "the loss multiplied by the world size where gradients already cross ranks",
-        {"coupled": {"factor": "dist.get_world_size()"}},
+        {
+            "coupled": {"factor": "dist.get_world_size()"},
+            "coupled-fixed": {"factor": "dist.get_world_size()"},
+        },
         frozenset({"coupled:scale"}),
     ),
     Operator(
@@ -961,6 +998,12 @@ OPERATORS = (
         "positives labelled by rank x local batch, wrapped into the batch",
         {"coupled-uneven": {"offset": "rank * anchors.shape[0]"}},
         frozenset({"coupled:wrong-positives"}),
+    ),
+    Operator(
+        "mask-forgotten",
+        "the per-token losses summed without the mask: prompt and padding counted",
+        {"loss-agg": {"masked": "loss_mat"}},
+        frozenset({"mask:ignored"}),
     ),
     Operator(
         "sum-of-means",

@@ -33,6 +33,10 @@ SAMPLE = (
     "grad-sync-sum.sum-weighted-as-mean",
     "step-sum.sum-micro-mean",
     "coupled-clip.gather-local-put-back",
+    # Issue 60: a temperature with a default (refused as a hard negative on 0d3c99d), a
+    # forgotten mask (equivalent on 0d3c99d, whose drawn losses were 0 under the mask).
+    "coupled-temperature.correct",
+    "loss-agg.mask-forgotten",
 )
 
 

@@ -430,3 +430,29 @@ def test_the_float32_bound_of_a_declared_sum_is_measured_on_runs_of_the_sum():
     reference = train_reference(scenario, "float64")
     for variant in range(3):
         assert relative_deviation(reference, rounding_variant(scenario, variant)) < 1e-4
+
+
+def test_an_aggregation_that_never_applies_its_mask_is_caught_and_named(tmp_path, monkeypatch):
+    # 0d3c99d drew loss_mat exactly 0 wherever the mask is 0 (F.cross_entropy's ignore_index),
+    # so code that never multiplied by the mask passed: policy losses are not 0 there.
+    monkeypatch.chdir(tmp_path)
+    trl = load("real_style/trl_losses")
+    with pytest.raises(EquivalenceError) as caught:
+        check(
+            trl.dapo_unmasked,
+            kind="loss-agg",
+            world_size=2,
+            max_examples=25,
+            seed=0,
+            bind={"num_items_in_batch": "global_tokens", "num_processes": "world_size"},
+        )
+    assert caught.value.verdict.causes[0].pattern == "mask:ignored"
+    # The same code with the mask applied passes the same search.
+    check(
+        trl.dapo,
+        kind="loss-agg",
+        world_size=2,
+        max_examples=25,
+        seed=0,
+        bind={"num_items_in_batch": "global_tokens", "num_processes": "world_size"},
+    )

@@ -27,6 +27,7 @@ ELSEWHERE: dict[str, str] = {
     f.KEEPS_STATE.code: "the replay on a fresh world",
     f.COLLECTIVES_PER_MICRO_BATCH.code: "a failure whose scenario explains it",
     f.TORCH_POWERSGD_UNUSED.code: "a failure with a known torch issue's signature",
+    f.MASK_IGNORED.code: "the loss-agg mask probe",
     f.NONLINEAR.code: "no hypothesis fits the gradient",
     f.LOSS_UNEXPLAINED.code: "no hypothesis fits the reported loss",
     f.UNEXPLAINED.code: "nothing diverged that a hypothesis covers",
@@ -191,6 +192,7 @@ _FILL = {
     "ranks": "each rank's norm and what it kept",
     "computed": "O",
     "declared": "D",
+    "zeroed": "what the code trains with those losses set to 0",
 }
 
 
