@@ -262,6 +262,7 @@ def assert_parity(
     timeout: float = 600.0,
     keep: str | os.PathLike[str] | None = None,
     caches_gradients: bool = False,
+    strict_loss: bool = False,
 ) -> Any:
     """Run the training script ``command`` (as one process runs it, with ``{world_size}``,
     ``{grad_accum}``, ``{micro_batch}``, ``{global_batch}`` in its flags) at each of
@@ -269,7 +270,9 @@ def assert_parity(
     the result when every layout trains the same, raise :class:`ParityFailed` (an
     ``AssertionError``, so pytest shows the report) otherwise. A script whose loss couples
     samples across ranks is judged at layouts that do not accumulate, unless
-    ``caches_gradients=True`` says it accumulates exactly (GradCache).
+    ``caches_gradients=True`` says it accumulates exactly (GradCache). A layout that trains
+    the same but logs another loss passes with a warning (``result.warnings``), unless
+    ``strict_loss=True``.
 
     A command that cannot run is a ``ValueError`` before anything starts:
 
@@ -302,6 +305,7 @@ def assert_parity(
         timeout=timeout,
         keep=None if keep is None else Path(keep),
         caches_gradients=caches_gradients,
+        strict_loss=strict_loss,
     )
     if result.exit_code != 0:
         raise ParityFailed(result)

@@ -334,6 +334,7 @@ SPELLINGS: dict[str, Mapping[str, Spelling]] = {
         "objective": "--objective",
         "model": "--model",
         "dtypes": "--dtype",
+        "strict_loss": "--strict-loss",
     },
     "python": {
         # check() takes the models strategy itself: ddp_verify.strategies.models.

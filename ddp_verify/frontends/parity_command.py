@@ -3,10 +3,10 @@ only).
 
     ddp-verify parity [--layouts 1x1,1x4,2x2,4x1] [--reference 1x1] [--steps 3]
         [--global-batch N] [--dtype float64|native] [--launcher TEMPLATE] [--timeout S]
-        [--keep DIR] [--caches-gradients] [--json] -- python train.py ARGS (with
+        [--keep DIR] [--caches-gradients] [--strict-loss] [--json] -- python train.py ARGS (with
         {world_size}, {grad_accum}, {micro_batch}, {global_batch})
     ddp-verify parity compare REFERENCE_DIR DIR [DIR...] [--steps N] [--variant DIR]
-        [--caches-gradients] [--json]
+        [--caches-gradients] [--strict-loss] [--json]
 
 Exit codes as ``check``: 0 every layout trains what the reference trains; 1 one does not, or
 a layout's run failed; 2 a usage error; 3 the harness failed.
@@ -114,6 +114,12 @@ def compare_parser() -> argparse.ArgumentParser:
 
 def _add_caches_gradients(p: argparse.ArgumentParser) -> None:
     p.add_argument(
+        "--strict-loss",
+        action="store_true",
+        help="fail a layout whose logged loss differs from the reference's even where it "
+        "trains the same (by default that passes with a warning: rank 0 logging its own loss)",
+    )
+    p.add_argument(
         "--caches-gradients",
         action="store_true",
         help="the script accumulates a loss that couples samples across ranks exactly "
@@ -158,6 +164,7 @@ def run(argv: Sequence[str]) -> Any:
                 steps=args.steps,
                 tolerance=tolerance,
                 caches_gradients=args.caches_gradients,
+                strict_loss=args.strict_loss,
             )
         split = argv.index("--") if "--" in argv else len(argv)
         args = parser().parse_args(argv[:split])
@@ -186,6 +193,7 @@ def run(argv: Sequence[str]) -> Any:
             progress=_say,
             nnodes=args.nnodes,
             caches_gradients=args.caches_gradients,
+            strict_loss=args.strict_loss,
         )
         _draw(result.to_json(), args.plot, args.html)
         return result

@@ -25,6 +25,7 @@ from ..engine.tolerances import Tolerance
 from ..usercode.search import describe_causes
 from ..usercode.verdict import Status, Verdict
 from ..world import cleanup
+from ..world.naming import option
 from .compare import Comparison, compare_layouts, derived_tolerance, rounding_dtype, told_apart
 from .curves import curves
 from .launch import DEFAULT_LAUNCHER, Run, launch, script_of
@@ -50,6 +51,10 @@ class ParityResult:
     layouts: tuple[dict[str, Any], ...] = ()
     # The reference layout's label and curves (see curves.py); each row has its own.
     reference: dict[str, Any] | None = None
+    # What passed with a warning: layouts that train what the reference trains but log
+    # another loss (a failure under strict_loss, and then not a warning).
+    warnings: tuple[str, ...] = ()
+    strict_loss: bool = False
 
     @property
     def exit_code(self) -> int:
@@ -64,6 +69,8 @@ class ParityResult:
             **self.verdict.to_json(),
             "layouts": list(self.layouts),
             "reference_layout": self.reference,
+            "warnings": list(self.warnings),
+            "strict_loss": self.strict_loss,
         }
 
 
@@ -81,6 +88,7 @@ def run_parity(
     progress: Callable[[str], None] | None = None,
     nnodes: int = 1,
     caches_gradients: bool = False,
+    strict_loss: bool = False,
 ) -> ParityResult:
     """Run ``command`` (the script as one process runs it, placeholders included) at the
     ``reference`` layout and at each of ``layouts``, ``steps`` optimizer steps each, and
@@ -93,7 +101,8 @@ def run_parity(
     negatives from each micro-batch. Layouts of several ranks without accumulation run
     first, so that the ones that accumulate need not run once it is seen;
     ``caches_gradients=True`` says the script accumulates exactly (GradCache) and has every
-    layout judged.
+    layout judged. A layout that trains what the reference trains but logs another loss (rank
+    0's own, say) passes with a warning, unless ``strict_loss``.
 
     Example::
 
@@ -172,6 +181,7 @@ def run_parity(
             target=target,
             started=started,
             caches_gradients=caches_gradients,
+            strict_loss=strict_loss,
         )
         by_label = {str(layout): run for layout, run in runs.items()}
         for row in result.layouts:
@@ -251,11 +261,14 @@ def compare_recordings(
     target: str | None = None,
     started: float | None = None,
     caches_gradients: bool = False,
+    strict_loss: bool = False,
 ) -> ParityResult:
     """The verdict on ``others`` held to ``reference`` (recordings made by the user's own
     launches, or by :func:`run_parity`). Where a run gathered features that carry gradient
     (a loss that couples samples across ranks), the layouts that accumulate are not judged,
-    and the report says why, unless ``caches_gradients``.
+    and the report says why, unless ``caches_gradients``. Where training is equivalent and
+    only the logged loss differs, the layout passes with a warning (the training verdict
+    decides), unless ``strict_loss`` makes the logged loss count too.
 
     Example::
 
@@ -293,7 +306,7 @@ def compare_recordings(
     comparisons = told_apart(
         [compare_layouts(reference, other, steps=steps, tolerance=tolerance) for other in judged]
     )
-    result = _verdict(reference, judged, comparisons, steps, target, started)
+    result = _verdict(reference, judged, comparisons, steps, target, started, strict_loss)
     if not unjudged:
         return result
     why = _why_not_judged(gathers)
@@ -339,8 +352,10 @@ def _verdict(
     steps: int,
     target: str | None,
     started: float,
+    strict_loss: bool = False,
 ) -> ParityResult:
-    """The verdict and rows of the layouts compared."""
+    """The verdict and rows of the layouts compared: training decides, and a layout whose
+    logged loss alone differs passes with a warning, unless ``strict_loss``."""
     rows = []
     causes = []
     for comparison, recording in zip(comparisons, others, strict=True):
@@ -348,13 +363,14 @@ def _verdict(
             {
                 **comparison.figures,
                 "verdict": (
-                    Status.EQUIVALENT if comparison.equivalent else Status.NOT_EQUIVALENT
+                    Status.EQUIVALENT if _passes(comparison, strict_loss) else Status.NOT_EQUIVALENT
                 ).value,
                 "training": (
                     "equivalent"
                     if comparison.equivalent or comparison.only_log_differs
                     else "not-equivalent"
                 ),
+                "logged_loss_differs": _log_only(comparison),
                 "causes": [c.key for c in comparison.causes],
                 "first_divergence_step": (
                     comparison.mismatch.step if comparison.mismatch is not None else None
@@ -365,7 +381,8 @@ def _verdict(
         causes += [
             dataclasses.replace(c, scenario=f"layout {comparison.label}") for c in comparison.causes
         ]
-    status = Status.EQUIVALENT if all(c.equivalent for c in comparisons) else Status.NOT_EQUIVALENT
+    passed = all(_passes(c, strict_loss) for c in comparisons)
+    status = Status.EQUIVALENT if passed else Status.NOT_EQUIVALENT
     verdict = Verdict(
         status,
         kind="script",
@@ -375,16 +392,41 @@ def _verdict(
         examples=len(others),
         causes=tuple(causes),
         seconds=time.monotonic() - started,
-        message=_report(reference, comparisons, steps, target),
+        message=_report(reference, comparisons, steps, target, strict_loss),
         only_loss_differs=status is Status.NOT_EQUIVALENT
         and all(c.equivalent or c.only_log_differs for c in comparisons),
     )
     shown = {"layout": reference.label, "curves": curves(reference, steps)}
-    return ParityResult(verdict, tuple(rows), shown)
+    warnings = tuple(_warning(c) for c in comparisons if _log_only(c) and not strict_loss)
+    return ParityResult(verdict, tuple(rows), shown, warnings, strict_loss)
+
+
+def _log_only(comparison: Comparison) -> bool:
+    """Whether the layout trains what the reference trains and only the loss it logs differs."""
+    return not comparison.equivalent and comparison.only_log_differs
+
+
+def _passes(comparison: Comparison, strict_loss: bool) -> bool:
+    return comparison.equivalent or (_log_only(comparison) and not strict_loss)
+
+
+def _warning(comparison: Comparison) -> str:
+    """What a layout whose logged loss alone differs is warned of: the finding, and the fix."""
+    said = comparison.causes[0].text if comparison.causes else "the logged loss differs"
+    return (
+        f"layout {comparison.label}: training is equivalent, but the loss it logs is not the "
+        f"reference's: {said}. Log the loss all-reduced over ranks (dist.all_reduce(loss) / "
+        f"world size, weighted by samples where they differ); {option('strict_loss')} makes "
+        "this a failure"
+    )
 
 
 def _report(
-    reference: Recording, comparisons: list[Comparison], steps: int, target: str | None
+    reference: Recording,
+    comparisons: list[Comparison],
+    steps: int,
+    target: str | None,
+    strict_loss: bool = False,
 ) -> str:
     samples = sum(reference.samples(0).values()) if reference.steps else 0
     wanted = min(steps, reference.steps)
@@ -401,15 +443,22 @@ def _report(
                 f"{_g(c.figures.get('gradient_difference'))}, parameters "
                 f"{_g(c.figures.get('parameter_difference'))})"
             )
-        else:
+        elif not _passes(c, strict_loss):
             first = c.causes[0].text if c.causes else "see below"
             if c.only_log_differs:
                 first = f"training is equivalent; only the logged loss differs: {first}"
             lines.append(f"  {c.label}: NOT equivalent: {first}")
-    failing = [c for c in comparisons if not c.equivalent]
+        else:
+            lines.append(
+                f"  {c.label}: equivalent training; warning: only the logged loss differs "
+                f"(gradients {_g(c.figures.get('gradient_difference'))}, parameters "
+                f"{_g(c.figures.get('parameter_difference'))} at most)"
+            )
+    failing = [c for c in comparisons if not _passes(c, strict_loss)]
     if not failing:
         tolerance = comparisons[0].figures.get("tolerance", "")
         lines.append(f"Every layout trains what the reference trains (held to {tolerance}).")
+        lines += [f"Warning: {_warning(c)}" for c in comparisons if _log_only(c)]
         return "\n".join(lines)
     for c in failing:
         lines.append(f"\nLayout {c.label} is not equivalent to the reference:")

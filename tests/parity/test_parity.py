@@ -77,17 +77,29 @@ def test_the_correct_script_trains_the_same_at_every_layout(tmp_path):
 def test_each_classic_mistake_is_caught_for_its_reason(
     reference, tmp_path, variant, layout, pattern, words
 ):
-    result = compare_recordings(reference, [_variant(tmp_path, variant, layout)], steps=STEPS)
+    recorded = _variant(tmp_path, variant, layout)
+    # Training decides: a layout that trains the same and logs another loss passes, warned.
+    logged_only = pattern.startswith("loss:")
+    result = compare_recordings(reference, [recorded], steps=STEPS, strict_loss=True)
     assert result.exit_code == 1, result.report
     first = result.verdict.causes[0]
     assert first.key == pattern and words in first.text, result.report
     assert result.layouts[0]["causes"][0] == pattern
     # Only the logged loss is wrong where the loss is all that differs, and said so.
-    logged_only = pattern.startswith("loss:")
     training = "equivalent" if logged_only else "not-equivalent"
     assert result.layouts[0]["training"] == result.to_json()["training"] == training
     said = "NOT equivalent: training is equivalent; only the logged loss differs: "
     assert (said in result.report) == logged_only, result.report
+    assert result.layouts[0]["logged_loss_differs"] == logged_only
+    lenient = compare_recordings(reference, [recorded], steps=STEPS)
+    document = json.loads(json.dumps(lenient.to_json()))
+    assert lenient.exit_code == document["exit_code"] == (0 if logged_only else 1), lenient.report
+    assert document["strict_loss"] is False and result.to_json()["strict_loss"] is True
+    assert bool(document["warnings"]) == logged_only, document["warnings"]
+    if logged_only:
+        assert document["verdict"] == "equivalent" and "strict_loss" in document["warnings"][0]
+        assert "Warning: layout 2x1: training is equivalent" in lenient.report
+        assert words in document["warnings"][0]
 
 
 @pytest.fixture(scope="module")
