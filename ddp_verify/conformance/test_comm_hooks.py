@@ -23,8 +23,9 @@ from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersg
 
 from ddp_verify.conformance import jobs
 from ddp_verify.conformance.known import known_torch_issue
-from ddp_verify.engine.compression import CompressionTolerance, unit_roundoff
+from ddp_verify.engine.compression import CompressionTolerance, along_the_run, unit_roundoff
 from ddp_verify.engine.outcome import EquivalenceError
+from ddp_verify.engine.scenario import ModelSpec, Scenario
 from ddp_verify.engine.strategies import models, optimizers, scenarios
 from ddp_verify.usercode.findings import POWERSGD_UNUSED_SIGNATURE
 from ddp_verify.world import RankError
@@ -71,9 +72,13 @@ def test_compression_hook_is_within_its_formats_precision(
     def check(scenario):
         tolerance = CompressionTolerance(scenario, fmt)
         outcome = world.check_equivalent(method, scenario, tolerance=tolerance)
+        # A rounding that moves a unit across its kink changes later gradients by more than
+        # rounding: such a run is judged along its own parameters.
+        outcome = along_the_run(outcome, fmt)
         if not outcome.equivalent:
             raise EquivalenceError(
-                outcome.report() + f"\nTolerance: {tolerance.describe()}", outcome=outcome
+                outcome.report() + f"\nTolerance: {outcome.tolerance.describe()}",
+                outcome=outcome,
             )
         worst.append(outcome.allowance_used())
 
@@ -81,11 +86,30 @@ def test_compression_hook_is_within_its_formats_precision(
     prove(
         scenarios(world_size=world.size, optimizers=optimizers(names=("sgd",))),
         check,
+        examples=_ACROSS_A_KINK.get(world.size, ()),
     )
     finding(
         f"{hook.__name__}: within {tolerance_text(fmt)}; the largest difference used "
         f"{max(worst, default=0.0):.2f} of its allowance over {len(worst)} scenarios"
     )
+
+
+# A draw on which unmodified torch 2.13.0 left the bound taken against the reference: step 0's
+# rounding moves a ReLU across its kink, and step 2's body.0.bias gradient is another
+# function's (0.0248 off where 0.0133 was allowed). Along the run's own parameters it is
+# within rounding (a tenth of the allowance).
+_ACROSS_A_KINK = {
+    4: (
+        Scenario(
+            world_size=4,
+            schedule=(((1,), (2,), (2,), (3,)), ((1,),) * 4, ((1,),) * 4),
+            model=ModelSpec(
+                kind="conv", in_features=3, activation="relu", layernorm=True, unused=True
+            ),
+            seed=213,
+        ),
+    )
+}
 
 
 # float16's largest finite value: a rank's gradient up to it must average without overflow.

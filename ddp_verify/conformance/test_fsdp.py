@@ -84,17 +84,72 @@ def test_where_and_when_fully_shard_keeps_parameters_changes_nothing(world, fsdp
 
     def check(case):
         scenario, chosen = case
-        world.assert_equivalent(fully_shard(shard_options=chosen), scenario)
+        world.assert_equivalent(fully_shard(shard_options=supported(chosen, size)), scenario)
 
     strategy = scenarios(
         world_size=size, max_micro_batches=2, same_micro_batch_counts=True,
         dtypes=("float64", "float32"),
     )  # fmt: skip
-    # Never left to chance: every weight shardable along dimension 1 (widths the world size).
+    # Never left to chance: every weight shardable along dimension 1 (widths the world size);
+    # and the draws that met torch's limitation below (each kept to what torch supports).
     model = ModelSpec(in_features=size, hidden=(size,), out_features=size)
     even = Scenario(world_size=size, schedule=(((1,),) * size, ((2,),) * size), model=model)
-    prove(st.tuples(strategy, options()), check,
-          examples=[(even, {"shard_dim": 1}), (even, {"per_module": True})])  # fmt: skip
+    examples = [(even, {"shard_dim": 1}), (even, {"per_module": True})]
+    if size == 4:
+        both = {"reshard_after_forward": 2, "shard_dim": 1}
+        narrow = ModelSpec(in_features=1, hidden=(4,))
+        conv = ModelSpec(kind="conv", in_features=1)
+        for drawn in (narrow, conv):
+            examples.append((Scenario(world_size=4, schedule=(((1,),) * 4,), model=drawn), both))
+    prove(st.tuples(strategy, options()), check, examples=examples)
+
+
+# fully_shard reshards to a smaller group after forward (reshard_after_forward=N) by narrowing
+# the all-gathered parameter along dimension 0 whatever its placement (torch 2.13's
+# _fsdp_param.py, to_sharded_post_forward), so a shard_placement_fn along dimension 1 with an
+# int reshard_after_forward fails inside torch ("setStorage: ... out of bounds", "list index
+# out of range" at post_param_size[shard_dim]). Kept out of the options property's draws;
+# its own test below holds the pair, marked by that signature.
+_DIM_1_AFTER_FORWARD = known_torch_issue(
+    "fully_shard resharding to a smaller group after forward (reshard_after_forward=N) with a "
+    "shard_placement_fn along dimension 1: the post-forward shard narrows dimension 0",
+    raises=RankError,
+    match=r"setStorage|out of bounds for storage|list index out of range",
+    since="2.6",
+)
+
+
+def supported(chosen: dict[str, object], size: int) -> dict[str, object]:
+    """``chosen`` without a dimension-1 placement where it also reshards to a smaller group
+    after forward (see _DIM_1_AFTER_FORWARD): each stays drawn, the pair is tested apart.
+
+    Example::
+
+        >>> supported({"reshard_after_forward": 2, "shard_dim": 1}, 4)
+        {'reshard_after_forward': 2}
+        >>> supported({"reshard_after_forward": True, "shard_dim": 1}, 4)
+        {'reshard_after_forward': True, 'shard_dim': 1}
+    """
+    after = chosen.get("reshard_after_forward")
+    smaller = isinstance(after, int) and not isinstance(after, bool) and after < size
+    if smaller and "shard_dim" in chosen:
+        return {k: v for k, v in chosen.items() if k != "shard_dim"}
+    return chosen
+
+
+@_DIM_1_AFTER_FORWARD
+def test_resharding_to_a_smaller_group_along_dimension_1_changes_nothing(world, fsdp, prove):
+    # The pair the options property keeps apart, on the model that met it, as a property of
+    # its own: when torch supports it, the mark's XPASS says so.
+    size = world.size
+    smaller = [d for d in range(2, size) if size % d == 0]
+    if not smaller:
+        pytest.skip(f"world size {size} has no smaller group of more than one rank to reshard to")
+    chosen = {"reshard_after_forward": smaller[0], "shard_dim": 1}
+    narrow = Scenario(
+        world_size=size, schedule=(((1,),) * size,), model=ModelSpec(in_features=1, hidden=(size,))
+    )
+    world.assert_equivalent(fully_shard(shard_options=chosen), narrow)
 
 
 def test_micro_batching_without_resharding_matches_the_reference(world, fsdp, prove):

@@ -27,9 +27,11 @@ import dataclasses
 from typing import Any
 
 import hypothesis
+import torch
 from hypothesis import HealthCheck, Phase, settings
 
 from ..engine.compare import compare
+from ..engine.outcome import Outcome
 from ..engine.reference import train_reference
 from ..engine.scenario import Scenario
 from ..engine.strategies import scenarios
@@ -86,9 +88,19 @@ class Precision:
 
     format: str | None = None
     scale: float | None = None
+    # Where the lower format shows, where the even probe did not show it (counts or weights
+    # held in float32 are exact on an even split): the scenario's numbers that are not.
+    where: str | None = None
 
     def words(self) -> str | None:
         """The report's Precision line, None where there is nothing to say (float64)."""
+        if self.format is not None and self.where is not None:
+            return (
+                f"computes in float64 on an even split but to {self.format}'s rounding where "
+                f"{self.where}: counts or weights held in {self.format} (torch.tensor(float(n)) "
+                f"is {torch.get_default_dtype()}, torch's default): held to {self.format}'s "
+                "measured bound"
+            )
         if self.format is not None:
             return f"computes in {self.format}: held to {self.format}'s measured bound"
         if self.scale is None:
@@ -193,7 +205,59 @@ def measured(world: Ranked, method: Method, scenario: Scenario | None) -> Precis
     if scenario is None:
         return Precision()
     try:
-        outcome = check_equivalent(world, method, scenario)
+        return judged(world, scenario, check_equivalent(world, method, scenario))
+    except (RankError, WorldError, HarnessError):
+        return Precision()  # the code fails: the search says how, on a scenario of its own
+
+
+def diverged_precision(world: Ranked, scenario: Scenario, outcome: Outcome) -> Precision:
+    """What a scenario whose run diverged beyond float64's bound measures of the code, where
+    the even probe measured float64: a lower format whose measured bound covers the run
+    (counts or weights held in float32 round only where they are not exact in it, as an
+    uneven split's shares are), with the scenario's shares that are not; else plain float64
+    (a mistake, or rounding no format accounts for: the search goes on).
+
+    Example::
+
+        diverged_precision(world, scenario, outcome).words()  # "computes in float64 on ..."
+    """
+    try:
+        found = judged(world, scenario, outcome)
+    except (RankError, WorldError, HarnessError):
+        return Precision()
+    if found.format is None:
+        return Precision()
+    return dataclasses.replace(found, where=inexact_shares(scenario, found.format))
+
+
+def inexact_shares(scenario: Scenario, dtype: str) -> str:
+    """Where ``scenario``'s shares of the global batch (each rank's, each micro-batch's) are
+    not exact in ``dtype``, in words.
+
+    Example::
+
+        >>> s = Scenario(world_size=2, schedule=(((1,), (2,)),))
+        >>> inexact_shares(s, "float32")
+        "step 0's shares 1/3, 2/3 are not exact in float32"
+    """
+    fmt = getattr(torch, dtype)
+    said = []
+    for step, ranks in enumerate(scenario.schedule):
+        total = sum(sum(sizes) for sizes in ranks)
+        counts = sorted({n for sizes in ranks for n in (sum(sizes), *sizes)})
+        inexact = [n for n in counts if torch.tensor(n / total, dtype=fmt).item() != n / total]
+        if inexact:
+            shares = ", ".join(f"{n}/{total}" for n in inexact)
+            said.append(f"step {step}'s shares {shares}")
+    if not said:
+        return f"this scenario's numbers round in {dtype}"
+    return "; ".join(said) + f" are not exact in {dtype}"
+
+
+def judged(world: Ranked, scenario: Scenario, outcome: Outcome) -> Precision:
+    """What ``outcome`` (the code's run of ``scenario`` against its reference) says of the
+    precision the code computes in: see :func:`measured`."""
+    try:
         deviation = relative_deviation(outcome.reference, outcome.got)
         if deviation <= FLOAT64_LIMIT:
             return Precision()
@@ -215,7 +279,7 @@ def measured(world: Ranked, method: Method, scenario: Scenario | None) -> Precis
             if compare(outcome.reference, outcome.got, scenario, tolerance) is None:
                 return Precision(format=dtype)
     except (RankError, WorldError, HarnessError):
-        pass  # the code fails: the search says how, on a scenario of its own
+        pass  # the helper fails: the search says how, on a scenario of its own
     return Precision()
 
 

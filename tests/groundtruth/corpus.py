@@ -181,6 +181,28 @@ SHAPES = (
         dict(state="", pre="", total="total.item()", weight="num_samples", divide="total"),
         families=frozenset({"grad", "count"}),
     ),
+    # Counts made as torch makes them by default, float32, the gradients float64: each
+    # rank's share rounds to float32 where it is not exact (1/3), which is correct code.
+    Shape(
+        "grad-sync-float32-counts",
+        "grad-sync",
+        "sync32",
+        """\
+        def sync32(model, num_samples):
+            $pre
+            count = torch.tensor(float(num_samples))
+            total = count.clone()
+            dist.all_reduce(total)
+            for p in model.parameters():
+                if p.grad is None:
+                    continue
+                p.grad.mul_($weight)
+                dist.all_reduce(p.grad)
+                p.grad.div_($divide)
+        """,
+        dict(pre="", weight="count / total", divide="1"),
+        families=frozenset({"grad32"}),
+    ),
     Shape(
         "loss",
         "loss",
@@ -677,6 +699,7 @@ OPERATORS = (
         "gradients or losses averaged by the world size, not weighted by counts",
         {
             "grad": {"weight": "1", "divide": "dist.get_world_size()"},
+            "grad32": {"weight": "1", "divide": "dist.get_world_size()"},
             "report": {"weight": "1", "divide": "dist.get_world_size()"},
             "step": {"mb_weight": "len(y) / local", "divide": "dist.get_world_size()"},
             "ddp-step": {"mb_weight": "len(y) / local"},
@@ -689,6 +712,7 @@ OPERATORS = (
         "summed over ranks, never divided",
         {
             "grad": {"divide": "1"},
+            "grad32": {"weight": "count"},
             "report": {"divide": "1"},
             "step": {"divide": "1"},
             "hook": {"divide": "1"},
@@ -707,6 +731,7 @@ OPERATORS = (
         "divided by the count twice",
         {
             "grad": {"divide": "total * total"},
+            "grad32": {"divide": "total"},
             "report": {"divide": "total * total"},
             "step": {"divide": "total.item() ** 2"},
             "hook": {"divide": "dist.get_world_size() ** 2"},
@@ -736,6 +761,7 @@ OPERATORS = (
         "each rank's mean summed and divided by the global count",
         {
             "grad": {"weight": "1"},
+            "grad32": {"weight": "1 / total"},
             "report": {"weight": "1"},
         },
         frozenset({"ranks:means-over-count", "loss:means-over-count"}),
@@ -779,7 +805,7 @@ OPERATORS = (
     Operator(
         "clip-before-sync",
         "gradients clipped per rank before they are combined",
-        {"grad": {"pre": _CLIP}, "step": {"pre": _CLIP}},
+        {"grad": {"pre": _CLIP}, "grad32": {"pre": _CLIP}, "step": {"pre": _CLIP}},
         frozenset({"clip"}),
     ),
     Operator(

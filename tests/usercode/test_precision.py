@@ -104,3 +104,59 @@ def test_an_epsilon_in_a_denominator_is_measured_and_the_report_says_which_bound
     # Without one, nothing to say: the probe reads float64 and the report has no such line.
     exact = check(verl.token_mean_over_global_tokens, **kwargs)
     assert exact.precision is None and "Precision:" not in exact.report
+
+
+def test_float32_counts_are_measured_on_the_scenario_that_diverged():
+    # 0d3c99d's false alarm at world size 4 ("no known mistake reproduces this divergence"):
+    # the even probe's shares (1/4) are exact in float32, this split's (1/6, 3/6) are not,
+    # and on the conv model's cancelling gradients float32's rounding of them shows.
+    from ddp_verify.engine.scenario import ModelSpec, Scenario
+    from ddp_verify.methods.equivalence import check_equivalent
+    from ddp_verify.usercode.precision import diverged_precision
+
+    diverged = Scenario(
+        world_size=4,
+        schedule=(((3,), (1,), (1,), (1,)), ((1,),) * 4, ((1,),) * 4),
+        model=ModelSpec(kind="conv", out_features=2, unused=True, frozen=True),
+    )
+    with VerifyingWorld(4) as world:
+        method = adapt(fp32.float32_counts, "grad-sync")
+        assert measured_precision(world, method, probe_scenario(4, {})) is None
+        outcome = check_equivalent(world, method, diverged)
+        assert not outcome.equivalent  # beyond float64's bound: what 0d3c99d reported
+        found = diverged_precision(world, diverged, outcome)
+        # A mistake is no lower precision's rounding, on the same scenario.
+        wrong = adapt(fp32.float32_counts_by_world_size, "grad-sync")
+        mistaken = check_equivalent(world, wrong, diverged)
+        assert diverged_precision(world, diverged, mistaken).format is None
+    assert found.format == "float32"
+    words = found.words() or ""
+    assert "on an even split but to float32's rounding where step 0's shares 1/6" in words
+    assert "counts or weights held in float32" in words
+
+
+def test_a_search_that_meets_float32_counts_holds_them_to_float32_and_says_so(
+    tmp_path, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)
+    verdict = check(fp32.float32_counts, kind="grad-sync", world_size=4, max_examples=100, seed=0)
+    assert verdict.precision == "float32", verdict.report
+    assert "are not exact in float32" in verdict.report
+    assert verdict.to_json()["precision_words"] == verdict.precision_words
+    with pytest.raises(EquivalenceError) as caught:
+        check(
+            fp32.float32_counts_by_world_size,
+            kind="grad-sync",
+            world_size=4,
+            max_examples=25,
+            seed=0,
+        )
+    assert "averaged over ranks by the world size" in caught.value.cause
+
+
+def test_the_shares_a_scenario_cannot_hold_exactly_in_float32_are_named():
+    from ddp_verify.engine.scenario import Scenario
+    from ddp_verify.usercode.precision import inexact_shares
+
+    uneven = Scenario(world_size=2, schedule=(((2,), (2,)), ((1, 1), (1,))))
+    assert inexact_shares(uneven, "float32") == "step 1's shares 1/3, 2/3 are not exact in float32"
