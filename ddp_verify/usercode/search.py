@@ -15,7 +15,7 @@ from typing import Any
 
 import hypothesis
 from hypothesis import HealthCheck, Phase, Verbosity, given, settings
-from hypothesis.errors import FlakyFailure
+from hypothesis.errors import FlakyFailure, Unsatisfiable
 
 from ..engine.compare import compare, only_the_loss_differs
 from ..engine.compression import CompressionTolerance, along_the_run
@@ -37,7 +37,12 @@ from .diagnosis import likely_causes
 from .diagnosis.coupled import coupled_bounds, coupled_causes, uneven_cause
 from .diagnosis.masked import mask_probe
 from .diagnosis.probes import every_mistake, probes, told_apart
-from .diagnosis.structural import failure_cause, known_issue_cause, low_rank_cause
+from .diagnosis.structural import (
+    failure_cause,
+    known_issue_cause,
+    known_torch_issue,
+    low_rank_cause,
+)
 from .findings import Cause
 from .kinds import KIND, Binds, parse_binds, read_as_words
 from .layouts import parse_layout
@@ -214,13 +219,21 @@ def search(
     tried = 0
     failed = False
     found_at = 0
+    # A torch issue that a drawn feature reaches (PowerSGD with a parameter forward never
+    # uses): met once, that feature is left out of the draws from then on and the verdict's
+    # notes say so; the search goes on to the user's own code.
+    met: dict[str, str] = {}
+    # The first such failure: the verdict where every draw the bounds allow reaches it.
+    first_known: list[_CodeFailed] = []
+    first_failure: list[Scenario] = []
+    first_error: list[EquivalenceError] = []
 
     @settings(
         max_examples=max_examples,
         deadline=None,
         database=None,
         # Each example trains on every rank and on the helper: seconds, by design.
-        suppress_health_check=[HealthCheck.too_slow],
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
         report_multiple_bugs=False,
         # The report says everything, seed included: hypothesis prints nothing of its own
         # (a "reproduce with @seed" line would break ddp-verify --json's one document).
@@ -232,6 +245,12 @@ def search(
     @given(strategy)
     def search(scenario: Scenario) -> None:
         nonlocal tried, failed, found_at
+        # A feature left out: not an example, while searching and shrinking alike; but the
+        # first failure itself, if it came first, is replayed as it was (a rejection there
+        # would read as an unreliable example).
+        left_out = any(getattr(scenario.model, feature, False) for feature in met)
+        if left_out and scenario not in first_failure:
+            hypothesis.reject()
         tried += 1
         timeline.mark("first_example")
         if progress is not None:
@@ -247,9 +266,21 @@ def search(
                 return
             if not failed:
                 failed, found_at = True, tried
+                first_failure.append(scenario)
+                first_error.append(error)
                 timeline.mark("first_failure")
             raise
         except RankError as error:
+            known = known_torch_issue(scenario, error)
+            if known is not None:
+                cause, feature = known
+                met[feature] = (
+                    f"{cause.text} (met on {scenario!r}); the search went on without that "
+                    f"feature ({option('excluded_features', feature)})"
+                )
+                tried -= 1
+                first_known[:0] = [] if first_known else [_CodeFailed(scenario, error)]
+                hypothesis.reject()
             raise _CodeFailed(scenario, error) from None
         except (HarnessError, WorldError) as error:
             # A world that cannot start fails every example the same way: stop at once
@@ -276,12 +307,26 @@ def search(
     )
     try:
         try:
-            search()
+            try:
+                search()
+            except Unsatisfiable:
+                if not first_known:
+                    raise
+            if first_known and tried < max_examples:
+                # The draws the bounds allow without the feature ran out before the examples
+                # asked for: the torch issue is the verdict, never a short pass.
+                met.clear()
+                raise first_known[0]
         except FlakyFailure as flaky:
             # Code whose result depends on its earlier calls (a count kept from the last
             # step) fails once and passes when hypothesis replays it: the failure stands, and
             # the state replay of the diagnosis says what was carried.
-            raise _first_divergence(flaky) from None
+            # A replay that met the torch issue (timing decides whether it aborts) is
+            # rejected: the divergence it showed first stands.
+            divergence = _first_divergence(flaky)
+            if divergence is flaky and first_error:
+                divergence = first_error[0]
+            raise divergence from None
     except _HarnessFailed as stop:
         raise stop.error from None
     except EquivalenceError as error:
@@ -293,6 +338,7 @@ def search(
                 found_at=found_at,
                 precision=precision,
                 precision_words=precision_words,
+                notes=tuple(met.values()),
             ),
             error,
             fn,
@@ -329,6 +375,7 @@ def search(
             report += f"\nKind: {hint}"
         errored = dataclasses.replace(
             verdict,
+            notes=tuple(met.values()),
             status=Status.ERROR,
             examples=tried,
             scenario=stop.scenario,
@@ -338,7 +385,11 @@ def search(
         raise CodeFailed(_timed(errored, timeline)) from None
     # The precision may have been measured again where an example showed it.
     measured_verdict = dataclasses.replace(
-        verdict, examples=tried, precision=precision, precision_words=precision_words
+        verdict,
+        examples=tried,
+        precision=precision,
+        precision_words=precision_words,
+        notes=tuple(met.values()),
     )
     return _timed(measured_verdict, timeline)
 

@@ -85,6 +85,9 @@ JSON_FIELDS = {
     "(the layout probes done), precision (the precision probe done), first_example, "
     "first_failure, shrunk (the counterexample shrunk), report; a milestone not reached is "
     "left out",
+    "notes": "what the search met and left out of its draws, each with why (a known torch "
+    "issue that a drawn model feature reaches: the search went on without that feature); "
+    "empty where nothing was",
     "report": "the report, as the command prints it",
 }
 
@@ -142,6 +145,8 @@ class Verdict:
     # Whether training itself matched where the verdict is not equivalent: "equivalent"
     # where only the reported loss differs (see :attr:`training`).
     only_loss_differs: bool = False
+    # What the search met and left out of its draws (a known torch issue), each with why.
+    notes: tuple[str, ...] = ()
     # Where the world came from, where the caller did not choose it ("the pytest session's
     # world (--world-size 2)"): said at the end of the report.
     world_from: str | None = None
@@ -179,9 +184,10 @@ class Verdict:
 
     @property
     def report(self) -> str:
+        said = self._report() + "".join(f"\nNote: {note}" for note in self.notes)
         if self.world_from is None:
-            return self._report()
-        return f"{self._report()}\nWorld: {self.world_from}"
+            return said
+        return f"{said}\nWorld: {self.world_from}"
 
     def _report(self) -> str:
         if self.message or self.status is not Status.EQUIVALENT:
@@ -237,6 +243,7 @@ class Verdict:
             "reproducer": self.reproducer,
             "seconds": round(self.seconds, 3) if self.seconds is not None else None,
             "timeline": dict(self.timeline),
+            "notes": list(self.notes),
             "report": self.report,
         }
         assert document.keys() == JSON_FIELDS.keys()

@@ -167,6 +167,27 @@ def known_issue_cause(scenario: Scenario, error: RankError) -> Cause | None:
     return None
 
 
+# The drawn model feature that reaches each known torch issue: the search leaves it out once
+# met (see usercode.search).
+_REACHED_BY = {f.TORCH_POWERSGD_UNUSED.code: "unused"}
+
+
+def known_torch_issue(scenario: Scenario, error: RankError) -> tuple[Cause, str] | None:
+    """:func:`known_issue_cause`, with the model feature of ``scenario`` that reaches it (a
+    field of :class:`~ddp_verify.engine.scenario.ModelSpec`), where leaving that feature out
+    avoids it; None otherwise.
+
+    Example::
+
+        cause, feature = known_torch_issue(scenario, error)  # (..., 'unused')
+    """
+    cause = known_issue_cause(scenario, error)
+    feature = _REACHED_BY.get(cause.pattern) if cause is not None else None
+    if cause is None or feature is None:
+        return None
+    return cause, feature
+
+
 def failure_cause(kind: str, scenario: Scenario) -> Cause | None:
     """Why a step function hung, crashed in a collective or computed nonsense, when the
     scenario itself says: its ranks held different numbers of micro-batches, so code that
