@@ -279,7 +279,8 @@ def search(
                     f"feature ({option('excluded_features', feature)})"
                 )
                 tried -= 1
-                first_known[:0] = [] if first_known else [_CodeFailed(scenario, error)]
+                if not first_known:
+                    first_known.append(_CodeFailed(scenario, error))
                 hypothesis.reject()
             raise _CodeFailed(scenario, error) from None
         except (HarnessError, WorldError) as error:
@@ -415,9 +416,8 @@ def _within_rounding(
     if fmt is not None and not outcome.equivalent:
         # Judged along the run's own parameters where a rounding moved a unit across its
         # kink (on the helper, as every reference is trained).
-        outcome = world.helper.run_job(along_the_run, (outcome, fmt), name="the compression bound")[
-            0
-        ]
+        judged = world.helper.run_job(along_the_run, (outcome, fmt), name="the compression bound")
+        outcome = judged[0]
     low_rank = low_rank_cause(kind, outcome.reference, outcome.got, fmt=fmt)
     if outcome.equivalent and low_rank is not None:
         exact = Float64Tolerance()
