@@ -138,11 +138,16 @@ def test_float32_counts_are_measured_on_the_scenario_that_diverged():
 def test_a_search_that_meets_float32_counts_holds_them_to_float32_and_says_so(
     tmp_path, monkeypatch
 ):
+    # Whether a draw shows float32's rounding beyond float64's bound depends on cancellation
+    # in its gradients (seed 0 drew one here at 100 examples, not on CI's newer hypothesis):
+    # the search must pass either way, and say where it held the code to float32 if it did.
+    # The measurement itself is pinned on issue 60's scenario above.
     monkeypatch.chdir(tmp_path)
     verdict = check(fp32.float32_counts, kind="grad-sync", world_size=4, max_examples=100, seed=0)
-    assert verdict.precision == "float32", verdict.report
-    assert "are not exact in float32" in verdict.report
-    assert verdict.to_json()["precision_words"] == verdict.precision_words
+    assert verdict.examples == 100
+    if verdict.precision is not None:
+        assert verdict.precision == "float32" and "are not exact in float32" in verdict.report
+        assert verdict.to_json()["precision_words"] == verdict.precision_words
     with pytest.raises(EquivalenceError) as caught:
         check(
             fp32.float32_counts_by_world_size,
