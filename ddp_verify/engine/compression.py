@@ -91,7 +91,7 @@ class CompressionTolerance(Tolerance):
         self.unit = safety * size * u
         self.along = along is not None
         sums, self.reference = contributions(scenario, along)
-        scales = [max((float(t.max()) for t in s.values() if t.numel()), default=0.0) for s in sums]
+        scales = [_largest(s) for s in sums]
         self._grad = [self.unit * scale + safety * underflow + FLOAT64_ATOL for scale in scales]
         # Per element at the first step, and at every step when taken along the run's own
         # parameters (then no step's gradients were taken where a rounding moved them).
@@ -171,7 +171,12 @@ def contribution_scales(
     sums, _ = contributions(scenario)
     if first is not None and sums:
         first.update(sums[0])
-    return [max((float(t.max()) for t in s.values() if t.numel()), default=0.0) for s in sums]
+    return [_largest(s) for s in sums]
+
+
+def _largest(sums: dict[str, torch.Tensor]) -> float:
+    """The largest element of a step's sums, over every parameter."""
+    return max((float(t.max()) for t in sums.values() if t.numel()), default=0.0)
 
 
 def contributions(

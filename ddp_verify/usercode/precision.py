@@ -221,10 +221,7 @@ def diverged_precision(world: Ranked, scenario: Scenario, outcome: Outcome) -> P
 
         diverged_precision(world, scenario, outcome).words()  # "computes in float64 on ..."
     """
-    try:
-        found = judged(world, scenario, outcome)
-    except (RankError, WorldError, HarnessError):
-        return Precision()
+    found = judged(world, scenario, outcome)
     if found.format is None:
         return Precision()
     return dataclasses.replace(found, where=inexact_shares(scenario, found.format))
