@@ -39,7 +39,7 @@ from ..engine.trace import RankTrace, named_gradients, named_parameters
 from ..world.naming import option
 from ..world.runtime import rank_device
 from .calling import UserMethod, anywhere_values, as_loss
-from .kinds import Call, KindError
+from .kinds import Call, KindError, called_signature
 
 __all__ = [
     "CoupledLoss",
@@ -63,7 +63,7 @@ def learned_parameters(fn: Callable[..., Any]) -> tuple[str, ...]:
         ('logit_scale',)
     """
     try:
-        names = inspect.signature(fn).parameters
+        names = called_signature(fn).parameters
     except (TypeError, ValueError):
         return ()
     return tuple(name for name in LEARNED if name in names)

@@ -327,7 +327,7 @@ def takes_a_list(fn: Callable[..., Any]) -> bool:
         (True, False)
     """
     try:
-        first = next(iter(inspect.signature(fn).parameters.values()))
+        first = next(iter(called_signature(fn).parameters.values()))
     except (TypeError, ValueError, StopIteration):
         return False
     return first.name.endswith("s") and first.name not in ("loss", "bias", "status")
@@ -543,9 +543,31 @@ class Call:
 NAMED_VALUES = ("world_size", "rank", "device", "group", "global_count")
 
 
+def called_signature(fn: Callable[..., Any]) -> inspect.Signature:
+    """``fn``'s signature as it will be called: a ``functools.partial``'s with what it already
+    supplies, a decorator's wrapper's own, never the signature of a function it wraps, unless
+    the wrapper only passes everything through (``*args, **kwargs``), where the wrapped one's
+    is what it takes. Raises as :func:`inspect.signature` does.
+
+    Example::
+
+        >>> import functools
+        >>> def sync(model, num_samples, scale): ...
+        >>> @functools.wraps(sync)
+        ... def scaled(model, num_samples): return sync(model, num_samples, scale=2)
+        >>> str(called_signature(scaled)), str(inspect.signature(scaled))
+        ('(model, num_samples)', '(model, num_samples, scale)')
+    """
+    own = inspect.signature(fn, follow_wrapped=False)
+    through = {inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD}
+    if own.parameters and {p.kind for p in own.parameters.values()} <= through:
+        return inspect.signature(fn)
+    return own
+
+
 def _positional_names(fn: Callable[..., Any]) -> list[str] | None:
     try:
-        signature = inspect.signature(fn)
+        signature = called_signature(fn)
     except (TypeError, ValueError):
         return None
     kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
@@ -649,7 +671,7 @@ def _check_signature(fn: Callable[..., Any], kind: str, bind: Binds = None) -> C
         raise KindError(f"{fn!r} is not callable; a {kind} plug-in is {spec.signature}")
     name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
     try:
-        signature = inspect.signature(fn)
+        signature = called_signature(fn)
     except (TypeError, ValueError):
         if binds:
             raise KindError(

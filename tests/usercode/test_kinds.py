@@ -5,6 +5,7 @@ both, so that a new kind or finding that misses a piece fails here, not in a use
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import pytest
 
@@ -167,3 +168,31 @@ def test_optional_negatives_are_passed_only_where_the_options_draw_them():
         check_feature_count(check_signature(_hard, "coupled-loss"), 0)
     # *features takes any number: as many as the kind passes at most, as before.
     assert check_signature(_views, "coupled-loss").positional == 5
+
+
+def _sync(model, num_samples, scale): ...
+
+
+@functools.wraps(_sync)
+def _scaled(model, num_samples):
+    return _sync(model, num_samples, scale=2)
+
+
+@functools.wraps(_sync)
+def _passing_through(*args, **kwargs):
+    return _sync(*args, **kwargs)
+
+
+def test_a_wrapper_is_read_as_it_will_be_called_never_as_the_function_it_wraps():
+    # _scaled supplies scale itself: inspect.signature follows __wrapped__ to _sync's
+    # (model, num_samples, scale), which would ask the user to bind scale.
+    assert (
+        check_signature(_scaled, "grad-sync")
+        .describe()
+        .endswith("(model, num_samples=<this rank's samples>)")
+    )
+    # A wrapper that only passes everything through takes what the wrapped function takes.
+    with pytest.raises(KindError, match="'scale'"):
+        check_signature(_passing_through, "grad-sync")
+    # A partial's signature is what is left to fill.
+    assert check_signature(functools.partial(_sync, scale=2), "grad-sync").takes_count
