@@ -345,8 +345,14 @@ def test_gpus_that_are_not_there_are_a_usage_error_said_before_anything_starts(
     script = (
         "import os, sys\nfrom ddp_verify.frontends.cli import main\n"
         f"code = main({command!r})\n"
+        # Any process of the machine may end between the listing and the read of its stat.
+        "def parent(p):\n"
+        "    try:\n"
+        "        return open(f'/proc/{p}/stat').read().rsplit(')', 1)[1].split()[1]\n"
+        "    except OSError:\n"
+        "        return None\n"
         "children = [p for p in os.listdir('/proc') if p.isdigit() and "
-        "open(f'/proc/{p}/stat').read().rsplit(')', 1)[1].split()[1] == str(os.getpid())]\n"
+        "parent(p) == str(os.getpid())]\n"
         "print('RESULT', code, len(children))\n"
     )
     done = python_script(script, cwd=tmp_path)
