@@ -437,22 +437,15 @@ def test_an_aggregation_that_never_applies_its_mask_is_caught_and_named(tmp_path
     # so code that never multiplied by the mask passed: policy losses are not 0 there.
     monkeypatch.chdir(tmp_path)
     trl = load("real_style/trl_losses")
-    with pytest.raises(EquivalenceError) as caught:
-        check(
-            trl.dapo_unmasked,
-            kind="loss-agg",
-            world_size=2,
-            max_examples=25,
-            seed=0,
-            bind={"num_items_in_batch": "global_tokens", "num_processes": "world_size"},
-        )
-    assert caught.value.verdict.causes[0].pattern == "mask:ignored"
-    # The same code with the mask applied passes the same search.
-    check(
-        trl.dapo,
+    options = dict(
         kind="loss-agg",
         world_size=2,
         max_examples=25,
         seed=0,
         bind={"num_items_in_batch": "global_tokens", "num_processes": "world_size"},
     )
+    with pytest.raises(EquivalenceError) as caught:
+        check(trl.dapo_unmasked, **options)
+    assert caught.value.verdict.causes[0].pattern == "mask:ignored"
+    # The same code with the mask applied passes the same search.
+    check(trl.dapo, **options)
