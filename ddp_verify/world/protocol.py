@@ -177,6 +177,10 @@ def dumps(obj: Any) -> bytes:
     return buffer.getvalue()
 
 
+# What holds code a rank may need a user's file for: checked once per object pickled.
+_CODE_HOLDERS = (types.FunctionType, type)
+
+
 class _Pickler(cloudpickle.Pickler):
     """cloudpickle, with two differences.
 
@@ -207,7 +211,7 @@ class _Pickler(cloudpickle.Pickler):
     def reducer_override(self, obj: Any) -> Any:
         if isinstance(obj, types.CodeType):
             return self._reduce_code(obj)
-        if isinstance(obj, types.FunctionType | type):
+        if isinstance(obj, _CODE_HOLDERS):
             self._ship_by_value(getattr(obj, "__module__", None))
         if (
             isinstance(obj, types.ModuleType)
