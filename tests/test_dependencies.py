@@ -78,3 +78,36 @@ def test_the_oldest_environment_runs_the_pins():
         f"python{sys.version_info[0]}.{sys.version_info[1]}"
         == _tox()["testenv:oldest"]["base_python"]
     )
+
+
+def test_the_plugins_the_checkouts_pytest_options_load_are_the_packages_own_dependencies():
+    # `pip install -e .` then `pytest` once exited 4 ("unrecognized arguments: -n --dist"):
+    # pytest-xdist came only with the test extra, and the checkout's addopts need it.
+    tomllib = pytest.importorskip("tomllib", reason="reading pyproject.toml needs Python 3.11")
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    addopts = pyproject["tool"]["pytest"]["ini_options"]["addopts"].split()
+    needs = {"-n": "pytest-xdist", "--dist": "pytest-xdist"}
+    core = {
+        re.split(r"[<>=!~ ]", r, maxsplit=1)[0].lower()
+        for r in pyproject["project"]["dependencies"]
+    }
+    missing = sorted({needs[o] for o in addopts if o in needs} - core)
+    assert not missing, f"addopts {addopts} need {missing}, which `pip install -e .` leaves out"
+
+
+def test_ci_runs_the_readmes_two_commands_as_written():
+    def marked(page: str) -> list[str]:
+        text = (ROOT / page).read_text()
+        block = text.split("<!-- ci -->", 1)[1].split("<!-- /ci -->", 1)[0]
+        lines = [line.split("#", 1)[0].strip() for line in block.splitlines()]
+        return [line for line in lines if line and not line.startswith("```")]
+
+    setup, tests = marked("README.md")
+    # The first sets everything up and runs the main job on the bundled example; the second
+    # is the project's tests, with nothing but the checkout's own options.
+    assert setup.startswith("pip install ") and setup.endswith("&& ddp-verify parity"), setup
+    assert tests == "pytest", tests
+    assert marked("CONTRIBUTING.md")[0] == "python -m build --outdir dist"
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "marked README.md" in ci and "marked CONTRIBUTING.md" in ci
+    assert ci.index('"${readme[@]}"') < ci.index('"${contributing[@]}"')  # README's first

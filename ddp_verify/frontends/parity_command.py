@@ -22,7 +22,10 @@ from typing import Any
 
 from .usage import Parser, UsageError, add_verbose, require_plotting
 
-__all__ = ["compare_parser", "parser", "run"]
+__all__ = ["EXAMPLE_GLOBAL_BATCH", "compare_parser", "parser", "run"]
+
+# The bundled example's samples a step: every default layout divides it.
+EXAMPLE_GLOBAL_BATCH = 16
 
 
 def parser() -> argparse.ArgumentParser:
@@ -170,10 +173,7 @@ def run(argv: Sequence[str]) -> Any:
         args = parser().parse_args(argv[:split])
         command = argv[split + 1 :]
         if not command:
-            raise UsageError(
-                "no script: give it after --, as one process runs it: ddp-verify parity "
-                "--layouts 1x4,2x2 -- python train.py --grad-accum {grad_accum}"
-            )
+            command, args = _bundled_example(args)
         if args.steps < 1:
             raise UsageError("--steps must be at least 1")
         if args.nnodes < 1:
@@ -201,6 +201,26 @@ def run(argv: Sequence[str]) -> Any:
         return ParityResult(Verdict(Status.USAGE_ERROR, message=f"ddp-verify: error: {exc}"))
     except (KeyboardInterrupt, Exception) as exc:  # a signal, or the harness failing: said
         return ParityResult(verdict_for(exc, kind="script"))
+
+
+def _bundled_example(args: argparse.Namespace) -> tuple[list[str], argparse.Namespace]:
+    """With no script after ``--``: the bundled example (a correct DDP script), at its global
+    batch unless one was given, so that ``ddp-verify parity`` alone shows what a check is."""
+    import importlib.util
+
+    # Found, not imported: importing a script runs it.
+    spec = importlib.util.find_spec("ddp_verify.parity.example_script")
+    assert spec is not None and spec.origin is not None, "the package ships its example"
+    script = Path(spec.origin)
+    if args.global_batch is None:
+        args.global_batch = EXAMPLE_GLOBAL_BATCH
+    command = ["python", str(script), "--grad-accum", "{grad_accum}"]
+    command += ["--batch-size", "{micro_batch}"]
+    _say(
+        f"no script given after --: checking the bundled example, {script.name} (your own: "
+        "ddp-verify parity --layouts 1x4,2x2 -- python train.py --grad-accum {grad_accum})"
+    )
+    return command, args
 
 
 def _draw(document: dict[str, Any], plot: Path | None, page: Path | None) -> None:

@@ -219,7 +219,7 @@ def test_bad_layouts_and_commands_are_usage_errors_before_anything_runs(tmp_path
             ],
             "layout 2x2 accumulates gradients, but the command never",
         ),
-        (["--layouts", "2x2"], "no script: give it after --"),
+        (["--layouts", "2y2"], "2y2"),
         (["compare", str(tmp_path)], "give the reference's directory"),
         (["compare", str(tmp_path), str(tmp_path)], "no recording (rank0.pt is missing)"),
     ]:
@@ -234,6 +234,20 @@ def test_bad_layouts_and_commands_are_usage_errors_before_anything_runs(tmp_path
     )  # fmt: skip
     assert done.returncode == 2, done.stderr
     assert json.loads(done.stdout)["verdict"] == "usage-error"
+
+
+def test_with_no_script_parity_checks_the_bundled_example(tmp_path):
+    # The README's first command: nothing of the user's needed, run from anywhere.
+    done = subprocess.run(
+        [sys.executable, "-m", "ddp_verify", "parity", "--layouts", "1x2", "--steps", "1",
+         "--json"],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "checking the bundled example, example_script.py" in done.stderr
+    document = json.loads(done.stdout)
+    assert document["verdict"] == "equivalent"
+    assert [row["layout"] for row in document["layouts"]] == ["1x2"], document["layouts"]
 
 
 def test_a_test_asserts_parity_and_fails_with_the_report(tmp_path):
