@@ -1,5 +1,8 @@
 """ddp_verify: prove that data-parallel training computes what single-process training computes.
 
+Every exception a user can meet is importable from here and shown under this name
+(``ddp_verify.NotEquivalent``), wherever it is defined.
+
 Importing the package is cheap: torch is loaded only when a world is started. The layers,
 each a folder that imports only those before it: ``world`` (rank processes and their process
 group), ``engine`` (scenarios, the reference, traces, comparison, strategies), ``methods``
@@ -38,24 +41,50 @@ _LAZY = {
     "BackendUnavailable": "ddp_verify.world",
     "DeviceUnavailable": "ddp_verify.world",
     "JobPicklingError": "ddp_verify.world",
+    "CheckFailed": "ddp_verify.usercode.verdict",
+    "KindError": "ddp_verify.usercode.kinds",
+    "LayoutPinError": "ddp_verify.usercode.layouts",
+    "PlotUnavailable": "ddp_verify.usercode.plot",
+    "UsageError": "ddp_verify.frontends.usage",
+    "OutOfStep": "ddp_verify.world.agreement",
+    "WorldBroken": "ddp_verify.world.agreement",
+    "LaunchError": "ddp_verify.world.launch",
+    "UserModelError": "ddp_verify.engine.user_models",
+    "IncompatibleRelease": "ddp_verify.engine.compat",
+    "RankFailed": "ddp_verify.engine.lockstep",
+    "LayoutError": "ddp_verify.parity.layouts",
+    "RecordingError": "ddp_verify.parity.recording",
 }
 
 __all__ = [
     "BackendUnavailable",
+    "CheckFailed",
     "CodeFailed",
     "DeviceUnavailable",
     "EquivalenceError",
     "HarnessError",
+    "IncompatibleRelease",
     "JobPicklingError",
+    "KindError",
+    "LaunchError",
+    "LayoutError",
+    "LayoutPinError",
     "ModelSpec",
     "NotEquivalent",
     "OptimizerSpec",
+    "OutOfStep",
     "ParityFailed",
+    "PlotUnavailable",
     "RankError",
+    "RankFailed",
+    "RecordingError",
     "Scenario",
+    "UsageError",
+    "UserModelError",
     "Verdict",
     "VerifyingWorld",
     "World",
+    "WorldBroken",
     "WorldError",
     "WorldPool",
     "WorldStartError",
@@ -66,12 +95,21 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
+    from .engine.compat import IncompatibleRelease
+    from .engine.lockstep import RankFailed
     from .engine.outcome import EquivalenceError
     from .engine.scenario import ModelSpec, OptimizerSpec, Scenario
-    from .frontends.api import check
+    from .engine.user_models import UserModelError
+    from .frontends.api import ParityFailed, assert_parity, check
+    from .frontends.usage import UsageError
     from .frontends.verifying import VerifyingWorld
     from .methods.equivalence import HarnessError, assert_equivalent, check_equivalent
-    from .usercode.verdict import CodeFailed, NotEquivalent, Verdict
+    from .parity.layouts import LayoutError
+    from .parity.recording import RecordingError
+    from .usercode.kinds import KindError
+    from .usercode.layouts import LayoutPinError
+    from .usercode.plot import PlotUnavailable
+    from .usercode.verdict import CheckFailed, CodeFailed, NotEquivalent, Verdict
     from .world import (
         BackendUnavailable,
         DeviceUnavailable,
@@ -82,6 +120,8 @@ if TYPE_CHECKING:
         WorldPool,
         WorldStartError,
     )
+    from .world.agreement import OutOfStep, WorldBroken
+    from .world.launch import LaunchError
 
 
 def __getattr__(name: str) -> Any:

@@ -15,9 +15,20 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from ..world.naming import public
 
+
+@public
 class IncompatibleRelease(RuntimeError):
-    """A dependency's release no longer has an internal ddp_verify relies on."""
+    """A dependency's release no longer has an internal ddp_verify relies on: the harness's
+    failure (exit 3), never the code's.
+
+    Example::
+
+        >>> import ddp_verify
+        >>> issubclass(ddp_verify.IncompatibleRelease, RuntimeError)
+        True
+    """
 
 
 def _version(package: str) -> str:

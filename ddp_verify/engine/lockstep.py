@@ -28,6 +28,7 @@ from hypothesis.database import ExampleDatabase
 
 from ..world import frames, wire
 from ..world.interface import Agreeing, Ranked
+from ..world.naming import public
 from . import compat
 
 
@@ -116,8 +117,17 @@ def _describe(exc: BaseException | None, rank: int) -> tuple[str, bytes | None, 
     return kind, wire.dumps_exception(exc), frames.format_exception(exc)
 
 
+@public
 class RankFailed(AssertionError):
-    """What a rank raised, when its exception could not travel to the other ranks."""
+    """What a rank raised, when its exception could not travel to the other ranks: every rank
+    raises it alike, with the rank's traceback as text.
+
+    Example::
+
+        >>> import ddp_verify
+        >>> issubclass(ddp_verify.RankFailed, AssertionError)  # pytest shows it as a failure
+        True
+    """
 
 
 def _rebuilt(

@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
+from ..world.naming import public
+
 # Types only: the error must import without torch (the command line's usage errors, which
 # start nothing, are reported through it).
 if TYPE_CHECKING:
@@ -15,6 +17,7 @@ if TYPE_CHECKING:
     from .trace import Trace
 
 
+@public
 class EquivalenceError(AssertionError):
     """Training left single-process full-batch training, or the code under test failed to
     run; the message says where and why. ``scenario`` is the (shrunk) scenario, ``outcome``

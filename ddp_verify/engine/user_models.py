@@ -28,13 +28,24 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..world.naming import public
 from .scenario import LossName
 
 BatchMaker = Callable[[int, torch.Generator], tuple[torch.Tensor, torch.Tensor]]
 
 
+@public
 class UserModelError(ValueError):
-    """A model factory that cannot be used; the message names the problem and the fix."""
+    """A model factory that cannot be used; the message names the problem and the fix.
+
+    Example::
+
+        >>> try:
+        ...     UserModel("mine.py:factory", lambda: "not a model").built()
+        ... except UserModelError as error:
+        ...     print(str(error)[:58])
+        the model factory mine.py:factory must return (module, mak
+    """
 
 
 @dataclasses.dataclass(frozen=True)

@@ -19,7 +19,7 @@ from ..usercode.verdict import CheckFailed, Verdict
 from ..world import WorldPool
 from ..world.backends import check_device, require_devices
 from ..world.launch import Launched, resolve
-from ..world.naming import current, spelled_as
+from ..world.naming import current, public, spelled_as
 from ..world.spmd import Member
 from . import session
 from .options import SPELLINGS, launched_sizes, resolve_with_source
@@ -226,6 +226,7 @@ def _launched_world(
     return _launched
 
 
+@public
 class ParityFailed(AssertionError):
     """``assert_parity()`` found a layout that trains something else, or a layout's run failed:
     the report is the message, the result (``check``'s verdict and each layout's figures) is
@@ -248,6 +249,12 @@ class ParityFailed(AssertionError):
     def __init__(self, result: Any) -> None:
         super().__init__(result.report)
         self.result = result
+
+    @property
+    def summary(self) -> str:
+        """The verdict in one line: the script, how it ended and the first cause with its
+        layout (pytest's short summary line)."""
+        return str(self.result.verdict.summary)
 
 
 def assert_parity(
@@ -279,7 +286,7 @@ def assert_parity(
         >>> assert_parity(["python", "missing.py"])
         Traceback (most recent call last):
         ...
-        ddp_verify.parity.layouts.LayoutError: missing.py: no such script
+        ddp_verify.LayoutError: missing.py: no such script
 
     Example (a test)::
 

@@ -686,7 +686,7 @@ def parse_target(target: str) -> tuple[Path, str]:
         >>> parse_target("grad_sync.py")
         Traceback (most recent call last):
         ...
-        ddp_verify.frontends.usage.UsageError: expected PATH.py:FUNCTION, got 'grad_sync.py'
+        ddp_verify.UsageError: expected PATH.py:FUNCTION, got 'grad_sync.py'
     """
     path_text, sep, name = target.rpartition(":")
     if not sep or not path_text or not name:

@@ -542,6 +542,25 @@ def _ddp_verify_distributed(request: pytest.FixtureRequest, world_size: int) -> 
         request.node.stash[_item_world_key] = request.getfixturevalue("world")
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    # A failed check's short summary line says the kind, the function and the first cause,
+    # under the exception's public name: pytest would show the report's first line, which
+    # says neither why nor (cut to the terminal) much else.
+    report = yield
+    crash = getattr(report.longrepr, "reprcrash", None)
+    error = call.excinfo.value if call.excinfo is not None else None
+    summary = getattr(error, "summary", None)
+    if (
+        type(error).__module__ == "ddp_verify"
+        and report.failed
+        and crash is not None
+        and isinstance(summary, str)
+    ):
+        crash.message = f"{type(error).__module__}.{type(error).__qualname__}: {summary}"
+    return report
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_protocol(item: pytest.Item) -> None:
     from ..world import cleanup

@@ -13,11 +13,23 @@ from __future__ import annotations
 import argparse
 from typing import NoReturn
 
+from ..world.naming import public
+
 __all__ = ["Parser", "UsageError", "add_verbose", "require_plotting"]
 
 
+@public
 class UsageError(Exception):
-    """What the user asked for cannot be run; exit 2 with this message."""
+    """What the user asked for cannot be run; exit 2 with this message.
+
+    Example::
+
+        >>> Parser(prog="ddp-verify check").parse_args(["--nope"])
+        Traceback (most recent call last):
+        ...
+        ddp_verify.UsageError: unrecognized arguments: --nope
+        usage: ddp-verify check [-h]
+    """
 
 
 class Parser(argparse.ArgumentParser):

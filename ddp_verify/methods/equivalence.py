@@ -38,6 +38,7 @@ from ..engine.tolerances import (
 from ..engine.trace import RankTrace, Trace
 from ..world import RankError
 from ..world.interface import Ranked
+from ..world.naming import public
 from .base import DistributedMethod, Method, train_on_rank, train_whole_variants
 
 __all__ = [
@@ -49,6 +50,7 @@ __all__ = [
 ]
 
 
+@public
 class HarnessError(RuntimeError):
     """The harness itself failed (the reference's process, say), not the code under test: never
     an :class:`~ddp_verify.EquivalenceError`, so a test that expects one does not pass on it.

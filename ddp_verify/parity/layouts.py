@@ -16,6 +16,8 @@ import re
 import string
 from collections.abc import Sequence
 
+from ..world.naming import public
+
 __all__ = [
     "PLACEHOLDERS",
     "Layout",
@@ -30,8 +32,17 @@ __all__ = [
 PLACEHOLDERS = ("world_size", "grad_accum", "micro_batch", "global_batch")
 
 
+@public
 class LayoutError(ValueError):
-    """A layout or a command that cannot be run as asked (a usage error)."""
+    """A layout or a command that cannot be run as asked (a usage error).
+
+    Example::
+
+        >>> parse_layouts("2y2")
+        Traceback (most recent call last):
+        ...
+        ddp_verify.LayoutError: layout '2y2': expected WxA ...
+    """
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -133,7 +144,7 @@ def check_placeholders(
         ...                    global_batch=16)
         Traceback (most recent call last):
         ...
-        ddp_verify.parity.layouts.LayoutError: --global-batch 16 is given, but the command ...
+        ddp_verify.LayoutError: --global-batch 16 is given, but the command ...
     """
     used = used_placeholders(command)
     if global_batch is not None and not used & {"micro_batch", "global_batch"}:

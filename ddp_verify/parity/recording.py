@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from ..engine.trace import RankTrace, Trace
+from ..world.naming import public
 from .recorder import recording_path
 
 __all__ = ["Pads", "Recording", "RecordingError", "canonical", "pads_between"]
@@ -99,8 +100,19 @@ def pads_between(reference: Recording, other: Recording, steps: int) -> Pads:
     return best
 
 
+@public
 class RecordingError(ValueError):
-    """A directory that holds no complete recording (a usage error, or a run that failed)."""
+    """A directory that holds no complete recording (a usage error, or a run that failed).
+
+    Example::
+
+        >>> from pathlib import Path
+        >>> try:
+        ...     Recording.load(Path("no-such-directory"))
+        ... except RecordingError as error:
+        ...     print(type(error).__module__, type(error).__name__)
+        ddp_verify RecordingError
+    """
 
 
 @dataclasses.dataclass

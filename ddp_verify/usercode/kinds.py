@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..world.naming import option
+from ..world.naming import option, public
 
 
 @dataclass(frozen=True)
@@ -333,8 +333,18 @@ def takes_a_list(fn: Callable[..., Any]) -> bool:
     return first.name.endswith("s") and first.name not in ("loss", "bias", "status")
 
 
+@public
 class KindError(TypeError):
-    """The callable cannot be used as the requested kind; the message says what was expected."""
+    """The callable cannot be used as the requested kind; the message says what was expected.
+    A usage error (exit 2), raised before any rank starts.
+
+    Example::
+
+        >>> kind_named("grad_sync")
+        Traceback (most recent call last):
+        ...
+        ddp_verify.KindError: unknown kind 'grad_sync'; choose one of grad-sync, loss, ...
+    """
 
 
 # What ``--bind NAME=VALUE`` (``bind={NAME: VALUE}``) may give a parameter, beside a Python

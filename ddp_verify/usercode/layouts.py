@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..world.naming import option
+from ..world.naming import option, public
 from .kinds import KIND, KindError, takes_a_list
 
 
@@ -319,9 +319,17 @@ class Chosen:
     settled: bool = True
 
 
-class LayoutError(KindError):
+@public
+class LayoutPinError(KindError):
     """No layout the kind accepts runs the code: the message lists each with its error and
-    the option that pins one."""
+    the option that pins one. A :class:`~ddp_verify.usercode.kinds.KindError`: a usage error.
+
+    Example::
+
+        >>> import ddp_verify
+        >>> issubclass(ddp_verify.LayoutPinError, ddp_verify.KindError)
+        True
+    """
 
 
 def choose(kind: str, tried: Iterable[Tried]) -> Chosen:
@@ -337,7 +345,7 @@ def choose(kind: str, tried: Iterable[Tried]) -> Chosen:
     ran = [t for t in tried if t.error is None]
     if not ran:
         each = "\n".join(f"  {words(kind, t.layout)}: raised {t.error}" for t in tried)
-        raise LayoutError(
+        raise LayoutPinError(
             f"the code raised in every layout a {kind} plug-in can be called in, on the "
             f"simplest even scenario:\n{each}\nPin the layout it is written for "
             f"(such as {pins(kind, tried[0].layout)}) to see its own error on a scenario"

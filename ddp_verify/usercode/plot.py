@@ -15,11 +15,23 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+from ..world.naming import public
+
 __all__ = ["PlotUnavailable", "figure_class", "save_weights_plot", "weights_rows"]
 
 
+@public
 class PlotUnavailable(RuntimeError):
-    """matplotlib is not installed, or the document has nothing to draw."""
+    """matplotlib is not installed, or the document has nothing to draw.
+
+    Example::
+
+        >>> try:
+        ...     save_weights_plot({"verdict": "equivalent", "likely_causes": []}, "w.png")
+        ... except PlotUnavailable as error:
+        ...     print(type(error).__name__)
+        PlotUnavailable
+    """
 
 
 def figure_class() -> Any:

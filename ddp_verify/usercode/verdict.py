@@ -14,6 +14,7 @@ import enum
 from typing import TYPE_CHECKING, Any
 
 from ..engine.outcome import EquivalenceError
+from ..world.naming import public
 
 if TYPE_CHECKING:
     from ..engine.outcome import Outcome
@@ -183,6 +184,29 @@ class Verdict:
         return self.causes[0].text if self.causes else None
 
     @property
+    def summary(self) -> str:
+        """One line: what was checked, how it ended and the first cause (where it was shown,
+        if not on the counterexample): pytest's short summary line for a failing check.
+
+        Example::
+
+            >>> from ddp_verify.usercode.findings import Cause
+            >>> cause = Cause("gradients averaged by the world size", "gradient", "ranks:world")
+            >>> Verdict(Status.NOT_EQUIVALENT, kind="grad-sync", function="sync",
+            ...         causes=(cause,)).summary
+            'grad-sync sync is not equivalent: gradients averaged by the world size'
+        """
+        checked = " ".join(w for w in (self.kind, self.function or self.target) if w)
+        ended = _ENDED.get(self.status)
+        if ended is None or not checked:
+            return self.report.strip().partition("\n")[0]
+        said = f"{checked} {ended}"
+        if self.causes:
+            first = self.causes[0]
+            said += f": {first.text}" + (f" ({first.scenario})" if first.scenario else "")
+        return said
+
+    @property
     def report(self) -> str:
         said = self._report() + "".join(f"\nNote: {note}" for note in self.notes)
         if self.world_from is None:
@@ -250,6 +274,13 @@ class Verdict:
         return document
 
 
+# How a check that did not pass ended, as its one-line summary says it.
+_ENDED = {
+    Status.NOT_EQUIVALENT: "is not equivalent",
+    Status.ERROR: "failed to run",
+    Status.EQUIVALENT: "is equivalent",
+}
+
 # Said where the evidence was left out of a report.
 EVIDENCE_HINT = "(The evidence behind each cause: rerun with --verbose, or --json.)"
 
@@ -272,9 +303,18 @@ def brief(report: str) -> str:
     return "\n".join([*kept, EVIDENCE_HINT])
 
 
+@public
 class CheckFailed(EquivalenceError):
     """A check that did not pass, with its :class:`Verdict` (``error.verdict``), complete
-    when raised: ``causes``, ``reproducer`` and ``found_at`` read from it."""
+    when raised: ``causes``, ``reproducer`` and ``found_at`` read from it; ``summary`` says
+    it in one line.
+
+    Example::
+
+        >>> error = NotEquivalent(Verdict(Status.NOT_EQUIVALENT, kind="step", function="train"))
+        >>> isinstance(error, CheckFailed), error.summary
+        (True, 'step train is not equivalent')
+    """
 
     def __init__(self, verdict: Verdict) -> None:
         super().__init__(verdict.report, scenario=verdict.scenario, outcome=verdict.outcome)
@@ -283,6 +323,11 @@ class CheckFailed(EquivalenceError):
     @property
     def cause(self) -> str | None:
         return self.verdict.cause
+
+    @property
+    def summary(self) -> str:
+        """The verdict in one line (:attr:`Verdict.summary`)."""
+        return self.verdict.summary
 
     @property
     def causes(self) -> tuple[Cause, ...]:
@@ -300,6 +345,7 @@ class CheckFailed(EquivalenceError):
         return type(self), (self.verdict,)
 
 
+@public
 class NotEquivalent(CheckFailed):
     """A counterexample: the code trains something other than single-process full-batch
     training. An :class:`~ddp_verify.engine.outcome.EquivalenceError`, as the methods'.
@@ -321,6 +367,7 @@ class NotEquivalent(CheckFailed):
     """
 
 
+@public
 class CodeFailed(CheckFailed):
     """The code under check raised, crashed a rank or hung: the verdict ``error``, not
     ``not-equivalent`` (an ``EquivalenceError`` still, so callers that catch those see it).

@@ -18,6 +18,7 @@ from typing import Any
 
 from . import wire
 from .errors import WorldError
+from .naming import public
 
 # A silent heart for this long means the rank is dead.
 DEAD_AFTER_S = 10.0
@@ -25,13 +26,29 @@ DEAD_AFTER_S = 10.0
 WAIT_SLICE_S = 0.25
 
 
+@public
 class OutOfStep(WorldError):
     """The ranks reached different points of the program (a rank skipped a job, or ran a test
-    the others did not): nothing they do together can be trusted any more."""
+    the others did not): nothing they do together can be trusted any more.
+
+    Example::
+
+        >>> import ddp_verify
+        >>> issubclass(ddp_verify.OutOfStep, ddp_verify.WorldError)
+        True
+    """
 
 
-class Broken(WorldError):
-    """Some rank found the world broken (a hung or dead rank); every rank stops using it."""
+@public
+class WorldBroken(WorldError):
+    """Some rank found the world broken (a hung or dead rank); every rank stops using it.
+
+    Example::
+
+        >>> import ddp_verify
+        >>> issubclass(ddp_verify.WorldBroken, ddp_verify.WorldError)
+        True
+    """
 
 
 @dataclasses.dataclass
@@ -86,11 +103,11 @@ class Agreement:
     def agree(self, tag: str, value: Any, *, deadline: float) -> list[Any]:
         """Post ``value`` under ``tag`` and return every rank's, in rank order (None for a
         gone rank); :class:`Late` when some had not posted by ``deadline``,
-        :class:`OutOfStep` when some posted another tag, :class:`Broken` when some rank
+        :class:`OutOfStep` when some posted another tag, :class:`WorldBroken` when some rank
         found the world broken."""
         __tracebackhide__ = True
         if self.broken:
-            raise Broken(self.broken)
+            raise WorldBroken(self.broken)
         self._sequence += 1
         key = f"agree/{self._sequence}"
         mine = wire.dumps(_Posted(tag, value), what=f"the value for {tag!r}")
@@ -140,7 +157,7 @@ class Agreement:
                 break
             if self.store.check(["broken"]):
                 self.broken = read_broken(self.store)
-                raise Broken(self.broken)
+                raise WorldBroken(self.broken)
             now = time.monotonic()
             dead = []
             for r in waiting:

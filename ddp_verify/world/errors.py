@@ -15,7 +15,7 @@ import textwrap
 from collections.abc import Sequence
 from typing import Any
 
-from .naming import option
+from .naming import option, public
 
 
 def debug_hint() -> str:
@@ -28,6 +28,7 @@ def debug_hint() -> str:
     )
 
 
+@public
 class WorldError(Exception):
     """Base class of every error the world layer raises.
 
@@ -39,6 +40,7 @@ class WorldError(Exception):
     """
 
 
+@public
 class WorldStartError(WorldError):
     """The rank processes could not be started or could not form a process group. The
     harness's failure, never the code's: ``ddp-verify`` exits 3 for it.
@@ -51,6 +53,7 @@ class WorldStartError(WorldError):
     """
 
 
+@public
 class BackendUnavailable(WorldError):
     """The requested backend cannot run a world of this size here (e.g. nccl without GPUs).
     The pytest plugin skips a test with its words; the command line exits 3.
@@ -63,6 +66,7 @@ class BackendUnavailable(WorldError):
     """
 
 
+@public
 class DeviceUnavailable(BackendUnavailable):
     """The world asks for GPUs this machine does not show (``device="cuda"`` with none visible,
     or nccl with fewer GPUs than ranks): the request, not the machine, must change, so the
@@ -76,6 +80,7 @@ class DeviceUnavailable(BackendUnavailable):
     """
 
 
+@public
 class JobPicklingError(WorldError, TypeError):
     """A job or one of its arguments could not be pickled: raised before anything reaches the
     ranks, naming what could not travel (a rank's result that cannot travel back is that
@@ -238,6 +243,7 @@ class RankFailure:
         )
 
 
+@public
 class RankError(WorldError):
     """One or more ranks failed a job: raised, died, hung or returned something unpicklable.
 

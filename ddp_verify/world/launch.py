@@ -12,7 +12,7 @@ import dataclasses
 import re
 from collections.abc import Mapping
 
-from .naming import option
+from .naming import option, public
 
 # torchrun (and torch.distributed.launch) set these on every process it starts.
 TORCHRUN = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
@@ -22,8 +22,18 @@ SLURM = ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_JOB_NODELIST")
 SLURM_PORT_BASE, SLURM_PORT_SPAN = 15000, 20000
 
 
+@public
 class LaunchError(ValueError):
-    """The launcher's environment is incomplete or contradicts itself; the message says what."""
+    """The launcher's environment is incomplete or contradicts itself; the message says what.
+
+    Example::
+
+        >>> try:
+        ...     resolve("spmd", {})
+        ... except LaunchError as error:
+        ...     print(str(error)[:41])
+        SPMD mode (launch mode spmd) needs a laun
+    """
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""How a message names one of the user's options: as the front end in use spells it.
+"""How the user sees what the package names: an option, as the front end in use spells it;
+an exception, under the package's own name.
 
 Layers below the front ends name parameters (``device``, ``debug``); whichever front end runs
 (the pytest plugin, the command line) says how its users spell them, so that advice reads
@@ -14,13 +15,33 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 # A spelling: a flag (``--ddp-device``; a value follows it, ``True`` is the flag alone) or
 # a function of the value.
 Spelling = str | Callable[[Any], str]
 
 _spellings: Mapping[str, Spelling] = {}
+
+E = TypeVar("E", bound=type[BaseException])
+
+
+def public(cls: E) -> E:
+    """Show the exception ``cls`` as ``ddp_verify.<Name>``, the name it is imported by (each
+    is one of :data:`ddp_verify.__all__`), rather than the module that defines it: tracebacks,
+    pytest's summary lines and ``repr`` name it so, and pickles find it there.
+
+    Example::
+
+        >>> @public
+        ... class SomethingWrong(Exception): ...
+        >>> SomethingWrong.__module__
+        'ddp_verify'
+    """
+    cls.__module__ = "ddp_verify"
+    return cls
+
+
 _UNSET = object()
 
 

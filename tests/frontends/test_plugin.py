@@ -773,3 +773,33 @@ def test_check_in_a_test_runs_on_the_sessions_world_unless_told_otherwise(pytest
     pytester.syspathinsert(str(Path(__file__).resolve().parents[2]))
     result = run(pytester, "--world-size", "3", "-n", "0")
     result.assert_outcomes(passed=2)
+
+
+def test_a_failing_check_is_shown_under_its_public_name_with_its_cause_in_the_summary(
+    pytester, monkeypatch
+):
+    # The short summary once read "ddp_verify.usercode.verdict.NotEquivalent: ..." cut at the
+    # terminal's width, before the kind, the function or a cause. (A wide terminal: pytest
+    # cuts the line to its width, or not at all under CI.)
+    monkeypatch.setenv("COLUMNS", "400")
+    pytester.makepyfile(
+        test_sync="""
+        import ddp_verify
+        from fixtures.grad_sync import average_gradients
+
+        def test_sync():
+            ddp_verify.check(average_gradients, kind="grad-sync", max_examples=25, seed=0)
+        """
+    )
+    pytester.syspathinsert(str(Path(__file__).resolve().parents[2]))
+    result = run(pytester, "--world-size", "2", "-n", "0", "-rf")
+    result.assert_outcomes(failed=1)
+    summary = [line for line in result.outlines if line.startswith("FAILED ")]
+    assert len(summary) == 1, result.outlines
+    assert summary[0].startswith(
+        "FAILED test_sync.py::test_sync - ddp_verify.NotEquivalent: grad-sync "
+        "average_gradients is not equivalent: gradients averaged over ranks by the world size"
+    ), summary[0]
+    # The report itself names the exception the user imports, and nothing internal.
+    result.stdout.fnmatch_lines(["E   *ddp_verify.NotEquivalent: *is not equivalent*"])
+    assert "ddp_verify.usercode" not in result.stdout.str()

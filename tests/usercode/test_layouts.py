@@ -8,7 +8,7 @@ import pytest
 from ddp_verify import check
 from ddp_verify.usercode.kinds import KindError
 from ddp_verify.usercode.layouts import (
-    LayoutError,
+    LayoutPinError,
     Tried,
     candidates,
     choose,
@@ -58,7 +58,7 @@ def test_a_layout_whose_result_is_nothing_does_not_agree_up_to_a_factor():
 
 
 def test_no_layout_that_runs_is_a_usage_error_naming_each():
-    with pytest.raises(LayoutError) as info:
+    with pytest.raises(LayoutPinError) as info:
         choose("loss-fn", [Tried(FULL, error="ValueError: a"), Tried(FLAT, error="TypeError: b")])
     message = str(info.value)
     assert "(batch, seq, vocab) logits, labels aligned: raised ValueError: a" in message

@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from ddp_verify.world.agreement import Agreement, Broken, Late, OutOfStep
+from ddp_verify.world.agreement import Agreement, WorldBroken, Late, OutOfStep
 from ddp_verify.world.runtime import Group, run_job
 from ddp_verify.world.watchdog import Watchdog, request_stacks
 
@@ -83,7 +83,7 @@ def test_a_rank_that_never_posts_is_late_and_a_broken_world_stops_the_rest(store
     other = Agreement(client(store), 1, 2)
     assert other.agree("step", 1, deadline=time.monotonic() + 5) == [1, 1]
     started = time.monotonic()
-    with pytest.raises(Broken, match="rank 1 hung"):
+    with pytest.raises(WorldBroken, match="rank 1 hung"):
         other.agree("next", 1, deadline=time.monotonic() + 20)
     assert time.monotonic() - started < 5
 

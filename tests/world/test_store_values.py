@@ -61,7 +61,7 @@ def test_a_broken_flag_written_by_an_outsider_is_read_as_words(tmp_path):
     agreement = Agreement(store, rank=0, size=2)
     try:
         agreement.agree("a job", None, deadline=0.0)
-    except Exception as exc:  # Broken (a WorldError), or Late once the deadline passed
+    except Exception as exc:  # WorldBroken (a WorldError), or Late once the deadline passed
         assert not marker.exists(), exc
     assert not marker.exists()
     # The flag a rank writes is plain text, read back as written.
