@@ -139,6 +139,8 @@ REGISTRY: tuple[Kind, ...] = (
         ("model", "optimizer", "micro_batches", "loss_fn"),
         adapter="step",
         mistakes="step",
+        # Names do not tell a step from a wrapped step: nanoGPT's DDP model is "model".
+        leading_names=("ddp_model",),
         default_bounds=_SAME_COUNTS,
         owns_micro_batches=True,
         keeps_state=True,
@@ -151,6 +153,7 @@ REGISTRY: tuple[Kind, ...] = (
         ("ddp_model", "optimizer", "micro_batches", "loss_fn"),
         adapter="step",
         mistakes="step",
+        leading_names=("model",),
         default_bounds=_SAME_COUNTS,
         owns_micro_batches=True,
         wrapped=True,
@@ -664,14 +667,24 @@ def check_signature(fn: Callable[..., Any], kind: str, bind: Binds = None) -> Ca
         'allreduce_params(model)'
     """
     try:
-        return _check_signature(fn, kind, bind)
+        call = _check_signature(fn, kind, bind)
     except KindError as exc:
         hint = read_as_words(fn, kind, bind)
         if hint is None:
             raise
         # What the kind would have to be told to bind is beside the point: the kind is wrong.
-        name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
-        raise KindError(f"{name}: {hint}") from exc
+        raise KindError(f"{_name(fn)}: {hint}") from exc
+    # A signature that takes the kind's call but whose names say another kind (a loss
+    # helper checked as a grad-sync): refused here, before any rank starts, rather than
+    # reported after the ranks fail on what they were handed.
+    hint = read_as_words(fn, kind, bind)
+    if hint is not None:
+        raise KindError(f"{_name(fn)}: {hint}")
+    return call
+
+
+def _name(fn: Callable[..., Any]) -> str:
+    return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
 
 
 def _check_signature(fn: Callable[..., Any], kind: str, bind: Binds = None) -> Call:

@@ -44,7 +44,7 @@ from .diagnosis.structural import (
     low_rank_cause,
 )
 from .findings import Cause
-from .kinds import KIND, Binds, parse_binds, read_as_words
+from .kinds import KIND, Binds, parse_binds
 from .layouts import parse_layout
 from .precision import diverged_precision, held_to, measured, probe_scenario
 from .probe import found_layout
@@ -370,10 +370,6 @@ def search(
             f"Scenario: {stop.scenario.describe()}\nReproduce with: {stop.scenario!r}"
             + (f"\nLikely cause: {cause.text}" if cause else "")
         )
-        hint = read_as_words(fn, kind, bind)
-        if hint is not None:
-            # The code ran, but as the wrong kind, it may fail on what it was handed.
-            report += f"\nKind: {hint}"
         errored = dataclasses.replace(
             verdict,
             notes=tuple(met.values()),

@@ -80,12 +80,25 @@ def test_a_counterexample_exits_1_with_a_json_verdict(tmp_path):
         ("{f}/grad_sync.py", "grad-sync", "expected PATH.py:FUNCTION"),
         ("{f}/grad_sync.py:nope", "grad-sync", "has no 'nope'; names it defines or imports:"),
         ("{f}/loss.py:sample_weighted", "step", "read as --kind loss (fn(local_loss, num_samples)"),
+        # What the function and its flags alone say, refused before a rank starts.
+        ("{f}/grad_sync.py:sample_weighted --bind n=world_sizes", "grad-sync",
+         "cannot bind n=world_sizes: 'world_sizes' is neither a value the harness knows"),
+        ("{f}/grad_sync.py:sample_weighted --layout logits=3d", "grad-sync",
+         "--logits 3d applies to loss-fn plug-ins, not to grad-sync"),
+        ("{f}/real_style/trl_losses.py:bnpo --objective token-mean --losses mse", "loss-agg",
+         "objective='token-mean' aggregates token losses"),
+        ("{f}/grad_sync.py:sample_weighted --lossy fp16", "grad-sync",
+         "--lossy applies to comm hooks"),
+        ("{f}/grad_sync.py:sample_weighted --negatives 2", "grad-sync",
+         "--negatives 2 shapes the encoder whose features a coupled-loss function is given"),
     ],
-)
+)  # fmt: skip
 def test_usage_errors_exit_2_and_say_what_was_expected(target, kind, message):
-    result = ddp_verify_here("check", target.format(f=FIXTURES), "--kind", kind)
+    target, *flags = target.format(f=FIXTURES).split()
+    result = ddp_verify_here("check", target, "--kind", kind, "--world-size", "4", *flags)
     assert result.returncode == 2
     assert message in result.stderr
+    assert "[ddp-verify] " not in result.stderr  # said before anything started
 
 
 ENDED_BY_MARKER = (
@@ -794,21 +807,27 @@ def test_a_file_whose_names_cannot_be_read_is_imported_to_find_them(tmp_path):
     assert "fsum" in result.stderr
 
 
-def test_code_checked_as_the_wrong_kind_fails_once_and_names_the_kind_it_reads_as(tmp_path):
+@pytest.mark.parametrize(
+    ("target", "kind", "reads_as", "checked_as"),
+    [
+        ("grad_sync.py:average_gradients", "loss", "(model) read as --kind grad-sync", "loss"),
+        # Issue 61: a loss helper checked as a grad-sync once started 4 ranks, failed on them
+        # and exited 1, the right kind said only then.
+        ("loss.py:sample_weighted", "grad-sync", "(local_loss, num_samples) read as --kind loss",
+         "grad-sync"),
+    ],
+)  # fmt: skip
+def test_code_checked_as_the_wrong_kind_is_refused_before_any_rank_starts(
+    tmp_path, target, kind, reads_as, checked_as
+):
     result = ddp_verify_here(
-        *check_command(f"{FIXTURES}/grad_sync.py:average_gradients", kind="loss"),
-        cwd=tmp_path,
+        *check_command(f"{FIXTURES}/{target}", kind=kind), "--world-size", "4", cwd=tmp_path
     )
-    assert result.returncode == 1, result.stderr
-    report = result.stdout
-    # Both ranks raised the same: one section, both ranks named in it.
-    assert report.count("━━") == 1, report
-    assert "━━ ranks 0, 1 raised AttributeError: 'Tensor' object has no attribute" in report
-    assert report.rstrip().endswith(
-        "Kind: its parameters (model) read as --kind grad-sync (fn(model) or fn(model, "
-        "num_samples)), not as a loss plug-in (fn(local_loss, num_samples) or fn(local_loss) "
-        "-> tensor or float): check it with --kind grad-sync"
-    ), report
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert f"its parameters {reads_as} (" in result.stderr
+    assert f"not as a {checked_as} plug-in" in result.stderr
+    assert "raised" not in result.stdout + result.stderr  # no rank ran it
+    assert "[ddp-verify] " not in result.stderr  # no progress: nothing started
 
 
 def test_a_signature_of_another_kind_is_a_usage_error_naming_it(tmp_path):

@@ -122,6 +122,8 @@ def _anonymous(a, b): ...
         (_hook, "loss", ["comm-hook"]),
         (_sync, "loss", ["grad-sync"]),
         (_step, "step", []),
+        # A wrapped step's model is often "model" (nanoGPT's): names do not tell these apart.
+        (_step, "wrapped-step", []),
         (_sync, "grad-sync", []),
         (_anonymous, "comm-hook", []),  # names that say nothing say no kind
     ],
