@@ -55,6 +55,7 @@ step "tests: nccl world listens on loopback" python3 -m pytest tests/world/test_
 step "tests: parity on GPUs" python3 -m pytest tests/parity/test_parity.py -n 0 "${q[@]}" -k gpus
 step "tests/world/test_cuda.py" python3 -m pytest tests/world/test_cuda.py -n 0 "${q[@]}"
 step "check, nccl, 1 rank" "${check[@]}" --backend nccl --world-size 1
+step "tests: a reproducer on nccl, on the GPU" python3 -m pytest tests/usercode/test_diagnosis.py -n 0 "${q[@]}" -k backend_and_device
 if [ -n "${GPU_CHECK_QUICK:-}" ]; then
   rows+=("| (GPU_CHECK_QUICK: the examples, conformance and benchmark lines not run) | | | |")
 fi

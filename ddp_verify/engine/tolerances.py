@@ -12,6 +12,7 @@ from collections.abc import Iterator, Mapping, Sequence
 
 import torch
 
+from ..world.backends import DEVICE
 from .reference import train_reference
 from .scenario import Scenario
 from .trace import Trace
@@ -260,7 +261,7 @@ class MeasuredTolerance(Tolerance):
             scenario,
             reference64,
             runs,
-            tf32=tf32 and torch.device(device or "cpu").type == "cuda",
+            tf32=tf32 and DEVICE[torch.device(device or "cpu").type].tf32,
             safety=safety,
         )
 

@@ -52,7 +52,7 @@ from ..usercode.kinds import (  # noqa: E402
     check_signature,
 )
 from ..world import cleanup  # noqa: E402
-from ..world.backends import BACKENDS, DEVICES  # noqa: E402
+from ..world.backends import BACKENDS, DEVICES, default_device  # noqa: E402
 from ..world.naming import spelled_as  # noqa: E402
 from . import options as opts  # noqa: E402
 from .options import (  # noqa: E402
@@ -175,7 +175,7 @@ def _resolve_world_options(args: argparse.Namespace, launched: Any) -> None:
     if launched is None:
         args.device = _devices_here(args.backend, args.device, args.world_size)
     else:
-        args.device = args.device or ("cuda" if args.backend == "nccl" else "cpu")
+        args.device = args.device or default_device(args.backend)
 
 
 def _user_model(args: argparse.Namespace) -> str | None:

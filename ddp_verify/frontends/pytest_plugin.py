@@ -383,15 +383,16 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
 def _placement(options: opts.WorldOptions) -> str:
     """``cpu``, or how the ranks sit on the GPUs this machine shows (torch is imported only
     for cuda, whose tests need it anyway)."""
-    if options.device != "cuda":
-        return str(options.device)
-    from ..world.backends import placement, visible_gpus
+    from ..world.backends import DEVICE, placement, visible_gpus
 
+    device = str(options.device)  # resolved by WorldOptions: the backend's default at least
+    if not DEVICE[device].gpus:
+        return device
     gpus = visible_gpus()
     if gpus == 0:
-        return "cuda (no GPU visible: distributed tests skip)"
+        return f"{device} (no GPU visible: distributed tests skip)"
     tf32 = ", TF32 allowed" if options.allow_tf32 else ""
-    return "; ".join(placement(n, "cuda", gpus) for n in options.world_sizes) + tf32
+    return "; ".join(placement(n, device, gpus) for n in options.world_sizes) + tf32
 
 
 def _pool(config: pytest.Config) -> VerifyingPool:

@@ -37,6 +37,7 @@ from ..engine.tolerances import (
 )
 from ..engine.trace import RankTrace, Trace
 from ..world import RankError
+from ..world.backends import DEVICE
 from ..world.interface import Ranked
 from ..world.naming import public
 from .base import DistributedMethod, Method, train_on_rank, train_whole_variants
@@ -227,7 +228,7 @@ def _measured(
 
 def _tf32(world: Ranked | None) -> bool:
     """Whether the runs a bound is measured on may round float32 matmuls to TF32."""
-    return world is not None and world.allow_tf32 and world.device == "cuda"
+    return world is not None and world.allow_tf32 and DEVICE[world.device].tf32
 
 
 def _own_truth(

@@ -24,6 +24,7 @@ from ..engine.models import (
 )
 from ..engine.scenario import Scenario
 from ..engine.trace import RankTrace, named_gradients, named_parameters
+from ..world.backends import DEVICE
 from ..world.naming import option
 from ..world.runtime import rank_device
 
@@ -48,7 +49,7 @@ class RankRun:
         self.device = rank_device()
         self.model = model if model is not None else build_model(scenario, device=self.device)
         if scenario.model.batch_norm == "sync" and model is None:
-            if self.device.type == "cpu":
+            if not DEVICE[self.device.type].gpus:
                 raise ValueError(
                     "SyncBatchNorm runs on GPUs only (torch raises for CPU tensors): check "
                     f"batch_norm='sync' models on a cuda world ({option('device', 'cuda')})"

@@ -1,8 +1,9 @@
 """A standalone script that reruns one scenario against the user's function and exits
 non-zero while the bug is there.
 
-The script starts its own ranks with ``torch.multiprocessing.spawn`` and a gloo process group
-(no pytest, no warm world), trains the scenario with the user's code on each rank, trains the
+The script starts its own ranks (``torch.multiprocessing``) and a process group of the backend
+the check ran on, on its device (no pytest, no warm world): a mistake only nccl shows is
+reproduced on nccl. It trains the scenario with the user's code on each rank, trains the
 reference in the parent, and prints the comparison.
 """
 
@@ -49,10 +50,14 @@ from ddp_verify.methods.equivalence import check_equivalent
 from ddp_verify.methods import Method
 from ddp_verify.engine.scenario import ModelSpec, OptimizerSpec, Scenario
 from ddp_verify.engine.trace import Trace
+from ddp_verify.world.backends import BACKEND as BACKENDS, DEVICE as DEVICES
+from ddp_verify.world.runtime import set_up_device
 
 SCENARIO = {scenario!r}
 KIND = {kind!r}
-# Where the ranks train: "cuda" puts rank r on GPU r % (visible GPUs), as the check did.
+# The process group's backend and where the ranks train, as the check's world had them:
+# "cuda" puts rank r on GPU r % (visible GPUs), as the check did.
+BACKEND = {backend!r}
 DEVICE = {device!r}
 RESULT_ON = {result_on!r}
 # The reduction of the loss_fn a step function gets, and the wrapper a wrapped step gets.
@@ -79,17 +84,12 @@ def load_hook_state():
 
 def train(rank, port, results):
     torch.set_num_threads(1)
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-    if DEVICE == "cuda":
-        from ddp_verify.world.runtime import set_rank_device
-
-        gpu = rank % torch.cuda.device_count()
-        torch.cuda.set_device(gpu)
-        set_rank_device(f"cuda:{{gpu}}")
-    # gloo reduces CPU and CUDA tensors alike, for any number of ranks per GPU.
+    device_id = set_up_device(DEVICE, allow_tf32=False, index=rank)
+    backend = BACKENDS[BACKEND]
+    backend.prepare(os.environ)
     dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{{port}}", rank=rank,
-        world_size=SCENARIO.world_size,
+        BACKEND, init_method=f"tcp://127.0.0.1:{{port}}", rank=rank,
+        world_size=SCENARIO.world_size, **backend.group_options(device_id),
     )
     method = adapt(
         load_function(), KIND, result_on=RESULT_ON, hook_state=load_hook_state(),
@@ -135,7 +135,7 @@ class Spawned:
         # On the CPU the ranks are forked from this process, torch already imported (nothing
         # has run a torch op here yet, so no thread pool is copied): no rank imports torch
         # again. CUDA cannot be forked into: spawned there.
-        method = "fork" if DEVICE == "cpu" else "spawn"
+        method = DEVICES[DEVICE].start_method
         if method == "fork":
             # torch's optimizers import torch._dynamo at their first step (seconds of CPU):
             # once here, before the fork, rather than in every rank side by side.
@@ -197,6 +197,7 @@ def write_reproducer(
     directory: Path | None = None,
     *,
     device: str = "cpu",
+    backend: str = "gloo",
     result_on: str = "all",
     hook_state: Callable[..., Any] | None = None,
     loss_reduction: str = "mean",
@@ -206,7 +207,9 @@ def write_reproducer(
     repeats: int = 1,
     trainer_divides: bool = False,
 ) -> Path:
-    """Write the script for ``fn`` on ``scenario``, its ranks training on ``device``, called
+    """Write the script for ``fn`` on ``scenario``, its ranks training on ``device`` in a
+    process group of ``backend`` (the check's world's: a mistake one backend shows is
+    reproduced on it), called
     as the check called it (``result_on``, ``hook_state``, ``loss_reduction``,
     ``ddp_wrapper``, ``bind``, ``layout``), ``repeats`` times on the same ranks
     (code that keeps state shows it from its second call on); return its path.
@@ -219,7 +222,7 @@ def write_reproducer(
     name = getattr(fn, "__qualname__", type(fn).__name__)
     binds = [bound.text() for bound in parse_binds(bind)]
     called = (
-        f"{kind}{name}{scenario!r}{device}{result_on}{loss_reduction}{ddp_wrapper}{binds}"
+        f"{kind}{name}{scenario!r}{device}{backend}{result_on}{loss_reduction}{ddp_wrapper}{binds}"
         f"{sorted((layout or {}).items())}{repeats}{'divides' if trainer_divides else ''}"
     )
     digest = hashlib.sha1(called.encode()).hexdigest()[:8]
@@ -234,6 +237,7 @@ def write_reproducer(
             description=scenario.describe().replace("\n", "\n    "),
             scenario=scenario,
             device=device,
+            backend=backend,
             result_on=result_on,
             loss_reduction=loss_reduction,
             ddp_wrapper=ddp_wrapper,

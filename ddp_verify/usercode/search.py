@@ -601,6 +601,7 @@ def _explained(
                     kind,
                     outcome.scenario,
                     device=world.device,
+                    backend=world.backend,
                     # Code that keeps state: the script calls it as often as a fresh
                     # world needed to fail.
                     repeats=1 if state is None else state.calls,

@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from . import frames, protocol
+from .backends import BACKEND, DEVICE
 from .errors import FailureKind
 
 if TYPE_CHECKING:
@@ -64,7 +65,7 @@ def set_up_device(device: str, allow_tf32: bool, index: int) -> torch.device | N
 
     torch.backends.cuda.matmul.allow_tf32 = allow_tf32
     torch.backends.cudnn.allow_tf32 = allow_tf32
-    if device != "cuda":
+    if not DEVICE[device].gpus:
         return None
     gpus = torch.cuda.device_count()
     if gpus == 0:
@@ -109,10 +110,8 @@ class Group:
         """Form the default group (the current generation's)."""
         import torch.distributed as dist
 
-        if self.backend == "nccl":
-            # A failed or timed-out collective aborts the communicator and ends the process,
-            # so that no rank is left holding the GPU.
-            os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+        row = BACKEND[self.backend]
+        row.prepare(os.environ)  # type: ignore[arg-type]
         dist.init_process_group(
             self.backend,
             store=dist.PrefixStore(f"{self.prefix}{self.generation}", self.store),
@@ -121,7 +120,7 @@ class Group:
             # A collective stuck longer than a job may run raises instead of hanging.
             timeout=datetime.timedelta(seconds=self.timeout_s),
             # NCCL binds the group to the rank's GPU; gloo reduces CPU and CUDA tensors alike.
-            device_id=self.device_id if self.backend == "nccl" else None,
+            **row.group_options(self.device_id),
         )
 
     def reform(self, generation: int | None = None) -> None:

@@ -40,7 +40,7 @@ from typing import Any, Generic, TypeVar
 
 from . import protocol, wire
 from .agreement import DEAD_AFTER_S, Agreement, Late, OutOfStep
-from .backends import check_backend, check_device, placement
+from .backends import DEVICE, check_backend, check_device, placement
 from .errors import Category, FailureKind, RankError, RankFailure, WorldError
 from .interface import RunsJobs
 from .launch import Launched
@@ -413,7 +413,7 @@ class Member:
 
     @property
     def label(self) -> str:
-        on = "" if self.device == "cpu" else f", {self.device}"
+        on = f", {self.device}" if DEVICE[self.device].gpus else ""
         return f"the launched world of {self.size} ({self.backend}{on}, {self.launched.launcher})"
 
 
@@ -513,11 +513,11 @@ class SpmdWorld(RunsJobs):
 
     @property
     def placement(self) -> str:
-        if self.device != "cuda":
-            return "cpu"
+        if not DEVICE[self.device].gpus:
+            return self.device
         from .backends import visible_gpus
 
-        return placement(self.size, "cuda", visible_gpus())
+        return placement(self.size, self.device, visible_gpus())
 
     @property
     def helper(self) -> LocalHelper:

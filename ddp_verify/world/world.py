@@ -27,7 +27,14 @@ from typing import Any
 
 from . import cleanup, forkserver, frames, naming, protocol
 from . import failures as fail
-from .backends import check_backend, check_device, placement, require_devices, visible_gpus
+from .backends import (
+    DEVICE,
+    check_backend,
+    check_device,
+    placement,
+    require_devices,
+    visible_gpus,
+)
 from .errors import FailureKind, RankError, RankFailure, WorldError, WorldStartError
 from .interface import RunsJobs
 from .jobs import Collected, PendingJob, ready
@@ -103,7 +110,7 @@ class World(RunsJobs):
         self.preload = tuple(preload)
         self.process_group = process_group
         # How reports name this world.
-        on = "" if device == "cpu" else f", {device}"
+        on = f", {device}" if DEVICE[device].gpus else ""
         self.label = (
             f"a world of {size} ({backend}{on})"
             if process_group
@@ -262,7 +269,7 @@ class World(RunsJobs):
     @property
     def placement(self) -> str:
         """Where the ranks train, in words: ``cpu``, or ``cuda, 4 ranks share 1 GPU``."""
-        gpus = visible_gpus() if self.device == "cuda" else 0
+        gpus = visible_gpus() if DEVICE[self.device].gpus else 0
         return placement(self.size, self.device, gpus)
 
     # -- jobs --------------------------------------------------------------------------------
@@ -312,7 +319,7 @@ class World(RunsJobs):
             marks,
             unreachable,
             self._finish,
-            watch_deadlock=self.device == "cpu",
+            watch_deadlock=DEVICE[self.device].watch_deadlock,
         )
         return self._pending
 

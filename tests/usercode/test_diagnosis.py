@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from ddp_verify.engine.scenario import ModelSpec, Scenario
 from ddp_verify.engine.tolerances import Float64Tolerance
@@ -124,6 +125,24 @@ def test_a_reproducer_reports_even_when_a_rank_dies_after_its_trace_arrived(tmp_
     result = _run_script(script)
     assert result.returncode == 1, result.stdout + result.stderr
     assert "First divergence: step 0 of 1" in result.stdout, result.stderr
+
+
+def test_a_reproducer_runs_on_the_backend_and_device_that_showed_the_mistake(tmp_path):
+    # Issue 61: the script once always used gloo, so a mistake only nccl shows was not
+    # reproduced by the script the user was handed.
+    scenario = Scenario(world_size=1, schedule=(((2,),),))
+    script = write_reproducer(
+        _summing_sync, "grad-sync", scenario, tmp_path, backend="nccl", device="cuda"
+    )
+    text = script.read_text()
+    assert "BACKEND = 'nccl'" in text and "DEVICE = 'cuda'" in text
+    result = _run_script(script)
+    if torch.cuda.is_available():  # the GPU check: an nccl group of one rank, on its GPU
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert "is equivalent to the reference on this scenario" in result.stdout
+    else:  # the rank went for its GPU, as an nccl world's rank does, and said why it could not
+        assert result.returncode != 0, result.stdout + result.stderr
+        assert "this world trains on CUDA, but the rank sees no GPU" in result.stderr
 
 
 def test_a_reproducer_runs_without_hypothesis(tmp_path):
