@@ -69,13 +69,22 @@ class Outcome:
         return allowance_used(self.reference, self.got, self.tolerance)
 
     def report(self) -> str:
+        """The headline, then where and how training diverged (:meth:`divergence`)."""
         if self.mismatch is None:
             return f"{self.method} is equivalent to the reference on this scenario."
+        return f"{self.headline()}\n{self.divergence()}"
+
+    def headline(self) -> str:
+        """The report's first line: what was checked and that it diverged."""
+        return f"{self.method} is not equivalent to single-process full-batch training."
+
+    def divergence(self) -> str:
+        """Where training left the reference first, by how much, the losses there and the
+        scenario: the lines under a report's headline (none where it did not diverge)."""
         m = self.mismatch
-        lines = [
-            f"{self.method} is not equivalent to single-process full-batch training.",
-            m.render(),
-        ]
+        if m is None:
+            return ""
+        lines = [m.render()]
         if m.note == "" and 0 <= m.step < self.reference.steps:
             expected = self.reference.ranks[0].losses[m.step]
             got = ", ".join(f"{r.losses[m.step]:.6g}" for r in self.got.ranks)

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..usercode.kinds import Binds, check_signature
+from ..usercode.kinds import Binds, Kind, as_kind, check_signature
 from ..usercode.search import Progress, preflight, search
 from ..usercode.verdict import CheckFailed, Verdict
 from ..world import WorldPool
@@ -38,7 +38,7 @@ _launched: VerifyingSpmdWorld | None = None
 def check(
     fn: Callable[..., Any],
     *,
-    kind: str,
+    kind: Kind | str,
     world_size: int | None = None,
     max_examples: int = 100,
     seed: int | None = None,
@@ -104,6 +104,7 @@ def check(
         gradients summed across ranks but not divided
     """
     __tracebackhide__ = True
+    kind = as_kind(kind)  # the object from here on (a KindError naming the kinds otherwise)
     check_signature(fn, kind, bind=bind)  # before a device is looked for
     # Advice reads as check()'s arguments are spelled, unless the command line, whose flags
     # these arguments are, is the one calling (a pytest session's flags are not check()'s).

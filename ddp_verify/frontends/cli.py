@@ -45,11 +45,11 @@ warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
 
 from ..engine.scenario import ALL_LOSSES, DTYPES, FEATURES, MODEL_KINDS  # noqa: E402
 from ..usercode.kinds import (  # noqa: E402
-    DEFAULT_BOUNDS,
     KINDS,
     SIGNATURES,
     KindError,
     check_signature,
+    kind_named,
 )
 from ..world import cleanup  # noqa: E402
 from ..world.backends import BACKENDS, DEVICES, default_device  # noqa: E402
@@ -112,6 +112,8 @@ def _main(argv: list[str]) -> int:
         if extra:
             raise UsageError(f"unrecognized arguments: {' '.join(extra)}")
         path, name = parse_target(args.target)
+        # The kind is the object from here on (argparse has checked the name).
+        args.kind = kind_named(args.kind)
         if launch_error is not None:
             raise launch_error
         _resolve_world_options(args, launched)
@@ -126,7 +128,7 @@ def _main(argv: list[str]) -> int:
         _prestart(args)
     context: dict[str, Any] = {
         "target": args.target,
-        "kind": args.kind,
+        "kind": args.kind.name,
         "world_size": args.world_size,
         "device": args.device,
     }
@@ -811,7 +813,7 @@ def _run_check(args: argparse.Namespace, fn: Callable[..., Any], context: dict[s
     from .api import check
 
     # Unless given: the kind's own (a coupled loss's single micro-batch), else 3.
-    kind_default = DEFAULT_BOUNDS.get(args.kind, {}).get("max_micro_batches", 3)
+    kind_default = args.kind.bounds.get("max_micro_batches", 3)
     bounds: dict[str, Any] = {
         "max_micro_batches": args.max_micro_batches or kind_default,
         "max_steps": args.max_steps,

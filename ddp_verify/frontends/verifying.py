@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from ..engine.scenario import Scenario
     from ..engine.tolerances import Tolerance
     from ..methods import Method
+    from ..usercode.kinds import Kind
     from ..world.interface import Ranked
 
 
@@ -46,7 +47,7 @@ class Verifying:
 
         assert_equivalent(self._world(), method, scenario, tolerance=tolerance)
 
-    def check(self, fn: Any, *, kind: str, **options: Any) -> Any:
+    def check(self, fn: Any, *, kind: Kind | str, **options: Any) -> Any:
         """:func:`ddp_verify.check` on this world: search scenarios for a counterexample.
 
         Example::

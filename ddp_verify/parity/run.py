@@ -22,8 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..engine.tolerances import Tolerance
-from ..usercode.search import describe_causes
-from ..usercode.verdict import Status, Verdict
+from ..usercode.verdict import Status, Verdict, describe_causes
 from ..world import cleanup
 from ..world.naming import option
 from .compare import Comparison, compare_layouts, derived_tolerance, rounding_dtype, told_apart

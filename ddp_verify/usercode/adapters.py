@@ -33,8 +33,6 @@ from ..world.naming import option
 from ..world.protocol import modules_ranks_cannot_import
 from .calling import UserMethod, anywhere_values, as_loss
 from .kinds import (
-    DEFAULT_BOUNDS,
-    KIND,
     KINDS,
     RESULT_KINDS,
     SIGNATURES,
@@ -43,6 +41,7 @@ from .kinds import (
     Call,
     Kind,
     KindError,
+    as_kind,
     check_signature,
     parse_binds,
 )
@@ -52,7 +51,6 @@ from .layouts import carrier, default_layout, parse_layout
 RESULT_ON = ("all", "rank0")
 
 __all__ = [
-    "DEFAULT_BOUNDS",
     "KINDS",
     "SIGNATURES",
     "KindError",
@@ -63,7 +61,7 @@ __all__ = [
 
 def adapt(
     fn: Callable[..., Any],
-    kind: str,
+    kind: Kind | str,
     *,
     result_on: str = "all",
     hook_state: Callable[..., Any] | None = None,
@@ -92,36 +90,31 @@ def adapt(
         method = adapt(average_gradients, "grad-sync")
         world.assert_equivalent(method, scenario)
     """
-    spec = KIND[kind]
-    pinned = parse_layout(kind, layout, logits=logits, labels=labels)
+    spec = as_kind(kind)
+    pinned = parse_layout(spec, layout, logits=logits, labels=labels)
     options = Options(
         result_on,
         hook_state,
         loss_reduction,
         ddp_wrapper,
         parse_binds(bind),
-        {**default_layout(kind, fn), **pinned},
+        {**default_layout(spec, fn), **pinned},
         trainer_divides,
     )
     _check_options(spec, options)
-    call = check_signature(fn, kind, bind=options.bind)
+    call = check_signature(fn, spec, bind=options.bind)
     call = dataclasses.replace(call, shown=_shown(spec, options, fn))
-    name = f"{kind} {getattr(fn, '__qualname__', repr(fn))}"
+    name = f"{spec.name} {getattr(fn, '__qualname__', repr(fn))}"
     if result_on != "all":
         name += f" (result on {result_on})"
     method = ADAPTERS[spec.adapter](fn, name, call, spec, options)
     method.call = call  # reports say how the code was called
-    if call.bound and spec.adapter in _CALLED_AS_IS:
-        method.fn = _bound_call(fn, kind, call.bound)
+    if call.bound and spec.bound_by_wrapper:
+        method.fn = _bound_call(fn, spec, call.bound)
     return method
 
 
-# Adapters that call the code with its positional arguments only (no Call.arguments): what
-# is bound is added by a wrapper, from what any rank knows.
-_CALLED_AS_IS = ("step", "wrapper")
-
-
-def _bound_call(fn: Callable[..., Any], kind: str, bound: tuple[Bound, ...]) -> _BoundCall:
+def _bound_call(fn: Callable[..., Any], kind: Kind, bound: tuple[Bound, ...]) -> _BoundCall:
     anywhere = ("world_size", "rank", "device", "group")  # anywhere_values()'s keys
     for b in bound:
         if b.source is not None and b.source not in anywhere:
@@ -161,23 +154,18 @@ class Options:
 
 def _shown(kind: Kind, options: Options, fn: Callable[..., Any]) -> tuple[str, ...]:
     """How a report shows the arguments the harness passes first: with their shapes."""
-    if kind.adapter == "loss-fn":
+    if "logits" in kind.layout_axes:
         flat = options.layout.get("logits") == "2d"
         unshifted = " unshifted" if options.layout.get("labels") == "unshifted" else ""
         return (
             f"logits[{'batch*seq' if flat else 'batch, seq'}, vocab] or [batch, classes]",
             f"labels[{'batch*seq' if flat else 'batch, seq'}]{unshifted} or [batch]",
         )
-    carried = carrier(kind.name, options.layout)
+    carried = carrier(kind, options.layout)
     if carried is not None and carried.hand_over is not None:
         # As the layout hands a tensor over: [tensor[]] for a list of one.
         return (repr(carried.hand_over("tensor[]")).replace("'", ""),)
-    # A rank's mean loss, a 0-d tensor.
-    return {
-        "loss": ("local_loss[]",),
-        "reduce": ("tensor[]",),
-        "reduce-dict": ("{'loss': tensor[]}",),
-    }.get(kind.adapter, ())
+    return kind.shown
 
 
 def _check_options(kind: Kind, options: Options) -> None:
@@ -205,12 +193,12 @@ def _check_options(kind: Kind, options: Options) -> None:
             f"{option('hook_state')} applies to comm hooks ({option('kind', 'comm-hook')}), "
             f"not to {kind.name}"
         )
-    if options.bind and kind.adapter == "comm-hook":
+    if options.bind and not kind.takes_binds:
         raise KindError(
             "a comm hook is called by DDP as hook(state, bucket): give what it needs through "
             f"its state ({option('hook_state')}), not {option('bind')}"
         )
-    if options.trainer_divides and kind.adapter != "loss-agg":
+    if options.trainer_divides and not kind.token_losses:
         raise KindError(
             f"{option('trainer_divides', True)} applies to loss-agg plug-ins, not {kind.name}"
         )
@@ -626,12 +614,12 @@ class Wrapper(UserMethod):
         return train_data_parallel(run, wrapped, run.optimizer(params))
 
 
-def _as_float(value: Any, kind: str) -> float:
+def _as_float(value: Any, what: str) -> float:
     try:
         return float(value.item() if isinstance(value, torch.Tensor) else value)
     except (TypeError, ValueError, RuntimeError) as exc:
         raise KindError(
-            f"a {kind} plug-in must return the global mean loss as a number or a one-element "
+            f"a {what} plug-in must return the global mean loss as a number or a one-element "
             f"tensor, got {type(value).__name__}: {exc}"
         ) from None
 
@@ -661,7 +649,7 @@ ADAPTERS: dict[str, Adapter] = {
         call,
         form="reduce",
         result_on=o.result_on,
-        carried=carrier(kind.name, o.layout),
+        carried=carrier(kind, o.layout),
     ),
     "reduce-dict": lambda fn, name, call, kind, o: LossAggregation(
         fn, name, call, form="reduce-dict", result_on=o.result_on

@@ -67,6 +67,41 @@ class Kind:
     # Parameters it fills by their names alone, beside NAMED_VALUES (a loss-agg plug-in's
     # counts, a coupled loss's learned parameters).
     named_values: tuple[str, ...] = ()
+    # Its loss couples samples across ranks: its own scenarios (an encoder's features), its
+    # own reference (the same code on a one-rank world holding every pair), its own probes.
+    coupled: bool = False
+    # It is handed the per-token loss matrix and its mask (RL post-training's aggregation):
+    # token weights, the Trainer's division and a declared objective act on what it returns.
+    token_losses: bool = False
+    # What --bind may fill (a comm hook is called by DDP: its state carries what it needs).
+    takes_binds: bool = True
+    # The harness calls it with its positional arguments alone: what is bound is added by a
+    # wrapper (a step function, a wrapper), not by the call.
+    bound_by_wrapper: bool = False
+    # The axes of the layouts it may be called in (usercode/layouts.py's AXES): how its
+    # logits and labels are shaped, or whether a tensor comes alone or in a list.
+    layout_axes: tuple[str, ...] = ()
+    # How a report shows the arguments the harness passes first, where they are one value
+    # (a rank's mean loss); what its layout shows otherwise.
+    shown: tuple[str, ...] = ()
+
+    def __str__(self) -> str:
+        return self.name
+
+    def __repr__(self) -> str:
+        return f"KIND[{self.name!r}]"
+
+    @property
+    def bounds(self) -> dict[str, Any]:
+        """The scenario bounds it is checked under unless the user says otherwise: its
+        defaults, and several steps drawn early where its code may keep state.
+
+        Example::
+
+            >>> KIND["comm-hook"].bounds
+            {'several_steps': True}
+        """
+        return {**self.default_bounds, **({"several_steps": True} if self.keeps_state else {})}
 
 
 # The values a loss-agg plug-in's parameters are bound to by their names alone.
@@ -106,6 +141,7 @@ REGISTRY: tuple[Kind, ...] = (
         adapter="loss",
         mistakes="report",
         counted_after="local_loss",
+        shown=("local_loss[]",),
         leading_names=("loss", "local_loss", "value", "tensor"),
         result_on_rank0=True,
     ),
@@ -118,6 +154,8 @@ REGISTRY: tuple[Kind, ...] = (
         adapter="reduce",
         mistakes="report",
         counted_after="tensor",
+        layout_axes=("tensors",),
+        shown=("tensor[]",),
         leading_names=("tensor", "t", "x", "value", "loss", "losses", "tensors", "values"),
         result_on_rank0=True,
     ),
@@ -129,6 +167,7 @@ REGISTRY: tuple[Kind, ...] = (
         adapter="reduce-dict",
         mistakes="report",
         counted_after="metrics",
+        shown=("{'loss': tensor[]}",),
         leading_names=("metrics", "input_dict", "loss_dict", "losses", "values", "d"),
         result_on_rank0=True,
     ),
@@ -139,6 +178,7 @@ REGISTRY: tuple[Kind, ...] = (
         ("model", "optimizer", "micro_batches", "loss_fn"),
         adapter="step",
         mistakes="step",
+        bound_by_wrapper=True,
         # Names do not tell a step from a wrapped step: nanoGPT's DDP model is "model".
         leading_names=("ddp_model",),
         default_bounds=_SAME_COUNTS,
@@ -153,6 +193,7 @@ REGISTRY: tuple[Kind, ...] = (
         ("ddp_model", "optimizer", "micro_batches", "loss_fn"),
         adapter="step",
         mistakes="step",
+        bound_by_wrapper=True,
         leading_names=("model",),
         default_bounds=_SAME_COUNTS,
         owns_micro_batches=True,
@@ -166,6 +207,7 @@ REGISTRY: tuple[Kind, ...] = (
         ("state", "bucket"),
         adapter="comm-hook",
         mistakes="prescaled",
+        takes_binds=False,
         lossy=True,
         hook_state=True,
         keeps_state=True,
@@ -177,6 +219,7 @@ REGISTRY: tuple[Kind, ...] = (
         ("module",),
         adapter="wrapper",
         mistakes="prescaled",
+        bound_by_wrapper=True,
         keeps_state=True,
     ),
     Kind(
@@ -186,6 +229,7 @@ REGISTRY: tuple[Kind, ...] = (
         ("logits", "labels"),
         adapter="loss-fn",
         mistakes="loss-fn",
+        layout_axes=("logits", "labels"),
         counted_after="logits, labels",
         lead=2,
         leading_names=("logits", "source", "input", "outputs", "output", "x"),
@@ -201,6 +245,7 @@ REGISTRY: tuple[Kind, ...] = (
         ("loss_mat", "loss_mask"),
         adapter="loss-agg",
         mistakes="loss-fn",
+        token_losses=True,
         # RL post-training's loop: every rank the same number of micro-batches, each padded
         # to its own longest sequence, the token-level loss.
         # Judged against a declared objective, token-mean unless the user declares another.
@@ -215,6 +260,7 @@ REGISTRY: tuple[Kind, ...] = (
         ("features_a", "features_b", "negatives", "negatives", "negatives"),
         adapter="coupled-loss",
         mistakes="coupled",
+        coupled=True,
         # One micro-batch per rank: in-batch negatives come from the micro-batch.
         default_bounds={"max_micro_batches": 1},
         named_values=LEARNED_VALUES,
@@ -226,11 +272,19 @@ KIND = {kind.name: kind for kind in REGISTRY}
 # arguments and check a signature before it pays for importing torch).
 KINDS = tuple(KIND)
 SIGNATURES = {kind.name: kind.signature for kind in REGISTRY}
-DEFAULT_BOUNDS = {
-    kind.name: {**kind.default_bounds, **({"several_steps": True} if kind.keeps_state else {})}
-    for kind in REGISTRY
-}
 RESULT_KINDS = tuple(kind.name for kind in REGISTRY if kind.result_on_rank0)
+
+
+def as_kind(kind: Kind | str) -> Kind:
+    """``kind`` as the object: a name is looked up (:func:`kind_named`), once, where it
+    enters (a front end, a public helper); everything after passes the object.
+
+    Example::
+
+        >>> as_kind("grad-sync") is as_kind(KIND["grad-sync"])
+        True
+    """
+    return kind if isinstance(kind, Kind) else kind_named(kind)
 
 
 def kind_named(name: str) -> Kind:
@@ -474,7 +528,7 @@ class Call:
     """
 
     name: str
-    kind: str
+    kind: Kind
     positional: int
     count_keyword: str | None = None
     count_positional: bool = False
@@ -537,7 +591,7 @@ class Call:
             >>> check_signature(lambda tensor, n: tensor, "reduce", bind="n=world_size").describe()
             '<lambda>(tensor, n=<the number of ranks>)'
         """
-        kind = KIND[self.kind]
+        kind = self.kind
         names = list(self.shown or kind.parameters)[: self.positional]
         count = kind.count_words
         if self.count_positional:
@@ -598,7 +652,7 @@ def _names_agree(spec: Kind, names: Sequence[str]) -> bool:
     )
 
 
-def kinds_read_as(fn: Callable[..., Any], kind: str, bind: Binds = None) -> list[str]:
+def kinds_read_as(fn: Callable[..., Any], kind: Kind | str, bind: Binds = None) -> list[str]:
     """The other kinds ``fn``'s parameters read as: each one whose every argument its names
     match, that accounts for more of its names than ``kind`` does, and whose call its
     signature can take. Empty where none does (names that say nothing say no kind).
@@ -614,37 +668,45 @@ def kinds_read_as(fn: Callable[..., Any], kind: str, bind: Binds = None) -> list
     names = _positional_names(fn)
     if names is None:
         return []
-    checked = kind_named(kind)
+    checked = as_kind(kind)
     # How many of its names the kind it is checked as accounts for: another kind must
     # account for more (a step function's first parameter, model, is grad-sync's too).
     said = len(checked.parameters) if _names_agree(checked, names) else 0
     fitting = []
     for spec in REGISTRY:
-        if spec.name == kind or len(spec.parameters) <= said or not _names_agree(spec, names):
+        if spec is checked or len(spec.parameters) <= said or not _names_agree(spec, names):
             continue
         try:
-            _check_signature(fn, spec.name, bind)
+            _check_signature(fn, spec, bind)
         except KindError:
             continue
-        fitting.append(spec.name)
-    return fitting
+        fitting.append(spec)
+    # Of kinds alike but for their first name (a step and a wrapped step), those whose names
+    # match exactly, not through a leading name's alias.
+    exact = max((_exact_names(spec, names) for spec in fitting), default=0)
+    return [spec.name for spec in fitting if _exact_names(spec, names) == exact]
 
 
-def read_as_words(fn: Callable[..., Any], kind: str, bind: Binds = None) -> str | None:
+def _exact_names(spec: Kind, names: Sequence[str]) -> int:
+    return sum(a == b for a, b in zip(spec.parameters, names, strict=False))
+
+
+def read_as_words(fn: Callable[..., Any], kind: Kind | str, bind: Binds = None) -> str | None:
     """A sentence that names the kinds ``fn``'s parameters read as, with the option that
     checks it so, where they do not read as ``kind``; None otherwise."""
-    fitting = kinds_read_as(fn, kind, bind)
+    checked = as_kind(kind)
+    fitting = [KIND[name] for name in kinds_read_as(fn, checked, bind)]
     if not fitting:
         return None
     names = ", ".join(_positional_names(fn) or [])
-    choices = " or ".join(f"{option('kind', k)} ({KIND[k].signature})" for k in fitting)
+    choices = " or ".join(f"{option('kind', k.name)} ({k.signature})" for k in fitting)
     return (
-        f"its parameters ({names}) read as {choices}, not as a {kind} plug-in "
-        f"({KIND[kind].signature}): check it with {option('kind', fitting[0])}"
+        f"its parameters ({names}) read as {choices}, not as a {checked} plug-in "
+        f"({checked.signature}): check it with {option('kind', fitting[0].name)}"
     )
 
 
-def check_signature(fn: Callable[..., Any], kind: str, bind: Binds = None) -> Call:
+def check_signature(fn: Callable[..., Any], kind: Kind | str, bind: Binds = None) -> Call:
     """How the harness will call ``fn`` as a ``kind`` plug-in; :class:`KindError` if it
     cannot take what ``kind`` passes, or if what a parameter should get is not said.
 
@@ -666,6 +728,7 @@ def check_signature(fn: Callable[..., Any], kind: str, bind: Binds = None) -> Ca
         >>> check_signature(allreduce_params, "grad-sync").describe()
         'allreduce_params(model)'
     """
+    kind = as_kind(kind)
     try:
         call = _check_signature(fn, kind, bind)
     except KindError as exc:
@@ -687,8 +750,8 @@ def _name(fn: Callable[..., Any]) -> str:
     return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
 
 
-def _check_signature(fn: Callable[..., Any], kind: str, bind: Binds = None) -> Call:
-    spec = kind_named(kind)
+def _check_signature(fn: Callable[..., Any], spec: Kind, bind: Binds = None) -> Call:
+    kind = spec.name
     binds = parse_binds(bind)
     if not callable(fn):
         raise KindError(f"{fn!r} is not callable; a {kind} plug-in is {spec.signature}")
@@ -704,8 +767,8 @@ def _check_signature(fn: Callable[..., Any], kind: str, bind: Binds = None) -> C
         # Builtins and C callables: trust the user, as documented.
         arity = spec.arities[-1]
         if spec.counted_after is not None:
-            return Call(name, kind, spec.lead, count_positional=arity == spec.lead + 1)
-        return Call(name, kind, arity)
+            return Call(name, spec, spec.lead, count_positional=arity == spec.lead + 1)
+        return Call(name, spec, arity)
     bound = _bound(name, signature, spec, binds)
     unbound = signature.replace(
         parameters=[p for p in signature.parameters.values() if p.name not in bound]
@@ -730,14 +793,14 @@ def _fixed_call(
     if fitting:
         params = list(unbound.parameters.values())
         if any(p.kind is p.VAR_POSITIONAL for p in params):
-            return Call(name, spec.name, fitting[-1])
+            return Call(name, spec, fitting[-1])
         # A parameter with a default keeps it (a contrastive loss's temperature=0.5): the
         # harness passes the fewest arguments that fill every required one.
         positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
         needed = sum(p.kind in positional and p.default is p.empty for p in params)
         fewest = next((a for a in fitting if a >= needed), fitting[-1])
         most = fitting[-1] if fitting[-1] > fewest else None
-        return Call(name, spec.name, fewest, most_positional=most)
+        return Call(name, spec, fewest, most_positional=most)
     required = _required(unbound, min(spec.arities))
     if required:
         raise KindError(_unsaid(name, signature, spec, required))
@@ -877,7 +940,7 @@ def _counted_call(
         positional_only = [p for p in items + samples if p.kind is p.POSITIONAL_ONLY]
         if not positional_only:
             return Call(
-                name, kind, lead, count_keyword=items[0].name, samples_keyword=samples[0].name
+                name, spec, lead, count_keyword=items[0].name, samples_keyword=samples[0].name
             )
     unnamed = [p for p in required if not is_count_name(p.name)]
     if unnamed:
@@ -892,8 +955,8 @@ def _counted_call(
     if required:
         only = required[0]
         if only.kind is inspect.Parameter.KEYWORD_ONLY:
-            return Call(name, kind, lead, count_keyword=only.name)
-        return Call(name, kind, lead, count_positional=True, count_parameter=only.name)
+            return Call(name, spec, lead, count_keyword=only.name)
+        return Call(name, spec, lead, count_positional=True, count_parameter=only.name)
     if len(counted) > 1:
         raise KindError(
             f"{name}{shown}: ambiguous for a {kind} plug-in: the count could go to any of "
@@ -902,5 +965,5 @@ def _counted_call(
             f"{counted[0].name}=count)"
         )
     if counted:
-        return Call(name, kind, lead, count_keyword=counted[0].name)
-    return Call(name, kind, lead)
+        return Call(name, spec, lead, count_keyword=counted[0].name)
+    return Call(name, spec, lead)

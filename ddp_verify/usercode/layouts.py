@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..world.naming import option, public
-from .kinds import KIND, KindError, takes_a_list
+from .kinds import REGISTRY, Kind, KindError, as_kind, takes_a_list
 
 
 @dataclass(frozen=True)
@@ -64,43 +64,40 @@ class Axis:
         )
 
 
-# The axes each adapter's calls have, each a row of data. The first choice of an axis breaks
-# ties the probe cannot (both ran, both agreed): this is the only default of a layout.
-AXES: dict[str, tuple[Axis, ...]] = {
-    "loss-fn": (
-        Axis(
-            "logits",
-            (
-                Choice("3d", "(batch, seq, vocab) logits"),
-                Choice("2d", "(positions, vocab) logits"),
-            ),
-            tokens_only=True,
+# Every layout axis, each a row of data, by name; a kind names its own (Kind.layout_axes).
+# The first choice of an axis breaks ties the probe cannot (both ran, both agreed): this is
+# the only default of a layout.
+AXES: dict[str, Axis] = {
+    "logits": Axis(
+        "logits",
+        (
+            Choice("3d", "(batch, seq, vocab) logits"),
+            Choice("2d", "(positions, vocab) logits"),
         ),
-        Axis(
-            "labels",
-            (
-                Choice("aligned", "labels aligned"),
-                Choice("unshifted", "labels unshifted (shifted by the code)"),
-            ),
-            tokens_only=True,
-        ),
+        tokens_only=True,
     ),
-    "reduce": (
-        Axis(
-            "tensors",
-            (
-                Choice(
-                    "tensor",
-                    "a tensor",
-                    hand_over=lambda tensor: tensor,
-                    take_back=lambda result, given: result,
-                ),
-                Choice(
-                    "list",
-                    "a list of one tensor",
-                    hand_over=lambda tensor: [tensor],
-                    take_back=lambda result, given: _one_of_a_list(result, given),
-                ),
+    "labels": Axis(
+        "labels",
+        (
+            Choice("aligned", "labels aligned"),
+            Choice("unshifted", "labels unshifted (shifted by the code)"),
+        ),
+        tokens_only=True,
+    ),
+    "tensors": Axis(
+        "tensors",
+        (
+            Choice(
+                "tensor",
+                "a tensor",
+                hand_over=lambda tensor: tensor,
+                take_back=lambda result, given: result,
+            ),
+            Choice(
+                "list",
+                "a list of one tensor",
+                hand_over=lambda tensor: [tensor],
+                take_back=lambda result, given: _one_of_a_list(result, given),
             ),
         ),
     ),
@@ -127,29 +124,24 @@ def _one_of_a_list(result: Any, given: Any) -> Any:
     )
 
 
-def add_choice(adapter: str, axis: str, choice: Choice) -> None:
-    """Make ``choice`` one more way to lay out ``axis`` of the kinds ``adapter`` serves: a
-    layout is one row. Rank processes must have it too, so add it where they import it (a
-    plug-in module), before the world starts.
+def add_choice(axis: str, choice: Choice) -> None:
+    """Make ``choice`` one more way to lay out ``axis`` (of every kind that has it): a layout
+    is one row. Rank processes must have it too, so add it where they import it (a plug-in
+    module), before the world starts.
 
     Example::
 
-        add_choice("reduce", "tensors", Choice("tuple", "a tuple of one tensor",
+        add_choice("tensors", Choice("tuple", "a tuple of one tensor",
                    hand_over=lambda t: (t,), take_back=lambda r, given: r[0]))
     """
-    kept = []
-    for each in AXES[adapter]:
-        if each.name == axis:
-            if any(c.value == choice.value for c in each.choices):
-                raise ValueError(f"axis {axis!r} already has a choice {choice.value!r}")
-            each = dataclasses.replace(each, choices=(*each.choices, choice))
-        kept.append(each)
-    if kept == list(AXES[adapter]):
-        raise KeyError(f"{adapter} has no layout axis {axis!r}")
-    AXES[adapter] = tuple(kept)
+    if axis not in AXES:
+        raise KeyError(f"no layout axis {axis!r}; the axes are {', '.join(AXES)}")
+    if any(c.value == choice.value for c in AXES[axis].choices):
+        raise ValueError(f"axis {axis!r} already has a choice {choice.value!r}")
+    AXES[axis] = dataclasses.replace(AXES[axis], choices=(*AXES[axis].choices, choice))
 
 
-def carrier(kind: str, layout: Mapping[str, str]) -> Choice | None:
+def carrier(kind: Kind | str, layout: Mapping[str, str]) -> Choice | None:
     """The row of ``layout`` that says how values are handed over and taken back, if the
     kind has such an axis.
 
@@ -167,7 +159,7 @@ def carrier(kind: str, layout: Mapping[str, str]) -> Choice | None:
 Layout = dict[str, str]
 
 
-def axes(kind: str) -> tuple[Axis, ...]:
+def axes(kind: Kind | str) -> tuple[Axis, ...]:
     """The layout axes of ``kind`` (none for most kinds).
 
     Example::
@@ -175,10 +167,10 @@ def axes(kind: str) -> tuple[Axis, ...]:
         >>> [a.name for a in axes("loss-fn")]
         ['logits', 'labels']
     """
-    return AXES.get(KIND[kind].adapter, ())
+    return tuple(AXES[name] for name in as_kind(kind).layout_axes)
 
 
-def default_layout(kind: str, fn: Callable[..., Any] | None = None) -> Layout:
+def default_layout(kind: Kind | str, fn: Callable[..., Any] | None = None) -> Layout:
     """The layout used where nothing was probed or pinned: each axis's first choice (a
     ``reduce`` helper named for several tensors, ``losses``, a list first).
 
@@ -198,7 +190,7 @@ def _ordered(axis: Axis, fn: Callable[..., Any] | None) -> tuple[Choice, ...]:
     return axis.choices
 
 
-def parse_layout(kind: str, layout: Mapping[str, Any] | str | None, **pins: Any) -> Layout:
+def parse_layout(kind: Kind | str, layout: Mapping[str, Any] | str | None, **pins: Any) -> Layout:
     """The axes the user pinned: ``layout`` (``"logits=2d,labels=unshifted"`` or a mapping)
     and keyword pins (``logits="2d"``; None pins nothing). :class:`KindError` for an axis
     the kind lacks or a value the axis lacks.
@@ -224,9 +216,9 @@ def parse_layout(kind: str, layout: Mapping[str, Any] | str | None, **pins: Any)
     known = {axis.name: axis for axis in axes(kind)}
     for name, value in pinned.items():
         if name not in known:
-            if name in _ALL_AXES:
+            if name in AXES:
                 raise KindError(
-                    f"{option(name, value)} applies to {_ALL_AXES[name]} plug-ins, not to {kind}"
+                    f"{option(name, value)} applies to {_kinds_with(name)} plug-ins, not to {kind}"
                 )
             raise KindError(
                 f"{kind} has no layout axis {name!r}"
@@ -236,15 +228,17 @@ def parse_layout(kind: str, layout: Mapping[str, Any] | str | None, **pins: Any)
     return pinned
 
 
-_ALL_AXES = {
-    axis.name: " and ".join(k.name for k in KIND.values() if k.adapter == adapter)
-    for adapter, kind_axes in AXES.items()
-    for axis in kind_axes
-}
+def _kinds_with(axis: str) -> str:
+    """The kinds that have layout axis ``axis``, in words."""
+    return " and ".join(k.name for k in REGISTRY if axis in k.layout_axes)
 
 
 def candidates(
-    kind: str, pinned: Mapping[str, str], fn: Callable[..., Any] | None = None, *, tokens: bool
+    kind: Kind | str,
+    pinned: Mapping[str, str],
+    fn: Callable[..., Any] | None = None,
+    *,
+    tokens: bool,
 ) -> list[Layout]:
     """Every layout to probe: the product of the unpinned axes' choices, the pinned fixed
     (axes of token data only when the data has tokens), in tie-breaking order.
@@ -266,7 +260,7 @@ def candidates(
     return [dict(zip(names, values, strict=True)) for values in itertools.product(*options)]
 
 
-def words(kind: str, layout: Mapping[str, str]) -> str:
+def words(kind: Kind | str, layout: Mapping[str, str]) -> str:
     """A layout in words.
 
     Example::
@@ -282,7 +276,7 @@ def words(kind: str, layout: Mapping[str, str]) -> str:
 OWN_OPTIONS = ("logits", "labels")
 
 
-def pins(kind: str, layout: Mapping[str, str]) -> str:
+def pins(kind: Kind | str, layout: Mapping[str, str]) -> str:
     """The options that pin ``layout``, as the front end in use spells them.
 
     Example::
@@ -332,7 +326,7 @@ class LayoutPinError(KindError):
     """
 
 
-def choose(kind: str, tried: Iterable[Tried]) -> Chosen:
+def choose(kind: Kind | str, tried: Iterable[Tried]) -> Chosen:
     """The layout the evidence of ``tried`` (in tie-breaking order) supports, and why.
 
     Example::

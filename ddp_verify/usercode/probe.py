@@ -14,6 +14,7 @@ from ..methods.equivalence import reference_and_tolerance
 from ..world import RankError, WorldError
 from ..world.interface import Ranked
 from .adapters import adapt
+from .kinds import Kind
 from .layouts import (
     Chosen,
     Tried,
@@ -29,7 +30,7 @@ from .precision import probe_scenario
 
 def found_layout(
     fn: Callable[..., Any],
-    kind: str,
+    kind: Kind,
     world: Ranked,
     called: Mapping[str, Any],
     pinned: Mapping[str, str],

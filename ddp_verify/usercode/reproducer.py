@@ -19,7 +19,7 @@ from typing import Any
 from ..engine.scenario import Scenario
 from ..world import protocol
 from ..world.protocol import modules_ranks_cannot_import, pickled_by_value
-from .kinds import Binds, parse_binds
+from .kinds import Binds, Kind, as_kind, parse_binds
 
 DEFAULT_DIRECTORY = Path(".ddp_verify") / "reproducers"
 
@@ -192,7 +192,7 @@ if __name__ == "__main__":
 
 def write_reproducer(
     fn: Callable[..., Any],
-    kind: str,
+    kind: Kind | str,
     scenario: Scenario,
     directory: Path | None = None,
     *,
@@ -219,6 +219,7 @@ def write_reproducer(
         path = write_reproducer(average_gradients, "grad-sync", error.scenario)
         # python path  ->  exits 1 while average_gradients is wrong on that scenario
     """
+    kind = as_kind(kind).name  # the script names it, and adapt() takes it there
     name = getattr(fn, "__qualname__", type(fn).__name__)
     binds = [bound.text() for bound in parse_binds(bind)]
     called = (

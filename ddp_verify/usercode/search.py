@@ -31,7 +31,7 @@ from ..world import RankError, WorldError
 from ..world.interface import Ranked
 from ..world.naming import option
 from . import findings
-from .adapters import DEFAULT_BOUNDS, KindError, adapt
+from .adapters import KindError, adapt
 from .coupled import CoupledLoss
 from .diagnosis import likely_causes
 from .diagnosis.coupled import coupled_bounds, coupled_causes, uneven_cause
@@ -44,7 +44,7 @@ from .diagnosis.structural import (
     low_rank_cause,
 )
 from .findings import Cause
-from .kinds import KIND, Binds, parse_binds
+from .kinds import Binds, Kind, as_kind, parse_binds
 from .layouts import parse_layout
 from .precision import diverged_precision, held_to, measured, probe_scenario
 from .probe import found_layout
@@ -58,7 +58,6 @@ __all__ = [
     "Progress",
     "Verdict",
     "bounds_for",
-    "describe_causes",
     "preflight",
     "search",
 ]
@@ -89,7 +88,7 @@ class _HarnessFailed(BaseException):
 def search(
     fn: Callable[..., Any],
     *,
-    kind: str,
+    kind: Kind | str,
     world: Ranked,
     max_examples: int = 100,
     seed: int | None = None,
@@ -139,6 +138,7 @@ def search(
     """
     __tracebackhide__ = True
     timeline = Timeline(time.monotonic())
+    kind = as_kind(kind)
     # How the code is called: the adapter's options, the reproducer's too.
     called: dict[str, Any] = dict(
         result_on=result_on,
@@ -155,7 +155,7 @@ def search(
     world_size = world.size
     fmt = lossy_format(kind, lossy, hook_state)
     bounds = bounds_for(kind, scenario_bounds)
-    coupled = KIND[kind].adapter == "coupled-loss"
+    coupled = kind.coupled
     if coupled:
         # The encoder learns the loss parameters the code asks for by name.
         call = adapt(fn, kind, **called, layout=pinned).call
@@ -296,7 +296,7 @@ def search(
     assert call is not None  # adapt() says how it calls the code
     verdict = Verdict(
         Status.EQUIVALENT,
-        kind=kind,
+        kind=kind.name,
         function=call.name,
         call=call.describe(),
         world_size=world_size,
@@ -305,6 +305,7 @@ def search(
         precision=precision,
         precision_words=precision_words,
         layout=chosen.reason or None,
+        method=method.name,
     )
     try:
         try:
@@ -343,6 +344,7 @@ def search(
             ),
             error,
             fn,
+            kind,
             world,
             called,
             method,
@@ -363,13 +365,6 @@ def search(
             cause = uneven_cause(stop.scenario, stop.error)
         if cause is None and in_collectives:
             cause = failure_cause(kind, stop.scenario)
-        report = (
-            f"{method.name} failed to run on a world of {world_size}:\n"
-            f"Called as: {verdict.called_as}\n"
-            f"{stop.error.report(full_trace=full_trace)}\n"
-            f"Scenario: {stop.scenario.describe()}\nReproduce with: {stop.scenario!r}"
-            + (f"\nLikely cause: {cause.text}" if cause else "")
-        )
         errored = dataclasses.replace(
             verdict,
             notes=tuple(met.values()),
@@ -377,7 +372,8 @@ def search(
             examples=tried,
             scenario=stop.scenario,
             causes=(cause,) if cause else (),
-            message=report,
+            failure=stop.error,
+            full_trace=full_trace,
         )
         raise CodeFailed(_timed(errored, timeline)) from None
     # The precision may have been measured again where an example showed it.
@@ -401,7 +397,7 @@ def _first_divergence(flaky: FlakyFailure) -> BaseException:
 
 
 def _within_rounding(
-    world: Ranked, method: Method, kind: str, scenario: Scenario, tolerance: Any
+    world: Ranked, method: Method, kind: Kind, scenario: Scenario, tolerance: Any
 ) -> None:
     """``assert_equivalent`` under a 16-bit format's bound, and more: a low-rank approximation
     is not rounding, whatever the bound lets through (the bound pools later steps' errors by
@@ -426,7 +422,7 @@ def _within_rounding(
 def _generic_causes(
     world: Ranked,
     method: Method,
-    kind: str,
+    kind: Kind,
     outcome: Outcome,
     bounds: dict[str, Any],
     tolerance_for: Callable[[Scenario], Tolerance | None],
@@ -521,7 +517,7 @@ LOW_RANK = LOSSY["lowrank"]
 
 
 def lossy_format(
-    kind: str, lossy: str | None, hook_state: Callable[..., Any] | None = None
+    kind: Kind | str, lossy: str | None, hook_state: Callable[..., Any] | None = None
 ) -> str | None:
     """The format ``lossy`` names (``"fp16"`` → ``"float16"``), once it applies to ``kind``;
     :class:`KindError` otherwise.
@@ -535,7 +531,7 @@ def lossy_format(
         return None
     if lossy not in LOSSY:
         raise KindError(f"lossy must be one of {', '.join(LOSSY)}, got {lossy!r}")
-    if not KIND[kind].lossy:
+    if not as_kind(kind).lossy:
         raise KindError(
             f"{option('lossy')} applies to comm hooks ({option('kind', 'comm-hook')}), not to "
             f"{kind}"
@@ -561,6 +557,7 @@ def _explained(
     verdict: Verdict,
     error: EquivalenceError,
     fn: Callable[..., Any],
+    kind: Kind,
     world: Ranked,
     called: dict[str, Any],
     method: Method,
@@ -571,7 +568,6 @@ def _explained(
     script. The diagnosis trains simulations, so it runs on the world's helper process, as
     the reference does."""
     outcome = error.outcome
-    kind = verdict.kind or ""
     scenario = error.scenario if outcome is None else outcome.scenario
     causes: tuple[Cause, ...] = ()
     script = None
@@ -582,7 +578,7 @@ def _explained(
         state = replayed(world, method, outcome, calls=most_calls(verdict.examples or 1))
     if outcome is not None:
         try:
-            if KIND[kind].adapter == "coupled-loss":
+            if kind.coupled:
                 # Its own probes: the code re-run on the ranks and on a one-rank world.
                 assert isinstance(method, CoupledLoss)
                 found = coupled_causes(
@@ -614,28 +610,19 @@ def _explained(
     # (Not for kinds whose result is only ever reported: there the loss is the whole job.)
     only_loss = (
         outcome is not None
-        and KIND[kind].mistakes != "report"
+        and kind.mistakes != "report"
         and only_the_loss_differs(
             outcome.reference, outcome.got, outcome.scenario.steps, outcome.tolerance
         )
     )
-    # How the code was called goes in the header, under the verdict's first line.
-    headline, _, body = str(error).partition("\n")
-    if only_loss:
-        headline += (
-            "\nTraining is equivalent: gradients and parameters match the reference at every "
-            "step; only the reported loss differs."
-        )
-    report = f"{headline}\nCalled as: {verdict.called_as}\n{body}"
-    if outcome is not None:
-        report += f"\n{describe_causes(list(causes))}\nReproducer: python {script}"
     return dataclasses.replace(
         verdict,
         status=Status.NOT_EQUIVALENT,
         scenario=scenario,
         causes=causes,
         reproducer=script,
-        message=report,
+        # Where the error carries no traces (it never does from the search), its own words.
+        message="" if outcome is not None else str(error),
         outcome=outcome,
         only_loss_differs=only_loss,
     )
@@ -696,29 +683,8 @@ def _determined(world: Ranked, method: Method, outcome: Outcome) -> tuple[Outcom
     )
 
 
-def describe_causes(causes: list[Cause]) -> str:
-    """The report's lines for ``causes``: the first as ``Likely cause:``, the others after,
-    each with its evidence.
-
-    Example::
-
-        print(describe_causes(error.causes))
-    """
-    lines = []
-    for i, cause in enumerate(causes):
-        head = "Likely cause: " if i == 0 else f"Also ({cause.subject}): "
-        if i == 1:
-            lines.append("Other causes found:")
-        lines.append(("" if i == 0 else "  ") + head + cause.text)
-        if cause.evidence:
-            lines.append(("  " if i == 0 else "    ") + "evidence: " + cause.evidence)
-        if cause.scenario:
-            lines.append(("  " if i == 0 else "    ") + "shown on: " + cause.scenario)
-    return "\n".join(lines)
-
-
 def preflight(
-    fn: Callable[..., Any], kind: str, bind: Binds, scenario_bounds: Mapping[str, Any]
+    fn: Callable[..., Any], kind: Kind, bind: Binds, scenario_bounds: Mapping[str, Any]
 ) -> dict[str, Any]:
     """The scenario bounds of a check of ``fn`` as a ``kind`` plug-in (:func:`bounds_for`),
     and a :class:`KindError` for anything that cannot run, asked before any world starts:
@@ -730,7 +696,7 @@ def preflight(
         preflight(average_gradients, "grad-sync", None, {"even": True})
     """
     bounds = bounds_for(kind, scenario_bounds)
-    if KIND[kind].adapter == "coupled-loss":
+    if kind.coupled:
         call = adapt(fn, kind, bind=bind).call
         assert call is not None  # adapt() says how it calls the code
         bounds = coupled_bounds(fn, call, bounds)
@@ -750,11 +716,11 @@ _NOT_COUPLED = (
 )
 
 
-def _refuse_foreign_bounds(kind: str, scenario_bounds: Mapping[str, Any]) -> None:
+def _refuse_foreign_bounds(kind: Kind, scenario_bounds: Mapping[str, Any]) -> None:
     """A :class:`KindError` for a bound the kind's scenarios do not draw (the coupled
     encoder's for another kind, a model or loss choice for a coupled loss), and for a name
     no scenario takes: either would reach the strategy as an unknown keyword."""
-    coupled = KIND[kind].adapter == "coupled-loss"
+    coupled = kind.coupled
     strategy = coupled_scenarios if coupled else scenarios
     # The learned parameters are read from the code itself (coupled_bounds).
     taken = set(inspect.signature(strategy).parameters) - {"world_size", "learned"}
@@ -791,7 +757,7 @@ def _refuse_foreign_bounds(kind: str, scenario_bounds: Mapping[str, Any]) -> Non
         )
 
 
-def bounds_for(kind: str, scenario_bounds: Mapping[str, Any]) -> dict[str, Any]:
+def bounds_for(kind: Kind | str, scenario_bounds: Mapping[str, Any]) -> dict[str, Any]:
     """The scenario bounds a check of ``kind`` draws from: the kind's defaults, then the
     caller's, then what a declared objective implies (token data). A :class:`KindError` for
     bounds that do not go together, which ``check()`` asks before any world starts.
@@ -800,18 +766,19 @@ def bounds_for(kind: str, scenario_bounds: Mapping[str, Any]) -> dict[str, Any]:
 
         bounds_for("loss-agg", {})["objective"]  # 'token-mean'
     """
+    kind = as_kind(kind)
     _refuse_foreign_bounds(kind, scenario_bounds)
-    bounds = {**DEFAULT_BOUNDS.get(kind, {}), **scenario_bounds}
+    bounds = {**kind.bounds, **scenario_bounds}
     if scenario_bounds.get("objective") == SAMPLE_MEAN:
         # The default of losses over samples, declared: nothing changes, token data excepted.
         if "tokens" in tuple(bounds.get("losses", ())):
-            other = "" if KIND[kind].adapter == "loss-agg" else ", or draw other losses"
+            other = "" if kind.token_losses else ", or draw other losses"
             raise KindError(
                 f"objective={SAMPLE_MEAN!r} averages samples, and {kind} code sees token "
                 f"losses here: declare token-mean or seq-mean-token-mean{other}"
             )
         del bounds["objective"]
-    elif scenario_bounds.get("objective") == "sum" and KIND[kind].adapter != "loss-agg":
+    elif scenario_bounds.get("objective") == "sum" and not kind.token_losses:
         pass  # a sum adds the items of whatever losses the kind draws
     elif scenario_bounds.get("objective"):
         # A declared objective aggregates token losses: the token data is the one to draw.
@@ -821,7 +788,7 @@ def bounds_for(kind: str, scenario_bounds: Mapping[str, Any]) -> dict[str, Any]:
                 f"losses=('tokens',) (--losses tokens) with it, not {scenario_bounds['losses']!r}"
             )
         bounds["losses"] = ("tokens",)
-    if scenario_bounds.get("token_weights") and KIND[kind].adapter != "loss-agg":
+    if scenario_bounds.get("token_weights") and not kind.token_losses:
         # Weights only code that is handed the weighted losses can know of.
         raise KindError(
             f"{option('token_weights', True)} weights the per-token loss matrix a loss-agg "

@@ -5,12 +5,18 @@
 command line does with any other exception is :func:`verdict_for`. The command line only
 prints a verdict: its text, or :meth:`Verdict.to_json`, one document of the shape
 :data:`JSON_FIELDS` documents.
+
+A verdict carries data (the traces that diverged, the ranks' failure, the causes, the
+reproducer's path); its report is rendered from them when read (:attr:`Verdict.report`,
+:attr:`Verdict.summary`), by whichever front end shows it. Nothing upstream writes report
+text, and nothing reads a verdict back out of it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..engine.outcome import EquivalenceError
@@ -19,6 +25,7 @@ from ..world.naming import public
 if TYPE_CHECKING:
     from ..engine.outcome import Outcome
     from ..engine.scenario import Scenario
+    from ..world.errors import RankError
     from .findings import Cause
 
 
@@ -141,8 +148,11 @@ class Verdict:
     seconds: float | None = None
     # (milestone, seconds from the start) in the order reached: see JSON_FIELDS["timeline"].
     timeline: tuple[tuple[str, float], ...] = ()
-    # The report of a verdict other than equivalent (the equivalent one is composed).
+    # What a verdict with no traces or failure to render says: a usage error's, the
+    # harness's (an exception's own message, as data).
     message: str = ""
+    # How reports name the code checked: its kind and name, and where its result is held.
+    method: str | None = None
     # Whether training itself matched where the verdict is not equivalent: "equivalent"
     # where only the reported loss differs (see :attr:`training`).
     only_loss_differs: bool = False
@@ -153,6 +163,10 @@ class Verdict:
     world_from: str | None = None
     # The traces of a counterexample, where there are some.
     outcome: Outcome | None = dataclasses.field(default=None, repr=False, compare=False)
+    # The ranks' failure, where the code failed to run; its tracebacks keep the harness's
+    # frames where ``full_trace`` (pytest's --full-trace).
+    failure: RankError | None = dataclasses.field(default=None, repr=False, compare=False)
+    full_trace: bool = False
 
     @property
     def training(self) -> str | None:
@@ -204,6 +218,8 @@ class Verdict:
         if self.causes:
             first = self.causes[0]
             said += f": {first.text}" + (f" ({first.scenario})" if first.scenario else "")
+        elif self.failure is not None:
+            said += f": {self.failure.headline}"
         return said
 
     @property
@@ -214,6 +230,10 @@ class Verdict:
         return f"{said}\nWorld: {self.world_from}"
 
     def _report(self) -> str:
+        if self.status is Status.NOT_EQUIVALENT and self.outcome is not None:
+            return self._divergence_report(self.outcome)
+        if self.status is Status.ERROR and self.failure is not None:
+            return self._failure_report(self.failure)
         if self.message or self.status is not Status.EQUIVALENT:
             return self.message
         lossy = ""
@@ -236,6 +256,32 @@ class Verdict:
             f"generated scenarios at world size {self.world_size}; no counterexample found"
             f"{lossy}\nCalled as: {self.called_as}{precision}"
         )
+
+    def _divergence_report(self, outcome: Outcome) -> str:
+        lines = [outcome.headline()]
+        if self.only_loss_differs:
+            lines.append(
+                "Training is equivalent: gradients and parameters match the reference at every "
+                "step; only the reported loss differs."
+            )
+        lines += [f"Called as: {self.called_as}", outcome.divergence()]
+        lines += [describe_causes(self.causes), f"Reproducer: python {self.reproducer}"]
+        return "\n".join(lines)
+
+    def _failure_report(self, failure: RankError) -> str:
+        lines = [
+            f"{self.method} failed to run on a world of {self.world_size}:",
+            f"Called as: {self.called_as}",
+            failure.report(full_trace=self.full_trace),
+        ]
+        if self.scenario is not None:
+            lines += [
+                f"Scenario: {self.scenario.describe()}",
+                f"Reproduce with: {self.scenario!r}",
+            ]
+        if self.causes:
+            lines.append(f"Likely cause: {self.causes[0].text}")
+        return "\n".join(lines)
 
     def filled(self, **context: Any) -> Verdict:
         """This verdict with the fields it lacks taken from ``context`` (what a front end
@@ -272,6 +318,29 @@ class Verdict:
         }
         assert document.keys() == JSON_FIELDS.keys()
         return document
+
+
+def describe_causes(causes: Sequence[Cause]) -> str:
+    """The report's lines for ``causes``: the first as ``Likely cause:``, the others after,
+    each with its evidence.
+
+    Example::
+
+        >>> from ddp_verify.usercode.findings import Cause
+        >>> print(describe_causes([Cause("gradients scaled 2x", "gradient", "scale")]))
+        Likely cause: gradients scaled 2x
+    """
+    lines = []
+    for i, cause in enumerate(causes):
+        head = "Likely cause: " if i == 0 else f"Also ({cause.subject}): "
+        if i == 1:
+            lines.append("Other causes found:")
+        lines.append(("" if i == 0 else "  ") + head + cause.text)
+        if cause.evidence:
+            lines.append(("  " if i == 0 else "    ") + "evidence: " + cause.evidence)
+        if cause.scenario:
+            lines.append(("  " if i == 0 else "    ") + "shown on: " + cause.scenario)
+    return "\n".join(lines)
 
 
 # How a check that did not pass ended, as its one-line summary says it.

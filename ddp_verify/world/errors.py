@@ -304,7 +304,10 @@ class RankError(WorldError):
         stacks too (pytest's ``--full-trace``)."""
         return self._message(full_trace=full_trace)
 
-    def _message(self, *, full_trace: bool = False) -> str:
+    @property
+    def headline(self) -> str:
+        """Which ranks failed first and how, in one line ("rank 1 raised ValueError: ...");
+        then those that failed as a consequence, or were stuck."""
         primary = [f for f in self.failures if f.is_primary]
         broken = [f for f in self.failures if f.consequence]
         stuck = [f for f in self.failures if f.kind is FailureKind.STUCK]
@@ -318,7 +321,10 @@ class RankError(WorldError):
             headline += f"; then {_ranks(broken)} failed in a collective as a consequence"
         if stuck:
             headline += f"; {_ranks(stuck)} stuck waiting and killed"
-        lines = [f"{self.job} failed on {self.where}: {headline}"]
+        return headline
+
+    def _message(self, *, full_trace: bool = False) -> str:
+        lines = [f"{self.job} failed on {self.where}: {self.headline}"]
         sections: dict[tuple[object, ...], list[RankFailure]] = {}
         for failure in self.failures:
             sections.setdefault(failure.likeness(full_trace=full_trace), []).append(failure)

@@ -13,7 +13,7 @@ import pytest
 
 from ddp_verify import EquivalenceError, check
 from ddp_verify.usercode.diagnosis import axes, likely_causes
-from ddp_verify.usercode.search import describe_causes
+from ddp_verify.usercode.verdict import describe_causes
 
 
 def weighted_by_squares(model, num_samples):
@@ -87,7 +87,6 @@ _TUPLE_LAYOUT = textwrap.dedent(
 
     if sys.argv[1] == "added":
         layouts.add_choice(
-            "reduce",
             "tensors",
             layouts.Choice(
                 "tuple",

@@ -41,7 +41,7 @@ def test_every_kind_has_every_piece_the_harness_reads(kind):
     lead = kind.lead if kind.counted_after else None
     for arity in kind.arities:
         call = check_signature(_taking(arity, lead), kind.name)
-        assert call.kind == kind.name and call.takes_count == (lead is not None and arity > lead)
+        assert call.kind is kind and call.takes_count == (lead is not None and arity > lead)
         assert call.describe().startswith("code(" + kind.parameters[0])
         method = adapt(_taking(arity, lead), kind.name)
         # The adapter's call is the same, shown with the shapes its options give.

@@ -9,7 +9,7 @@ import pytest
 
 from ddp_verify import EquivalenceError, check
 from ddp_verify.strategies import models
-from ddp_verify.usercode.kinds import KindError
+from ddp_verify.usercode.kinds import KIND, KindError
 from tests.user_code import load
 
 hooks = load("real_style/comm_hooks")
@@ -191,8 +191,8 @@ def test_a_gradient_float16_flushes_to_zero_is_rounding_not_a_low_rank_approxima
     assert outcome.equivalent, outcome.report()  # within float16's bound
     # Read as exact arithmetic, the flushed gradient has lost rank; read under float16, whose
     # underflow explains it, it has not.
-    assert low_rank_cause("comm-hook", outcome.reference, outcome.got) is not None
-    assert low_rank_cause("comm-hook", outcome.reference, outcome.got, fmt="float16") is None
+    assert low_rank_cause(KIND["comm-hook"], outcome.reference, outcome.got) is not None
+    assert low_rank_cause(KIND["comm-hook"], outcome.reference, outcome.got, fmt="float16") is None
 
 
 def test_a_low_rank_approximation_inside_bfloat16s_bound_is_never_called_rounding():
@@ -215,9 +215,9 @@ def test_a_low_rank_approximation_inside_bfloat16s_bound_is_never_called_roundin
     with VerifyingWorld(4) as world:
         outcome = check_equivalent(world, method, scenario)
     assert not outcome.equivalent
-    low_rank = low_rank_cause("comm-hook", outcome.reference, outcome.got)
+    low_rank = low_rank_cause(KIND["comm-hook"], outcome.reference, outcome.got)
     assert low_rank is not None and "has rank 1 where" in low_rank.text
-    assert lossy_compression("comm-hook", scenario, outcome.reference, outcome.got) is None
+    assert lossy_compression(KIND["comm-hook"], scenario, outcome.reference, outcome.got) is None
 
 
 def test_a_torch_issue_met_on_the_way_is_left_out_and_the_search_goes_on(tmp_path, monkeypatch):

@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from ddp_verify.world.agreement import Agreement, WorldBroken, Late, OutOfStep
+from ddp_verify.world.agreement import Agreement, Late, OutOfStep, WorldBroken
 from ddp_verify.world.runtime import Group, run_job
 from ddp_verify.world.watchdog import Watchdog, request_stacks
 

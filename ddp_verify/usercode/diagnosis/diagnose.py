@@ -12,6 +12,7 @@ from ...engine.models import one_thread
 from ...engine.scenario import Scenario
 from ...engine.trace import Trace
 from ..findings import Cause
+from ..kinds import Kind, as_kind
 from . import passes
 from .engine import choose
 from .evidence import Evidence
@@ -20,7 +21,9 @@ from .report import render
 __all__ = ["likely_causes"]
 
 
-def likely_causes(kind: str, scenario: Scenario, reference: Trace, got: Trace) -> list[Cause]:
+def likely_causes(
+    kind: Kind | str, scenario: Scenario, reference: Trace, got: Trace
+) -> list[Cause]:
     """Every cause of ``got``'s divergence from ``reference``, most important first; never
     empty.
 
@@ -29,7 +32,7 @@ def likely_causes(kind: str, scenario: Scenario, reference: Trace, got: Trace) -
         for cause in likely_causes("step", scenario, reference, got):
             print(cause.pattern, cause.text)
     """
-    evidence = Evidence(kind, scenario, reference, got)
+    evidence = Evidence(as_kind(kind), scenario, reference, got)
     with one_thread():
         found = passes.run(evidence)
         chosen, open_subjects = choose(found)

@@ -37,7 +37,7 @@ from ...engine.scenario import Scenario
 from ...engine.tolerances import by_roundoff
 from ...engine.trace import Trace
 from ..findings import whole
-from ..kinds import KIND
+from ..kinds import Kind
 from .axes import Choice, Group, choice
 
 Params = Mapping[str, torch.Tensor]
@@ -255,7 +255,7 @@ class Terms:
 class Evidence:
     """A diverged run, its reference and what a hypothesis is predicted from."""
 
-    def __init__(self, kind: str, scenario: Scenario, reference: Trace, got: Trace) -> None:
+    def __init__(self, kind: Kind, scenario: Scenario, reference: Trace, got: Trace) -> None:
         self.kind = kind
         self.scenario = scenario
         self.reference = reference
@@ -264,7 +264,7 @@ class Evidence:
         # A declared sum, and what the words call the objective over the global batch.
         self.sums = sums(scenario)
         self.whole = whole(self.sums)
-        self.compressed = KIND[kind].lossy
+        self.compressed = kind.lossy
         self.tolerance = tolerance(scenario.dtype, compressed=self.compressed)
 
     def ladder(self) -> list[tuple[Choice, Tolerance]]:

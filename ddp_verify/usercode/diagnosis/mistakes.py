@@ -22,7 +22,7 @@ from ...engine.trace import Trace
 from ...engine.training import Step, train
 from .. import findings
 from ..findings import Cause, Finding
-from ..kinds import KIND
+from ..kinds import Kind, as_kind
 from .evidence import tolerance
 
 # Each dimension: the correct choice first (no finding), then the mistakes, each with the
@@ -131,9 +131,9 @@ FAMILIES: dict[str, Callable[[], list[Mistake]]] = {
 }
 
 
-def candidates(kind: str) -> list[Mistake]:
+def candidates(kind: Kind | str) -> list[Mistake]:
     """The mistakes a plug-in of ``kind`` can make, fewest mistakes first."""
-    found = FAMILIES[KIND[kind].mistakes]()
+    found = FAMILIES[as_kind(kind).mistakes]()
     return sorted(found, key=lambda mistake: len(mistake.findings))
 
 

@@ -31,7 +31,6 @@ from ...engine.trace import Trace
 from ...world.naming import option
 from .. import findings as f
 from ..findings import Cause
-from ..kinds import KIND
 from .axes import Choice
 from .engine import Hypothesis, gradient_hypotheses, loss_hypotheses
 from .evidence import Evidence
@@ -154,7 +153,7 @@ def lossy(evidence: Evidence, found: Found) -> list[Hypothesis]:
 
 @register("rank-0-result", says=(f.LOSS_RANK0_ONLY.code,))
 def rank_zero_result(evidence: Evidence, found: Found) -> list[Hypothesis]:
-    if not KIND[evidence.kind].result_on_rank0:
+    if not evidence.kind.result_on_rank0:
         return []
     if not held_by_rank_zero_only(evidence.scenario, evidence.got):
         return []

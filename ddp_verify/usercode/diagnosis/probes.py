@@ -38,6 +38,7 @@ from ...world import RankError, WorldError
 from ...world.interface import Ranked
 from .. import findings as f
 from ..findings import Cause
+from ..kinds import Kind
 from .diagnose import likely_causes
 from .engine import hypotheses_of, separation
 from .evidence import Terms, group_terms
@@ -114,7 +115,7 @@ REDRAWS = 2
 def probes(
     world: Ranked,
     method: Method,
-    kind: str,
+    kind: Kind,
     scenario: Scenario,
     bounds: Mapping[str, Any] | None = None,
     tolerance_for: Callable[[Scenario], Tolerance | None] | None = None,
@@ -183,7 +184,7 @@ def redraws(probe: Scenario, pending: Sequence[Cause]) -> list[int]:
 def _probe(
     world: Ranked,
     method: Method,
-    kind: str,
+    kind: Kind,
     axis: str,
     probe: Scenario,
     tolerance_for: Callable[[Scenario], Tolerance | None] | None,

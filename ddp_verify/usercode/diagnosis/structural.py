@@ -20,7 +20,7 @@ from ...world.errors import failure_text
 from ...world.naming import option
 from .. import findings as f
 from ..findings import Cause
-from ..kinds import KIND
+from ..kinds import Kind
 from .mistakes import Mistake, match_tolerance, simulate
 
 __all__ = [
@@ -82,7 +82,7 @@ def held_by_rank_zero_only(scenario: Scenario, got: Trace) -> bool:
 
 
 def low_rank_cause(
-    kind: str, reference: Trace, got: Trace, *, fmt: str | None = None
+    kind: Kind, reference: Trace, got: Trace, *, fmt: str | None = None
 ) -> Cause | None:
     """A kind that may compress whose gradient of some weight matrix at some step has a lower
     rank than the full-batch gradient's: a low-rank approximation, PowerSGD's design below
@@ -96,7 +96,7 @@ def low_rank_cause(
 
         low_rank_cause("comm-hook", reference, got).pattern  # 'lowrank'
     """
-    if not KIND[kind].lossy or not reference.ranks[0].grads or not got.ranks[0].grads:
+    if not kind.lossy or not reference.ranks[0].grads or not got.ranks[0].grads:
         return None
     steps = zip(reference.ranks[0].grads, got.ranks[0].grads, strict=False)
     for step, (expected, mine) in enumerate(steps):
@@ -133,11 +133,11 @@ def _rank(matrix: torch.Tensor) -> int:
     return int((values > values[0] * 1e-6).sum())
 
 
-def lossy_compression(kind: str, scenario: Scenario, reference: Trace, got: Trace) -> Cause | None:
+def lossy_compression(kind: Kind, scenario: Scenario, reference: Trace, got: Trace) -> Cause | None:
     """A kind that may compress (a comm hook) whose every value is within a compression
     format's rounding bound (the bound is derived for SGD only): it compresses, which may be
     its design."""
-    if not KIND[kind].lossy or scenario.optimizer.name != "sgd":
+    if not kind.lossy or scenario.optimizer.name != "sgd":
         return None
     for fmt, flag in (("float16", "fp16"), ("bfloat16", "bf16")):
         if low_rank_cause(kind, reference, got, fmt=fmt) is not None:
@@ -188,7 +188,7 @@ def known_torch_issue(scenario: Scenario, error: RankError) -> tuple[Cause, str]
     return cause, feature
 
 
-def failure_cause(kind: str, scenario: Scenario) -> Cause | None:
+def failure_cause(kind: Kind, scenario: Scenario) -> Cause | None:
     """Why a step function hung, crashed in a collective or computed nonsense, when the
     scenario itself says: its ranks held different numbers of micro-batches, so code that
     calls collectives per micro-batch pairs them up wrongly or leaves ranks waiting.
@@ -198,7 +198,7 @@ def failure_cause(kind: str, scenario: Scenario) -> Cause | None:
         failure_cause("step", scenario).text
         # 'collectives called once per micro-batch (...), and in step 0 the ranks held ...'
     """
-    if not KIND[kind].owns_micro_batches:
+    if not kind.owns_micro_batches:
         return None  # the harness owns the micro-batch loop of every other kind
     for step, per_rank in enumerate(scenario.schedule):
         counts = [len(sizes) for sizes in per_rank]
