@@ -255,7 +255,7 @@ class ParityFailed(AssertionError):
     def summary(self) -> str:
         """The verdict in one line: the script, how it ended and the first cause with its
         layout (pytest's short summary line)."""
-        return str(self.result.verdict.summary)
+        return str(self.result.summary)
 
 
 def assert_parity(

@@ -38,8 +38,38 @@ VARIANT_SEED = 1
 
 
 @dataclasses.dataclass(frozen=True)
+class Judgement:
+    """What a parity report says where layouts were compared: the reference recording, each
+    judged layout's comparison, the layouts left unjudged and why, what each run took. Data;
+    :attr:`ParityResult.report` renders it."""
+
+    target: str | None
+    reference: Recording = dataclasses.field(repr=False)
+    comparisons: tuple[Comparison, ...]
+    steps: int
+    strict_loss: bool = False
+    unjudged: tuple[str, ...] = ()
+    why_unjudged: str = ""
+    # (layout, seconds) of each run of the script, the reference's first.
+    timing: tuple[tuple[str, float], ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class RunFailure:
+    """A layout's run of the script that failed: which, why, its command and its output's
+    last lines. Data; :attr:`ParityResult.report` renders it."""
+
+    target: str
+    layout: str
+    why: str
+    command: str
+    output: str
+
+
+@dataclasses.dataclass(frozen=True)
 class ParityResult:
-    """A parity run's verdict (``check``'s keys) and each layout's figures.
+    """A parity run's verdict (``check``'s keys) and each layout's figures; the report is
+    rendered from them when read.
 
     Example::
 
@@ -54,18 +84,40 @@ class ParityResult:
     # another loss (a failure under strict_loss, and then not a warning).
     warnings: tuple[str, ...] = ()
     strict_loss: bool = False
+    # What the report is rendered from: the layouts judged, or the run that failed; the
+    # verdict's own report otherwise (a usage error, the harness's).
+    judgement: Judgement | None = dataclasses.field(default=None, repr=False)
+    failure: RunFailure | None = None
 
     @property
     def exit_code(self) -> int:
         return self.verdict.exit_code
 
     @property
+    def summary(self) -> str:
+        """The verdict in one line: the script, how it ended, and the first cause with its
+        layout, or the layout whose run failed and why."""
+        said = self.verdict.summary
+        if self.failure is not None:
+            said += f": layout {self.failure.layout} {self.failure.why}"
+        return said
+
+    @property
     def report(self) -> str:
+        if self.judgement is not None:
+            return _report(self.judgement)
+        if self.failure is not None:
+            f = self.failure
+            return (
+                f"ddp-verify parity: {f.target}\nLayout {f.layout} {f.why}.\nCommand: "
+                f"{f.command}\nIts output (last lines):\n{f.output}"
+            )
         return self.verdict.report
 
     def to_json(self) -> dict[str, Any]:
         return {
             **self.verdict.to_json(),
+            "report": self.report,
             "layouts": list(self.layouts),
             "reference_layout": self.reference,
             "warnings": list(self.warnings),
@@ -191,13 +243,12 @@ def run_parity(
         verdict = result.verdict
         if failing:
             verdict = dataclasses.replace(verdict, reproducer=failing[0]["command"])
-        if verdict.message:
+        judgement = result.judgement
+        if judgement is not None:
             # What each layout's run of the script took, recorded (the reference's first).
-            timing = ", ".join(f"{layout} {run.seconds:.1f} s" for layout, run in runs.items())
-            verdict = dataclasses.replace(
-                verdict, message=f"{verdict.message}\nTime per layout: {timing}"
-            )
-        return dataclasses.replace(result, verdict=verdict)
+            timing = tuple((str(layout), run.seconds) for layout, run in runs.items())
+            judgement = dataclasses.replace(judgement, timing=timing)
+        return dataclasses.replace(result, verdict=verdict, judgement=judgement)
     finally:
         if keep is None:
             shutil.rmtree(work, ignore_errors=True)
@@ -318,11 +369,11 @@ def compare_recordings(
         }
         for other in unjudged
     ]
-    labels = ", ".join(other.label for other in unjudged)
-    verdict = dataclasses.replace(
-        result.verdict, message=f"{result.verdict.message}\n\nNot judged: layouts {labels}. {why}"
+    assert result.judgement is not None  # layouts were compared
+    judgement = dataclasses.replace(
+        result.judgement, unjudged=tuple(other.label for other in unjudged), why_unjudged=why
     )
-    return dataclasses.replace(result, verdict=verdict, layouts=(*result.layouts, *rows))
+    return dataclasses.replace(result, judgement=judgement, layouts=(*result.layouts, *rows))
 
 
 def _gathered(gathers: Sequence[str]) -> str:
@@ -391,13 +442,13 @@ def _verdict(
         examples=len(others),
         causes=tuple(causes),
         seconds=time.monotonic() - started,
-        message=_report(reference, comparisons, steps, target, strict_loss),
         only_loss_differs=status is Status.NOT_EQUIVALENT
         and all(c.equivalent or c.only_log_differs for c in comparisons),
     )
     shown = {"layout": reference.label, "curves": curves(reference, steps)}
     warnings = tuple(_warning(c) for c in comparisons if _log_only(c) and not strict_loss)
-    return ParityResult(verdict, tuple(rows), shown, warnings, strict_loss)
+    judgement = Judgement(target, reference, tuple(comparisons), steps, strict_loss)
+    return ParityResult(verdict, tuple(rows), shown, warnings, strict_loss, judgement)
 
 
 def _log_only(comparison: Comparison) -> bool:
@@ -420,13 +471,26 @@ def _warning(comparison: Comparison) -> str:
     )
 
 
-def _report(
+def _report(judged: Judgement) -> str:
+    """The report of the layouts compared, as the command prints it."""
+    lines = _compared(
+        judged.reference, judged.comparisons, judged.steps, judged.target, judged.strict_loss
+    )
+    if judged.unjudged:
+        lines += ["", f"Not judged: layouts {', '.join(judged.unjudged)}. {judged.why_unjudged}"]
+    if judged.timing:
+        timing = ", ".join(f"{layout} {seconds:.1f} s" for layout, seconds in judged.timing)
+        lines.append(f"Time per layout: {timing}")
+    return "\n".join(lines)
+
+
+def _compared(
     reference: Recording,
-    comparisons: list[Comparison],
+    comparisons: Sequence[Comparison],
     steps: int,
     target: str | None,
     strict_loss: bool = False,
-) -> str:
+) -> list[str]:
     samples = sum(reference.samples(0).values()) if reference.steps else 0
     wanted = min(steps, reference.steps)
     lines = [
@@ -458,13 +522,13 @@ def _report(
         tolerance = comparisons[0].figures.get("tolerance", "")
         lines.append(f"Every layout trains what the reference trains (held to {tolerance}).")
         lines += [f"Warning: {_warning(c)}" for c in comparisons if _log_only(c)]
-        return "\n".join(lines)
+        return lines
     for c in failing:
         lines.append(f"\nLayout {c.label} is not equivalent to the reference:")
         if c.mismatch is not None:
             lines.append(c.mismatch.render())
         lines.append(describe_causes(c.causes))
-    return "\n".join(lines)
+    return lines
 
 
 def _g(value: float | None) -> str:
@@ -485,10 +549,7 @@ def _failed(run: Run, target: str, started: float) -> ParityResult | None:
 
 
 def _error(run: Run, target: str, started: float, why: str) -> ParityResult:
-    message = (
-        f"ddp-verify parity: {target}\nLayout {run.layout} {why}.\nCommand: "
-        f"{shlex.join(run.command)}\nIts output (last lines):\n{run.output}"
-    )
+    failure = RunFailure(target, str(run.layout), why, shlex.join(run.command), run.output)
     verdict = Verdict(
         Status.ERROR,
         kind="script",
@@ -497,6 +558,6 @@ def _error(run: Run, target: str, started: float, why: str) -> ParityResult:
         device="cpu",
         seconds=time.monotonic() - started,
         reproducer=shlex.join(run.command),
-        message=message,
     )
-    return ParityResult(verdict, ({"layout": str(run.layout), "verdict": "error"},))
+    rows = ({"layout": str(run.layout), "verdict": "error"},)
+    return ParityResult(verdict, rows, failure=failure)

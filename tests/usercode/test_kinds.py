@@ -198,3 +198,30 @@ def test_a_wrapper_is_read_as_it_will_be_called_never_as_the_function_it_wraps()
         check_signature(_passing_through, "grad-sync")
     # A partial's signature is what is left to fill.
     assert check_signature(functools.partial(_sync, scale=2), "grad-sync").takes_count
+
+
+def test_a_kind_is_read_as_an_object_outside_the_module_that_defines_kinds():
+    # Issue 61: kind travelled as a string, looked up again at each stop (KIND[kind]) and
+    # branched on by adapter name (kind.adapter == "coupled-loss"); its rows say it now.
+    import ast
+    from pathlib import Path
+
+    package = Path(KIND["step"].__class__.__module__.replace(".", "/")).parts[0]
+    root = Path(__file__).resolve().parents[2] / package
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        if path.name == "kinds.py" and path.parent.name == "usercode":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            looked_up = (
+                isinstance(node, ast.Subscript)
+                and isinstance(node.value, ast.Name)
+                and node.value.id == "KIND"
+            )
+            branched = isinstance(node, ast.Compare) and any(
+                isinstance(side, ast.Attribute) and side.attr == "adapter"
+                for side in (node.left, *node.comparators)
+            )
+            if looked_up or branched:
+                found.append(f"{path.relative_to(root.parent)}:{node.lineno}")
+    assert not found, found

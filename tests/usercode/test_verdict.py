@@ -3,6 +3,7 @@ document ``ddp-verify check --json`` prints, the same exit code."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import pickle
 
@@ -10,6 +11,7 @@ import pytest
 
 from ddp_verify import CodeFailed, EquivalenceError, NotEquivalent, check
 from ddp_verify.methods.equivalence import HarnessError
+from ddp_verify.usercode.findings import Cause
 from ddp_verify.usercode.kinds import KindError
 from ddp_verify.usercode.verdict import JSON_FIELDS, Status, Verdict, verdict_for
 from ddp_verify.world import JobPicklingError, WorldStartError
@@ -65,6 +67,13 @@ def test_a_counterexample_is_raised_complete(tmp_path, monkeypatch):
     # It crosses process boundaries whole (pytest-xdist, users' own pools).
     copy = pickle.loads(pickle.dumps(error))
     assert isinstance(copy, NotEquivalent) and copy.verdict.to_json() == document
+    # The report is rendered from the verdict's data when read, never stored as text (issue
+    # 61: it was assembled by splitting the error's message).
+    assert verdict.message == ""
+    ours = dataclasses.replace(verdict, causes=(Cause("a cause of our own", "gradient", "x"),))
+    assert "\nLikely cause: a cause of our own\n" in ours.report
+    assert ours.summary == "grad-sync average_gradients is not equivalent: a cause of our own"
+    assert ours.report.splitlines()[0] == verdict.report.splitlines()[0]
 
 
 steps = load("step")
@@ -106,6 +115,13 @@ def test_code_that_fails_is_an_error_verdict():
     assert (verdict.status, verdict.exit_code) == (Status.ERROR, 1)
     assert verdict.to_json()["verdict"] == "error" and verdict.scenario is not None
     assert "rank 1 raised RuntimeError: rank 1 gives up" in verdict.report
+    # Rendered from the ranks' failure itself, which travels with the verdict.
+    assert verdict.message == "" and verdict.failure is not None
+    assert verdict.summary.startswith(
+        "grad-sync fails_on_rank_1 failed to run: rank 1 raised RuntimeError: rank 1 gives up"
+    ), verdict.summary
+    copy = pickle.loads(pickle.dumps(info.value))
+    assert copy.verdict.report == verdict.report
 
 
 @pytest.mark.parametrize(
