@@ -65,3 +65,14 @@ def test_every_exception_a_user_can_meet_is_public(module, name):
     assert getattr(ddp_verify, name) is cls
     assert cls.__module__ == "ddp_verify", f"{name} is shown as {cls.__module__}.{name}"
     assert pickle.loads(pickle.dumps(cls)) is cls  # found again by its public name
+
+
+@pytest.mark.parametrize("name", ["EquivalenceError", "KindError", "HarnessError", "LayoutError"])
+def test_a_public_exception_crosses_the_wire_between_ranks_as_itself(name):
+    # Launched ranks agree on what each raised through the store (world.wire); the exception
+    # is found by its public name there too, not read as text (a RankFailed).
+    from ddp_verify.world import wire
+
+    cls = getattr(ddp_verify, name)
+    again = wire.loads_exception(wire.dumps_exception(cls("what it says")))
+    assert type(again) is cls and str(again) == "what it says"

@@ -740,7 +740,9 @@ def check_signature(fn: Callable[..., Any], kind: Kind | str, bind: Binds = None
     # A signature that takes the kind's call but whose names say another kind (a loss
     # helper checked as a grad-sync): refused here, before any rank starts, rather than
     # reported after the ranks fail on what they were handed.
-    hint = read_as_words(fn, kind, bind)
+    # (A class's parameters are its constructor's, which say nothing of a kind: what a class
+    # cannot be is said where it is called.)
+    hint = None if inspect.isclass(fn) else read_as_words(fn, kind, bind)
     if hint is not None:
         raise KindError(f"{_name(fn)}: {hint}")
     return call
