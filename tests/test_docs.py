@@ -208,3 +208,53 @@ def test_the_json_table_has_every_key_of_the_document():
     )
     missing = [key for key in JSON_FIELDS if f"`{key}`" not in table]
     assert rows and not missing, f"keys the JSON table leaves out: {missing}"
+
+
+def test_the_site_names_its_release_and_repository_from_the_projects_own_files():
+    # Issue 61: the site showed neither. Read from one place each, never written twice.
+    import tomllib
+
+    import ddp_verify
+
+    spec = importlib.util.spec_from_file_location("docs_hooks", ROOT / "docs" / "hooks.py")
+    hooks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hooks)
+    config = hooks.on_config({"site_name": "ddp_verify"})
+    repository = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["urls"]
+    assert config["site_name"] == f"ddp_verify {ddp_verify.__version__}"
+    assert config["repo_url"] == repository["Repository"]
+    assert ddp_verify.__version__ in config["copyright"]
+    mkdocs = (ROOT / "mkdocs.yml").read_text()
+    assert "hooks:\n  - docs/hooks.py" in mkdocs and "/hooks.py" in mkdocs.split("exclude_docs")[1]
+
+
+def _limits() -> list[tuple[str, str, str]]:
+    """The rows of the "what it cannot check" page: (limit, command, refusal)."""
+    page = (ROOT / "docs" / "reference" / "limits.md").read_text()
+    command = r"`((?:[A-Z_]+=\S+ )*ddp-verify [^`]+)`"
+    return re.findall(rf"^\| (.+?) \| {command} \| (.+?) \|$", page, re.M)
+
+
+def test_the_limits_page_lists_what_it_refuses():
+    rows = _limits()
+    assert len(rows) >= 15, rows
+    assert len({command for _, command, _ in rows}) == len(rows)
+
+
+@pytest.mark.parametrize(("limit", "command", "refusal"), _limits(), ids=lambda v: v[:40])
+def test_each_limit_the_docs_list_is_refused_as_they_say(limit, command, refusal):
+    # Each listed limit is run as written, from the repository's root: refused before
+    # anything starts, exit 2, in the page's words.
+    from tests.frontends.in_process import ddp_verify_here
+
+    words = shlex.split(command)
+    env = {}
+    while "=" in words[0]:
+        name, _, value = words.pop(0).partition("=")
+        env[name] = value
+    assert words[0] == "ddp-verify", command
+    result = ddp_verify_here(*words[1:], cwd=ROOT, env=env)
+    assert result.returncode == 2, (command, result.stdout, result.stderr)
+    said = " ".join(result.stderr.split())
+    assert refusal in said, (refusal, said)
+    assert "[ddp-verify] layout" not in result.stderr and "examples" not in result.stderr
