@@ -37,7 +37,8 @@ def parser() -> argparse.ArgumentParser:
         description="Run a training script, unmodified, at several data-parallel layouts "
         "(world size x accumulation steps, the global batch fixed) and prove each trains what "
         "one process on the whole batch trains. The script follows --, as one process runs "
-        "it; {world_size}, {grad_accum}, {micro_batch} and {global_batch} fill its flags.",
+        "it; {world_size}, {grad_accum}, {micro_batch} and {global_batch} fill its flags. "
+        "With no script, the bundled example (a correct DDP script) is checked.",
     )
     p.add_argument("--layouts", default="1x4,2x2,4x1", help="WxA,... (default 1x4,2x2,4x1)")
     p.add_argument("--reference", default="1x1", help="the reference layout (default 1x1)")
