@@ -36,8 +36,8 @@ def document(layouts: int) -> dict:
 
 def text_boxes(figure) -> list:
     """Every piece of text the figure draws, with its box on the canvas: the title, the
-    legend's entries, annotations, the axis labels, and the tick labels of ticks within view (matplotlib
-    keeps the others, undrawn)."""
+    legend's entries, annotations, the axis labels, and the tick labels of ticks within view
+    (matplotlib keeps the others, undrawn)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
     canvas = FigureCanvasAgg(figure)
