@@ -693,7 +693,7 @@ def preflight(
 
     Example::
 
-        preflight(average_gradients, "grad-sync", None, {"even": True})
+        preflight(average_gradients, KIND["grad-sync"], None, {"even": True})
     """
     bounds = bounds_for(kind, scenario_bounds)
     if kind.coupled:
