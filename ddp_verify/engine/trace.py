@@ -23,6 +23,9 @@ class RankTrace:
     losses: list[float] = dataclasses.field(default_factory=list)
     grads: list[dict[str, torch.Tensor | None]] | None = dataclasses.field(default_factory=list)
     params: list[Tensors] = dataclasses.field(default_factory=list)
+    # Per step, how many times the code under check stepped the optimizer, where it owns the
+    # step (the reference and the harness's loops step once; None: not recorded).
+    optimizer_steps: list[int] | None = None
     # The flat form a received trace arrived in, by field: grads and params are unpacked from
     # it on first use (the comparison of a passing example never needs them one by one).
     _arrived: dict[str, tuple[Layout, torch.Tensor]] = dataclasses.field(
@@ -110,7 +113,7 @@ class RankTrace:
         for field in ("grads", "params"):
             packed = self.packed(field)
             fields.append(None if packed is None else (packed[0], _raw_bytes(packed[1])))
-        return (_unpack_rank_trace, (self.losses, *fields))
+        return (_unpack_rank_trace, (self.losses, *fields, self.optimizer_steps))
 
     def recorded(self, field: str) -> int | None:
         """How many steps ``grads`` or ``params`` hold (None without gradients), without
@@ -268,9 +271,11 @@ def _unpack_rank_trace(
     losses: list[float],
     grads: tuple[Layout, bytes] | None,
     params: tuple[Layout, bytes] | None,
+    optimizer_steps: list[int] | None = None,
 ) -> RankTrace:
     trace = RankTrace(losses)
     trace.grads = None
+    trace.optimizer_steps = optimizer_steps
     for field, packed in (("grads", grads), ("params", params)):
         if packed is None:
             continue

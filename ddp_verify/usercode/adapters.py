@@ -367,8 +367,15 @@ class TrainingStep(UserMethod):
         model = wrap(run.model, scenario) if self.wrapped else run.model
         optimizer = run.optimizer(model.parameters())
         loss_fn = loss_function(scenario, self.loss_reduction)
+        # How often the code steps the optimizer in each of its steps: once is due, after
+        # every micro-batch is accumulated (the diagnosis names any other count).
+        stepped = [0]
+        optimizer.register_step_pre_hook(lambda *_: stepped.__setitem__(0, stepped[0] + 1))
+        run.trace.optimizer_steps = []
         for step in range(scenario.steps):
+            stepped[0] = 0
             reported = self.fn(model, optimizer, run.micro_batches(step), loss_fn)
+            run.trace.optimizer_steps.append(stepped[0])
             run.record_step(_as_float(reported, "step"))
         return run.trace
 

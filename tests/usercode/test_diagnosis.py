@@ -233,3 +233,36 @@ def test_a_reproducer_calls_the_code_as_the_check_did(tmp_path):
     assert as_checked != with_mean
     assert _run_script(as_checked).returncode == 0
     assert _run_script(with_mean).returncode == 1
+
+
+def _steps_inside_and_after(model, optimizer, micro_batches, loss_fn):
+    import torch.distributed as dist
+
+    optimizer.zero_grad()
+    total = sum(len(y) for _, y in micro_batches)
+    for x, y in micro_batches:
+        (loss_fn(model(x), y) * len(y) / total).backward()
+        for p in model.parameters():
+            dist.all_reduce(p.grad)
+            p.grad /= dist.get_world_size()
+        optimizer.step()  # the mistake: inside the loop, beside the step after it
+    optimizer.step()
+    return 0.0
+
+
+def test_an_optimizer_stepped_inside_the_loop_is_named_by_its_own_count(tmp_path, monkeypatch):
+    # Stepping twice on one micro-batch's gradient moves the parameters as a gradient scaled
+    # 2x would: the ground-truth table read it as a scale. The ranks count the optimizer's
+    # steps (a step hook), and the count names it, with the numbers.
+    from ddp_verify import NotEquivalent, check
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(NotEquivalent) as info:
+        check(_steps_inside_and_after, kind="step", world_size=2, seed=0, max_examples=25,
+              even=True)  # fmt: skip
+    verdict = info.value.verdict
+    first = verdict.causes[0]
+    assert first.pattern == "step:each-micro-batch", [c.pattern for c in verdict.causes]
+    assert "the optimizer stepped " in first.evidence and "once is due" in first.evidence
+    counts = [trace.optimizer_steps for trace in verdict.outcome.got.ranks]
+    assert all(count and count[0] > 1 for count in counts), counts

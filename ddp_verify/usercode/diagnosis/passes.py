@@ -151,6 +151,26 @@ def lossy(evidence: Evidence, found: Found) -> list[Hypothesis]:
     return [] if cause is None else [_structural(cause, ALL, cost=0.5)]
 
 
+@register("optimizer-steps", says=(f.STEP_EACH.code,))
+def optimizer_steps(evidence: Evidence, found: Found) -> list[Hypothesis]:
+    """What the code's own optimizer says it did: stepped more than once in a step (inside
+    its micro-batch loop) where the reference steps once, counted on the ranks by an
+    optimizer step hook, not read from the parameters (stepping twice on one micro-batch's
+    gradient reads as a gradient scaled 2x). Where the code owns the step."""
+    scenario = evidence.scenario
+    for rank, trace in enumerate(evidence.got.ranks):
+        for step, count in enumerate((trace.optimizer_steps or [])[: scenario.steps]):
+            if count > 1:
+                micro_batches = len(scenario.schedule[step][rank])
+                cause = dataclasses.replace(
+                    f.STEP_EACH.cause(),
+                    evidence=f"the optimizer stepped {count} times in step {step} on rank "
+                    f"{rank}, which holds {micro_batches} micro-batch(es): once is due",
+                )
+                return [_structural(cause, ALL, source="optimizer-steps")]
+    return []
+
+
 @register("rank-0-result", says=(f.LOSS_RANK0_ONLY.code,))
 def rank_zero_result(evidence: Evidence, found: Found) -> list[Hypothesis]:
     if not evidence.kind.result_on_rank0:
