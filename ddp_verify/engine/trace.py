@@ -23,9 +23,10 @@ class RankTrace:
     losses: list[float] = dataclasses.field(default_factory=list)
     grads: list[dict[str, torch.Tensor | None]] | None = dataclasses.field(default_factory=list)
     params: list[Tensors] = dataclasses.field(default_factory=list)
-    # Per step, how many times the code under check stepped the optimizer, where it owns the
-    # step (the reference and the harness's loops step once; None: not recorded).
-    optimizer_steps: list[int] | None = None
+    # Per step, each time the code under check stepped the optimizer, where it owns the step:
+    # the learning rate of every param group then (the reference and the harness's loops step
+    # once, at the scenario's rate; None: not recorded).
+    optimizer_calls: list[list[tuple[float, ...]]] | None = None
     # The flat form a received trace arrived in, by field: grads and params are unpacked from
     # it on first use (the comparison of a passing example never needs them one by one).
     _arrived: dict[str, tuple[Layout, torch.Tensor]] = dataclasses.field(
@@ -113,7 +114,7 @@ class RankTrace:
         for field in ("grads", "params"):
             packed = self.packed(field)
             fields.append(None if packed is None else (packed[0], _raw_bytes(packed[1])))
-        return (_unpack_rank_trace, (self.losses, *fields, self.optimizer_steps))
+        return (_unpack_rank_trace, (self.losses, *fields, self.optimizer_calls))
 
     def recorded(self, field: str) -> int | None:
         """How many steps ``grads`` or ``params`` hold (None without gradients), without
@@ -271,11 +272,11 @@ def _unpack_rank_trace(
     losses: list[float],
     grads: tuple[Layout, bytes] | None,
     params: tuple[Layout, bytes] | None,
-    optimizer_steps: list[int] | None = None,
+    optimizer_calls: list[list[tuple[float, ...]]] | None = None,
 ) -> RankTrace:
     trace = RankTrace(losses)
     trace.grads = None
-    trace.optimizer_steps = optimizer_steps
+    trace.optimizer_calls = optimizer_calls
     for field, packed in (("grads", grads), ("params", params)):
         if packed is None:
             continue

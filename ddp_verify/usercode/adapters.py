@@ -367,16 +367,20 @@ class TrainingStep(UserMethod):
         model = wrap(run.model, scenario) if self.wrapped else run.model
         optimizer = run.optimizer(model.parameters())
         loss_fn = loss_function(scenario, self.loss_reduction)
-        # How often the code steps the optimizer in each of its steps: once is due, after
-        # every micro-batch is accumulated (the diagnosis names any other count).
-        stepped = [0]
-        optimizer.register_step_pre_hook(lambda *_: stepped.__setitem__(0, stepped[0] + 1))
-        run.trace.optimizer_steps = []
+        # Each time the code steps the optimizer, and at what learning rates: once a step is
+        # due, after every micro-batch is accumulated, at the scenario's rate (the diagnosis
+        # names another count, or a rate the code or its schedule set).
+        calls: list[list[tuple[float, ...]]] = []
+
+        def stepping(optimizer: torch.optim.Optimizer, *_: Any) -> None:
+            calls[-1].append(tuple(float(group["lr"]) for group in optimizer.param_groups))
+
+        optimizer.register_step_pre_hook(stepping)
         for step in range(scenario.steps):
-            stepped[0] = 0
+            calls.append([])
             reported = self.fn(model, optimizer, run.micro_batches(step), loss_fn)
-            run.trace.optimizer_steps.append(stepped[0])
             run.record_step(_as_float(reported, "step"))
+        run.trace.optimizer_calls = calls
         return run.trace
 
 

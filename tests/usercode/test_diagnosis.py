@@ -264,5 +264,44 @@ def test_an_optimizer_stepped_inside_the_loop_is_named_by_its_own_count(tmp_path
     first = verdict.causes[0]
     assert first.pattern == "step:each-micro-batch", [c.pattern for c in verdict.causes]
     assert "the optimizer stepped " in first.evidence and "once is due" in first.evidence
-    counts = [trace.optimizer_steps for trace in verdict.outcome.got.ranks]
-    assert all(count and count[0] > 1 for count in counts), counts
+    calls = [trace.optimizer_calls for trace in verdict.outcome.got.ranks]
+    assert all(steps and len(steps[0]) > 1 for steps in calls), calls
+
+
+def _warms_up_per_micro_batch(model, optimizer, micro_batches, loss_fn):
+    # A warm-up over 4 micro-batches, ticked per micro-batch (a per-step one is due): the
+    # first optimizer step runs at lr / 4 times the micro-batches of that step.
+    import torch.distributed as dist
+
+    # Its state lives with the optimizer, as a scheduler made for it does: fresh each run.
+    state = optimizer.__dict__.setdefault("warm_up", {"ticks": 0})
+    base = state.setdefault("base", optimizer.param_groups[0]["lr"])
+    optimizer.zero_grad()
+    total = sum(len(y) for _, y in micro_batches)
+    for x, y in micro_batches:
+        (loss_fn(model(x), y) * len(y) / total).backward()
+        state["ticks"] = state.get("ticks", 0) + 1
+        for group in optimizer.param_groups:
+            group["lr"] = base * min(1.0, state["ticks"] / 4)
+    for p in model.parameters():
+        if p.grad is not None:
+            dist.all_reduce(p.grad)
+            p.grad /= dist.get_world_size()
+    optimizer.step()
+    return 0.0
+
+
+def test_a_learning_rate_the_code_sets_itself_is_named_with_its_numbers(tmp_path, monkeypatch):
+    # Issue 62: a warm-up ticking per micro-batch was read as a weighting ("divided by the
+    # world size once too often", its first factor 1/4 being 1/W). The ranks record the rate
+    # each optimizer step ran at, and a rate the scenario's optimizer does not have is named.
+    from ddp_verify import NotEquivalent, check
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(NotEquivalent) as info:
+        check(_warms_up_per_micro_batch, kind="step", world_size=2, seed=0, max_examples=25,
+              even=True, max_steps=1)  # fmt: skip
+    verdict = info.value.verdict
+    first = verdict.causes[0]
+    assert first.pattern == "optimizer:lr", [c.pattern for c in verdict.causes]
+    assert "at step 0 on rank 0 where it is 0.1" in first.text, first.text

@@ -166,6 +166,7 @@ def causes_table() -> str:
 # What a finding's words are filled with in the table: symbols, not one run's numbers (and
 # options as check() spells them).
 _FILL = {
+    "rates": "the rate it stepped at, at which step and rank, and the reference's",
     "unit": "sample",
     "n": "N",
     "world": "W",

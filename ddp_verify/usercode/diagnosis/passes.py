@@ -27,6 +27,7 @@ import torch
 from ...engine.models import normalises_by_batch
 from ...engine.objectives import objective
 from ...engine.reference import train_reference
+from ...engine.scenario import SECOND_GROUP_LR, OptimizerSpec
 from ...engine.trace import Trace
 from ...world.naming import option
 from .. import findings as f
@@ -151,24 +152,46 @@ def lossy(evidence: Evidence, found: Found) -> list[Hypothesis]:
     return [] if cause is None else [_structural(cause, ALL, cost=0.5)]
 
 
-@register("optimizer-steps", says=(f.STEP_EACH.code,))
+@register("optimizer-steps", says=(f.STEP_EACH.code, f.LEARNING_RATE.code))
 def optimizer_steps(evidence: Evidence, found: Found) -> list[Hypothesis]:
-    """What the code's own optimizer says it did: stepped more than once in a step (inside
-    its micro-batch loop) where the reference steps once, counted on the ranks by an
-    optimizer step hook, not read from the parameters (stepping twice on one micro-batch's
-    gradient reads as a gradient scaled 2x). Where the code owns the step."""
+    """What the code's own optimizer says it did, recorded on the ranks by an optimizer step
+    hook, not read from the parameters: stepped more than once in a step (inside its
+    micro-batch loop; twice on one micro-batch's gradient reads as a gradient scaled 2x), or
+    at a learning rate the scenario's optimizer does not have at that step (a warm-up
+    stepped per micro-batch reads as a weighting). Where the code owns the step."""
     scenario = evidence.scenario
     for rank, trace in enumerate(evidence.got.ranks):
-        for step, count in enumerate((trace.optimizer_steps or [])[: scenario.steps]):
-            if count > 1:
+        for step, calls in enumerate((trace.optimizer_calls or [])[: scenario.steps]):
+            if len(calls) > 1:
                 micro_batches = len(scenario.schedule[step][rank])
                 cause = dataclasses.replace(
                     f.STEP_EACH.cause(),
-                    evidence=f"the optimizer stepped {count} times in step {step} on rank "
+                    evidence=f"the optimizer stepped {len(calls)} times in step {step} on rank "
                     f"{rank}, which holds {micro_batches} micro-batch(es): once is due",
                 )
                 return [_structural(cause, ALL, source="optimizer-steps")]
+            due = scheduled_rates(scenario.optimizer, step)
+            off = [lr for lr in (calls[0] if calls else ()) if not _one_of(lr, due)]
+            if off:
+                rates = " and ".join(f"{r:.6g}" for r in due)
+                said = (
+                    f"{off[0]:.6g} at step {step} on rank {rank} where it is {rates}, "
+                    f"{off[0] / due[0]:.4g}x"
+                )
+                cause = f.LEARNING_RATE.cause(rates=said)
+                return [_structural(cause, {"parameters", "loss"}, source="optimizer-steps")]
     return []
+
+
+def scheduled_rates(spec: OptimizerSpec, step: int) -> tuple[float, ...]:
+    """The learning rates the scenario's optimizer steps at in ``step``: the spec's, decayed
+    where it decays, and its second group's where it has one."""
+    rate = spec.lr * (spec.lr_decay or 1.0) ** step
+    return (rate, rate * SECOND_GROUP_LR) if spec.param_groups == 2 else (rate,)
+
+
+def _one_of(value: float, rates: tuple[float, ...]) -> bool:
+    return any(math.isclose(value, rate, rel_tol=1e-9) for rate in rates)
 
 
 @register("rank-0-result", says=(f.LOSS_RANK0_ONLY.code,))
