@@ -47,6 +47,7 @@ __all__ = [
     "ReferenceOptimizer",
     "clip_total_norm",
     "param_groups",
+    "scheduled_rates",
 ]
 
 ADAM_BETAS = (0.9, 0.999)
@@ -107,6 +108,19 @@ def clip_total_norm(params: Iterable[torch.Tensor], max_norm: float) -> float:
             for g in grads:
                 g.mul_(coefficient)
     return total
+
+
+def scheduled_rates(spec: OptimizerSpec, step: int) -> tuple[float, ...]:
+    """The learning rates ``spec``'s optimizer steps at in ``step`` (from 0), by the rules
+    above: the spec's, decayed where it decays, and its second group's where it has one.
+
+    Example::
+
+        >>> scheduled_rates(OptimizerSpec(lr=0.1, lr_decay=0.5, param_groups=2), 1)
+        (0.05, 0.025)
+    """
+    rate = spec.lr * (spec.lr_decay or 1.0) ** step
+    return (rate, rate * SECOND_GROUP_LR) if spec.param_groups == 2 else (rate,)
 
 
 class ReferenceOptimizer:

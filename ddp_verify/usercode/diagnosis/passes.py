@@ -26,8 +26,8 @@ import torch
 
 from ...engine.models import normalises_by_batch
 from ...engine.objectives import objective
+from ...engine.optimizers import scheduled_rates
 from ...engine.reference import train_reference
-from ...engine.scenario import SECOND_GROUP_LR, OptimizerSpec
 from ...engine.trace import Trace
 from ...world.naming import option
 from .. import findings as f
@@ -181,13 +181,6 @@ def optimizer_steps(evidence: Evidence, found: Found) -> list[Hypothesis]:
                 cause = f.LEARNING_RATE.cause(rates=said)
                 return [_structural(cause, {"parameters", "loss"}, source="optimizer-steps")]
     return []
-
-
-def scheduled_rates(spec: OptimizerSpec, step: int) -> tuple[float, ...]:
-    """The learning rates the scenario's optimizer steps at in ``step``: the spec's, decayed
-    where it decays, and its second group's where it has one."""
-    rate = spec.lr * (spec.lr_decay or 1.0) ** step
-    return (rate, rate * SECOND_GROUP_LR) if spec.param_groups == 2 else (rate,)
 
 
 def _one_of(value: float, rates: tuple[float, ...]) -> bool:
