@@ -11,7 +11,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 from torch import nn
@@ -248,6 +249,11 @@ def build_data(
             targets = targets.to(float_type)
         if inputs.is_floating_point():
             inputs = inputs.to(float_type)
+        if scenario.order:
+            # Another order of the same samples: drawn after the data, so the data is the same.
+            shuffle = torch.Generator().manual_seed(scenario.seed * 7919 + scenario.order)
+            order = torch.randperm(n, generator=shuffle)
+            inputs, targets = inputs[order], targets[order]
         batches.append((inputs.to(device), targets.to(device)))
     return batches
 
@@ -255,7 +261,8 @@ def build_data(
 def _first_of_each_micro_batch(scenario: Scenario, step: int) -> list[int]:
     """Where each micro-batch of ``step`` starts in its global batch."""
     starts, at = [], 0
-    for sizes in scenario.schedule[step]:
+    # The schedule the data is drawn for: another scenario's, for a run of its whole batch.
+    for sizes in (scenario.drawn_for or scenario.schedule)[step]:
         for size in sizes:
             starts.append(at)
             at += size
@@ -443,9 +450,41 @@ def loss_function(scenario: Scenario, reduction: str = "mean") -> nn.Module:
     if reduction == "mean" and sums(scenario):
         # The loss of a batch is the declared objective on it: under a sum, the sum.
         reduction = "sum"
+    if scenario.recipe.loss:
+        return _users_loss(scenario, reduction)
     if scenario.model.aside:
         return _FirstOutput(_loss(scenario, reduction))
     return _loss(scenario, reduction)
+
+
+def _users_loss(scenario: Scenario, reduction: str) -> nn.Module:
+    """The recipe's loss (:func:`~ddp_verify.engine.recipes.mean_loss`) as the harness's
+    loops take it: the mean over a batch's loss items, or ``sum``: that mean times them."""
+    from .recipes import mean_loss
+
+    def count(targets: torch.Tensor) -> int:
+        return count_items(scenario, targets)
+
+    if reduction == "none":
+        raise ValueError(
+            "your own loss is called as you wrote it; the harness cannot ask it for one loss "
+            "per item (reduction='none'): leave --loss-fn out for this kind"
+        )
+    loss: nn.Module = mean_loss(scenario.recipe, count)
+    if reduction == "sum":
+        loss = _Summed(loss, count)
+    return _FirstOutput(loss) if scenario.model.aside else loss
+
+
+class _Summed(nn.Module):
+    """A mean loss times its batch's loss items: their summed loss."""
+
+    def __init__(self, loss: nn.Module, count: Callable[[torch.Tensor], int]) -> None:
+        super().__init__()
+        self.loss, self.count = loss, count
+
+    def forward(self, outputs: Any, targets: torch.Tensor) -> torch.Tensor:
+        return self.loss(outputs, targets) * self.count(targets)
 
 
 class _FirstOutput(nn.Module):
@@ -569,6 +608,30 @@ def optimizer_settings(spec: OptimizerSpec) -> tuple[type[torch.optim.Optimizer]
         return torch.optim.SGD, kwargs
     optimizer = torch.optim.Adam if spec.name == "adam" else torch.optim.AdamW
     return optimizer, {"lr": spec.lr, "weight_decay": spec.weight_decay}
+
+
+def training_optimizer(
+    scenario: Scenario, params: object, *, ticks: bool = True
+) -> tuple[torch.optim.Optimizer, Any]:
+    """The optimizer a run of ``scenario`` trains ``params`` with, and the scheduler the
+    user's recipe puts on it (None without one): the user's own where the recipe names them,
+    else the scenario's (:func:`build_optimizer`). ``ticks``: the scheduler steps after
+    every optimizer step, as a training loop's does; otherwise the code it is handed steps
+    it.
+
+    Example::
+
+        optimizer, scheduler = training_optimizer(scenario, model.parameters())
+    """
+    if not scenario.recipe.optimizer:
+        optimizer = build_optimizer(scenario.optimizer, params)
+    else:
+        from .recipes import user_optimizer
+
+        optimizer = user_optimizer(scenario.recipe, params)
+    from .recipes import ticked
+
+    return ticked(scenario.recipe, optimizer, by_loop=ticks)
 
 
 def build_optimizer(spec: OptimizerSpec, params: object) -> torch.optim.Optimizer:

@@ -48,6 +48,7 @@ __all__ = [
     "clip_total_norm",
     "param_groups",
     "scheduled_rates",
+    "scheduled_settings",
 ]
 
 ADAM_BETAS = (0.9, 0.999)
@@ -121,6 +122,29 @@ def scheduled_rates(spec: OptimizerSpec, step: int) -> tuple[float, ...]:
     """
     rate = spec.lr * (spec.lr_decay or 1.0) ** step
     return (rate, rate * SECOND_GROUP_LR) if spec.param_groups == 2 else (rate,)
+
+
+def scheduled_settings(spec: OptimizerSpec, step: int) -> tuple[tuple[tuple[str, float], ...], ...]:
+    """The settings ``spec``'s optimizer steps with in ``step``, per param group, as
+    :func:`~ddp_verify.engine.trace.optimizer_settings` records a torch optimizer's: its
+    scheduled learning rate, SGD's momentum or Adam's betas, the group's weight decay.
+
+    Example::
+
+        >>> scheduled_settings(OptimizerSpec("adam", lr=0.01), 0)
+        ((('lr', 0.01), ('beta1', 0.9), ('beta2', 0.999), ('weight_decay', 0.0)),)
+    """
+    rates = scheduled_rates(spec, step)
+    decays = (spec.weight_decay, 0.0)
+    found = []
+    for group, rate in enumerate(rates):
+        moments = (
+            (("momentum", spec.momentum),)
+            if spec.name == "sgd"
+            else (("beta1", ADAM_BETAS[0]), ("beta2", ADAM_BETAS[1]))
+        )
+        found.append((("lr", rate), *moments, ("weight_decay", decays[group])))
+    return tuple(found)
 
 
 class ReferenceOptimizer:

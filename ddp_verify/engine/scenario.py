@@ -248,6 +248,43 @@ class OptimizerSpec:
 
 
 @dataclasses.dataclass(frozen=True, repr=False)
+class Recipe:
+    """What the user trains with in place of the harness's own pieces, each a reference
+    ``"module:callable"`` or ``"path/to/file.py:callable"`` (see
+    :mod:`ddp_verify.engine.recipes`): ``loss(outputs, targets)``, an optimizer
+    ``factory(params)``, a scheduler ``factory(optimizer)`` stepped once per optimizer step.
+    A scenario with any of them is judged against the user's own code on one rank holding the
+    whole batch (the harness's oracle trains its own losses and optimizers only).
+
+    Example::
+
+        >>> Recipe(loss="my_losses.py:focal").describe()
+        'loss my_losses.py:focal'
+        >>> bool(Recipe())
+        False
+    """
+
+    loss: str = ""
+    optimizer: str = ""
+    scheduler: str = ""
+
+    __repr__ = _compact_repr
+    _repr_pretty_ = _pretty
+
+    def __bool__(self) -> bool:
+        return bool(self.loss or self.optimizer or self.scheduler)
+
+    def describe(self) -> str:
+        parts = [(f"{what} {ref}") for what, ref in self.parts()]
+        return ", ".join(parts)
+
+    def parts(self) -> list[tuple[str, str]]:
+        """``(part, reference)`` for each part given."""
+        given = (("loss", self.loss), ("optimizer", self.optimizer), ("scheduler", self.scheduler))
+        return [(what, ref) for what, ref in given if ref]
+
+
+@dataclasses.dataclass(frozen=True, repr=False)
 class Scenario:
     """One training run: who holds which samples at each step, and what trains on them.
 
@@ -284,6 +321,14 @@ class Scenario:
     # post-training), the same token's weight wherever it is trained: see
     # ddp_verify.engine.models.token_weights.
     token_weights: bool = False
+    # The user's loss, optimizer and scheduler, where they train with their own.
+    recipe: Recipe = Recipe()
+    # The schedule the data was drawn for, where it is not this one (a run on one rank of
+    # another scenario's whole batch: see whole()); () for this one.
+    drawn_for: Schedule = ()
+    # Each step's global batch in the order-th seeded order (0: as drawn): a run that differs
+    # from order 0 in its sums alone, for a measured bound.
+    order: int = 0
 
     def __post_init__(self) -> None:
         if self.world_size < 1:
@@ -380,6 +425,42 @@ class Scenario:
     def steps(self) -> int:
         return len(self.schedule)
 
+    def _loss_words(self) -> str:
+        if not self.recipe.loss:
+            return self.loss
+        return f"yours ({self.recipe.loss}) on {self.loss} targets"
+
+    def _optimizer_words(self) -> str:
+        words = (
+            f"your optimizer ({self.recipe.optimizer})"
+            if self.recipe.optimizer
+            else self.optimizer.describe()
+        )
+        if self.recipe.scheduler:
+            words += f", your scheduler ({self.recipe.scheduler}) stepped once a step"
+        return words
+
+    def whole(self, order: int = 0) -> Scenario:
+        """This scenario on one rank holding each step's whole global batch in one
+        micro-batch, on the same data (samples rank-major, then micro-batch order; in their
+        ``order``-th seeded order where ``order`` is given): what one process training on
+        everything computes, the reference of code that is its own.
+
+        Example::
+
+            >>> s = Scenario(world_size=2, schedule=(((1, 2), (3,)),))
+            >>> s.whole().schedule, s.whole().world_size
+            ((((6,),),), 1)
+        """
+        schedule = tuple(((self.global_batch(s),),) for s in range(self.steps))
+        return dataclasses.replace(
+            self,
+            world_size=1,
+            schedule=schedule,
+            drawn_for=self.drawn_for or self.schedule,
+            order=order,
+        )
+
     def samples(self, step: int) -> list[int]:
         """Samples each rank holds at ``step``."""
         return [sum(sizes) for sizes in self.schedule[step]]
@@ -412,7 +493,7 @@ class Scenario:
         )
         return (
             f"world_size={self.world_size}, {self.steps} step(s), model {self.model.describe()}, "
-            f"loss {self.loss}, {self.optimizer.describe()}, {self.dtype}"
+            f"loss {self._loss_words()}, {self._optimizer_words()}, {self.dtype}"
             f"{f' (forward under autocast to {self.autocast})' if self.autocast else ''}, "
             f"{'labels handed over unshifted, ' if self.labels == 'unshifted' else ''}"
             f"{f'objective {self.objective}, ' if self.objective else ''}"

@@ -39,6 +39,7 @@ from .scenario import (
     OPTIMIZERS,
     ModelSpec,
     OptimizerSpec,
+    Recipe,
     Scenario,
     Schedule,
 )
@@ -283,6 +284,9 @@ def scenarios(
     several_steps: bool = False,
     objective: str = "",
     token_weights: bool = False,
+    loss_fn: Any = None,
+    optimizer: Any = None,
+    scheduler: Any = None,
 ) -> st.SearchStrategy[Scenario]:
     """Whole scenarios for a world of ``world_size`` ranks; the drawn one is ``note()``d.
 
@@ -307,10 +311,16 @@ def scenarios(
     every token's loss by a signed weight, as advantages weight an RL policy loss, the same
     in the reference and on every rank (see :func:`~ddp_verify.engine.models.token_weights`;
     the weights follow from the drawn seed, and shrink with it).
+    ``loss_fn``, ``optimizer`` and ``scheduler`` train with the user's own (a callable, or
+    ``"module:callable"`` / ``"path.py:callable"``): ``loss_fn(outputs, targets)`` on the
+    target forms of ``losses`` it runs on, ``optimizer(params)``, ``scheduler(optimizer)``
+    stepped once a step (see :mod:`ddp_verify.engine.recipes`); such a scenario is judged
+    against the code's own run on one rank holding the whole batch.
 
     Example::
 
         scenarios(world_size=4, losses=("tokens",), max_micro_batches=3)
+        scenarios(world_size=2, losses=("cross_entropy",), loss_fn="my_losses.py:focal")
         scenarios(world_size=2, losses=("tokens",), objective="seq-mean-token-mean")
         scenarios(world_size=2, model="my_project.models:tiny_gpt")
     """
@@ -361,8 +371,22 @@ def scenarios(
         except UserModelError as exc:
             raise InvalidArgument(str(exc)) from None
         user_spec = ModelSpec(kind="user", factory=reference)
+    recipe = Recipe()
+    if loss_fn is not None or optimizer is not None or scheduler is not None:
+        from .recipes import RecipeError, losses_it_takes, recipe_of
+
+        try:
+            recipe = recipe_of(loss_fn=loss_fn, optimizer=optimizer, scheduler=scheduler)
+            if recipe.loss:
+                losses = losses_it_takes(recipe, tuple(losses))
+        except RecipeError as exc:
+            raise InvalidArgument(str(exc)) from None
+        if recipe.optimizer and optimizers is not None:
+            raise InvalidArgument("give optimizer= (your factory) or optimizers=, not both")
     model_strategy = models if models is not None else _default_models()
     optimizer_strategy = optimizers if optimizers is not None else _default_optimizers()
+    if recipe.optimizer:
+        optimizer_strategy = st.just(OptimizerSpec())  # the user's optimizer trains
 
     @st.composite
     def draw_scenario(draw: st.DrawFn) -> Scenario:
@@ -389,6 +413,7 @@ def scenarios(
             labels=labels,
             objective=objective,
             token_weights=token_weights,
+            recipe=recipe,
         )
         note(f"Scenario: {scenario.describe()}")
         return scenario

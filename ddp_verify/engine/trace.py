@@ -15,6 +15,39 @@ from ..world import wire
 Tensors = dict[str, torch.Tensor]
 
 
+# One optimizer step's settings: per param group, (name, value) pairs.
+Settings = tuple[tuple[tuple[str, float], ...], ...]
+# The settings recorded of each group, where the optimizer has them (betas split in two).
+SETTINGS = ("lr", "momentum", "beta1", "beta2", "weight_decay")
+
+
+def optimizer_settings(optimizer: torch.optim.Optimizer) -> Settings:
+    """What ``optimizer`` would step with now, per param group: its lr, momentum, betas and
+    weight decay, those it has.
+
+    Example::
+
+        >>> sgd = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1, momentum=0.9)
+        >>> optimizer_settings(sgd)
+        ((('lr', 0.1), ('momentum', 0.9), ('weight_decay', 0.0)),)
+    """
+    found = []
+    for group in optimizer.param_groups:
+        values = dict(group)
+        betas = values.pop("betas", None)
+        if isinstance(betas, (tuple, list)) and len(betas) == 2:
+            values["beta1"], values["beta2"] = betas
+        pairs = []
+        for name in SETTINGS:
+            value = values.get(name)
+            if isinstance(value, torch.Tensor) and value.numel() == 1:
+                value = value.item()
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                pairs.append((name, float(value)))
+        found.append(tuple(pairs))
+    return tuple(found)
+
+
 @dataclasses.dataclass
 class RankTrace:
     """One rank's record: per step the global loss it reports, its gradients just before the
@@ -24,9 +57,10 @@ class RankTrace:
     grads: list[dict[str, torch.Tensor | None]] | None = dataclasses.field(default_factory=list)
     params: list[Tensors] = dataclasses.field(default_factory=list)
     # Per step, each time the code under check stepped the optimizer, where it owns the step:
-    # the learning rate of every param group then (the reference and the harness's loops step
-    # once, at the scenario's rate; None: not recorded).
-    optimizer_calls: list[list[tuple[float, ...]]] | None = None
+    # the settings of every param group then, (name, value) pairs (lr, momentum, beta1, beta2,
+    # weight_decay: see optimizer_settings). The harness's loops step once, at the scenario's
+    # settings; None: not recorded.
+    optimizer_calls: list[list[Settings]] | None = None
     # The flat form a received trace arrived in, by field: grads and params are unpacked from
     # it on first use (the comparison of a passing example never needs them one by one).
     _arrived: dict[str, tuple[Layout, torch.Tensor]] = dataclasses.field(
@@ -272,7 +306,7 @@ def _unpack_rank_trace(
     losses: list[float],
     grads: tuple[Layout, bytes] | None,
     params: tuple[Layout, bytes] | None,
-    optimizer_calls: list[list[tuple[float, ...]]] | None = None,
+    optimizer_calls: list[list[Settings]] | None = None,
 ) -> RankTrace:
     trace = RankTrace(losses)
     trace.grads = None

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -26,6 +27,7 @@ from .models import (
     normaliser,
     one_thread,
     rank_items,
+    training_optimizer,
 )
 from .optimizers import ReferenceOptimizer
 from .scenario import Scenario
@@ -41,7 +43,7 @@ class Step:
     inputs: torch.Tensor
     targets: torch.Tensor
     models: list[torch.nn.Module]
-    optimizers: list[ReferenceOptimizer]
+    optimizers: list[Any]  # ReferenceOptimizer, or the user's recipe's torch optimizer
     loss_fn: torch.nn.Module
     stepped: bool = False
 
@@ -128,8 +130,14 @@ def train(
     with one_thread():
         models = [build_model(scenario, dtype, device) for _ in range(replicas)]
         # The engine's own optimizers, never torch.optim: the oracle shares no code with the
-        # optimizers and clipping the conformance suite gates.
-        optimizers = [ReferenceOptimizer(scenario.optimizer, m.parameters()) for m in models]
+        # optimizers and clipping the conformance suite gates. A user's recipe trains with
+        # the user's optimizer and scheduler: what their code trains with is the question.
+        optimizers: list[Any] = [
+            training_optimizer(scenario, m.parameters())[0]
+            if scenario.recipe.optimizer or scenario.recipe.scheduler
+            else ReferenceOptimizer(scenario.optimizer, m.parameters())
+            for m in models
+        ]
         loss_fn = loss_function(scenario)
         records = [RankTrace() for _ in models]
         for index, (inputs, targets) in enumerate(build_data(scenario, dtype, device)):

@@ -8,6 +8,7 @@
         [--ddp-wrapper MODULE:CALLABLE] [--bind NAME=VALUE ...] [--logits 3d|2d]
         [--labels aligned|unshifted] [--layout AXIS=VALUE[,...]] [--exclude-features F,...]
         [--model-kinds K,...] [--losses L,...] [--model MODULE:FACTORY|PATH.py:FACTORY]
+        [--loss-fn PATH.py:FN] [--optimizer PATH.py:FACTORY] [--scheduler PATH.py:FACTORY]
         [--timeout S] [--full-trace] [--json]
 
     ddp-verify conformance [--world-size N] [--ddp-wrapper MODULE:CALLABLE] [--examples N]
@@ -137,6 +138,7 @@ def _main(argv: list[str]) -> int:
         context["call"] = check_signature(fn, args.kind, bind=args.bind).describe()
         args.hook_state_factory = load_factory(args.hook_state) if args.hook_state else None
         args.model = _user_model(args)
+        args.recipe = _recipe(args)
     except (UsageError, KindError) as exc:
         return _finish(_usage_error(exc, **context), wants_json)
     verdict = _run_check(args, fn, context)
@@ -178,6 +180,34 @@ def _resolve_world_options(args: argparse.Namespace, launched: Any) -> None:
         args.device = _devices_here(args.backend, args.device, args.world_size)
     else:
         args.device = args.device or default_device(args.backend)
+
+
+def _recipe(args: argparse.Namespace) -> dict[str, str]:
+    """``--loss-fn``, ``--optimizer`` and ``--scheduler``, each imported and checked before
+    any rank starts (paths made absolute), as ``scenarios()`` takes them."""
+    given = {
+        "loss_fn": args.loss_fn,
+        "optimizer": args.optimizer,
+        "scheduler": args.scheduler,
+    }
+    given = {name: value for name, value in given.items() if value is not None}
+    if not given:
+        return {}
+    from ..engine.recipes import RecipeError, recipe_of
+
+    try:
+        recipe = recipe_of(**given)
+    except RecipeError as exc:
+        raise UsageError(str(exc)) from None
+    return {
+        name: reference
+        for name, reference in zip(
+            ("loss_fn", "optimizer", "scheduler"),
+            (recipe.loss, recipe.optimizer, recipe.scheduler),
+            strict=True,
+        )
+        if reference
+    }
 
 
 def _user_model(args: argparse.Namespace) -> str | None:
@@ -373,6 +403,31 @@ def _parser() -> argparse.ArgumentParser:
         help="train your own model: FACTORY() returns (module, make_batch), make_batch(n, "
         "generator) -> (inputs, targets) drawn from that generator; the loss follows from the "
         "targets (float: mse, class ids: cross_entropy, sequences with -100: tokens)",
+    )
+    check.add_argument(
+        "--loss-fn",
+        metavar="MODULE:FN|PATH.py:FN",
+        default=None,
+        help="train with your own loss, called as FN(outputs, targets) on every micro-batch: "
+        "a mean (torch's default), or a sum where its reduction attribute says so, or a tuple "
+        "(loss summed over count items, count[, logging]) as fairseq's criteria return; on the "
+        "target forms of --losses it runs on. A step gets it as written. The reference is then "
+        "your code on one rank holding the whole batch in one micro-batch",
+    )
+    check.add_argument(
+        "--optimizer",
+        metavar="MODULE:FACTORY|PATH.py:FACTORY",
+        default=None,
+        help="train with your own optimizer: FACTORY(params) -> torch.optim.Optimizer "
+        "(the reference is then your code on one rank, the whole batch)",
+    )
+    check.add_argument(
+        "--scheduler",
+        metavar="MODULE:FACTORY|PATH.py:FACTORY",
+        default=None,
+        help="train with your own learning-rate schedule: FACTORY(optimizer) -> scheduler, "
+        "stepped once after each optimizer step (a step function that takes a 'scheduler' "
+        "parameter gets it and steps it itself)",
     )
     check.add_argument(
         "--max-micro-batches",
@@ -838,6 +893,7 @@ def _run_check(args: argparse.Namespace, fn: Callable[..., Any], context: dict[s
         bounds["token_weights"] = True
     if args.model:
         bounds["model"] = args.model
+    bounds.update(args.recipe)
     started = time.monotonic()
     progress = _Progress(
         total=args.max_examples, quiet=args.launched is not None and args.launched.rank != 0

@@ -48,6 +48,16 @@ class DistributedMethod(Method):
             world.run_job(train_on_rank, (self.shipped(), scenario), name=self.name)
         )
 
+    # A method whose reference is always its own run on one rank (a coupled loss's: the
+    # harness has no oracle for the user's loss).
+    whole_batch_reference = False
+
+    def train_whole(self, scenario: Scenario, variant: int = 0) -> RankTrace:
+        """The method's own reference: ``scenario``'s whole global batch in one micro-batch
+        on this one-rank world (in the ``variant``-th seeded sample order where above 0: the
+        same objective, its sums taken otherwise, a rounding-only variant)."""
+        return self.train_rank(scenario.whole(order=variant))
+
     def shipped(self) -> Shipped:
         """This method pickled once for every job that carries it (see :class:`Shipped`)."""
         shipped = _shipped.get(self)
@@ -73,6 +83,24 @@ def train_on_rank(method: DistributedMethod, scenario: Scenario) -> RankTrace:
             f"{dist.get_world_size()}"
         )
     return method.train_rank(scenario)
+
+
+def judged_by_own(method: Method, scenario: Scenario) -> bool:
+    """Whether ``method`` on ``scenario`` is judged against its own run on one rank holding
+    the whole batch rather than the engine's oracle: where the method has no other (a coupled
+    loss), and wherever the scenario trains with the user's own loss, optimizer or scheduler,
+    which the oracle does not implement.
+
+    Example::
+
+        >>> from ddp_verify.engine.scenario import Recipe
+        >>> from ddp_verify.methods import ddp
+        >>> s = Scenario(world_size=2, schedule=(((1,), (2,)),))
+        >>> judged_by_own(ddp(), s), judged_by_own(ddp(), s.__class__(
+        ...     world_size=2, schedule=s.schedule, recipe=Recipe(loss="torch.nn:MSELoss")))
+        (False, True)
+    """
+    return bool(getattr(method, "whole_batch_reference", False) or scenario.recipe)
 
 
 def train_whole_variants(

@@ -40,7 +40,13 @@ from ..world import RankError
 from ..world.backends import DEVICE
 from ..world.interface import Ranked
 from ..world.naming import public
-from .base import DistributedMethod, Method, train_on_rank, train_whole_variants
+from .base import (
+    DistributedMethod,
+    Method,
+    judged_by_own,
+    train_on_rank,
+    train_whole_variants,
+)
 
 __all__ = [
     "EquivalenceError",
@@ -62,6 +68,10 @@ class HarnessError(RuntimeError):
         >>> issubclass(HarnessError, EquivalenceError), issubclass(HarnessError, AssertionError)
         (False, False)
     """
+
+
+# How a report names the reference of code judged against itself on one rank.
+OWN_REFERENCE = "reference (your code on one rank, the whole batch in one micro-batch)"
 
 
 def check_equivalent(
@@ -105,7 +115,7 @@ def check_equivalent(
         # The reference trains beside the ranks, on the world's helper process (or, for
         # code that is its own reference on one rank, on a one-rank world).
         derived: Tolerance | None
-        if getattr(method, "whole_batch_reference", False):
+        if judged_by_own(method, scenario):
             reference, derived, complete = _own_truth(world, method, scenario, staged=staged)
         elif staged:
             reference, derived, complete = _staged_truth(world, scenario)
@@ -132,7 +142,7 @@ def check_equivalent(
     if mismatch is not None and derived is not None and rounding_may_branch(scenario):
         # A rare rounding branch, not a divergence, until more runs say otherwise.
         try:
-            if getattr(method, "whole_batch_reference", False):
+            if judged_by_own(method, scenario):
                 _, tolerance, _ = _own_truth(world, method, scenario, variants=BRANCHING_VARIANTS)
             else:
                 _, tolerance = _truth(world, scenario, True, variants=BRANCHING_VARIANTS)
@@ -240,27 +250,33 @@ def _own_truth(
     staged: bool = False,
 ) -> tuple[Trace, Tolerance, Callable[[], Tolerance] | None]:
     """The reference of code that is its own on one rank holding the whole batch (a coupled
-    loss's): trained on the world's one-rank world, or in this process on a one-rank process
-    group of its own (a reproducer's) when there is no world. In float32: trained in float64,
-    and held to how far ``variants`` runs of the code in float32 on one rank (the pairs laid
-    out in other orders: other sums) land from it. ``staged`` (on a world): the bound of the
-    first of those runs, and how to complete it with the others."""
+    loss's; any code trained with the user's own loss, optimizer or scheduler): trained on
+    the world's one-rank world, or in this process on a one-rank process group of its own (a
+    reproducer's) when there is no world. In float32: trained in float64, and held to how far
+    ``variants`` runs of the code in float32 on one rank (the samples in other orders: other
+    sums) land from it. ``staged`` (on a world): the bound of the first of those runs, and how
+    to complete it with the others."""
     staged = staged and world is not None
     exact = dataclasses.replace(scenario, dtype="float64")
     asked = [(exact, 1)]
     if scenario.dtype != "float64":
         asked.append((scenario, 1 if staged else variants))
     runs = _own_runs(world, method, asked)
-    label = "reference (your code on one rank, the whole batch)"
+    # A coupled loss's result is backpropagated, and may be scaled (times the world size):
+    # training is held, the loss is shown. Other code reports the loss it trains.
+    training_only = getattr(method, "whole_batch_reference", False)
+    # A coupled loss keeps its micro-batches (in-batch negatives come from each).
+    label = "reference (your code on one rank, the whole batch)" if training_only else OWN_REFERENCE
+    if scenario.recipe:
+        label = f"{label[:-1]}, with your {scenario.recipe.describe()})"
     reference = Trace(label, runs[0])
-    # What the code returns is backpropagated, and may be scaled (times the world size):
-    # training is held, the loss is shown.
     if scenario.dtype == "float64":
-        return reference, TrainingOnly(), None
+        return reference, TrainingOnly() if training_only else Float64Tolerance(), None
+    bound = TrainingOnlyMeasured if training_only else MeasuredTolerance
 
     def measured(rounded: list[RankTrace]) -> Tolerance:
         traces = [Trace(f"{label}, {scenario.dtype}", [run]) for run in rounded]
-        return TrainingOnlyMeasured.of_runs(scenario, reference, traces, tf32=_tf32(world))
+        return bound.of_runs(scenario, reference, traces, tf32=_tf32(world))
 
     def complete() -> Tolerance:
         # The variants after the first: variant k is the same run whichever job trains it.

@@ -14,13 +14,13 @@ from ..engine.models import (
     MicroBatch,
     build_data,
     build_model,
-    build_optimizer,
     count_items,
     global_items,
     loss_function,
     micro_batches,
     normaliser,
     rank_items,
+    training_optimizer,
 )
 from ..engine.scenario import Scenario
 from ..engine.trace import RankTrace, named_gradients, named_parameters
@@ -58,10 +58,15 @@ class RankRun:
         self.loss_fn = loss_function(scenario)
         self.data = build_data(scenario, device=self.device)
         self.trace = RankTrace()
+        self.scheduler: object = None
 
-    def optimizer(self, params: object = None) -> torch.optim.Optimizer:
+    def optimizer(self, params: object = None, *, ticks: bool = True) -> torch.optim.Optimizer:
+        """The run's optimizer on ``params`` (default: the model's): the scenario's, or the
+        user's recipe's with its scheduler (stepped after each optimizer step unless
+        ``ticks=False``: then :attr:`scheduler` is the code's to step)."""
         chosen = self.model.parameters() if params is None else params
-        return build_optimizer(self.scenario.optimizer, chosen)
+        optimizer, self.scheduler = training_optimizer(self.scenario, chosen, ticks=ticks)
+        return optimizer
 
     def trainable(self) -> list[torch.nn.Parameter]:
         """The model's parameters that take gradients."""

@@ -24,8 +24,9 @@ import torch
 import torch.distributed as dist
 
 from ..engine.models import LOSS_REDUCTIONS, VOCABULARY, loss_function, padded_width, sums
+from ..engine.recipes import user_loss
 from ..engine.scenario import IGNORE_INDEX, Scenario
-from ..engine.trace import RankTrace
+from ..engine.trace import RankTrace, Settings, optimizer_settings
 from ..methods.ddp import DDP
 from ..methods.loop import RankRun, train_data_parallel, train_local_then_sync
 from ..methods.manual import all_reduce_weighted
@@ -36,6 +37,7 @@ from .kinds import (
     KINDS,
     RESULT_KINDS,
     SIGNATURES,
+    STEP_VALUES,
     Binds,
     Bound,
     Call,
@@ -115,7 +117,8 @@ def adapt(
 
 
 def _bound_call(fn: Callable[..., Any], kind: Kind, bound: tuple[Bound, ...]) -> _BoundCall:
-    anywhere = ("world_size", "rank", "device", "group")  # anywhere_values()'s keys
+    # anywhere_values()'s keys, and what the kind hands its code by name (a step's scheduler)
+    anywhere = ("world_size", "rank", "device", "group", *kind.named_values)
     for b in bound:
         if b.source is not None and b.source not in anywhere:
             raise KindError(
@@ -130,9 +133,11 @@ class _BoundCall:
 
     def __init__(self, fn: Callable[..., Any], bound: tuple[Bound, ...]) -> None:
         self.fn, self.bound = fn, bound
+        # Values of the run the rank sets before calling (a step's scheduler), by name.
+        self.given: dict[str, Any] = {}
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        values = anywhere_values()
+        values = {**anywhere_values(), **self.given}
         return self.fn(*args, **kwargs, **{b.parameter: b.value(values) for b in self.bound})
 
 
@@ -365,15 +370,31 @@ class TrainingStep(UserMethod):
         run.trace.grads = None
         wrap = DDP(wrapper=self.ddp_wrapper).wrap
         model = wrap(run.model, scenario) if self.wrapped else run.model
-        optimizer = run.optimizer(model.parameters())
-        loss_fn = loss_function(scenario, self.loss_reduction)
-        # Each time the code steps the optimizer, and at what learning rates: once a step is
-        # due, after every micro-batch is accumulated, at the scenario's rate (the diagnosis
-        # names another count, or a rate the code or its schedule set).
-        calls: list[list[tuple[float, ...]]] = []
+        # A step that takes the scheduler steps it; otherwise the loop does, once a step.
+        bound = self.call.bound if self.call is not None else ()
+        takes = [b.parameter for b in bound if b.source in STEP_VALUES]
+        optimizer = run.optimizer(model.parameters(), ticks=not takes)
+        if takes:
+            if run.scheduler is None:
+                raise KindError(
+                    f"{self.name} takes {takes[0]!r}, the scheduler it steps: give yours "
+                    f"({option('scheduler', 'PATH.py:FACTORY')}, FACTORY(optimizer))"
+                )
+            assert isinstance(self.fn, _BoundCall)
+            self.fn.given = dict.fromkeys(STEP_VALUES, run.scheduler)
+        # The user's own loss as they wrote it (tuple and all), or the harness's.
+        loss_fn = (
+            user_loss(scenario.recipe)
+            if scenario.recipe.loss
+            else loss_function(scenario, self.loss_reduction)
+        )
+        # Each time the code steps the optimizer, and with what settings: once a step is
+        # due, after every micro-batch is accumulated, at the reference's (the diagnosis
+        # names another count, or a rate, momentum or decay the code or its schedule set).
+        calls: list[list[Settings]] = []
 
         def stepping(optimizer: torch.optim.Optimizer, *_: Any) -> None:
-            calls[-1].append(tuple(float(group["lr"]) for group in optimizer.param_groups))
+            calls[-1].append(optimizer_settings(optimizer))
 
         optimizer.register_step_pre_hook(stepping)
         for step in range(scenario.steps):

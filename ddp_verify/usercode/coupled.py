@@ -33,7 +33,7 @@ from ..engine.coupled import (
     rank_micro_batches,
     whole_micro_batches,
 )
-from ..engine.models import build_optimizer
+from ..engine.models import training_optimizer
 from ..engine.scenario import Scenario
 from ..engine.trace import RankTrace, named_gradients, named_parameters
 from ..world.naming import option
@@ -146,7 +146,7 @@ class CoupledLoss(UserMethod):
         device = rank_device()
         model = build_towers(scenario, device=device)
         wrapped = DistributedDataParallel(model)
-        optimizer = build_optimizer(scenario.optimizer, model.parameters())
+        optimizer, _ = training_optimizer(scenario, model.parameters())
         data = pairs(scenario, device=device)
         rank, world = dist.get_rank(), dist.get_world_size()
         check_feature_count(self.call, scenario.model.negatives)

@@ -257,13 +257,6 @@ STEP_EACH = _finding(
     "optimizer stepped once per micro-batch instead of once per step after accumulating the "
     "micro-batches",
 )
-LEARNING_RATE = _finding(
-    "optimizer:lr",
-    "parameters",
-    "the optimizer stepped at a learning rate other than the reference's ({rates}): a rate the "
-    "code sets itself, or a warm-up or schedule stepped per micro-batch or per call rather "
-    "than per optimizer step",
-)
 NONLINEAR = _finding(
     "nonlinear",
     "gradient",

@@ -116,6 +116,8 @@ AGGREGATION_VALUES = (
 )
 # The learned loss parameters a coupled-loss plug-in is given by their names alone.
 LEARNED_VALUES = ("logit_scale", "logit_bias")
+# What a step function may take by name: the scheduler of the user's --scheduler, to step.
+STEP_VALUES = ("scheduler", "lr_scheduler")
 
 # A step function owns its accumulation loop, and training loops give every rank the same
 # number of accumulation steps; code that synchronises per micro-batch would only hang on
@@ -184,6 +186,7 @@ REGISTRY: tuple[Kind, ...] = (
         default_bounds=_SAME_COUNTS,
         owns_micro_batches=True,
         keeps_state=True,
+        named_values=STEP_VALUES,
     ),
     Kind(
         "wrapped-step",
@@ -199,6 +202,7 @@ REGISTRY: tuple[Kind, ...] = (
         owns_micro_batches=True,
         wrapped=True,
         keeps_state=True,
+        named_values=STEP_VALUES,
     ),
     Kind(
         "comm-hook",
@@ -425,6 +429,9 @@ BINDABLE: dict[str, str] = {
     # What a coupled-loss plug-in may be given: the loss parameters the harness's model learns.
     "logit_scale": "the logit scale the harness's encoder learns (coupled-loss)",
     "logit_bias": "the logit bias the harness's encoder learns (coupled-loss)",
+    # What a step function may be given to step itself: the user's own scheduler.
+    "scheduler": "the scheduler --scheduler builds on the step's optimizer (step kinds)",
+    "lr_scheduler": "the scheduler --scheduler builds on the step's optimizer (step kinds)",
 }
 # Parameters bound to the scenario's classes without asking: the name says what they are.
 CLASS_NAMES = frozenset({"vocab_size", "num_classes", "n_classes"})

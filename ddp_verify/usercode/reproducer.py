@@ -48,7 +48,7 @@ import torch.multiprocessing as mp
 from ddp_verify.usercode.adapters import adapt
 from ddp_verify.methods.equivalence import check_equivalent
 from ddp_verify.methods import Method
-from ddp_verify.engine.scenario import ModelSpec, OptimizerSpec, Scenario
+from ddp_verify.engine.scenario import ModelSpec, OptimizerSpec, Recipe, Scenario
 from ddp_verify.engine.trace import Trace
 from ddp_verify.world.backends import BACKEND as BACKENDS, DEVICE as DEVICES
 from ddp_verify.world.runtime import set_up_device
@@ -108,7 +108,8 @@ class Recorded(Method):
     """One call's traces, as the spawned ranks recorded them."""
 
     # A coupled loss is its own reference: the same code on a one-rank process group of
-    # this process's own, holding the whole batch (check_equivalent trains it here).
+    # this process's own, holding the whole batch (check_equivalent trains it here, as it
+    # does any scenario trained with the user's own loss, optimizer or scheduler).
     whole_batch_reference = KIND == "coupled-loss"
 
     def __init__(self, trace, call):
@@ -120,7 +121,13 @@ class Recorded(Method):
         return self.trace
 
     def train_whole(self, scenario, variant=0):
-        return adapt(load_function(), KIND, bind=BIND).train_whole(scenario, variant)
+        # The reference of code that is its own (a coupled loss; any code trained with the
+        # user's own loss, optimizer or scheduler): here, on one rank of this process.
+        return adapt(
+            load_function(), KIND, result_on=RESULT_ON, hook_state=load_hook_state(),
+            loss_reduction=LOSS_REDUCTION, ddp_wrapper=DDP_WRAPPER, bind=BIND, layout=LAYOUT,
+            trainer_divides=TRAINER_DIVIDES,
+        ).train_whole(scenario, variant)
 
 
 class Spawned:

@@ -303,5 +303,7 @@ def test_a_learning_rate_the_code_sets_itself_is_named_with_its_numbers(tmp_path
               even=True, max_steps=1)  # fmt: skip
     verdict = info.value.verdict
     first = verdict.causes[0]
-    assert first.pattern == "optimizer:lr", [c.pattern for c in verdict.causes]
-    assert "at step 0 on rank 0 where it is 0.1" in first.text, first.text
+    assert first.pattern == "optimizer:settings", [c.pattern for c in verdict.causes]
+    assert "lr 0.025 at step 0 on rank 0 where the scenario's optimizer's is 0.1" in first.text, (
+        first.text
+    )

@@ -54,6 +54,15 @@ COUPLED: dict[str, dict[str, str]] = {
 }
 
 
+# Symbols for a finding a pass shares with parity, whose placeholder another row also uses.
+SHARED: dict[str, dict[str, str]] = {
+    f.OPTIMIZER_SETTINGS.code: {
+        "what": "the setting that differs (lr, momentum, a beta, weight decay), its value, "
+        "at which step and rank, and the reference's",
+    },
+}
+
+
 class _Symbol(str):
     """A number's place in the words, shown as its symbol whatever its format (``{k:.4g}``)."""
 
@@ -123,7 +132,8 @@ def check_causes() -> list[Row]:
         for code in each.says:
             if code not in said:
                 said.add(code)
-                made.append(Row(code, f"pass `{each.name}`", words_of(f.finding(code))))
+                words = words_of(f.finding(code), **SHARED.get(code, {}))
+                made.append(Row(code, f"pass `{each.name}`", words))
     for code, where in ELSEWHERE.items():
         if code not in said:
             made.append(Row(code, where, words_of(f.finding(code))))
@@ -166,7 +176,6 @@ def causes_table() -> str:
 # What a finding's words are filled with in the table: symbols, not one run's numbers (and
 # options as check() spells them).
 _FILL = {
-    "rates": "the rate it stepped at, at which step and rank, and the reference's",
     "unit": "sample",
     "n": "N",
     "world": "W",

@@ -42,7 +42,7 @@ __all__ = [
 ]
 
 # The subjects a run can diverge on, in the order a report names them.
-SUBJECTS = ("run", "parameters", "gradient", "loss")
+SUBJECTS = ("run", "optimizer", "parameters", "gradient", "loss")
 
 
 @dataclasses.dataclass(frozen=True)

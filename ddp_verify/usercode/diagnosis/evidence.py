@@ -192,10 +192,14 @@ def group_gradients(scenario: Scenario, step: int = 0) -> tuple[list[Group], tor
 def observed_gradients(scenario: Scenario, got: Trace, step: int) -> list[dict[str, Any] | None]:
     """Each rank's gradient at ``step``: recorded, or (SGD at step 0, for step functions that
     keep their gradients to themselves) read back from the update, ``(p0 - p1) / lr`` less
-    the weight decay. None where neither can be had (Adam's update is not linear in it)."""
+    the weight decay. None where neither can be had (Adam's update is not linear in it, nor
+    is the update of an optimizer or schedule of the user's known)."""
     if got.ranks[0].grads is not None and len(got.ranks[0].grads) > step:
         return [rank.grads[step] for rank in got.ranks]  # type: ignore[index]
     if step != 0 or scenario.optimizer.name != "sgd":
+        return [None] * len(got.ranks)
+    if scenario.recipe.optimizer or scenario.recipe.scheduler:
+        # The user's own optimizer or schedule: its update says nothing linear of the gradient.
         return [None] * len(got.ranks)
     start = dict(build_model(scenario, "float64").named_parameters())
     lr, decay = scenario.optimizer.lr, scenario.optimizer.weight_decay

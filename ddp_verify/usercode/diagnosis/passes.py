@@ -26,9 +26,9 @@ import torch
 
 from ...engine.models import normalises_by_batch
 from ...engine.objectives import objective
-from ...engine.optimizers import scheduled_rates
+from ...engine.optimizers import scheduled_settings
 from ...engine.reference import train_reference
-from ...engine.trace import Trace
+from ...engine.trace import Settings, Trace
 from ...world.naming import option
 from .. import findings as f
 from ..findings import Cause
@@ -152,13 +152,14 @@ def lossy(evidence: Evidence, found: Found) -> list[Hypothesis]:
     return [] if cause is None else [_structural(cause, ALL, cost=0.5)]
 
 
-@register("optimizer-steps", says=(f.STEP_EACH.code, f.LEARNING_RATE.code))
+@register("optimizer-steps", says=(f.STEP_EACH.code, f.OPTIMIZER_SETTINGS.code))
 def optimizer_steps(evidence: Evidence, found: Found) -> list[Hypothesis]:
     """What the code's own optimizer says it did, recorded on the ranks by an optimizer step
     hook, not read from the parameters: stepped more than once in a step (inside its
     micro-batch loop; twice on one micro-batch's gradient reads as a gradient scaled 2x), or
-    at a learning rate the scenario's optimizer does not have at that step (a warm-up
-    stepped per micro-batch reads as a weighting). Where the code owns the step."""
+    with settings (a learning rate, momentum, betas, weight decay) other than the
+    reference's at that step (a warm-up stepped per micro-batch reads as a weighting). Where
+    the code owns the step."""
     scenario = evidence.scenario
     for rank, trace in enumerate(evidence.got.ranks):
         for step, calls in enumerate((trace.optimizer_calls or [])[: scenario.steps]):
@@ -170,21 +171,40 @@ def optimizer_steps(evidence: Evidence, found: Found) -> list[Hypothesis]:
                     f"{rank}, which holds {micro_batches} micro-batch(es): once is due",
                 )
                 return [_structural(cause, ALL, source="optimizer-steps")]
-            due = scheduled_rates(scenario.optimizer, step)
-            off = [lr for lr in (calls[0] if calls else ()) if not _one_of(lr, due)]
-            if off:
-                rates = " and ".join(f"{r:.6g}" for r in due)
+            due, whose = _due_settings(evidence, step)
+            differs = _first_difference(calls[0] if calls else (), due)
+            if differs is not None:
+                group, name, got, expected = differs
+                ratio = f", {got / expected:.4g}x" if expected else ""
+                groups = f" of param group {group}" if len(due) > 1 else ""
                 said = (
-                    f"{off[0]:.6g} at step {step} on rank {rank} where it is {rates}, "
-                    f"{off[0] / due[0]:.4g}x"
+                    f"{name} {got:.6g}{groups} at step {step} on rank {rank} where {whose} is "
+                    f"{expected:.6g}{ratio}"
                 )
-                cause = f.LEARNING_RATE.cause(rates=said)
+                cause = f.OPTIMIZER_SETTINGS.cause(what=said)
                 return [_structural(cause, {"parameters", "loss"}, source="optimizer-steps")]
     return []
 
 
-def _one_of(value: float, rates: tuple[float, ...]) -> bool:
-    return any(math.isclose(value, rate, rel_tol=1e-9) for rate in rates)
+def _due_settings(evidence: Evidence, step: int) -> tuple[Settings, str]:
+    """The optimizer settings due at ``step``, and whose they are: those the reference's own
+    optimizer stepped with where it recorded them (the user's code on one rank, with the
+    user's optimizer and schedule), else the scenario's optimizer's at that step."""
+    reference = evidence.reference.ranks[0].optimizer_calls if evidence.reference.ranks else None
+    if reference is not None:
+        calls = reference[step] if step < len(reference) else []
+        return (calls[0] if calls else ()), "the reference's (your code on one rank)"
+    return scheduled_settings(evidence.scenario.optimizer, step), "the scenario's optimizer's"
+
+
+def _first_difference(got: Settings, due: Settings) -> tuple[int, str, float, float] | None:
+    """The first setting (group, name, recorded, due) that differs, of those both have."""
+    for group, (mine, theirs) in enumerate(zip(got, due, strict=False)):
+        expected = dict(theirs)
+        for name, value in mine:
+            if name in expected and not math.isclose(value, expected[name], rel_tol=1e-9):
+                return group, name, value, expected[name]
+    return None
 
 
 @register("rank-0-result", says=(f.LOSS_RANK0_ONLY.code,))
