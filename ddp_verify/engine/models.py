@@ -611,32 +611,47 @@ def optimizer_settings(spec: OptimizerSpec) -> tuple[type[torch.optim.Optimizer]
 
 
 def training_optimizer(
-    scenario: Scenario, params: object, *, ticks: bool = True
+    scenario: Scenario,
+    params: object,
+    *,
+    ticks: bool = True,
+    watch: Callable[..., None] | None = None,
 ) -> tuple[torch.optim.Optimizer, Any]:
     """The optimizer a run of ``scenario`` trains ``params`` with, and the scheduler the
     user's recipe puts on it (None without one): the user's own where the recipe names them,
     else the scenario's (:func:`build_optimizer`). ``ticks``: the scheduler steps after
     every optimizer step, as a training loop's does; otherwise the code it is handed steps
-    it.
+    it. ``watch``: a step pre-hook that sees the gradients before any clip of the harness's.
 
     Example::
 
         optimizer, scheduler = training_optimizer(scenario, model.parameters())
     """
     if not scenario.recipe.optimizer:
-        optimizer = build_optimizer(scenario.optimizer, params)
+        optimizer = build_optimizer(scenario.optimizer, params, watch=watch)
     else:
         from .recipes import user_optimizer
 
         optimizer = user_optimizer(scenario.recipe, params)
+        if watch is not None:
+            optimizer.register_step_pre_hook(watch)
     from .recipes import ticked
 
     return ticked(scenario.recipe, optimizer, by_loop=ticks)
 
 
-def build_optimizer(spec: OptimizerSpec, params: object) -> torch.optim.Optimizer:
+def build_optimizer(
+    spec: OptimizerSpec, params: object, *, watch: Callable[..., None] | None = None
+) -> torch.optim.Optimizer:
+    """The optimizer ``spec`` describes on ``params`` (torch's), clipping and scheduled as it
+    says. ``watch``: a step pre-hook that runs before the clip, so that it sees the
+    gradients the code under check left (what it records is the code's, not the harness's).
+    """
     optimizer, kwargs = optimizer_settings(spec)
-    return scheduling(spec, clipping(spec, optimizer(torch_param_groups(spec, params), **kwargs)))
+    made = optimizer(torch_param_groups(spec, params), **kwargs)
+    if watch is not None:
+        made.register_step_pre_hook(watch)
+    return scheduling(spec, clipping(spec, made))
 
 
 def torch_param_groups(spec: OptimizerSpec, params: object) -> list[dict[str, object]]:

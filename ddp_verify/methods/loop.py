@@ -60,12 +60,21 @@ class RankRun:
         self.trace = RankTrace()
         self.scheduler: object = None
 
-    def optimizer(self, params: object = None, *, ticks: bool = True) -> torch.optim.Optimizer:
+    def optimizer(
+        self,
+        params: object = None,
+        *,
+        ticks: bool = True,
+        watch: Callable[..., None] | None = None,
+    ) -> torch.optim.Optimizer:
         """The run's optimizer on ``params`` (default: the model's): the scenario's, or the
         user's recipe's with its scheduler (stepped after each optimizer step unless
-        ``ticks=False``: then :attr:`scheduler` is the code's to step)."""
+        ``ticks=False``: then :attr:`scheduler` is the code's to step). ``watch``: a step
+        pre-hook run before any clip of the harness's."""
         chosen = self.model.parameters() if params is None else params
-        optimizer, self.scheduler = training_optimizer(self.scenario, chosen, ticks=ticks)
+        optimizer, self.scheduler = training_optimizer(
+            self.scenario, chosen, ticks=ticks, watch=watch
+        )
         return optimizer
 
     def trainable(self) -> list[torch.nn.Parameter]:

@@ -344,8 +344,9 @@ def _taken_back(
 
 class TrainingStep(UserMethod):
     """``fn`` does the whole step (forward, backward, synchronisation, optimizer step) and
-    returns the global mean loss (the global sum under a declared sum). Its gradients are its
-    own business: only losses and parameters are compared. ``loss_reduction`` is the
+    returns the global mean loss (the global sum under a declared sum). Its gradients are
+    recorded as its optimizer sees them, at the step's first ``optimizer.step()`` (before any
+    clip of the harness's), its settings at every call. ``loss_reduction`` is the
     reduction of the ``loss_fn`` it gets (``mean`` unless the user's loop wants ``sum`` or
     ``none``; ``mean`` is the declared objective on the batch it is given, so under a
     declared sum it sums). ``wrapped``: the model it
@@ -367,13 +368,23 @@ class TrainingStep(UserMethod):
 
     def train_rank(self, scenario: Scenario) -> RankTrace:
         run = RankRun(scenario)
-        run.trace.grads = None
         wrap = DDP(wrapper=self.ddp_wrapper).wrap
         model = wrap(run.model, scenario) if self.wrapped else run.model
+        # Each time the code steps the optimizer, the settings it steps with (the diagnosis
+        # names another count, or a rate, momentum or decay the code or its schedule set),
+        # and at the step's first call the gradients it steps on: the code's gradients as its
+        # optimizer sees them, before any clip of the harness's.
+        calls: list[list[Settings]] = []
+
+        def stepping(optimizer: torch.optim.Optimizer, *_: Any) -> None:
+            if not calls[-1]:
+                run.record_gradients()
+            calls[-1].append(optimizer_settings(optimizer))
+
         # A step that takes the scheduler steps it; otherwise the loop does, once a step.
         bound = self.call.bound if self.call is not None else ()
         takes = [b.parameter for b in bound if b.source in STEP_VALUES]
-        optimizer = run.optimizer(model.parameters(), ticks=not takes)
+        optimizer = run.optimizer(model.parameters(), ticks=not takes, watch=stepping)
         if takes:
             if run.scheduler is None:
                 raise KindError(
@@ -388,18 +399,11 @@ class TrainingStep(UserMethod):
             if scenario.recipe.loss
             else loss_function(scenario, self.loss_reduction)
         )
-        # Each time the code steps the optimizer, and with what settings: once a step is
-        # due, after every micro-batch is accumulated, at the reference's (the diagnosis
-        # names another count, or a rate, momentum or decay the code or its schedule set).
-        calls: list[list[Settings]] = []
-
-        def stepping(optimizer: torch.optim.Optimizer, *_: Any) -> None:
-            calls[-1].append(optimizer_settings(optimizer))
-
-        optimizer.register_step_pre_hook(stepping)
         for step in range(scenario.steps):
             calls.append([])
             reported = self.fn(model, optimizer, run.micro_batches(step), loss_fn)
+            if not calls[-1]:
+                run.record_gradients()  # never stepped: what it left, for the step's record
             run.record_step(_as_float(reported, "step"))
         run.trace.optimizer_calls = calls
         return run.trace
