@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import importlib.machinery
 import importlib.util
 import inspect
 import os
@@ -119,9 +120,15 @@ def reference_of(value: Any, what: str) -> str:
 
 
 def _unimportable(module: str) -> bool:
-    """Whether ``module`` was loaded from a file by path, under a name no import finds (a
-    test file pytest imported by its path, a factory file loaded here)."""
-    return module.startswith("_ddp_verify_") or importlib.util.find_spec(module) is None
+    """Whether ``module`` was loaded from a file by path, under a name no import on the path
+    finds (a test file pytest imported by its path, a file loaded here): looked up on
+    ``sys.path`` itself, not in ``sys.modules``, where such a module sits under its name."""
+    if module.startswith("_ddp_verify_"):
+        return True
+    top = module.partition(".")[0]
+    if top in sys.builtin_module_names:
+        return False
+    return importlib.machinery.PathFinder.find_spec(top) is None
 
 
 @functools.lru_cache(maxsize=32)

@@ -23,6 +23,8 @@ def train_reference(
     if dtype is not None and dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
     name = "reference" if dtype is None else f"reference({dtype})"
+    if scenario.recipe:
+        name += f" (one process, the whole batch, your {scenario.recipe.describe()})"
     return train(scenario, _full_batch, dtype=dtype, device=device, name=name)
 
 

@@ -51,6 +51,10 @@ class DistributedMethod(Method):
     # A method whose reference is always its own run on one rank (a coupled loss's: the
     # harness has no oracle for the user's loss).
     whole_batch_reference = False
+    # A method that owns the whole step (a user's training step: its clip, its schedule, its
+    # averages): with the user's own loss, optimizer or scheduler, its reference is its own
+    # run on one rank, as the harness's loop cannot know what else the step does.
+    owns_step = False
 
     def train_whole(self, scenario: Scenario, variant: int = 0) -> RankTrace:
         """The method's own reference: ``scenario``'s whole global batch in one micro-batch
@@ -87,20 +91,23 @@ def train_on_rank(method: DistributedMethod, scenario: Scenario) -> RankTrace:
 
 def judged_by_own(method: Method, scenario: Scenario) -> bool:
     """Whether ``method`` on ``scenario`` is judged against its own run on one rank holding
-    the whole batch rather than the engine's oracle: where the method has no other (a coupled
-    loss), and wherever the scenario trains with the user's own loss, optimizer or scheduler,
-    which the oracle does not implement.
+    the whole batch rather than the engine's reference: where the method has no other (a
+    coupled loss), and where a method that owns the whole step (a user's training step)
+    trains with the user's own loss, optimizer or scheduler. Other code trained with the
+    user's recipe is judged against the engine's loop with that recipe (one process, the
+    whole batch, the user's loss and optimizer), which shares nothing with the code.
 
     Example::
 
         >>> from ddp_verify.engine.scenario import Recipe
         >>> from ddp_verify.methods import ddp
-        >>> s = Scenario(world_size=2, schedule=(((1,), (2,)),))
-        >>> judged_by_own(ddp(), s), judged_by_own(ddp(), s.__class__(
-        ...     world_size=2, schedule=s.schedule, recipe=Recipe(loss="torch.nn:MSELoss")))
-        (False, True)
+        >>> mse = Recipe(loss="torch.nn:MSELoss")
+        >>> judged_by_own(ddp(), Scenario(world_size=2, schedule=(((1,), (2,)),), recipe=mse))
+        False
     """
-    return bool(getattr(method, "whole_batch_reference", False) or scenario.recipe)
+    if getattr(method, "whole_batch_reference", False):
+        return True
+    return bool(getattr(method, "owns_step", False) and scenario.recipe)
 
 
 def train_whole_variants(

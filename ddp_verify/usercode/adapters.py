@@ -349,9 +349,12 @@ class TrainingStep(UserMethod):
     clip of the harness's), its settings at every call. ``loss_reduction`` is the
     reduction of the ``loss_fn`` it gets (``mean`` unless the user's loop wants ``sum`` or
     ``none``; ``mean`` is the declared objective on the batch it is given, so under a
-    declared sum it sums). ``wrapped``: the model it
+    declared sum it sums). With the user's own loss, optimizer or scheduler its reference is
+    its own run on one rank, the whole batch in one micro-batch. ``wrapped``: the model it
     gets is already in DDP (the ``wrapped-step`` kind), whose ``no_sync()`` it may use, or in
     ``ddp_wrapper`` (``"module:callable"``, called as DDP is)."""
+
+    owns_step = True
 
     def __init__(
         self,

@@ -109,8 +109,9 @@ class Recorded(Method):
 
     # A coupled loss is its own reference: the same code on a one-rank process group of
     # this process's own, holding the whole batch (check_equivalent trains it here, as it
-    # does any scenario trained with the user's own loss, optimizer or scheduler).
+    # does a step trained with the user's own loss, optimizer or scheduler).
     whole_batch_reference = KIND == "coupled-loss"
+    owns_step = KIND in ("step", "wrapped-step")
 
     def __init__(self, trace, call):
         self.trace = trace

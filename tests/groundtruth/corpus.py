@@ -381,6 +381,134 @@ SHAPES = (
         ),
         families=frozenset({"step"}),
     ),
+    # The user's own recipe (issue 62): their loss, AdamW and a warm-up they step themselves,
+    # judged against the same code on one rank holding the whole batch.
+    Shape(
+        "step-scheduler",
+        "step",
+        "recipe_step",
+        """\
+        def focal(outputs, targets):
+            chosen = F.log_softmax(outputs, dim=-1).gather(1, targets.unsqueeze(1)).squeeze(1)
+            return (-((1 - chosen.exp()) ** 2) * chosen).mean()
+
+
+        def adamw(params):
+            return torch.optim.AdamW(params, lr=0.02, weight_decay=0.1)
+
+
+        def warmup(optimizer):
+            return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda t: min(1.0, (t + 1) / 4))
+
+
+        def recipe_step(model, optimizer, micro_batches, loss_fn, scheduler):
+            optimizer.zero_grad()
+            local = sum(len(y) for _, y in micro_batches)
+            total = torch.tensor([float(local)], dtype=torch.float64)
+            dist.all_reduce(total)
+            reported = torch.zeros((), dtype=torch.float64)
+            for i, (x, y) in enumerate(micro_batches):
+                $zero_inside
+                loss = loss_fn(model(x), y) * $mb_weight
+                loss.backward()
+                reported += loss.detach().double()
+                $tick_inside
+            for p in model.parameters():
+                if p.grad is not None:
+                    dist.all_reduce(p.grad)
+                    p.grad.div_($divide)
+            optimizer.step()
+            $tick_after
+            dist.all_reduce(reported)
+            return reported / total.item()
+        """,
+        dict(
+            zero_inside="",
+            mb_weight="len(y)",
+            tick_inside="",
+            divide="total.item()",
+            tick_after="scheduler.step()",
+        ),
+        options={
+            "loss_fn": "focal",
+            "optimizer": "adamw",
+            "scheduler": "warmup",
+            "losses": ("cross_entropy",),
+        },
+        families=frozenset({"step-recipe"}),
+    ),
+    # A clip by norm of the user's own, after the sync (right) or before it, that bites.
+    Shape(
+        "step-clip",
+        "step",
+        "clipped_step",
+        """\
+        def clipped_step(model, optimizer, micro_batches, loss_fn):
+            optimizer.zero_grad()
+            local = sum(len(y) for _, y in micro_batches)
+            total = torch.tensor([float(local)], dtype=torch.float64)
+            dist.all_reduce(total)
+            reported = torch.zeros((), dtype=torch.float64)
+            for x, y in micro_batches:
+                loss = loss_fn(model(x), y) * $mb_weight
+                loss.backward()
+                reported += loss.detach().double()
+            $pre
+            for p in model.parameters():
+                if p.grad is not None:
+                    dist.all_reduce(p.grad)
+                    p.grad.div_($divide)
+            $clip_after
+            optimizer.step()
+            dist.all_reduce(reported)
+            return reported / total.item()
+        """,
+        dict(
+            mb_weight="len(y)",
+            pre="",
+            divide="total.item()",
+            clip_after="torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05)",
+        ),
+        options={"loss_fn": "torch.nn:SmoothL1Loss", "losses": ("mse",)},
+        families=frozenset({"step-clip"}),
+    ),
+    # A fairseq-style criterion of the user's: (summed loss, sample size, logging output).
+    Shape(
+        "grad-sync-criterion",
+        "grad-sync",
+        "sync",
+        """\
+        def smoothed(outputs, targets):
+            summed = F.cross_entropy(outputs, targets, label_smoothing=0.1, reduction="sum")
+            return summed, len(targets), {"loss": summed.detach()}
+
+
+        $state
+        def sync(model, num_samples):
+            $pre
+            total = torch.tensor([float(num_samples)], dtype=torch.float64)
+            dist.all_reduce(total)
+            total = $total
+            for index, p in enumerate(model.parameters()):
+                if p.grad is None:
+                    $unused
+                $skip
+                p.grad.mul_($weight)
+                dist.all_reduce(p.grad)
+                p.grad.div_($divide)
+        """,
+        dict(
+            state="",
+            pre="",
+            total="total.item()",
+            unused="continue",
+            skip="",
+            weight="num_samples",
+            divide="total",
+        ),
+        options={"loss_fn": "smoothed", "losses": ("cross_entropy",)},
+        families=frozenset({"grad", "count"}),
+    ),
     Shape(
         "wrapped-step",
         "wrapped-step",
@@ -690,6 +818,7 @@ _PREVIOUS = _lines(
 )
 _CACHE = "_cache = {}"
 _CLIP = "torch.nn.utils.clip_grad_norm_(model.parameters(), 1e-3)"
+_USERS_CLIP = "torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05)"
 _SKIP_FIRST = _lines("if index == 0:", "    continue", indent=8)
 _ZERO_FILL = _lines("p.grad = torch.zeros_like(p)", indent=12)
 
@@ -702,6 +831,8 @@ OPERATORS = (
             "grad32": {"weight": "1", "divide": "dist.get_world_size()"},
             "report": {"weight": "1", "divide": "dist.get_world_size()"},
             "step": {"mb_weight": "len(y) / local", "divide": "dist.get_world_size()"},
+            "step-recipe": {"mb_weight": "len(y) / local", "divide": "dist.get_world_size()"},
+            "step-clip": {"mb_weight": "len(y) / local", "divide": "dist.get_world_size()"},
             "ddp-step": {"mb_weight": "len(y) / local"},
             "token-loss-flat": {"signature": "source, target", "divide": "(target != -100).sum()"},
         },
@@ -805,7 +936,12 @@ OPERATORS = (
     Operator(
         "clip-before-sync",
         "gradients clipped per rank before they are combined",
-        {"grad": {"pre": _CLIP}, "grad32": {"pre": _CLIP}, "step": {"pre": _CLIP}},
+        {
+            "grad": {"pre": _CLIP},
+            "grad32": {"pre": _CLIP},
+            "step": {"pre": _CLIP},
+            "step-clip": {"pre": _USERS_CLIP, "clip_after": ""},
+        },
         frozenset({"clip"}),
     ),
     Operator(
@@ -813,9 +949,16 @@ OPERATORS = (
         "zero_grad() inside the accumulation loop",
         {
             "step": {"zero_inside": "optimizer.zero_grad()"},
+            "step-recipe": {"zero_inside": "optimizer.zero_grad()"},
             "ddp-step": {"zero_inside": "optimizer.zero_grad()"},
         },
         frozenset({"micro:last-only"}),
+    ),
+    Operator(
+        "scheduler-per-micro-batch",
+        "the user's warm-up stepped once per micro-batch, not once per optimizer step",
+        {"step-recipe": {"tick_inside": "scheduler.step()", "tick_after": ""}},
+        frozenset({"optimizer:settings"}),
     ),
     Operator(
         "step-per-micro-batch",
@@ -1064,6 +1207,8 @@ def check_options(case: Case, module: Any) -> dict[str, Any]:
     """The options ``check()`` gets for ``case``: the shape's, with names resolved in the
     case's module (a hook state factory)."""
     options = dict(case.shape.options)
-    if "hook_state" in options:
-        options["hook_state"] = getattr(module, options["hook_state"])
+    for name in ("hook_state", "loss_fn", "optimizer", "scheduler"):
+        # The case's own callables, by name; a reference with a colon is a library's.
+        if name in options and ":" not in options[name]:
+            options[name] = getattr(module, options[name])
     return options
