@@ -85,6 +85,9 @@ class Outcome:
         if m is None:
             return ""
         lines = [m.render()]
+        if self.reference.method.startswith("reference ("):
+            # Not the engine's oracle on the harness's own pieces: say which judged.
+            lines.insert(0, f"Judged against: the {self.reference.method}")
         if m.note == "" and 0 <= m.step < self.reference.steps:
             expected = self.reference.ranks[0].losses[m.step]
             got = ", ".join(f"{r.losses[m.step]:.6g}" for r in self.got.ranks)

@@ -293,13 +293,27 @@ def recipe_of(*, loss_fn: Any = None, optimizer: Any = None, scheduler: Any = No
         load(reference, what)
     if recipe.optimizer or recipe.scheduler:
         probe = nn.Linear(2, 1)
-        optimizer_made = (
-            user_optimizer(recipe, probe.parameters())
-            if recipe.optimizer
-            else torch.optim.SGD(probe.parameters(), lr=0.1)
-        )
-        if recipe.scheduler:
-            user_scheduler(recipe, optimizer_made)
+        try:
+            optimizer_made = (
+                user_optimizer(recipe, probe.parameters())
+                if recipe.optimizer
+                else torch.optim.SGD(probe.parameters(), lr=0.1)
+            )
+            if recipe.scheduler:
+                user_scheduler(recipe, optimizer_made)
+        except RecipeError:
+            raise
+        except Exception as exc:  # the user's factory: its failure is what to say
+            what, reference = (
+                ("scheduler", recipe.scheduler)
+                if recipe.optimizer == "" or "optimizer_made" in locals()
+                else ("optimizer", recipe.optimizer)
+            )
+            raise RecipeError(
+                f"the {what} factory {reference} failed on a small model's "
+                f"{'parameters' if what == 'optimizer' else 'optimizer'}: "
+                f"{type(exc).__name__}: {exc}"
+            ) from None
     return recipe
 
 

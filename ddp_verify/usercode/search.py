@@ -44,7 +44,7 @@ from .diagnosis.structural import (
     low_rank_cause,
 )
 from .findings import Cause
-from .kinds import Binds, Kind, as_kind, parse_binds
+from .kinds import STEP_VALUES, Binds, Kind, as_kind, parse_binds
 from .layouts import parse_layout
 from .precision import diverged_precision, held_to, measured, probe_scenario
 from .probe import found_layout
@@ -151,7 +151,8 @@ def search(
         called["trainer_divides"] = True
     pinned = parse_layout(kind, layout, logits=logits, labels=labels)
     # The signature and the options are checked before anything runs.
-    adapt(fn, kind, **called, layout=pinned)
+    checked = adapt(fn, kind, **called, layout=pinned)
+    _check_recipe(checked, kind, scenario_bounds)
     world_size = world.size
     fmt = lossy_format(kind, lossy, hook_state)
     bounds = bounds_for(kind, scenario_bounds)
@@ -643,6 +644,23 @@ def _causes_first(found: list[Cause]) -> list[Cause]:
         _causes_first([unexplained, world])  # [world, unexplained]
     """
     return [c for c in found if c.pattern not in _OPEN] + [c for c in found if c.pattern in _OPEN]
+
+
+def _check_recipe(method: Any, kind: Kind, bounds: dict[str, Any]) -> None:
+    """A :class:`KindError` before anything runs for a step that takes the scheduler it
+    steps where none is given, and for a step's loss reduction beside the user's own loss."""
+    call = getattr(method, "call", None)
+    takes = [b.parameter for b in (call.bound if call else ()) if b.source in STEP_VALUES]
+    if takes and bounds.get("scheduler") is None:
+        raise KindError(
+            f"{method.name} takes {takes[0]!r}, the scheduler it steps: give yours, "
+            f"{option('scheduler', 'PATH.py:FACTORY')} (FACTORY(optimizer) -> scheduler)"
+        )
+    if bounds.get("loss_fn") is not None and getattr(method, "loss_reduction", "mean") != "mean":
+        raise KindError(
+            f"{option('loss_reduction')} asks for the harness's loss in another reduction; "
+            f"{option('loss_fn')} gives your own, called as you wrote it: give one of them"
+        )
 
 
 # A model is wide enough for the fitted weights when it has this many parameters per
