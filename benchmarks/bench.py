@@ -23,6 +23,10 @@ For each world size, one run measures:
 - the **floor** for the same work: the same training steps and collectives run by a bare
   persistent-worker loop (plain multiprocessing workers, one process group, a scenario in, a
   number out), no harness around them;
+- a correct training step (``fixtures/step.py:accumulate_weighted``) checked on the same
+  scenarios judged by the oracle and by its own run on one rank holding the whole batch (the
+  harness's loss handed in as the user's: what makes a step's reference its own); the target
+  is ``own/oracle`` at most 1.2;
 - the **usual way** for the same work: a fresh ``torch.multiprocessing.spawn`` world per
   example, as spawn-based test suites do (timed last, after every other figure);
 - ``ddp-verify check fixtures/grad_sync.py:sample_weighted --kind grad-sync`` with 100
@@ -48,6 +52,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import datetime
 import json
 import multiprocessing
@@ -489,6 +494,38 @@ def timed_rounds(
     return checks, floors, rank_floors
 
 
+def own_reference(
+    world: VerifyingWorld, size: int, args: argparse.Namespace
+) -> tuple[list[float], list[float]]:
+    """A correct training step checked on the same scenarios twice: judged by the engine's
+    oracle (the harness's loss), and by its own run on one rank holding the whole batch (the
+    same loss handed in as the user's: torch's ``MSELoss`` or ``CrossEntropyLoss``, which is
+    what makes a step's reference its own). Per scenario, the fastest of ``args.rounds``
+    rounds of each, the order reversed every other round (as :func:`timed_rounds`)."""
+    from step import accumulate_weighted
+
+    from ddp_verify.engine.scenario import Recipe
+    from ddp_verify.usercode.adapters import adapt
+
+    method = adapt(accumulate_weighted, "step")
+    losses = {"mse": "torch.nn:MSELoss", "cross_entropy": "torch.nn:CrossEntropyLoss"}
+    cases = [s for s in fixed_scenarios(size, args.examples, "step") if s.loss in losses]
+    pairs = [(s, dataclasses.replace(s, recipe=Recipe(loss=losses[s.loss]))) for s in cases]
+    for harness, own in pairs[:3]:  # warm-up: the one-rank world starts on first use
+        world.check_equivalent(method, harness)
+        world.check_equivalent(method, own)
+    taken: list[list[list[float]]] = [[[] for _ in pairs] for _ in range(2)]
+    for round_ in range(args.rounds):
+        for i, pair in enumerate(pairs):
+            for side in (0, 1) if round_ % 2 == 0 else (1, 0):
+                start = time.perf_counter()
+                outcome = world.check_equivalent(method, pair[side])
+                taken[side][i].append(time.perf_counter() - start)
+                assert outcome.equivalent, outcome.report()
+    harness_ms, own_ms = ([min(t) for t in side] for side in taken)
+    return harness_ms, own_ms
+
+
 def _peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
@@ -762,6 +799,11 @@ def measure(size: int, args: argparse.Namespace) -> dict[str, Any]:
                 # the medians' ratio shows the fixed cost of a short one.
                 out[f"{kind}_total_over_floor"] = sum(checks) / sum(floors)
                 drawn[kind] = cases
+            say(f"world size {size}: a step judged by the oracle and by its own run on one rank")
+            harness_side, own_side = own_reference(world, size, args)
+            out["step_oracle_reference_ms"] = statistics.median(harness_side) * 1e3
+            out["step_own_reference_ms"] = statistics.median(own_side) * 1e3
+            ratio("own_over_oracle_reference", "step_own_reference_ms", "step_oracle_reference_ms")
             if args.diagnosis:
                 say(f"world size {size}: a mistake found, shrunk and diagnosed (world.check)")
                 taken = samples(
@@ -901,6 +943,12 @@ PATHS = [
     ("bare_import_optimizers_s", "its floor s", "{:.2f}"),
     ("reproducer_over_floor", "repro/floor", "{:.2f}"),
 ]
+# A training step judged by the oracle and by its own run on one rank (the user's reference).
+REFERENCES = [
+    ("step_oracle_reference_ms", "oracle ms", "{:.1f}"),
+    ("step_own_reference_ms", "own ms", "{:.1f}"),
+    ("own_over_oracle_reference", "own/oracle", "{:.2f}"),
+]
 PER_KIND = [
     ("check_ms", "check ms", "{:.1f}"),
     ("floor_ms", "floor ms", "{:.1f}"),
@@ -933,6 +981,8 @@ def render(results: dict[str, dict[str, float]]) -> str:
                 for key, _, fmt in PER_KIND
             ]
             lines.append(f"{size:>3} {kind:>10} " + " ".join(f"{c:>11}" for c in cells))
+    lines.append("")
+    lines += _table(REFERENCES, results, 11)
     lines.append("")
     lines += _table(PATHS, results, 12)
     for size, r in results.items():

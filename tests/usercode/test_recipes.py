@@ -136,16 +136,17 @@ def test_a_loss_runs_on_the_target_forms_it_takes_and_nothing_else():
     assert losses_it_takes(focal_loss, ("mse", "cross_entropy", "tokens")) == ("cross_entropy",)
     mse = Recipe(loss="torch.nn:MSELoss")
     assert losses_it_takes(mse, ("mse", "cross_entropy")) == ("mse",)
-    with pytest.raises(RecipeError, match="runs on none of the target forms.*--losses"):
+    with pytest.raises(RecipeError, match=r"runs on none of the target forms.*--losses"):
         losses_it_takes(focal_loss, ("mse",))
 
 
 def test_a_callable_no_rank_can_import_is_refused_with_the_fix():
-    with pytest.raises(RecipeError, match="lambda, a closure.*PATH.py:NAME"):
+    with pytest.raises(RecipeError, match=r"lambda, a closure.*PATH\.py:NAME"):
         reference_of(lambda o, t: o.sum(), "loss")
     with pytest.raises(InvalidArgument, match="cannot import the optimizer's module"):
         scenarios(world_size=2, optimizer="no_such_module_here:make")
-    with pytest.raises(InvalidArgument, match="optimizer factory torch.nn:Linear failed.*TypeError"):
+    linear = r"optimizer factory torch\.nn:Linear failed.*TypeError"
+    with pytest.raises(InvalidArgument, match=linear):
         scenarios(world_size=2, optimizer="torch.nn:Linear")
 
 
@@ -211,9 +212,7 @@ def test_a_step_with_its_own_warm_up_is_equivalent_and_judged_against_itself(tmp
     assert verdict.equivalent
 
 
-def test_a_warm_up_stepped_per_micro_batch_is_named_with_the_references_rate(
-    tmp_path, monkeypatch
-):
+def test_a_warm_up_stepped_per_micro_batch_is_named_with_the_references_rate(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(NotEquivalent) as info:
         check(
@@ -246,17 +245,18 @@ def test_a_warm_up_stepped_per_micro_batch_is_named_with_the_references_rate(
 def test_the_command_line_takes_the_recipe_and_says_what_is_wrong(tmp_path):
     target = f"{HERE}:warmed_up_step"
     given = ("--loss-fn", f"{HERE}:focal", "--optimizer", f"{HERE}:adamw")
-    result = ddp_verify_here("check", target, "--kind", "step", "--world-size", "2", *given,
-                             "--losses", "cross_entropy", "--max-examples", "3", cwd=tmp_path)  # fmt: skip
-    assert result.returncode == 2, (result.stdout + result.stderr)
+    options = ("--kind", "step", "--world-size", "2", "--losses", "cross_entropy")
+    result = ddp_verify_here("check", target, *options, *given, "--max-examples", "3",
+                             cwd=tmp_path)  # fmt: skip
+    assert result.returncode == 2, result.stdout + result.stderr
     assert "takes 'scheduler', the scheduler it steps" in (result.stdout + result.stderr)
     assert "--scheduler PATH.py:FACTORY" in (result.stdout + result.stderr)
     bad = ddp_verify_here("check", target, "--kind", "step", "--loss-fn", "nowhere.py:focal",
                           cwd=tmp_path)  # fmt: skip
-    assert bad.returncode == 2, (bad.stdout + bad.stderr)
+    assert bad.returncode == 2, bad.stdout + bad.stderr
     assert "cannot import the loss's module" in (bad.stdout + bad.stderr)
     good = ddp_verify_here("check", target, "--kind", "step", "--world-size", "2", *given,
                            "--scheduler", f"{HERE}:warmup", "--losses", "cross_entropy",
                            "--max-examples", "3", cwd=tmp_path)  # fmt: skip
-    assert good.returncode == 0, (good.stdout + good.stderr)
+    assert good.returncode == 0, good.stdout + good.stderr
     assert "equivalent on 3 generated scenarios" in (good.stdout + good.stderr)
