@@ -548,6 +548,13 @@ SYNC_LEFT_OUT = _finding(
     "parameters left out of synchronisation: {names} differ from rank to rank (a parameter "
     "DDP ignores, or one that never reaches a hook)",
 )
+MICRO_UNSYNCED = _finding(
+    "micro:unsynced",
+    "gradient",
+    "micro-batch(es) {local} never synchronised: each rank kept its own gradient of them "
+    "while micro-batch(es) {shared} were combined across ranks (a sync inside the "
+    "accumulation loop run on some micro-batches only, or DDP's sync flag on the wrong one)",
+)
 MICRO_CLEARED = _finding(
     "micro:cleared",
     "gradient",

@@ -381,6 +381,122 @@ SHAPES = (
         ),
         families=frozenset({"step"}),
     ),
+    # Functional collectives (torch.distributed._functional_collectives): a new tensor back.
+    Shape(
+        "grad-sync-funcol",
+        "grad-sync",
+        "sync_funcol",
+        """\
+        import torch.distributed._functional_collectives as funcol
+
+
+        $state
+        def sync_funcol(model, num_samples):
+            $pre
+            total = funcol.all_reduce(
+                torch.tensor([float(num_samples)], dtype=torch.float64), "sum", dist.group.WORLD
+            )
+            total = $total
+            for p in model.parameters():
+                if p.grad is None:
+                    continue
+                summed = funcol.all_reduce(p.grad * $weight, "sum", dist.group.WORLD)
+                p.grad.copy_(summed / ($divide))
+        """,
+        dict(state="", pre="", total="total.item()", weight="num_samples", divide="total"),
+        families=frozenset({"grad", "count"}),
+    ),
+    # A metric object of the user's (torchmetrics' update/compute, its sum states reduced
+    # across ranks at compute), for the logged loss.
+    Shape(
+        "loss-metric",
+        "loss",
+        "logged_loss",
+        """\
+        $state
+        class MeanMetric:
+            def __init__(self):
+                self.total = torch.zeros((), dtype=torch.float64)
+                self.count = torch.zeros((), dtype=torch.float64)
+
+            def update(self, value, weight):
+                self.total += value.detach().double() * $weight
+                self.count += weight
+
+            def compute(self):
+                states = torch.stack([self.total, self.count])
+                $allreduce
+                total = $total
+                return states[0] / ($divide)
+
+
+        def logged_loss(local_loss, num_samples):
+            metric = MeanMetric()
+            metric.update(local_loss, num_samples)
+            return metric.compute().item()
+        """,
+        dict(
+            state="",
+            weight="weight",
+            allreduce="dist.all_reduce(states)",
+            total="states[1].item()",
+            divide="total",
+        ),
+        families=frozenset({"metric"}),
+    ),
+    # A wrapped hook: a decorator of the user's around it (timing, logging).
+    Shape(
+        "comm-hook-wrapped",
+        "comm-hook",
+        "allreduce_hook",
+        """\
+        import functools
+
+
+        def _timed(hook):
+            @functools.wraps(hook)
+            def timed(state, bucket):
+                return hook(state, bucket)
+
+            return timed
+
+
+        @_timed
+        def allreduce_hook(state, bucket):
+            tensor = bucket.buffer()
+            tensor.div_($divide)
+            future = dist.all_reduce(tensor, async_op=True).get_future()
+            return future.then(lambda f: f.value()[0])
+        """,
+        dict(divide="dist.get_world_size()"),
+        families=frozenset({"hook"}),
+    ),
+    # DDP's sync flag toggled by hand (what no_sync() does), on for the last micro-batch.
+    Shape(
+        "wrapped-step-flag",
+        "wrapped-step",
+        "flag_step",
+        """\
+        def flag_step(ddp_model, optimizer, micro_batches, loss_fn):
+            optimizer.zero_grad()
+            local = sum(len(y) for _, y in micro_batches)
+            total = torch.tensor([float(local)], dtype=torch.float64)
+            dist.all_reduce(total)
+            world = dist.get_world_size()
+            reported = torch.zeros((), dtype=torch.float64)
+            for i, (x, y) in enumerate(micro_batches):
+                ddp_model.require_backward_grad_sync = $flag
+                loss = loss_fn(ddp_model(x), y) * len(y) * world / total.item()
+                loss.backward()
+                reported += loss.detach().double() / world
+            ddp_model.require_backward_grad_sync = True
+            optimizer.step()
+            dist.all_reduce(reported)
+            return reported
+        """,
+        dict(flag="i == len(micro_batches) - 1"),
+        families=frozenset({"sync-flag"}),
+    ),
     # The user's own recipe (issue 62): their loss, AdamW and a warm-up they step themselves,
     # judged against the same code on one rank holding the whole batch.
     Shape(
@@ -830,6 +946,7 @@ OPERATORS = (
             "grad": {"weight": "1", "divide": "dist.get_world_size()"},
             "grad32": {"weight": "1", "divide": "dist.get_world_size()"},
             "report": {"weight": "1", "divide": "dist.get_world_size()"},
+            "metric": {"weight": "1", "divide": "dist.get_world_size()"},
             "step": {"mb_weight": "len(y) / local", "divide": "dist.get_world_size()"},
             "step-recipe": {"mb_weight": "len(y) / local", "divide": "dist.get_world_size()"},
             "step-clip": {"mb_weight": "len(y) / local", "divide": "dist.get_world_size()"},
@@ -845,6 +962,7 @@ OPERATORS = (
             "grad": {"divide": "1"},
             "grad32": {"weight": "count"},
             "report": {"divide": "1"},
+            "metric": {"divide": "1"},
             "step": {"divide": "1"},
             "hook": {"divide": "1"},
             "hook-state": {"state_divide": "1"},
@@ -864,6 +982,7 @@ OPERATORS = (
             "grad": {"divide": "total * total"},
             "grad32": {"divide": "total"},
             "report": {"divide": "total * total"},
+            "metric": {"divide": "total * total"},
             "step": {"divide": "total.item() ** 2"},
             "hook": {"divide": "dist.get_world_size() ** 2"},
             "wrapper": {"divide": "dist.get_world_size() ** 2"},
@@ -955,6 +1074,12 @@ OPERATORS = (
         frozenset({"micro:last-only"}),
     ),
     Operator(
+        "flag-first-only",
+        "DDP's sync flag on for the first micro-batch, not the last",
+        {"sync-flag": {"flag": "i == 0"}},
+        frozenset({"micro:unsynced", "sync:left-out", "ranks:own", "micro:other"}),
+    ),
+    Operator(
         "scheduler-per-micro-batch",
         "the user's warm-up stepped once per micro-batch, not once per optimizer step",
         {"step-recipe": {"tick_inside": "scheduler.step()", "tick_after": ""}},
@@ -982,7 +1107,7 @@ OPERATORS = (
                 "sync_after": "",
             }
         },
-        frozenset({"sync:left-out", "ranks:own", "micro:other"}),
+        frozenset({"micro:unsynced", "sync:left-out", "ranks:own", "micro:other"}),
     ),
     Operator(
         "parameter-left-out",

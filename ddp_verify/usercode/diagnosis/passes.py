@@ -327,6 +327,7 @@ def _clip_bound(kept: list[float], norms: list[float], close: float) -> tuple[fl
 @register(
     "fitted-weights",
     says=(
+        f.MICRO_UNSYNCED.code,
         f.MICRO_DROPPED.code,
         f.MICRO_OTHER.code,
         f.RANKS_EQUAL.code,

@@ -320,6 +320,18 @@ def gradient_causes(
                 where="every rank",
             )
         ]
+    unsynced = _unsynced(fits, close)
+    if unsynced is not None:
+        local, shared = unsynced
+        last = fits[-1]
+        return [
+            f.MICRO_UNSYNCED.cause(
+                evidence="; ".join(fit.evidence() for fit in fits),
+                weights=last.table(),
+                local=", ".join(map(str, local)),
+                shared=", ".join(map(str, shared)),
+            )
+        ]
     seen: dict[str, Cause] = {}
     for fit, found in per_rank:
         for reading in found:
@@ -348,6 +360,33 @@ def gradient_causes(
             for c in causes
         ]
     return causes
+
+
+def _unsynced(fits: list[WeightFit], close: float) -> tuple[list[int], list[int]] | None:
+    """The micro-batches every rank kept to itself and those it combined across ranks, where
+    the weights show that on every rank: its own micro-batches all counted, the other ranks'
+    counted for some micro-batch indices and 0 for the others, the same on every rank."""
+    if len(fits) < 2:
+        return None
+    kept: set[int] | None = None
+    combined: set[int] | None = None
+    for fit in fits:
+        shared: set[int] = set()
+        local: set[int] = set()
+        for i, g in enumerate(fit.groups):
+            zero = _near(fit.ratio(i), 0.0, close, 1.0)
+            if g.rank == fit.rank:
+                if zero:
+                    return None  # a micro-batch of its own left out: another mistake
+                continue
+            (local if zero else shared).add(g.micro)
+        if not local or not shared or local & shared:
+            return None
+        if kept is not None and (kept != local or combined != shared):
+            return None
+        kept, combined = local, shared
+    assert kept is not None and combined is not None
+    return sorted(kept), sorted(combined)
 
 
 def _only_source(fit: WeightFit, close: float) -> int | None:
