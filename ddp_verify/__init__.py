@@ -33,6 +33,7 @@ _LAZY = {
     "Scenario": "ddp_verify.engine.scenario",
     "ModelSpec": "ddp_verify.engine.scenario",
     "OptimizerSpec": "ddp_verify.engine.scenario",
+    "Recipe": "ddp_verify.engine.scenario",
     "World": "ddp_verify.world",
     "WorldPool": "ddp_verify.world",
     "WorldError": "ddp_verify.world",
@@ -50,6 +51,7 @@ _LAZY = {
     "WorldBroken": "ddp_verify.world.agreement",
     "LaunchError": "ddp_verify.world.launch",
     "UserModelError": "ddp_verify.engine.user_models",
+    "RecipeError": "ddp_verify.engine.recipes",
     "IncompatibleRelease": "ddp_verify.engine.compat",
     "RankFailed": "ddp_verify.engine.lockstep",
     "LayoutError": "ddp_verify.parity.layouts",
@@ -77,6 +79,8 @@ __all__ = [
     "PlotUnavailable",
     "RankError",
     "RankFailed",
+    "Recipe",
+    "RecipeError",
     "RecordingError",
     "Scenario",
     "UsageError",
@@ -98,7 +102,8 @@ if TYPE_CHECKING:
     from .engine.compat import IncompatibleRelease
     from .engine.lockstep import RankFailed
     from .engine.outcome import EquivalenceError
-    from .engine.scenario import ModelSpec, OptimizerSpec, Scenario
+    from .engine.recipes import RecipeError
+    from .engine.scenario import ModelSpec, OptimizerSpec, Recipe, Scenario
     from .engine.user_models import UserModelError
     from .frontends.api import ParityFailed, assert_parity, check
     from .frontends.usage import UsageError

@@ -625,6 +625,9 @@ SCRIPT_FINDINGS = (
     SCRIPT_STEPS,
 )
 
+# Findings both the check and parity say, each from evidence of its own: one vocabulary.
+SHARED_FINDINGS = (OPTIMIZER_SETTINGS,)
+
 # Findings a simulated mistake's run is matched for, where the fit could not say.
 OPEN_QUESTIONS = (NONLINEAR, LOSS_UNEXPLAINED)
 
