@@ -548,6 +548,29 @@ SYNC_LEFT_OUT = _finding(
     "parameters left out of synchronisation: {names} differ from rank to rank (a parameter "
     "DDP ignores, or one that never reaches a hook)",
 )
+LOSS_INTEGER = _finding(
+    "loss:integer",
+    "loss",
+    "a value truncated or rounded to a whole number on its way ({whole}): a sum held in an "
+    "integer tensor, or int() of a float",
+)
+LABEL_DROPPED = _finding(
+    "label:dropped",
+    "gradient",
+    "the items whose target is {label} left out of the loss: a label value taken for padding "
+    "or ignored (the ignored target is -100: compare with it, not with 0 or -1)",
+)
+IGNORED_COUNTED = _finding(
+    "label:ignored-counted",
+    "gradient",
+    "targets the loss must ignore (-100: padding, prompt tokens) counted, as class 0: a mask "
+    "built from the labels and never applied, or labels clamped before the loss",
+)
+PARAMS_REPLACED = _finding(
+    "params:replaced",
+    "parameters",
+    "parameters replaced after the optimizer step, not gradients misweighted ({replaced})",
+)
 MICRO_UNSYNCED = _finding(
     "micro:unsynced",
     "gradient",

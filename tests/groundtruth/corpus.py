@@ -322,6 +322,23 @@ SHAPES = (
         options={"losses": ("tokens",), "max_micro_batches": 3},
         families=frozenset({"token-loss-3d"}),
     ),
+    # A token loss that builds its own mask from the labels (issue 62).
+    Shape(
+        "loss-fn-masked",
+        "loss-fn",
+        "masked_token_loss",
+        """\
+        def masked_token_loss(logits, labels, num_items_in_batch):
+            mask = ($mask).flatten().to(logits.dtype)
+            per_token = F.cross_entropy(
+                logits.flatten(0, 1), labels.clamp(min=0).flatten(), reduction="none"
+            )
+            return (per_token * mask).sum() / num_items_in_batch
+        """,
+        dict(mask="labels != -100"),
+        options={"losses": ("tokens",), "max_micro_batches": 3},
+        families=frozenset({"token-loss-mask"}),
+    ),
     Shape(
         "loss-fn-causal",
         "loss-fn",
@@ -552,6 +569,40 @@ SHAPES = (
             "losses": ("cross_entropy",),
         },
         families=frozenset({"step-recipe"}),
+    ),
+    # A running average of the weights (EMA) kept beside the model, for evaluation.
+    Shape(
+        "step-ema",
+        "step",
+        "ema_step",
+        """\
+        def ema_step(model, optimizer, micro_batches, loss_fn):
+            average = optimizer.__dict__.setdefault("ema", {})
+            if not average:
+                average.update({n: p.detach().clone() for n, p in model.named_parameters()})
+            optimizer.zero_grad()
+            local = sum(len(y) for _, y in micro_batches)
+            total = torch.tensor([float(local)], dtype=torch.float64)
+            dist.all_reduce(total)
+            reported = torch.zeros((), dtype=torch.float64)
+            for x, y in micro_batches:
+                loss = loss_fn(model(x), y) * len(y)
+                loss.backward()
+                reported += loss.detach().double()
+            for p in model.parameters():
+                if p.grad is not None:
+                    dist.all_reduce(p.grad)
+                    p.grad.div_(total.item())
+            optimizer.step()
+            with torch.no_grad():
+                for n, p in model.named_parameters():
+                    average[n].mul_(0.99).add_(p, alpha=0.01)
+                    $swap
+            dist.all_reduce(reported)
+            return reported / total.item()
+        """,
+        dict(swap=""),
+        families=frozenset({"step-ema"}),
     ),
     # A clip by norm of the user's own, after the sync (right) or before it, that bites.
     Shape(
@@ -1078,6 +1129,30 @@ OPERATORS = (
         "DDP's sync flag on for the first micro-batch, not the last",
         {"sync-flag": {"flag": "i == 0"}},
         frozenset({"micro:unsynced", "sync:left-out", "ranks:own", "micro:other"}),
+    ),
+    Operator(
+        "label-zero-as-padding",
+        "label 0 taken for padding: the tokens whose target is 0 left out of the loss",
+        {"token-loss-mask": {"mask": "labels > 0"}},
+        frozenset({"label:dropped"}),
+    ),
+    Operator(
+        "mask-never-applied",
+        "the mask built and never applied: padding and ignored tokens counted as class 0",
+        {"token-loss-mask": {"mask": "torch.ones_like(labels)"}},
+        frozenset({"label:ignored-counted"}),
+    ),
+    Operator(
+        "int-truncated",
+        "the loss sum held in an integer tensor before it is reduced",
+        {"report": {"allreduce": "pair = pair.long(); dist.all_reduce(pair)"}},
+        frozenset({"loss:integer"}),
+    ),
+    Operator(
+        "ema-left-in",
+        "the running average copied into the model after each step and never swapped back",
+        {"step-ema": {"swap": "p.copy_(average[n])"}},
+        frozenset({"params:replaced"}),
     ),
     Operator(
         "scheduler-per-micro-batch",

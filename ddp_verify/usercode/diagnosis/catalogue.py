@@ -193,6 +193,10 @@ _FILL = {
     "result_on": option("result_on", "rank0"),
     "exclude": option("excluded_features", "unused"),
     "how": "what the replay showed",
+    "label": "c",
+    "whole": "which value: the loss, its sum over the step's items, or over the ranks",
+    "replaced": "each parameter a of its value before the step plus 1 - a of the reference's "
+    "after it (a running average left in the model), or the update undone",
     "step": "s",
     "held": "the counts",
     "same_counts": option("same_micro_batch_counts", True),

@@ -19,22 +19,31 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
 
-from ...engine.models import normalises_by_batch
+from ...engine.models import (
+    build_data,
+    build_model,
+    global_items,
+    loss_function,
+    normalises_by_batch,
+    one_thread,
+    torch_dtype,
+)
 from ...engine.objectives import objective
 from ...engine.optimizers import scheduled_settings
 from ...engine.reference import train_reference
+from ...engine.scenario import IGNORE_INDEX
 from ...engine.trace import Settings, Trace
 from ...world.naming import option
 from .. import findings as f
 from ..findings import Cause
 from .axes import Choice
 from .engine import Hypothesis, gradient_hypotheses, loss_hypotheses
-from .evidence import Evidence
+from .evidence import Evidence, flatten
 from .mistakes import applies, candidates, match_tolerance, matches, simulate
 from .readings import gradient_causes, gradient_fits
 from .structural import (
@@ -184,6 +193,187 @@ def optimizer_steps(evidence: Evidence, found: Found) -> list[Hypothesis]:
                 cause = f.OPTIMIZER_SETTINGS.cause(what=said)
                 return [_structural(cause, {"parameters", "loss"}, source="optimizer-steps")]
     return []
+
+
+@register("label-dropped", says=(f.LABEL_DROPPED.code, f.IGNORED_COUNTED.code))
+def label_dropped(evidence: Evidence, found: Found) -> list[Hypothesis]:
+    """A class or label value left out of the loss (taken for padding: 0 where ``-100`` is
+    the ignored target): at step 0, the objective's gradient with the items of one target
+    value weighted 0, over the count without them or the count with them, predicted for each
+    value the step's targets hold, against each rank's gradient. Its misfit: the prediction's
+    distance, against the dtype's bound. Class and token losses whose gradients are read."""
+    scenario = evidence.scenario
+    if scenario.loss not in ("cross_entropy", "tokens") or scenario.objective:
+        return []
+    observed = evidence.gradients(0)
+    if observed is None:
+        return []
+    with one_thread():
+        model = build_model(scenario, "float64")
+        inputs, targets = build_data(scenario, "float64")[0]
+        per_item = loss_function(scenario, "none")(model(inputs), targets)
+        counted = targets != IGNORE_INDEX
+        values = sorted({int(v) for v in targets[counted].unique()})
+        tolerance = evidence.tolerance
+        total = int(counted.sum())
+
+        def distance(items: torch.Tensor, weights: torch.Tensor, count: int) -> float:
+            model.zero_grad(set_to_none=True)
+            (items * weights).sum().div(count).backward(retain_graph=True)
+            predicted = flatten(model, {n: p.grad for n, p in model.named_parameters()})
+            scale = max(float(predicted.norm()), 1e-300)
+            return max(float((g - predicted).norm()) / scale for g in observed)
+
+        def hypothesis(cause: Cause, misfit: float) -> list[Hypothesis]:
+            covers = frozenset({"gradient", "loss"})
+            return [Hypothesis("gradient", covers, 1.0, misfit / tolerance.close,
+                               causes=(cause,), source="label-dropped")]  # fmt: skip
+
+        for value in values[:MAX_LABELS]:
+            kept = counted & (targets != value)
+            if not bool(kept.any()):
+                continue
+            for over, count in (("without them", int(kept.sum())), ("with them", total)):
+                misfit = distance(per_item, kept, count)
+                if misfit <= tolerance.close:
+                    dropped = int((counted & (targets == value)).sum())
+                    cause = f.LABEL_DROPPED.cause(
+                        label=value,
+                        evidence=f"at step 0 every rank's gradient is the objective's with the "
+                        f"{dropped} {evidence.unit}(s) of target {value} weighted 0, over the "
+                        f"count {over} ({count} of {total}); relative distance {misfit:.2g}",
+                    )
+                    return hypothesis(cause, misfit)
+        ignored = ~counted
+        if bool(ignored.any()):
+            # The ignored targets counted as a class (code that clamps them to build its own
+            # mask, then never applies it): over the count of those that count.
+            everything = loss_function(scenario, "none")(model(inputs), targets.clamp(min=0))
+            misfit = distance(everything, torch.ones_like(everything), total)
+            if misfit <= tolerance.close:
+                cause = f.IGNORED_COUNTED.cause(
+                    evidence=f"at step 0 every rank's gradient is the objective's with the "
+                    f"{int(ignored.sum())} ignored target(s) counted as class 0, over the "
+                    f"{total} that count; relative distance {misfit:.2g}",
+                )
+                return hypothesis(cause, misfit)
+    return []
+
+
+# The target values a label pass tries, the smallest first (0 is the padding convention).
+MAX_LABELS = 16
+
+
+@register("integer-values", says=(f.LOSS_INTEGER.code,))
+def integer_values(evidence: Evidence, found: Found) -> list[Hypothesis]:
+    """A loss value truncated or rounded to a whole number on its way (a sum held in an
+    integer tensor, ``int()`` of a mean): at the first step whose reported loss is not the
+    reference's, the reported value times ``k`` (1, the step's loss items, the world size) is
+    a whole number where the reference's is not, and the two part by less than one unit in
+    ``k``'s place per rank. Its misfit: how far from whole the value is, against the dtype's
+    bound."""
+    tolerance, scenario = evidence.tolerance, evidence.scenario
+    for step in range(evidence.steps):
+        expected = evidence.reference.ranks[0].losses[step]
+        got = [evidence.reported(r)[step] for r in range(len(evidence.got.ranks))]
+        if all(math.isclose(g, expected, rel_tol=tolerance.loss, abs_tol=1e-12) for g in got):
+            continue
+        items = global_items(scenario, step)
+        # A sum truncated first: the usual way (a value of 0 is whole every way).
+        ways = (
+            (items, f"the sum over the step's {items} {evidence.unit}s"),
+            (evidence.world, "the sum over the ranks"),
+            (1, "the value itself"),
+        )
+        for k, what in ways:
+            scaled = [g * k for g in got]
+            whole = [abs(v - round(v)) for v in scaled]
+            # Whole to the run's rounding (a truncated value is exact), not to a fit's bound.
+            exact = 1e3 * torch.finfo(torch_dtype(scenario.dtype)).eps
+            if max(whole) > exact * max(1.0, *map(abs, scaled)):
+                continue
+            if abs(expected * k - round(expected * k)) <= 1e-6 * max(1.0, abs(expected * k)):
+                continue  # the reference's is whole too: nothing to tell
+            if max(abs(v - expected * k) for v in scaled) >= evidence.world + 1:
+                continue
+            cause = f.LOSS_INTEGER.cause(
+                whole=what,
+                evidence=f"at step {step} the reported loss times {k} is "
+                f"{', '.join(f'{v:.6g}' for v in scaled)}, a whole number, where the "
+                f"reference's is {expected * k:.6g}",
+            )
+            misfit = max(whole) / (exact * max(1.0, *map(abs, scaled)))
+            return [
+                Hypothesis(
+                    "loss", frozenset({"loss"}), 1.0, misfit, causes=(cause,), source="integer"
+                )
+            ]
+        return []
+    return []
+
+
+@register("parameters-replaced", says=(f.PARAMS_REPLACED.code,))
+def parameters_replaced(evidence: Evidence, found: Found) -> list[Hypothesis]:
+    """Parameters replaced after the step rather than gradients misweighted: at the first
+    step, each rank's parameters are ``a * start + (1 - a) * reference`` for one ``a`` in
+    ``(0, 1]`` (a running average of the weights kept in the model, EMA decay ``a``; at
+    ``a = 1`` the update undone). Needs the step's start and the reference's parameters; its
+    misfit is what that line leaves unexplained, against the dtype's residual bound."""
+    if not evidence.got.ranks or not evidence.reference.ranks:
+        return []
+    if not evidence.reference.ranks[0].params or not evidence.got.ranks[0].params:
+        return []
+    with one_thread():
+        start_model = build_model(evidence.scenario, "float64")
+    start = dict(start_model.named_parameters())
+    expected = evidence.reference.ranks[0].params[0]
+    names = [n for n in expected if n in start and start[n].requires_grad]
+    if not names:
+        return []
+
+    def flat(params: Mapping[str, Any]) -> torch.Tensor:
+        return torch.cat([params[n].detach().to("cpu", torch.float64).reshape(-1) for n in names])
+
+    before, after = flat(start), flat(expected)
+    moved = before - after
+    if float(moved.norm()) == 0.0:
+        return []
+    tolerance = evidence.tolerance
+    worst, decays = 0.0, []
+    for rank in evidence.got.ranks:
+        got = flat(rank.params[0])
+        off = got - after
+        if float(off.norm()) <= tolerance.close * float(moved.norm()):
+            return []  # this rank's step is the reference's: not a replacement
+        decay = float(off @ moved) / float(moved @ moved)
+        unexplained = float((off - decay * moved).norm()) / float(off.norm())
+        worst = max(worst, unexplained / tolerance.residual)
+        decays.append(decay)
+    if not all(tolerance.close < d <= 1 + tolerance.close for d in decays):
+        return []
+    decay = sum(decays) / len(decays)
+    how = (
+        "the update undone: the parameters are the step's start again"
+        if abs(decay - 1) <= tolerance.close
+        else f"each parameter {decay:.4g} of its value before the step plus {1 - decay:.4g} "
+        "of the reference's after it: a running average (EMA) of the weights left in the model"
+    )
+    cause = f.PARAMS_REPLACED.cause(
+        replaced=how,
+        evidence=f"at step 0 every rank's parameters lie on the line from the reference's "
+        f"update back to the start, at {', '.join(f'{d:.6g}' for d in decays)} of the way "
+        f"(unexplained: {worst * tolerance.residual:.2g} of the difference)",
+    )
+    return [
+        Hypothesis(
+            "parameters",
+            frozenset({"parameters", "loss"}),
+            1.0,
+            worst,
+            causes=(cause,),
+            source="parameters-replaced",
+        )
+    ]
 
 
 def _due_settings(evidence: Evidence, step: int) -> tuple[Settings, str]:
