@@ -457,6 +457,33 @@ def loss_function(scenario: Scenario, reduction: str = "mean") -> nn.Module:
     return _loss(scenario, reduction)
 
 
+def nothing_counts_as_zero(scenario: Scenario, loss: nn.Module) -> nn.Module:
+    """``loss``, 0 (joined to the outputs' graph, so that backward leaves zero gradients) on
+    a batch with no loss item: the mean over nothing, which a rank that holds no sample in a
+    step contributes to every sum; torch's own mean there is 0/0.
+
+    Example::
+
+        >>> s = Scenario(world_size=2, schedule=(((0,), (2,)),))
+        >>> loss = nothing_counts_as_zero(s, loss_function(s))
+        >>> float(loss(torch.zeros(0, 1, requires_grad=True), torch.zeros(0, 1)))
+        0.0
+    """
+    return _NothingCounts(scenario, loss)
+
+
+class _NothingCounts(nn.Module):
+    def __init__(self, scenario: Scenario, loss: nn.Module) -> None:
+        super().__init__()
+        self.scenario, self.loss = scenario, loss
+
+    def forward(self, outputs: Any, targets: torch.Tensor) -> torch.Tensor:
+        if count_items(self.scenario, targets) == 0:
+            first = outputs[0] if isinstance(outputs, (tuple, list)) else outputs
+            return first.sum() * 0.0
+        return self.loss(outputs, targets)
+
+
 def _users_loss(scenario: Scenario, reduction: str) -> nn.Module:
     """The recipe's loss (:func:`~ddp_verify.engine.recipes.mean_loss`) as the harness's
     loops take it: the mean over a batch's loss items, or ``sum``: that mean times them."""

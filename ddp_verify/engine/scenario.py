@@ -341,13 +341,15 @@ class Scenario:
                     f"step {step} lists {len(per_rank)} ranks, the world has {self.world_size}"
                 )
             for rank, sizes in enumerate(per_rank):
-                # A coupled loss's rank may hold no pair: its gathers must still take part.
-                least = 0 if self.loss == COUPLED else 1
-                if not sizes or any(m < least for m in sizes):
+                # A rank may hold no sample in a step (its collectives must still take
+                # part), but it still runs its micro-batches' loop: at least one.
+                if not sizes or any(m < 0 for m in sizes):
                     raise ValueError(
                         f"step {step}, rank {rank}: every rank needs at least one micro-batch "
-                        f"of at least {least} sample(s), got {sizes}"
+                        f"of zero samples or more, got {sizes}"
                     )
+            if self.loss != COUPLED and not sum(map(sum, per_rank)):
+                raise ValueError(f"step {step}: some rank must hold a sample, got {per_rank}")
             if self.loss == COUPLED and (
                 len({len(sizes) for sizes in per_rank}) > 1 or not sum(map(sum, per_rank))
             ):

@@ -287,6 +287,7 @@ def scenarios(
     loss_fn: Any = None,
     optimizer: Any = None,
     scheduler: Any = None,
+    empty_ranks: bool = False,
 ) -> st.SearchStrategy[Scenario]:
     """Whole scenarios for a world of ``world_size`` ranks; the drawn one is ``note()``d.
 
@@ -316,6 +317,9 @@ def scenarios(
     target forms of ``losses`` it runs on, ``optimizer(params)``, ``scheduler(optimizer)``
     stepped once a step (see :mod:`ddp_verify.engine.recipes`); such a scenario is judged
     against the code's own run on one rank holding the whole batch.
+    ``empty_ranks=True`` lets a rank hold no sample in a step (about half the examples with
+    two ranks or more, shrinking away): each of its micro-batches is empty, its count 0, its
+    gradient 0, and code that divides by its own count divides 0 by 0 there.
 
     Example::
 
@@ -383,6 +387,8 @@ def scenarios(
             raise InvalidArgument(str(exc)) from None
         if recipe.optimizer and optimizers is not None:
             raise InvalidArgument("give optimizer= (your factory) or optimizers=, not both")
+    if empty_ranks and world_size < 2:
+        raise InvalidArgument("empty_ranks=True needs two ranks or more: one must hold samples")
     model_strategy = models if models is not None else _default_models()
     optimizer_strategy = optimizers if optimizers is not None else _default_optimizers()
     if recipe.optimizer:
@@ -402,9 +408,12 @@ def scenarios(
             if loss == "cross_entropy" and model.out_features < 2:
                 # Cross-entropy needs classes; the smallest model has one output.
                 model = dataclasses.replace(model, out_features=2)
+        schedule = draw(schedules)
+        if empty_ranks and not model.batch_norm and model.kind != "user" and draw(st.booleans()):
+            schedule = _emptied(schedule, draw(st.integers(0, world_size - 1)))
         scenario = Scenario(
             world_size=world_size,
-            schedule=draw(schedules),
+            schedule=schedule,
             model=model,
             loss=loss,  # type: ignore[arg-type]
             optimizer=draw(optimizer_strategy),
@@ -419,6 +428,17 @@ def scenarios(
         return scenario
 
     return draw_scenario()
+
+
+def _emptied(schedule: Schedule, rank: int) -> Schedule:
+    """``schedule`` with ``rank`` holding no sample at its first step: as many micro-batches,
+    each empty (a batch norm cannot normalise nothing: never drawn with one)."""
+    first = tuple(
+        tuple(0 for _ in sizes) if r == rank else sizes for r, sizes in enumerate(schedule[0])
+    )
+    if not sum(map(sum, first)):
+        return schedule
+    return (first, *schedule[1:])
 
 
 def coupled_scenarios(

@@ -9,6 +9,7 @@
         [--labels aligned|unshifted] [--layout AXIS=VALUE[,...]] [--exclude-features F,...]
         [--model-kinds K,...] [--losses L,...] [--model MODULE:FACTORY|PATH.py:FACTORY]
         [--loss-fn PATH.py:FN] [--optimizer PATH.py:FACTORY] [--scheduler PATH.py:FACTORY]
+        [--empty-ranks]
         [--timeout S] [--full-trace] [--json]
 
     ddp-verify conformance [--world-size N] [--ddp-wrapper MODULE:CALLABLE] [--examples N]
@@ -403,6 +404,13 @@ def _parser() -> argparse.ArgumentParser:
         help="train your own model: FACTORY() returns (module, make_batch), make_batch(n, "
         "generator) -> (inputs, targets) drawn from that generator; the loss follows from the "
         "targets (float: mse, class ids: cross_entropy, sequences with -100: tokens)",
+    )
+    check.add_argument(
+        "--empty-ranks",
+        action="store_true",
+        help="let a rank hold no sample in a step (its count 0, its gradient 0): what code "
+        "that divides by its own count meets at the end of an epoch or with all-padding "
+        "batches",
     )
     check.add_argument(
         "--loss-fn",
@@ -893,6 +901,8 @@ def _run_check(args: argparse.Namespace, fn: Callable[..., Any], context: dict[s
         bounds["token_weights"] = True
     if args.model:
         bounds["model"] = args.model
+    if args.empty_ranks:
+        bounds["empty_ranks"] = True
     bounds.update(args.recipe)
     started = time.monotonic()
     progress = _Progress(

@@ -334,6 +334,7 @@ SPELLINGS: dict[str, Mapping[str, Spelling]] = {
         "objective": "--objective",
         "model": "--model",
         "loss_fn": "--loss-fn",
+        "empty_ranks": "--empty-ranks",
         "optimizer": "--optimizer",
         "scheduler": "--scheduler",
         "dtypes": "--dtype",

@@ -19,6 +19,7 @@ from ..engine.models import (
     loss_function,
     micro_batches,
     normaliser,
+    nothing_counts_as_zero,
     rank_items,
     training_optimizer,
 )
@@ -55,7 +56,8 @@ class RankRun:
                     f"batch_norm='sync' models on a cuda world ({option('device', 'cuda')})"
                 )
             self.model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(self.model)
-        self.loss_fn = loss_function(scenario)
+        # A rank may hold no sample in a step: its loss there is 0, not torch's 0/0.
+        self.loss_fn = nothing_counts_as_zero(scenario, loss_function(scenario))
         self.data = build_data(scenario, device=self.device)
         self.trace = RankTrace()
         self.scheduler: object = None
@@ -89,7 +91,7 @@ class RankRun:
         """Backward of this rank's objective over its micro-batches of ``step``: their mean
         loss (each weighted by its share of the rank's loss items), or under a declared sum
         their summed loss; returns the sum of per-item losses, float64."""
-        n = self.local_normaliser(step)
+        n = self.local_normaliser(step) or 1  # a rank with nothing: every weight is 0
         local_sum = self.zero()
         for inputs, targets in self.micro_batches(step):
             loss = self.loss_fn(self.model(inputs), targets)

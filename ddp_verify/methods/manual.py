@@ -40,7 +40,8 @@ class ManualAllReduce(DistributedMethod):
                 scale, divisor = float(n), float(run.global_normaliser(step))
             else:
                 scale, divisor = 1.0, float(run.world_size)
-            return all_reduce_weighted(params, scale, divisor, local_sum / n)
+            # A rank with no sample reports a mean of 0, its sum's (not 0/0).
+            return all_reduce_weighted(params, scale, divisor, local_sum / max(n, 1))
 
         return train_local_then_sync(run, average)
 

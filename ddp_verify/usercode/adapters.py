@@ -279,7 +279,8 @@ class LossAggregation(UserMethod):
         def users_loss(step: int, local_sum: torch.Tensor) -> float:
             n = run.local_normaliser(step)
             all_reduce_weighted(params, float(n), run.global_normaliser(step))
-            local = (local_sum / n).to(dtype).clone()
+            # A rank with no sample hands over a mean of 0 (its sum's), not 0/0.
+            local = (local_sum / max(n, 1)).to(dtype).clone()
             args, kwargs = self.call.arguments(
                 (_handed_over(self.form, local, self.carried),),
                 run.local_samples(step),
@@ -396,7 +397,8 @@ class TrainingStep(UserMethod):
                 )
             assert isinstance(self.fn, _BoundCall)
             self.fn.given = dict.fromkeys(STEP_VALUES, run.scheduler)
-        # The user's own loss as they wrote it (tuple and all), or the harness's.
+        # The user's own loss as they wrote it (tuple and all), or the harness's: torch's,
+        # whose mean over an empty micro-batch is 0/0, as the code meets it in training.
         loss_fn = (
             user_loss(scenario.recipe)
             if scenario.recipe.loss

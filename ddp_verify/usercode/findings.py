@@ -554,6 +554,19 @@ LOSS_INTEGER = _finding(
     "a value truncated or rounded to a whole number on its way ({whole}): a sum held in an "
     "integer tensor, or int() of a float",
 )
+NAN_EMPTY_RANK = _finding(
+    "nan:empty-rank",
+    "run",
+    "rank {empty} holds no sample at step {step} and the code divides by its count: 0/0 is "
+    "NaN, and an all-reduce spreads it to every rank (weight by the count, or skip the "
+    "division where it is 0)",
+)
+NAN = _finding(
+    "nan",
+    "run",
+    "a NaN or an infinity at step {step} on rank(s) {nonfinite}: a division by zero, a log of 0, "
+    "or an overflow in the code",
+)
 LABEL_DROPPED = _finding(
     "label:dropped",
     "gradient",

@@ -134,6 +134,8 @@ REGISTRY: tuple[Kind, ...] = (
         mistakes="combine",
         counted_after="model",
         leading_names=("model", "module", "net", "network", "ddp_model", "m"),
+        # Its contract holds on a rank with no sample: a zero gradient and a count of 0.
+        default_bounds={"empty_ranks": True},
     ),
     Kind(
         "loss",

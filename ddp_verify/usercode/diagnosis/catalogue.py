@@ -194,6 +194,8 @@ _FILL = {
     "exclude": option("excluded_features", "unused"),
     "how": "what the replay showed",
     "label": "c",
+    "empty": "r",
+    "nonfinite": "the ranks",
     "whole": "which value: the loss, its sum over the step's items, or over the ranks",
     "replaced": "each parameter a of its value before the step plus 1 - a of the reference's "
     "after it (a running average left in the model), or the update undone",

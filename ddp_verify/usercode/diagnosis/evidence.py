@@ -136,9 +136,10 @@ def _model_at(scenario: Scenario, params: Params | None) -> torch.nn.Module:
 def group_terms(
     scenario: Scenario, step: int = 0, starts: Sequence[Params | None] | None = None
 ) -> tuple[list[Group], torch.Tensor, list[float]]:
-    """Every micro-batch of ``step`` (rank-major): its mean-loss gradient, float64, as the
-    columns of a ``(parameters, groups)`` matrix, and its mean loss, each at the parameters
-    its rank started the step from (``starts[rank]``; the initial ones where None).
+    """Every micro-batch of ``step`` (rank-major) that holds a loss item: its mean-loss
+    gradient, float64, as the columns of a ``(parameters, groups)`` matrix, and its mean
+    loss, each at the parameters its rank started the step from (``starts[rank]``; the
+    initial ones where None). An empty one (a rank that holds no sample) has none.
 
     Example::
 
@@ -163,6 +164,8 @@ def group_terms(
         for rank in range(scenario.world_size):
             model = _model_at(scenario, None if starts is None else starts[rank])
             for micro, (x, y) in enumerate(micro_batches(scenario, step, rank, (inputs, targets))):
+                if count_items(scenario, y) == 0:
+                    continue  # nothing counts in it (a rank that holds no sample): no column
                 model.zero_grad(set_to_none=True)
                 loss = loss_fn(model(x), y)
                 if summed:

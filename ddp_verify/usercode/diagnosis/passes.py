@@ -31,6 +31,7 @@ from ...engine.models import (
     loss_function,
     normalises_by_batch,
     one_thread,
+    rank_items,
     torch_dtype,
 )
 from ...engine.objectives import objective
@@ -195,6 +196,40 @@ def optimizer_steps(evidence: Evidence, found: Found) -> list[Hypothesis]:
     return []
 
 
+@register("not-a-number", says=(f.NAN_EMPTY_RANK.code, f.NAN.code))
+def not_a_number(evidence: Evidence, found: Found) -> list[Hypothesis]:
+    """A NaN or an infinity in what a rank reported or holds: at the first step that has
+    one, where some rank held no loss item (its count 0), the code divided by it (0/0), and
+    an all-reduce spread it to every rank; otherwise named as it is. Read from the run, not
+    predicted: its misfit is 0 where the run holds a non-finite value, as the values are."""
+    scenario = evidence.scenario
+    for step in range(evidence.steps):
+        where = []
+        for rank, trace in enumerate(evidence.got.ranks):
+            values = [trace.losses[step]] if step < len(trace.losses) else []
+            params = trace.params[step] if step < len(trace.params) else {}
+            finite = all(math.isfinite(v) for v in values) and all(
+                bool(torch.isfinite(t).all()) for t in params.values() if t is not None
+            )
+            if not finite:
+                where.append(rank)
+        if not where:
+            continue
+        empty = [r for r, n in enumerate(rank_items(scenario, step)) if n == 0]
+        ranks = ", ".join(map(str, where))
+        if empty:
+            cause = f.NAN_EMPTY_RANK.cause(
+                empty=empty[0],
+                step=step,
+                evidence=f"rank {empty[0]} holds no {evidence.unit} at step {step}; ranks "
+                f"{ranks} hold a NaN or an infinity after it",
+            )
+        else:
+            cause = f.NAN.cause(step=step, nonfinite=ranks)
+        return [Hypothesis("run", frozenset(ALL), 1.0, 0.0, causes=(cause,), source="not-a-number")]
+    return []
+
+
 @register("label-dropped", says=(f.LABEL_DROPPED.code, f.IGNORED_COUNTED.code))
 def label_dropped(evidence: Evidence, found: Found) -> list[Hypothesis]:
     """A class or label value left out of the loss (taken for padding: 0 where ``-100`` is
@@ -205,6 +240,8 @@ def label_dropped(evidence: Evidence, found: Found) -> list[Hypothesis]:
     scenario = evidence.scenario
     if scenario.loss not in ("cross_entropy", "tokens") or scenario.objective:
         return []
+    if scenario.recipe.loss:
+        return []  # the user's own loss gives no loss per item to weigh
     observed = evidence.gradients(0)
     if observed is None:
         return []
@@ -276,6 +313,8 @@ def integer_values(evidence: Evidence, found: Found) -> list[Hypothesis]:
     for step in range(evidence.steps):
         expected = evidence.reference.ranks[0].losses[step]
         got = [evidence.reported(r)[step] for r in range(len(evidence.got.ranks))]
+        if not all(map(math.isfinite, [*got, expected])):
+            return []  # a NaN is no whole number: the not-a-number pass says it
         if all(math.isclose(g, expected, rel_tol=tolerance.loss, abs_tol=1e-12) for g in got):
             continue
         items = global_items(scenario, step)
@@ -312,16 +351,73 @@ def integer_values(evidence: Evidence, found: Found) -> list[Hypothesis]:
     return []
 
 
+def _due_settings(evidence: Evidence, step: int) -> tuple[Settings, str]:
+    """The optimizer settings due at ``step``, and whose they are: those the reference's own
+    optimizer stepped with where it recorded them (the user's code on one rank, with the
+    user's optimizer and schedule), else the scenario's optimizer's at that step."""
+    reference = evidence.reference.ranks[0].optimizer_calls if evidence.reference.ranks else None
+    if reference is not None:
+        calls = reference[step] if step < len(reference) else []
+        return (calls[0] if calls else ()), "the reference's (your code on one rank)"
+    return scheduled_settings(evidence.scenario.optimizer, step), "the scenario's optimizer's"
+
+
+def _first_difference(got: Settings, due: Settings) -> tuple[int, str, float, float] | None:
+    """The first setting (group, name, recorded, due) that differs, of those both have."""
+    for group, (mine, theirs) in enumerate(zip(got, due, strict=False)):
+        expected = dict(theirs)
+        for name, value in mine:
+            if name in expected and not math.isclose(value, expected[name], rel_tol=1e-9):
+                return group, name, value, expected[name]
+    return None
+
+
+@register("rank-0-result", says=(f.LOSS_RANK0_ONLY.code,))
+def rank_zero_result(evidence: Evidence, found: Found) -> list[Hypothesis]:
+    if not evidence.kind.result_on_rank0:
+        return []
+    if not held_by_rank_zero_only(evidence.scenario, evidence.got):
+        return []
+    cause = f.LOSS_RANK0_ONLY.cause(result_on=option("result_on", "rank0"), whole=evidence.whole)
+    return [_structural(cause, {"loss"})]
+
+
+@register("gradient-axes")
+def gradient_axes(evidence: Evidence, found: Found) -> list[Hypothesis]:
+    """The axes' hypotheses at the first step whose gradient the right one does not fit."""
+    kept: list[Hypothesis] = []
+    for step in range(evidence.steps):
+        kept = gradient_hypotheses(evidence, step)
+        if not any(h.right and h.consistent for h in kept):
+            return kept
+    return kept
+
+
+def wrong_step(found: Found) -> int | None:
+    """The step the gradient axes found wrong (no right hypothesis fits it), if any."""
+    axes = [h for h in found if h.source == "gradient axes"]
+    if not axes or any(h.right and h.consistent for h in axes):
+        return None
+    return int(axes[0].detail["step"])
+
+
 @register("parameters-replaced", says=(f.PARAMS_REPLACED.code,))
 def parameters_replaced(evidence: Evidence, found: Found) -> list[Hypothesis]:
     """Parameters replaced after the step rather than gradients misweighted: at the first
     step, each rank's parameters are ``a * start + (1 - a) * reference`` for one ``a`` in
     ``(0, 1]`` (a running average of the weights kept in the model, EMA decay ``a``; at
-    ``a = 1`` the update undone). Needs the step's start and the reference's parameters; its
-    misfit is what that line leaves unexplained, against the dtype's residual bound."""
+    ``a = 1`` the update undone), where the recorded gradients are right. Needs the step's
+    start, the reference's parameters and the gradient axes' word; its misfit is what that
+    line leaves unexplained, against the dtype's residual bound."""
     if not evidence.got.ranks or not evidence.reference.ranks:
         return []
     if not evidence.reference.ranks[0].params or not evidence.got.ranks[0].params:
+        return []
+    # Only where the gradients the optimizer stepped on are recorded and right: with SGD a
+    # gradient scaled by k lands on the same line (a = 1 - k), which the gradient says.
+    if not evidence.got.ranks[0].grads or wrong_step(found) is not None:
+        return []
+    if not any(h.source == "gradient axes" for h in found):
         return []
     with one_thread():
         start_model = build_model(evidence.scenario, "float64")
@@ -374,56 +470,6 @@ def parameters_replaced(evidence: Evidence, found: Found) -> list[Hypothesis]:
             source="parameters-replaced",
         )
     ]
-
-
-def _due_settings(evidence: Evidence, step: int) -> tuple[Settings, str]:
-    """The optimizer settings due at ``step``, and whose they are: those the reference's own
-    optimizer stepped with where it recorded them (the user's code on one rank, with the
-    user's optimizer and schedule), else the scenario's optimizer's at that step."""
-    reference = evidence.reference.ranks[0].optimizer_calls if evidence.reference.ranks else None
-    if reference is not None:
-        calls = reference[step] if step < len(reference) else []
-        return (calls[0] if calls else ()), "the reference's (your code on one rank)"
-    return scheduled_settings(evidence.scenario.optimizer, step), "the scenario's optimizer's"
-
-
-def _first_difference(got: Settings, due: Settings) -> tuple[int, str, float, float] | None:
-    """The first setting (group, name, recorded, due) that differs, of those both have."""
-    for group, (mine, theirs) in enumerate(zip(got, due, strict=False)):
-        expected = dict(theirs)
-        for name, value in mine:
-            if name in expected and not math.isclose(value, expected[name], rel_tol=1e-9):
-                return group, name, value, expected[name]
-    return None
-
-
-@register("rank-0-result", says=(f.LOSS_RANK0_ONLY.code,))
-def rank_zero_result(evidence: Evidence, found: Found) -> list[Hypothesis]:
-    if not evidence.kind.result_on_rank0:
-        return []
-    if not held_by_rank_zero_only(evidence.scenario, evidence.got):
-        return []
-    cause = f.LOSS_RANK0_ONLY.cause(result_on=option("result_on", "rank0"), whole=evidence.whole)
-    return [_structural(cause, {"loss"})]
-
-
-@register("gradient-axes")
-def gradient_axes(evidence: Evidence, found: Found) -> list[Hypothesis]:
-    """The axes' hypotheses at the first step whose gradient the right one does not fit."""
-    kept: list[Hypothesis] = []
-    for step in range(evidence.steps):
-        kept = gradient_hypotheses(evidence, step)
-        if not any(h.right and h.consistent for h in kept):
-            return kept
-    return kept
-
-
-def wrong_step(found: Found) -> int | None:
-    """The step the gradient axes found wrong (no right hypothesis fits it), if any."""
-    axes = [h for h in found if h.source == "gradient axes"]
-    if not axes or any(h.right and h.consistent for h in axes):
-        return None
-    return int(axes[0].detail["step"])
 
 
 @register("clip", says=(f.CLIP.code,))
