@@ -37,6 +37,15 @@ SAMPLE = (
     # forgotten mask (equivalent on 0d3c99d, whose drawn losses were 0 under the mask).
     "coupled-temperature.correct",
     "loss-agg.mask-forgotten",
+    # Issue 62: the user's recipe (a step against its own run, a criterion returning a
+    # tuple), and what is no weighting: a warm-up per micro-batch, an EMA left in the model,
+    # a truncated sum, label 0 taken for padding, a sync on the first micro-batch only.
+    "step-scheduler.scheduler-per-micro-batch",
+    "grad-sync-criterion.world-average",
+    "step-ema.ema-left-in",
+    "reduce-tensor.int-truncated",
+    "loss-fn-masked.label-zero-as-padding",
+    "wrapped-step-flag.flag-first-only",
 )
 
 

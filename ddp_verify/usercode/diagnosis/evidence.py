@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -316,6 +317,17 @@ class Evidence:
         function keeps its own): a factor there may be the optimizer's, not the gradient's."""
         grads = self.got.ranks[0].grads
         return not grads
+
+    @functools.cached_property
+    def finite(self) -> bool:
+        """Whether every loss and parameter the ranks reported is a number."""
+        for trace in self.got.ranks:
+            if not all(math.isfinite(v) for v in trace.losses[: self.steps]):
+                return False
+            for params in trace.params[: self.steps]:
+                if not all(bool(torch.isfinite(t).all()) for t in params.values() if t is not None):
+                    return False
+        return True
 
     def reported(self, rank: int) -> list[float]:
         """The loss ``rank`` reported at every step."""

@@ -65,24 +65,42 @@ class Pass:
     """A named pass: ``look(evidence, found so far)`` returns its hypotheses; ``says``: the
     finding codes its hypotheses may name, besides the axes'; ``adds``: the rows it adds to
     an axis at run time, as templates (their numbers come from the run). Both are for the
-    causes table, which lists every reading a report can make."""
+    causes table, which lists every reading a report can make. ``needs``: what the evidence
+    must hold for the pass to run (:data:`NEEDS`); a pass that needs what a run lacks is not
+    run on it."""
 
     name: str
     look: Callable[[Evidence, Found], list[Hypothesis]]
     says: tuple[str, ...] = ()
     adds: tuple[Choice, ...] = ()
+    needs: tuple[str, ...] = ("finite",)
 
+
+# What a pass may need of the evidence, and how to tell whether a run holds it.
+NEEDS: dict[str, Callable[[Evidence], bool]] = {
+    # Every loss and parameter a rank reported is a number (a NaN divides every weighting
+    # by nothing: only the passes that read non-finite values run on it).
+    "finite": lambda evidence: evidence.finite,
+}
 
 _PASSES: list[Pass] = []
 
 
 def register(
-    name: str, *, says: tuple[str, ...] = (), adds: tuple[Choice, ...] = ()
+    name: str,
+    *,
+    says: tuple[str, ...] = (),
+    adds: tuple[Choice, ...] = (),
+    needs: tuple[str, ...] = ("finite",),
 ) -> Callable[[Callable[[Evidence, Found], list[Hypothesis]]], Pass]:
-    """Register a pass, run after those registered before it."""
+    """Register a pass, run after those registered before it, on the runs that hold what it
+    ``needs``."""
+    unknown = set(needs) - set(NEEDS)
+    if unknown:
+        raise ValueError(f"a pass needs one of {', '.join(NEEDS)}, got {sorted(unknown)}")
 
     def decorate(look: Callable[[Evidence, Found], list[Hypothesis]]) -> Pass:
-        made = Pass(name, look, says, adds)
+        made = Pass(name, look, says, adds, needs)
         _PASSES.append(made)
         return made
 
@@ -107,8 +125,10 @@ def added(made: Pass, *, before: str | None = None) -> Iterator[Pass]:
 def run(evidence: Evidence) -> list[Hypothesis]:
     """Every registered pass's hypotheses, in one loop: each sees what the earlier found."""
     found: list[Hypothesis] = []
+    held = {need: holds(evidence) for need, holds in NEEDS.items()}
     for each in _PASSES:
-        found.extend(each.look(evidence, tuple(found)))
+        if all(held[need] for need in each.needs):
+            found.extend(each.look(evidence, tuple(found)))
     return found
 
 
@@ -196,7 +216,7 @@ def optimizer_steps(evidence: Evidence, found: Found) -> list[Hypothesis]:
     return []
 
 
-@register("not-a-number", says=(f.NAN_EMPTY_RANK.code, f.NAN.code))
+@register("not-a-number", says=(f.NAN_EMPTY_RANK.code, f.NAN.code), needs=())
 def not_a_number(evidence: Evidence, found: Found) -> list[Hypothesis]:
     """A NaN or an infinity in what a rank reported or holds: at the first step that has
     one, where some rank held no loss item (its count 0), the code divided by it (0/0), and
