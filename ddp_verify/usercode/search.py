@@ -806,6 +806,17 @@ def bounds_for(kind: Kind | str, scenario_bounds: Mapping[str, Any]) -> dict[str
                 f"losses=('tokens',) (--losses tokens) with it, not {scenario_bounds['losses']!r}"
             )
         bounds["losses"] = ("tokens",)
+    if (
+        kind.owns_micro_batches
+        and "optimizers" not in bounds
+        and bounds.get("optimizer") is None
+        and not kind.coupled
+    ):
+        # Code that steps the optimizer itself meets what a training loop's has: a schedule
+        # that moves the rate every step, and biases in a second group at a rate of their own.
+        from ..engine.strategies import optimizers
+
+        bounds["optimizers"] = optimizers(schedules=True, groups=True)
     if scenario_bounds.get("token_weights") and not kind.token_losses:
         # Weights only code that is handed the weighted losses can know of.
         raise KindError(
