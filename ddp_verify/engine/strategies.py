@@ -318,8 +318,9 @@ def scenarios(
     stepped once a step (see :mod:`ddp_verify.engine.recipes`); such a scenario is judged
     against the code's own run on one rank holding the whole batch.
     ``empty_ranks=True`` lets a rank hold no sample in a step (about half the examples with
-    two ranks or more, shrinking away): each of its micro-batches is empty, its count 0, its
-    gradient 0, and code that divides by its own count divides 0 by 0 there.
+    two ranks or more, shrinking away; losses over samples, models that can forward nothing):
+    each of its micro-batches is empty, its count 0, its gradient 0, and code that divides by
+    its own count divides 0 by 0 there.
 
     Example::
 
@@ -387,8 +388,6 @@ def scenarios(
             raise InvalidArgument(str(exc)) from None
         if recipe.optimizer and optimizers is not None:
             raise InvalidArgument("give optimizer= (your factory) or optimizers=, not both")
-    if empty_ranks and world_size < 2:
-        raise InvalidArgument("empty_ranks=True needs two ranks or more: one must hold samples")
     model_strategy = models if models is not None else _default_models()
     optimizer_strategy = optimizers if optimizers is not None else _default_optimizers()
     if recipe.optimizer:
@@ -409,7 +408,17 @@ def scenarios(
                 # Cross-entropy needs classes; the smallest model has one output.
                 model = dataclasses.replace(model, out_features=2)
         schedule = draw(schedules)
-        if empty_ranks and not model.batch_norm and model.kind != "user" and draw(st.booleans()):
+        # A rank without samples: with two ranks or more (one holds them), a model that
+        # can forward nothing (no batch norm, not the user's), samples not token sequences
+        # (a declared objective counts each micro-batch's sequences).
+        if (
+            empty_ranks
+            and world_size > 1
+            and loss != "tokens"
+            and not model.batch_norm
+            and model.kind != "user"
+            and draw(st.booleans())
+        ):
             schedule = _emptied(schedule, draw(st.integers(0, world_size - 1)))
         scenario = Scenario(
             world_size=world_size,

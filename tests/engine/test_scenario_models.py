@@ -48,7 +48,9 @@ def test_describe_shows_every_rank_and_micro_batch():
         ({"schedule": ()}, "at least one step"),
         ({"schedule": (((1,),),)}, "step 0 lists 1 ranks, the world has 2"),
         ({"schedule": (((1,), ()),)}, "step 0, rank 1: every rank needs at least one"),
-        ({"schedule": (((1,), (0,)),)}, "step 0, rank 1"),
+        # A rank may hold no sample (issue 62), but some rank must, and no size is negative.
+        ({"schedule": (((0,), (0,)),)}, "step 0: some rank must hold a sample"),
+        ({"schedule": (((1,), (-1,)),)}, "step 0, rank 1"),
         ({"loss": "hinge"}, "loss must be one of"),
         ({"dtype": "float16"}, "dtype must be one of"),
         ({"loss": "cross_entropy"}, "at least 2 outputs"),

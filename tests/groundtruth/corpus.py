@@ -570,6 +570,45 @@ SHAPES = (
         },
         families=frozenset({"step-recipe"}),
     ),
+    # Gradients synchronised by shards (ZeRO's partitioning: a reduce-scatter of the flat
+    # gradient, each rank's shard scaled, an all-gather back), the optimizer replicated.
+    Shape(
+        "step-shard",
+        "step",
+        "shard_step",
+        """\
+        def shard_step(model, optimizer, micro_batches, loss_fn):
+            optimizer.zero_grad()
+            local = sum(len(y) for _, y in micro_batches)
+            total = torch.tensor([float(local)], dtype=torch.float64)
+            dist.all_reduce(total)
+            reported = torch.zeros((), dtype=torch.float64)
+            for x, y in micro_batches:
+                $zero_inside
+                loss = loss_fn(model(x), y) * $mb_weight
+                loss.backward()
+                reported += loss.detach().double()
+            $pre
+            params = [p for p in model.parameters() if p.grad is not None]
+            flat = torch.cat([p.grad.reshape(-1) for p in params])
+            world = dist.get_world_size()
+            padded = torch.cat([flat, flat.new_zeros((-len(flat)) % world)])
+            shard = padded.new_zeros(len(padded) // world)
+            dist.reduce_scatter_tensor(shard, padded)
+            shard.div_($divide)
+            gathered = padded.new_zeros(len(padded))
+            dist.all_gather_into_tensor(gathered, shard)
+            offset = 0
+            for p in params:
+                p.grad.copy_(gathered[offset : offset + p.numel()].view_as(p.grad))
+                offset += p.numel()
+            optimizer.step()
+            dist.all_reduce(reported)
+            return reported / total.item()
+        """,
+        dict(zero_inside="", mb_weight="len(y)", pre="", divide="total.item()"),
+        families=frozenset({"step-shard"}),
+    ),
     # A running average of the weights (EMA) kept beside the model, for evaluation.
     Shape(
         "step-ema",
@@ -985,6 +1024,7 @@ _PREVIOUS = _lines(
 )
 _CACHE = "_cache = {}"
 _CLIP = "torch.nn.utils.clip_grad_norm_(model.parameters(), 1e-3)"
+_RENORMALISED = "torch.tensor(float(num_samples), dtype=torch.float64) / num_samples * num_samples"
 _USERS_CLIP = "torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05)"
 _SKIP_FIRST = _lines("if index == 0:", "    continue", indent=8)
 _ZERO_FILL = _lines("p.grad = torch.zeros_like(p)", indent=12)
@@ -1001,6 +1041,7 @@ OPERATORS = (
             "step": {"mb_weight": "len(y) / local", "divide": "dist.get_world_size()"},
             "step-recipe": {"mb_weight": "len(y) / local", "divide": "dist.get_world_size()"},
             "step-clip": {"mb_weight": "len(y) / local", "divide": "dist.get_world_size()"},
+            "step-shard": {"mb_weight": "len(y) / local", "divide": "dist.get_world_size()"},
             "ddp-step": {"mb_weight": "len(y) / local"},
             "token-loss-flat": {"signature": "source, target", "divide": "(target != -100).sum()"},
         },
@@ -1015,6 +1056,7 @@ OPERATORS = (
             "report": {"divide": "1"},
             "metric": {"divide": "1"},
             "step": {"divide": "1"},
+            "step-shard": {"divide": "1"},
             "hook": {"divide": "1"},
             "hook-state": {"state_divide": "1"},
             "wrapper": {"divide": "1"},
@@ -1035,6 +1077,7 @@ OPERATORS = (
             "report": {"divide": "total * total"},
             "metric": {"divide": "total * total"},
             "step": {"divide": "total.item() ** 2"},
+            "step-shard": {"divide": "total.item() ** 2"},
             "hook": {"divide": "dist.get_world_size() ** 2"},
             "wrapper": {"divide": "dist.get_world_size() ** 2"},
             "token-loss-flat": {"divide": "num_items_in_batch ** 2"},
@@ -1111,6 +1154,7 @@ OPERATORS = (
             "grad32": {"pre": _CLIP},
             "step": {"pre": _CLIP},
             "step-clip": {"pre": _USERS_CLIP, "clip_after": ""},
+            "step-shard": {"pre": _CLIP},
         },
         frozenset({"clip"}),
     ),
@@ -1120,6 +1164,7 @@ OPERATORS = (
         {
             "step": {"zero_inside": "optimizer.zero_grad()"},
             "step-recipe": {"zero_inside": "optimizer.zero_grad()"},
+            "step-shard": {"zero_inside": "optimizer.zero_grad()"},
             "ddp-step": {"zero_inside": "optimizer.zero_grad()"},
         },
         frozenset({"micro:last-only"}),
@@ -1141,6 +1186,13 @@ OPERATORS = (
         "the mask built and never applied: padding and ignored tokens counted as class 0",
         {"token-loss-mask": {"mask": "torch.ones_like(labels)"}},
         frozenset({"label:ignored-counted"}),
+    ),
+    Operator(
+        "zero-count",
+        "the rank's count divided out and back in (a local re-normalisation): 0/0 on a rank "
+        "that holds no sample",
+        {"grad": {"weight": _RENORMALISED}},
+        frozenset({"nan:empty-rank"}),
     ),
     Operator(
         "int-truncated",
