@@ -61,6 +61,9 @@ class RankTrace:
     # weight_decay: see optimizer_settings). The harness's loops step once, at the scenario's
     # settings; None: not recorded.
     optimizer_calls: list[list[Settings]] | None = None
+    # The global ranks of each process group besides the default one that the rank held
+    # after training (the groups the code under check made); None: not recorded.
+    groups: tuple[tuple[int, ...], ...] | None = None
     # The flat form a received trace arrived in, by field: grads and params are unpacked from
     # it on first use (the comparison of a passing example never needs them one by one).
     _arrived: dict[str, tuple[Layout, torch.Tensor]] = dataclasses.field(
@@ -148,7 +151,10 @@ class RankTrace:
         for field in ("grads", "params"):
             packed = self.packed(field)
             fields.append(None if packed is None else (packed[0], _raw_bytes(packed[1])))
-        return (_unpack_rank_trace, (self.losses, *fields, self.optimizer_calls))
+        return (
+            _unpack_rank_trace,
+            (self.losses, *fields, self.optimizer_calls, self.groups),
+        )
 
     def recorded(self, field: str) -> int | None:
         """How many steps ``grads`` or ``params`` hold (None without gradients), without
@@ -307,10 +313,12 @@ def _unpack_rank_trace(
     grads: tuple[Layout, bytes] | None,
     params: tuple[Layout, bytes] | None,
     optimizer_calls: list[list[Settings]] | None = None,
+    groups: tuple[tuple[int, ...], ...] | None = None,
 ) -> RankTrace:
     trace = RankTrace(losses)
     trace.grads = None
     trace.optimizer_calls = optimizer_calls
+    trace.groups = groups
     for field, packed in (("grads", grads), ("params", params)):
         if packed is None:
             continue

@@ -86,7 +86,13 @@ def train_on_rank(method: DistributedMethod, scenario: Scenario) -> RankTrace:
             f"the scenario is for {scenario.world_size} ranks, the world has "
             f"{dist.get_world_size()}"
         )
-    return method.train_rank(scenario)
+    trace = method.train_rank(scenario)
+    if isinstance(trace, RankTrace):
+        from ..world.runtime import process_groups
+
+        # The groups the code made: a factor that is one's size is named with it.
+        trace.groups = process_groups()
+    return trace
 
 
 def judged_by_own(method: Method, scenario: Scenario) -> bool:

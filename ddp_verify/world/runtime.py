@@ -139,6 +139,31 @@ class Group:
             dist.destroy_process_group()
 
 
+def process_groups() -> tuple[tuple[int, ...], ...]:
+    """The global ranks of every process group this rank belongs to besides the default
+    one, as ``torch.distributed`` holds them now (the groups code it ran has made), each
+    once, sorted; none outside a process group.
+
+    Example (inside a job)::
+
+        dist.new_group([0])
+        process_groups()  # ((0,),) on rank 0
+    """
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return ()
+    # torch keeps its groups' rank maps here; no public call lists them.
+    world = getattr(dist.distributed_c10d, "_world", None)
+    held = getattr(world, "pg_group_ranks", None) or {}
+    found = {
+        tuple(sorted(ranks))
+        for group, ranks in held.items()
+        if group is not dist.group.WORLD and ranks
+    }
+    return tuple(sorted(found))
+
+
 def run_job(
     fn: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]
 ) -> protocol.Outcome:

@@ -488,6 +488,34 @@ SHAPES = (
         dict(divide="dist.get_world_size()"),
         families=frozenset({"hook"}),
     ),
+    # A hook that divides by a process group's size: the world's group (right), or a group
+    # of its own (a node's) where the world's is due.
+    Shape(
+        "comm-hook-group",
+        "comm-hook",
+        "group_hook",
+        """\
+        _groups = {}
+
+
+        def _group():
+            if "made" not in _groups:
+                world = dist.get_world_size()
+                own = [dist.new_group([r]) for r in range(world)]
+                _groups["made"] = {"world": dist.new_group(list(range(world))), "own": own}
+            return _groups["made"]
+
+
+        def group_hook(state, bucket):
+            groups = _group()
+            tensor = bucket.buffer()
+            tensor.div_(dist.get_world_size(group=$group))
+            future = dist.all_reduce(tensor, async_op=True).get_future()
+            return future.then(lambda f: f.value()[0])
+        """,
+        dict(group='groups["world"]'),
+        families=frozenset({"hook-group"}),
+    ),
     # DDP's sync flag toggled by hand (what no_sync() does), on for the last micro-batch.
     Shape(
         "wrapped-step-flag",
@@ -1193,6 +1221,12 @@ OPERATORS = (
         "that holds no sample",
         {"grad": {"weight": _RENORMALISED}},
         frozenset({"nan:empty-rank"}),
+    ),
+    Operator(
+        "wrong-group",
+        "divided by the size of a group of its own (a node's) where the world's is due",
+        {"hook-group": {"group": 'groups["own"][dist.get_rank()]'}},
+        frozenset({"scale"}),
     ),
     Operator(
         "int-truncated",

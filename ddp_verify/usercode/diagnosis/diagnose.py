@@ -16,6 +16,7 @@ from ..kinds import Kind, as_kind
 from . import passes
 from .engine import choose
 from .evidence import Evidence
+from .groups import with_groups
 from .report import render
 
 __all__ = ["likely_causes"]
@@ -36,4 +37,4 @@ def likely_causes(
     with one_thread():
         found = passes.run(evidence)
         chosen, open_subjects = choose(found)
-        return render(evidence, chosen, open_subjects)
+        return with_groups(render(evidence, chosen, open_subjects), scenario, got)
