@@ -85,7 +85,7 @@ class Outcome:
         if m is None:
             return ""
         lines = [m.render()]
-        if self.reference.method.startswith("reference ("):
+        if "your " in self.reference.method:
             # Not the engine's oracle on the harness's own pieces: say which judged.
             lines.insert(0, f"Judged against: the {self.reference.method}")
         if m.note == "" and 0 <= m.step < self.reference.steps:

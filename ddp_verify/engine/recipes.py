@@ -321,18 +321,20 @@ def recipe_of(*, loss_fn: Any = None, optimizer: Any = None, scheduler: Any = No
 # targets) of 3 samples.
 def _forms() -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     generator = torch.Generator().manual_seed(0)
-    tokens = torch.randint(0, 5, (3, 4), generator=generator)
+    tokens = torch.randint(0, 5, (3, 6), generator=generator)
     tokens[0, 2:] = -100
+    # As many classes or outputs as no other dimension, so that a loss which broadcasts
+    # one form's targets against another's outputs fails here as it would in training.
     return {
         "cross_entropy": (
-            torch.randn(3, 3, generator=generator, dtype=torch.float64),
-            torch.randint(0, 3, (3,), generator=generator),
+            torch.randn(3, 4, generator=generator, dtype=torch.float64),
+            torch.randint(0, 4, (3,), generator=generator),
         ),
         "mse": (
-            torch.randn(3, 1, generator=generator, dtype=torch.float64),
-            torch.randn(3, 1, generator=generator, dtype=torch.float64),
+            torch.randn(3, 2, generator=generator, dtype=torch.float64),
+            torch.randn(3, 2, generator=generator, dtype=torch.float64),
         ),
-        "tokens": (torch.randn(3, 4, 5, generator=generator, dtype=torch.float64), tokens),
+        "tokens": (torch.randn(3, 6, 5, generator=generator, dtype=torch.float64), tokens),
     }
 
 

@@ -24,7 +24,12 @@ def train_reference(
         raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
     name = "reference" if dtype is None else f"reference({dtype})"
     if scenario.recipe:
-        name += f" (one process, the whole batch, your {scenario.recipe.describe()})"
+        # Said in reports (which reference judged): the engine's loop with the user's pieces.
+        precision = f", {dtype}" if dtype else ""
+        name = (
+            f"reference (one process, the whole batch{precision}, with your "
+            f"{scenario.recipe.describe()})"
+        )
     return train(scenario, _full_batch, dtype=dtype, device=device, name=name)
 
 

@@ -131,11 +131,21 @@ UNEVEN = Scenario(
 )
 
 
+def distill(outputs, targets, temperature=2.0):
+    # A teacher's logits as the targets: its tempered distribution against the student's.
+    student = F.log_softmax(outputs / temperature, dim=-1)
+    teacher = F.softmax(targets / temperature, dim=-1)
+    return F.kl_div(student, teacher, reduction="batchmean") * temperature**2
+
+
 def test_a_loss_runs_on_the_target_forms_it_takes_and_nothing_else():
     focal_loss = Recipe(loss=reference_of(focal, "loss"))
     assert losses_it_takes(focal_loss, ("mse", "cross_entropy", "tokens")) == ("cross_entropy",)
     mse = Recipe(loss="torch.nn:MSELoss")
     assert losses_it_takes(mse, ("mse", "cross_entropy")) == ("mse",)
+    # Class ids broadcast against as many logits as samples: never probed so.
+    kl = Recipe(loss=reference_of(distill, "loss"))
+    assert losses_it_takes(kl, ("mse", "cross_entropy", "tokens")) == ("mse",)
     with pytest.raises(RecipeError, match=r"runs on none of the target forms.*--losses"):
         losses_it_takes(focal_loss, ("mse",))
 
@@ -180,6 +190,7 @@ def test_code_trained_with_the_users_loss_and_optimizer_is_judged_by_the_engines
     assert "your loss" in right.reference.method and "scheduler" in right.reference.method
     wrong = check_equivalent(world2, adapt(averaged_sync, "grad-sync"), scenario)
     assert not wrong.equivalent
+    assert "Judged against: the reference (one process, the whole batch" in wrong.report()
 
 
 def test_a_steps_own_reference_agrees_with_the_oracle_where_both_apply():
