@@ -137,8 +137,16 @@ def check_causes() -> list[Row]:
     for code, where in ELSEWHERE.items():
         if code not in said:
             made.append(Row(code, where, words_of(f.finding(code))))
+    from .coupled import PASSES as COUPLED_PASSES
+
+    for each in COUPLED_PASSES:
+        for code in each.says:
+            said.add(code)
+            found_by = f"coupled-loss pass `{each.name}`"
+            made.append(Row(code, found_by, words_of(f.finding(code), **COUPLED[code])))
     for code, symbols in COUPLED.items():
-        made.append(Row(code, "the coupled-loss probes", words_of(f.finding(code), **symbols)))
+        if code not in said:
+            made.append(Row(code, "the coupled-loss probes", words_of(f.finding(code), **symbols)))
     return made
 
 

@@ -6,8 +6,9 @@ backward leaves on the rank before DDP averages, through whatever its collective
 back), the same calls with the ranks' losses reweighted or all but one left out, and runs of
 the code on a one-rank world that predict what it would train were its gradient to reach
 only each rank's local features, no feature at all, or were its negatives the local batch's
-only. Each hypothesis is a prediction of step 0's gradient, held to float64's tolerance; the
-first that fits, in the order below (the plainest first), is the cause.
+only. Each is a registered pass (:data:`PASSES`) whose hypothesis predicts step 0's gradient
+(or reads a probe's record), scored against float64's closeness; the first consistent one,
+in the order they are registered (the plainest first), is the cause.
 
 Example::
 
@@ -18,6 +19,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -44,6 +46,7 @@ from ..coupled import (
 )
 from ..findings import Cause
 from ..kinds import Call
+from .engine import Hypothesis
 
 __all__ = ["coupled_bounds", "coupled_causes", "uneven_cause"]
 
@@ -70,92 +73,200 @@ def coupled_causes(
             return [f.COUPLED_UNEXPLAINED.cause(why=why)]
         causes = coupled_causes(world, method, exact, outcome.reference, outcome.got)
         return [dataclasses.replace(c, scenario=c.scenario or repr(exact)) for c in causes]
-    truth = _zero_filled(reference.ranks[0].grads[0])  # type: ignore[index]
-    observed = _zero_filled(got.ranks[0].grads[0], like=truth)  # type: ignore[index]
-    world_size = scenario.world_size
-    if _close(observed, truth):
+    probes = Probes(world, method, scenario, reference, got)
+    if _misfit(probes.observed, probes.truth) <= 1:
         # Every probe reads step 0 from the initial parameters: nothing to read there.
         return [f.COUPLED_UNEXPLAINED.cause(why="step 0 trains right; a later step diverges")]
-    for factor, reading in ((1 / world_size, "1/W"), (float(world_size), "W")):
-        if _close(observed, _scaled(truth, factor)):
-            return [_scale_cause(reading, world_size)]
-    shipped = method.shipped()
-    # Which pairs were scored as positives, measured: a wrong positive is wrong whatever
-    # else the gradient shows.
-    matched = world.run_job(matched_on_ranks, (shipped, scenario), name="a matched-pairs probe")
-    wrong = [(m, g, to) for on_rank in matched for m, g, to in on_rank if g != to]
-    if wrong:
-        return [_wrong_positives_cause(scenario, wrong)]
+    # The passes in order, the plainest first: each predicts step 0's gradient from a probe
+    # (or reads a probe's record) and is scored against float64's closeness; the first
+    # consistent one is the cause. Later ones are not run: each costs probes on the world.
+    for each in PASSES:
+        found = each.look(probes)
+        if found is not None and found.consistent:
+            return list(found.causes)
+    return [f.COUPLED_UNEXPLAINED.cause(why="the probes")]
 
-    def on_one_rank(variant: str) -> Gradients:
-        job = (shipped, scenario, variant)
-        return world.solo.run_job(predicted_on_one_rank, job, name=f"a {variant} prediction")[0]
 
-    if _close(observed, on_one_rank("local-gradient")):
-        return [_local_gradient_cause(truth, observed, world_size)]
-    pairs = scenario.samples(0)
-    count = micro_batches(scenario)
-    sizes = [micro_sizes(scenario, m) for m in range(count)]
-    # Local negatives before no gradient at all: one pair alone has a loss without one.
-    if all(all(each) for each in sizes) and _close(observed, on_one_rank("alone")):
-        return [f.COUPLED_LOCAL_NEGATIVES.cause(evidence=_factors(truth, observed))]
-    if _close(observed, on_one_rank("detached")):
-        return [f.COUPLED_NO_FEATURE_GRADIENT.cause(evidence=_factors(truth, observed))]
+class Probes:
+    """What the coupled passes read: step 0's gradient of the reference and of the run
+    (rank 0's), and the probes of the code on the world, each run once, when first asked."""
 
-    def probed(weights: Sequence[Sequence[float]] | None = None) -> list[Probed]:
+    def __init__(
+        self, world: Ranked, method: CoupledLoss, scenario: Scenario, reference: Trace, got: Trace
+    ) -> None:
+        self.world, self.method, self.scenario = world, method, scenario
+        self.truth = _zero_filled(reference.ranks[0].grads[0])  # type: ignore[index]
+        self.observed = _zero_filled(got.ranks[0].grads[0], like=self.truth)  # type: ignore[index]
+        self.world_size = scenario.world_size
+        self.shipped = method.shipped()
+        self._cache: dict[Any, Any] = {}
+
+    def matched(self) -> list[tuple[int, int, int]]:
+        """Each pair that was scored against another pair's view: (micro-batch, pair, with)."""
+        if "matched" not in self._cache:
+            on_ranks = self.world.run_job(
+                matched_on_ranks, (self.shipped, self.scenario), name="a matched-pairs probe"
+            )
+            self._cache["matched"] = [(m, g, to) for r in on_ranks for m, g, to in r if g != to]
+        return self._cache["matched"]
+
+    def on_one_rank(self, variant: str) -> Gradients:
+        """What the code trains on a one-rank world in ``variant``."""
+        if variant not in self._cache:
+            job = (self.shipped, self.scenario, variant)
+            self._cache[variant] = self.world.solo.run_job(
+                predicted_on_one_rank, job, name=f"a {variant} prediction"
+            )[0]
+        return self._cache[variant]
+
+    def probed(self, weights: Sequence[Sequence[float]] | None = None) -> list[Probed]:
+        """Each rank's call at step 0, its micro-batches' losses weighted by ``weights``."""
         given = None if weights is None else tuple(tuple(w) for w in weights)
-        job = (shipped, scenario, given)
-        return list(world.run_job(probe_ranks, job, name="a probed call"))
+        if ("probed", given) not in self._cache:
+            job = (self.shipped, self.scenario, given)
+            self._cache["probed", given] = list(
+                self.world.run_job(probe_ranks, job, name="a probed call")
+            )
+        return self._cache["probed", given]
 
-    plain = probed()
-    # Each rank's loss on each micro-batch weighted by its pairs x W / the micro-batch's.
-    by_pairs = [
-        [each[r] * world_size / (sum(each) or 1) for each in sizes] for r in range(world_size)
+    def sizes(self) -> list[list[int]]:
+        return [micro_sizes(self.scenario, m) for m in range(micro_batches(self.scenario))]
+
+
+@dataclasses.dataclass(frozen=True)
+class CoupledPass:
+    """A named coupled pass: ``look(probes)`` returns its hypothesis (None where it does
+    not apply); ``says``: the findings it may name (for the causes table)."""
+
+    name: str
+    look: Callable[[Probes], Hypothesis | None]
+    says: tuple[str, ...]
+
+
+PASSES: list[CoupledPass] = []
+
+
+def register(name: str, *, says: tuple[str, ...]) -> Callable[..., CoupledPass]:
+    """Register a coupled pass, tried after those registered before it."""
+
+    def decorate(look: Callable[[Probes], Hypothesis | None]) -> CoupledPass:
+        made = CoupledPass(name, look, says)
+        PASSES.append(made)
+        return made
+
+    return decorate
+
+
+def _hypothesis(cause: Cause, misfit: float, source: str) -> Hypothesis:
+    covers = frozenset({"gradient"})
+    return Hypothesis("gradient", covers, 1.0, misfit, causes=(cause,), source=source)
+
+
+@register("scale", says=(f.COUPLED_SCALE.code,))
+def _scale(probes: Probes) -> Hypothesis | None:
+    """The reference's gradient times W or 1/W."""
+    w = probes.world_size
+    fits = [
+        (_misfit(probes.observed, _scaled(probes.truth, factor)), reading)
+        for factor, reading in ((1 / w, "1/W"), (float(w), "W"))
     ]
-    uneven = any(len(set(each)) > 1 for each in sizes)
-    if uneven and _close(_average(probed(by_pairs)), truth):
-        numbers = "; ".join(
-            f"rank {r}: {n} pair{'s' * (n != 1)}, loss {p.loss:.6g}"
-            for r, (n, p) in enumerate(zip(pairs, plain, strict=True))
-        )
-        return [
-            f.COUPLED_RANKS_EQUAL.cause(
-                evidence=f"weighting each rank's loss by its pairs x W / N makes the run the "
-                f"reference's ({numbers})",
-                share=f"1/{world_size}",
-            )
-        ]
-    alone = [
-        probed([[float(r == s)] * count for s in range(world_size)])[r] for r in range(world_size)
-    ]
-    # Per tower: whether each rank's gradient is the same without the other ranks' losses.
-    towers = sorted({n.split(".")[0] for n in truth if n.startswith("tower_")})
-    constant = [
-        t
+    misfit, reading = min(fits)
+    return _hypothesis(_scale_cause(reading, w), misfit, "coupled scale")
+
+
+@register("wrong-positives", says=(f.COUPLED_WRONG_POSITIVES.code,))
+def _wrong_positives(probes: Probes) -> Hypothesis | None:
+    """Pairs scored as positives against another pair's view, measured (a record, not a
+    prediction: wrong whatever else the gradient shows)."""
+    wrong = probes.matched()
+    if not wrong:
+        return None
+    return _hypothesis(_wrong_positives_cause(probes.scenario, wrong), 0.0, "coupled positives")
+
+
+@register("local-gradient", says=(f.COUPLED_LOCAL_GRADIENT.code,))
+def _local_gradient(probes: Probes) -> Hypothesis | None:
+    """The gradient reaches each rank's local features only."""
+    misfit = _misfit(probes.observed, probes.on_one_rank("local-gradient"))
+    cause = _local_gradient_cause(probes.truth, probes.observed, probes.world_size)
+    return _hypothesis(cause, misfit, "coupled local gradient")
+
+
+@register("local-negatives", says=(f.COUPLED_LOCAL_NEGATIVES.code,))
+def _local_negatives(probes: Probes) -> Hypothesis | None:
+    """Negatives from the local batch only (before no gradient at all: one pair alone has a
+    loss without one)."""
+    if not all(all(each) for each in probes.sizes()):
+        return None
+    misfit = _misfit(probes.observed, probes.on_one_rank("alone"))
+    cause = f.COUPLED_LOCAL_NEGATIVES.cause(evidence=_factors(probes.truth, probes.observed))
+    return _hypothesis(cause, misfit, "coupled local negatives")
+
+
+@register("no-feature-gradient", says=(f.COUPLED_NO_FEATURE_GRADIENT.code,))
+def _no_feature_gradient(probes: Probes) -> Hypothesis | None:
+    """No gradient through any gathered feature."""
+    misfit = _misfit(probes.observed, probes.on_one_rank("detached"))
+    cause = f.COUPLED_NO_FEATURE_GRADIENT.cause(evidence=_factors(probes.truth, probes.observed))
+    return _hypothesis(cause, misfit, "coupled detached")
+
+
+@register("ranks-equal", says=(f.COUPLED_RANKS_EQUAL.code,))
+def _ranks_equal(probes: Probes) -> Hypothesis | None:
+    """Each rank's loss weighted equally where ranks hold different numbers of pairs:
+    predicted by reweighting each rank's micro-batch losses by its pairs x W / N."""
+    w, sizes = probes.world_size, probes.sizes()
+    if not any(len(set(each)) > 1 for each in sizes):
+        return None
+    by_pairs = [[each[r] * w / (sum(each) or 1) for each in sizes] for r in range(w)]
+    misfit = _misfit(_average(probes.probed(by_pairs)), probes.truth)
+    plain = probes.probed()
+    numbers = "; ".join(
+        f"rank {r}: {n} pair{'s' * (n != 1)}, loss {p.loss:.6g}"
+        for r, (n, p) in enumerate(zip(probes.scenario.samples(0), plain, strict=True))
+    )
+    cause = f.COUPLED_RANKS_EQUAL.cause(
+        evidence=f"weighting each rank's loss by its pairs x W / N makes the run the "
+        f"reference's ({numbers})",
+        share=f"1/{w}",
+    )
+    return _hypothesis(cause, misfit, "coupled ranks equal")
+
+
+@register(
+    "constant-features", says=(f.COUPLED_CONSTANT_FEATURES.code, f.COUPLED_CONSTANT_TOWER.code)
+)
+def _constant_features(probes: Probes) -> Hypothesis | None:
+    """Each rank's gradient (per tower) the same whether or not the other ranks' losses are
+    backpropagated: features that cross ranks without their gradient."""
+    w, count = probes.world_size, len(probes.sizes())
+    plain = probes.probed()
+    alone = [probes.probed([[float(r == s)] * count for s in range(w)])[r] for r in range(w)]
+    towers = sorted({n.split(".")[0] for n in probes.truth if n.startswith("tower_")})
+    misfits = {
+        t: max(_misfit(_of(a.grads, t), _of(p.grads, t)) for a, p in zip(alone, plain, strict=True))
         for t in towers
-        if all(_close(_of(a.grads, t), _of(p.grads, t)) for a, p in zip(alone, plain, strict=True))
-    ]
+    }
+    constant = [t for t in towers if misfits[t] <= 1]
+    factors = _factors(probes.truth, probes.observed)
     if constant == towers:
-        return [
-            f.COUPLED_CONSTANT_FEATURES.cause(
-                evidence="each rank's gradient is the same whether or not the other ranks' "
-                "losses are backpropagated: " + _factors(truth, observed)
-            )
-        ]
-    if constant:
+        cause = f.COUPLED_CONSTANT_FEATURES.cause(
+            evidence="each rank's gradient is the same whether or not the other ranks' "
+            "losses are backpropagated: " + factors
+        )
+        return _hypothesis(cause, max(misfits.values(), default=0.0), "coupled constant")
+    if len(constant) == 1 and len(towers) == 2:
         # One tower's features cross ranks with their gradient, the other's do not.
         (tower,) = constant
         (other,) = set(towers) - {tower}
-        return [
-            f.COUPLED_CONSTANT_TOWER.cause(
-                tower=tower,
-                other=other,
-                evidence=f"each rank's {tower} gradient is the same whether or not the other "
-                f"ranks' losses are backpropagated, its {other} gradient is not: "
-                + _factors(truth, observed),
-            )
-        ]
-    return [f.COUPLED_UNEXPLAINED.cause(why="the probes")]
+        cause = f.COUPLED_CONSTANT_TOWER.cause(
+            tower=tower,
+            other=other,
+            evidence=f"each rank's {tower} gradient is the same whether or not the other "
+            f"ranks' losses are backpropagated, its {other} gradient is not: " + factors,
+        )
+        return _hypothesis(cause, misfits[tower], "coupled constant tower")
+    return None
 
 
 def _of(grads: Gradients, tower: str) -> Gradients:
@@ -281,12 +392,14 @@ def _flat(grads: Gradients, which: Callable[[str], bool] = lambda name: True) ->
     return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.float64)
 
 
-def _close(a: Gradients, b: Gradients) -> bool:
+def _misfit(a: Gradients, b: Gradients) -> float:
+    """How far ``a`` is from ``b``, relative to the larger norm, in units of float64's
+    closeness (at most 1: the same run); infinite where they cannot be compared."""
     x, y = _flat(a), _flat(b)
     if x.shape != y.shape or not bool(torch.isfinite(x).all() and torch.isfinite(y).all()):
-        return False
+        return math.inf
     scale = max(float(y.norm()), float(x.norm()), 1e-12)
-    return float((x - y).norm()) <= CLOSE * scale
+    return float((x - y).norm()) / (CLOSE * scale)
 
 
 def _zero_filled(grads: Gradients, like: Gradients | None = None) -> Gradients:
