@@ -37,6 +37,7 @@ import torch
 from torch import nn
 
 from ..world.naming import public
+from .importing import import_target, resolve_reference
 from .scenario import Recipe
 
 __all__ = [
@@ -63,21 +64,6 @@ class RecipeError(ValueError):
         ...     print(str(error)[:60])
         a loss is given as MODULE:CALLABLE or PATH.py:CALLABLE, got
     """
-
-
-def resolve_reference(reference: str) -> str:
-    """``reference`` with a file path made absolute, so that every rank finds the file
-    whatever its working directory.
-
-    Example::
-
-        >>> resolve_reference("torch.nn.functional:cross_entropy")
-        'torch.nn.functional:cross_entropy'
-    """
-    target, sep, name = reference.rpartition(":")
-    if sep and target.endswith(".py"):
-        return f"{os.path.abspath(target)}:{name}"
-    return reference
 
 
 def reference_of(value: Any, what: str) -> str:
@@ -147,23 +133,7 @@ def load(reference: str, what: str) -> Callable[..., Any]:
             f"a {what} is given as MODULE:CALLABLE or PATH.py:CALLABLE, got {reference!r}"
         )
     try:
-        if target.endswith(".py"):
-            path = os.path.abspath(target)
-            module_name = f"_ddp_verify_recipe_{abs(hash(path))}"
-            module = sys.modules.get(module_name)
-            if module is None:
-                spec = importlib.util.spec_from_file_location(module_name, path)
-                if spec is None or spec.loader is None:
-                    raise ImportError(f"no Python file at {path}")
-                module = importlib.util.module_from_spec(spec)
-                sys.modules[module_name] = module
-                try:
-                    spec.loader.exec_module(module)
-                except BaseException:
-                    del sys.modules[module_name]
-                    raise
-        else:
-            module = importlib.import_module(target)
+        module = import_target(target, "_ddp_verify_recipe")
     except (ImportError, OSError, SyntaxError) as exc:
         raise RecipeError(
             f"cannot import the {what}'s module {target!r}: {exc}. Give an importable module "

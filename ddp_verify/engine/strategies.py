@@ -366,7 +366,8 @@ def scenarios(
         )
     user_spec: ModelSpec | None = None
     if model is not None:
-        from .user_models import UserModelError, inspect_user_model, resolve_reference
+        from .importing import resolve_reference
+        from .user_models import UserModelError, inspect_user_model
 
         if models is not None:
             raise InvalidArgument("give model= (your factory) or models= (a strategy), not both")

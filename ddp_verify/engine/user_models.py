@@ -18,10 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib
-import importlib.util
-import os
-import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -29,6 +25,7 @@ import torch
 from torch import nn
 
 from ..world.naming import public
+from .importing import import_target
 from .scenario import LossName
 
 BatchMaker = Callable[[int, torch.Generator], tuple[torch.Tensor, torch.Tensor]]
@@ -117,19 +114,7 @@ def user_model(reference: str) -> UserModel:
             f"a model factory is given as MODULE:FACTORY or PATH.py:FACTORY, got {reference!r}"
         )
     try:
-        if target.endswith(".py"):
-            path = os.path.abspath(target)
-            module_name = f"_ddp_verify_model_{abs(hash(path))}"
-            module = sys.modules.get(module_name)
-            if module is None:
-                spec = importlib.util.spec_from_file_location(module_name, path)
-                if spec is None or spec.loader is None:
-                    raise ImportError(f"no Python file at {path}")
-                module = importlib.util.module_from_spec(spec)
-                sys.modules[module_name] = module
-                spec.loader.exec_module(module)
-        else:
-            module = importlib.import_module(target)
+        module = import_target(target, "_ddp_verify_model")
     except (ImportError, OSError, SyntaxError) as exc:
         raise UserModelError(
             f"cannot import the model factory's module {target!r}: {exc}. Give an importable "
@@ -139,15 +124,6 @@ def user_model(reference: str) -> UserModel:
     if not callable(factory):
         raise UserModelError(f"{target} has no callable {name!r} to make the model")
     return UserModel(reference, factory)
-
-
-def resolve_reference(reference: str) -> str:
-    """``reference`` with a file path made absolute, so that every rank finds the file
-    whatever its working directory."""
-    target, sep, name = reference.rpartition(":")
-    if sep and target.endswith(".py"):
-        return f"{os.path.abspath(target)}:{name}"
-    return reference
 
 
 def inspect_user_model(reference: str) -> LossName:

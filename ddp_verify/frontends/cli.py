@@ -220,7 +220,8 @@ def _user_model(args: argparse.Namespace) -> str | None:
             "--model trains your model: --model-kinds, --exclude-features and --losses "
             "choose among the built-in ones (the loss follows from your targets)"
         )
-    from ..engine.user_models import UserModelError, inspect_user_model, resolve_reference
+    from ..engine.importing import resolve_reference
+    from ..engine.user_models import UserModelError, inspect_user_model
 
     reference = resolve_reference(args.model)
     try:

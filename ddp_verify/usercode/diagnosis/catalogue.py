@@ -18,6 +18,7 @@ from ...world.naming import option
 from .. import findings as f
 from . import passes
 from .axes import GRADIENT_AXES, LOSS_AXES, Choice, rows
+from .coupled import PASSES as COUPLED_PASSES
 
 __all__ = ["Row", "causes_table", "check_causes", "markdown", "named_codes", "words_of"]
 
@@ -137,12 +138,10 @@ def check_causes() -> list[Row]:
     for code, where in ELSEWHERE.items():
         if code not in said:
             made.append(Row(code, where, words_of(f.finding(code))))
-    from .coupled import PASSES as COUPLED_PASSES
-
-    for each in COUPLED_PASSES:
-        for code in each.says:
+    for probing in COUPLED_PASSES:
+        for code in probing.says:
             said.add(code)
-            found_by = f"coupled-loss pass `{each.name}`"
+            found_by = f"coupled-loss pass `{probing.name}`"
             made.append(Row(code, found_by, words_of(f.finding(code), **COUPLED[code])))
     for code, symbols in COUPLED.items():
         if code not in said:
