@@ -398,6 +398,45 @@ SHAPES = (
         ),
         families=frozenset({"step"}),
     ),
+    # A distillation loss of the user's (a teacher's logits as the targets, a temperature),
+    # synced by a plain weighted loop.
+    Shape(
+        "grad-sync-distill",
+        "grad-sync",
+        "sync",
+        """\
+        def distill(outputs, targets, temperature=2.0):
+            student = F.log_softmax(outputs / temperature, dim=-1)
+            teacher = F.softmax(targets / temperature, dim=-1)
+            return F.kl_div(student, teacher, reduction="batchmean") * temperature**2
+
+
+        $state
+        def sync(model, num_samples):
+            $pre
+            total = torch.tensor([float(num_samples)], dtype=torch.float64)
+            dist.all_reduce(total)
+            total = $total
+            for index, p in enumerate(model.parameters()):
+                if p.grad is None:
+                    $unused
+                $skip
+                p.grad.mul_($weight)
+                dist.all_reduce(p.grad)
+                p.grad.div_($divide)
+        """,
+        dict(
+            state="",
+            pre="",
+            total="total.item()",
+            unused="continue",
+            skip="",
+            weight="num_samples",
+            divide="total",
+        ),
+        options={"loss_fn": "distill", "losses": ("mse",)},
+        families=frozenset({"grad", "count"}),
+    ),
     # Functional collectives (torch.distributed._functional_collectives): a new tensor back.
     Shape(
         "grad-sync-funcol",
