@@ -15,9 +15,11 @@ per item), or a tuple whose second element is its count: fairseq's criteria retu
 ``(loss, count)`` reads the same way. :func:`mean_loss` turns each into the mean the harness's
 loops weight. A training step of the user's gets the loss as written, tuple and all.
 
-Where a recipe names any part, the reference is the user's code on one rank holding the whole
-batch in one micro-batch (:meth:`~ddp_verify.engine.scenario.Scenario.whole`), not the
-engine's oracle: the oracle trains the harness's own losses and optimizers only.
+Where a recipe names any part, the engine's oracle (which trains the harness's own losses and
+optimizers only) does not judge: a training step is judged against its own run on one rank
+holding the whole batch in one micro-batch
+(:meth:`~ddp_verify.engine.scenario.Scenario.whole`), other code against the engine's loop
+trained with the recipe.
 """
 
 from __future__ import annotations

@@ -253,8 +253,9 @@ class Recipe:
     ``"module:callable"`` or ``"path/to/file.py:callable"`` (see
     :mod:`ddp_verify.engine.recipes`): ``loss(outputs, targets)``, an optimizer
     ``factory(params)``, a scheduler ``factory(optimizer)`` stepped once per optimizer step.
-    A scenario with any of them is judged against the user's own code on one rank holding the
-    whole batch (the harness's oracle trains its own losses and optimizers only).
+    The engine's oracle trains its own losses and optimizers only: a training step trained
+    with any of them is judged against its own run on one rank holding the whole batch, other
+    code against the engine's loop trained with them.
 
     Example::
 

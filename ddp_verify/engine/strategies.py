@@ -315,8 +315,9 @@ def scenarios(
     ``loss_fn``, ``optimizer`` and ``scheduler`` train with the user's own (a callable, or
     ``"module:callable"`` / ``"path.py:callable"``): ``loss_fn(outputs, targets)`` on the
     target forms of ``losses`` it runs on, ``optimizer(params)``, ``scheduler(optimizer)``
-    stepped once a step (see :mod:`ddp_verify.engine.recipes`); such a scenario is judged
-    against the code's own run on one rank holding the whole batch.
+    stepped once a step (see :mod:`ddp_verify.engine.recipes`); a training step is then judged
+    against its own run on one rank holding the whole batch, other code against the engine's
+    loop trained with them.
     ``empty_ranks=True`` lets a rank hold no sample in a step (about half the examples with
     two ranks or more, shrinking away; losses over samples, models that can forward nothing):
     each of its micro-batches is empty, its count 0, its gradient 0, and code that divides by

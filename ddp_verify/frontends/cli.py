@@ -420,15 +420,16 @@ def _parser() -> argparse.ArgumentParser:
         help="train with your own loss, called as FN(outputs, targets) on every micro-batch: "
         "a mean (torch's default), or a sum where its reduction attribute says so, or a tuple "
         "(loss summed over count items, count[, logging]) as fairseq's criteria return; on the "
-        "target forms of --losses it runs on. A step gets it as written. The reference is then "
-        "your code on one rank holding the whole batch in one micro-batch",
+        "target forms of --losses it runs on. A step gets it as written, and is then judged "
+        "against its own run on one rank holding the whole batch in one micro-batch; other "
+        "kinds against the engine's loop trained with it",
     )
     check.add_argument(
         "--optimizer",
         metavar="MODULE:FACTORY|PATH.py:FACTORY",
         default=None,
-        help="train with your own optimizer: FACTORY(params) -> torch.optim.Optimizer "
-        "(the reference is then your code on one rank, the whole batch)",
+        help="train with your own optimizer: FACTORY(params) -> torch.optim.Optimizer (a step "
+        "is then judged against its own run on one rank, the whole batch)",
     )
     check.add_argument(
         "--scheduler",
