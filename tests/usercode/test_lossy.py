@@ -119,22 +119,31 @@ def test_a_known_torch_issue_is_named_in_the_check_with_the_option_that_avoids_i
 ):
     # PowerSGD with a parameter forward never uses meets torch's PowerSGD x
     # find_unused_parameters issue (the conformance suite marks it): the check names it, and
-    # the option that avoids it, spelled for check().
+    # the option that avoids it, spelled for check(). Whether the issue or the low rank ends
+    # a search first is timing's (a loaded CI once found the low rank at seed 0): a search
+    # that ends on the low rank names it, never a pass, and another seed meets the issue.
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(EquivalenceError) as caught:
-        check(
-            powersgd.powerSGD_hook,
-            kind="comm-hook",
-            world_size=2,
-            max_examples=10,
-            seed=0,
-            timeout=10,
-            hook_state=powersgd.compressing_everything,
-            models=models(required_features=("unused",)),
-        )
-    assert caught.value.verdict.status.value == "error"
-    assert caught.value.causes[0].pattern == "torch:powersgd-unused"
-    assert "models=models(excluded_features=('unused',))" in caught.value.cause
+    errors = []
+    for seed in range(3):
+        with pytest.raises(EquivalenceError) as caught:
+            check(
+                powersgd.powerSGD_hook,
+                kind="comm-hook",
+                world_size=2,
+                max_examples=10,
+                seed=seed,
+                timeout=10,
+                hook_state=powersgd.compressing_everything,
+                models=models(required_features=("unused",)),
+            )
+        if caught.value.verdict.status.value != "error":
+            assert caught.value.causes[0].pattern == "lowrank", caught.value.cause
+            continue
+        errors.append(caught.value)
+        break
+    assert errors, "the known torch issue was met at none of seeds 0-2"
+    assert errors[0].causes[0].pattern == "torch:powersgd-unused"
+    assert "models=models(excluded_features=('unused',))" in errors[0].cause
 
 
 def test_a_rank_one_powersgd_from_step_one_is_caught_within_25_examples_under_bf16(
