@@ -166,6 +166,24 @@ class RankTrace:
         steps = getattr(self, field)
         return None if steps is None else len(steps)
 
+    def layout(self, field: str) -> Layout | None:
+        """The names, shapes and dtypes of ``grads`` or ``params`` at each step (a missing
+        gradient's shape None), read without unpacking; None without gradients."""
+        if self.as_arrived(field):
+            return self._arrived[field][0]
+        if field in self._recording:
+            return self._recording[field][0]
+        steps = getattr(self, field)
+        if steps is None:
+            return None
+        return [
+            [
+                (n, None if t is None else tuple(t.shape), None if t is None else t.dtype)
+                for n, t in record.items()
+            ]
+            for record in steps
+        ]
+
     def as_arrived(self, field: str) -> bool:
         """Whether ``grads`` or ``params`` is still the flat form the trace arrived in:
         never unpacked, so never edited."""
@@ -198,6 +216,48 @@ class Trace:
     @property
     def has_grads(self) -> bool:
         return all(r.recorded("grads") == self.steps for r in self.ranks)
+
+
+def stepped_gradients(ranks: list[RankTrace]) -> list[RankTrace]:
+    """``ranks``, each rank's missing gradient of a parameter that another rank stepped
+    taken from the first rank that did: where each rank records the gradients its optimizer
+    steps on, a partitioned optimizer (ZeRO's: each rank steps the parameters it owns, the
+    others' gradients dropped) has each parameter's gradient on its owner alone. Ranks that
+    hold one still must agree; parameters are each rank's own, so a parameter never sent
+    back from its owner still diverges. Traces with nothing to fill are returned unread.
+
+    Example::
+
+        >>> a, b = RankTrace([0.0]), RankTrace([0.0])
+        >>> a.record("grads", [("w", torch.ones(1)), ("v", None)])
+        >>> b.record("grads", [("w", None), ("v", torch.zeros(1))])
+        >>> filled = stepped_gradients([a, b])
+        >>> [sorted((n, float(g)) for n, g in r.grads[0].items()) for r in filled]
+        [[('v', 0.0), ('w', 1.0)], [('v', 0.0), ('w', 1.0)]]
+    """
+    layouts = [r.layout("grads") for r in ranks]
+    if any(layout is None for layout in layouts) or len(ranks) < 2:
+        return ranks
+    held: list[dict[str, int]] = []  # per step: a parameter's first rank holding its gradient
+    for step in range(min(len(layout) for layout in layouts)):  # type: ignore[arg-type]
+        firsts: dict[str, int] = {}
+        for rank, layout in enumerate(layouts):
+            for name, shape, _ in layout[step]:  # type: ignore[index]
+                if shape is not None:
+                    firsts.setdefault(name, rank)
+        held.append(firsts)
+    gaps = [
+        (rank, step, name)
+        for rank, layout in enumerate(layouts)
+        for step, firsts in enumerate(held)
+        for name, shape, _ in layout[step]  # type: ignore[index]
+        if shape is None and name in firsts
+    ]
+    for rank, step, name in gaps:
+        mine, holder = ranks[rank].grads, ranks[held[step][name]].grads
+        assert mine is not None and holder is not None  # both have a layout
+        mine[step][name] = holder[step][name]
+    return ranks
 
 
 def parameters(model: torch.nn.Module) -> Tensors:

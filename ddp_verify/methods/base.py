@@ -8,7 +8,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from ..engine.scenario import Scenario
-from ..engine.trace import RankTrace, Trace
+from ..engine.trace import RankTrace, Trace, stepped_gradients
 from ..world.protocol import Shipped
 
 if TYPE_CHECKING:
@@ -70,7 +70,10 @@ class DistributedMethod(Method):
         return shipped
 
     def collect(self, rank_traces: list[Any]) -> Trace:
-        return Trace(self.name, list(rank_traces))
+        ranks = list(rank_traces)
+        # Code that owns its step records the gradients its optimizer steps on: under a
+        # partitioned optimizer, a parameter's on the rank that steps it alone.
+        return Trace(self.name, stepped_gradients(ranks) if self.owns_step else ranks)
 
 
 # Kept beside the methods rather than on them: an attribute would travel inside the pickle.

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..engine.compare import compare, prepare_comparison
+from ..engine.oracle_terms import oracle_scenario
 from ..engine.outcome import EquivalenceError, Outcome
 from ..engine.reference import train_reference
 from ..engine.scenario import Scenario
@@ -124,7 +125,18 @@ def check_equivalent(
     except RankError as exc:
         with contextlib.suppress(RankError):
             finish()  # the ranks' job is collected either way: the world stays usable
+        if judged_by_own(method, scenario) or scenario.recipe:
+            # The user's code (their step, their loss) raised on the whole batch: its
+            # failure, said as theirs, not the harness's.
+            raise
         raise HarnessError(f"the reference could not be trained:\n{exc}") from exc
+    if scenario.recipe and not getattr(method, "whole_batch_reference", False):
+        try:
+            _references_agree(world, scenario, reference)
+        except BaseException:
+            with contextlib.suppress(RankError):
+                finish()
+            raise
     tolerance = tolerance or derived
     assert tolerance is not None
     try:
@@ -284,6 +296,41 @@ def _own_truth(
         return measured([*runs[1], *others])
 
     return reference, measured(runs[1]), complete if staged else None
+
+
+def _references_agree(world: Ranked | None, scenario: Scenario, reference: Trace) -> None:
+    """Where the oracle can train what the recipe says (:mod:`~ddp_verify.engine.oracle_terms`),
+    the recipe's reference and the oracle's must agree before either judges: a disagreement
+    is a :class:`HarnessError`, never a verdict."""
+    try:
+        oracle = _on_helper(world, oracle_truth, scenario)
+    except RankError as exc:
+        raise HarnessError(f"the oracle's reference could not be trained:\n{exc}") from exc
+    if oracle is None:
+        return
+    mismatch = compare(oracle, reference, scenario, Float64Tolerance())
+    if mismatch is None:
+        return
+    mismatch = dataclasses.replace(mismatch, expected_label="the oracle")
+    raise HarnessError(
+        f"the two references disagree, so neither judges: {reference.method} and the "
+        f"harness's float64 oracle (its own loss, {oracle.method}: what your "
+        f"{scenario.recipe.describe()} trains on the scenario's data) differ:\n"
+        f"{mismatch.render()}\nEither your code on one rank trains something other than "
+        "the loss and optimizer it is handed (check it without the recipe: the oracle then "
+        "judges it and says what differs), or this is a bug of ddp_verify's: report it."
+    )
+
+
+def oracle_truth(scenario: Scenario, *, device: str = "cpu") -> Trace | None:
+    """The oracle's float64 reference of ``scenario`` said in its own terms, or None where
+    the scenario's recipe is not the oracle's (the oracle trains on the CPU: ``device`` is
+    the ranks', unused)."""
+    oracle = oracle_scenario(scenario)
+    if oracle is None:
+        return None
+    trace = train_reference(oracle, "float64")
+    return Trace(f"optimizer {oracle.optimizer.describe()}", trace.ranks)
 
 
 def _own_runs(world: Ranked | None, method: Method, asked: list[tuple[Any, ...]]) -> list[Any]:

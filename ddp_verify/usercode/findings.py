@@ -584,6 +584,13 @@ PARAMS_REPLACED = _finding(
     "parameters",
     "parameters replaced after the optimizer step, not gradients misweighted ({replaced})",
 )
+PARAMS_STALE = _finding(
+    "params:stale",
+    "parameters",
+    "parameters {stale} kept as before the step while other ranks updated them: a parameter a rank "
+    "does not step itself must come back from the rank that does (a partitioned optimizer's "
+    "broadcast or all-gather of the updated parameters left out)",
+)
 MICRO_UNSYNCED = _finding(
     "micro:unsynced",
     "gradient",

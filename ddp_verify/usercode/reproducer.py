@@ -49,7 +49,7 @@ from ddp_verify.usercode.adapters import adapt
 from ddp_verify.methods.equivalence import check_equivalent
 from ddp_verify.methods import Method
 from ddp_verify.engine.scenario import ModelSpec, OptimizerSpec, Recipe, Scenario
-from ddp_verify.engine.trace import Trace
+from ddp_verify.engine.trace import Trace, stepped_gradients
 from ddp_verify.world.backends import BACKEND as BACKENDS, DEVICE as DEVICES
 from ddp_verify.world.runtime import set_up_device
 
@@ -179,8 +179,10 @@ class Spawned:
                 process.join(timeout=10)
                 if process.is_alive():
                     process.kill()
+        # A step's gradients are those its optimizer stepped on, as the check collects them.
+        collect = stepped_gradients if KIND in ("step", "wrapped-step") else list
         return [
-            Trace(self.name, [traces[r, call] for r in range(scenario.world_size)])
+            Trace(self.name, collect([traces[r, call] for r in range(scenario.world_size)]))
             for call in range(REPEATS)
         ]
 

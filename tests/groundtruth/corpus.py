@@ -676,6 +676,91 @@ SHAPES = (
         dict(zero_inside="", mb_weight="len(y)", pre="", divide="total.item()"),
         families=frozenset({"step-shard"}),
     ),
+    # ZeRO partitioning by parameter: each parameter's gradient reduced onto the rank that
+    # owns it, the optimizer stepping only what it owns (the others' gradients dropped, so
+    # it skips them), each parameter broadcast back from its owner.
+    Shape(
+        "step-zero",
+        "step",
+        "zero_step",
+        """\
+        def zero_step(model, optimizer, micro_batches, loss_fn):
+            optimizer.zero_grad()
+            local = sum(len(y) for _, y in micro_batches)
+            total = torch.tensor([float(local)], dtype=torch.float64)
+            dist.all_reduce(total)
+            reported = torch.zeros((), dtype=torch.float64)
+            for x, y in micro_batches:
+                $zero_inside
+                loss = loss_fn(model(x), y) * $mb_weight
+                loss.backward()
+                reported += loss.detach().double()
+            $pre
+            world, rank = dist.get_world_size(), dist.get_rank()
+            params = [p for p in model.parameters() if p.grad is not None]
+            for i, p in enumerate(params):
+                owner = $owner
+                dist.reduce(p.grad, dst=owner)
+                if rank == owner:
+                    p.grad.div_($divide)
+                else:
+                    p.grad = None
+            optimizer.step()
+            with torch.no_grad():
+                for i, p in enumerate(params):
+                    $gather
+            dist.all_reduce(reported)
+            return reported / total.item()
+        """,
+        dict(
+            zero_inside="",
+            mb_weight="len(y)",
+            pre="",
+            owner="i % world",
+            divide="total.item()",
+            gather="dist.broadcast(p, src=i % world)",
+        ),
+        families=frozenset({"step-zero"}),
+    ),
+    # Loss scaling (torch's GradScaler, as mixed precision trains): the scaled loss
+    # backpropagated, the scaler unscaling the synchronised gradients in its step.
+    Shape(
+        "step-scaler",
+        "step",
+        "scaled_step",
+        """\
+        def scaled_step(model, optimizer, micro_batches, loss_fn):
+            scaler = optimizer.__dict__.setdefault(
+                "scaler", torch.amp.GradScaler("cpu", init_scale=1024.0)
+            )
+            optimizer.zero_grad()
+            local = sum(len(y) for _, y in micro_batches)
+            total = torch.tensor([float(local)], dtype=torch.float64)
+            dist.all_reduce(total)
+            reported = torch.zeros((), dtype=torch.float64)
+            for x, y in micro_batches:
+                loss = loss_fn(model(x), y) * $mb_weight
+                scaler.scale(loss).backward()
+                reported += loss.detach().double()
+            $unscale
+            for p in model.parameters():
+                if p.grad is not None:
+                    dist.all_reduce(p.grad)
+                    p.grad.div_($divide)
+            $step
+            $update
+            dist.all_reduce(reported)
+            return reported / total.item()
+        """,
+        dict(
+            mb_weight="len(y)",
+            unscale="",
+            divide="total.item()",
+            step="scaler.step(optimizer)",
+            update="scaler.update()",
+        ),
+        families=frozenset({"step-scaler"}),
+    ),
     # A running average of the weights (EMA) kept beside the model, for evaluation.
     Shape(
         "step-ema",
@@ -1094,6 +1179,12 @@ _CLIP = "torch.nn.utils.clip_grad_norm_(model.parameters(), 1e-3)"
 _RENORMALISED = "torch.tensor(float(num_samples), dtype=torch.float64) / num_samples * num_samples"
 _USERS_CLIP = "torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05)"
 _SKIP_FIRST = _lines("if index == 0:", "    continue", indent=8)
+_UNSCALE_BY_HAND = _lines(
+    "for p in model.parameters():",
+    "    if p.grad is not None:",
+    "        p.grad.div_(scaler.get_scale())",
+    indent=4,
+)
 _ZERO_FILL = _lines("p.grad = torch.zeros_like(p)", indent=12)
 
 OPERATORS = (
@@ -1111,6 +1202,8 @@ OPERATORS = (
             "step-shard": {"mb_weight": "len(y) / local", "divide": "dist.get_world_size()"},
             "ddp-step": {"mb_weight": "len(y) / local"},
             "token-loss-flat": {"signature": "source, target", "divide": "(target != -100).sum()"},
+            "step-zero": {"mb_weight": "len(y) / local", "divide": "dist.get_world_size()"},
+            "step-scaler": {"mb_weight": "len(y) / local", "divide": "dist.get_world_size()"},
         },
         frozenset({"ranks:world", "loss:world", "micro:equal", "micro:own-mean"}),
     ),
@@ -1132,6 +1225,8 @@ OPERATORS = (
             "token-loss-causal": {"divide": "1"},
             "loss-agg": {"divide": "1"},
             "loss-agg-seq": {"divide": "1"},
+            "step-zero": {"divide": "1"},
+            "step-scaler": {"divide": "1"},
         },
         frozenset({"scale", "ranks:sum", "loss:item-sum"}),
     ),
@@ -1222,6 +1317,7 @@ OPERATORS = (
             "step": {"pre": _CLIP},
             "step-clip": {"pre": _USERS_CLIP, "clip_after": ""},
             "step-shard": {"pre": _CLIP},
+            "step-zero": {"pre": _CLIP},
         },
         frozenset({"clip"}),
     ),
@@ -1233,6 +1329,7 @@ OPERATORS = (
             "step-recipe": {"zero_inside": "optimizer.zero_grad()"},
             "step-shard": {"zero_inside": "optimizer.zero_grad()"},
             "ddp-step": {"zero_inside": "optimizer.zero_grad()"},
+            "step-zero": {"zero_inside": "optimizer.zero_grad()"},
         },
         frozenset({"micro:last-only"}),
     ),
@@ -1272,6 +1369,33 @@ OPERATORS = (
         "the loss sum held in an integer tensor before it is reduced",
         {"report": {"allreduce": "pair = pair.long(); dist.all_reduce(pair)"}},
         frozenset({"loss:integer"}),
+    ),
+    Operator(
+        "shard-not-broadcast",
+        "each rank steps the parameters it owns and never broadcasts them: the others keep "
+        "their old values",
+        {"step-zero": {"gather": "pass"}},
+        frozenset({"params:stale"}),
+    ),
+    Operator(
+        "owner-mismatch",
+        "gradients reduced onto one rank and stepped there, the parameter broadcast from "
+        "another, which never stepped it: the update undone",
+        {"step-zero": {"owner": "(i + 1) % world"}},
+        frozenset({"params:replaced"}),
+    ),
+    Operator(
+        "unscaled-twice",
+        "the gradients divided by the loss scale by hand and then unscaled again by the "
+        "scaler's step",
+        {"step-scaler": {"unscale": _UNSCALE_BY_HAND}},
+        frozenset({"scale"}),
+    ),
+    Operator(
+        "scaler-bypassed",
+        "the optimizer stepped directly, not through the scaler: the gradients still scaled",
+        {"step-scaler": {"step": "optimizer.step()", "update": ""}},
+        frozenset({"scale"}),
     ),
     Operator(
         "ema-left-in",

@@ -46,6 +46,12 @@ SAMPLE = (
     "reduce-tensor.int-truncated",
     "loss-fn-masked.label-zero-as-padding",
     "wrapped-step-flag.flag-first-only",
+    # A partitioned optimizer (each rank steps what it owns: a false alarm before the
+    # gradients a step records were taken from the rank that stepped them), its broadcast
+    # left out, and a loss scale divided out twice.
+    "step-zero.correct",
+    "step-zero.shard-not-broadcast",
+    "step-scaler.unscaled-twice",
 )
 
 

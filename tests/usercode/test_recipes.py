@@ -37,6 +37,10 @@ def smoothed(outputs, targets):
     return summed, len(targets), {"loss": summed.detach()}
 
 
+def smooth(outputs, targets):
+    return F.cross_entropy(outputs, targets, label_smoothing=0.1)
+
+
 def focal(outputs, targets):
     chosen = F.log_softmax(outputs, dim=-1).gather(1, targets.unsqueeze(1)).squeeze(1)
     return (-((1 - chosen.exp()) ** 2) * chosen).mean()
@@ -67,7 +71,9 @@ def averaged_sync(model):
             p.grad.div_(dist.get_world_size())
 
 
-def _step(model, optimizer, micro_batches, loss_fn, scheduler, *, per_micro_batch):
+def _step(
+    model, optimizer, micro_batches, loss_fn, scheduler=None, *, per_micro_batch=False, steps=1
+):
     optimizer.zero_grad()
     local = sum(len(y) for _, y in micro_batches)
     total = torch.tensor([float(local)], dtype=torch.float64)
@@ -77,21 +83,22 @@ def _step(model, optimizer, micro_batches, loss_fn, scheduler, *, per_micro_batc
         loss = loss_fn(model(x), y) * len(y)
         loss.backward()
         reported += loss.detach().double()
-        if per_micro_batch:
+        if scheduler is not None and per_micro_batch:
             scheduler.step()
     for p in model.parameters():
         if p.grad is not None:
             dist.all_reduce(p.grad)
             p.grad.div_(total.item())
-    optimizer.step()
-    if not per_micro_batch:
+    for _ in range(steps):
+        optimizer.step()
+    if scheduler is not None and not per_micro_batch:
         scheduler.step()
     dist.all_reduce(reported)
     return reported / total.item()
 
 
 def warmed_up_step(model, optimizer, micro_batches, loss_fn, scheduler):
-    return _step(model, optimizer, micro_batches, loss_fn, scheduler, per_micro_batch=False)
+    return _step(model, optimizer, micro_batches, loss_fn, scheduler)
 
 
 def warmed_up_per_micro_batch(model, optimizer, micro_batches, loss_fn, scheduler):
@@ -99,22 +106,25 @@ def warmed_up_per_micro_batch(model, optimizer, micro_batches, loss_fn, schedule
 
 
 def plain_step(model, optimizer, micro_batches, loss_fn):
-    optimizer.zero_grad()
-    local = sum(len(y) for _, y in micro_batches)
-    total = torch.tensor([float(local)], dtype=torch.float64)
-    dist.all_reduce(total)
-    reported = torch.zeros((), dtype=torch.float64)
-    for x, y in micro_batches:
-        loss = loss_fn(model(x), y) * len(y)
-        loss.backward()
-        reported += loss.detach().double()
-    for p in model.parameters():
-        if p.grad is not None:
-            dist.all_reduce(p.grad)
-            p.grad.div_(total.item())
-    optimizer.step()
-    dist.all_reduce(reported)
-    return reported / total.item()
+    return _step(model, optimizer, micro_batches, loss_fn)
+
+
+def stepped_twice(model, optimizer, micro_batches, loss_fn):
+    # Wrong on one rank as on many: the optimizer steps twice on each step's gradients.
+    return _step(model, optimizer, micro_batches, loss_fn, steps=2)
+
+
+def momentum_sgd(params):
+    return torch.optim.SGD(params, lr=0.05, momentum=0.9)
+
+
+def amsgrad(params):
+    return torch.optim.Adam(params, lr=0.01, amsgrad=True)
+
+
+def grouped_sgd(params):
+    params = list(params)
+    return torch.optim.SGD([{"params": params[:1]}, {"params": params[1:], "lr": 0.01}], lr=0.1)
 
 
 @pytest.fixture(scope="module")
@@ -271,3 +281,65 @@ def test_the_command_line_takes_the_recipe_and_says_what_is_wrong(tmp_path):
                            "--max-examples", "3", cwd=tmp_path)  # fmt: skip
     assert good.returncode == 0, good.stdout + good.stderr
     assert "equivalent on 3 generated scenarios" in (good.stdout + good.stderr)
+
+
+def test_the_oracle_says_a_recipe_in_its_own_terms_only_where_it_trains_the_same():
+    from ddp_verify.engine.oracle_terms import oracle_scenario
+
+    def given(**parts):
+        return oracle_scenario(dataclasses.replace(UNEVEN, recipe=Recipe(**parts)))
+
+    # torch's cross-entropy is the oracle's own loss; label smoothing and focal are not.
+    assert given(loss="torch.nn:CrossEntropyLoss") == dataclasses.replace(UNEVEN)
+    assert given(loss=reference_of(smoothed, "loss")) is None
+    assert given(loss=reference_of(focal, "loss")) is None
+    sgd = given(optimizer=reference_of(momentum_sgd, "optimizer"))
+    assert sgd is not None and sgd.recipe == Recipe()
+    assert (sgd.optimizer.name, sgd.optimizer.lr, sgd.optimizer.momentum) == ("sgd", 0.05, 0.9)
+    assert given(optimizer=reference_of(adamw, "optimizer")).optimizer.weight_decay == 0.1
+    # Settings and shapes its update rules do not write out; a schedule of the user's.
+    assert given(optimizer=reference_of(amsgrad, "optimizer")) is None
+    assert given(optimizer=reference_of(grouped_sgd, "optimizer")) is None
+    scheduled = reference_of(warmup, "scheduler")
+    assert given(loss="torch.nn:CrossEntropyLoss", scheduler=scheduled) is None
+
+
+def test_references_that_disagree_are_a_harness_error_never_a_verdict(tmp_path):
+    from ddp_verify.methods.equivalence import HarnessError, check_equivalent
+
+    # The oracle's own loss, handed in: both references apply, and a step that is wrong on
+    # one rank too makes them disagree.
+    scenario = dataclasses.replace(UNEVEN, recipe=Recipe(loss="torch.nn:CrossEntropyLoss"))
+    with VerifyingWorld(2) as world:
+        right = check_equivalent(world, adapt(plain_step, "step"), scenario)
+        assert right.equivalent, right
+        with pytest.raises(HarnessError, match="the two references disagree") as info:
+            check_equivalent(world, adapt(stepped_twice, "step"), scenario)
+        assert "check it without the recipe" in str(info.value)
+        # A loss the oracle does not train: the step's own run alone judges, and a step that
+        # is the same at every world size trains what it trains on one rank.
+        smoothing = dataclasses.replace(UNEVEN, recipe=Recipe(loss=reference_of(smooth, "loss")))
+        assert check_equivalent(world, adapt(stepped_twice, "step"), smoothing).equivalent
+    target = f"{HERE}:stepped_twice"
+    cli = ddp_verify_here("check", target, "--kind", "step", "--world-size", "2",
+                          "--loss-fn", "torch.nn:CrossEntropyLoss", "--losses", "cross_entropy",
+                          "--max-examples", "3", cwd=tmp_path)  # fmt: skip
+    assert cli.returncode == 3, cli.stdout + cli.stderr
+    assert "the two references disagree" in cli.stdout + cli.stderr
+
+
+def fussy(outputs, targets):
+    if len(targets) > 4:
+        raise ValueError("fussy: at most 4 items a batch")
+    return F.cross_entropy(outputs, targets)
+
+
+def test_a_users_loss_that_raises_on_the_whole_batch_is_the_codes_failure(world2):
+    from ddp_verify import RankError
+    from ddp_verify.methods.equivalence import check_equivalent
+
+    scenario = dataclasses.replace(UNEVEN, recipe=Recipe(loss=reference_of(fussy, "loss")))
+    # The ranks' micro-batches hold 4 items at most; the reference's whole batch 7.
+    with pytest.raises(RankError, match="fussy: at most 4 items") as info:
+        check_equivalent(world2, adapt(weighted_sync, "grad-sync"), scenario)
+    assert "the reference" in str(info.value)

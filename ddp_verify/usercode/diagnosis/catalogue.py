@@ -207,6 +207,7 @@ _FILL = {
     "replaced": "each parameter a of its value before the step plus 1 - a of the reference's "
     "after it (a running average left in the model), or the update undone",
     "step": "s",
+    "stale": "'name' on rank r",
     "held": "the counts",
     "same_counts": option("same_micro_batch_counts", True),
     "read": "are the correct weighting",

@@ -492,6 +492,70 @@ def parameters_replaced(evidence: Evidence, found: Found) -> list[Hypothesis]:
     ]
 
 
+@register("parameters-not-stepped", says=(f.PARAMS_STALE.code,))
+def parameters_not_stepped(evidence: Evidence, found: Found) -> list[Hypothesis]:
+    """Some ranks' parameters left as they were before the step while other ranks updated
+    them, where the recorded gradients are right: at the first step, each rank's parameter
+    is the reference's after the step or the start (one of the two, each parameter and rank
+    its own), and the ranks differ. The undone update on every rank alike is the
+    parameters-replaced pass's. Its misfit is what the nearer of the two leaves unexplained,
+    against the dtype's residual bound."""
+    if evidence.world < 2 or not evidence.got.ranks or not evidence.reference.ranks:
+        return []
+    if not evidence.reference.ranks[0].params or not evidence.got.ranks[0].params:
+        return []
+    if not evidence.got.ranks[0].grads or wrong_step(found) is not None:
+        return []
+    if not any(h.source == "gradient axes" for h in found):
+        return []
+    with one_thread():
+        start_model = build_model(evidence.scenario, "float64")
+    start = dict(start_model.named_parameters())
+    expected = evidence.reference.ranks[0].params[0]
+    names = [n for n in expected if n in start and start[n].requires_grad]
+    tolerance = evidence.tolerance
+    stale: dict[str, list[int]] = {}
+    worst, updated = 0.0, 0
+    for name in names:
+        before = start[name].detach().double().reshape(-1)
+        after = expected[name].detach().to("cpu", torch.float64).reshape(-1)
+        moved = float((before - after).norm())
+        if moved == 0.0:
+            continue
+        for rank, trace in enumerate(evidence.got.ranks):
+            got = trace.params[0][name].detach().to("cpu", torch.float64).reshape(-1)
+            to_after, to_before = float((got - after).norm()), float((got - before).norm())
+            worst = max(worst, min(to_after, to_before) / moved / tolerance.residual)
+            if to_before < to_after:
+                stale.setdefault(name, []).append(rank)
+            else:
+                updated += 1
+    # Ranks that differ: some updated what others kept (all kept is an update undone).
+    if not stale or not updated or all(len(r) == evidence.world for r in stale.values()):
+        return []
+    said = "; ".join(
+        f"{name!r} on rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
+        for name, ranks in list(stale.items())[:4]
+    )
+    more = f" and {len(stale) - 4} more" if len(stale) > 4 else ""
+    cause = f.PARAMS_STALE.cause(
+        stale=f"{said}{more}",
+        evidence=f"at step 0 each rank's parameter is the reference's update or the step's "
+        f"start, the nearer within {worst * tolerance.residual:.2g} of the update's size; "
+        f"{sum(map(len, stale.values()))} kept, {updated} updated",
+    )
+    return [
+        Hypothesis(
+            "parameters",
+            frozenset({"parameters", "loss"}),
+            1.0,
+            worst,
+            causes=(cause,),
+            source="parameters-not-stepped",
+        )
+    ]
+
+
 @register("clip", says=(f.CLIP.code,))
 def clip(evidence: Evidence, found: Found) -> list[Hypothesis]:
     """Each rank's own gradient clipped to one norm before the ranks were combined.
