@@ -185,7 +185,13 @@ def bare_grad_sync(scenario: Scenario) -> float:
         start = scenario.offset(step, rank)
         local = torch.zeros((), dtype=torch.float64, device=device)
         for m in scenario.schedule[step][rank]:
-            loss = loss_fn(model(inputs[start : start + m]), targets[start : start + m])
+            outputs = model(inputs[start : start + m])
+            if m == 0:
+                # An empty micro-batch (a rank holding no sample): zero gradients, as the
+                # check's loss gives it, so that every rank syncs every parameter.
+                (outputs.sum() * 0.0).backward()
+                continue
+            loss = loss_fn(outputs, targets[start : start + m])
             (loss * (m / n)).backward()
             local += loss.detach().double() * m
             start += m

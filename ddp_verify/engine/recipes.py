@@ -29,6 +29,7 @@ import importlib
 import importlib.machinery
 import importlib.util
 import inspect
+import math
 import os
 import sys
 import warnings
@@ -44,6 +45,7 @@ from .scenario import Recipe
 
 __all__ = [
     "RecipeError",
+    "criterion_notes",
     "load",
     "losses_it_takes",
     "mean_loss",
@@ -352,3 +354,98 @@ def losses_it_takes(recipe: Recipe, losses: tuple[str, ...]) -> tuple[str, ...]:
             "(mse: float targets, cross_entropy: class ids, tokens: token sequences with -100)"
         )
     return tuple(taken)
+
+
+def criterion_notes(recipe: Recipe, losses: tuple[str, ...]) -> tuple[str, ...]:
+    """What a criterion returning a tuple says that adds up wrong across micro-batches and
+    ranks. fairseq's ``reduce_metrics`` sums every logging output (and the loss, and the
+    sample size) over the micro-batches and workers of a step: each must be a sum over its
+    batch's items, so that the sums of the parts are the whole batch's. Checked on a batch of
+    each target form the loss takes, split in two: an entry whose parts do not add up to
+    the whole (a mean, an accuracy) is named, as is a loss that is not the sum over its count
+    (read as one, the harness would train another objective than the criterion means).
+
+    Example::
+
+        >>> criterion_notes(Recipe(loss="torch.nn:MSELoss"), ("mse",))
+        ()
+    """
+    if not recipe.loss:
+        return ()
+    loss = user_loss(recipe)
+    notes: list[str] = []
+    for form in losses:
+        outputs, targets = _logged_batch(form)
+        parts = [(outputs[:3], targets[:3]), (outputs[3:], targets[3:]), (outputs, targets)]
+        try:
+            with torch.no_grad():
+                got = [loss(o, t) for o, t in parts]
+        except Exception:  # a form the loss does not take: losses_it_takes says which
+            continue
+        if not all(isinstance(g, (tuple, list)) and len(g) >= 2 for g in got):
+            return ()
+        named = [_numbers(g) for g in got]
+        wrong = [
+            key
+            for key in named[2]
+            if key in named[0]
+            and key in named[1]
+            and not _adds_up(named[0][key] + named[1][key], named[2][key])
+        ]
+        if "the loss" in wrong:
+            notes.append(
+                f"your loss {recipe.loss} returns a tuple whose first element is not a sum "
+                "over its items (its two halves of a batch do not add up to the whole): it is "
+                "read as fairseq's (summed loss, sample size), so return the sum, not the mean"
+            )
+        if "the count" in wrong:
+            notes.append(
+                f"your loss {recipe.loss} returns a count that does not add up over a "
+                "batch's parts: the sample size must count the items its loss sums"
+            )
+        logged = [k for k in wrong if k not in ("the loss", "the count")]
+        if logged:
+            said = ", ".join(repr(k) for k in logged)
+            notes.append(
+                f"your loss {recipe.loss} logs {said} as other than a sum over the batch's "
+                "items: summed over the micro-batches and ranks of a step (fairseq's "
+                "reduce_metrics sums every logging output), it is not the step's value; log "
+                "sums (and the counts to divide them by)"
+            )
+        return tuple(notes)
+    return ()
+
+
+def _logged_batch(form: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch of 8 of ``form`` whose outputs are right on every other item (a class's
+    logit raised): so that a mean logged (an accuracy) differs between a batch's parts."""
+    generator = torch.Generator().manual_seed(1)
+    if form == "cross_entropy":
+        outputs = torch.randn(8, 4, generator=generator, dtype=torch.float64)
+        targets = torch.randint(0, 4, (8,), generator=generator)
+        outputs[::2].scatter_add_(1, targets[::2, None], torch.full((4, 1), 5.0).double())
+        return outputs, targets
+    if form == "mse":
+        outputs = torch.randn(8, 2, generator=generator, dtype=torch.float64)
+        return outputs, torch.randn(8, 2, generator=generator, dtype=torch.float64)
+    targets = torch.randint(0, 5, (8, 6), generator=generator)
+    targets[0, 2:] = -100
+    outputs = torch.randn(8, 6, 5, generator=generator, dtype=torch.float64)
+    return outputs, targets
+
+
+def _adds_up(parts: float, whole: float) -> bool:
+    return math.isclose(parts, whole, rel_tol=1e-6, abs_tol=1e-9)
+
+
+def _numbers(returned: tuple[Any, ...] | list[Any]) -> dict[str, float]:
+    """The loss, the count and each numeric logging output of a criterion's tuple."""
+    found: dict[str, float] = {}
+    for key, value in (("the loss", returned[0]), ("the count", returned[1])):
+        if (torch.is_tensor(value) and value.numel() == 1) or isinstance(value, (int, float)):
+            found[key] = float(value)
+    logging = returned[2] if len(returned) > 2 and isinstance(returned[2], dict) else {}
+    for key, value in logging.items():
+        if (torch.is_tensor(value) and value.numel() == 1) or isinstance(value, (int, float)):
+            found[str(key)] = float(value)
+    return found

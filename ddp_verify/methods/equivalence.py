@@ -112,6 +112,7 @@ def check_equivalent(
     staged = tolerance is None and scenario.dtype != "float64" and not measure_all
     # A staged bound's completion: the bound of every run, for a result outside the first's.
     complete: Callable[[], Tolerance] | None = None
+    oracle = _start_oracle(world, method, scenario)
     try:
         # The reference trains beside the ranks, on the world's helper process (or, for
         # code that is its own reference on one rank, on a one-rank world).
@@ -125,14 +126,17 @@ def check_equivalent(
     except RankError as exc:
         with contextlib.suppress(RankError):
             finish()  # the ranks' job is collected either way: the world stays usable
+        if oracle is not None:
+            with contextlib.suppress(Exception):
+                oracle()  # so is the helper's
         if judged_by_own(method, scenario) or scenario.recipe:
             # The user's code (their step, their loss) raised on the whole batch: its
             # failure, said as theirs, not the harness's.
             raise
         raise HarnessError(f"the reference could not be trained:\n{exc}") from exc
-    if scenario.recipe and not getattr(method, "whole_batch_reference", False):
+    if oracle is not None:
         try:
-            _references_agree(world, scenario, reference)
+            _references_agree(oracle, scenario, reference)
         except BaseException:
             with contextlib.suppress(RankError):
                 finish()
@@ -298,23 +302,42 @@ def _own_truth(
     return reference, measured(runs[1]), complete if staged else None
 
 
-def _references_agree(world: Ranked | None, scenario: Scenario, reference: Trace) -> None:
+def _start_oracle(
+    world: Ranked | None, method: Method, scenario: Scenario
+) -> Callable[[], Trace | None] | None:
+    """Where the scenario has a recipe, the oracle's reference of it (:func:`oracle_truth`)
+    started: on the world's helper while the one-rank world trains a step's own reference
+    (it is idle then), or after the helper's reference otherwise; how to wait for it."""
+    if not scenario.recipe or getattr(method, "whole_batch_reference", False):
+        return None
+    if world is None:
+        return lambda: oracle_truth(scenario)
+    submit = getattr(world.helper, "submit", None)
+    if judged_by_own(method, scenario) and submit is not None:
+        pending = submit(oracle_truth, (scenario,), {"device": world.device}, name="the oracle")
+        return lambda: pending.result()[0]
+    return lambda: _on_helper(world, oracle_truth, scenario)
+
+
+def _references_agree(
+    oracle: Callable[[], Trace | None], scenario: Scenario, reference: Trace
+) -> None:
     """Where the oracle can train what the recipe says (:mod:`~ddp_verify.engine.oracle_terms`),
     the recipe's reference and the oracle's must agree before either judges: a disagreement
     is a :class:`HarnessError`, never a verdict."""
     try:
-        oracle = _on_helper(world, oracle_truth, scenario)
+        truth = oracle()
     except RankError as exc:
         raise HarnessError(f"the oracle's reference could not be trained:\n{exc}") from exc
-    if oracle is None:
+    if truth is None:
         return
-    mismatch = compare(oracle, reference, scenario, Float64Tolerance())
+    mismatch = compare(truth, reference, scenario, Float64Tolerance())
     if mismatch is None:
         return
     mismatch = dataclasses.replace(mismatch, expected_label="the oracle")
     raise HarnessError(
         f"the two references disagree, so neither judges: {reference.method} and the "
-        f"harness's float64 oracle (its own loss, {oracle.method}: what your "
+        f"harness's float64 oracle (its own loss, {truth.method}: what your "
         f"{scenario.recipe.describe()} trains on the scenario's data) differ:\n"
         f"{mismatch.render()}\nEither your code on one rank trains something other than "
         "the loss and optimizer it is handed (check it without the recipe: the oracle then "

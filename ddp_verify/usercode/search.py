@@ -22,7 +22,7 @@ from ..engine.compression import CompressionTolerance, along_the_run
 from ..engine.lockstep import in_lockstep
 from ..engine.objectives import SAMPLE_MEAN
 from ..engine.outcome import EquivalenceError, Outcome
-from ..engine.scenario import Scenario
+from ..engine.scenario import LOSSES, Scenario
 from ..engine.strategies import coupled_scenarios, models, optimizers, scenarios
 from ..engine.tolerances import Float64Tolerance, Tolerance
 from ..methods.base import Method
@@ -153,6 +153,8 @@ def search(
     # The signature and the options are checked before anything runs.
     checked = adapt(fn, kind, **called, layout=pinned)
     _check_recipe(checked, kind, scenario_bounds)
+    # What the user's criterion logs that adds up wrong across micro-batches and ranks.
+    said = _criterion_notes(scenario_bounds)
     world_size = world.size
     fmt = lossy_format(kind, lossy, hook_state)
     bounds = bounds_for(kind, scenario_bounds)
@@ -341,7 +343,7 @@ def search(
                 found_at=found_at,
                 precision=precision,
                 precision_words=precision_words,
-                notes=tuple(met.values()),
+                notes=(*met.values(), *said),
             ),
             error,
             fn,
@@ -368,7 +370,7 @@ def search(
             cause = failure_cause(kind, stop.scenario)
         errored = dataclasses.replace(
             verdict,
-            notes=tuple(met.values()),
+            notes=(*met.values(), *said),
             status=Status.ERROR,
             examples=tried,
             scenario=stop.scenario,
@@ -383,7 +385,7 @@ def search(
         examples=tried,
         precision=precision,
         precision_words=precision_words,
-        notes=tuple(met.values()),
+        notes=(*met.values(), *said),
     )
     return _timed(measured_verdict, timeline)
 
@@ -661,6 +663,19 @@ def _check_recipe(method: Any, kind: Kind, bounds: dict[str, Any]) -> None:
             f"{option('loss_reduction')} asks for the harness's loss in another reduction; "
             f"{option('loss_fn')} gives your own, called as you wrote it: give one of them"
         )
+
+
+def _criterion_notes(bounds: Mapping[str, Any]) -> tuple[str, ...]:
+    """:func:`~ddp_verify.engine.recipes.criterion_notes` for the user's loss, if any."""
+    if bounds.get("loss_fn") is None:
+        return ()
+    from ..engine.recipes import RecipeError, criterion_notes, recipe_of
+
+    try:
+        recipe = recipe_of(loss_fn=bounds["loss_fn"])
+    except RecipeError:
+        return ()  # said by the scenarios' own check, with the fix
+    return criterion_notes(recipe, tuple(bounds.get("losses", LOSSES)))
 
 
 # A model is wide enough for the fitted weights when it has this many parameters per

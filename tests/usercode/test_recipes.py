@@ -343,3 +343,31 @@ def test_a_users_loss_that_raises_on_the_whole_batch_is_the_codes_failure(world2
     with pytest.raises(RankError, match="fussy: at most 4 items") as info:
         check_equivalent(world2, adapt(weighted_sync, "grad-sync"), scenario)
     assert "the reference" in str(info.value)
+
+
+def logs_a_mean(outputs, targets):
+    summed = F.cross_entropy(outputs, targets, reduction="sum")
+    right = (outputs.argmax(-1) == targets).double()
+    logging = {"loss": summed.detach(), "accuracy": right.mean(), "correct": right.sum()}
+    return summed, len(targets), logging
+
+
+def returns_a_mean(outputs, targets):
+    return F.cross_entropy(outputs, targets), len(targets), {}
+
+
+def test_what_a_criterion_logs_that_does_not_add_up_is_named():
+    from ddp_verify.engine.recipes import criterion_notes
+
+    forms = ("cross_entropy",)
+    (note,) = criterion_notes(Recipe(loss=reference_of(logs_a_mean, "loss")), forms)
+    assert "'accuracy'" in note and "'correct'" not in note and "reduce_metrics" in note
+    assert criterion_notes(Recipe(loss=reference_of(smoothed, "loss")), forms) == ()
+    (mean,) = criterion_notes(Recipe(loss=reference_of(returns_a_mean, "loss")), forms)
+    assert "first element is not a sum" in mean
+    # Said with the verdict, which the logging does not change.
+    verdict = check(weighted_sync, kind="grad-sync", world_size=2, seed=0, max_examples=3,
+                    loss_fn=logs_a_mean, losses=("cross_entropy",))  # fmt: skip
+    assert verdict.equivalent
+    assert any("'accuracy'" in n for n in verdict.notes), verdict.notes
+    assert "Note: your loss" in verdict.report
