@@ -584,6 +584,13 @@ PARAMS_REPLACED = _finding(
     "parameters",
     "parameters replaced after the optimizer step, not gradients misweighted ({replaced})",
 )
+TIED_REPEATED = _finding(
+    "tied:repeated",
+    "gradient",
+    "{tied}: a parameter reached by several names (tied weights) synchronised once per name "
+    "(named_parameters(remove_duplicate=False), or each module's parameters in turn): "
+    "a weighted average applied twice is still the average, anything else compounds",
+)
 PARAMS_STALE = _finding(
     "params:stale",
     "parameters",

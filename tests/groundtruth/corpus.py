@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ddp_verify.engine.strategies import models
+
 _HEADER = "import contextlib\nimport torch\nimport torch.distributed as dist\n"
 _HEADER += "import torch.nn.functional as F\n"
 
@@ -127,6 +129,9 @@ _SUBSTITUTE = _lines(
     indent=8,
 )
 
+# Models whose output head is their embedding: one weight reached by two names.
+_TIED_MODELS = models(kinds=("embedding",), required_features=("tied",))
+
 SHAPES = (
     Shape(
         "grad-sync-loop",
@@ -180,6 +185,30 @@ SHAPES = (
         """,
         dict(state="", pre="", total="total.item()", weight="num_samples", divide="total"),
         families=frozenset({"grad", "count"}),
+    ),
+    # Tied weights (an output head that is the embedding), every parameter visited by name
+    # with duplicates kept (named_parameters(remove_duplicate=False)): the tied one is
+    # synchronised twice, which a weighted average leaves as it is.
+    Shape(
+        "grad-sync-tied",
+        "grad-sync",
+        "sync_by_name",
+        """\
+        def sync_by_name(model, num_samples):
+            $pre
+            total = torch.tensor([float(num_samples)], dtype=torch.float64)
+            dist.all_reduce(total)
+            total = total.item()
+            for name, p in model.named_parameters(remove_duplicate=False):
+                if p.grad is None:
+                    continue
+                p.grad.mul_($weight)
+                dist.all_reduce(p.grad)
+                p.grad.div_($divide)
+        """,
+        dict(pre="", weight="num_samples", divide="total"),
+        options={"models": _TIED_MODELS},
+        families=frozenset({"grad"}),
     ),
     # Counts made as torch makes them by default, float32, the gradients float64: each
     # rank's share rounds to float32 where it is not exact (1/3), which is correct code.

@@ -52,6 +52,11 @@ SAMPLE = (
     "step-zero.correct",
     "step-zero.shard-not-broadcast",
     "step-scaler.unscaled-twice",
+    # Tied weights synchronised once per name: a weighted average is left as it is, a
+    # missing division compounds on the tied weight alone (read as the scale, and the tied
+    # weight beside it).
+    "grad-sync-tied.correct",
+    "grad-sync-tied.no-divide",
 )
 
 

@@ -208,6 +208,7 @@ _FILL = {
     "after it (a running average left in the model), or the update undone",
     "step": "s",
     "stale": "'name' on rank r",
+    "tied": "'name' (also 'other') has a gradient k x the reference's",
     "held": "the counts",
     "same_counts": option("same_micro_batch_counts", True),
     "read": "are the correct weighting",

@@ -336,3 +336,29 @@ class Evidence:
     def readable_steps(self) -> range:
         """The steps whose gradients can be read: every one that was recorded."""
         return range(self.steps)
+
+
+class WithoutParameters(Evidence):
+    """``evidence`` read without some parameters: their entries left out of every rank's
+    gradient and every micro-batch's column, so the axes are scored on the others alone
+    (a parameter reached by several names that the code treats once per name)."""
+
+    def __init__(self, evidence: Evidence, names: Sequence[str]) -> None:
+        super().__init__(evidence.kind, evidence.scenario, evidence.reference, evidence.got)
+        model = build_model(evidence.scenario, "float64")
+        keep = [
+            torch.full((p.numel(),), name not in names, dtype=torch.bool)
+            for name, p in model.named_parameters()
+        ]
+        self._keep = torch.cat(keep)
+        self._of = evidence
+
+    @functools.cache  # noqa: B019 (one per diagnosis, dropped with it)
+    def terms(self, step: int) -> Terms:
+        whole = self._of.terms(step)
+        return dataclasses.replace(whole, columns=whole.columns[self._keep])
+
+    @functools.cache  # noqa: B019
+    def gradients(self, step: int) -> tuple[torch.Tensor, ...] | None:
+        whole = self._of.gradients(step)
+        return None if whole is None else tuple(g[self._keep] for g in whole)

@@ -44,7 +44,7 @@ from .. import findings as f
 from ..findings import Cause
 from .axes import Choice
 from .engine import Hypothesis, gradient_hypotheses, loss_hypotheses
-from .evidence import Evidence, flatten
+from .evidence import Evidence, WithoutParameters, flatten
 from .mistakes import applies, candidates, match_tolerance, matches, simulate
 from .readings import gradient_causes, gradient_fits
 from .structural import (
@@ -419,6 +419,71 @@ def wrong_step(found: Found) -> int | None:
     if not axes or any(h.right and h.consistent for h in axes):
         return None
     return int(axes[0].detail["step"])
+
+
+@register("tied-repeated", says=(f.TIED_REPEATED.code,))
+def tied_repeated(evidence: Evidence, found: Found) -> list[Hypothesis]:
+    """A gradient no axis hypothesis fits whole, where one fits every parameter but those
+    reached by several names (tied weights): the code treated those once per name. The
+    gradient axes are scored again on the other parameters; each consistent one is said
+    with the tied parameters' own factor beside it (a right one: the tied parameters alone
+    are wrong). Its misfit is the axes' on the rest, from the one tolerance table."""
+    step = wrong_step(found)
+    if step is None or any(
+        h.consistent for h in found if h.source == "gradient axes" and h.subject == "gradient"
+    ):
+        return []
+    with one_thread():
+        model = build_model(evidence.scenario, "float64")
+    names: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), []).append(name)
+    tied = [n for n in names.values() if len(n) > 1]
+    if not tied:
+        return []
+    first = {name for n in tied for name in n[:1]}
+    rest = gradient_hypotheses(WithoutParameters(evidence, sorted(first)), step)
+    fitting = [h for h in rest if h.consistent]
+    if not fitting:
+        return []
+    said = _tied_factors(evidence, step, tied)
+    if said is None:
+        return []
+    cause = f.TIED_REPEATED.cause(tied=said, evidence=f"at step {step}, on rank 0")
+    if any(h.right for h in fitting):
+        best = min((h for h in fitting if h.right), key=lambda h: h.misfit)
+        return [
+            Hypothesis(
+                "gradient",
+                frozenset({"gradient"}),
+                1.0,
+                best.misfit,
+                causes=(cause,),
+                source="tied-repeated",
+            )
+        ]
+    return [
+        dataclasses.replace(h, source="tied-repeated", detail={**h.detail, "tied": cause})
+        for h in fitting
+    ]
+
+
+def _tied_factors(evidence: Evidence, step: int, tied: list[list[str]]) -> str | None:
+    """Each tied parameter's gradient on rank 0 as a multiple of the reference's."""
+    expected = evidence.reference.ranks[0].grads
+    got = evidence.got.ranks[0].grads
+    if not expected or not got:
+        return None
+    parts = []
+    for group in tied:
+        truth, value = expected[step].get(group[0]), got[step].get(group[0])
+        if truth is None or value is None or float(truth.norm()) == 0:
+            return None
+        truth, value = truth.double().flatten(), value.to("cpu", torch.float64).flatten()
+        factor = float(value @ truth / (truth @ truth))
+        others = ", ".join(repr(n) for n in group[1:])
+        parts.append(f"{group[0]!r} (also {others}) has a gradient {factor:.4g}x the reference's")
+    return "; ".join(parts) + ", where the other parameters' fit the rest of this diagnosis"
 
 
 @register("parameters-replaced", says=(f.PARAMS_REPLACED.code,))

@@ -102,7 +102,10 @@ def _said(evidence: Evidence, hypothesis: Hypothesis, fits: _Fits) -> list[Cause
     if not hypothesis.choices:
         return list(hypothesis.causes)
     if hypothesis.subject == "gradient":
-        return _gradient_causes(evidence, hypothesis, fits)
+        said = _gradient_causes(evidence, hypothesis, fits)
+        tied = hypothesis.detail.get("tied")
+        # The parameters the axes were scored without, and why (see passes.tied_repeated).
+        return [*said, tied] if tied is not None else said
     return _loss_causes(evidence, hypothesis)
 
 
