@@ -139,11 +139,11 @@ def test_the_2024_accumulation_bug_on_tokens_is_per_micro_batch_normalisation() 
 @pytest.mark.parametrize(
     ("mistake", "pattern"),
     [
-        (Mistake(report="local"), "loss:local"),
+        (Mistake(report="own"), "loss:local"),
         (Mistake(report="sum"), "loss:sum"),
         (Mistake(report="world"), "loss:world"),
-        (Mistake(report="accumulated"), "loss:carried"),
-        (Mistake(micro="mean-of-means"), "loss:micro-equal"),
+        (Mistake(report="carried"), "loss:carried"),
+        (Mistake(micro="equal"), "loss:micro-equal"),
     ],
 )
 def test_the_reported_loss_is_explained_by_its_weighting(mistake, pattern) -> None:
@@ -153,14 +153,14 @@ def test_the_reported_loss_is_explained_by_its_weighting(mistake, pattern) -> No
         model=ModelSpec(in_features=2, hidden=(3,)),
     )
     reference = train_reference(scenario, "float64")
-    if mistake.micro != "samples":
+    if mistake.micro != "items":
         # A gradient mistake changes the loss only through the parameters: report the global
         # mean of what the mistaken run had, the weighting itself wrong only in the report.
-        got = simulate(scenario, Mistake(report="global"))
+        got = simulate(scenario, Mistake(report="share"))
     else:
         got = simulate(scenario, mistake)
     causes = [c for c in likely_causes("step", scenario, reference, got) if c.subject == "loss"]
-    if mistake.micro != "samples":
+    if mistake.micro != "items":
         assert causes == []  # a right report of a run is right, whatever the run did
         return
     assert [c.pattern for c in causes] == [pattern]

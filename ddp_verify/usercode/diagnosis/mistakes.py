@@ -23,29 +23,30 @@ from ...engine.training import Step, train
 from .. import findings
 from ..findings import Cause, Finding
 from ..kinds import Kind, as_kind
+from .axes import choice
 from .evidence import tolerance
 
-# Each dimension: the correct choice first (no finding), then the mistakes, each with the
-# finding a report makes of it: the same vocabulary the fitted weights use.
-COMBINE: dict[str, Finding | None] = {
-    "samples": None,
-    "world": findings.RANKS_WORLD,
-    "sum": findings.RANKS_SUM,
-    "none": findings.RANKS_OWN,
-}
-MICRO: dict[str, Finding | None] = {
-    "samples": None,
-    "mean-of-means": findings.MICRO_EQUAL,
-    "last-only": findings.MICRO_LAST_ONLY,
-}
+
+def _rows(axis: str, names: tuple[str, ...]) -> dict[str, Finding | None]:
+    """The finding each named row of the axes table makes (None for the right one): the
+    simulation's choices are the axes' rows, in their names and their words."""
+    return {name: _finding_of(axis, name) for name in names}
+
+
+def _finding_of(axis: str, name: str) -> Finding | None:
+    code = choice(axis, name).finding
+    return findings.finding(code) if code else None
+
+
+# Each dimension: the correct row first (no finding), then the mistakes, as the axes table
+# names them (:mod:`.axes`): one vocabulary for the simulation and the fitted weights.
+COMBINE = _rows("ranks", ("share", "world", "sum", "own"))
+MICRO = _rows("micro", ("items", "equal", "last"))
+# The reported loss: how ranks' losses combine (report-ranks), or carried across steps.
+REPORT = {**_rows("report-ranks", ("share", "own", "sum", "world")), "carried": None}
+REPORT["carried"] = _finding_of("report-carry", "carried")
+# Stepping per micro-batch is no axis (a pass reads it from the optimizer's calls).
 STEPPING: dict[str, Finding | None] = {"once": None, "each": findings.STEP_EACH}
-REPORT: dict[str, Finding | None] = {
-    "global": None,
-    "local": findings.LOSS_LOCAL,
-    "sum": findings.LOSS_SUM,
-    "world": findings.LOSS_WORLD,
-    "accumulated": findings.LOSS_CARRIED,
-}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,9 +55,9 @@ class Mistake:
     where each rank's loss is already scaled by ``world_size * n_i / N`` and the right combine
     is a plain average."""
 
-    combine: str = "samples"
-    micro: str = "samples"
-    report: str = "global"
+    combine: str = "share"
+    micro: str = "items"
+    report: str = "share"
     prescaled: bool = False
     stepping: str = "once"
 
@@ -86,22 +87,22 @@ class Mistake:
 
 
 def _combine_family() -> list[Mistake]:
-    return [Mistake(combine=c) for c in ("world", "sum", "none")]
+    return [Mistake(combine=c) for c in ("world", "sum", "own")]
 
 
 def _report_family() -> list[Mistake]:
-    return [Mistake(report=r) for r in ("local", "sum", "world", "accumulated")]
+    return [Mistake(report=r) for r in ("own", "sum", "world", "carried")]
 
 
 def _prescaled_family() -> list[Mistake]:
-    return [Mistake(combine=c, prescaled=True) for c in ("sum", "none")]
+    return [Mistake(combine=c, prescaled=True) for c in ("sum", "own")]
 
 
 def _loss_fn_family() -> list[Mistake]:
     return [
         Mistake(combine=c, micro=m)
         for c, m in itertools.product(COMBINE, MICRO)
-        if (c, m) != ("samples", "samples")
+        if (c, m) != ("share", "items")
     ]
 
 
@@ -109,7 +110,7 @@ def _step_family() -> list[Mistake]:
     found = [
         Mistake(combine=c, micro=m, report=r)
         for c, m, r in itertools.product(COMBINE, MICRO, REPORT)
-        if (c, m, r) != ("samples", "samples", "global")
+        if (c, m, r) != ("share", "items", "share")
     ]
     # Stepping per micro-batch treats each micro-batch as a batch: no micro-batch weighting.
     return found + [
@@ -150,7 +151,7 @@ def simulate(scenario: Scenario, mistake: Mistake) -> Trace:
     if not applies(mistake, scenario):
         raise ValueError(f"{mistake} cannot train {scenario!r}: micro-batch counts differ")
     backward = _stepping_each if mistake.stepping == "each" else _stepping_once
-    accumulated = [0.0]  # the global losses reported so far, for the "accumulated" report
+    accumulated = [0.0]  # the global losses reported so far, for the "carried" report
 
     def step_with_mistake(step: Step) -> list[float]:
         local_means, global_loss = backward(step, mistake)
@@ -182,10 +183,10 @@ def _stepping_once(step: Step, mistake: Mistake) -> tuple[list[float], float]:
         local_sum = 0.0
         for batch in batches:
             size = step.weight(batch)
-            if mistake.micro == "last-only":
+            if mistake.micro == "last":
                 optimizer.zero_grad(set_to_none=True)
             loss = step.loss(model, batch)
-            share = 1 / len(batches) if mistake.micro == "mean-of-means" else size / counts[rank]
+            share = 1 / len(batches) if mistake.micro == "equal" else size / counts[rank]
             if mistake.prescaled:
                 share *= world * counts[rank] / total
             (loss * share).backward()
@@ -220,14 +221,14 @@ def _stepping_each(step: Step, mistake: Mistake) -> tuple[list[float], float]:
 def _combine(
     models: list[torch.nn.Module], counts: list[int], total: int, mistake: Mistake
 ) -> None:
-    if mistake.combine == "none":
+    if mistake.combine == "own":
         return
     per_rank = [[p for p in m.parameters() if p.requires_grad] for m in models]
     for params in zip(*per_rank, strict=True):
         grads = [p.grad for p in params]
         if any(g is None for g in grads):
             continue
-        if mistake.combine == "samples" and not mistake.prescaled:
+        if mistake.combine == "share" and not mistake.prescaled:
             combined = sum(g * n for g, n in zip(grads, counts, strict=True)) / total
         elif mistake.combine == "sum":
             combined = sum(grads)
@@ -241,11 +242,11 @@ def _reported(
     mistake: Mistake, global_loss: float, local_means: list[float], rank: int, accumulated: float
 ) -> float:
     return {
-        "global": global_loss,
-        "local": local_means[rank],
+        "share": global_loss,
+        "own": local_means[rank],
         "sum": sum(local_means),
         "world": sum(local_means) / len(local_means),
-        "accumulated": accumulated,
+        "carried": accumulated,
     }[mistake.report]
 
 

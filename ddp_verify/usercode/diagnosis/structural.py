@@ -42,7 +42,7 @@ def held_by_rank_zero_only(scenario: Scenario, got: Trace) -> bool:
     if size < 2:
         return False
     with one_thread():
-        local = simulate(scenario, Mistake(report="local"))
+        local = simulate(scenario, Mistake(report="own"))
     tolerance = match_tolerance(scenario.dtype)
 
     def holds(rank: int, step: int, candidates: list[float]) -> bool:
