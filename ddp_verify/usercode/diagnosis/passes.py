@@ -486,6 +486,28 @@ def _tied_factors(evidence: Evidence, step: int, tied: list[list[str]]) -> str |
     return "; ".join(parts) + ", where the other parameters' fit the rest of this diagnosis"
 
 
+def _step_start(
+    evidence: Evidence, found: Found
+) -> tuple[dict[str, torch.Tensor], Mapping[str, Any], list[str]] | None:
+    """For the passes that read parameters replaced after a step: the step's start, the
+    reference's parameters after it and the trainable names, where the gradients the
+    optimizer stepped on are recorded and the gradient axes found them right; else None."""
+    if not evidence.got.ranks or not evidence.reference.ranks:
+        return None
+    if not evidence.reference.ranks[0].params or not evidence.got.ranks[0].params:
+        return None
+    if not evidence.got.ranks[0].grads or wrong_step(found) is not None:
+        return None
+    if not any(h.source == "gradient axes" for h in found):
+        return None
+    with one_thread():
+        start_model = build_model(evidence.scenario, "float64")
+    start = dict(start_model.named_parameters())
+    expected = evidence.reference.ranks[0].params[0]
+    names = [n for n in expected if n in start and start[n].requires_grad]
+    return (start, expected, names) if names else None
+
+
 @register("parameters-replaced", says=(f.PARAMS_REPLACED.code,))
 def parameters_replaced(evidence: Evidence, found: Found) -> list[Hypothesis]:
     """Parameters replaced after the step rather than gradients misweighted: at the first
@@ -494,23 +516,12 @@ def parameters_replaced(evidence: Evidence, found: Found) -> list[Hypothesis]:
     ``a = 1`` the update undone), where the recorded gradients are right. Needs the step's
     start, the reference's parameters and the gradient axes' word; its misfit is what that
     line leaves unexplained, against the dtype's residual bound."""
-    if not evidence.got.ranks or not evidence.reference.ranks:
-        return []
-    if not evidence.reference.ranks[0].params or not evidence.got.ranks[0].params:
-        return []
     # Only where the gradients the optimizer stepped on are recorded and right: with SGD a
     # gradient scaled by k lands on the same line (a = 1 - k), which the gradient says.
-    if not evidence.got.ranks[0].grads or wrong_step(found) is not None:
+    read = _step_start(evidence, found)
+    if read is None:
         return []
-    if not any(h.source == "gradient axes" for h in found):
-        return []
-    with one_thread():
-        start_model = build_model(evidence.scenario, "float64")
-    start = dict(start_model.named_parameters())
-    expected = evidence.reference.ranks[0].params[0]
-    names = [n for n in expected if n in start and start[n].requires_grad]
-    if not names:
-        return []
+    start, expected, names = read
 
     def flat(params: Mapping[str, Any]) -> torch.Tensor:
         return torch.cat([params[n].detach().to("cpu", torch.float64).reshape(-1) for n in names])
@@ -565,19 +576,10 @@ def parameters_not_stepped(evidence: Evidence, found: Found) -> list[Hypothesis]
     its own), and the ranks differ. The undone update on every rank alike is the
     parameters-replaced pass's. Its misfit is what the nearer of the two leaves unexplained,
     against the dtype's residual bound."""
-    if evidence.world < 2 or not evidence.got.ranks or not evidence.reference.ranks:
+    read = _step_start(evidence, found) if evidence.world > 1 else None
+    if read is None:
         return []
-    if not evidence.reference.ranks[0].params or not evidence.got.ranks[0].params:
-        return []
-    if not evidence.got.ranks[0].grads or wrong_step(found) is not None:
-        return []
-    if not any(h.source == "gradient axes" for h in found):
-        return []
-    with one_thread():
-        start_model = build_model(evidence.scenario, "float64")
-    start = dict(start_model.named_parameters())
-    expected = evidence.reference.ranks[0].params[0]
-    names = [n for n in expected if n in start and start[n].requires_grad]
+    start, expected, names = read
     tolerance = evidence.tolerance
     stale: dict[str, list[int]] = {}
     worst, updated = 0.0, 0
