@@ -32,6 +32,8 @@ FOUND_BY: dict[str, str] = {
     f.LOG_DIFFERS.code: "the logged loss against the layout's own losses",
     f.OPTIMIZER_SETTINGS.code: "the optimizer's settings recorded at each step",
     f.SCRIPT_STEPS.code: "the steps each layout recorded",
+    f.REFERENCE_UNREPRODUCED.code: "a second run of the reference layout, before any other",
+    f.MODEL_DROPOUT.code: "the model's dropout modules in training mode, at its first forward",
 }
 
 # Symbols for the numbers parity's words hold.
@@ -42,12 +44,16 @@ _SYMBOLS = {
     "got": "G",
     "wanted": "R",
     "what": "which samples, at which step",
+    "layout": "R",
+    "source": "the source, by file and line, with its fix",
+    "modules": "'name' p=...",
 }
 
 # Where one finding's symbols read otherwise.
 _OWN = {
     f.OPTIMIZER_SETTINGS.code: {"what": "the settings that differ, at which step"},
     f.MICRO_WEIGHTS.code: {"numbers": "w1, w2, ..."},
+    f.REFERENCE_UNREPRODUCED.code: {"what": "which samples or tensors, at which step"},
 }
 
 

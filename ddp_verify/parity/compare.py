@@ -39,6 +39,7 @@ from ..usercode.diagnosis.engine import Hypothesis, choose
 from ..usercode.findings import Cause
 from ..world.naming import option
 from .recording import Recording, pads_between
+from .reproducible import dropout_cause
 
 __all__ = [
     "Comparison",
@@ -98,6 +99,10 @@ def compare_layouts(
         return Comparison(other.label, True, None, [], figures)
     if mismatch is None and not causes:
         return Comparison(other.label, False, None, logged, figures, only_log_differs=True)
+    dropout = dropout_cause(reference)
+    if mismatch is not None and dropout is not None:
+        # Other masks at every layout: no weighting can be read through them.
+        return Comparison(other.label, False, mismatch, [*causes, dropout, *logged], figures)
     if mismatch is not None or causes:
         causes += [
             _in_coupled_terms(_with_documented(cause, reference, other), reference, other)

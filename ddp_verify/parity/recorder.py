@@ -69,6 +69,12 @@ MAX_SNAPSHOT = 5_000_000
 MAX_LOCAL_TOTAL = 25_000_000
 # A logged loss: the first number after the word "loss" (not "val_loss") in a write.
 LOGGED_LOSS = re.compile(r"\bloss\b\W{0,4}(-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)")
+# Draws from torch's global generator noted before the first forward (see _watch_draws):
+# torch's functions, and the tensor methods nn.init and samplers fill tensors with.
+DRAWS = ("rand", "randn", "randint", "randperm", "normal", "bernoulli", "multinomial",
+         "rand_like", "randn_like", "randint_like")  # fmt: skip
+TENSOR_DRAWS = ("normal_", "uniform_", "random_", "bernoulli_", "exponential_")
+MAX_DRAWS = 200
 # What wrappers add to parameter names: DDP, torch.compile, Fabric, FSDP, checkpointing.
 WRAPPER_PARTS = frozenset(
     {"module", "_orig_mod", "_forward_module", "_fsdp_wrapped_module", "_checkpoint_wrapped_module"}
@@ -147,6 +153,18 @@ class Recorder:
             # Where the script sent tensors that carry gradient to other ranks (see
             # _watch_exchanges): "all_gather at train.py:42".
             "exchanged": [],
+            # Draws from torch's global generator before the model's first forward, each
+            # with its site and a digest of the generator's state before it (see
+            # _watch_draws); where a run of the reference is not the same twice, the first
+            # draw whose state differed names an unseeded source.
+            "draws": [],
+            # At the first forward: dropout modules in training mode (name, p), and digests
+            # of torch's, Python's and NumPy's global generators.
+            "dropout": [],
+            "generators": {},
+            # The same digests as the recorder was installed: a generator whose state did
+            # not move before the first forward was not drawn from.
+            "generators_at_start": _generator_digests(),
         }
         self._known_modules: set[int] = set()
         self._local: dict[str, torch.Tensor] = {}
@@ -165,6 +183,7 @@ class Recorder:
         # Inside a closure's re-evaluation (LBFGS): the step's samples again, not recorded.
         self._again = False
         self._in_loss = False
+        self._in_draw = False
         self._step = self._fresh()
 
     @classmethod
@@ -252,6 +271,7 @@ class Recorder:
         for name in ("cross_entropy", "nll_loss"):
             setattr(torch.nn.functional, name, self._counting(getattr(torch.nn.functional, name)))
         self._watch_exchanges()
+        self._watch_draws()
         register_optimizer_step_pre_hook(self._before_step)
         register_optimizer_step_post_hook(self._after_step)
         # What the script logs, read as it goes by.
@@ -295,6 +315,42 @@ class Recorder:
                 if getattr(module, name, None) is collective:
                     setattr(module, name, wrapped)
 
+    def _watch_draws(self) -> None:
+        """Note each draw from torch's global generator made before the model's first
+        forward (the data, the initial weights, a shuffle): its site in the script and a
+        digest of the generator's state before it. Two runs of one layout draw alike where
+        the generator was seeded; the first draw whose state differs is where it was not.
+        Only the first :data:`MAX_DRAWS` are noted, and none once training has begun."""
+        recorder = self
+
+        def watched(name: str, draw: Callable[..., Any]) -> Callable[..., Any]:
+            @functools.wraps(draw)
+            def noted(*args: Any, **kwargs: Any) -> Any:
+                draws = recorder.meta["draws"]
+                if (
+                    not recorder._known_modules
+                    and len(draws) < MAX_DRAWS
+                    and kwargs.get("generator") is None
+                    and not recorder._in_draw
+                ):
+                    draws.append((f"{name} at {_caller()}", _generator_digest()))
+                recorder._in_draw = True
+                try:
+                    return draw(*args, **kwargs)
+                finally:
+                    recorder._in_draw = False
+
+            return noted
+
+        for name in DRAWS:
+            draw = getattr(torch, name, None)
+            if draw is not None:
+                setattr(torch, name, watched(f"torch.{name}", draw))
+        for name in TENSOR_DRAWS:
+            draw = getattr(torch.Tensor, name, None)
+            if draw is not None:
+                setattr(torch.Tensor, name, watched(f"Tensor.{name}", draw))
+
     # -- what the hooks record ---------------------------------------------------------------
 
     def _at_forward(
@@ -306,6 +362,9 @@ class Recorder:
         if self._again:
             return self._cast(first, args, kwargs)
         if id(module) not in self._known_modules:
+            if not self._known_modules:
+                self.meta["dropout"] = _dropout(module)
+                self.meta["generators"] = _generator_digests()
             if self.perturb is not None and not self._known_modules:
                 _perturbed(module, self.perturb, self.perturb_dtype)
             self._known_modules.add(id(module))
@@ -780,6 +839,41 @@ def _caller() -> str:
             # A library's file by its package path (transformers/models/...), as users know it.
             return f"{path.rpartition('-packages/')[2]}:{frame.lineno}"
     return "unknown"
+
+
+def _generator_digest() -> str:
+    """A short digest of torch's global CPU generator's state."""
+    return hashlib.sha1(torch.default_generator.get_state().numpy().tobytes()).hexdigest()[:12]
+
+
+def _generator_digests() -> dict[str, str]:
+    """Digests of the global generators a script draws from: torch's, Python's ``random``
+    and NumPy's (where the script imported it)."""
+    import random
+
+    found = {
+        "torch": _generator_digest(),
+        "random": hashlib.sha1(repr(random.getstate()).encode()).hexdigest()[:12],
+    }
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        with contextlib.suppress(Exception):
+            state = repr(numpy.random.get_state()).encode()
+            found["numpy"] = hashlib.sha1(state).hexdigest()[:12]
+    return found
+
+
+def _dropout(module: torch.nn.Module) -> list[tuple[str, float]]:
+    """The dropout modules of ``module`` in training mode that drop anything: (name, p)."""
+    found = []
+    for name, inner in module.named_modules():
+        p = getattr(inner, "p", None)
+        dropping = isinstance(inner, torch.nn.modules.dropout._DropoutNd) or (
+            type(inner).__name__.lower().endswith("dropout") and isinstance(p, float)
+        )
+        if dropping and inner.training and isinstance(p, (int, float)) and p > 0:
+            found.append((normalized(name), float(p)))
+    return found
 
 
 def _settings(group: dict[str, Any]) -> dict[str, float]:

@@ -149,6 +149,11 @@ class Recording:
         return len(self.ranks)
 
     @property
+    def meta(self) -> dict[str, Any]:
+        """Rank 0's record of the run itself (its dtype, what it drew, its dropout)."""
+        return dict(self.ranks[0]["meta"])
+
+    @property
     def steps(self) -> int:
         """The optimizer steps every rank recorded."""
         return min(len(r["steps"]) for r in self.ranks)

@@ -11,6 +11,8 @@ Example::
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
 import dataclasses
 import functools
 import shlex
@@ -30,6 +32,7 @@ from .curves import curves
 from .launch import DEFAULT_LAUNCHER, Run, launch, script_of
 from .layouts import Layout, LayoutError, check_placeholders, fill, per_node
 from .recording import Recording, RecordingError
+from .reproducible import unreproduced
 
 __all__ = ["ParityResult", "compare_recordings", "run_parity"]
 
@@ -179,6 +182,11 @@ def run_parity(
         timeout=timeout,
         nnodes=nnodes,
     )
+    # The preflight: the reference layout run a second time beside the first (its first
+    # step), which it must reproduce before any layout is held to it.
+    again = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+    second = again.submit(run_at, reference, directory=work / f"{reference}-again", steps=1)
+    again.shutdown(wait=False)
     try:
         runs: dict[Layout, Run] = {}
         recordings: dict[Layout, Recording] = {}
@@ -202,6 +210,10 @@ def run_parity(
                 # A rank of the script's run left no recording: the run's failure, not a usage
                 # error.
                 return _error(run, target, started, f"left an incomplete recording ({exc})")
+            if layout == reference:
+                unsettled = _reproduced(second.result(), recordings[layout], target, started)
+                if unsettled is not None:
+                    return unsettled
         tolerance = None
         base = recordings[reference]
         if not base.float64:
@@ -250,8 +262,35 @@ def run_parity(
             judgement = dataclasses.replace(judgement, timing=timing)
         return dataclasses.replace(result, verdict=verdict, judgement=judgement)
     finally:
+        with contextlib.suppress(Exception):
+            second.result()  # bounded by the run's own time-out; nothing left running
         if keep is None:
             shutil.rmtree(work, ignore_errors=True)
+
+
+def _reproduced(again: Run, first: Recording, target: str, started: float) -> ParityResult | None:
+    """None where the second run of the reference trains what the first did; else the
+    result that says it does not, and why (:func:`~.reproducible.unreproduced`), a usage
+    error: no layout is judged against a reference that is not the same twice."""
+    failed = _failed(again, target, started)
+    if failed is not None:
+        return failed
+    try:
+        second = Recording.load(again.directory, label=first.label)
+    except RecordingError as exc:
+        return _error(again, target, started, f"left an incomplete recording ({exc})")
+    causes = unreproduced(first, second, steps=1)
+    if not causes:
+        return None
+    verdict = Verdict(
+        Status.USAGE_ERROR,
+        kind="script",
+        target=target,
+        causes=tuple(causes),
+        message=f"ddp-verify parity: error: {causes[0].text}",
+        seconds=time.monotonic() - started,
+    )
+    return ParityResult(verdict, ())
 
 
 def _check_command(

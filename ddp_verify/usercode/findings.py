@@ -657,6 +657,21 @@ SCRIPT_STEPS = _finding(
     "data ran out sooner, or it stopped",
 )
 
+REFERENCE_UNREPRODUCED = _finding(
+    "reference:unreproduced",
+    "run",
+    "two runs of the reference layout {layout} differ ({what}), so no layout can be held to "
+    "it: {source}",
+)
+MODEL_DROPOUT = _finding(
+    "model:dropout",
+    "run",
+    "the model trains with dropout ({modules}): each layout draws its masks from its own "
+    "ranks' generators, so layouts differ by the masks alone, whatever the weighting; set "
+    "the dropout to 0 for the check (the script's own flag for it, in the command parity "
+    "runs)",
+)
+
 # What only ddp-verify parity says: its own comparison of whole scripts' recordings (it says
 # the diagnosis's findings too, where a layout's gradient fits one of them).
 SCRIPT_FINDINGS = (
@@ -673,6 +688,8 @@ SCRIPT_FINDINGS = (
     LOG_DIFFERS,
     OPTIMIZER_SETTINGS,
     SCRIPT_STEPS,
+    REFERENCE_UNREPRODUCED,
+    MODEL_DROPOUT,
 )
 
 # Findings both the check and parity say, each from evidence of its own: one vocabulary.

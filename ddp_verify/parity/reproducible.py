@@ -1,0 +1,102 @@
+"""Whether a script's reference layout trains the same twice, and where not, from which
+source: the preflight every parity run starts with (a layout can only be held to a reference
+that is the same at every run).
+
+Two runs of the reference layout are compared on the samples each step trained and on the
+gradients, parameters and losses recorded (float64's bound). Where they differ, the sources
+the recordings show are named, with the fix: a draw from torch's global generator made
+before it was seeded (the first draw whose generator state differed between the runs, by
+file and line), Python's or NumPy's global generator left unseeded, dropout in training
+mode; otherwise what is left (data-loader workers, nondeterministic kernels, a source
+outside the process).
+
+Example::
+
+    causes = unreproduced(Recording.load(first), Recording.load(again), steps=3)
+"""
+
+from __future__ import annotations
+
+from ..engine.compare import compare_traces
+from ..engine.tolerances import Float64Tolerance
+from ..usercode import findings as f
+from ..usercode.findings import Cause
+from .recording import Recording
+
+__all__ = ["dropout_cause", "unreproduced"]
+
+
+def unreproduced(first: Recording, again: Recording, steps: int) -> list[Cause]:
+    """Nothing where ``again`` (a second run of the reference layout) trains what ``first``
+    did; else the cause that says what differs and the sources found."""
+    n = min(steps, first.steps, again.steps)
+    what = []
+    for step in range(n):
+        if first.samples(step) != again.samples(step):
+            what.append(f"the samples of step {step}")
+            break
+    mismatch = compare_traces(first.trace(n), again.trace(n), n, Float64Tolerance())
+    if mismatch is not None:
+        what.append(
+            f"{mismatch.quantity} {mismatch.name!r} at step {mismatch.step}"
+            if mismatch.name
+            else f"the {mismatch.quantity} at step {mismatch.step}"
+        )
+    if not what:
+        return []
+    cause = f.REFERENCE_UNREPRODUCED.cause(
+        layout=first.label, what="; ".join(what), source=_sources(first, again)
+    )
+    return [cause]
+
+
+def _sources(first: Recording, again: Recording) -> str:
+    """What the recordings show made the two runs differ, each with its fix."""
+    said = []
+    mine, theirs = first.meta.get("draws", []), again.meta.get("draws", [])
+    for (site, state), (_, other) in zip(mine, theirs, strict=False):
+        if state != other:
+            said.append(
+                f"{site} drew from torch's global generator before it was seeded (its state "
+                "there differed between the runs): call torch.manual_seed(...) before it, or "
+                "draw from a seeded torch.Generator"
+            )
+            break
+    generators = first.meta.get("generators", {})
+    others = again.meta.get("generators", {})
+    start = first.meta.get("generators_at_start", {})
+    for name, words in (("random", "Python's random"), ("numpy", "NumPy's global generator")):
+        # Drawn from before the first forward (its state moved), and not alike at both runs.
+        drawn = name not in start or start[name] != generators.get(name)
+        if name in generators and drawn and generators.get(name) != others.get(name):
+            said.append(
+                f"{words} was drawn from unseeded (its state at the first forward differed "
+                f"between the runs): seed it "
+                f"({'random.seed' if name == 'random' else 'np.random.seed'})"
+            )
+    if not said and generators.get("torch") != others.get("torch"):
+        said.append(
+            "torch's global generator was in another state at the first forward (drawn from "
+            "unseeded, or seeded from the clock): seed it with a constant"
+        )
+    dropout = dropout_cause(first)
+    if dropout is not None and not said:
+        said.append(dropout.text)
+    if not said:
+        said.append(
+            "no unseeded generator was seen: look for data-loader workers with unseeded "
+            "state (worker_init_fn), nondeterministic kernels "
+            "(torch.use_deterministic_algorithms(True)), or a source outside the process "
+            "(a file or data set that changes, the clock)"
+        )
+    return "; ".join(said)
+
+
+def dropout_cause(recording: Recording) -> Cause | None:
+    """The dropout the model trained with, where it has any in training mode."""
+    modules = recording.meta.get("dropout") or []
+    if not modules:
+        return None
+    shown = ", ".join(f"{name!r} p={p:g}" for name, p in modules[:4])
+    more = f" and {len(modules) - 4} more" if len(modules) > 4 else ""
+    return f.MODEL_DROPOUT.cause(modules=shown + more)

@@ -1,0 +1,56 @@
+"""The preflight (issue 63): the reference layout must train the same twice before any
+layout is held to it; where it does not, the source is named with its fix. Dropout, the same
+at every run of a layout and other at every layout, is named where layouts differ."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ddp_verify.parity.layouts import Layout
+from ddp_verify.parity.run import run_parity
+from tests.frontends.in_process import ddp_verify_here
+
+SCRIPT = Path(__file__).resolve().parents[2] / "fixtures" / "scripts" / "plain_ddp.py"
+COMMAND = ["python", str(SCRIPT), "--grad-accum", "{grad_accum}", "--batch-size",
+           "{micro_batch}"]  # fmt: skip
+
+
+def _line_of(text: str) -> int:
+    """The line of SCRIPT that holds ``text`` (where the unseeded draw is)."""
+    lines = SCRIPT.read_text().splitlines()
+    return next(i for i, line in enumerate(lines, 1) if text in line)
+
+
+def test_a_reference_that_is_not_the_same_twice_is_the_report_with_its_source(tmp_path):
+    result = run_parity(
+        [*COMMAND, "--variant", "unseeded-data"],
+        layouts=[Layout(2, 1)],
+        steps=2,
+        global_batch=16,
+        keep=tmp_path,
+    )
+    assert result.exit_code == 2, result.report
+    (cause,) = result.verdict.causes
+    assert cause.pattern == "reference:unreproduced", cause
+    # The unseeded draw, by file and line; not Python's or NumPy's, which it never drew from.
+    site = f"torch.randn at {SCRIPT.as_posix()}:{_line_of('torch.randn(256, 6)  #')}"
+    assert site in cause.text, cause.text
+    assert "torch.manual_seed" in cause.text and "NumPy" not in cause.text
+    assert "samples of step 0" in cause.text
+    # No layout ran against it.
+    assert not (tmp_path / "2x1").exists()
+
+
+def test_dropout_is_named_where_layouts_differ_and_the_command_line_says_so(tmp_path):
+    command = [*COMMAND, "--variant", "dropout"]
+    result = run_parity(command, layouts=[Layout(2, 1)], steps=2, global_batch=16)
+    assert result.exit_code == 1, result.report
+    first = result.verdict.causes[0]
+    assert first.pattern == "model:dropout", [c.pattern for c in result.verdict.causes]
+    assert "'2' p=0.1" in first.text
+    # A seeded script is the same twice: the correct one passes the preflight and its layouts.
+    cli = ddp_verify_here("parity", "--layouts", "2x1", "--global-batch", "16", "--steps", "2",
+                          "--json", "--", *COMMAND, cwd=tmp_path)  # fmt: skip
+    assert cli.returncode == 0, cli.stdout + cli.stderr
+    assert json.loads(cli.stdout)["verdict"] == "equivalent"
