@@ -34,6 +34,7 @@ FOUND_BY: dict[str, str] = {
     f.SCRIPT_STEPS.code: "the steps each layout recorded",
     f.REFERENCE_UNREPRODUCED.code: "a second run of the reference layout, before any other",
     f.MODEL_DROPOUT.code: "the model's dropout modules in training mode, at its first forward",
+    f.WEIGHTS_START.code: "a digest of every rank's weights at its first forward",
 }
 
 # Symbols for the numbers parity's words hold.
@@ -47,6 +48,7 @@ _SYMBOLS = {
     "layout": "R",
     "source": "the source, by file and line, with its fix",
     "modules": "'name' p=...",
+    "where": "which ranks of which layout",
 }
 
 # Where one finding's symbols read otherwise.

@@ -39,7 +39,7 @@ from ..usercode.diagnosis.engine import Hypothesis, choose
 from ..usercode.findings import Cause
 from ..world.naming import option
 from .recording import Recording, pads_between
-from .reproducible import dropout_cause
+from .reproducible import dropout_cause, start_cause
 
 __all__ = [
     "Comparison",
@@ -78,6 +78,10 @@ def compare_layouts(
         "precision": other.precision,
     }
     wanted = min(steps, reference.steps)
+    start = start_cause(reference, other)
+    if start is not None:
+        # Not the reference's model: nothing after the first step can be read.
+        return Comparison(other.label, False, None, [start], figures)
     data = _data_causes(reference, other, min(wanted, other.steps))
     if data:
         return Comparison(other.label, False, None, data, figures)

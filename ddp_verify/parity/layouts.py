@@ -29,7 +29,10 @@ __all__ = [
 ]
 
 # What a command may say, filled per layout.
-PLACEHOLDERS = ("world_size", "grad_accum", "micro_batch", "global_batch")
+# {total_grad_accum}: the micro-batches of a step over every rank (W x A), as scripts take
+# it that divide their accumulation steps by the world size themselves (nanoGPT's
+# gradient_accumulation_steps).
+PLACEHOLDERS = ("world_size", "grad_accum", "total_grad_accum", "micro_batch", "global_batch")
 
 
 @public
@@ -87,12 +90,20 @@ def parse_layouts(text: str) -> list[Layout]:
 
 
 def fill(command: Sequence[str], layout: Layout, *, global_batch: int | None) -> list[str]:
-    """``command`` with ``{world_size}``, ``{grad_accum}``, ``{micro_batch}`` and
-    ``{global_batch}`` filled for ``layout``; :class:`LayoutError` for any other
-    placeholder, or ``{micro_batch}`` without a global batch."""
+    """``command`` with ``{world_size}``, ``{grad_accum}``, ``{total_grad_accum}`` (W x A),
+    ``{micro_batch}`` and ``{global_batch}`` filled for ``layout``; :class:`LayoutError` for
+    any other placeholder, or ``{micro_batch}`` without a global batch.
+
+    Example::
+
+        >>> fill(["train.py", "--gradient_accumulation_steps={total_grad_accum}"],
+        ...      Layout(2, 4), global_batch=None)
+        ['train.py', '--gradient_accumulation_steps=8']
+    """
     values: dict[str, object] = {
         "world_size": layout.world_size,
         "grad_accum": layout.grad_accum,
+        "total_grad_accum": layout.world_size * layout.grad_accum,
     }
     if global_batch is not None:
         values["global_batch"] = global_batch
@@ -157,7 +168,8 @@ def check_placeholders(
         )
     accumulating = [str(layout) for layout in layouts if layout.grad_accum > 1]
     derivable = {"micro_batch", "global_batch"} <= used
-    if accumulating and "grad_accum" not in used and not derivable:
+    told = bool(used & {"grad_accum", "total_grad_accum"})
+    if accumulating and not told and not derivable:
         raise LayoutError(
             (
                 f"layouts {', '.join(accumulating)} accumulate"

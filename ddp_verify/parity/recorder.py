@@ -365,6 +365,7 @@ class Recorder:
             if not self._known_modules:
                 self.meta["dropout"] = _dropout(module)
                 self.meta["generators"] = _generator_digests()
+                self.meta["start"] = _weights_digest(module)
             if self.perturb is not None and not self._known_modules:
                 _perturbed(module, self.perturb, self.perturb_dtype)
             self._known_modules.add(id(module))
@@ -861,6 +862,20 @@ def _generator_digests() -> dict[str, str]:
             state = repr(numpy.random.get_state()).encode()
             found["numpy"] = hashlib.sha1(state).hexdigest()[:12]
     return found
+
+
+def _weights_digest(module: torch.nn.Module) -> str:
+    """A digest of the model's weights as training starts (by name, in float64)."""
+    digest = hashlib.sha1()
+    with torch.no_grad():
+        for name, p in sorted(module.named_parameters(), key=lambda pair: normalized(pair[0])):
+            digest.update(normalized(name).encode())
+            value = p.detach()
+            full = getattr(value, "full_tensor", None)  # a DTensor: a shard is not the weight
+            if full is not None:
+                return ""
+            digest.update(value.to("cpu", torch.float64).contiguous().numpy().tobytes())
+    return digest.hexdigest()[:16]
 
 
 def _dropout(module: torch.nn.Module) -> list[tuple[str, float]]:

@@ -23,7 +23,7 @@ from ..usercode import findings as f
 from ..usercode.findings import Cause
 from .recording import Recording
 
-__all__ = ["dropout_cause", "unreproduced"]
+__all__ = ["dropout_cause", "start_cause", "unreproduced"]
 
 
 def unreproduced(first: Recording, again: Recording, steps: int) -> list[Cause]:
@@ -100,3 +100,20 @@ def dropout_cause(recording: Recording) -> Cause | None:
     shown = ", ".join(f"{name!r} p={p:g}" for name, p in modules[:4])
     more = f" and {len(modules) - 4} more" if len(modules) > 4 else ""
     return f.MODEL_DROPOUT.cause(modules=shown + more)
+
+
+def start_cause(reference: Recording, other: Recording) -> Cause | None:
+    """Where ``other``'s ranks started from weights other than the reference's, which."""
+    expected = reference.meta.get("start")
+    if not expected:
+        return None  # not recorded (an older recording, a sharded model)
+    differing = [
+        rank
+        for rank, record in enumerate(other.ranks)
+        if record["meta"].get("start") and record["meta"]["start"] != expected
+    ]
+    if not differing:
+        return None
+    ranks = ", ".join(map(str, differing[:8])) + (" ..." if len(differing) > 8 else "")
+    plural = "s" if len(differing) > 1 else ""
+    return f.WEIGHTS_START.cause(where=f"rank{plural} {ranks} of layout {other.label}")

@@ -663,6 +663,14 @@ REFERENCE_UNREPRODUCED = _finding(
     "two runs of the reference layout {layout} differ ({what}), so no layout can be held to "
     "it: {source}",
 )
+WEIGHTS_START = _finding(
+    "weights:start",
+    "run",
+    "the model's starting weights differ from the reference's ({where}): initialised from "
+    "no seed, or one that depends on the layout (the rank, the world size), and never made "
+    "alike (DDP broadcasts rank 0's; code that synchronises its own gradients must start "
+    "every rank alike)",
+)
 MODEL_DROPOUT = _finding(
     "model:dropout",
     "run",
@@ -690,6 +698,7 @@ SCRIPT_FINDINGS = (
     SCRIPT_STEPS,
     REFERENCE_UNREPRODUCED,
     MODEL_DROPOUT,
+    WEIGHTS_START,
 )
 
 # Findings both the check and parity say, each from evidence of its own: one vocabulary.

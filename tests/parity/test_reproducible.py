@@ -1,11 +1,15 @@
 """The preflight (issue 63): the reference layout must train the same twice before any
 layout is held to it; where it does not, the source is named with its fix. Dropout, the same
-at every run of a layout and other at every layout, is named where layouts differ."""
+at every run of a layout and other at every layout, and starting weights other than the
+reference's are named where layouts differ. {total_grad_accum} for scripts whose
+accumulation flag counts every rank's micro-batches."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+
+import pytest
 
 from ddp_verify.parity.layouts import Layout
 from ddp_verify.parity.run import run_parity
@@ -54,3 +58,31 @@ def test_dropout_is_named_where_layouts_differ_and_the_command_line_says_so(tmp_
                           "--json", "--", *COMMAND, cwd=tmp_path)  # fmt: skip
     assert cli.returncode == 0, cli.stdout + cli.stderr
     assert json.loads(cli.stdout)["verdict"] == "equivalent"
+
+
+def test_a_layout_that_starts_from_other_weights_is_named_before_any_step(tmp_path):
+    command = [*COMMAND, "--variant", "init-by-world"]
+    result = run_parity(command, layouts=[Layout(2, 1)], steps=2, global_batch=16)
+    assert result.exit_code == 1, result.report
+    assert [c.pattern for c in result.verdict.causes] == ["weights:start"], result.report
+    assert "ranks 0, 1 of layout 2x1" in result.verdict.causes[0].text
+
+
+def test_a_total_accumulation_flag_is_filled_and_counts_as_telling_the_script():
+    from ddp_verify.parity.layouts import LayoutError, check_placeholders, fill
+
+    # nanoGPT's gradient_accumulation_steps: every rank's micro-batches, W x A.
+    total = ["train.py", "--gradient_accumulation_steps={total_grad_accum}"]
+    assert fill(total, Layout(4, 2), global_batch=None)[1] == "--gradient_accumulation_steps=8"
+    check_placeholders([*total, "--batch_size={micro_batch}"], [Layout(2, 2)], global_batch=16)
+
+    with pytest.raises(LayoutError, match="never passes the script how many"):
+        check_placeholders(["train.py", "--bs", "{micro_batch}"], [Layout(2, 2)], global_batch=16)
+
+
+def test_a_script_taking_the_total_accumulation_is_equivalent_at_every_layout():
+    command = ["python", str(SCRIPT), "--total-grad-accum", "{total_grad_accum}",
+               "--batch-size", "{micro_batch}"]  # fmt: skip
+    result = run_parity(command, layouts=[Layout(2, 2), Layout(1, 2)], steps=2, global_batch=16)
+    assert result.exit_code == 0, result.report
+    assert [row["grad_accum"] for row in result.layouts] == [2, 2]
