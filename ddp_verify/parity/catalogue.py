@@ -35,6 +35,8 @@ FOUND_BY: dict[str, str] = {
     f.REFERENCE_UNREPRODUCED.code: "a second run of the reference layout, before any other",
     f.MODEL_DROPOUT.code: "the model's dropout modules in training mode, at its first forward",
     f.WEIGHTS_START.code: "a digest of every rank's weights at its first forward",
+    f.LAUNCH_NO_GROUP.code: "the process group each rank formed, against the layout asked",
+    f.LAUNCH_MICRO.code: "the micro-batches rank 0 ran a step, against the layout asked",
 }
 
 # Symbols for the numbers parity's words hold.
@@ -49,6 +51,7 @@ _SYMBOLS = {
     "source": "the source, by file and line, with its fix",
     "modules": "'name' p=...",
     "where": "which ranks of which layout",
+    "asked": "A",
 }
 
 # Where one finding's symbols read otherwise.
@@ -56,6 +59,8 @@ _OWN = {
     f.OPTIMIZER_SETTINGS.code: {"what": "the settings that differ, at which step"},
     f.MICRO_WEIGHTS.code: {"numbers": "w1, w2, ..."},
     f.REFERENCE_UNREPRODUCED.code: {"what": "which samples or tensors, at which step"},
+    f.LAUNCH_NO_GROUP.code: {"layout": "L", "what": "which ranks formed which group"},
+    f.LAUNCH_MICRO.code: {"layout": "L"},
 }
 
 

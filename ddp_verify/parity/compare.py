@@ -39,7 +39,7 @@ from ..usercode.diagnosis.engine import Hypothesis, choose
 from ..usercode.findings import Cause
 from ..world.naming import option
 from .recording import Recording, pads_between
-from .reproducible import dropout_cause, start_cause
+from .reproducible import dropout_cause, launch_causes, start_cause
 
 __all__ = [
     "Comparison",
@@ -78,13 +78,19 @@ def compare_layouts(
         "precision": other.precision,
     }
     wanted = min(steps, reference.steps)
+    launched = launch_causes(other)
+    never = [c for c in launched if c.pattern == f.LAUNCH_NO_GROUP.code]
+    if never:
+        # The layout never ran as asked: what it trained says nothing of the layout.
+        return Comparison(other.label, False, None, never, figures)
     start = start_cause(reference, other)
     if start is not None:
         # Not the reference's model: nothing after the first step can be read.
         return Comparison(other.label, False, None, [start], figures)
     data = _data_causes(reference, other, min(wanted, other.steps))
     if data:
-        return Comparison(other.label, False, None, data, figures)
+        # Another count of micro-batches than asked is why the data differ, where it is so.
+        return Comparison(other.label, False, None, [*launched, *data], figures)
     settings = _settings_causes(reference, other, min(wanted, other.steps))
     if settings:
         return Comparison(other.label, False, None, settings, figures)

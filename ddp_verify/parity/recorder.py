@@ -614,10 +614,13 @@ class Recorder:
         """This rank's place in the world, from the script's process group where it has one."""
         import torch.distributed as dist
 
+        # The size of the process group the script formed (None: it formed none).
+        self.meta["group_size"] = None
         with contextlib.suppress(Exception):
             if dist.is_available() and dist.is_initialized():
                 self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
                 self.meta.update(rank=self.rank, world_size=self.world_size)
+                self.meta["group_size"] = self.world_size
 
     def write(self) -> None:
         """Write this rank's recording (once), atomically; nothing from a process that never

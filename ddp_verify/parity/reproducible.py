@@ -17,13 +17,15 @@ Example::
 
 from __future__ import annotations
 
+import re
+
 from ..engine.compare import compare_traces
 from ..engine.tolerances import Float64Tolerance
 from ..usercode import findings as f
 from ..usercode.findings import Cause
 from .recording import Recording
 
-__all__ = ["dropout_cause", "start_cause", "unreproduced"]
+__all__ = ["asked_layout", "dropout_cause", "launch_causes", "start_cause", "unreproduced"]
 
 
 def unreproduced(first: Recording, again: Recording, steps: int) -> list[Cause]:
@@ -117,3 +119,40 @@ def start_cause(reference: Recording, other: Recording) -> Cause | None:
     ranks = ", ".join(map(str, differing[:8])) + (" ..." if len(differing) > 8 else "")
     plural = "s" if len(differing) > 1 else ""
     return f.WEIGHTS_START.cause(where=f"rank{plural} {ranks} of layout {other.label}")
+
+
+def asked_layout(recording: Recording) -> tuple[int, int] | None:
+    """The (world size, accumulation steps) a recording's label asks for (``2x2``), or None
+    for a label that names no layout (a directory of the user's own)."""
+    match = re.fullmatch(r"(\d+)x(\d+)", recording.label)
+    return (int(match[1]), int(match[2])) if match else None
+
+
+def launch_causes(recording: Recording) -> list[Cause]:
+    """Where a layout's run did not run as asked: ranks that formed no process group (always
+    a failure: the layout never ran), or another number of micro-batches a step."""
+    asked = asked_layout(recording)
+    if asked is None:
+        return []
+    world, accum = asked
+    sizes = [r["meta"].get("group_size", "unknown") for r in recording.ranks]
+    causes = []
+    if world > 1 and all(size is None for size in sizes):
+        causes.append(
+            f.LAUNCH_NO_GROUP.cause(
+                layout=recording.label,
+                what=f"{len(sizes)} process(es) started, none called init_process_group",
+            )
+        )
+    elif world > 1 and any(isinstance(s, int) and s != world for s in sizes):
+        formed = sorted({s for s in sizes if isinstance(s, int)})
+        causes.append(
+            f.LAUNCH_NO_GROUP.cause(
+                layout=recording.label, what=f"they formed groups of {formed}, not one of {world}"
+            )
+        )
+    if recording.steps and recording.grad_accum != accum:
+        causes.append(
+            f.LAUNCH_MICRO.cause(layout=recording.label, got=recording.grad_accum, asked=accum)
+        )
+    return causes

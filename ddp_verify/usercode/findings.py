@@ -671,6 +671,21 @@ WEIGHTS_START = _finding(
     "alike (DDP broadcasts rank 0's; code that synchronises its own gradients must start "
     "every rank alike)",
 )
+LAUNCH_NO_GROUP = _finding(
+    "launch:no-group",
+    "run",
+    "the ranks of layout {layout} never joined one process group ({what}): each trained "
+    "alone, so the layout never ran as asked (a framework started under torchrun without a "
+    "distributed strategy runs single-device in every rank: give it one, e.g. "
+    "Fabric(strategy='ddp'), Trainer(strategy='ddp'), or init_process_group)",
+)
+LAUNCH_MICRO = _finding(
+    "launch:micro-batches",
+    "run",
+    "layout {layout} ran {got} micro-batch(es) a step where it asks {asked}: the script did "
+    "not take the accumulation it was given, or counts it otherwise ({{total_grad_accum}} "
+    "gives the micro-batches of every rank, {{grad_accum}} each rank's)",
+)
 MODEL_DROPOUT = _finding(
     "model:dropout",
     "run",
@@ -699,6 +714,8 @@ SCRIPT_FINDINGS = (
     REFERENCE_UNREPRODUCED,
     MODEL_DROPOUT,
     WEIGHTS_START,
+    LAUNCH_NO_GROUP,
+    LAUNCH_MICRO,
 )
 
 # Findings both the check and parity say, each from evidence of its own: one vocabulary.

@@ -86,3 +86,19 @@ def test_a_script_taking_the_total_accumulation_is_equivalent_at_every_layout():
     result = run_parity(command, layouts=[Layout(2, 2), Layout(1, 2)], steps=2, global_batch=16)
     assert result.exit_code == 0, result.report
     assert [row["grad_accum"] for row in result.layouts] == [2, 2]
+
+
+@pytest.mark.parametrize(
+    ("variant", "layout", "pattern", "words"),
+    [
+        ("no-group", Layout(2, 1), "launch:no-group", "none called init_process_group"),
+        ("accum-ignored", Layout(1, 2), "launch:micro-batches", "ran 1 micro-batch(es) a step"),
+    ],
+)
+def test_a_layout_that_did_not_run_as_asked_is_named_as_that(variant, layout, pattern, words):
+    command = [*COMMAND, "--variant", variant]
+    result = run_parity(command, layouts=[layout], steps=2, global_batch=16)
+    assert result.exit_code == 1, result.report
+    first = result.verdict.causes[0]
+    assert first.pattern == pattern, [c.pattern for c in result.verdict.causes]
+    assert words in first.text, first.text
