@@ -37,6 +37,7 @@ FOUND_BY: dict[str, str] = {
     f.WEIGHTS_START.code: "a digest of every rank's weights at its first forward",
     f.LAUNCH_NO_GROUP.code: "the process group each rank formed, against the layout asked",
     f.LAUNCH_MICRO.code: "the micro-batches rank 0 ran a step, against the layout asked",
+    f.TRAINS_NOTHING.code: "the reference's gradients, before any layout",
 }
 
 # Symbols for the numbers parity's words hold.
@@ -61,6 +62,7 @@ _OWN = {
     f.REFERENCE_UNREPRODUCED.code: {"what": "which samples or tensors, at which step"},
     f.LAUNCH_NO_GROUP.code: {"layout": "L", "what": "which ranks formed which group"},
     f.LAUNCH_MICRO.code: {"layout": "L"},
+    f.TRAINS_NOTHING.code: {"steps": "S"},
 }
 
 

@@ -25,7 +25,14 @@ from ..usercode import findings as f
 from ..usercode.findings import Cause
 from .recording import Recording
 
-__all__ = ["asked_layout", "dropout_cause", "launch_causes", "start_cause", "unreproduced"]
+__all__ = [
+    "asked_layout",
+    "dropout_cause",
+    "launch_causes",
+    "start_cause",
+    "trains_nothing",
+    "unreproduced",
+]
 
 
 def unreproduced(first: Recording, again: Recording, steps: int) -> list[Cause]:
@@ -156,3 +163,17 @@ def launch_causes(recording: Recording) -> list[Cause]:
             f.LAUNCH_MICRO.cause(layout=recording.label, got=recording.grad_accum, asked=accum)
         )
     return causes
+
+
+def trains_nothing(recording: Recording, steps: int) -> Cause | None:
+    """Where every gradient the reference's optimizer saw is exactly 0 at every step."""
+    n = min(steps, recording.steps)
+    if not n:
+        return None
+    grads = recording.trace(n).ranks[0].grads
+    if not grads:
+        return None
+    for step in grads[:n]:
+        if any(g is not None and bool(g.any()) for g in step.values()):
+            return None
+    return f.TRAINS_NOTHING.cause(layout=recording.label, steps=n)

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ..engine.tolerances import Tolerance
+from ..usercode.findings import Cause
 from ..usercode.verdict import Status, Verdict, describe_causes
 from ..world import cleanup
 from ..world.naming import option
@@ -32,7 +33,7 @@ from .curves import curves
 from .launch import DEFAULT_LAUNCHER, Run, launch, script_of
 from .layouts import Layout, LayoutError, check_placeholders, fill, per_node
 from .recording import Recording, RecordingError
-from .reproducible import unreproduced
+from .reproducible import trains_nothing, unreproduced
 
 __all__ = ["ParityResult", "compare_recordings", "run_parity"]
 
@@ -214,6 +215,9 @@ def run_parity(
                 unsettled = _reproduced(second.result(), recordings[layout], target, started)
                 if unsettled is not None:
                     return unsettled
+                nothing = trains_nothing(recordings[layout], steps)
+                if nothing is not None:
+                    return _unjudgeable([nothing], target, started)
         tolerance = None
         base = recordings[reference]
         if not base.float64:
@@ -280,8 +284,11 @@ def _reproduced(again: Run, first: Recording, target: str, started: float) -> Pa
     except RecordingError as exc:
         return _error(again, target, started, f"left an incomplete recording ({exc})")
     causes = unreproduced(first, second, steps=1)
-    if not causes:
-        return None
+    return _unjudgeable(causes, target, started) if causes else None
+
+
+def _unjudgeable(causes: list[Cause], target: str, started: float) -> ParityResult:
+    """A usage error that says why no layout can be judged against the reference."""
     verdict = Verdict(
         Status.USAGE_ERROR,
         kind="script",

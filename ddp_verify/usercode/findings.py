@@ -686,6 +686,13 @@ LAUNCH_MICRO = _finding(
     "not take the accumulation it was given, or counts it otherwise ({{total_grad_accum}} "
     "gives the micro-batches of every rank, {{grad_accum}} each rank's)",
 )
+TRAINS_NOTHING = _finding(
+    "reference:trains-nothing",
+    "run",
+    "the reference layout {layout} trains nothing: every gradient its optimizer saw is "
+    "exactly 0 at every step recorded ({steps}), so no layout can be told from it (a loss "
+    "that is 0, detached, multiplied by 0, or masked to nothing)",
+)
 MODEL_DROPOUT = _finding(
     "model:dropout",
     "run",
@@ -716,6 +723,7 @@ SCRIPT_FINDINGS = (
     WEIGHTS_START,
     LAUNCH_NO_GROUP,
     LAUNCH_MICRO,
+    TRAINS_NOTHING,
 )
 
 # Findings both the check and parity say, each from evidence of its own: one vocabulary.

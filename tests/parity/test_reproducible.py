@@ -102,3 +102,11 @@ def test_a_layout_that_did_not_run_as_asked_is_named_as_that(variant, layout, pa
     first = result.verdict.causes[0]
     assert first.pattern == pattern, [c.pattern for c in result.verdict.causes]
     assert words in first.text, first.text
+
+
+def test_a_reference_that_trains_nothing_is_said_and_nothing_is_judged():
+    command = [*COMMAND, "--variant", "trains-nothing"]
+    result = run_parity(command, layouts=[Layout(2, 1)], steps=2, global_batch=16)
+    assert result.exit_code == 2, result.report
+    assert [c.pattern for c in result.verdict.causes] == ["reference:trains-nothing"]
+    assert "exactly 0 at every step recorded (2)" in result.verdict.causes[0].text
