@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import re
 import shlex
 import signal
 import socket
@@ -26,7 +27,7 @@ from .layouts import Layout, LayoutError, fill, per_node
 from .loopback import ENV_LOOPBACK
 from .recorder import ENV_DIR, ENV_DTYPE, ENV_PERTURB, ENV_STEPS
 
-__all__ = ["DEFAULT_LAUNCHER", "Run", "launch", "script_of"]
+__all__ = ["DEFAULT_LAUNCHER", "Run", "first_failure", "launch", "script_of"]
 
 # How a layout's ranks are started: torchrun on this machine, a rendezvous on a free port.
 # Its agent runs through .agent: torchrun itself, less the interpreter's teardown at its end.
@@ -70,14 +71,80 @@ class Run:
 
     @property
     def output(self) -> str:
-        """The last lines the ranks printed before the launcher said one failed (torchrun's
-        own traceback and summary after it say nothing of the script), or the last lines."""
+        """What the ranks printed, as a failure is read: where the ranks' lines are marked
+        (``[rank1]: ...``, as torch prints a rank's uncaught exception), the rank that failed
+        first (torchrun's first observed failure, else the one whose error is not another
+        rank's going away) with its whole traceback, then each other rank's last line;
+        otherwise the last lines before the launcher said a rank failed (torchrun's own
+        traceback and summary after it say nothing of the script), or the last lines."""
         path = self.directory / "output.log"
         lines = path.read_text(errors="replace").splitlines() if path.exists() else []
+        told = first_failure(lines)
+        if told is not None:
+            return told
         failed = next((i for i, line in enumerate(lines) if "failed (exitcode" in line), None)
         if failed is not None:
             return "\n".join(lines[max(0, failed - 40) : failed + 1])
         return "\n".join(lines[-40:])
+
+
+# A rank's line as torch marks it, and what a rank says when another went away first.
+_RANK_LINE = re.compile(r"^\[rank(\d+)\]: ?(.*)$")
+_FOLLOW_ON = re.compile(
+    r"Connection closed by peer|Connection reset by peer|Broken pipe|timed out|"
+    r"Watchdog caught collective operation timeout|ProcessGroup.*(abort|shut)",
+    re.IGNORECASE,
+)
+
+
+def first_failure(lines: Sequence[str]) -> str | None:
+    """The rank that failed first and its whole traceback, then the others' last lines, from
+    the lines a run printed; None where no rank's lines are marked.
+
+    Example::
+
+        >>> print(first_failure(["[rank0]: RuntimeError: Connection closed by peer",
+        ...                      "[rank1]: Traceback (most recent call last):",
+        ...                      "[rank1]: ValueError: no data"]))
+        rank 1 failed first:
+        Traceback (most recent call last):
+        ValueError: no data
+        then, after it:
+        rank 0: RuntimeError: Connection closed by peer
+    """
+    by_rank: dict[int, list[str]] = {}
+    for line in lines:
+        match = _RANK_LINE.match(line)
+        if match:
+            by_rank.setdefault(int(match[1]), []).append(match[2])
+    if not by_rank:
+        return None
+    first = _root_cause(lines, by_rank)
+    own = by_rank[first]
+    starts = [i for i, line in enumerate(own) if line.startswith("Traceback")]
+    told = [f"rank {first} failed first:", *own[starts[-1] if starts else 0 :]]
+    others = [f"rank {r}: {rows[-1]}" for r, rows in sorted(by_rank.items()) if r != first]
+    if others:
+        told += ["then, after it:", *others]
+    return "\n".join(told)
+
+
+def _root_cause(lines: Sequence[str], by_rank: dict[int, list[str]]) -> int:
+    """The rank torchrun observed failing first (its summary's root cause, or its first
+    "failed ... local_rank" line), else the first whose last line is no follow-on error."""
+    text = "\n".join(lines)
+    cause = re.search(r"Root Cause \(first observed failure\):.*?rank\s*:\s*(\d+)", text, re.S)
+    if cause and int(cause[1]) in by_rank:
+        return int(cause[1])
+    failed = re.search(r"failed \(exitcode: -?\d+\) local_rank: (\d+)", text)
+    if failed and int(failed[1]) in by_rank and len(by_rank) > 1:
+        candidate = int(failed[1])
+        if not _FOLLOW_ON.search(by_rank[candidate][-1]):
+            return candidate
+    for rank, rows in sorted(by_rank.items()):
+        if not _FOLLOW_ON.search(rows[-1]):
+            return rank
+    return min(by_rank)
 
 
 def script_of(command: Sequence[str]) -> list[str]:

@@ -114,7 +114,7 @@ class ParityResult:
             f = self.failure
             return (
                 f"ddp-verify parity: {f.target}\nLayout {f.layout} {f.why}.\nCommand: "
-                f"{f.command}\nIts output (last lines):\n{f.output}"
+                f"{f.command}\nIts output:\n{f.output}"
             )
         return self.verdict.report
 

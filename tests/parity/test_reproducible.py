@@ -110,3 +110,14 @@ def test_a_reference_that_trains_nothing_is_said_and_nothing_is_judged():
     assert result.exit_code == 2, result.report
     assert [c.pattern for c in result.verdict.causes] == ["reference:trains-nothing"]
     assert "exactly 0 at every step recorded (2)" in result.verdict.causes[0].text
+
+
+def test_a_crash_is_told_by_the_rank_that_failed_first_its_traceback_whole(tmp_path):
+    command = [*COMMAND, "--variant", "crash"]
+    result = run_parity(command, layouts=[Layout(2, 1)], steps=2, global_batch=16)
+    assert result.exit_code == 1, result.report
+    told = result.report.split("Its output:\n", 1)[1]
+    assert told.startswith("rank 1 failed first:\nTraceback (most recent call last):"), told
+    assert 'raise RuntimeError("rank 1 found no data for its shard")' in told
+    # Rank 0's follow-on error after it, on one line.
+    assert told.index("then, after it:\nrank 0: ") > told.index("found no data for its shard")
