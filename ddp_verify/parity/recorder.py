@@ -867,18 +867,19 @@ def _generator_digests() -> dict[str, str]:
     return found
 
 
-def _weights_digest(module: torch.nn.Module) -> str:
-    """A digest of the model's weights as training starts (by name, in float64)."""
-    digest = hashlib.sha1()
+def _weights_digest(module: torch.nn.Module) -> list[tuple[list[int], str]]:
+    """Each parameter's shape and a digest of its values as training starts (in float64),
+    sorted: by value, not by name (a wrapper's names are not the model's); empty for a
+    sharded model, whose shards are not the weights."""
+    found = []
     with torch.no_grad():
-        for name, p in sorted(module.named_parameters(), key=lambda pair: normalized(pair[0])):
-            digest.update(normalized(name).encode())
+        for p in module.parameters():
             value = p.detach()
-            full = getattr(value, "full_tensor", None)  # a DTensor: a shard is not the weight
-            if full is not None:
-                return ""
-            digest.update(value.to("cpu", torch.float64).contiguous().numpy().tobytes())
-    return digest.hexdigest()[:16]
+            if getattr(value, "full_tensor", None) is not None:
+                return []
+            data = value.to("cpu", torch.float64).contiguous().numpy().tobytes()
+            found.append((list(value.shape), hashlib.sha1(data).hexdigest()[:16]))
+    return sorted(found)
 
 
 def _dropout(module: torch.nn.Module) -> list[tuple[str, float]]:

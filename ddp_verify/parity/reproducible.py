@@ -17,7 +17,9 @@ Example::
 
 from __future__ import annotations
 
+import collections
 import re
+from typing import Any
 
 from ..engine.compare import compare_traces
 from ..engine.tolerances import Float64Tolerance
@@ -112,20 +114,34 @@ def dropout_cause(recording: Recording) -> Cause | None:
 
 
 def start_cause(reference: Recording, other: Recording) -> Cause | None:
-    """Where ``other``'s ranks started from weights other than the reference's, which."""
-    expected = reference.meta.get("start")
+    """Where ``other``'s ranks started from weights other than the reference's, which. Each
+    run records its model's parameters at the first forward, by shape and value; a rank
+    whose parameters of some shape hold none of the reference's values (or the other way)
+    started elsewhere. Runs whose parameters do not share their shapes (one sharded or
+    flattened, the other not) are not compared."""
+    expected = [tuple(map(tuple, pair)) for pair in reference.meta.get("start") or []]
     if not expected:
         return None  # not recorded (an older recording, a sharded model)
-    differing = [
-        rank
-        for rank, record in enumerate(other.ranks)
-        if record["meta"].get("start") and record["meta"]["start"] != expected
-    ]
+    differing = []
+    for rank, record in enumerate(other.ranks):
+        got = [tuple(map(tuple, pair)) for pair in record["meta"].get("start") or []]
+        if not got or not _same_shapes(expected, got):
+            continue
+        mine, theirs = set(expected), set(got)
+        if not (mine <= theirs or theirs <= mine):
+            differing.append(rank)
     if not differing:
         return None
     ranks = ", ".join(map(str, differing[:8])) + (" ..." if len(differing) > 8 else "")
     plural = "s" if len(differing) > 1 else ""
     return f.WEIGHTS_START.cause(where=f"rank{plural} {ranks} of layout {other.label}")
+
+
+def _same_shapes(a: list[tuple[Any, ...]], b: list[tuple[Any, ...]]) -> bool:
+    """Whether one run's parameter shapes are among the other's (a wrapper's first forward
+    may hold parameters the model's does not)."""
+    shapes_a, shapes_b = collections.Counter(s for s, _ in a), collections.Counter(s for s, _ in b)
+    return not (shapes_a - shapes_b) or not (shapes_b - shapes_a)
 
 
 def asked_layout(recording: Recording) -> tuple[int, int] | None:
