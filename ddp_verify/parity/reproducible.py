@@ -119,12 +119,12 @@ def start_cause(reference: Recording, other: Recording) -> Cause | None:
     whose parameters of some shape hold none of the reference's values (or the other way)
     started elsewhere. Runs whose parameters do not share their shapes (one sharded or
     flattened, the other not) are not compared."""
-    expected = [tuple(map(tuple, pair)) for pair in reference.meta.get("start") or []]
+    expected = _weights(reference.meta)
     if not expected:
         return None  # not recorded (an older recording, a sharded model)
     differing = []
     for rank, record in enumerate(other.ranks):
-        got = [tuple(map(tuple, pair)) for pair in record["meta"].get("start") or []]
+        got = _weights(record["meta"])
         if not got or not _same_shapes(expected, got):
             continue
         mine, theirs = set(expected), set(got)
@@ -135,6 +135,11 @@ def start_cause(reference: Recording, other: Recording) -> Cause | None:
     ranks = ", ".join(map(str, differing[:8])) + (" ..." if len(differing) > 8 else "")
     plural = "s" if len(differing) > 1 else ""
     return f.WEIGHTS_START.cause(where=f"rank{plural} {ranks} of layout {other.label}")
+
+
+def _weights(meta: dict[str, Any]) -> list[tuple[tuple[int, ...], str]]:
+    """A run's recorded starting weights: (shape, digest of the values) per parameter."""
+    return [(tuple(shape), str(digest)) for shape, digest in meta.get("start") or []]
 
 
 def _same_shapes(a: list[tuple[Any, ...]], b: list[tuple[Any, ...]]) -> bool:

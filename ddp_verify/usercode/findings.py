@@ -683,8 +683,8 @@ LAUNCH_MICRO = _finding(
     "launch:micro-batches",
     "run",
     "layout {layout} ran {got} micro-batch(es) a step where it asks {asked}: the script did "
-    "not take the accumulation it was given, or counts it otherwise ({{total_grad_accum}} "
-    "gives the micro-batches of every rank, {{grad_accum}} each rank's)",
+    "not take the accumulation it was given, or counts it otherwise (parity's placeholder "
+    "total_grad_accum gives the micro-batches of every rank, grad_accum each rank's)",
 )
 TRAINS_NOTHING = _finding(
     "reference:trains-nothing",
