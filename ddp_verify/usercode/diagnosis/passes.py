@@ -486,6 +486,13 @@ def _tied_factors(evidence: Evidence, step: int, tied: list[list[str]]) -> str |
     return "; ".join(parts) + ", where the other parameters' fit the rest of this diagnosis"
 
 
+def _on_parameters(cause: Cause, misfit: float, source: str) -> Hypothesis:
+    """A pass's reading of the parameters after a step (which the loss then follows)."""
+    return Hypothesis(
+        "parameters", frozenset({"parameters", "loss"}), 1.0, misfit, causes=(cause,), source=source
+    )
+
+
 def _step_start(
     evidence: Evidence, found: Found
 ) -> tuple[dict[str, torch.Tensor], Mapping[str, Any], list[str]] | None:
@@ -556,16 +563,7 @@ def parameters_replaced(evidence: Evidence, found: Found) -> list[Hypothesis]:
         f"update back to the start, at {', '.join(f'{d:.6g}' for d in decays)} of the way "
         f"(unexplained: {worst * tolerance.residual:.2g} of the difference)",
     )
-    return [
-        Hypothesis(
-            "parameters",
-            frozenset({"parameters", "loss"}),
-            1.0,
-            worst,
-            causes=(cause,),
-            source="parameters-replaced",
-        )
-    ]
+    return [_on_parameters(cause, worst, "parameters-replaced")]
 
 
 @register("parameters-not-stepped", says=(f.PARAMS_STALE.code,))
@@ -611,16 +609,7 @@ def parameters_not_stepped(evidence: Evidence, found: Found) -> list[Hypothesis]
         f"start, the nearer within {worst * tolerance.residual:.2g} of the update's size; "
         f"{sum(map(len, stale.values()))} kept, {updated} updated",
     )
-    return [
-        Hypothesis(
-            "parameters",
-            frozenset({"parameters", "loss"}),
-            1.0,
-            worst,
-            causes=(cause,),
-            source="parameters-not-stepped",
-        )
-    ]
+    return [_on_parameters(cause, worst, "parameters-not-stepped")]
 
 
 @register("clip", says=(f.CLIP.code,))
