@@ -229,6 +229,11 @@ class Recorder:
             if recorder._depth == 0 and forward:
                 args, kwargs = recorder._at_forward(module, args, kwargs)
             elif recorder._depth and forward:
+                if not recorder.float64 and not recorder.steps and not recorder.meta["autocast"]:
+                    # Autocast entered inside the model's forward (accelerate's mixed
+                    # precision wraps the forward in it): seen by the modules it runs. (In
+                    # float64 it casts nothing: autocast leaves float64 tensors alone.)
+                    recorder.meta["autocast"] = _autocast()
                 recorder._inner_forward(module, args, kwargs)
             recorder._depth += 1
             try:

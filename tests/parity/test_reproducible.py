@@ -121,3 +121,21 @@ def test_a_crash_is_told_by_the_rank_that_failed_first_its_traceback_whole(tmp_p
     assert 'raise RuntimeError("rank 1 found no data for its shard")' in told
     # Rank 0's follow-on error after it, on one line.
     assert told.index("then, after it:\nrank 0: ") > told.index("found no data for its shard")
+
+
+ACCELERATE = SCRIPT.parent / "accelerate_loop.py"
+
+
+@pytest.mark.parametrize(("variant", "verdict"), [("correct", 0), ("plain-backward", 1)])
+def test_autocast_entered_inside_the_forward_is_seen_and_bounds_the_run(variant, verdict):
+    # accelerate's mixed precision wraps the prepared model's forward in autocast: the
+    # model's own call is outside it, the modules it runs inside (read as a weighting of
+    # 0.9996, 1.003 under float32's bound before).
+    pytest.importorskip("accelerate", reason="the frameworks extra: pip install -e '.[frameworks]'")
+    command = ["python", str(ACCELERATE), "--grad-accum", "{grad_accum}", "--batch-size",
+               "{micro_batch}", "--mixed-precision", "bf16", "--variant", variant]  # fmt: skip
+    result = run_parity(command, layouts=[Layout(1, 2)], steps=2, global_batch=8, float64=False)
+    assert result.exit_code == verdict, result.report
+    assert "under autocast cpu:bfloat16" in result.report
+    if verdict:
+        assert result.verdict.causes[0].reading == "scale:A", result.report
