@@ -2,7 +2,7 @@
 only).
 
     ddp-verify parity [--layouts 1x1,1x4,2x2,4x1] [--reference 1x1] [--steps 3]
-        [--global-batch N] [--dtype float64|native] [--launcher TEMPLATE] [--timeout S]
+        [--global-batch N] [--dtype float64|native] [--launcher NAME|TEMPLATE] [--timeout S]
         [--keep DIR] [--caches-gradients] [--strict-loss] [--json] -- python train.py ARGS (with
         {world_size}, {grad_accum}, {total_grad_accum}, {micro_batch}, {global_batch})
     ddp-verify parity compare REFERENCE_DIR DIR [DIR...] [--steps N] [--variant DIR]
@@ -30,8 +30,6 @@ EXAMPLE_GLOBAL_BATCH = 16
 
 def parser() -> argparse.ArgumentParser:
     """The options of ``ddp-verify parity`` (the command follows ``--``)."""
-    from ..parity.launch import DEFAULT_LAUNCHER
-
     p = Parser(
         prog="ddp-verify parity",
         description="Run a training script, unmodified, at several data-parallel layouts "
@@ -56,17 +54,20 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--launcher",
-        default=DEFAULT_LAUNCHER,
-        help="how a layout's ranks start ({python}, {world_size}, {nnodes}, "
-        "{nproc_per_node}, {port}, {run_id}); default: torchrun on this machine",
+        default="torchrun",
+        help="how a layout's ranks start: torchrun (the default, on this machine), "
+        "accelerate (accelerate launch), fabric (fabric run) or srun, each followed by "
+        "options of its own ('accelerate --mixed_precision bf16'); or a template with "
+        "{python}, {world_size}, {nnodes}, {nproc_per_node}, {port}, {run_id}",
     )
     p.add_argument(
         "--nnodes",
         type=int,
         default=1,
-        help="nodes each layout of more than one rank spans: with the default launcher, one "
-        "torchrun agent per node on this machine (c10d rendezvous on loopback); a --launcher "
-        "of yours starts them (srun ... torchrun --nnodes {nnodes} ...)",
+        help="nodes each layout of more than one rank spans: torchrun, accelerate and fabric "
+        "start one agent per node on this machine (torchrun's joined by the c10d rendezvous "
+        "on loopback); srun, or a template of yours, is given them (srun ... torchrun "
+        "--nnodes {nnodes} ...)",
     )
     _add_caches_gradients(p)
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per layout's run")

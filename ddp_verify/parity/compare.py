@@ -257,10 +257,12 @@ def _documented(reference: Recording, other: Recording) -> str:
         used.update(recording.ranks[0]["meta"].get("frameworks", ()))
     if used & {"lightning", "pytorch_lightning"} and other.world_size != reference.world_size:
         return (
-            "; Lightning's Trainer, as documented, puts a DistributedSampler that shuffles "
-            "into a training loader under DDP and keeps the loader's own order in one "
-            "process: give the loader a DistributedSampler of your own (the same shuffle and "
-            "seed at every world size) and Trainer(use_distributed_sampler=False)"
+            "; Lightning (the Trainer, and Fabric's setup_dataloaders), as documented, puts "
+            "a DistributedSampler that shuffles into a training loader under a distributed "
+            "strategy and keeps the loader's own order on one device: give the loader a "
+            "DistributedSampler of your own (the same shuffle and seed at every world size) "
+            "with use_distributed_sampler=False, or give the reference the same strategy "
+            "(Trainer(strategy='ddp'), fabric run --strategy ddp)"
         )
     return ""
 

@@ -1,4 +1,4 @@
-"""Each layout's run: the user's command started with torchrun (or the user's launcher) in a
+"""Each layout's run: the user's command started by its launcher (see :mod:`.launchers`) in a
 session of its own, the recorder installed in every rank, bounded in time, nothing left
 running after it.
 
@@ -23,37 +23,13 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from .layouts import Layout, LayoutError, fill, per_node
+from .launchers import DEFAULT_LAUNCHER, Launcher, parse_launcher
+from .layouts import Layout, LayoutError, fill
 from .loopback import ENV_LOOPBACK
 from .recorder import ENV_DIR, ENV_DTYPE, ENV_PERTURB, ENV_STEPS
 
 __all__ = ["DEFAULT_LAUNCHER", "Run", "first_failure", "launch", "script_of"]
 
-# How a layout's ranks are started: torchrun on this machine, a rendezvous on a free port.
-# Its agent runs through .agent: torchrun itself, less the interpreter's teardown at its end.
-DEFAULT_LAUNCHER = (
-    "{python} -m ddp_verify.parity.agent --standalone --nproc-per-node {world_size} "
-    "--local-addr 127.0.0.1"
-)
-# The default across --nnodes agents on this machine: one torchrun agent per node, joined by
-# the c10d rendezvous on a loopback port (a multi-node job simulated on one machine).
-_AGENTS = (
-    "{python} -m ddp_verify.parity.agent --nnodes {nnodes} --nproc-per-node {nproc_per_node} "
-    "--rdzv-backend c10d --rdzv-endpoint 127.0.0.1:{port} --rdzv-id {run_id} "
-    "--local-addr 127.0.0.1"
-)
-# What runs in each rank before the user's script: the recorder, then the script.
-BOOT = ("-m", "ddp_verify.parity.boot")
-# torchrun's variables for a world of one process.
-_ONE_PROCESS = {
-    "RANK": "0",
-    "LOCAL_RANK": "0",
-    "WORLD_SIZE": "1",
-    "LOCAL_WORLD_SIZE": "1",
-    "GROUP_RANK": "0",
-    "MASTER_ADDR": "127.0.0.1",
-    "OMP_NUM_THREADS": "1",
-}
 # Interpreters a command may start with: the script follows.
 _PYTHONS = ("python", "python3", os.path.basename(sys.executable))
 
@@ -179,7 +155,7 @@ def launch(
     steps: int,
     global_batch: int | None = None,
     float64: bool = True,
-    launcher: str = DEFAULT_LAUNCHER,
+    launcher: str | Launcher = DEFAULT_LAUNCHER,
     timeout: float = 600.0,
     perturb: int | None = None,
     perturb_dtype: str | None = None,
@@ -188,45 +164,30 @@ def launch(
     """Run ``command`` at ``layout``, recording ``steps`` optimizer steps into ``directory``;
     at most ``timeout`` seconds, after which the run's whole process group is ended.
     ``perturb``: the rounding-only variant of the run (see :mod:`.recorder`), by a unit
-    roundoff of ``perturb_dtype`` where given (the parameters' own otherwise). ``nnodes``: the
-    nodes a layout of more than one rank spans (the default launcher then starts one agent
-    per node on this machine; a launcher of the user's gets ``{nnodes}`` and
-    ``{nproc_per_node}`` and starts them itself)."""
+    roundoff of ``perturb_dtype`` where given (the parameters' own otherwise). ``launcher``:
+    a :class:`~.launchers.Launcher` or ``--launcher``'s text. ``nnodes``: the nodes a layout
+    of more than one rank spans (torchrun, accelerate and fabric then start one agent per node
+    on this machine; srun and a template of the user's are given ``{nnodes}`` and
+    ``{nproc_per_node}`` and start them)."""
     script = fill(script_of(command), layout, global_batch=global_batch)
-    env = dict(os.environ)
-    agents = 1
-    if launcher == DEFAULT_LAUNCHER and layout.world_size == 1:
-        # One process: what torchrun would give it, without an agent to start (seconds).
-        start = [sys.executable]
-        env.update(_ONE_PROCESS, MASTER_PORT=str(_free_port()))
-    else:
-        nproc_per_node = per_node(layout, nnodes)
-        template = launcher
-        if launcher == DEFAULT_LAUNCHER and nnodes > 1:
-            template, agents = _AGENTS, nnodes
-        # $VARS from this environment (a node's name under Slurm), then the placeholders.
-        start = shlex.split(
-            os.path.expandvars(template).format(
-                python=shlex.quote(sys.executable),
-                world_size=layout.world_size,
-                nnodes=nnodes,
-                nproc_per_node=nproc_per_node,
-                port=_free_port(),
-                run_id=f"ddp-verify-{os.getpid()}-{layout}",
-            )
-        )
-    argv = (*start, *BOOT, *script)
+    if not isinstance(launcher, Launcher):
+        launcher = parse_launcher(launcher)
+    starts, added = launcher.commands(
+        layout, nnodes, port=_free_port(), run_id=f"ddp-verify-{os.getpid()}-{layout}"
+    )
+    argvs = [(*start, *script) for start in starts]
     directory.mkdir(parents=True, exist_ok=True)
     env = {
-        **env,
+        **os.environ,
+        **added,
         ENV_DIR: str(directory),
         ENV_STEPS: str(steps),
         ENV_DTYPE: "float64" if float64 else "native",
     }
     if perturb is not None:
         env[ENV_PERTURB] = f"{perturb}:{perturb_dtype}" if perturb_dtype else str(perturb)
-    if launcher == DEFAULT_LAUNCHER:
-        # One machine: the stores torchrun's agents and the ranks serve on loopback only
+    if launcher.local:
+        # One machine: the stores the launcher's agents and the ranks serve on loopback only
         # (see .loopback), gloo's and NCCL's connections too, as the forked worlds' are.
         env[ENV_LOOPBACK] = "1"
         if sys.platform.startswith("linux"):
@@ -238,7 +199,7 @@ def launch(
         try:
             # One agent per node where the nodes are simulated here, each in a session of its
             # own: every one is ended, with all it started, whatever happens.
-            for _ in range(agents):
+            for argv in argvs:
                 procs.append(
                     subprocess.Popen(
                         argv,
@@ -256,7 +217,7 @@ def launch(
         finally:
             for proc in procs:
                 _end(proc)
-    return Run(layout, tuple(argv), returncode, time.monotonic() - started, directory)
+    return Run(layout, tuple(argvs[0]), returncode, time.monotonic() - started, directory)
 
 
 def _free_port() -> int:

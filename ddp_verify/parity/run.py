@@ -31,6 +31,7 @@ from ..world.naming import option
 from .compare import Comparison, compare_layouts, derived_tolerance, rounding_dtype, told_apart
 from .curves import curves
 from .launch import DEFAULT_LAUNCHER, Run, launch, script_of
+from .launchers import Launcher, parse_launcher
 from .layouts import Layout, LayoutError, check_placeholders, fill, per_node
 from .recording import Recording, RecordingError
 from .reproducible import trains_nothing, unreproduced
@@ -137,7 +138,7 @@ def run_parity(
     steps: int = 3,
     global_batch: int | None = None,
     float64: bool = True,
-    launcher: str = DEFAULT_LAUNCHER,
+    launcher: str | Launcher = DEFAULT_LAUNCHER,
     timeout: float = 600.0,
     keep: Path | None = None,
     progress: Callable[[str], None] | None = None,
@@ -171,6 +172,8 @@ def run_parity(
     # Several ranks and no accumulation first: a gather of features shows there first.
     order = [reference, *sorted(asked, key=lambda layout: not _shows_gathers(layout))]
     _check_command(command, order, global_batch, nnodes)
+    if not isinstance(launcher, Launcher):
+        launcher = parse_launcher(launcher)
     work = keep or Path(tempfile.mkdtemp(prefix=cleanup.owned("ddp_verify-parity-")))
     # Every run of this parity run: the same script, steps, batch, dtype and launcher.
     run_at = functools.partial(

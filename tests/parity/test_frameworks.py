@@ -172,7 +172,10 @@ def test_a_lightning_trainer_that_steps_through_a_closure(tmp_path, variant, lay
     else:
         assert result.exit_code == 1, result.report
         assert result.verdict.causes[0].pattern == pattern, result.report
-        assert "Lightning's Trainer, as documented" in result.verdict.causes[0].text
+        assert (
+            "Lightning (the Trainer, and Fabric's setup_dataloaders), as documented"
+            in result.verdict.causes[0].text
+        )
 
 
 TRL = ["python", str(SCRIPTS / "trl_sft.py"), "--grad-accum", "{grad_accum}", "--batch-size",
