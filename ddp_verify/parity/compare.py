@@ -47,6 +47,7 @@ __all__ = [
     "derived_tolerance",
     "perturbation",
     "rounding_dtype",
+    "scaled_difference",
     "told_apart",
 ]
 
@@ -770,15 +771,15 @@ def _ratio_hypotheses(
 
 
 def _differences(expected: Any, got: Any, steps: int) -> dict[str, float | None]:
-    """The greatest relative differences from the reference: gradients at step 0, parameters
-    over every step (null where nothing was recorded)."""
+    """The greatest differences from the reference, each as a fraction of its tensor's
+    largest value (the larger of the two): gradients at step 0, parameters over every step
+    (null where nothing was recorded). Per element, a parameter that crosses zero would make
+    any difference look large (a relative difference of 60 between two equivalent runs);
+    against its tensor's scale the figure is at most 2, and rounding's size where the runs
+    are equivalent."""
 
     def largest(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> float | None:
-        values = [
-            float(((g - e).abs() / e.abs().clamp_min(1e-300)).max())
-            for e, g in pairs
-            if e.numel() and e.shape == g.shape
-        ]
+        values = [scaled_difference(e, g) for e, g in pairs if e.numel() and e.shape == g.shape]
         return max(values) if values else None
 
     if not steps:
@@ -798,6 +799,20 @@ def _differences(expected: Any, got: Any, steps: int) -> dict[str, float | None]
         if n in r.params[s]
     ]
     return {"gradient_difference": largest(grads), "parameter_difference": largest(params)}
+
+
+def scaled_difference(expected: torch.Tensor, got: torch.Tensor) -> float:
+    """The largest difference of two tensors as a fraction of the larger of their largest
+    magnitudes: 0 where they are equal, at most 2.
+
+    Example::
+
+        >>> expected = torch.tensor([4.0, 1e-9], dtype=torch.float64)
+        >>> scaled_difference(expected, torch.tensor([4.0, -1e-9], dtype=torch.float64))
+        5e-10
+    """
+    scale = float(torch.maximum(expected.abs().max(), got.abs().max()))
+    return float((got - expected).abs().max()) / scale if scale else 0.0
 
 
 def told_apart(comparisons: list[Comparison]) -> list[Comparison]:

@@ -551,8 +551,8 @@ def _compared(
     for c in comparisons:
         if c.equivalent:
             lines.append(
-                f"  {c.label}: equivalent (relative difference at most: gradients "
-                f"{_g(c.figures.get('gradient_difference'))}, parameters "
+                f"  {c.label}: equivalent (largest difference, of its tensor's largest "
+                f"value: gradients {_g(c.figures.get('gradient_difference'))}, parameters "
                 f"{_g(c.figures.get('parameter_difference'))})"
             )
         elif not _passes(c, strict_loss):
@@ -563,8 +563,9 @@ def _compared(
         else:
             lines.append(
                 f"  {c.label}: equivalent training; warning: only the logged loss differs "
-                f"(gradients {_g(c.figures.get('gradient_difference'))}, parameters "
-                f"{_g(c.figures.get('parameter_difference'))} at most)"
+                f"(largest difference, of its tensor's largest value: gradients "
+                f"{_g(c.figures.get('gradient_difference'))}, parameters "
+                f"{_g(c.figures.get('parameter_difference'))})"
             )
     failing = [c for c in comparisons if not _passes(c, strict_loss)]
     if not failing:

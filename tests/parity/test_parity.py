@@ -369,6 +369,12 @@ def test_the_bound_follows_the_scripts_precision(tmp_path, precision, variant, e
     (row,) = result.layouts
     forced = precision != "default"
     assert ("rounding-only variant" in row["tolerance"]) == forced, row
+    if equivalent:
+        # Each figure printed is the largest difference as a fraction of its tensor's largest
+        # value, as the row says: bf16's rounding, not a parameter's near-zero element (read
+        # per element, a relative difference of several units).
+        assert "of its tensor's largest value" in result.report
+        assert 0 < row["parameter_difference"] < 0.05, row
     if not equivalent:
         # The first micro-batch counted 1.01: to give the reference's gradient it must count
         # 1/1.01 of what it did, the second as it did. (The logged loss is the one the
