@@ -89,6 +89,17 @@ def compare_layouts(
         # Not the reference's model: nothing after the first step can be read.
         return Comparison(other.label, False, None, [start], figures)
     data = _data_causes(reference, other, min(wanted, other.steps))
+    dropout = dropout_cause(reference)
+    if data and dropout is not None:
+        # Dropout draws its masks from torch's global generator, an amount that follows the
+        # micro-batch: where the steps before the samples part already differ, it is first.
+        agree = _same_samples(reference, other, min(wanted, other.steps))
+        if agree:
+            early = compare_traces(
+                reference.trace(agree), other.trace(agree), agree, tolerance or Float64Tolerance()
+            )
+            if early is not None:
+                return Comparison(other.label, False, early, [dropout, *launched, *data], figures)
     if data:
         # Another count of micro-batches than asked is why the data differ, where it is so.
         return Comparison(other.label, False, None, [*launched, *data], figures)
@@ -110,7 +121,6 @@ def compare_layouts(
         return Comparison(other.label, True, None, [], figures)
     if mismatch is None and not causes:
         return Comparison(other.label, False, None, logged, figures, only_log_differs=True)
-    dropout = dropout_cause(reference)
     if mismatch is not None and dropout is not None:
         # Other masks at every layout: no weighting can be read through them.
         return Comparison(other.label, False, mismatch, [*causes, dropout, *logged], figures)
@@ -246,8 +256,44 @@ def _data_causes(reference: Recording, other: Recording, steps: int) -> list[Cau
                 else ""
             )
         )
-        return [f.DATA_ORDER.cause(what=details + _documented(reference, other))]
+        why = _drawn(reference, other, step) + _documented(reference, other)
+        return [f.DATA_ORDER.cause(what=details + why)]
     return []
+
+
+def _same_samples(reference: Recording, other: Recording, steps: int) -> int:
+    """How many of the first ``steps`` steps train the reference's samples."""
+    pads = pads_between(reference, other, steps)
+    for step in range(steps):
+        if reference.samples(step, pads) != other.samples(step, pads):
+            return step
+    return steps
+
+
+def _drawn(reference: Recording, other: Recording, upto: int) -> str:
+    """Where torch's global generator was drawn by other amounts at ``other`` than at the
+    reference, by the first step whose draws differ (up to ``upto``), on rank 0: whatever
+    is drawn after those draws (the step's samples, where they come from it) depends on the
+    layout. Empty where the draws agree, or were not recorded."""
+    for step in range(upto + 1):
+        want = reference.step(0, step).get("drawn", {})
+        got = other.step(0, step).get("drawn", {})
+        differ = [site for site in {**want, **got} if want.get(site, 0) != got.get(site, 0)]
+        if not differ:
+            continue
+        said = "; ".join(
+            f"{site}: {want.get(site, 0)} value(s) in the reference, {got.get(site, 0)} here"
+            for site in sorted(differ)[:3]
+        )
+        more = f" and {len(differ) - 3} more" if len(differ) > 3 else ""
+        return (
+            f"; torch's global generator was drawn other amounts on rank 0 than in the "
+            f"reference by step {step} ({said}{more}), so whatever it draws after depends on "
+            "the layout: draw each step's whole batch alike in every rank from a generator "
+            "seeded alike at every layout, and anything else (an evaluation's batches, "
+            "augmentation) from a torch.Generator of its own"
+        )
+    return ""
 
 
 def _documented(reference: Recording, other: Recording) -> str:

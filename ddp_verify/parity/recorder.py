@@ -167,6 +167,8 @@ class Recorder:
             "generators_at_start": _generator_digests(),
         }
         self._known_modules: set[int] = set()
+        # Whether a forward with autograd on (one that trains) has run.
+        self._trained = False
         self._local: dict[str, torch.Tensor] = {}
         self._keep_local = True
         self._kept = 0  # local gradient elements kept so far
@@ -206,7 +208,14 @@ class Recorder:
 
     @staticmethod
     def _fresh() -> dict[str, Any]:
-        return {"losses": [], "batches": [], "tokens": [], "cleared": [], "local": []}
+        return {
+            "losses": [],
+            "batches": [],
+            "tokens": [],
+            "cleared": [],
+            "local": [],
+            "drawn": {},
+        }
 
     # -- installing --------------------------------------------------------------------------
 
@@ -331,19 +340,25 @@ class Recorder:
         def watched(name: str, draw: Callable[..., Any]) -> Callable[..., Any]:
             @functools.wraps(draw)
             def noted(*args: Any, **kwargs: Any) -> Any:
+                if kwargs.get("generator") is not None or recorder._in_draw:
+                    return draw(*args, **kwargs)
                 draws = recorder.meta["draws"]
-                if (
-                    not recorder._known_modules
-                    and len(draws) < MAX_DRAWS
-                    and kwargs.get("generator") is None
-                    and not recorder._in_draw
-                ):
-                    draws.append((f"{name} at {_caller()}", _generator_digest()))
+                site = _caller(outer=True)
+                if not recorder._known_modules and len(draws) < MAX_DRAWS:
+                    draws.append((f"{name} at {site.partition(' in ')[0]}", _generator_digest()))
                 recorder._in_draw = True
                 try:
-                    return draw(*args, **kwargs)
+                    drawn = draw(*args, **kwargs)
                 finally:
                     recorder._in_draw = False
+                # What this step drew from the global generator, by site: where it differs
+                # between layouts, so does everything drawn after it.
+                tally = recorder._step["drawn"]
+                if f"{name} at {site}" in tally or len(tally) < MAX_DRAWS:
+                    count = drawn.numel() if isinstance(drawn, torch.Tensor) else 1
+                    key = f"{name} at {site}"
+                    tally[key] = tally.get(key, 0) + count
+                return drawn
 
             return noted
 
@@ -368,7 +383,6 @@ class Recorder:
             return self._cast(first, args, kwargs)
         if id(module) not in self._known_modules:
             if not self._known_modules:
-                self.meta["dropout"] = _dropout(module)
                 self.meta["generators"] = _generator_digests()
                 self.meta["start"] = _weights_digest(module)
             if self.perturb is not None and not self._known_modules:
@@ -396,9 +410,15 @@ class Recorder:
             # The first step's computation, watched for a lower precision inside.
             self._watch = _Lower(self.meta)
             self._watch.__enter__()
-        rows, tokens = fingerprints(args, kwargs)
-        self._step["batches"].append(rows)
-        self._step["tokens"].append(tokens)
+        if torch.is_grad_enabled():
+            # A forward without autograd (an evaluation under no_grad) trains nothing: its
+            # samples are not the step's, its modes (eval()) not training's.
+            if not self._trained:
+                self._trained = True
+                self.meta["dropout"] = _dropout(module)
+            rows, tokens = fingerprints(args, kwargs)
+            self._step["batches"].append(rows)
+            self._step["tokens"].append(tokens)
         self._outer = self._size(module)
         return self._cast(first, args, kwargs)
 
@@ -838,16 +858,23 @@ def _coarser(result: Any) -> str | None:
     return None
 
 
-def _caller() -> str:
-    """The innermost frame of the script's (or a library's) code, not torch's or ours."""
-    import traceback
-
-    for frame in reversed(traceback.extract_stack()):
-        path = frame.filename.replace(os.sep, "/")
-        if "/torch/" not in path and "/ddp_verify/" not in path:
+def _caller(outer: bool = False) -> str:
+    """The innermost frame of the script's (or a library's) code, not torch's or ours
+    (``file:line``); ``outer``: with its function and the frame that called it, where that
+    is the script's too (``file:60 in get_batch, from file:120 in estimate_loss``), which
+    tells one helper's callers apart."""
+    frame = sys._getframe(1)
+    found: list[str] = []
+    while frame is not None and len(found) < (2 if outer else 1):
+        path = frame.f_code.co_filename.replace(os.sep, "/")
+        if "/torch/" not in path and "/ddp_verify/" not in path and not path.startswith("<"):
             # A library's file by its package path (transformers/models/...), as users know it.
-            return f"{path.rpartition('-packages/')[2]}:{frame.lineno}"
-    return "unknown"
+            where = f"{path.rpartition('-packages/')[2]}:{frame.f_lineno}"
+            found.append(f"{where} in {frame.f_code.co_name}" if outer else where)
+        frame = frame.f_back
+    if not found:
+        return "unknown"
+    return ", from ".join(found) if outer else found[0]
 
 
 def _generator_digest() -> str:

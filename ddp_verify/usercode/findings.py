@@ -697,9 +697,10 @@ MODEL_DROPOUT = _finding(
     "model:dropout",
     "run",
     "the model trains with dropout ({modules}): each layout draws its masks from its own "
-    "ranks' generators, so layouts differ by the masks alone, whatever the weighting; set "
-    "the dropout to 0 for the check (the script's own flag for it, in the command parity "
-    "runs)",
+    "ranks' generators, so layouts differ by the masks alone, whatever the weighting (and "
+    "the masks advance torch's global generator by an amount that follows the micro-batch: "
+    "samples drawn from it after differ too); set the dropout to 0 for the check (the "
+    "script's own flag for it, in the command parity runs)",
 )
 
 # What only ddp-verify parity says: its own comparison of whole scripts' recordings (it says

@@ -139,3 +139,38 @@ def test_autocast_entered_inside_the_forward_is_seen_and_bounds_the_run(variant,
     assert "under autocast cpu:bfloat16" in result.report
     if verdict:
         assert result.verdict.causes[0].reading == "scale:A", result.report
+
+
+NANOGPT = [
+    "python",
+    str(SCRIPT.parent / "nanogpt_style.py"),
+    "--gradient_accumulation_steps={total_grad_accum}",
+    "--batch_size={micro_batch}",
+]
+
+
+@pytest.mark.parametrize(
+    ("config", "pattern", "words"),
+    [
+        # What it takes: one draw of the step's batch, no evaluation, no dropout. Rank 0
+        # logs its own last micro-batch's loss: a warning, not a failure.
+        (["--sample=global", "--eval_interval=0", "--dropout=0.0"], None, "the rank's local loss"),
+        # The evaluation at iteration 0 draws its batches from the training generator, an
+        # amount that follows the micro-batch size: named by its call, not as a shuffle.
+        (["--sample=global", "--dropout=0.0"], "data:order", "in estimate_loss: 32 value(s)"),
+        # As nanoGPT is: each rank's own seed and micro-batch-sized draws.
+        (["--eval_interval=0", "--dropout=0.0"], "data:order", "in <module>: 16 value(s)"),
+        (["--sample=global", "--eval_interval=0"], "model:dropout", "'block.drop' p=0.1"),
+    ],
+    ids=["configured", "evaluation-draws", "per-rank-draws", "dropout"],
+)
+def test_a_nanogpt_shaped_script(config, pattern, words):
+    result = run_parity([*NANOGPT, *config], layouts=[Layout(2, 1)], steps=2, global_batch=16)
+    if pattern is None:
+        assert result.exit_code == 0, result.report
+        assert words in result.report, result.report
+        return
+    assert result.exit_code == 1, result.report
+    first = result.verdict.causes[0]
+    assert first.pattern == pattern, result.report
+    assert words in first.text, first.text
