@@ -36,6 +36,7 @@ import inspect
 import os
 import re
 import sys
+import types
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -863,7 +864,7 @@ def _caller(outer: bool = False) -> str:
     (``file:line``); ``outer``: with its function and the frame that called it, where that
     is the script's too (``file:60 in get_batch, from file:120 in estimate_loss``), which
     tells one helper's callers apart."""
-    frame = sys._getframe(1)
+    frame: types.FrameType | None = sys._getframe(1)
     found: list[str] = []
     while frame is not None and len(found) < (2 if outer else 1):
         path = frame.f_code.co_filename.replace(os.sep, "/")
