@@ -4,7 +4,8 @@ only).
     ddp-verify parity [--layouts 1x1,1x4,2x2,4x1] [--reference 1x1] [--steps 3]
         [--global-batch N] [--dtype float64|native] [--launcher NAME|TEMPLATE] [--timeout S]
         [--keep DIR] [--caches-gradients] [--strict-loss] [--json] -- python train.py ARGS (with
-        {world_size}, {grad_accum}, {total_grad_accum}, {micro_batch}, {global_batch})
+        {world_size}, {grad_accum}, {total_grad_accum}, {micro_batch}, {global_batch},
+        {nproc_per_node}, {nnodes})
     ddp-verify parity compare REFERENCE_DIR DIR [DIR...] [--steps N] [--variant DIR]
         [--caches-gradients] [--strict-loss] [--json]
 
@@ -35,8 +36,9 @@ def parser() -> argparse.ArgumentParser:
         description="Run a training script, unmodified, at several data-parallel layouts "
         "(world size x accumulation steps, the global batch fixed) and prove each trains what "
         "one process on the whole batch trains. The script follows --, as one process runs "
-        "it; {world_size}, {grad_accum}, {total_grad_accum} (W x A), {micro_batch} and "
-        "{global_batch} fill its flags. The reference layout runs twice first and must train "
+        "it; {world_size}, {grad_accum}, {total_grad_accum} (W x A), {micro_batch}, "
+        "{global_batch}, {nproc_per_node} and {nnodes} (devices and nodes, as "
+        "Trainer(devices=..., num_nodes=...) takes them) fill its flags. The reference layout runs twice first and must train "
         "the same (else: which source is unseeded, exit 2). "
         "With no script, the bundled example (a correct DDP script) is checked.",
     )

@@ -169,7 +169,7 @@ def launch(
     of more than one rank spans (torchrun, accelerate and fabric then start one agent per node
     on this machine; srun and a template of the user's are given ``{nnodes}`` and
     ``{nproc_per_node}`` and start them)."""
-    script = fill(script_of(command), layout, global_batch=global_batch)
+    script = fill(script_of(command), layout, global_batch=global_batch, nnodes=nnodes)
     if not isinstance(launcher, Launcher):
         launcher = parse_launcher(launcher)
     starts, added = launcher.commands(

@@ -31,8 +31,18 @@ __all__ = [
 # What a command may say, filled per layout.
 # {total_grad_accum}: the micro-batches of a step over every rank (W x A), as scripts take
 # it that divide their accumulation steps by the world size themselves (nanoGPT's
-# gradient_accumulation_steps).
-PLACEHOLDERS = ("world_size", "grad_accum", "total_grad_accum", "micro_batch", "global_batch")
+# gradient_accumulation_steps). {nproc_per_node} and {nnodes}: the devices per node and the
+# nodes a layout runs on, as Lightning's Trainer(devices=..., num_nodes=...) and litgpt's
+# --devices take them (their product must be the world size).
+PLACEHOLDERS = (
+    "world_size",
+    "grad_accum",
+    "total_grad_accum",
+    "micro_batch",
+    "global_batch",
+    "nproc_per_node",
+    "nnodes",
+)
 
 
 @public
@@ -89,9 +99,12 @@ def parse_layouts(text: str) -> list[Layout]:
     return list(dict.fromkeys(layouts))
 
 
-def fill(command: Sequence[str], layout: Layout, *, global_batch: int | None) -> list[str]:
+def fill(
+    command: Sequence[str], layout: Layout, *, global_batch: int | None, nnodes: int = 1
+) -> list[str]:
     """``command`` with ``{world_size}``, ``{grad_accum}``, ``{total_grad_accum}`` (W x A),
-    ``{micro_batch}`` and ``{global_batch}`` filled for ``layout``; :class:`LayoutError` for
+    ``{micro_batch}``, ``{global_batch}``, ``{nproc_per_node}`` and ``{nnodes}`` filled for
+    ``layout`` spread over ``nnodes`` (one where it has one rank); :class:`LayoutError` for
     any other placeholder, or ``{micro_batch}`` without a global batch.
 
     Example::
@@ -105,6 +118,9 @@ def fill(command: Sequence[str], layout: Layout, *, global_batch: int | None) ->
         "grad_accum": layout.grad_accum,
         "total_grad_accum": layout.world_size * layout.grad_accum,
     }
+    nodes = 1 if layout.world_size == 1 else nnodes
+    values["nnodes"] = nodes
+    values["nproc_per_node"] = per_node(layout, nodes)
     if global_batch is not None:
         values["global_batch"] = global_batch
         values["micro_batch"] = layout.micro_batch(global_batch)

@@ -241,7 +241,8 @@ def run_parity(
             tolerance = derived_tolerance(base, Recording.load(variant.directory), steps)
         # Reported in the order asked; a layout not run is reported as not judged.
         others = [
-            recordings.get(layout) or _unrun(layout, command, global_batch) for layout in asked
+            recordings.get(layout) or _unrun(layout, command, global_batch, nnodes)
+            for layout in asked
         ]
         result = compare_recordings(
             base,
@@ -313,7 +314,7 @@ def _check_command(
         raise LayoutError(f"{script[0]}: no such script")
     check_placeholders(script, layouts, global_batch=global_batch)
     for layout in layouts:
-        fill(script, layout, global_batch=global_batch)
+        fill(script, layout, global_batch=global_batch, nnodes=nnodes)
         if layout.world_size > 1:
             per_node(layout, nnodes)
 
@@ -343,8 +344,9 @@ class _Unrun:
         return str(self.layout)
 
 
-def _unrun(layout: Layout, command: Sequence[str], global_batch: int | None) -> _Unrun:
-    return _Unrun(layout, shlex.join(fill(script_of(command), layout, global_batch=global_batch)))
+def _unrun(layout: Layout, command: Sequence[str], global_batch: int | None, nnodes: int) -> _Unrun:
+    script = fill(script_of(command), layout, global_batch=global_batch, nnodes=nnodes)
+    return _Unrun(layout, shlex.join(script))
 
 
 NOT_EQUIVALENT = Status.NOT_EQUIVALENT.value

@@ -174,3 +174,12 @@ def test_a_nanogpt_shaped_script(config, pattern, words):
     first = result.verdict.causes[0]
     assert first.pattern == pattern, result.report
     assert words in first.text, first.text
+
+
+def test_devices_and_nodes_are_filled_per_layout():
+    from ddp_verify.parity.layouts import fill
+
+    flags = ["train.py", "--devices", "{nproc_per_node}", "--num-nodes", "{nnodes}"]
+    assert fill(flags, Layout(4, 1), global_batch=None, nnodes=2)[2::2] == ["2", "2"]
+    # A layout of one rank runs on one node, whatever the others span.
+    assert fill(flags, Layout(1, 4), global_batch=None, nnodes=2)[2::2] == ["1", "1"]
