@@ -94,6 +94,8 @@ class Config:
     needs: tuple[str, ...]
     global_batch: int = 8
     why: str = ""
+    # How each layout starts (ddp-verify parity --launcher).
+    launcher: str = "torchrun"
 
     def command(self) -> list[str]:
         return ["python", str(SCRIPTS / self.script), *PLACEHOLDERS, *self.flags]
@@ -153,6 +155,25 @@ def configs() -> list[Config]:
             16,
             why="a scheduler given to accelerator.prepare",
         ),
+        Config(
+            "accelerate-launch/regression",
+            "accelerate_loop.py",
+            (),
+            right,
+            acc,
+            16,
+            launcher="accelerate",
+        ),
+        Config(
+            "accelerate-launch/plain-backward",
+            "accelerate_loop.py",
+            ("--variant", "plain-backward"),
+            where_accumulating("scale:A"),
+            acc,
+            16,
+            why="loss.backward() for accelerator.backward(loss)",
+            launcher="accelerate",
+        ),
         Config("accelerate/padded-lm", "accelerate_lm.py", (), right, acc),
         Config("accelerate/padded-lm/mask", "accelerate_lm.py", ("--mask",), right, acc),
         Config(
@@ -181,6 +202,24 @@ def configs() -> list[Config]:
             own_mean,
             light,
             why="cross_entropy's own mean per micro-batch",
+        ),
+        Config(
+            "fabric-run/cli",
+            "fabric_loop.py",
+            ("--configured-by", "cli"),
+            right,
+            light,
+            16,
+            launcher="fabric --strategy ddp",
+        ),
+        Config(
+            "fabric-run/cli-under-torchrun",
+            "fabric_loop.py",
+            ("--configured-by", "cli"),
+            where_ranks("launch:no-group"),
+            light,
+            16,
+            why="a script for fabric run (Fabric() from the CLI's flags) started by torchrun",
         ),
         Config("lightning-trainer", "lightning_trainer.py", (), right, light),
         Config(
@@ -231,7 +270,11 @@ def _missing(config: Config) -> str | None:
 def run(config: Config, layouts: tuple[Layout, ...], steps: int) -> dict:
     started = time.monotonic()
     result = run_parity(
-        config.command(), layouts=list(layouts), steps=steps, global_batch=config.global_batch
+        config.command(),
+        layouts=list(layouts),
+        steps=steps,
+        global_batch=config.global_batch,
+        launcher=config.launcher,
     )
     if result.verdict.status.value == "error" or len(result.layouts) != len(layouts):
         # A run that failed: its report says why; every cell of it is a wrong answer.
@@ -241,7 +284,8 @@ def run(config: Config, layouts: tuple[Layout, ...], steps: int) -> dict:
         return {"name": config.name, "why": config.why, "cells": cells, "finding": None,
                 "seconds": round(time.monotonic() - started, 1), "failing_layout": None,
                 "global_batch": config.global_batch, "command": config.command(),
-                "report": result.report, "error": " / ".join(said[:3])}  # fmt: skip
+                "launcher": config.launcher, "report": result.report,
+                "error": " / ".join(said[:3])}  # fmt: skip
     cells = {}
     for row in result.layouts:
         layout = next(x for x in layouts if str(x) == row["layout"])
@@ -268,6 +312,7 @@ def run(config: Config, layouts: tuple[Layout, ...], steps: int) -> dict:
         "failing_layout": failing,
         "global_batch": config.global_batch,
         "command": config.command(),
+        "launcher": config.launcher,
         "report": result.report,
     }
 
@@ -301,7 +346,9 @@ def reproducer(row: dict, steps: int) -> str:
     script = [Path(row["command"][1]).relative_to(ROOT).as_posix(), *row["command"][2:]]
     command = shlex.join(
         ["ddp-verify", "parity", "--layouts", layout, "--global-batch",
-         str(row["global_batch"]), "--steps", str(steps), "--", "python", *script]
+         str(row["global_batch"]), "--steps", str(steps),
+         *(["--launcher", row["launcher"]] if row["launcher"] != "torchrun" else []),
+         "--", "python", *script]
     )  # fmt: skip
     why = row["why"] or "the script as written, no mistake of its own (the framework's, here)"
     return (
@@ -318,7 +365,9 @@ run by `ddp-verify parity` at layouts 1x4, 2x2 and 4x1 against one process on th
 global batch (1x1). A cell is what the tool says at that layout: `equivalent`, or the code of
 the first finding it names (the report words it; each configuration the tool finds wrong has
 a reproducer under `findings/frameworks/<release set>/`). ✗ marks an answer that is not the
-configuration's truth, which is known by how the configuration was written. Regenerate a
+configuration's truth, which is known by how the configuration was written. Configurations
+named `accelerate-launch/` and `fabric-run/` start every layout as `accelerate launch` and
+`fabric run` do (`--launcher accelerate`, `--launcher 'fabric --strategy ddp'`). Regenerate a
 section with `python benchmarks/framework_matrix.py --label LABEL --write docs/frameworks.md
 --findings findings/frameworks/LABEL` (what `tox -e frameworks-current` and
 `tox -e frameworks-older` run).

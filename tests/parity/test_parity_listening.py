@@ -19,6 +19,7 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="re
 # Right at every layout, and slow enough (a step each 0.2 s) to be looked at while it runs.
 SLOW_TRAIN = textwrap.dedent(
     """
+    import os
     import time
 
     import torch
@@ -27,13 +28,18 @@ SLOW_TRAIN = textwrap.dedent(
     from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo")
+    # accelerate launch runs one process plainly, without torchrun's variables.
+    grouped = "RANK" in os.environ
+    if grouped:
+        dist.init_process_group("gloo")
+    world, rank = (dist.get_world_size(), dist.get_rank()) if grouped else (1, 0)
     torch.manual_seed(0)
     data = TensorDataset(torch.randn(64, 3), torch.randn(64, 1))
-    model = DistributedDataParallel(torch.nn.Linear(3, 1))
+    model = torch.nn.Linear(3, 1)
+    model = DistributedDataParallel(model) if grouped else model
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    sampler = DistributedSampler(data, shuffle=False)
-    for x, y in DataLoader(data, batch_size=8 // dist.get_world_size(), sampler=sampler):
+    sampler = DistributedSampler(data, world, rank, shuffle=False)
+    for x, y in DataLoader(data, batch_size=8 // world, sampler=sampler):
         time.sleep(0.2)
         optimizer.zero_grad()
         torch.nn.functional.mse_loss(model(x), y).backward()
@@ -42,15 +48,26 @@ SLOW_TRAIN = textwrap.dedent(
 )
 
 
-def test_every_listening_socket_of_a_parity_run_is_loopback(tmp_path):
+@pytest.mark.parametrize(
+    ("launcher", "needs", "servers"),
+    [
+        # The reference's one process, then torchrun's agent and its two ranks.
+        ("torchrun", None, 3),
+        # accelerate launch runs the reference plainly (no store): its torchrun and ranks.
+        ("accelerate", "accelerate", 2),
+        ("fabric --strategy ddp", "lightning", 3),
+    ],
+)
+def test_every_listening_socket_of_a_parity_run_is_loopback(tmp_path, launcher, needs, servers):
+    if needs:
+        pytest.importorskip(needs, reason="the frameworks extra: pip install -e '.[frameworks]'")
     (tmp_path / "slow_train.py").write_text(SLOW_TRAIN)
     command = [sys.executable, "-m", "ddp_verify", "parity", "--layouts", "2x1", "--steps", "4",
-               "--", "python", "slow_train.py"]  # fmt: skip
+               "--launcher", launcher, "--", "python", "slow_train.py"]  # fmt: skip
     proc = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     seen: dict[str, int] = {}
     try:
         deadline = time.monotonic() + 120
-        # The reference's one process, then torchrun's agent and its two ranks: all of it.
         while proc.poll() is None and time.monotonic() < deadline:
             seen.update(listening(proc.pid))
             time.sleep(0.05)
@@ -61,6 +78,6 @@ def test_every_listening_socket_of_a_parity_run_is_loopback(tmp_path):
             proc.wait(timeout=30)
     assert proc.returncode == 0, (out + err).decode()[-3000:]
     # The stores (the reference's and the agent's) and gloo's listeners were all seen.
-    assert len(seen) >= 3, seen
+    assert len(seen) >= servers, seen
     outside = {address: pid for address, pid in seen.items() if not is_loopback(address)}
     assert not outside, f"listening beyond loopback: {outside}"
