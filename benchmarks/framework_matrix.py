@@ -109,6 +109,27 @@ def _trainer_truth() -> Truth:
 
 def configs() -> list[Config]:
     hf, acc, light, trl = ("transformers",), ("accelerate",), ("lightning",), ("trl",)
+    accelerate_loops = [
+        Config("accelerate/regression", "accelerate_loop.py", (), right, acc, 16),
+        Config(
+            "accelerate/plain-backward",
+            "accelerate_loop.py",
+            ("--variant", "plain-backward"),
+            where_accumulating("scale:A"),
+            acc,
+            16,
+            why="loss.backward() for accelerator.backward(loss)",
+        ),
+        Config(
+            "accelerate/prepared-scheduler",
+            "accelerate_loop.py",
+            ("--scheduler", "prepared"),
+            where_ranks("optimizer:settings"),
+            acc,
+            16,
+            why="a scheduler given to accelerator.prepare",
+        ),
+    ]
     return [
         Config("plain-ddp/padded-lm", "padded_lm.py", (), right, ()),
         Config(
@@ -136,43 +157,14 @@ def configs() -> list[Config]:
             hf,
             why="average_tokens_across_devices=False",
         ),
-        Config("accelerate/regression", "accelerate_loop.py", (), right, acc, 16),
-        Config(
-            "accelerate/plain-backward",
-            "accelerate_loop.py",
-            ("--variant", "plain-backward"),
-            where_accumulating("scale:A"),
-            acc,
-            16,
-            why="loss.backward() for accelerator.backward(loss)",
-        ),
-        Config(
-            "accelerate/prepared-scheduler",
-            "accelerate_loop.py",
-            ("--scheduler", "prepared"),
-            where_ranks("optimizer:settings"),
-            acc,
-            16,
-            why="a scheduler given to accelerator.prepare",
-        ),
-        Config(
-            "accelerate-launch/regression",
-            "accelerate_loop.py",
-            (),
-            right,
-            acc,
-            16,
-            launcher="accelerate",
-        ),
-        Config(
-            "accelerate-launch/plain-backward",
-            "accelerate_loop.py",
-            ("--variant", "plain-backward"),
-            where_accumulating("scale:A"),
-            acc,
-            16,
-            why="loss.backward() for accelerator.backward(loss)",
-            launcher="accelerate",
+        *accelerate_loops,
+        # The same scripts, each layout started as accelerate launch starts a job.
+        *(
+            dataclasses.replace(
+                c, name=c.name.replace("accelerate/", "accelerate-launch/"), launcher="accelerate"
+            )
+            for c in accelerate_loops
+            if c.name != "accelerate/prepared-scheduler"
         ),
         Config("accelerate/padded-lm", "accelerate_lm.py", (), right, acc),
         Config("accelerate/padded-lm/mask", "accelerate_lm.py", ("--mask",), right, acc),
