@@ -38,8 +38,9 @@ def parser() -> argparse.ArgumentParser:
         "one process on the whole batch trains. The script follows --, as one process runs "
         "it; {world_size}, {grad_accum}, {total_grad_accum} (W x A), {micro_batch}, "
         "{global_batch}, {nproc_per_node} and {nnodes} (devices and nodes, as "
-        "Trainer(devices=..., num_nodes=...) takes them) fill its flags. The reference layout runs twice first and must train "
-        "the same (else: which source is unseeded, exit 2). "
+        "Trainer(devices=..., num_nodes=...) takes them) fill its flags. The reference "
+        "layout runs twice first and must train the same (else: which source is unseeded, "
+        "exit 2). "
         "With no script, the bundled example (a correct DDP script) is checked.",
     )
     p.add_argument("--layouts", default="1x4,2x2,4x1", help="WxA,... (default 1x4,2x2,4x1)")
