@@ -1,21 +1,22 @@
 """Generated regressions, not chosen ones: the conformance suite's reach, measured.
 
-For each module of the table below (the Python source behind the surface the gate stands
-for), every place an operator of :mod:`tests.mutation.operators` can change is a mutant;
-``--samples`` of them are drawn at random per module with ``--seed``. Each is first run
-through its module's quick probe (:mod:`tests.mutation.probes`, written apart from the suite):
-one that gives exactly the unmutated numbers changes no numerics and is set aside. Each live
-one is installed in a fresh conformance session (its ranks and its own process) and the whole
-suite runs against it, stopping at the first failure: a failure kills it, a pass lets it
-survive, a run past ``--timeout`` counts as killed (the log says "timed out"). A mutant that
-cannot take the function's place (its code closes over other names) is set aside with the
-ones that change no numbers. A survivor :mod:`tests.mutation.equivalent` declares equivalent
-under torch's contract (with its reason) counts as "equivalent". The score per module is
-killed / (live - equivalent); the raw score, killed / live, is shown beside it. Each module
-draws from its own random generator (seeded by ``--seed`` and its name), so a run over some
-modules draws what a run over all draws for them.
+The modules are those small real trainings execute (:mod:`tests.mutation.trace`: DDP, ZeRO,
+FSDP2 with a distributed checkpoint, the comm hooks and averagers, on the installed torch),
+and the places a mutant may change are the lines they execute there: every place an operator
+of :mod:`tests.mutation.operators` can change on such a line, in a function whose mutated code
+can take the original's place, is a mutant. ``--samples`` of them are drawn at random per
+module with ``--seed`` (every one where fewer), each module from its own generator (seeded by
+``--seed`` and its name), so a run over some modules draws what a run over all draws for them.
 
-    python -m tests.mutation.generated [--samples 5] [--seed 0] [--world-size 4]
+Every drawn mutant counts. Each is installed in a fresh conformance session (its ranks and its
+own process) and the whole suite runs against it, stopping at the first failure, the mutated
+module's own properties first: a failure kills it, a pass lets it survive, a run past
+``--timeout`` counts as killed (the log says "timed out"). A survivor
+:mod:`tests.mutation.equivalent` declares equivalent under torch's contract (with its reason
+read from the code) counts as "equivalent"; nothing else is set aside. The score per module is
+killed / (drawn - equivalent); the raw score, killed / drawn, is shown beside it.
+
+    python -m tests.mutation.generated [--samples 40] [--seed 0] [--world-size 2]
         [--modules GLOB ...] [--match TEXT] [--write docs/mutation.md] [--json out.json]
 
 ``tox -e mutation`` runs it.
@@ -43,45 +44,42 @@ from pathlib import Path
 from tests.mutation.equivalent import why_equivalent
 from tests.mutation.generated_patch import ENV, FIRST_ENV, compiled
 from tests.mutation.operators import Site, mutated, sites
+from tests.mutation.trace import trace
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# Module -> its probe (tests.mutation.probes).
-MODULES: dict[str, str] = {
-    "torch.distributed.algorithms.model_averaging.averagers": "averaging",
-    "torch.distributed.algorithms.model_averaging.utils": "averaging",
-    "torch.distributed.optim.post_localSGD_optimizer": "averaging",
-    "torch.nn.utils.clip_grad": "clipping",
-    "torch.distributed.nn.functional": "differentiable",
-    "torch.utils.data.distributed": "sampler",
-    "torch.distributed.algorithms.ddp_comm_hooks.default_hooks": "hooks",
-    "torch.distributed.algorithms.model_averaging.hierarchical_model_averager": "averaging",
-    "torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook": "post_local",
-    "torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook": "powersgd",
-    "torch.distributed.optim.zero_redundancy_optimizer": "zero",
-    "torch.nn.parallel.distributed": "ddp",
-    "torch.distributed.fsdp._fully_shard._fsdp_collectives": "fsdp",
-    "torch.distributed.fsdp._fully_shard._fsdp_param_group": "fsdp",
-    "torch.distributed.fsdp._fully_shard._fully_shard": "fsdp",
-    "torch.distributed.checkpoint.state_dict": "checkpoint",
-}
-
-
-# Probe -> the conformance modules run first against its modules' mutants (the order only:
-# a survivor runs the whole suite).
+# Module prefix -> the conformance modules run first against its mutants (the longest prefix
+# that matches; the order only: a survivor runs the whole suite).
 FIRST: dict[str, tuple[str, ...]] = {
-    "averaging": ("test_model_averaging",),
-    "post_local": ("test_model_averaging",),
-    "clipping": ("test_optimizers",),
-    "differentiable": ("test_differentiable_collectives",),
-    "sampler": ("test_data",),
-    "hooks": ("test_comm_hooks",),
-    "powersgd": ("test_comm_hooks",),
-    "zero": ("test_zero",),
-    "ddp": ("test_ddp_options", "test_join", "test_fused_optimizer"),
-    "fsdp": ("test_fsdp",),
-    "checkpoint": ("test_fsdp", "test_zero"),
+    "torch.distributed.algorithms.model_averaging": ("test_model_averaging",),
+    "torch.distributed.optim.post_localSGD_optimizer": ("test_model_averaging",),
+    "torch.distributed.algorithms.ddp_comm_hooks": ("test_comm_hooks",),
+    "torch.distributed.algorithms.join": ("test_join",),
+    "torch.nn.utils.clip_grad": ("test_optimizers",),
+    "torch.optim": ("test_optimizers", "test_fused_optimizer", "test_zero"),
+    "torch.amp": ("test_optimizers",),
+    "torch.distributed.nn": ("test_differentiable_collectives",),
+    "torch.utils.data": ("test_data",),
+    "torch.distributed.optim.zero_redundancy_optimizer": ("test_zero",),
+    "torch.nn.parallel": ("test_ddp_options", "test_join", "test_fused_optimizer"),
+    "torch.nn.modules.batchnorm": ("test_ddp_options",),
+    "torch.distributed.fsdp": ("test_fsdp",),
+    "torch.distributed.tensor": ("test_fsdp",),
+    "torch.distributed.checkpoint": ("test_fsdp", "test_zero"),
+    "torch.distributed.distributed_c10d": ("test_object_collectives", "test_ddp_options"),
 }
+
+
+def first_for(module: str) -> tuple[str, ...]:
+    """The conformance modules to run first against a mutant of ``module``.
+
+    Example::
+
+        >>> first_for("torch.optim.sgd")[0]
+        'test_optimizers'
+    """
+    matches = [prefix for prefix in FIRST if module == prefix or module.startswith(prefix + ".")]
+    return FIRST[max(matches, key=len)] if matches else ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,41 +125,31 @@ def functions(module: str) -> list[tuple[str, ast.FunctionDef, int]]:
     return found
 
 
-def mutants(module: str) -> list[Mutant]:
-    """Every mutant the operators make of ``module``."""
+def mutants(module: str, lines: set[int] | None = None) -> list[Mutant]:
+    """Every mutant the operators make of ``module`` (on ``lines`` only, where given)."""
     made = []
     for qualname, function, first in functions(module):
         for site in sites(function):
-            made.append(
-                Mutant(module, qualname, site, mutated(function, site), first + site.line - 1)
-            )
+            line = first + site.line - 1
+            if lines is None or line in lines:
+                made.append(Mutant(module, qualname, site, mutated(function, site), line))
     return made
+
+
+def installable(mutant: Mutant) -> bool:
+    """Whether the mutated code can take the original's place (not where it closes over
+    other names, or its function cannot be found as named)."""
+    try:
+        compiled(mutant.as_json())
+    except (ValueError, KeyError, AttributeError, SyntaxError, TypeError):
+        return False
+    return True
 
 
 def _write(mutant: Mutant, directory: Path) -> Path:
     path = directory / "mutant.json"
     path.write_text(json.dumps(mutant.as_json()))
     return path
-
-
-# Probes that need a world of 3: a sampler pads past its data only with more ranks than items
-# and fewer items than half the ranks.
-PROBE_WORLD = {"sampler": 3}
-
-
-def probe(name: str, mutant: Mutant | None) -> list[float] | str:
-    """The probe ``name`` on a world of 2 (or ``PROBE_WORLD``'s), under ``mutant`` (or none),
-    installed by the job in each rank (ranks are forked afresh for each world)."""
-    from ddp_verify.world import World
-    from tests.mutation import probes
-
-    given = None if mutant is None else mutant.as_json()
-    try:
-        with World(PROBE_WORLD.get(name, 2), timeout=60) as world:
-            results = world.run(probes.run, name, given)
-    except Exception as exc:  # a mutant that breaks the world is live
-        return f"{type(exc).__name__}: {str(exc)[:200]}"
-    return [x for rank in results for x in (rank if isinstance(rank, list) else [rank])]
 
 
 def suite(
@@ -188,9 +176,9 @@ def suite(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--samples", type=int, default=5, help="mutants drawn per module")
+    parser.add_argument("--samples", type=int, default=40, help="mutants drawn per module")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--world-size", type=int, default=4)
+    parser.add_argument("--world-size", type=int, default=2)
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per suite run")
     parser.add_argument("--modules", nargs="*", default=["*"])
     parser.add_argument("--match", default=None,
@@ -202,70 +190,63 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[list[object]] = []
     outcomes: list[dict[str, str]] = []
     started = time.monotonic()
+    reached = trace()
     with tempfile.TemporaryDirectory() as work:
         directory = Path(work)
-        for module, probe_name in MODULES.items():
+        for module, lines in reached.items():
             if not any(fnmatch.fnmatch(module, g) for g in args.modules):
                 continue
-            every = mutants(module)
+            every = [m for m in mutants(module, set(lines)) if installable(m)]
             if args.match:
                 drawn = [m for m in every if args.match in f"{m.name} ({m.site.change})"]
             else:
                 rng = random.Random(f"{args.seed}:{module}")
                 drawn = rng.sample(every, min(args.samples, len(every)))
-            baseline = probe(probe_name, None)
-            counts = {"live": 0, "killed": 0, "not live": 0, "survived": 0, "timed out": 0,
-                      "equivalent": 0}  # fmt: skip
+            if not drawn:
+                continue
+            counts = {"killed": 0, "survived": 0, "timed out": 0, "equivalent": 0}
             for mutant in drawn:
-                try:
-                    compiled(mutant.as_json())
-                    numbers = probe(probe_name, mutant)
-                except ValueError:
-                    numbers = baseline  # cannot take the original's place: set aside
-                if numbers == baseline:
-                    counts["not live"] += 1
-                    outcome, by = "not live", ""
-                else:
-                    counts["live"] += 1
-                    outcome, by = suite(
-                        mutant, directory, args.world_size, args.timeout, FIRST[probe_name]
-                    )
-                    reason = why_equivalent(
-                        mutant.module, mutant.qualname, mutant.site.operator, mutant.site.change
-                    )
-                    if outcome == "survived" and reason:
-                        outcome, by = "equivalent", reason
-                    counts[outcome] += 1
+                outcome, by = suite(
+                    mutant, directory, args.world_size, args.timeout, first_for(module)
+                )
+                reason = why_equivalent(
+                    mutant.module, mutant.qualname, mutant.site.operator, mutant.site.change
+                )
+                if outcome == "survived" and reason:
+                    outcome, by = "equivalent", reason
+                counts[outcome] += 1
                 outcomes.append({"mutant": mutant.name, "change": mutant.site.change,
                                  "outcome": outcome, "by": by})  # fmt: skip
                 print(f"{mutant.name} ({mutant.site.change}): {outcome} {by}".rstrip(),
                       flush=True)  # fmt: skip
             killed = counts["killed"] + counts["timed out"]
-            judged = counts["live"] - counts["equivalent"]
+            judged = len(drawn) - counts["equivalent"]
             score = f"{killed / judged:.0%}" if judged else "—"
-            raw = f"{killed / counts['live']:.0%}" if counts["live"] else "—"
-            rows.append([module, len(every), len(drawn), counts["not live"], counts["live"],
-                         counts["equivalent"], killed, score, raw])  # fmt: skip
-    lines = ["| module | mutants | drawn | not live | live | equivalent | killed | score | raw |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
-    lines += ["| `" + str(r[0]) + "` | " + " | ".join(str(x) for x in r[1:]) + " |" for r in rows]
+            raw = f"{killed / len(drawn):.0%}"
+            rows.append([module, len(lines), len(every), len(drawn), counts["equivalent"],
+                         killed, counts["survived"], score, raw])  # fmt: skip
+    head = "| module | lines run | mutants there | drawn | equivalent | killed | survived |"
+    table = [f"{head} score | raw |", "|" + " --- |" * 9]
+    table += ["| `" + str(r[0]) + "` | " + " | ".join(str(x) for x in r[1:]) + " |" for r in rows]
     survivors = [o for o in outcomes if o["outcome"] == "survived"]
     equivalents = [o for o in outcomes if o["outcome"] == "equivalent"]
     total = f"{time.monotonic() - started:.0f} s"
-    print("\n" + "\n".join(lines) + f"\n\n{len(survivors)} survived; {total}")
+    print("\n" + "\n".join(table) + f"\n\n{len(survivors)} survived; {total}")
     if args.write:
         import torch
 
+        modules = " ".join(args.modules)
         page = [
             "# The gate's reach, measured by generated regressions",
             "",
             f"`python -m tests.mutation.generated --samples {args.samples} --seed {args.seed} "
-            f"--world-size {args.world_size}` (`tox -e mutation`); torch {torch.__version__}, "
-            f"Python {platform.python_version()}, {os.cpu_count()} CPUs; {total}.",
+            f"--world-size {args.world_size} --modules {modules}` (`tox -e mutation`); torch "
+            f"{torch.__version__}, Python {platform.python_version()}, {os.cpu_count()} CPUs; "
+            f"{total}.",
             "",
-            *lines,
+            *table,
             "",
-            "Survivors (a live change the suite let through):",
+            "Survivors (a change the suite let through):",
             "",
             *(f"- `{o['mutant']}`: {o['change']}" for o in survivors),
             "",

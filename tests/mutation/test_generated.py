@@ -1,6 +1,7 @@
 """The generated-mutation tool's parts: its operators change what they say, a generated
 mutant runs in place of torch's function wherever it is called from, one that cannot take
-its place is refused, and a probe tells a live mutant from one that changes nothing."""
+its place is refused, and the modules and lines it draws from are those real trainings
+execute."""
 
 from __future__ import annotations
 
@@ -91,32 +92,29 @@ def test_a_mutant_that_closes_over_other_names_is_refused():
         compiled(mutant)
 
 
-def test_the_clipping_probe_tells_a_live_mutant():
-    from tests.mutation import probes
+def test_the_modules_and_lines_are_those_real_trainings_execute():
+    from tests.mutation import generated, trace
 
-    (mutant,) = [
-        m for m in mutants("torch.nn.utils.clip_grad")
-        if m.qualname == "_get_total_norm" and m.site.operator == "ignored-argument"
-    ][:1]  # fmt: skip
-    baseline = probes.clipping()
-    target = compiled(mutant.as_json())[0]
-    original = target.__code__
-    try:
-        install_mutant(mutant.as_json())
-        changed = probes.clipping()
-    finally:
-        target.__code__ = original
-        del target._generated_mutant
-    assert changed != baseline and probes.clipping() == baseline
-
-
-def test_every_module_has_a_probe_and_the_tests_to_run_first():
-    from tests.mutation import generated, probes
-
-    for module, probe in generated.MODULES.items():
-        assert callable(getattr(probes, probe, None)), f"{module}: no probe {probe}()"
-        assert probe in generated.FIRST, f"{module}: no test modules to run first for {probe}"
-        assert generated.mutants(module), f"{module}: the operators find nothing to change"
+    reached = trace.trace()
+    # Training's own modules, beyond any list: the optimizers, the scheduler, the scaler, the
+    # norms, c10d and the distributed checkpoint among them.
+    for module in ("torch.optim.sgd", "torch.optim.adam", "torch.optim.lr_scheduler",
+                   "torch.amp.grad_scaler", "torch.nn.modules.batchnorm",
+                   "torch.distributed.distributed_c10d", "torch.nn.parallel.distributed",
+                   "torch.distributed.checkpoint.state_dict",
+                   "torch.distributed.fsdp._fully_shard._fsdp_collectives"):  # fmt: skip
+        assert reached.get(module), f"{module}: not reached"
+    # What every program runs is out of scope; a module only imported is not reached (its
+    # def lines run at import, none of its functions do).
+    assert "torch.nn.modules.linear" not in reached
+    assert "torch.distributed.optim.functional_adadelta" not in reached
+    # A mutant is drawn only where a training ran: on a line of a function it executed.
+    lines = set(reached["torch.optim.sgd"])
+    there = generated.mutants("torch.optim.sgd", lines)
+    every = generated.mutants("torch.optim.sgd")
+    assert there and len(there) < len(every)
+    assert all(m.line in lines for m in there)
+    assert any(m.qualname == "_single_tensor_sgd" for m in there)
 
 
 def test_the_mutated_modules_own_properties_run_first(tmp_path):
