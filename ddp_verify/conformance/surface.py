@@ -66,6 +66,9 @@ APIS: dict[str, str] = {
     "torch.distributed.algorithms.model_averaging.utils."
     "average_parameters_or_parameter_groups": "call",
     "torch.distributed.optim.ZeroRedundancyOptimizer": "init",
+    "torch.optim.SGD": "init",
+    "torch.optim.Adam": "init",
+    "torch.optim.AdamW": "init",
     "torch.distributed.optim.PostLocalSGDOptimizer": "init",
     "torch.distributed.nn.functional.all_gather": "call",
     "torch.distributed.nn.functional.all_reduce": "call",
@@ -93,6 +96,27 @@ _POWERSGD = "test_comm_hooks::test_powersgd_at_full_rank_is_exact"
 _POWERSGD_WIDE = "test_comm_hooks::test_powersgd_at_full_rank_is_exact_on_matrices_wider_than_two"
 _POWERSGD_DEFAULTS = "test_comm_hooks::test_powersgd_with_its_defaults_keeps_what_it_does_not_apply"
 _ZERO = "test_zero::test_zero_redundancy_optimizer_matches_the_reference"
+_RULE = "test_optimizer_options::test_every_documented_option_follows_its_published_rule"
+_REFUSE = "test_optimizer_options::test_every_documented_refusal_is_made"
+_EDGE = "test_optimizer_options::test_the_edge_of_every_refusal_is_accepted_and_followed"
+_PUBLISHED = "test_optimizers::test_torch_optimizers_follow_the_published_rules"
+
+
+def _optimizer(api: str, covered: dict[str, str], gaps: dict[str, str]) -> list[Entry]:
+    """An optimizer's rows: each argument held to its documented rule (and its refusals),
+    or a gap with what it leaves open."""
+    rows = [Entry(api, member, COVERED, (_RULE, _REFUSE, _EDGE), why)
+            for member, why in covered.items()]  # fmt: skip
+    rows += [Entry(api, member, GAP, (), why) for member, why in gaps.items()]
+    return rows
+
+
+_CUDA_GRAPHS = "CUDA graph capture; the CPU path reads it only to refuse a tensor lr on foreach"
+_DIFFERENTIABLE = (
+    "no property yet: torch's SGD cuts the derivative through its first momentum buffer (a "
+    "detached copy of the first gradient), so a rule's derivative by the starting weights "
+    "is not torch's"
+)
 _FSDP = "test_fsdp::test_fully_shard_matches_the_reference"
 _HSDP = "test_fsdp::test_hybrid_sharding_on_a_2d_mesh_matches_the_reference"
 _SAMPLER = "test_data::test_sampler_with_drop_last_shards_are_disjoint_and_equal"
@@ -276,6 +300,36 @@ ENTRIES: tuple[Entry, ...] = (
         for fn, args in (("average_parameters", ("params", "process_group")),
                          ("average_parameters_or_parameter_groups", ("params", "process_group")))
         for arg in args
+    ),
+    # -- torch.optim -------------------------------------------------------------------------
+    *_optimizer(
+        "torch.optim.SGD",
+        {"params": "three shapes, one without a gradient every other step",
+         "lr": "a float and a one-element tensor; negative refused; 0 accepted",
+         "momentum": "0, 0.5, 0.9; negative refused", "dampening": "0 and 0.3",
+         "weight_decay": "0, 0.01, 0.1; negative refused",
+         "nesterov": "on with momentum and no dampening; refused otherwise",
+         "maximize": "on and off", "foreach": "the for-loop and foreach paths",
+         "fused": "where this build has the path", "step()": "4 steps"},
+        {"differentiable": _DIFFERENTIABLE},
+    ),
+    *(
+        row
+        for api in ("torch.optim.Adam", "torch.optim.AdamW")
+        for row in _optimizer(
+            api,
+            {"params": "three shapes, one without a gradient every other step",
+             "lr": "a float and a one-element tensor (refused on foreach without capturable)",
+             "betas": "0, 0.5, 0.9 and 0.5, 0.99, floats or tensors; [0, 1) else refused",
+             "eps": "1e-8, 1e-3, 0; negative refused",
+             "weight_decay": "0, 0.01, 0.1; negative refused", "amsgrad": "on and off",
+             "maximize": "on and off", "foreach": "the for-loop and foreach paths",
+             "fused": "where this build has the path (with foreach: refused)",
+             "step()": "4 steps",
+             **({"decoupled_weight_decay": "AdamW's rule"} if api == "torch.optim.Adam"
+                else {})},
+            {"capturable": _CUDA_GRAPHS, "differentiable": _DIFFERENTIABLE},
+        )
     ),
     # -- torch.distributed.optim -------------------------------------------------------------
     _e("torch.distributed.optim.ZeroRedundancyOptimizer", "params", COVERED, _ZERO),

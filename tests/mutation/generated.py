@@ -56,7 +56,7 @@ FIRST: dict[str, tuple[str, ...]] = {
     "torch.distributed.algorithms.ddp_comm_hooks": ("test_comm_hooks",),
     "torch.distributed.algorithms.join": ("test_join",),
     "torch.nn.utils.clip_grad": ("test_optimizers",),
-    "torch.optim": ("test_optimizers", "test_fused_optimizer", "test_zero"),
+    "torch.optim": ("test_optimizer_options", "test_optimizers", "test_fused_optimizer"),
     "torch.amp": ("test_optimizers",),
     "torch.distributed.nn": ("test_differentiable_collectives",),
     "torch.utils.data": ("test_data",),

@@ -1,0 +1,278 @@
+"""torch's SGD, Adam and AdamW in every setting their documentation gives, against update
+rules written out here from that documentation (nothing of ``torch.optim`` is imported to
+compute them): SGD's momentum, dampening, Nesterov momentum and ``maximize``; Adam's and
+AdamW's betas, eps, AMSGrad and ``maximize``; weight decay in both, and Adam's decoupled
+from the gradient (``decoupled_weight_decay``, AdamW's rule); the learning rate (and
+the betas) given as one-element tensors, as the documentation allows. Each implementation
+torch has (the for-loop, foreach and, where it exists, fused paths) must follow them. And
+every refusal the documentation and the constructors give for an impossible setting must
+still be made: a regression that stops refusing lets a wrong run start.
+
+The common settings (momentum, weight decay, schedules, groups) are held to the reference in
+``test_optimizers``; these are the rest of the surface, which no training in the suite uses
+otherwise."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import strategies as st
+
+# Parameter shapes: a matrix, a vector, a scalar-like one, as a model's layers give them.
+SHAPES = ((3, 4), (4,), (1,))
+STEPS = 4
+RTOL, ATOL = 1e-10, 1e-13
+IMPLEMENTATIONS = {"for_loop": {"foreach": False}, "foreach": {"foreach": True},
+                   "fused": {"fused": True}}  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    """One optimizer and the documented options it is built with."""
+
+    name: str  # "sgd", "adam", "adamw"
+    lr: float = 0.05
+    momentum: float = 0.0
+    dampening: float = 0.0
+    nesterov: bool = False
+    weight_decay: float = 0.0
+    maximize: bool = False
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    amsgrad: bool = False
+    decoupled: bool = False  # Adam's decoupled_weight_decay: AdamW's rule
+    tensor_lr: bool = False
+    tensor_betas: bool = False
+
+    def kwargs(self) -> dict[str, Any]:
+        lr: Any = torch.tensor(self.lr, dtype=torch.float64) if self.tensor_lr else self.lr
+        common = {"lr": lr, "weight_decay": self.weight_decay, "maximize": self.maximize}
+        if self.name == "sgd":
+            return {**common, "momentum": self.momentum, "dampening": self.dampening,
+                    "nesterov": self.nesterov}  # fmt: skip
+        betas: Any = self.betas
+        if self.tensor_betas:
+            betas = tuple(torch.tensor(b, dtype=torch.float64) for b in self.betas)
+        adam = {"decoupled_weight_decay": True} if self.decoupled else {}
+        return {**common, "betas": betas, "eps": self.eps, "amsgrad": self.amsgrad, **adam}
+
+
+def sgd_rule(setting: Setting, params: list[torch.Tensor], grads: list[list[Any]]) -> None:
+    """SGD as torch documents it, in place, over every step's gradients (a parameter with no
+    gradient at a step is left as it is, its momentum too)."""
+    lr = setting.lr
+    buffers: dict[int, torch.Tensor] = {}
+    for step_grads in grads:
+        for i, (p, g) in enumerate(zip(params, step_grads, strict=True)):
+            if g is None:
+                continue
+            g = -g if setting.maximize else g.clone()
+            if setting.weight_decay:
+                g = g + setting.weight_decay * p
+            if setting.momentum:
+                if i in buffers:
+                    buffers[i] = setting.momentum * buffers[i] + (1 - setting.dampening) * g
+                else:
+                    buffers[i] = g.clone()
+                g = g + setting.momentum * buffers[i] if setting.nesterov else buffers[i]
+            p -= lr * g
+
+
+def adam_rule(setting: Setting, params: list[torch.Tensor], grads: list[list[Any]]) -> None:
+    """Adam (and AdamW, whose weight decay is decoupled) as torch documents them, in place; a
+    parameter's step count moves only at the steps that give it a gradient."""
+    lr = setting.lr
+    beta1, beta2 = setting.betas
+    state: dict[int, dict[str, Any]] = {}
+    for step_grads in grads:
+        for i, (p, g) in enumerate(zip(params, step_grads, strict=True)):
+            if g is None:
+                continue
+            s = state.setdefault(i, {"t": 0, "m": torch.zeros_like(p), "v": torch.zeros_like(p),
+                                     "v_max": torch.zeros_like(p)})  # fmt: skip
+            s["t"] += 1
+            t = s["t"]
+            g = -g if setting.maximize else g.clone()
+            if setting.name == "adamw" or setting.decoupled:
+                p *= 1 - lr * setting.weight_decay
+            elif setting.weight_decay:
+                g = g + setting.weight_decay * p
+            s["m"] = beta1 * s["m"] + (1 - beta1) * g
+            s["v"] = beta2 * s["v"] + (1 - beta2) * g * g
+            m_hat = s["m"] / (1 - beta1**t)
+            if setting.amsgrad:
+                s["v_max"] = torch.maximum(s["v_max"], s["v"])
+                v_hat = s["v_max"] / (1 - beta2**t)
+            else:
+                v_hat = s["v"] / (1 - beta2**t)
+            p -= lr * m_hat / (v_hat.sqrt() + setting.eps)
+
+
+def _data(seed: int) -> tuple[list[torch.Tensor], list[list[Any]]]:
+    generator = torch.Generator().manual_seed(seed)
+    params = [torch.randn(s, generator=generator, dtype=torch.float64) for s in SHAPES]
+    grads = [
+        [None if i == len(SHAPES) - 1 and step % 2 else
+         torch.randn(s, generator=generator, dtype=torch.float64) for i, s in enumerate(SHAPES)]
+        for step in range(STEPS)
+    ]  # fmt: skip
+    return params, grads
+
+
+@st.composite
+def settings(draw: st.DrawFn) -> Setting:
+    name = draw(st.sampled_from(["sgd", "adam", "adamw"]))
+    maximize = draw(st.booleans())
+    common = {
+        "lr": draw(st.sampled_from([0.01, 0.05, 0.3])),
+        "maximize": maximize,
+        "weight_decay": draw(st.sampled_from([0.0, 0.01, 0.1])),
+        "tensor_lr": draw(st.booleans()),
+    }
+    if name == "sgd":
+        momentum = draw(st.sampled_from([0.0, 0.5, 0.9]))
+        nesterov = momentum > 0 and draw(st.booleans())
+        dampening = 0.0 if nesterov else draw(st.sampled_from([0.0, 0.3]))
+        return Setting(name, momentum=momentum, dampening=dampening, nesterov=nesterov, **common)
+    return Setting(
+        name,
+        betas=(draw(st.sampled_from([0.0, 0.5, 0.9])), draw(st.sampled_from([0.5, 0.99]))),
+        eps=draw(st.sampled_from([1e-8, 1e-3])),
+        amsgrad=draw(st.booleans()),
+        decoupled=name == "adam" and draw(st.booleans()),
+        tensor_betas=draw(st.booleans()),
+        **common,
+    )
+
+
+# Every option at least once, never left to the draw.
+EVERY_OPTION = [
+    (Setting("sgd", momentum=0.9, nesterov=True, weight_decay=0.01), 0),
+    (Setting("sgd", momentum=0.9, dampening=0.3, weight_decay=0.01), 1),
+    (Setting("sgd", momentum=0.5, maximize=True, tensor_lr=True), 2),
+    (Setting("adam", betas=(0.5, 0.9), eps=1e-3, amsgrad=True, weight_decay=0.1), 3),
+    (Setting("adam", maximize=True, tensor_lr=True, tensor_betas=True), 4),
+    (Setting("adam", weight_decay=0.1, decoupled=True, amsgrad=True), 7),
+    (Setting("adamw", betas=(0.0, 0.5), amsgrad=True, weight_decay=0.1, maximize=True), 5),
+    (Setting("adamw", weight_decay=0.1, tensor_lr=True), 6),
+]
+OPTIMIZERS = {"sgd": "SGD", "adam": "Adam", "adamw": "AdamW"}
+
+
+@pytest.mark.parametrize("implementation", list(IMPLEMENTATIONS))
+def test_every_documented_option_follows_its_published_rule(prove, implementation):
+    def check(case: tuple[Setting, int]) -> None:
+        setting, seed = case
+        params, grads = _data(seed)
+        expected = [p.clone() for p in params]
+        (sgd_rule if setting.name == "sgd" else adam_rule)(setting, expected, grads)
+        theirs = [torch.nn.Parameter(p.clone()) for p in params]
+        cls = getattr(torch.optim, OPTIMIZERS[setting.name])
+        try:
+            optimizer = cls(theirs, **setting.kwargs(), **IMPLEMENTATIONS[implementation])
+        except (RuntimeError, ValueError) as exc:
+            # A combination this implementation documents it refuses (a tensor lr on the
+            # foreach path without capturable; no fused path here): its refusal is checked
+            # below, the others of the draw here.
+            if _refused(setting, implementation):
+                return
+            raise AssertionError(f"{cls.__name__}({setting}) ({implementation}): {exc}") from exc
+        for step_grads in grads:
+            for p, g in zip(theirs, step_grads, strict=True):
+                p.grad = None if g is None else g.clone()
+            optimizer.step()
+        for i, (got, want) in enumerate(zip(theirs, expected, strict=True)):
+            torch.testing.assert_close(
+                got.detach(),
+                want,
+                rtol=RTOL,
+                atol=ATOL,
+                msg=lambda m, i=i: (
+                    f"{cls.__name__} ({implementation}) {setting}: parameter {i} (shape "
+                    f"{SHAPES[i]}) after {STEPS} steps is not what its documented rule gives."
+                    f"\n{m}"
+                ),
+            )
+
+    prove(st.tuples(settings(), st.integers(0, 2**16)), check, examples=EVERY_OPTION)
+
+
+def _refused(setting: Setting, implementation: str) -> bool:
+    """Whether torch documents refusing ``setting`` on ``implementation``: a tensor lr (or
+    betas) on the foreach path without capturable for Adam/AdamW; the fused path where this
+    build has none for the CPU."""
+    if implementation == "fused":
+        return True  # whether it exists is the build's; where it does, it must follow
+    tensors = setting.tensor_lr or setting.tensor_betas
+    return implementation == "foreach" and setting.name != "sgd" and tensors
+
+
+# (optimizer, arguments, the error, words of its message): what the constructors refuse.
+REFUSALS = [
+    ("SGD", {"lr": -0.1}, ValueError, "Invalid learning rate"),
+    ("SGD", {"lr": 0.1, "momentum": -0.1}, ValueError, "Invalid momentum value"),
+    ("SGD", {"lr": 0.1, "weight_decay": -0.1}, ValueError, "Invalid weight_decay value"),
+    ("SGD", {"lr": 0.1, "nesterov": True}, ValueError, "Nesterov momentum requires"),
+    ("SGD", {"lr": 0.1, "nesterov": True, "momentum": 0.9, "dampening": 0.1}, ValueError,
+     "Nesterov momentum requires"),
+    ("SGD", {"lr": torch.tensor([0.1, 0.2])}, ValueError, "Tensor lr must be 1-element"),
+    ("Adam", {"lr": -1.0}, ValueError, "Invalid learning rate"),
+    ("Adam", {"eps": -1.0}, ValueError, "Invalid epsilon value"),
+    ("Adam", {"betas": (1.0, 0.9)}, ValueError, "Invalid beta parameter at index 0"),
+    ("Adam", {"betas": (0.9, 1.0)}, ValueError, "Invalid beta parameter at index 1"),
+    ("Adam", {"weight_decay": -1.0}, ValueError, "Invalid weight_decay value"),
+    ("Adam", {"foreach": True, "fused": True}, RuntimeError, "cannot be `True` together"),
+    ("Adam", {"lr": torch.tensor(0.01), "foreach": True}, ValueError,
+     "lr as a Tensor is not supported for capturable=False and foreach=True"),
+    ("Adam", {"betas": (torch.tensor(0.9), 0.99)}, ValueError,
+     "betas must be either both floats or both Tensors"),
+    ("AdamW", {"lr": -1.0}, ValueError, "Invalid learning rate"),
+    ("AdamW", {"eps": -1.0}, ValueError, "Invalid epsilon value"),
+    ("AdamW", {"betas": (-0.1, 0.9)}, ValueError, "Invalid beta parameter at index 0"),
+    ("AdamW", {"weight_decay": -1.0}, ValueError, "Invalid weight_decay value"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("name", "kwargs", "error", "words"),
+    REFUSALS,
+    ids=[f"{n}-{'-'.join(k)}-{i}" for i, (n, k, _, _) in enumerate(REFUSALS)],
+)
+def test_every_documented_refusal_is_made(name, kwargs, error, words):
+    params = [torch.nn.Parameter(torch.zeros(3, dtype=torch.float64))]
+    with pytest.raises(error, match=re.escape(words)):
+        optimizer = getattr(torch.optim, name)(params, **kwargs)
+        # Some refusals come at the first step (the implementation is chosen there).
+        params[0].grad = torch.ones(3, dtype=torch.float64)
+        optimizer.step()
+
+
+# The edge of each refusal, which must still be accepted (and followed): a learning rate, eps,
+# momentum or weight decay of 0, betas of 0, Nesterov momentum with momentum and no dampening.
+ACCEPTED = [
+    Setting("sgd", lr=0.0, momentum=0.9),
+    Setting("sgd", momentum=0.0, weight_decay=0.0),
+    Setting("sgd", momentum=0.5, nesterov=True, dampening=0.0),
+    Setting("adam", lr=0.0),
+    Setting("adam", eps=0.0, betas=(0.0, 0.0)),
+    Setting("adamw", lr=0.0, weight_decay=0.5),
+]
+
+
+@pytest.mark.parametrize("setting", ACCEPTED, ids=[str(i) for i in range(len(ACCEPTED))])
+def test_the_edge_of_every_refusal_is_accepted_and_followed(setting):
+    params, grads = _data(11)
+    expected = [p.clone() for p in params]
+    (sgd_rule if setting.name == "sgd" else adam_rule)(setting, expected, grads)
+    theirs = [torch.nn.Parameter(p.clone()) for p in params]
+    optimizer = getattr(torch.optim, OPTIMIZERS[setting.name])(theirs, **setting.kwargs())
+    for step_grads in grads:
+        for p, g in zip(theirs, step_grads, strict=True):
+            p.grad = None if g is None else g.clone()
+        optimizer.step()
+    for got, want in zip(theirs, expected, strict=True):
+        torch.testing.assert_close(got.detach(), want, rtol=RTOL, atol=ATOL)
