@@ -111,7 +111,10 @@ def _optimizer(api: str, covered: dict[str, str], gaps: dict[str, str]) -> list[
     return rows
 
 
-_CUDA_GRAPHS = "CUDA graph capture; the CPU path reads it only to refuse a tensor lr on foreach"
+_CUDA_GRAPHS = (
+    "CUDA graph capture: on the CPU its refusal (parameters on an unsupported device) is "
+    "checked, its rule only by the GPU check"
+)
 _DIFFERENTIABLE = (
     "no property yet: torch's SGD cuts the derivative through its first momentum buffer (a "
     "detached copy of the first gradient), so a rule's derivative by the starting weights "

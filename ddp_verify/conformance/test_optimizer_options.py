@@ -230,6 +230,13 @@ REFUSALS = [
      "lr as a Tensor is not supported for capturable=False and foreach=True"),
     ("Adam", {"betas": (torch.tensor(0.9), 0.99)}, ValueError,
      "betas must be either both floats or both Tensors"),
+    ("AdamW", {"lr": torch.tensor(0.01), "foreach": True}, ValueError,
+     "lr as a Tensor is not supported for capturable=False and foreach=True"),
+    # capturable (CUDA graphs) on parameters of the CPU: refused at the first step.
+    ("Adam", {"capturable": True}, AssertionError,
+     "If capturable=True, params and state_steps must be on supported devices"),
+    ("AdamW", {"capturable": True, "foreach": True}, AssertionError,
+     "If capturable=True, params and state_steps must be on supported devices"),
     ("AdamW", {"lr": -1.0}, ValueError, "Invalid learning rate"),
     ("AdamW", {"eps": -1.0}, ValueError, "Invalid epsilon value"),
     ("AdamW", {"betas": (-0.1, 0.9)}, ValueError, "Invalid beta parameter at index 0"),
@@ -276,3 +283,29 @@ def test_the_edge_of_every_refusal_is_accepted_and_followed(setting):
         optimizer.step()
     for got, want in zip(theirs, expected, strict=True):
         torch.testing.assert_close(got.detach(), want, rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("implementation", ["for_loop", "foreach"])
+@pytest.mark.parametrize(
+    "setting", [s for s, _ in EVERY_OPTION], ids=[str(i) for i in range(len(EVERY_OPTION))]
+)
+def test_a_complex_parameter_follows_the_rule_on_its_real_view(setting, implementation):
+    # torch documents complex parameters as optimised through their real views (real and
+    # imaginary parts as two real numbers each): the rule on the view is what they must get.
+    if implementation == "foreach" and _refused(setting, implementation):
+        pytest.skip("a tensor lr or betas on foreach without capturable: refused, above")
+    generator = torch.Generator().manual_seed(17)
+    start = torch.randn(3, dtype=torch.complex128, generator=generator)
+    grads = [[torch.randn(3, dtype=torch.complex128, generator=generator)] for _ in range(STEPS)]
+    expected = [torch.view_as_real(start.clone())]
+    rule = sgd_rule if setting.name == "sgd" else adam_rule
+    rule(setting, expected, [[torch.view_as_real(g)] for (g,) in grads])
+    theirs = [torch.nn.Parameter(start.clone())]
+    optimizer = getattr(torch.optim, OPTIMIZERS[setting.name])(
+        theirs, **setting.kwargs(), **IMPLEMENTATIONS[implementation]
+    )
+    for (g,) in grads:
+        theirs[0].grad = g.clone()
+        optimizer.step()
+    torch.testing.assert_close(torch.view_as_real(theirs[0].detach()), expected[0],
+                               rtol=RTOL, atol=ATOL)  # fmt: skip

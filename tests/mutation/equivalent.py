@@ -32,6 +32,16 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "another permutation, still a function of (seed, epoch) alone, the same on every rank "
         "and different for every epoch: all DistributedSampler and set_epoch document"
     ),
+    ("torch.optim.adamw", "AdamW.__setstate__", "reversed-iteration",
+     "for ... in self.param_groups -> reversed(list(...))"): (
+        "the loop sets one constant (decoupled_weight_decay = True) in each param group, each "
+        "group on its own: the order it visits them in leaves the same groups"
+    ),
+    ("torch.optim.lr_scheduler", "LRScheduler.__init__", "reversed-iteration",
+     "for ... in optimizer.param_groups -> reversed(list(...))"): (
+        "the loop gives each param group its own initial_lr (setdefault from the group's own "
+        "lr), each group on its own: the order it visits them in leaves the same groups"
+    ),
 }  # fmt: skip
 
 
