@@ -69,6 +69,7 @@ APIS: dict[str, str] = {
     "torch.optim.SGD": "init",
     "torch.optim.Adam": "init",
     "torch.optim.AdamW": "init",
+    "torch.optim.lr_scheduler.StepLR": "init",
     "torch.distributed.optim.PostLocalSGDOptimizer": "init",
     "torch.distributed.nn.functional.all_gather": "call",
     "torch.distributed.nn.functional.all_reduce": "call",
@@ -328,12 +329,23 @@ ENTRIES: tuple[Entry, ...] = (
              "weight_decay": "0, 0.01, 0.1; negative refused", "amsgrad": "on and off",
              "maximize": "on and off", "foreach": "the for-loop and foreach paths",
              "fused": "where this build has the path (with foreach: refused)",
-             "step()": "4 steps",
-             **({"decoupled_weight_decay": "AdamW's rule"} if api == "torch.optim.Adam"
-                else {})},
+             # AdamW steps through Adam's step(), which is Adam's row.
+             **({"decoupled_weight_decay": "AdamW's rule", "step()": "4 steps"}
+                if api == "torch.optim.Adam" else {})},
             {"capturable": _CUDA_GRAPHS, "differentiable": _DIFFERENTIABLE},
         )
     ),
+    *(
+        Entry("torch.optim.lr_scheduler.StepLR", member, COVERED,
+              ("test_lr_schedulers::test_each_scheduler_follows_its_documented_schedule",), why)
+        for member, why in (
+            ("optimizer", "SGD with two param groups, each its own base learning rate"),
+            ("step_size", "3"), ("gamma", "0.5"),
+            ("get_lr()", "through step() and get_last_lr(), 10 epochs"),
+        )
+    ),
+    Entry("torch.optim.lr_scheduler.StepLR", "last_epoch", GAP, (),
+          "resuming a schedule from a later epoch: no property yet"),
     # -- torch.distributed.optim -------------------------------------------------------------
     _e("torch.distributed.optim.ZeroRedundancyOptimizer", "params", COVERED, _ZERO),
     _e("torch.distributed.optim.ZeroRedundancyOptimizer", "optimizer_class", COVERED, _ZERO,
@@ -558,7 +570,13 @@ def _public_methods(cls: type) -> list[str]:
         if not klass.__module__.startswith("torch.distributed") and klass is not cls:
             continue
         for name, value in vars(klass).items():
-            if not name.startswith("_") and inspect.isfunction(value):
+            if name.startswith("_") or not inspect.isfunction(value):
+                continue
+            # An optimizer puts a profiling wrapper of its class's step on the class once it
+            # is built (AdamW gets one of Adam's): the method is the class's own only where
+            # what it wraps was defined there.
+            defined = inspect.unwrap(value).__qualname__.rpartition(".")[0]
+            if defined in (klass.__qualname__, ""):
                 found.append(f"{name}()")
     return sorted(set(found))
 

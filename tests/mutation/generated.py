@@ -57,6 +57,7 @@ FIRST: dict[str, tuple[str, ...]] = {
     "torch.distributed.algorithms.join": ("test_join",),
     "torch.nn.utils.clip_grad": ("test_optimizers",),
     "torch.optim": ("test_optimizer_options", "test_optimizers", "test_fused_optimizer"),
+    "torch.optim.lr_scheduler": ("test_lr_schedulers", "test_optimizers"),
     "torch.amp": ("test_optimizers",),
     "torch.distributed.nn": ("test_differentiable_collectives",),
     "torch.utils.data": ("test_data",),
