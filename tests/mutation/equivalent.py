@@ -42,6 +42,11 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "the loop gives each param group its own initial_lr (setdefault from the group's own "
         "lr), each group on its own: the order it visits them in leaves the same groups"
     ),
+    ("torch.optim.lr_scheduler", "LRScheduler._update_lr", "reversed-iteration",
+     "for ... in zip(self.optimizer.param_groups, values, strict=True) -> reversed(list(...))"): (
+        "each param group is given its own value, paired with it by zip before the loop: the "
+        "order it visits the pairs in leaves every group the learning rate it was given"
+    ),
 }  # fmt: skip
 
 
