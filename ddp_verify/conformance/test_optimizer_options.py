@@ -127,17 +127,23 @@ def _data(seed: int) -> tuple[list[torch.Tensor], list[list[Any]]]:
 def settings(draw: st.DrawFn) -> Setting:
     name = draw(st.sampled_from(["sgd", "adam", "adamw"]))
     maximize = draw(st.booleans())
-    common = {
-        "lr": draw(st.sampled_from([0.01, 0.05, 0.3])),
-        "maximize": maximize,
-        "weight_decay": draw(st.sampled_from([0.0, 0.01, 0.1])),
-        "tensor_lr": draw(st.booleans()),
-    }
+    lr = draw(st.sampled_from([0.01, 0.05, 0.3]))
+    weight_decay = draw(st.sampled_from([0.0, 0.01, 0.1]))
+    tensor_lr = draw(st.booleans())
     if name == "sgd":
         momentum = draw(st.sampled_from([0.0, 0.5, 0.9]))
         nesterov = momentum > 0 and draw(st.booleans())
         dampening = 0.0 if nesterov else draw(st.sampled_from([0.0, 0.3]))
-        return Setting(name, momentum=momentum, dampening=dampening, nesterov=nesterov, **common)
+        return Setting(
+            name,
+            lr=lr,
+            momentum=momentum,
+            dampening=dampening,
+            nesterov=nesterov,
+            weight_decay=weight_decay,
+            maximize=maximize,
+            tensor_lr=tensor_lr,
+        )
     return Setting(
         name,
         betas=(draw(st.sampled_from([0.0, 0.5, 0.9])), draw(st.sampled_from([0.5, 0.99]))),
@@ -145,7 +151,10 @@ def settings(draw: st.DrawFn) -> Setting:
         amsgrad=draw(st.booleans()),
         decoupled=name == "adam" and draw(st.booleans()),
         tensor_betas=draw(st.booleans()),
-        **common,
+        lr=lr,
+        weight_decay=weight_decay,
+        maximize=maximize,
+        tensor_lr=tensor_lr,
     )
 
 
