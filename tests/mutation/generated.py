@@ -58,7 +58,7 @@ FIRST: dict[str, tuple[str, ...]] = {
     "torch.nn.utils.clip_grad": ("test_optimizers",),
     "torch.optim": ("test_optimizer_options", "test_optimizers", "test_fused_optimizer"),
     "torch.optim.lr_scheduler": ("test_lr_schedulers", "test_optimizers"),
-    "torch.amp": ("test_optimizers",),
+    "torch.amp": ("test_grad_scaler", "test_optimizers"),
     "torch.distributed.nn": ("test_differentiable_collectives",),
     "torch.utils.data": ("test_data",),
     "torch.distributed.optim.zero_redundancy_optimizer": ("test_zero",),
