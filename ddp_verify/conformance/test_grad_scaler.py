@@ -2,7 +2,8 @@
 ``scale`` multiplies the loss by the current scale; ``step`` steps the optimizer on the
 unscaled gradients unless one is inf or NaN, and skips the step then; ``update`` multiplies
 the scale by ``backoff_factor`` after a skipped step and by ``growth_factor`` after
-``growth_interval`` steps in a row that were not; ``unscale_`` once per optimizer between
+``growth_interval`` steps in a row that were not (a growth factor of at most 1, or a backoff
+of at least 1, refused); ``unscale_`` once per optimizer between
 updates (a second call is refused); ``state_dict`` carries the schedule to a new scaler; and
 ``enabled=False`` leaves everything as it would be without a scaler. A scaler that skips a
 step it should take, or takes one it should skip, moves every rank alike: no comparison of
@@ -11,6 +12,7 @@ ranks sees it."""
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -106,6 +108,24 @@ def test_a_second_unscale_before_update_is_refused():
     scaler.unscale_(optimizer)
     with pytest.raises(RuntimeError, match="unscale_\\(\\) has already been called"):
         scaler.unscale_(optimizer)
+
+
+@pytest.mark.parametrize(
+    ("settings", "words"),
+    [
+        ({"growth_factor": 1.0}, "The growth factor must be > 1.0."),
+        ({"growth_factor": 0.5}, "The growth factor must be > 1.0."),
+        ({"backoff_factor": 1.0}, "The backoff factor must be < 1.0."),
+        ({"backoff_factor": 2.0}, "The backoff factor must be < 1.0."),
+    ],
+)
+def test_a_schedule_that_cannot_back_off_or_grow_is_refused(settings, words):
+    # A growth factor of at most 1 or a backoff of at least 1 would never shrink a scale
+    # that overflows (or never grow one): the constructor refuses both, at their edge too.
+    with pytest.raises(AssertionError, match=re.escape(words)):
+        torch.amp.GradScaler("cpu", **settings)
+    # Just inside the edge: accepted.
+    torch.amp.GradScaler("cpu", growth_factor=1.0 + 1e-6, backoff_factor=1.0 - 1e-6)
 
 
 def test_the_state_dict_carries_the_schedule_to_a_new_scaler():

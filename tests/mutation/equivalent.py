@@ -47,6 +47,12 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "each param group is given its own value, paired with it by zip before the loop: the "
         "order it visits the pairs in leaves every group the learning rate it was given"
     ),
+    ("torch.amp.grad_scaler", "GradScaler._unscale_grads_", "reversed-iteration",
+     "for ... in per_dtype_grads.values() -> reversed(list(...))"): (
+        "each (device, dtype) group of gradients is unscaled in place by the same inverse "
+        "scale and checked into its device's found_inf, which only ever becomes 1: the order "
+        "the groups are visited in leaves the same gradients and the same flags"
+    ),
 }  # fmt: skip
 
 
