@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from ddp_verify.parity.launchers import parse_launcher
+from ddp_verify.parity.launch import _free_port
+from ddp_verify.parity.launchers import Launcher, parse_launcher
 from ddp_verify.parity.layouts import Layout, LayoutError
 from ddp_verify.parity.recording import Recording
 from ddp_verify.parity.run import run_parity
@@ -90,7 +91,7 @@ def test_srun_gives_every_task_the_layout_and_the_boot_maps_slurms_variables(tmp
     # What --launcher srun starts: one srun for the whole layout, one task a rank.
     launcher = parse_launcher("torchrun")
     assert launcher.local
-    srun = type(launcher)("srun", ("--partition", "debug"))
+    srun = Launcher("srun", ("--partition", "debug"))
     (argv,), env = srun.commands(Layout(4, 1), 2, port=12345, run_id="r")
     assert argv[:9] == ["srun", "--nodes", "2", "--ntasks", "4", "--ntasks-per-node", "2",
                         "--kill-on-bad-exit=1", "--partition"]  # fmt: skip
@@ -118,14 +119,6 @@ def test_srun_gives_every_task_the_layout_and_the_boot_maps_slurms_variables(tmp
         out, _ = task.communicate(timeout=120)
         assert task.returncode == 0, out.decode(errors="replace")
     assert _group_sizes(tmp_path) == [2, 2]
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.mark.skipif(shutil.which("srun") is None, reason="no Slurm here: srun is not on PATH")
