@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any
 
 import torch
@@ -895,3 +896,158 @@ for _hook in (fp16_wrapped_allreduce_hook, bf16_wrapped_allreduce_hook):
         "bucket": dist.GradBucket,
         "return": torch.futures.Future[torch.Tensor],
     }
+
+
+def sync_batch_norm_on_cpu() -> str | None:
+    """A training forward of SyncBatchNorm on CPU tensors under the process group: the
+    ValueError's message, or None where it trained."""
+    layer = torch.nn.SyncBatchNorm(2).train()
+    try:
+        layer(torch.randn(4, 2))
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+# Each name torch has for the collective (torch 2.13 renamed them, the old names deprecated).
+GATHERS_INTO_A_TENSOR = tuple(
+    n for n in ("all_gather_into_tensor", "all_gather_single") if hasattr(dist, n)
+)
+REDUCE_SCATTERS_OF_A_TENSOR = tuple(
+    n for n in ("reduce_scatter_tensor", "reduce_scatter_single") if hasattr(dist, n)
+)
+
+
+def collective_inputs(seed: int, rank: int, shape: tuple[int, ...], dtype: str) -> torch.Tensor:
+    """Rank ``rank``'s input to a collective: small integers (every sum, product and average
+    exact in float64), different for every rank and seed."""
+    generator = torch.Generator().manual_seed(seed * 1009 + rank)
+    return torch.randint(-3, 4, shape, generator=generator).to(getattr(torch, dtype))
+
+
+def tensor_collectives(
+    seed: int,
+    grouping: tuple[Any, ...],
+    op: str,
+    dtype: str,
+    root: int,
+    by_group_rank: bool,
+    async_op: bool,
+) -> dict[str, Any] | None:
+    """Every tensor collective of c10d over the group ``grouping`` makes for this rank (see
+    :func:`group_of`), each rank's inputs from :func:`collective_inputs`; ``root`` is the
+    group rank (modulo the group's size) a rooted collective (broadcast, reduce, gather,
+    scatter) starts from or ends at, named by its global rank or (``by_group_rank``) its
+    group rank. Returns what each collective left, with the group's view of itself; for a
+    rank outside the group, what the calls returned and whether they left its tensors
+    alone."""
+    rank = dist.get_rank()
+    group, created = group_of(grouping)
+    try:
+        return _collectives(seed, group, rank, op, dtype, root, by_group_rank, async_op)
+    finally:
+        for made in created:
+            if made not in (None, dist.GroupMember.NON_GROUP_MEMBER):
+                dist.destroy_process_group(made)
+
+
+def group_of(grouping: tuple[Any, ...]) -> tuple[Any, list[Any]]:
+    """The group this rank runs collectives over, and the groups made for it (to destroy):
+    ``("default",)``, the world; ``("new_group", ranks)``; ``("new_subgroups", size)``, the
+    rank's block of ``size``; ``("by_enumeration", ranks_lists)``, the rank's list (None
+    where it is in none)."""
+    kind = grouping[0]
+    if kind == "default":
+        return None, []
+    if kind == "new_group":
+        group = dist.new_group(list(grouping[1]))
+        return group, [group]
+    if kind == "new_subgroups":
+        mine, every = dist.new_subgroups(group_size=grouping[1])
+        return mine, list(every)
+    if kind == "by_enumeration":
+        mine, every = dist.new_subgroups_by_enumeration([list(r) for r in grouping[1]])
+        # None for a rank in no subgroup: it is outside, not in the default group.
+        return mine or dist.GroupMember.NON_GROUP_MEMBER, list(every)
+    raise ValueError(f"no grouping {kind!r}")
+
+
+def _collectives(seed: int, group: Any, rank: int, op: str, dtype: str, root: int,
+                 by_group_rank: bool, async_op: bool) -> dict[str, Any]:  # fmt: skip
+    member = group is None or group is not dist.GroupMember.NON_GROUP_MEMBER
+    size = dist.get_world_size(group) if member else 0
+    reduce_op = getattr(dist.ReduceOp, op)
+    out: dict[str, Any] = {
+        "rank": dist.get_rank(group) if group is not None else dist.get_rank(),
+        "size": size,
+        "ranks": dist.get_process_group_ranks(group or dist.group.WORLD) if member else None,
+    }
+    if member:
+        ranks, root = out["ranks"], root % size  # a root beyond a small group wraps round
+        out["global_of_root"] = dist.get_global_rank(group or dist.group.WORLD, root)
+        out["group_rank_of_self"] = dist.get_group_rank(group or dist.group.WORLD, rank)
+        where = {"group_src": root} if by_group_rank else {"src": ranks[root]}
+        to = {"group_dst": root} if by_group_rank else {"dst": ranks[root]}
+    else:  # outside the group: no global rank maps into it, so the root by group rank
+        where, to = {"group_src": 0}, {"group_dst": 0}
+    n = max(size, 1)
+
+    def mine(shape: tuple[int, ...], offset: int = 0) -> torch.Tensor:
+        return collective_inputs(seed + offset, rank, shape, dtype)
+
+    returned: dict[str, Any] = {}
+
+    def done(name: str, result: Any) -> None:
+        returned[name] = result is None
+        if async_op and result is not None:
+            result.wait()
+
+    x = mine((3,))
+    done("all_reduce", dist.all_reduce(x, op=reduce_op, group=group, async_op=async_op))
+    out["all_reduce"] = x.tolist()
+
+    x = mine((3,), 1)
+    done("broadcast", dist.broadcast(x, group=group, async_op=async_op, **where))
+    out["broadcast"] = x.tolist()
+
+    x = mine((3,), 2)
+    done("reduce", dist.reduce(x, op=reduce_op, group=group, async_op=async_op, **to))
+    out["reduce"] = x.tolist()
+
+    x = mine((2,), 3)
+    gathered = [torch.zeros_like(x) for _ in range(n)]
+    done("all_gather", dist.all_gather(gathered, x, group=group, async_op=async_op))
+    out["all_gather"] = [t.tolist() for t in gathered]
+
+    for name in GATHERS_INTO_A_TENSOR:
+        flat = torch.zeros(2 * n, dtype=x.dtype)
+        with warnings.catch_warnings():  # the older name is deprecated, not gone
+            warnings.simplefilter("ignore", FutureWarning)
+            done(name, getattr(dist, name)(flat, x, group=group, async_op=async_op))
+        out[name] = flat.tolist()
+
+    is_root = member and out["rank"] == root
+    into = [torch.zeros_like(x) for _ in range(n)] if is_root else None
+    done("gather", dist.gather(x, into, group=group, async_op=async_op, **to))
+    out["gather"] = None if into is None else [t.tolist() for t in into]
+
+    pieces = [mine((2,), 10 + j) for j in range(n)] if is_root else None
+    received = torch.zeros(2, dtype=x.dtype)
+    done("scatter", dist.scatter(received, pieces, group=group, async_op=async_op, **where))
+    out["scatter"] = received.tolist()
+
+    x = mine((2 * n,), 4)
+    for name in REDUCE_SCATTERS_OF_A_TENSOR:
+        part = torch.zeros(2, dtype=x.dtype)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            done(name, getattr(dist, name)(part, x, op=reduce_op, group=group, async_op=async_op))
+        out[name] = part.tolist()
+
+    x = mine((2 * n,), 5)
+    exchanged = torch.zeros(2 * n, dtype=x.dtype)
+    done("all_to_all_single",
+         dist.all_to_all_single(exchanged, x, group=group, async_op=async_op))  # fmt: skip
+    out["all_to_all_single"] = exchanged.tolist()
+    out["returned_none"] = returned
+    return out

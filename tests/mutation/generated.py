@@ -63,11 +63,11 @@ FIRST: dict[str, tuple[str, ...]] = {
     "torch.utils.data": ("test_data",),
     "torch.distributed.optim.zero_redundancy_optimizer": ("test_zero",),
     "torch.nn.parallel": ("test_ddp_options", "test_join", "test_fused_optimizer"),
-    "torch.nn.modules.batchnorm": ("test_ddp_options",),
+    "torch.nn.modules.batchnorm": ("test_batch_norm", "test_ddp_options"),
     "torch.distributed.fsdp": ("test_fsdp",),
     "torch.distributed.tensor": ("test_fsdp",),
     "torch.distributed.checkpoint": ("test_fsdp", "test_zero"),
-    "torch.distributed.distributed_c10d": ("test_object_collectives", "test_ddp_options"),
+    "torch.distributed.distributed_c10d": ("test_collectives", "test_object_collectives"),
 }
 
 

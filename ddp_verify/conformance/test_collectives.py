@@ -1,0 +1,185 @@
+"""c10d's tensor collectives against what each is documented to leave on every rank,
+computed here from every rank's inputs: ``all_reduce`` and ``reduce`` (every ``ReduceOp``
+the backend takes, on the dtypes it takes them), ``broadcast``, ``all_gather`` and
+``all_gather_into_tensor`` (``all_gather_single``), ``gather``, ``scatter``,
+``reduce_scatter_tensor`` (``reduce_scatter_single``) and ``all_to_all_single``, synchronous
+and with ``async_op=True``; over the default group and over the groups ``new_group``,
+``new_subgroups`` and ``new_subgroups_by_enumeration`` make, subgroups that are not the
+world included, their roots named by global rank or by group rank (``group_src`` /
+``group_dst``). A rank outside a group gets ``None`` back and keeps its tensors as they
+were; a group reports its members, sizes and rank mappings as documented.
+
+Data-parallel code reaches all of these (DDP and ZeRO over a subgroup, FSDP2's
+reduce-scatters, hierarchical averaging); a collective that delivers the wrong rank's chunk,
+reduces by the wrong op or over the wrong members trains every rank alike, wrongly."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from hypothesis import strategies as st
+
+from ddp_verify.conformance import jobs
+
+# The ops gloo reduces, and the dtypes each applies to (the bitwise ones to integers).
+OPS = {"SUM": ("float64", "int64"), "PRODUCT": ("float64", "int64"), "MIN": ("float64", "int64"),
+       "MAX": ("float64", "int64"), "AVG": ("float64",), "BAND": ("int64",), "BOR": ("int64",),
+       "BXOR": ("int64",)}  # fmt: skip
+
+
+def _reduced(op: str, values: list[torch.Tensor]) -> torch.Tensor:
+    stacked = torch.stack(values)
+    if op == "SUM":
+        return stacked.sum(0)
+    if op == "PRODUCT":
+        return stacked.prod(0)
+    if op == "MIN":
+        return stacked.min(0).values
+    if op == "MAX":
+        return stacked.max(0).values
+    if op == "AVG":
+        return stacked.sum(0) / len(values)
+    out = values[0].clone()
+    for v in values[1:]:
+        out = {"BAND": out & v, "BOR": out | v, "BXOR": out ^ v}[op]
+    return out
+
+
+def _groups(world_size: int) -> st.SearchStrategy[tuple[Any, ...]]:
+    """The groupings of :func:`jobs.group_of`: the default group, any nonempty subset by
+    ``new_group``, blocks by ``new_subgroups``, and a partition of some ranks (others left
+    in no subgroup) by ``new_subgroups_by_enumeration``."""
+    ranks = list(range(world_size))
+    subset = st.lists(st.sampled_from(ranks), min_size=1, unique=True).map(sorted).map(tuple)
+    sizes = [d for d in [*ranks[1:], world_size] if world_size % d == 0]
+
+    @st.composite
+    def enumeration(draw: st.DrawFn) -> tuple[Any, ...]:
+        chosen = draw(st.permutations(ranks))[: draw(st.integers(1, world_size))]
+        cuts = sorted(draw(st.sets(st.integers(1, max(1, len(chosen) - 1)), max_size=2)))
+        parts, start = [], 0
+        for cut in [*cuts, len(chosen)]:
+            if cut > start:
+                parts.append(tuple(sorted(chosen[start:cut])))
+                start = cut
+        return ("by_enumeration", tuple(parts))
+
+    return st.one_of(
+        st.just(("default",)),
+        subset.map(lambda s: ("new_group", s)),
+        st.sampled_from(sizes).map(lambda d: ("new_subgroups", d)),
+        enumeration(),
+    )
+
+
+def _members(grouping: tuple[Any, ...], rank: int, world_size: int) -> list[int] | None:
+    """The global ranks of ``rank``'s group, in group-rank order; None outside any."""
+    kind = grouping[0]
+    if kind == "default":
+        return list(range(world_size))
+    if kind == "new_group":
+        return list(grouping[1]) if rank in grouping[1] else None
+    if kind == "new_subgroups":
+        start = rank // grouping[1] * grouping[1]
+        return list(range(start, start + grouping[1]))
+    return next((list(p) for p in grouping[1] if rank in p), None)
+
+
+def _expected(case: tuple[Any, ...], rank: int, world_size: int) -> dict[str, Any]:
+    seed, grouping, op, dtype, root = case[:5]
+    members = _members(grouping, rank, world_size)
+
+    def inputs(r: int, shape: tuple[int, ...], offset: int = 0) -> torch.Tensor:
+        return jobs.collective_inputs(seed + offset, r, shape, dtype)
+
+    if members is None:  # every call returns None and leaves the rank's tensors alone
+        return {
+            "rank": -1, "size": 0, "ranks": None,
+            "all_reduce": inputs(rank, (3,)).tolist(),
+            "broadcast": inputs(rank, (3,), 1).tolist(),
+            "reduce": inputs(rank, (3,), 2).tolist(),
+            "all_gather": [[0, 0]], "gather": None, "scatter": [0, 0],
+            "all_to_all_single": [0, 0],
+            **{name: [0, 0] for name in jobs.GATHERS_INTO_A_TENSOR},
+            **{name: [0, 0] for name in jobs.REDUCE_SCATTERS_OF_A_TENSOR},
+        }  # fmt: skip
+    n, me = len(members), members.index(rank)
+    root = root % n
+    chunks = lambda r, offset: inputs(r, (2 * n,), offset).view(n, 2)  # noqa: E731
+    want: dict[str, Any] = {
+        "rank": me, "size": n, "ranks": members,
+        "global_of_root": members[root], "group_rank_of_self": me,
+        "all_reduce": _reduced(op, [inputs(r, (3,)) for r in members]).tolist(),
+        "broadcast": inputs(members[root], (3,), 1).tolist(),
+        "all_gather": [inputs(r, (2,), 3).tolist() for r in members],
+        "gather": [inputs(r, (2,), 3).tolist() for r in members] if me == root else None,
+        "scatter": jobs.collective_inputs(seed + 10 + me, members[root], (2,), dtype).tolist(),
+        "all_to_all_single": torch.cat([chunks(r, 5)[me] for r in members]).tolist(),
+    }  # fmt: skip
+    for name in jobs.GATHERS_INTO_A_TENSOR:
+        want[name] = torch.cat([inputs(r, (2,), 3) for r in members]).tolist()
+    for name in jobs.REDUCE_SCATTERS_OF_A_TENSOR:
+        want[name] = _reduced(op, [chunks(r, 4)[me] for r in members]).tolist()
+    if me == root:  # only the destination's tensor is documented after a reduce
+        want["reduce"] = _reduced(op, [inputs(r, (3,), 2) for r in members]).tolist()
+    return want
+
+
+def _close(got: Any, want: Any) -> bool:
+    if isinstance(want, list) and isinstance(got, list):
+        return len(got) == len(want) and all(_close(g, w) for g, w in zip(got, want, strict=True))
+    if isinstance(want, float) and isinstance(got, float):
+        return math.isclose(got, want, rel_tol=1e-12, abs_tol=1e-12)
+    return bool(got == want)
+
+
+def test_tensor_collectives_leave_what_is_documented_on_every_rank(world, prove):
+    world_size = world.size
+
+    @st.composite
+    def cases(draw: st.DrawFn) -> tuple[Any, ...]:
+        op = draw(st.sampled_from(sorted(OPS)))
+        return (
+            draw(st.integers(0, 2**16)),
+            draw(_groups(world_size)),
+            op,
+            draw(st.sampled_from(OPS[op])),
+            draw(st.integers(0, world_size - 1)),  # the root's group rank (mod its size)
+            draw(st.booleans()),
+            draw(st.booleans()),
+        )
+
+    def check(case: tuple[Any, ...]) -> None:
+        seed, grouping, op, dtype, root, by_group_rank, async_op = case
+        # The root as a group rank of the group each rank is in (the job takes it as given).
+        results = world.run(jobs.tensor_collectives, seed, grouping, op, dtype,
+                            root, by_group_rank, async_op)  # fmt: skip
+        for rank, got in enumerate(results):
+            want = _expected(case, rank, world_size)
+            assert got is not None
+            for name, value in want.items():
+                assert _close(got.get(name), value), (
+                    f"{name} over {grouping} ({op}, {dtype}, root {root}, "
+                    f"{'group_src/group_dst' if by_group_rank else 'src/dst'}, "
+                    f"async_op={async_op}): rank {rank} holds {got.get(name)!r}, documented "
+                    f"{value!r}"
+                )
+            inside = want["ranks"] is not None
+            for name, none in got["returned_none"].items():
+                assert none != (inside and async_op), (
+                    f"{name} on rank {rank} ({'a member' if inside else 'outside the group'}"
+                    f", async_op={async_op}) returned "
+                    f"{'None' if none else 'a work handle'}"
+                )
+
+    prove(
+        cases(),
+        check,
+        examples=[
+            (1, ("default",), "SUM", "float64", 1 % world_size, False, False),
+            (2, ("new_group", (world_size - 1,)), "AVG", "float64", 0, True, True),
+            (3, ("by_enumeration", ((world_size - 1,),)), "BXOR", "int64", 0, False, False),
+        ],
+    )
