@@ -925,6 +925,12 @@ def collective_inputs(seed: int, rank: int, shape: tuple[int, ...], dtype: str) 
     return torch.randint(-3, 4, shape, generator=generator).to(getattr(torch, dtype))
 
 
+def uneven_split(seed: int, sender: int, receiver: int) -> int:
+    """How many values the group's rank ``sender`` sends ``receiver`` in an uneven
+    ``all_to_all_single``: 0 to 2."""
+    return (seed + 3 * sender + 5 * receiver) % 3
+
+
 def tensor_collectives(
     seed: int,
     grouping: tuple[Any, ...],
@@ -953,14 +959,16 @@ def tensor_collectives(
 
 def group_of(grouping: tuple[Any, ...]) -> tuple[Any, list[Any]]:
     """The group this rank runs collectives over, and the groups made for it (to destroy):
-    ``("default",)``, the world; ``("new_group", ranks)``; ``("new_subgroups", size)``, the
+    ``("default",)``, the world; ``("new_group", ranks, sort_ranks)`` (ranks in the order
+    given; ``sort_ranks=False`` keeps it); ``("new_subgroups", size)``, the
     rank's block of ``size``; ``("by_enumeration", ranks_lists)``, the rank's list (None
     where it is in none)."""
     kind = grouping[0]
     if kind == "default":
         return None, []
-    if kind == "new_group":
-        group = dist.new_group(list(grouping[1]))
+    if kind == "new_group":  # ("new_group", ranks, sort_ranks)
+        sorting = {} if grouping[2] else {"sort_ranks": False}
+        group = dist.new_group(list(grouping[1]), **sorting)
         return group, [group]
     if kind == "new_subgroups":
         mine, every = dist.new_subgroups(group_size=grouping[1])
@@ -1049,5 +1057,58 @@ def _collectives(seed: int, group: Any, rank: int, op: str, dtype: str, root: in
     done("all_to_all_single",
          dist.all_to_all_single(exchanged, x, group=group, async_op=async_op))  # fmt: skip
     out["all_to_all_single"] = exchanged.tolist()
+
+    if member:  # uneven splits, empty ones among them, as a group-rank matrix of the seed
+        me = out["rank"]
+        sent = [uneven_split(seed, me, j) for j in range(n)]
+        received_sizes = [uneven_split(seed, j, me) for j in range(n)]
+    else:
+        sent = received_sizes = [0]
+    x = mine((sum(sent),), 6)
+    exchanged = torch.zeros(sum(received_sizes), dtype=x.dtype)
+    done("all_to_all_single_uneven",
+         dist.all_to_all_single(exchanged, x, received_sizes, sent, group=group,
+                                async_op=async_op))  # fmt: skip
+    out["all_to_all_single_uneven"] = exchanged.tolist()
     out["returned_none"] = returned
     return out
+
+
+def collective_refusals() -> dict[str, str | None]:
+    """Each call c10d documents as invalid, made the same way on every rank (so that no rank
+    goes on into a collective the others refused): its error as ``Type: message``, or None
+    where it was accepted."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+    t = torch.ones(2)
+    others = [torch.ones(2) for _ in range(size)]
+    calls: dict[str, Any] = {
+        "broadcast with src and group_src": lambda: dist.broadcast(t, src=0, group_src=0),
+        "broadcast without a source": lambda: dist.broadcast(t),
+        "reduce with dst and group_dst": lambda: dist.reduce(t, dst=0, group_dst=0),
+        "gather_list on the wrong ranks": lambda: dist.gather(
+            t, None if rank == 0 else others, dst=0
+        ),
+        "scatter_list on the wrong ranks": lambda: dist.scatter(
+            t, None if rank == 0 else others, src=0
+        ),
+        "all_gather into tensors of mixed dtypes": lambda: dist.all_gather(
+            [t.double() if i == 0 else t for i in range(size)], t
+        ),
+        "all_reduce of a list": lambda: dist.all_reduce([t]),
+        "new_group with a rank beyond the world": lambda: dist.new_group([size]),
+        "new_subgroups larger than the world": lambda: dist.new_subgroups(group_size=size + 1),
+        "new_subgroups of size 0": lambda: dist.new_subgroups(group_size=0),
+        "new_subgroups_by_enumeration of nothing": lambda: dist.new_subgroups_by_enumeration([]),
+        "new_subgroups_by_enumeration with a rank twice": (
+            lambda: dist.new_subgroups_by_enumeration([[0], list(range(size))])
+        ),
+    }
+    said: dict[str, str | None] = {}
+    for name, call in calls.items():
+        try:
+            call()
+        except (ValueError, TypeError, RuntimeError) as exc:
+            said[name] = f"{type(exc).__name__}: {exc}"
+        else:
+            said[name] = None
+    return said

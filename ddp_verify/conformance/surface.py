@@ -25,6 +25,8 @@ import inspect
 import sys
 from typing import Any
 
+import torch.distributed as _dist
+
 __all__ = ["APIS", "ENTRIES", "Entry", "find", "members", "table"]
 
 COVERED, GAP, OUT = "covered", "gap", "out of scope"
@@ -88,6 +90,37 @@ APIS: dict[str, str] = {
     "torch.distributed.checkpoint.state_dict.get_state_dict": "call",
     "torch.distributed.checkpoint.state_dict.set_state_dict": "call",
     "torch.distributed.checkpoint.state_dict.StateDictOptions": "init",
+    "torch.nn.BatchNorm1d": "init",
+    "torch.nn.BatchNorm2d": "init",
+    "torch.nn.BatchNorm3d": "init",
+    "torch.nn.SyncBatchNorm": "init",
+    "torch.nn.SyncBatchNorm.convert_sync_batchnorm": "call",
+    "torch.amp.GradScaler": "init",
+    **{
+        f"torch.distributed.{name}": "call"
+        for name in (
+            "all_reduce",
+            "broadcast",
+            "reduce",
+            "all_gather",
+            "all_gather_into_tensor",
+            "all_gather_single",
+            "gather",
+            "scatter",
+            "reduce_scatter_tensor",
+            "reduce_scatter_single",
+            "all_to_all_single",
+            "new_group",
+            "new_subgroups",
+            "new_subgroups_by_enumeration",
+            "get_rank",
+            "get_world_size",
+            "get_group_rank",
+            "get_global_rank",
+            "get_process_group_ranks",
+        )
+        if hasattr(_dist, name)
+    },  # torch 2.13 renamed two (the old names deprecated)
 }
 
 _OPTIONS = "test_ddp_options::test_ddp_option_keeps_training_equivalent"
@@ -156,6 +189,128 @@ _DELAYED = tuple(
 _MICRO = "test_fsdp::test_micro_batching_without_resharding_matches_the_reference"
 _DIVIDE = "test_fsdp::test_gradient_divide_factor_replaces_the_world_size"
 
+_NORM = "test_batch_norm::test_batch_norm_normalises_and_tracks_as_documented"
+_CONVERT = "test_batch_norm::test_convert_sync_batchnorm_carries_every_setting_parameter_and_buffer"
+_SYNC_CPU = (
+    "test_batch_norm::test_sync_batch_norm_refuses_to_train_on_cpu_tensors_under_a_process_group"
+)
+_SCALER = "test_grad_scaler::test_the_scaler_steps_skips_and_schedules_as_documented"
+_COLLECTIVES = "test_collectives::test_tensor_collectives_leave_what_is_documented_on_every_rank"
+_OPS = "every ReduceOp gloo takes (SUM, PRODUCT, MIN, MAX, AVG; BAND, BOR, BXOR on int64)"
+_GROUPS = "None, new_group, new_subgroups, new_subgroups_by_enumeration; non-members"
+_ASYNC = "False, and True with wait()"
+_ROOTS = "every group rank, named by global rank"
+_GROUP_ROOTS = "every group rank, named by group rank"
+_COLLECTIVE_ROWS = (
+    *(
+        (name, "group", _GROUPS)
+        for name in (
+            "all_reduce",
+            "broadcast",
+            "reduce",
+            "all_gather",
+            "all_gather_into_tensor",
+            "all_gather_single",
+            "gather",
+            "scatter",
+            "reduce_scatter_tensor",
+            "reduce_scatter_single",
+            "all_to_all_single",
+            "get_rank",
+            "get_world_size",
+            "get_group_rank",
+            "get_global_rank",
+            "get_process_group_ranks",
+        )
+    ),
+    *(
+        (name, "async_op", _ASYNC)
+        for name in (
+            "all_reduce",
+            "broadcast",
+            "reduce",
+            "all_gather",
+            "all_gather_into_tensor",
+            "all_gather_single",
+            "gather",
+            "scatter",
+            "reduce_scatter_tensor",
+            "reduce_scatter_single",
+            "all_to_all_single",
+        )
+    ),
+    *(
+        (name, "op", _OPS)
+        for name in ("all_reduce", "reduce", "reduce_scatter_tensor", "reduce_scatter_single")
+    ),
+    ("all_reduce", "tensor", "3 values, float64 and int64"),
+    ("broadcast", "tensor", "3 values"),
+    ("broadcast", "src", _ROOTS),
+    ("broadcast", "group_src", _GROUP_ROOTS),
+    ("reduce", "tensor", "the destination's tensor"),
+    ("reduce", "dst", _ROOTS),
+    ("reduce", "group_dst", _GROUP_ROOTS),
+    ("all_gather", "tensor_list", "one tensor a rank"),
+    ("all_gather", "tensor", "2 values"),
+    *(
+        (name, arg, "the group's concatenation")
+        for name in ("all_gather_into_tensor", "all_gather_single")
+        for arg in ("output_tensor", "input_tensor")
+    ),
+    ("gather", "tensor", "2 values"),
+    ("gather", "gather_list", "on the destination only"),
+    ("gather", "dst", _ROOTS),
+    ("gather", "group_dst", _GROUP_ROOTS),
+    ("scatter", "tensor", "2 values received"),
+    ("scatter", "scatter_list", "on the source"),
+    ("scatter", "src", _ROOTS),
+    ("scatter", "group_src", _GROUP_ROOTS),
+    *(
+        (name, arg, "a chunk a rank")
+        for name in ("reduce_scatter_tensor", "reduce_scatter_single")
+        for arg in ("output", "input")
+    ),
+    ("all_to_all_single", "output", "even and uneven"),
+    ("all_to_all_single", "input", "even and uneven"),
+    ("all_to_all_single", "output_split_sizes", "0 to 2 values a pair of ranks"),
+    ("all_to_all_single", "input_split_sizes", "0 to 2 values a pair of ranks"),
+    ("new_group", "ranks", "any nonempty subset, in any order"),
+    ("new_group", "sort_ranks", "True and False (the order given kept)"),
+    ("new_subgroups", "group_size", "every divisor of the world size"),
+    (
+        "new_subgroups_by_enumeration",
+        "ranks_per_subgroup_list",
+        "partitions of some ranks, the rest in no subgroup",
+    ),
+    ("get_group_rank", "global_rank", "each member"),
+    ("get_global_rank", "group_rank", "the root"),
+)
+_COLLECTIVE_OUT = (
+    *(
+        (
+            name,
+            arg,
+            "the backend and its options: gloo here, NCCL by the GPU check; no "
+            "arithmetic of the group's own",
+        )
+        for name in ("new_group", "new_subgroups", "new_subgroups_by_enumeration")
+        for arg in ("backend", "pg_options")
+    ),
+    *(
+        (name, "timeout", "how long a collective may wait: the world's time-outs, no arithmetic")
+        for name in ("new_group", "new_subgroups", "new_subgroups_by_enumeration")
+    ),
+    *(
+        (name, "group_desc", "a description for logs")
+        for name in ("new_group", "new_subgroups", "new_subgroups_by_enumeration")
+    ),
+    (
+        "new_group",
+        "use_local_synchronization",
+        "when group creation synchronises, not what the group computes",
+    ),
+    ("new_group", "device_id", "eager NCCL communicator creation (GPU)"),
+)
 _DDP = "torch.nn.parallel.DistributedDataParallel"
 _DEFAULT_HOOKS = "torch.distributed.algorithms.ddp_comm_hooks.default_hooks."
 _POWER = "torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook."
@@ -346,6 +501,70 @@ ENTRIES: tuple[Entry, ...] = (
     ),
     Entry("torch.optim.lr_scheduler.StepLR", "last_epoch", GAP, (),
           "resuming a schedule from a later epoch: no property yet"),
+    # -- BatchNorm and SyncBatchNorm -------------------------------------------------------
+    *(
+        _e(f"torch.nn.{cls}", member, COVERED, _NORM, why=why)
+        for cls in ("BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "SyncBatchNorm")
+        for member, why in (
+            ("num_features", "1 to 3 channels"), ("eps", "1e-5 and 0.25"),
+            ("momentum", "0.1, 0.5, 1 and None (the cumulative average)"),
+            ("affine", "on and off"), ("bias", "on and off (the weight alone)"),
+            ("track_running_stats", "on and off (the batch normalises in evaluation)"),
+            ("dtype", "float64"),
+        )
+    ),
+    *(
+        _e(f"torch.nn.{cls}", "device", OUT, why="placement: the CPU here, CUDA by the GPU check")
+        for cls in ("BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "SyncBatchNorm")
+    ),
+    _e("torch.nn.SyncBatchNorm", "process_group", COVERED, _CONVERT, _SYNC_CPU,
+       why="set by the conversion; training under it needs GPUs (its CPU refusal checked)"),
+    _e("torch.nn.SyncBatchNorm", "forward()", COVERED, _NORM, _SYNC_CPU,
+       "test_ddp_options::test_sync_batch_norm_on_uneven_batches",
+       why="without a group, in evaluation, and synchronised on GPUs"),
+    _e("torch.nn.SyncBatchNorm.convert_sync_batchnorm", "module", COVERED, _CONVERT,
+       "test_batch_norm::test_convert_sync_batchnorm_of_a_batchnorm_itself_returns_its_replacement",
+       why="nested BatchNorm1d/2d, frozen, in evaluation, with a qconfig; a BatchNorm itself"),
+    _e("torch.nn.SyncBatchNorm.convert_sync_batchnorm", "process_group", COVERED, _CONVERT,
+       why="None and the world"),
+    # -- torch.amp.GradScaler -----------------------------------------------------------------
+    *(
+        _e("torch.amp.GradScaler", member, COVERED, _SCALER, why=why)
+        for member, why in (
+            ("init_scale", "2**4 and 2**10"), ("growth_factor", "2 and 4"),
+            ("backoff_factor", "0.5 and 0.25"), ("growth_interval", "1 to 3"),
+            ("scale()", "a float64 loss"), ("step()", "skipped on inf and NaN, taken otherwise"),
+            ("update()", "the schedule after every step"), ("get_scale()", "after every step"),
+            ("unscale_()", "before step, as before clipping"),
+        )
+    ),
+    _e("torch.amp.GradScaler", "device", OUT, why="placement: 'cpu' here, CUDA by the GPU check"),
+    _e("torch.amp.GradScaler", "enabled", COVERED,
+       "test_grad_scaler::test_a_disabled_scaler_changes_nothing"),
+    _e("torch.amp.GradScaler", "is_enabled()", COVERED,
+       "test_grad_scaler::test_a_disabled_scaler_changes_nothing"),
+    *(
+        _e("torch.amp.GradScaler", member, COVERED,
+           "test_grad_scaler::test_the_state_dict_carries_the_schedule_to_a_new_scaler")
+        for member in ("state_dict()", "load_state_dict()")
+    ),
+    *(
+        _gap("torch.amp.GradScaler", f"{verb}_{what}()",
+             "the schedule read or changed between steps: no property yet")
+        for verb in ("get", "set") for what in ("growth_factor", "backoff_factor",
+                                               "growth_interval")
+    ),
+    # -- c10d: tensor collectives and groups --------------------------------------------------
+    *(
+        _e(f"torch.distributed.{name}", member, COVERED, _COLLECTIVES, why=why)
+        for name, member, why in _COLLECTIVE_ROWS if hasattr(_dist, name)
+    ),
+    *(
+        _e(f"torch.distributed.{name}", member, OUT, why=why)
+        for name, member, why in _COLLECTIVE_OUT if hasattr(_dist, name)
+    ),
+    _gap("torch.distributed.new_subgroups", "group",
+         "subgroups of a group that is not the world: no property yet"),
     # -- torch.distributed.optim -------------------------------------------------------------
     _e("torch.distributed.optim.ZeroRedundancyOptimizer", "params", COVERED, _ZERO),
     _e("torch.distributed.optim.ZeroRedundancyOptimizer", "optimizer_class", COVERED, _ZERO,

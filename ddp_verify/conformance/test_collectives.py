@@ -2,8 +2,9 @@
 computed here from every rank's inputs: ``all_reduce`` and ``reduce`` (every ``ReduceOp``
 the backend takes, on the dtypes it takes them), ``broadcast``, ``all_gather`` and
 ``all_gather_into_tensor`` (``all_gather_single``), ``gather``, ``scatter``,
-``reduce_scatter_tensor`` (``reduce_scatter_single``) and ``all_to_all_single``, synchronous
-and with ``async_op=True``; over the default group and over the groups ``new_group``,
+``reduce_scatter_tensor`` (``reduce_scatter_single``) and ``all_to_all_single`` (even, and
+split unevenly with empty chunks), synchronous and with ``async_op=True``; over the default
+group and over the groups ``new_group`` (its ranks in any order, ``sort_ranks`` both ways),
 ``new_subgroups`` and ``new_subgroups_by_enumeration`` make, subgroups that are not the
 world included, their roots named by global rank or by group rank (``group_src`` /
 ``group_dst``). A rank outside a group gets ``None`` back and keeps its tensors as they
@@ -15,10 +16,13 @@ reduces by the wrong op or over the wrong members trains every rank alike, wrong
 
 from __future__ import annotations
 
+import inspect
 import math
+import re
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from hypothesis import strategies as st
 
 from ddp_verify.conformance import jobs
@@ -27,6 +31,10 @@ from ddp_verify.conformance import jobs
 OPS = {"SUM": ("float64", "int64"), "PRODUCT": ("float64", "int64"), "MIN": ("float64", "int64"),
        "MAX": ("float64", "int64"), "AVG": ("float64",), "BAND": ("int64",), "BOR": ("int64",),
        "BXOR": ("int64",)}  # fmt: skip
+
+
+# new_group's sort_ranks (torch 2.13): False keeps the ranks in the order given.
+SORT_RANKS = "sort_ranks" in inspect.signature(dist.new_group).parameters
 
 
 def _reduced(op: str, values: list[torch.Tensor]) -> torch.Tensor:
@@ -52,7 +60,7 @@ def _groups(world_size: int) -> st.SearchStrategy[tuple[Any, ...]]:
     ``new_group``, blocks by ``new_subgroups``, and a partition of some ranks (others left
     in no subgroup) by ``new_subgroups_by_enumeration``."""
     ranks = list(range(world_size))
-    subset = st.lists(st.sampled_from(ranks), min_size=1, unique=True).map(sorted).map(tuple)
+    subset = st.lists(st.sampled_from(ranks), min_size=1, unique=True)
     sizes = [d for d in [*ranks[1:], world_size] if world_size % d == 0]
 
     @st.composite
@@ -66,9 +74,14 @@ def _groups(world_size: int) -> st.SearchStrategy[tuple[Any, ...]]:
                 start = cut
         return ("by_enumeration", tuple(parts))
 
+    @st.composite
+    def new_group(draw: st.DrawFn) -> tuple[Any, ...]:
+        ranks = tuple(draw(st.permutations(draw(subset))))
+        return ("new_group", ranks, not SORT_RANKS or draw(st.booleans()))
+
     return st.one_of(
         st.just(("default",)),
-        subset.map(lambda s: ("new_group", s)),
+        new_group(),
         st.sampled_from(sizes).map(lambda d: ("new_subgroups", d)),
         enumeration(),
     )
@@ -79,8 +92,9 @@ def _members(grouping: tuple[Any, ...], rank: int, world_size: int) -> list[int]
     kind = grouping[0]
     if kind == "default":
         return list(range(world_size))
-    if kind == "new_group":
-        return list(grouping[1]) if rank in grouping[1] else None
+    if kind == "new_group":  # by global rank unless told to keep the order given
+        ordered = sorted(grouping[1]) if grouping[2] else list(grouping[1])
+        return ordered if rank in ordered else None
     if kind == "new_subgroups":
         start = rank // grouping[1] * grouping[1]
         return list(range(start, start + grouping[1]))
@@ -101,7 +115,7 @@ def _expected(case: tuple[Any, ...], rank: int, world_size: int) -> dict[str, An
             "broadcast": inputs(rank, (3,), 1).tolist(),
             "reduce": inputs(rank, (3,), 2).tolist(),
             "all_gather": [[0, 0]], "gather": None, "scatter": [0, 0],
-            "all_to_all_single": [0, 0],
+            "all_to_all_single": [0, 0], "all_to_all_single_uneven": [],
             **{name: [0, 0] for name in jobs.GATHERS_INTO_A_TENSOR},
             **{name: [0, 0] for name in jobs.REDUCE_SCATTERS_OF_A_TENSOR},
         }  # fmt: skip
@@ -118,6 +132,12 @@ def _expected(case: tuple[Any, ...], rank: int, world_size: int) -> dict[str, An
         "scatter": jobs.collective_inputs(seed + 10 + me, members[root], (2,), dtype).tolist(),
         "all_to_all_single": torch.cat([chunks(r, 5)[me] for r in members]).tolist(),
     }  # fmt: skip
+    uneven = []
+    for sender in range(n):  # what each group rank sent this one, after what it sent before
+        sizes = [jobs.uneven_split(seed, sender, j) for j in range(n)]
+        sent = inputs(members[sender], (sum(sizes),), 6)
+        uneven += sent[sum(sizes[:me]) : sum(sizes[: me + 1])].tolist()
+    want["all_to_all_single_uneven"] = uneven
     for name in jobs.GATHERS_INTO_A_TENSOR:
         want[name] = torch.cat([inputs(r, (2,), 3) for r in members]).tolist()
     for name in jobs.REDUCE_SCATTERS_OF_A_TENSOR:
@@ -179,7 +199,46 @@ def test_tensor_collectives_leave_what_is_documented_on_every_rank(world, prove)
         check,
         examples=[
             (1, ("default",), "SUM", "float64", 1 % world_size, False, False),
-            (2, ("new_group", (world_size - 1,)), "AVG", "float64", 0, True, True),
+            (2, ("new_group", (world_size - 1,), True), "AVG", "float64", 0, True, True),
+            (
+                4,
+                ("new_group", tuple(reversed(range(world_size))), not SORT_RANKS),
+                "SUM",
+                "float64",
+                0,
+                False,
+                False,
+            ),
             (3, ("by_enumeration", ((world_size - 1,),)), "BXOR", "int64", 0, False, False),
         ],
     )
+
+
+# What each refusal says (torch 2.13's words, kept to the part that names the problem).
+REFUSED = {
+    "broadcast with src and group_src": r"ValueError: Can't specify both",
+    "broadcast without a source": r"ValueError: Must specify global_rank or group_rank",
+    "reduce with dst and group_dst": r"ValueError: Can't specify both",
+    "gather_list on the wrong ranks": r"ValueError: Argument ``gather_list`` must",
+    "scatter_list on the wrong ranks": r"ValueError: Argument ``scatter_list`` must",
+    "all_gather into tensors of mixed dtypes": r"ValueError: Invalid usage of tensors with "
+    r"different dtypes",
+    "all_reduce of a list": r"TypeError: .*Expected parameter `tensor` of type torch.Tensor",
+    "new_group with a rank beyond the world": r"ValueError: Rank \d+ is out of range",
+    "new_subgroups larger than the world": r"ValueError: .*must not exceed the world size",
+    "new_subgroups of size 0": r"ValueError: .*must be positive",
+    "new_subgroups_by_enumeration of nothing": r"ValueError: .*cannot be empty",
+    "new_subgroups_by_enumeration with a rank twice": r"ValueError: Rank 0 has appeared in both",
+}
+
+
+def test_every_documented_refusal_of_a_collective_is_made_on_every_rank(world):
+    # A regression that stops refusing lets a wrong call go on: a gather into lists on the
+    # wrong ranks, a rank in two subgroups.
+    for rank, said in enumerate(world.run(jobs.collective_refusals)):
+        assert sorted(said) == sorted(REFUSED)
+        for name, pattern in REFUSED.items():
+            assert said[name] is not None, f"{name}: accepted on rank {rank}"
+            assert re.match(pattern, said[name]), (
+                f"{name}: rank {rank} raised {said[name]!r}, expected {pattern!r}"
+            )
