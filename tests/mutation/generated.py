@@ -66,7 +66,7 @@ FIRST: dict[str, tuple[str, ...]] = {
     "torch.nn.modules.batchnorm": ("test_batch_norm", "test_ddp_options"),
     "torch.distributed.fsdp": ("test_fsdp",),
     "torch.distributed.tensor": ("test_fsdp",),
-    "torch.distributed.checkpoint": ("test_fsdp", "test_zero"),
+    "torch.distributed.checkpoint": ("test_checkpoint", "test_fsdp", "test_zero"),
     "torch.distributed.distributed_c10d": ("test_collectives", "test_object_collectives"),
 }
 

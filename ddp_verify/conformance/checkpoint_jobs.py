@@ -1,0 +1,189 @@
+"""Jobs of ``test_checkpoint``, run on every rank: a state of DTensors (sharded, degenerate
+shards included), plain tensors and plain values saved with ``torch.distributed.checkpoint``
+and loaded back, into the same placements or others."""
+
+from __future__ import annotations
+
+import inspect
+import shutil
+import tempfile
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+# An entry of the state: (key, "dtensor" or "tensor", shape, dtype, placement saved, placement
+# loaded into); placements "shard0", "shard1", "replicate" (a DTensor's; a tensor's "-").
+Entry = tuple[str, str, tuple[int, ...], str, str, str]
+# Values that are not tensors, as training state has them (a step, a name, a schedule).
+EXTRAS_KEYS = ("step", "name", "schedule")
+
+
+def value(seed: int, index: int, shape: tuple[int, ...], dtype: str) -> torch.Tensor:
+    """The full value of entry ``index``: small integers in ``dtype`` (bool: their parity)."""
+    generator = torch.Generator().manual_seed(seed * 101 + index)
+    drawn = torch.randint(-5, 6, shape, generator=generator)
+    return drawn % 2 == 1 if dtype == "bool" else drawn.to(getattr(torch, dtype))
+
+
+def extras(seed: int) -> dict[str, Any]:
+    """The plain values saved beside the tensors."""
+    return {"step": seed, "name": f"run-{seed}", "schedule": [seed % 7, "cosine", 0.5]}
+
+
+def _placement(name: str) -> Any:
+    from torch.distributed.tensor import Replicate, Shard
+
+    return {"shard0": Shard(0), "shard1": Shard(1), "replicate": Replicate()}[name]
+
+
+def _state(seed: int, entries: list[Entry], mesh: Any, zeros: bool, nested: bool,
+           with_extras: bool) -> dict[str, Any]:  # fmt: skip
+    """The state to save (``zeros=False``, placements saved) or to load into (zeros,
+    placements loaded into)."""
+    from torch.distributed.tensor import distribute_tensor
+
+    state: dict[str, Any] = {}
+    for index, (key, kind, shape, dtype, saved, loaded) in enumerate(entries):
+        full = value(seed, index, shape, dtype)
+        full = torch.zeros_like(full) if zeros else full
+        if kind == "dtensor" and mesh is not None:
+            placement = _placement(loaded if zeros else saved)
+            state[key] = distribute_tensor(full, mesh, [placement])
+        else:
+            state[key] = full
+    if with_extras:
+        plain = extras(seed)
+        plain = {k: None for k in plain} if zeros else plain
+        state.update(plain)
+    return {"model": state} if nested else state
+
+
+def round_trip(case: dict[str, Any]) -> dict[str, Any]:
+    """Save the case's state with ``dcp.save`` (its writer and planner options) into rank 0's
+    temporary directory, load it into zeros of the placements loaded into, and into whole
+    tensors without a process group; every entry's full tensor and plain value as each load
+    left them."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import (
+        DefaultLoadPlanner,
+        DefaultSavePlanner,
+        FileSystemWriter,
+    )
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    made = [tempfile.mkdtemp(prefix="ddp_verify-dcp-") if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(made, src=0)
+    directory = str(made[0])
+    seed, entries = case["seed"], [tuple(e) for e in case["entries"]]
+    shape_of = {"nested": case["nested"], "with_extras": case["with_extras"]}
+    planner = DefaultSavePlanner(**case["save_planner"])
+    writer = dict(case["writer"])
+    saving = {k: v for k, v in case["save"].items() if k in inspect.signature(dcp.save).parameters}
+    # A planner that caches its plan is used twice, the second time on other values: a plan
+    # is reused, the values must not be.
+    for attempt, at in enumerate(("first", "second")[: 2 if case["twice"] else 1]):
+        state = _state(seed + attempt, entries, mesh, zeros=False, **shape_of)
+        dcp.save(state, storage_writer=FileSystemWriter(f"{directory}/{at}", **writer),
+                 planner=planner, **saving)  # fmt: skip
+    loaded_from = f"{directory}/{'second' if case['twice'] else 'first'}"
+    target = _state(seed, entries, mesh, zeros=True, **shape_of)
+    dcp.load(target, checkpoint_id=loaded_from, planner=DefaultLoadPlanner(**case["load_planner"]))
+    # And into one process with no group, every DTensor a whole tensor: resharded from
+    # whatever the ranks held, empty shards included.
+    # A checkpoint saved without collectives is each rank's own (rank-local metadata): it
+    # loads back on the same layout only.
+    single = _state(seed, entries, None, zeros=True, **shape_of) if case["reshardable"] else None
+    if single is not None:
+        dcp.load(single, checkpoint_id=loaded_from, no_dist=True,
+                 planner=DefaultLoadPlanner(**case["load_planner"]))  # fmt: skip
+    dist.barrier()  # every rank has read it before it goes
+    if dist.get_rank() == 0:
+        shutil.rmtree(directory, ignore_errors=True)
+    return {"loaded": _as_loaded(target, entries, case["nested"]),
+            "single": single and _as_loaded(single, entries, case["nested"])}  # fmt: skip
+
+
+def _as_loaded(state: dict[str, Any], entries: list[Entry], nested: bool) -> dict[str, Any]:
+    flat = state["model"] if nested else state
+    got: dict[str, Any] = {}
+    for key, *_ in entries:
+        tensor = flat[key]
+        got[key] = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+    got.update({k: flat[k] for k in EXTRAS_KEYS if k in flat})
+    return got
+
+
+def refusals() -> dict[str, str | None]:
+    """Each load or save ``torch.distributed.checkpoint`` documents as refused, on every rank:
+    its error (the last line of the ranks' tracebacks it gathers), or None where accepted;
+    and whether a partial load left the key the checkpoint lacks alone."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemWriter
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    made = [tempfile.mkdtemp(prefix="ddp_verify-dcp-") if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(made, src=0)
+    directory = str(made[0])
+    dcp.save({"w": torch.ones(3), "step": 1}, checkpoint_id=directory)
+    attempts: dict[str, Any] = {
+        "a key the checkpoint lacks": lambda: dcp.load(
+            {"w": torch.zeros(3), "extra": torch.zeros(2)}, checkpoint_id=directory
+        ),
+        "a shape other than the saved one": lambda: dcp.load(
+            {"w": torch.zeros(4)}, checkpoint_id=directory
+        ),
+        "saving over a checkpoint without overwrite": lambda: dcp.save(
+            {"w": torch.ones(3)}, storage_writer=FileSystemWriter(directory, overwrite=False)
+        ),
+    }
+    said: dict[str, Any] = {}
+    for name, attempt in attempts.items():
+        try:
+            attempt()
+        except CheckpointException as exc:
+            said[name] = str(exc).strip().splitlines()[-1]
+        else:
+            said[name] = None
+    partial = {"w": torch.zeros(3), "extra": torch.full((2,), 7.0)}
+    dcp.load(partial, checkpoint_id=directory, planner=DefaultLoadPlanner(allow_partial_load=True))
+    said["partial load"] = (partial["w"].tolist(), partial["extra"].tolist())
+    dist.barrier()
+    if dist.get_rank() == 0:
+        shutil.rmtree(directory, ignore_errors=True)
+    return said
+
+
+def cached_plan_over_another_group() -> list[float]:
+    """Each rank saves with a caching planner over a group of its own, then over the world
+    with a new caching planner, and loads the world's checkpoint back: the values loaded."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import DefaultSavePlanner
+
+    # Its own class: torch keys the plan cache by class name, and the suite's other saves
+    # must not meet this one's cache.
+    class SubgroupThenWorldPlanner(DefaultSavePlanner):
+        pass
+
+    rank, size = dist.get_rank(), dist.get_world_size()
+    groups = [dist.new_group([r]) for r in range(size)]  # every rank makes every group
+    made = [tempfile.mkdtemp(prefix="ddp_verify-dcp-") if rank == 0 else None]
+    dist.broadcast_object_list(made, src=0)
+    directory = str(made[0])
+    try:
+        dcp.save({"a": torch.ones(2)}, checkpoint_id=f"{directory}/rank{rank}",
+                 process_group=groups[rank],
+                 planner=SubgroupThenWorldPlanner(enable_plan_caching=True))  # fmt: skip
+        dcp.save({"b": torch.tensor([1.0, 2.0, 3.0])}, checkpoint_id=f"{directory}/world",
+                 planner=SubgroupThenWorldPlanner(enable_plan_caching=True))  # fmt: skip
+        loaded = {"b": torch.zeros(3)}
+        dcp.load(loaded, checkpoint_id=f"{directory}/world")
+        dist.barrier()
+    finally:
+        if rank == 0:
+            shutil.rmtree(directory, ignore_errors=True)
+        for group in groups:
+            if group is not dist.GroupMember.NON_GROUP_MEMBER:
+                dist.destroy_process_group(group)
+    return loaded["b"].tolist()
