@@ -1112,3 +1112,75 @@ def collective_refusals() -> dict[str, str | None]:
         else:
             said[name] = None
     return said
+
+
+def functional_collectives(
+    seed: int, form: tuple[Any, ...], op: str, root: int
+) -> dict[str, Any] | None:
+    """``torch.distributed._functional_collectives`` (what DTensor and compiled code call)
+    over a group given in each form its docstrings list: ``("group", grouping)`` the
+    ProcessGroup of :func:`group_of`, ``("ranks", grouping)`` its list of ranks, ``("name",
+    grouping)`` its name, ``("mesh", shape, dim)`` a DeviceMesh of ``shape`` over the world
+    (one-dimensional: the mesh itself; else ``(mesh, dim)``). Each rank's inputs from
+    :func:`collective_inputs` (float64); ``root`` the broadcast's group rank (modulo the
+    group's size; broadcast only where it is also the source's global rank). Returns what
+    each collective gave, or None where the rank is in no group."""
+    import torch.distributed._functional_collectives as funcol
+
+    rank = dist.get_rank()
+    created: list[Any] = []
+    if form[0] == "mesh":
+        from torch.distributed.device_mesh import init_device_mesh
+
+        shape, dim = tuple(form[1]), form[2]
+        mesh = init_device_mesh("cpu", shape)
+        group: Any = mesh if len(shape) == 1 else (mesh, dim)
+        size = shape[0] if len(shape) == 1 else shape[dim]
+        me = mesh.get_local_rank(0 if len(shape) == 1 else dim)
+        ranks = dist.get_process_group_ranks(mesh.get_group(0 if len(shape) == 1 else dim))
+    else:
+        made, created = group_of(form[1])
+        if made is dist.GroupMember.NON_GROUP_MEMBER:
+            _destroy(created)
+            return None
+        made = made or dist.group.WORLD
+        group = {"group": made, "ranks": dist.get_process_group_ranks(made),
+                 "name": made.group_name}[form[0]]  # fmt: skip
+        size, me = dist.get_world_size(made), dist.get_rank(made)
+        ranks = dist.get_process_group_ranks(made)
+    try:
+        x = collective_inputs(seed, rank, (3,), "float64")
+        out: dict[str, Any] = {"rank": me, "size": size}
+        out["all_reduce"] = funcol.wait_tensor(funcol.all_reduce(x, op, group)).tolist()
+        y = collective_inputs(seed + 3, rank, (2,), "float64")
+        out["all_gather_tensor"] = funcol.wait_tensor(
+            funcol.all_gather_tensor(y, 0, group)
+        ).tolist()
+        z = collective_inputs(seed + 4, rank, (2 * size,), "float64")
+        out["reduce_scatter_tensor"] = funcol.wait_tensor(
+            funcol.reduce_scatter_tensor(z, op, 0, group)
+        ).tolist()
+        sent = [uneven_split(seed, me, j) for j in range(size)]
+        received = [uneven_split(seed, j, me) for j in range(size)]
+        w = collective_inputs(seed + 6, rank, (sum(sent),), "float64")
+        out["all_to_all_single"] = funcol.wait_tensor(
+            funcol.all_to_all_single(w, received, sent, group)
+        ).tolist()
+        # Its docstring says "source rank" without saying of what; torch takes the group's
+        # rank. Broadcast only where the two agree, so that either reading is held to.
+        v = collective_inputs(seed + 1, rank, (3,), "float64")
+        unambiguous = ranks[root % size] == root % size
+        out["broadcast"] = (
+            funcol.wait_tensor(funcol.broadcast(v, root % size, group)).tolist()
+            if unambiguous
+            else None
+        )
+        return out
+    finally:
+        _destroy(created)
+
+
+def _destroy(groups: list[Any]) -> None:
+    for made in groups:
+        if made not in (None, dist.GroupMember.NON_GROUP_MEMBER):
+            dist.destroy_process_group(made)

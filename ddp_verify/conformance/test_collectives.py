@@ -242,3 +242,93 @@ def test_every_documented_refusal_of_a_collective_is_made_on_every_rank(world):
             assert re.match(pattern, said[name]), (
                 f"{name}: rank {rank} raised {said[name]!r}, expected {pattern!r}"
             )
+
+
+FUNCTIONAL_OPS = {"sum": "SUM", "avg": "AVG", "max": "MAX", "min": "MIN", "product": "PRODUCT"}
+
+
+def _mesh_members(shape: tuple[int, ...], dim: int, rank: int) -> list[int]:
+    """The ranks of ``rank``'s group along ``dim`` of a mesh of ``shape`` laid over the world
+    in order."""
+    if len(shape) == 1:
+        return list(range(shape[0]))
+    rows, columns = shape
+    row, column = divmod(rank, columns)
+    if dim == 0:
+        return [column + columns * i for i in range(rows)]
+    return [row * columns + j for j in range(columns)]
+
+
+def test_functional_collectives_take_every_documented_form_of_group(world, prove):
+    # DTensor and compiled code reach c10d through these, naming the group by a list of ranks,
+    # a name, a mesh or a mesh dimension as well as a ProcessGroup: each form must name the
+    # same ranks.
+    world_size = world.size
+    shapes = [(world_size,)] + [(a, world_size // a) for a in range(1, world_size + 1)
+                                if world_size % a == 0]  # fmt: skip
+
+    @st.composite
+    def forms(draw: st.DrawFn) -> tuple[Any, ...]:
+        kind = draw(st.sampled_from(["group", "ranks", "name", "mesh"]))
+        if kind == "mesh":
+            shape = draw(st.sampled_from(shapes))
+            return ("mesh", shape, draw(st.integers(0, len(shape) - 1)))
+        grouping = draw(_groups(world_size))
+        if grouping[0] == "new_group":  # a list of ranks names the group in sorted order
+            grouping = ("new_group", tuple(sorted(grouping[1])), True)
+        return (kind, grouping)
+
+    def check(case: tuple[Any, ...]) -> None:
+        seed, form, op, root = case
+        results = world.run(jobs.functional_collectives, seed, form, op, root)
+        for rank, got in enumerate(results):
+            if form[0] == "mesh":
+                members: list[int] | None = _mesh_members(tuple(form[1]), form[2], rank)
+            else:
+                members = _members(form[1], rank, world_size)
+            if members is None:
+                assert got is None, f"rank {rank} is in no group of {form}, yet ran: {got}"
+                continue
+            n, me = len(members), members.index(rank)
+
+            def inputs(r: int, shape: tuple[int, ...], offset: int = 0) -> torch.Tensor:
+                return jobs.collective_inputs(seed + offset, r, shape, "float64")
+
+            reduce_op = FUNCTIONAL_OPS[op]
+            uneven = []
+            for sender in range(n):
+                sizes = [jobs.uneven_split(seed, sender, j) for j in range(n)]
+                sent = inputs(members[sender], (sum(sizes),), 6)
+                uneven += sent[sum(sizes[:me]) : sum(sizes[: me + 1])].tolist()
+            want = {
+                "rank": me, "size": n,
+                "all_reduce": _reduced(reduce_op, [inputs(r, (3,)) for r in members]).tolist(),
+                "all_gather_tensor": torch.cat([inputs(r, (2,), 3) for r in members]).tolist(),
+                "reduce_scatter_tensor": _reduced(
+                    reduce_op, [inputs(r, (2 * n,), 4).view(n, 2)[me] for r in members]
+                ).tolist(),
+                "all_to_all_single": uneven,
+                # Made only where the source's group and global ranks agree (see the job).
+                "broadcast": inputs(members[root % n], (3,), 1).tolist()
+                if members[root % n] == root % n else None,
+            }  # fmt: skip
+            for name, value in want.items():
+                assert got is not None and _close(got[name], value), (
+                    f"{name} over {form} ({op}, root {root}): rank {rank} holds "
+                    f"{None if got is None else got[name]!r}, documented {value!r}"
+                )
+
+    prove(
+        st.tuples(
+            st.integers(0, 2**16),
+            forms(),
+            st.sampled_from(sorted(FUNCTIONAL_OPS)),
+            st.integers(0, world_size - 1),
+        ),
+        check,
+        examples=[
+            (5, ("ranks", ("default",)), "sum", 0),
+            (6, ("ranks", ("new_group", (world_size - 1,), True)), "avg", 0),
+            (7, ("mesh", shapes[-1], 0), "max", world_size - 1),
+        ],
+    )
