@@ -1184,3 +1184,41 @@ def _destroy(groups: list[Any]) -> None:
     for made in groups:
         if made not in (None, dist.GroupMember.NON_GROUP_MEMBER):
             dist.destroy_process_group(made)
+
+
+def group_settings(seconds: int) -> dict[str, Any]:
+    """The time-out of each group c10d makes without one (documented: 30 minutes but on NCCL,
+    whose is 10) and with ``seconds`` given; and a group made with
+    ``use_local_synchronization=True`` by its member alone (the last rank), after which every
+    rank makes and uses a group over the world: their all-reduces' results."""
+    import datetime
+
+    rank, size = dist.get_rank(), dist.get_world_size()
+    given = datetime.timedelta(seconds=seconds)
+
+    def timeout_of(group: Any) -> float:
+        # The backend's options hold the time-out the group was made with.
+        return group._get_backend(torch.device("cpu")).options._timeout.total_seconds()
+
+    made = [dist.new_group(list(range(size))), dist.new_group(list(range(size)), timeout=given)]
+    subgroup, every = dist.new_subgroups(group_size=1, timeout=given)
+    enumerated, listed = dist.new_subgroups_by_enumeration([[r] for r in range(size)],
+                                                           timeout=given)  # fmt: skip
+    said: dict[str, Any] = {
+        "new_group": timeout_of(made[0]),
+        "new_group with a time-out": timeout_of(made[1]),
+        "new_subgroups with a time-out": timeout_of(subgroup),
+        "new_subgroups_by_enumeration with a time-out": timeout_of(enumerated),
+    }
+    local = None
+    if rank == size - 1:  # the others never call it, as the option allows
+        local = dist.new_group([rank], use_local_synchronization=True)
+        x = torch.tensor([float(rank)])
+        dist.all_reduce(x, group=local)
+        said["local group"] = x.tolist()
+    world = dist.new_group(list(range(size)))
+    y = torch.tensor([1.0])
+    dist.all_reduce(y, group=world)
+    said["world after a local group"] = y.tolist()
+    _destroy([*made, *every, *listed, local, world])
+    return said

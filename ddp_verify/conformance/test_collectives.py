@@ -21,6 +21,7 @@ import math
 import re
 from typing import Any
 
+import pytest
 import torch
 import torch.distributed as dist
 from hypothesis import strategies as st
@@ -332,3 +333,23 @@ def test_functional_collectives_take_every_documented_form_of_group(world, prove
             (7, ("mesh", shapes[-1], 0), "max", world_size - 1),
         ],
     )
+
+
+def test_groups_keep_the_documented_time_out_and_local_synchronization(world):
+    if world.backend != "gloo":
+        pytest.skip(f"reads gloo's options for the time-out; this world runs {world.backend}")
+    seconds = 77
+    default = 30 * 60.0  # every backend but NCCL, which this CPU world never is
+    for rank, said in enumerate(world.run(jobs.group_settings, seconds)):
+        want: dict[str, Any] = {
+            "new_group": default,
+            "new_group with a time-out": float(seconds),
+            "new_subgroups with a time-out": float(seconds),
+            "new_subgroups_by_enumeration with a time-out": float(seconds),
+            # A group only its member made (use_local_synchronization) leaves the others
+            # free to make the next group with it: every rank's counters still agree.
+            "world after a local group": [float(world.size)],
+        }
+        if rank == world.size - 1:
+            want["local group"] = [float(rank)]
+        assert said == want, f"rank {rank}: {said}, documented {want}"
