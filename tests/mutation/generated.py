@@ -65,7 +65,9 @@ FIRST: dict[str, tuple[str, ...]] = {
     "torch.nn.parallel": ("test_ddp_options", "test_join", "test_fused_optimizer"),
     "torch.nn.modules.batchnorm": ("test_batch_norm", "test_ddp_options"),
     "torch.distributed.fsdp": ("test_fsdp",),
-    "torch.distributed.tensor": ("test_fsdp",),
+    "torch.distributed.tensor": ("test_dtensor", "test_fsdp"),
+    "torch.distributed.device_mesh": ("test_dtensor", "test_collectives"),
+    "torch.distributed._functional_collectives": ("test_collectives", "test_dtensor"),
     "torch.distributed.checkpoint": ("test_checkpoint", "test_fsdp", "test_zero"),
     "torch.distributed.distributed_c10d": ("test_collectives", "test_object_collectives"),
 }
