@@ -1096,6 +1096,9 @@ def collective_refusals() -> dict[str, str | None]:
         ),
         "all_reduce of a list": lambda: dist.all_reduce([t]),
         "new_group with a rank beyond the world": lambda: dist.new_group([size]),
+        "new_group bound to the CPU": lambda: dist.new_group(
+            list(range(size)), device_id=torch.device("cpu")
+        ),
         "new_subgroups larger than the world": lambda: dist.new_subgroups(group_size=size + 1),
         "new_subgroups of size 0": lambda: dist.new_subgroups(group_size=0),
         "new_subgroups_by_enumeration of nothing": lambda: dist.new_subgroups_by_enumeration([]),
@@ -1222,3 +1225,101 @@ def group_settings(seconds: int) -> dict[str, Any]:
     said["world after a local group"] = y.tolist()
     _destroy([*made, *every, *listed, local, world])
     return said
+
+
+def point_to_point(seed: int, grouping: tuple[Any, ...], how: str,
+                   by_group_rank: bool) -> dict[str, Any] | None:  # fmt: skip
+    """Pass each rank's tensor (and an object) one step round a ring of its group: group rank
+    i sends to i + 1 and receives from i - 1, ``how`` being ``"blocking"`` (send/recv, group
+    rank 0 sending first, the others receiving first), ``"async"`` (isend/irecv) or
+    ``"batched"`` (batch_isend_irecv of P2POps); peers named by global rank or
+    (``by_group_rank``) by group rank. Returns what the rank received (and, for blocking
+    receives, the sender recv reported); None outside any group or in a group of one."""
+    rank = dist.get_rank()
+    group, created = group_of(grouping)
+    try:
+        if group is dist.GroupMember.NON_GROUP_MEMBER:
+            return None
+        ranks = dist.get_process_group_ranks(group or dist.group.WORLD)
+        n = len(ranks)
+        if n < 2:
+            return None
+        me = ranks.index(rank)
+        after, before = (me + 1) % n, (me - 1) % n
+        x = collective_inputs(seed, rank, (3,), "float64")
+        got = torch.zeros(3, dtype=torch.float64)
+        out: dict[str, Any] = {}
+
+        def to(peer: int, kind: str) -> dict[str, int]:
+            return {f"group_{kind}": peer} if by_group_rank else {kind: ranks[peer]}
+
+        if how == "blocking":
+            if me == 0:
+                dist.send(x, group=group, **to(after, "dst"))
+                out["sender"] = dist.recv(got, group=group, **to(before, "src"))
+            else:
+                out["sender"] = dist.recv(got, group=group, **to(before, "src"))
+                dist.send(x, group=group, **to(after, "dst"))
+            sent: list[Any] = [{"from": rank, "values": x.tolist()}]
+            received: list[Any] = [None]
+            if me == 0:
+                dist.send_object_list(sent, group=group, **to(after, "dst"))
+                dist.recv_object_list(received, group=group, **to(before, "src"))
+            else:
+                dist.recv_object_list(received, group=group, **to(before, "src"))
+                dist.send_object_list(sent, group=group, **to(after, "dst"))
+            out["object"] = received[0]
+        elif how == "async":
+            works = [dist.isend(x, group=group, **to(after, "dst")),
+                     dist.irecv(got, group=group, **to(before, "src"))]  # fmt: skip
+            for work in works:
+                assert work is not None
+                work.wait()
+        else:
+            peer = "group_peer" if by_group_rank else "peer"
+            ops = [dist.P2POp(dist.isend, x, group=group, **{peer: after if by_group_rank
+                                                               else ranks[after]}),
+                   dist.P2POp(dist.irecv, got, group=group, **{peer: before if by_group_rank
+                                                                 else ranks[before]})]  # fmt: skip
+            for work in dist.batch_isend_irecv(ops):
+                work.wait()
+        out["received"] = got.tolist()
+        return out
+    finally:
+        _destroy(created)
+
+
+def objects_in_a_group(objects: tuple[object, ...], grouping: tuple[Any, ...], root: int,
+                       by_group_rank: bool) -> dict[str, Any] | None:  # fmt: skip
+    """The object collectives over the group ``grouping`` makes for this rank (see
+    :func:`group_of`): rank r contributes ``objects[r]``; the root is group rank ``root``
+    (modulo the group's size), named by its global rank or (``by_group_rank``) its group
+    rank, and holds ``objects`` to broadcast and scatter (the object for group rank i is
+    ``objects[i]``). None outside any group."""
+    rank = dist.get_rank()
+    group, created = group_of(grouping)
+    try:
+        if group is dist.GroupMember.NON_GROUP_MEMBER:
+            return None
+        ranks = dist.get_process_group_ranks(group or dist.group.WORLD)
+        n, me = len(ranks), ranks.index(rank)
+        root %= n
+        src = {"group_src": root} if by_group_rank else {"src": ranks[root]}
+        dst = {"group_dst": root} if by_group_rank else {"dst": ranks[root]}
+        out: dict[str, Any] = {}
+        gathered: list[object] = [None] * n
+        dist.all_gather_object(gathered, objects[rank], group=group)
+        out["all_gather_object"] = gathered
+        into: list[object] | None = [None] * n if me == root else None
+        dist.gather_object(objects[rank], into, group=group, **dst)
+        out["gather_object"] = into
+        held: list[object] = list(objects[:n]) if me == root else [None] * n
+        dist.broadcast_object_list(held, group=group, **src)
+        out["broadcast_object_list"] = held
+        received: list[object] = [None]
+        dist.scatter_object_list(received, list(objects[:n]) if me == root else None,
+                                 group=group, **src)  # fmt: skip
+        out["scatter_object_list"] = received[0]
+        return out
+    finally:
+        _destroy(created)

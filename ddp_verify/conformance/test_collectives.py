@@ -8,7 +8,10 @@ group and over the groups ``new_group`` (its ranks in any order, ``sort_ranks`` 
 ``new_subgroups`` and ``new_subgroups_by_enumeration`` make, subgroups that are not the
 world included, their roots named by global rank or by group rank (``group_src`` /
 ``group_dst``). A rank outside a group gets ``None`` back and keeps its tensors as they
-were; a group reports its members, sizes and rank mappings as documented.
+were; a group reports its members, sizes and rank mappings as documented. Point-to-point
+sends (blocking, asynchronous, batched, objects) pass round a ring of any group; the
+functional collectives take a group in every form their docstrings list; groups keep the
+documented time-out and local synchronisation; every documented refusal is made.
 
 Data-parallel code reaches all of these (DDP and ZeRO over a subgroup, FSDP2's
 reduce-scatters, hierarchical averaging); a collective that delivers the wrong rank's chunk,
@@ -16,26 +19,20 @@ reduces by the wrong op or over the wrong members trains every rank alike, wrong
 
 from __future__ import annotations
 
-import inspect
 import math
 import re
 from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
 from hypothesis import strategies as st
 
-from ddp_verify.conformance import jobs
+from ddp_verify.conformance import groupings, jobs
 
 # The ops gloo reduces, and the dtypes each applies to (the bitwise ones to integers).
 OPS = {"SUM": ("float64", "int64"), "PRODUCT": ("float64", "int64"), "MIN": ("float64", "int64"),
        "MAX": ("float64", "int64"), "AVG": ("float64",), "BAND": ("int64",), "BOR": ("int64",),
        "BXOR": ("int64",)}  # fmt: skip
-
-
-# new_group's sort_ranks (torch 2.13): False keeps the ranks in the order given.
-SORT_RANKS = "sort_ranks" in inspect.signature(dist.new_group).parameters
 
 
 def _reduced(op: str, values: list[torch.Tensor]) -> torch.Tensor:
@@ -56,55 +53,9 @@ def _reduced(op: str, values: list[torch.Tensor]) -> torch.Tensor:
     return out
 
 
-def _groups(world_size: int) -> st.SearchStrategy[tuple[Any, ...]]:
-    """The groupings of :func:`jobs.group_of`: the default group, any nonempty subset by
-    ``new_group``, blocks by ``new_subgroups``, and a partition of some ranks (others left
-    in no subgroup) by ``new_subgroups_by_enumeration``."""
-    ranks = list(range(world_size))
-    subset = st.lists(st.sampled_from(ranks), min_size=1, unique=True)
-    sizes = [d for d in [*ranks[1:], world_size] if world_size % d == 0]
-
-    @st.composite
-    def enumeration(draw: st.DrawFn) -> tuple[Any, ...]:
-        chosen = draw(st.permutations(ranks))[: draw(st.integers(1, world_size))]
-        cuts = sorted(draw(st.sets(st.integers(1, max(1, len(chosen) - 1)), max_size=2)))
-        parts, start = [], 0
-        for cut in [*cuts, len(chosen)]:
-            if cut > start:
-                parts.append(tuple(sorted(chosen[start:cut])))
-                start = cut
-        return ("by_enumeration", tuple(parts))
-
-    @st.composite
-    def new_group(draw: st.DrawFn) -> tuple[Any, ...]:
-        ranks = tuple(draw(st.permutations(draw(subset))))
-        return ("new_group", ranks, not SORT_RANKS or draw(st.booleans()))
-
-    return st.one_of(
-        st.just(("default",)),
-        new_group(),
-        st.sampled_from(sizes).map(lambda d: ("new_subgroups", d)),
-        enumeration(),
-    )
-
-
-def _members(grouping: tuple[Any, ...], rank: int, world_size: int) -> list[int] | None:
-    """The global ranks of ``rank``'s group, in group-rank order; None outside any."""
-    kind = grouping[0]
-    if kind == "default":
-        return list(range(world_size))
-    if kind == "new_group":  # by global rank unless told to keep the order given
-        ordered = sorted(grouping[1]) if grouping[2] else list(grouping[1])
-        return ordered if rank in ordered else None
-    if kind == "new_subgroups":
-        start = rank // grouping[1] * grouping[1]
-        return list(range(start, start + grouping[1]))
-    return next((list(p) for p in grouping[1] if rank in p), None)
-
-
 def _expected(case: tuple[Any, ...], rank: int, world_size: int) -> dict[str, Any]:
     seed, grouping, op, dtype, root = case[:5]
-    members = _members(grouping, rank, world_size)
+    members = groupings.members(grouping, rank, world_size)
 
     def inputs(r: int, shape: tuple[int, ...], offset: int = 0) -> torch.Tensor:
         return jobs.collective_inputs(seed + offset, r, shape, dtype)
@@ -164,7 +115,7 @@ def test_tensor_collectives_leave_what_is_documented_on_every_rank(world, prove)
         op = draw(st.sampled_from(sorted(OPS)))
         return (
             draw(st.integers(0, 2**16)),
-            draw(_groups(world_size)),
+            draw(groupings.groupings(world_size)),
             op,
             draw(st.sampled_from(OPS[op])),
             draw(st.integers(0, world_size - 1)),  # the root's group rank (mod its size)
@@ -203,7 +154,7 @@ def test_tensor_collectives_leave_what_is_documented_on_every_rank(world, prove)
             (2, ("new_group", (world_size - 1,), True), "AVG", "float64", 0, True, True),
             (
                 4,
-                ("new_group", tuple(reversed(range(world_size))), not SORT_RANKS),
+                ("new_group", tuple(reversed(range(world_size))), not groupings.SORT_RANKS),
                 "SUM",
                 "float64",
                 0,
@@ -226,6 +177,8 @@ REFUSED = {
     r"different dtypes",
     "all_reduce of a list": r"TypeError: .*Expected parameter `tensor` of type torch.Tensor",
     "new_group with a rank beyond the world": r"ValueError: Rank \d+ is out of range",
+    # device_id binds a group to an accelerator with an index: never to the CPU.
+    "new_group bound to the CPU": r"ValueError: .*device_id parameter must be an accelerator",
     "new_subgroups larger than the world": r"ValueError: .*must not exceed the world size",
     "new_subgroups of size 0": r"ValueError: .*must be positive",
     "new_subgroups_by_enumeration of nothing": r"ValueError: .*cannot be empty",
@@ -274,7 +227,7 @@ def test_functional_collectives_take_every_documented_form_of_group(world, prove
         if kind == "mesh":
             shape = draw(st.sampled_from(shapes))
             return ("mesh", shape, draw(st.integers(0, len(shape) - 1)))
-        grouping = draw(_groups(world_size))
+        grouping = draw(groupings.groupings(world_size))
         if grouping[0] == "new_group":  # a list of ranks names the group in sorted order
             grouping = ("new_group", tuple(sorted(grouping[1])), True)
         return (kind, grouping)
@@ -286,7 +239,7 @@ def test_functional_collectives_take_every_documented_form_of_group(world, prove
             if form[0] == "mesh":
                 members: list[int] | None = _mesh_members(tuple(form[1]), form[2], rank)
             else:
-                members = _members(form[1], rank, world_size)
+                members = groupings.members(form[1], rank, world_size)
             if members is None:
                 assert got is None, f"rank {rank} is in no group of {form}, yet ran: {got}"
                 continue
@@ -353,3 +306,58 @@ def test_groups_keep_the_documented_time_out_and_local_synchronization(world):
         if rank == world.size - 1:
             want["local group"] = [float(rank)]
         assert said == want, f"rank {rank}: {said}, documented {want}"
+
+
+def test_point_to_point_passes_round_a_ring_of_any_group(world, prove):
+    # Pipeline stages and some averaging schemes pass tensors rank to rank; a peer named by
+    # its group rank must reach the same rank as by its global rank.
+    if world.size < 2:
+        pytest.skip("a ring needs two ranks")
+    world_size = world.size
+
+    def check(case: tuple[Any, ...]) -> None:
+        seed, grouping, how, by_group_rank = case
+        results = world.run(jobs.point_to_point, seed, grouping, how, by_group_rank)
+        for rank, got in enumerate(results):
+            members = groupings.members(grouping, rank, world_size)
+            said = f"{how} over {grouping} (peers by {'group' if by_group_rank else 'global'} rank)"
+            if members is None or len(members) < 2:
+                assert got is None, f"{said}: rank {rank} is in no ring, yet ran: {got}"
+                continue
+            before = members[(members.index(rank) - 1) % len(members)]
+            sent = jobs.collective_inputs(seed, before, (3,), "float64").tolist()
+            assert got is not None and got["received"] == sent, (
+                f"{said}: rank {rank} received {None if got is None else got['received']}, "
+                f"rank {before} sent it {sent}"
+            )
+            if how == "blocking":
+                assert got["sender"] == before, f"{said}: recv on rank {rank} named {got['sender']}"
+                assert got["object"] == {"from": before, "values": sent}, (
+                    f"{said}: rank {rank} received the object {got['object']!r}"
+                )
+
+    prove(
+        st.tuples(
+            st.integers(0, 2**16),
+            groupings.groupings(world_size),
+            st.sampled_from(["blocking", "async", "batched"]),
+            st.booleans(),
+        ),
+        check,
+        examples=[
+            (1, ("default",), "batched", True),
+            # Group ranks that are not the global ones: the peers by group rank.
+            (
+                2,
+                ("new_group", tuple(reversed(range(world_size))), not groupings.SORT_RANKS),
+                "blocking",
+                True,
+            ),
+            (
+                3,
+                ("new_group", tuple(reversed(range(world_size))), not groupings.SORT_RANKS),
+                "batched",
+                True,
+            ),
+        ],
+    )
