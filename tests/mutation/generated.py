@@ -187,12 +187,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--match", default=None,
                         help="run every mutant whose name contains this (a survivor, again) "
                         "instead of a sample")  # fmt: skip
+    parser.add_argument("--rerun", default=None, metavar="JSON",
+                        help="a run's --json: its killed and equivalent mutants keep their "
+                        "outcome, its survivors run again against the suite as it stands "
+                        "(the same --samples and --seed draw the same mutants)")  # fmt: skip
     parser.add_argument("--write", default=None)
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     rows: list[list[object]] = []
     outcomes: list[dict[str, str]] = []
     started = time.monotonic()
+    before: dict[tuple[str, str], dict[str, str]] = {}
+    if args.rerun:
+        before = {(o["mutant"], o["change"]): o for o in json.loads(Path(args.rerun).read_text())}
     reached = trace()
     with tempfile.TemporaryDirectory() as work:
         directory = Path(work)
@@ -209,9 +216,13 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             counts = {"killed": 0, "survived": 0, "timed out": 0, "equivalent": 0}
             for mutant in drawn:
-                outcome, by = suite(
-                    mutant, directory, args.world_size, args.timeout, first_for(module)
-                )
+                earlier = before.get((mutant.name, mutant.site.change))
+                if earlier is not None and earlier["outcome"] != "survived":
+                    outcome, by = earlier["outcome"], earlier["by"]
+                else:
+                    outcome, by = suite(
+                        mutant, directory, args.world_size, args.timeout, first_for(module)
+                    )
                 reason = why_equivalent(
                     mutant.module, mutant.qualname, mutant.site.operator, mutant.site.change
                 )

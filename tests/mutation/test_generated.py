@@ -6,13 +6,14 @@ execute."""
 from __future__ import annotations
 
 import ast
+import json
 import textwrap
 
 import pytest
 import torch
 
 from tests.mutation import operators
-from tests.mutation.generated import mutants
+from tests.mutation.generated import installable, mutants
 from tests.mutation.generated_patch import compiled, install_mutant
 
 SOURCE = textwrap.dedent(
@@ -160,3 +161,28 @@ def test_every_declared_equivalent_is_a_mutant_of_this_torch():
     stale = [key for key in EQUIVALENT if key not in made]
     assert not stale, f"declared equivalents no operator makes: {stale}"
     assert all(len(why) > 40 for why in EQUIVALENT.values()), "each needs its reason"
+
+
+def test_a_rerun_keeps_what_was_judged_and_runs_the_survivors_again(tmp_path):
+    # The sampler's two mutants: one recorded killed by an earlier run keeps that outcome
+    # without a suite run (its "by" is the earlier run's); one recorded as surviving runs
+    # again, here against a time-out too short for any suite: "timed out", not "survived".
+    from tests.mutation.generated import main
+    from tests.mutation.trace import trace
+
+    module = "torch.utils.data.sampler"
+    drawn = [m for m in mutants(module, set(trace()[module])) if installable(m)]
+    assert len(drawn) >= 2, drawn
+    earlier = [
+        {"mutant": m.name, "change": m.site.change, "outcome": outcome, "by": "the earlier run"}
+        for m, outcome in zip(drawn, ("killed", "survived"), strict=False)
+    ]
+    (tmp_path / "before.json").write_text(json.dumps(earlier))
+    before, after_json = str(tmp_path / "before.json"), str(tmp_path / "after.json")
+    main(["--modules", module, "--samples", str(len(drawn)), "--timeout", "0.01",
+          "--rerun", before, "--json", after_json])  # fmt: skip
+    after = {o["mutant"]: o for o in json.loads((tmp_path / "after.json").read_text())}
+    kept, again = earlier[0], earlier[1]
+    assert after[kept["mutant"]]["outcome"] == "killed"
+    assert after[kept["mutant"]]["by"] == "the earlier run"
+    assert after[again["mutant"]]["outcome"] == "timed out", after[again["mutant"]]
