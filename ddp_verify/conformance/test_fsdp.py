@@ -262,8 +262,8 @@ def test_fully_shard_resumes_from_a_distributed_checkpoint(world, fsdp, prove):
     # StateDictOptions drawn too: full (unsharded) state dicts, offloaded to the CPU,
     # flattened optimizer state, non-strict loading, a full state broadcast from rank 0.
     # A full state dict offloaded to the CPU is rank 0's only (as documented), to be loaded
-    # with broadcast_from_rank0: that pair waited forever here (seen, not yet pursued), so an
-    # offload is drawn for sharded state dicts only.
+    # with broadcast_from_rank0, which set_state_dict cannot do (the known issue of
+    # test_state_dict), so an offload is drawn for sharded state dicts only.
     @st.composite
     def options(draw):
         full = draw(st.booleans())

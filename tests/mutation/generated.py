@@ -69,6 +69,7 @@ FIRST: dict[str, tuple[str, ...]] = {
     "torch.distributed.device_mesh": ("test_dtensor", "test_collectives"),
     "torch.distributed._functional_collectives": ("test_collectives", "test_dtensor"),
     "torch.distributed.checkpoint": ("test_checkpoint", "test_fsdp", "test_zero"),
+    "torch.distributed.checkpoint.state_dict": ("test_state_dict", "test_fsdp"),
     "torch.distributed.distributed_c10d": ("test_collectives", "test_object_collectives"),
 }
 

@@ -1,0 +1,127 @@
+"""Jobs of ``test_state_dict``, run on every rank: a small model trained one step as it is
+wrapped for data-parallel training (not at all, DDP, FSDP2, activation checkpointing inside
+DDP), its state taken with ``torch.distributed.checkpoint.state_dict`` and loaded into a
+fresh copy; returned whole and keyed as the state dict gives it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+STEP_INPUT_SEED = 7
+
+
+class Net(torch.nn.Module):
+    """A linear layer, a BatchNorm (buffers beside parameters), a frozen layer, a head."""
+
+    def __init__(self, seed: int) -> None:
+        super().__init__()
+        torch.manual_seed(seed)
+        # No bias before the BatchNorm: its gradient would be rounding noise alone, which
+        # Adam's first step scales to the learning rate.
+        self.embed = torch.nn.Linear(3, 4, bias=False, dtype=torch.float64)
+        self.norm = torch.nn.BatchNorm1d(4, dtype=torch.float64)
+        self.frozen = torch.nn.Linear(4, 4, dtype=torch.float64)
+        self.frozen.requires_grad_(False)
+        self.head = torch.nn.Linear(4, 1, dtype=torch.float64)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.tanh(self.frozen(self.norm(self.embed(x)))))
+
+
+def batch() -> torch.Tensor:
+    """The one step's inputs: every rank the same, so that every wrapping trains alike."""
+    generator = torch.Generator().manual_seed(STEP_INPUT_SEED)
+    return torch.randn(6, 3, generator=generator, dtype=torch.float64)
+
+
+def optimizer_for(model: torch.nn.Module, name: str) -> torch.optim.Optimizer:
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    if name == "adam":
+        return torch.optim.Adam(trainable, lr=0.05)
+    return torch.optim.SGD(trainable, lr=0.05, momentum=0.9)
+
+
+def trained(seed: int, optimizer: str) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """The plain model, trained one step (the oracle's side, and the ranks' before wrapping)."""
+    model = Net(seed)
+    optim = optimizer_for(model, optimizer)
+    model(batch()).pow(2).mean().backward()
+    optim.step()
+    return model, optim
+
+
+def _wrapped(seed: int, wrapper: str, optimizer: str, step: bool) -> tuple[Any, Any]:
+    model = Net(seed)
+    if wrapper == "ddp":
+        model = torch.nn.parallel.DistributedDataParallel(model)
+    elif wrapper == "checkpointed_ddp":
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+            checkpoint_wrapper,
+        )
+
+        model.embed = checkpoint_wrapper(model.embed)
+        model = torch.nn.parallel.DistributedDataParallel(model)
+    elif wrapper == "fully_shard":
+        from torch.distributed.fsdp import fully_shard
+
+        fully_shard(model.embed)
+        fully_shard(model)
+    optim = optimizer_for(model, optimizer)
+    if step:
+        model(batch()).pow(2).mean().backward()
+        optim.step()
+    return model, optim
+
+
+def _whole(value: Any) -> Any:
+    if hasattr(value, "full_tensor"):
+        return value.full_tensor()
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if isinstance(value, dict):
+        return {k: _whole(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_whole(v) for v in value)
+    return value
+
+
+def state_dicts(case: dict[str, Any]) -> dict[str, Any]:
+    """The case's model, wrapped and trained one step: its model and optimizer state dicts as
+    ``get_state_dict`` gives them under the case's options (made whole), and, after
+    ``set_state_dict`` of them into a fresh wrapped copy (another seed; from rank 0 by
+    ``set_model_state_dict`` and ``set_optimizer_state_dict`` where broadcast, unless the
+    case says ``together``), that copy's own state dicts taken with full, unflattened
+    options."""
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_state_dict,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+        set_state_dict,
+    )
+
+    options = StateDictOptions(**case["options"])
+    model, optim = _wrapped(case["seed"], case["wrapper"], case["optimizer"], step=True)
+    model_state, optim_state = get_state_dict(model, optim, options=options)
+    out = {"model": _whole(model_state), "optimizer": _whole(optim_state)}
+    # Loading: rank 0's full state broadcast where the options say so, each rank's own else.
+    fresh, fresh_optim = _wrapped(case["seed"] + 1, case["wrapper"], case["optimizer"], step=True)
+    broadcast = bool(case["options"].get("broadcast_from_rank0"))
+    if broadcast and dist.get_rank() != 0:
+        model_state, optim_state = {}, {}
+    if broadcast and not case.get("together"):
+        # Model and optimizer apart: set_state_dict takes a rank's empty model state for an
+        # optimizer-only load and skips the broadcast rank 0 makes (the known issue).
+        set_model_state_dict(fresh, model_state, options=options)
+        set_optimizer_state_dict(fresh, fresh_optim, optim_state, options=options)
+    else:
+        set_state_dict(fresh, fresh_optim, model_state_dict=model_state,
+                       optim_state_dict=optim_state, options=options)  # fmt: skip
+    full = StateDictOptions(full_state_dict=True)
+    loaded_model, loaded_optim = get_state_dict(fresh, fresh_optim, options=full)
+    out["loaded model"] = _whole(loaded_model)
+    out["loaded optimizer"] = _whole(loaded_optim)
+    return out
