@@ -234,6 +234,12 @@ def test_batch_norm_normalises_and_tracks_as_documented(prove):
             Norm("BatchNorm1d", (3, 2), None, 1e-5, True, True, 3, 1),
             Norm("BatchNorm2d", (2, 2, 2, 3), 0.1, 1e-5, False, False, 2, 2),
             Norm("BatchNorm1d", (2, 3, 2), 0.5, 1e-5, True, True, 1, 3, bias=False),
+            # SyncBatchNorm passes bias on to BatchNorm's constructor (without a group).
+            *(
+                [Norm("SyncBatchNorm", (2, 2, 3), 0.1, 1e-5, True, True, 1, 4, bias=False)]
+                if "SyncBatchNorm" in classes
+                else []
+            ),
         ],
     )
 

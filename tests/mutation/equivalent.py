@@ -15,6 +15,16 @@ _DRAWS = (
     "(all PowerSGDState documents), every matrix is written back to its own gradient"
 )
 
+_C10D = "torch.distributed.distributed_c10d"
+_BACKENDS = (
+    "every device of the map is given the same backend (the loop runs where the map has one "
+    "backend for all): the order the devices are registered in leaves each the same backend"
+)
+_PLACEHOLDER = (
+    "a placeholder the collective right after it overwrites on every rank but the source "
+    "(whose own value it sends): its first value is never read"
+)
+
 # (module, qualname, operator, change) -> why the contract cannot tell it from torch.
 EQUIVALENT: dict[tuple[str, str, str, str], str] = {
     (_POWER, "powerSGD_hook", "reversed-iteration",
@@ -53,9 +63,73 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "scale and checked into its device's found_inf, which only ever becomes 1: the order "
         "the groups are visited in leaves the same gradients and the same flags"
     ),
+    # -- c10d ---------------------------------------------------------------------------------
+    (_C10D, "_new_process_group_helper", "reversed-iteration",
+     "for ... in backend_config.get_device_backend_map() -> reversed(list(...))"): _BACKENDS,
+    (_C10D, "_new_process_group_helper", "reversed-iteration",
+     "for ... in backend_config.get_device_backend_map().items() -> reversed(list(...))"): (
+        "each device gets its own backend made from its own prefix store and registered under "
+        "its own device key: the order the (device, backend) pairs are visited in leaves the "
+        "same backend for every device"
+    ),
+    (_C10D, "scatter_object_list", "off-by-one",
+     "0 -> 1 at `max_tensor_size = torch.tensor([0], dtype=torch.long, device=pg_device)`"):
+        _PLACEHOLDER,
+    (_C10D, "scatter_object_list", "off-by-one",
+     "0 -> 1 at `obj_tensor_size = torch.tensor([0], dtype=torch.long, device=pg_device)`"):
+        _PLACEHOLDER,
+    (_C10D, "scatter_object_list", "reversed-iteration",
+     "for ... in tensor_list -> reversed(list(...))"): (
+        "the loop resizes each serialised object's tensor to the largest size, each tensor on "
+        "its own: the order leaves the same tensors"
+    ),
+    (_C10D, "_new_group_with_tag", "comparison",
+     "_is_barrier_after_init() == 1 -> _is_barrier_after_init() != 1"): (
+        "the condition only adds (or, with TORCH_DIST_INIT_BARRIER=1, drops) a store barrier "
+        "after a group is made, among the ranks that make it: it waits, and changes no "
+        "group, rank mapping or value"
+    ),
+    (_C10D, "_ensure_all_tensors_same_dtype", "reversed-iteration",
+     "for ... in itertools.chain.from_iterable(map(_as_iterable, tensors)) -> reversed(list(...))"):
+        ("whether every tensor has one dtype does not depend on the order they are compared "
+         "in: the same calls are refused, only the two dtypes the message names may swap"),
+    (_C10D, "new_subgroups_by_enumeration", "reversed-iteration",
+     "for ... in ranks -> reversed(list(...))"): (
+        "each rank of a subgroup is entered in the rank-to-subgroup map, and a rank already "
+        "there refused, rank by rank: the order within a subgroup leaves the same map, the "
+        "same current subgroup and the same refusals"
+    ),
+    (_C10D, "_process_group_name", "arithmetic",
+     "_world.group_count += 1 -> _world.group_count -= 1"): (
+        "the counter only names groups made without hashed names: counting down names them "
+        "as uniquely, and alike on every rank that makes the same groups in the same order"
+    ),
+    # -- BatchNorm ----------------------------------------------------------------------------
+    ("torch.nn.modules.batchnorm", "_NormBase.__init__", "off-by-one", "0 -> 1 at `0,`"): (
+        "num_batches_tracked's first value: __init__ ends with reset_parameters, whose "
+        "reset_running_stats zeroes it before the layer can be used"
+    ),
+    ("torch.nn.modules.batchnorm", "SyncBatchNorm.convert_sync_batchnorm", "reversed-iteration",
+     "for ... in module.named_children() -> reversed(list(...))"): (
+        "each child is converted on its own and put back under the name it had: add_module of "
+        "an existing name replaces it in place (the dict keeps the key's position), and a "
+        "converted BatchNorm has no children, so the order leaves the same modules in the "
+        "same order"
+    ),
 }  # fmt: skip
 
 
-def why_equivalent(module: str, qualname: str, operator: str, change: str) -> str | None:
-    """The reason a mutant is declared equivalent, or None."""
-    return EQUIVALENT.get((module, qualname, operator, change))
+def why_equivalent(module: str, qualname: str, operator: str, change: str,
+                   where: str = "") -> str | None:  # fmt: skip
+    """The reason a mutant is declared equivalent, or None. A declaration whose change ends
+    in ``at `<line>``` holds for the mutant of that line alone (``where``, the mutated line
+    stripped); one without, for every mutant of the function making that change.
+
+    Example::
+
+        >>> why_equivalent("torch.optim.sgd", "SGD.step", "off-by-one", "0 -> 1") is None
+        True
+    """
+    return EQUIVALENT.get((module, qualname, operator, f"{change} at `{where}`")) or EQUIVALENT.get(
+        (module, qualname, operator, change)
+    )

@@ -29,8 +29,10 @@ import ast
 import dataclasses
 import fnmatch
 import importlib
+import importlib.util
 import inspect
 import json
+import linecache
 import os
 import platform
 import random
@@ -100,6 +102,13 @@ class Mutant:
     @property
     def name(self) -> str:
         return f"{self.module}:{self.qualname}:{self.line}:{self.site.operator}"
+
+    @property
+    def where(self) -> str:
+        """The mutated line of torch's file, stripped: what tells apart two mutants of one
+        function that make the same change (a placeholder 0 made 1 here, an index there)."""
+        path = importlib.util.find_spec(self.module).origin  # type: ignore[union-attr]
+        return linecache.getline(str(path), self.line).strip()
 
 
 def functions(module: str) -> list[tuple[str, ast.FunctionDef, int]]:
@@ -225,7 +234,11 @@ def main(argv: list[str] | None = None) -> int:
                         mutant, directory, args.world_size, args.timeout, first_for(module)
                     )
                 reason = why_equivalent(
-                    mutant.module, mutant.qualname, mutant.site.operator, mutant.site.change
+                    mutant.module,
+                    mutant.qualname,
+                    mutant.site.operator,
+                    mutant.site.change,
+                    mutant.where,
                 )
                 if outcome == "survived" and reason:
                     outcome, by = "equivalent", reason

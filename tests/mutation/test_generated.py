@@ -154,9 +154,13 @@ def test_every_declared_equivalent_is_a_mutant_of_this_torch():
     if not torch.__version__.startswith("2.13."):
         pytest.skip(f"declared from torch 2.13.0's code, not {torch.__version__}'s")
     made = {
-        (m.module, m.qualname, m.site.operator, m.site.change)
+        key
         for module in {key[0] for key in EQUIVALENT}
         for m in mutants(module)
+        for key in (
+            (m.module, m.qualname, m.site.operator, m.site.change),
+            (m.module, m.qualname, m.site.operator, f"{m.site.change} at `{m.where}`"),
+        )
     }
     stale = [key for key in EQUIVALENT if key not in made]
     assert not stale, f"declared equivalents no operator makes: {stale}"
@@ -186,3 +190,14 @@ def test_a_rerun_keeps_what_was_judged_and_runs_the_survivors_again(tmp_path):
     assert after[kept["mutant"]]["outcome"] == "killed"
     assert after[kept["mutant"]]["by"] == "the earlier run"
     assert after[again["mutant"]]["outcome"] == "timed out", after[again["mutant"]]
+
+
+def test_a_declaration_of_one_line_excuses_no_other_line():
+    # scatter_object_list makes "0 -> 1" at two placeholders (declared) and could at the index
+    # its result is written to (not): only the lines named are excused.
+    from tests.mutation.equivalent import why_equivalent
+
+    args = ("torch.distributed.distributed_c10d", "scatter_object_list", "off-by-one", "0 -> 1")
+    placeholder = "obj_tensor_size = torch.tensor([0], dtype=torch.long, device=pg_device)"
+    assert why_equivalent(*args, placeholder)
+    assert why_equivalent(*args, "scatter_object_output_list[0] = _tensor_to_object(") is None
