@@ -59,6 +59,7 @@ FIRST: dict[str, tuple[str, ...]] = {
     "torch.distributed.algorithms.join": ("test_join",),
     "torch.nn.utils.clip_grad": ("test_optimizers",),
     "torch.optim": ("test_optimizer_options", "test_optimizers", "test_fused_optimizer"),
+    "torch.optim.optimizer": ("test_optimizer_base", "test_optimizer_options", "test_optimizers"),
     "torch.optim.lr_scheduler": ("test_lr_schedulers", "test_optimizers"),
     "torch.amp": ("test_grad_scaler", "test_optimizers"),
     "torch.distributed.nn": ("test_differentiable_collectives",),

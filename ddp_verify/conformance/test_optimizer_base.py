@@ -1,0 +1,190 @@
+"""``torch.optim.Optimizer``'s own contract, which every optimizer inherits: ``state_dict`` packs
+the state by parameter index in group order (and names, where the optimizer was given named
+parameters), ``load_state_dict`` into an optimizer over other tensors of the same shapes
+continues exactly as the uninterrupted one would (its state cast to the parameters' dtype,
+the step count kept), and refuses a state of other groups or group sizes;
+``add_param_group`` fills a new group's settings from the defaults and trains it by its own;
+``zero_grad`` drops or zeroes gradients as asked; and every documented refusal of parameters
+is made. A resumed optimizer that continues differently trains something else, on every rank
+alike."""
+
+from __future__ import annotations
+
+import io
+import re
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import strategies as st
+
+SHAPES = ((3, 2), (2,), (1,))
+OPTIMIZERS: dict[str, Any] = {
+    "sgd": lambda params, **kw: torch.optim.SGD(params, lr=0.1, momentum=0.9, **kw),
+    "adam": lambda params, **kw: torch.optim.Adam(params, lr=0.05, **kw),
+    "adamw": lambda params, **kw: torch.optim.AdamW(params, lr=0.05, weight_decay=0.1, **kw),
+}
+
+
+def _params(seed: int, dtype: torch.dtype = torch.float64) -> list[torch.nn.Parameter]:
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.nn.Parameter(torch.randn(*s, generator=generator, dtype=torch.float64).to(dtype))
+            for s in SHAPES]  # fmt: skip
+
+
+def _groups(params: list[torch.nn.Parameter], split: bool) -> list[dict[str, Any]]:
+    """One group, or two (the second with its own learning rate)."""
+    if not split:
+        return [{"params": params}]
+    return [{"params": params[:1]}, {"params": params[1:], "lr": 0.02}]
+
+
+def _step(params: list[torch.nn.Parameter], optimizer: torch.optim.Optimizer, k: int) -> None:
+    optimizer.zero_grad()
+    loss = sum(((p.double() - 0.1 * k) ** 2).sum() * (i + 1) for i, p in enumerate(params))
+    loss.backward()
+    optimizer.step()
+
+
+def test_a_loaded_state_continues_as_the_uninterrupted_optimizer(prove):
+    def check(case: tuple[str, bool, int, int, bool]) -> None:
+        name, split, before, after, foreach = case
+        make = OPTIMIZERS[name]
+        kept = _params(0)
+        uninterrupted = make(_groups(kept, split), foreach=foreach)
+        for k in range(before):
+            _step(kept, uninterrupted, k)
+        # Through a checkpoint, as a resumed run gets it: state_dict() hands out the state's
+        # own tensors, which the uninterrupted optimizer goes on updating in place.
+        buffer = io.BytesIO()
+        torch.save(uninterrupted.state_dict(), buffer)
+        buffer.seek(0)
+        saved = torch.load(buffer)
+        # Another set of tensors, at the values reached, as a restarted process would build.
+        resumed_params = [torch.nn.Parameter(p.detach().clone()) for p in kept]
+        resumed = make(_groups(resumed_params, split), foreach=foreach)
+        resumed.load_state_dict(saved)
+        for k in range(before, before + after):
+            _step(kept, uninterrupted, k)
+            _step(resumed_params, resumed, k)
+        for i, (a, b) in enumerate(zip(kept, resumed_params, strict=True)):
+            assert torch.equal(a, b), (
+                f"{name} (groups split: {split}, foreach {foreach}) resumed after {before} "
+                f"steps: parameter {i} differs after {after} more: {b.tolist()} against the "
+                f"uninterrupted {a.tolist()}"
+            )
+
+    prove(
+        st.tuples(
+            st.sampled_from(sorted(OPTIMIZERS)),
+            st.booleans(),
+            st.integers(1, 3),
+            st.integers(1, 3),
+            st.booleans(),
+        ),
+        check,
+    )
+
+
+def test_the_state_dict_is_packed_by_index_in_group_order():
+    params = _params(1)
+    optimizer = torch.optim.Adam(_groups(params, split=True), lr=0.05)
+    _step(params, optimizer, 0)
+    saved = optimizer.state_dict()
+    assert [g["params"] for g in saved["param_groups"]] == [[0], [1, 2]]
+    assert [g["lr"] for g in saved["param_groups"]] == [0.05, 0.02]
+    assert sorted(saved["state"]) == [0, 1, 2]
+    for index, p in enumerate(params):
+        state = saved["state"][index]
+        assert set(state) == {"step", "exp_avg", "exp_avg_sq"}, state
+        assert float(state["step"]) == 1.0
+        # After one step from zero moments: exp_avg = (1 - beta1) * gradient.
+        assert torch.allclose(state["exp_avg"], 0.1 * p.grad, rtol=1e-12, atol=0)
+
+
+def test_named_parameters_are_kept_by_name_in_the_state_dict():
+    model = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.Linear(3, 1))
+    optimizer = torch.optim.SGD(model.named_parameters(), lr=0.1)
+    saved = optimizer.state_dict()
+    names = [name for name, _ in model.named_parameters()]
+    assert saved["param_groups"][0]["param_names"] == names, saved["param_groups"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_a_loaded_state_takes_the_parameters_dtype(dtype):
+    source = _params(2)
+    optimizer = torch.optim.Adam(source, lr=0.05)
+    _step(source, optimizer, 0)
+    target = _params(2, dtype)
+    loaded = torch.optim.Adam(target, lr=0.05)
+    loaded.load_state_dict(optimizer.state_dict())
+    for p in target:
+        state = loaded.state[p]
+        assert state["exp_avg"].dtype == dtype and state["exp_avg_sq"].dtype == dtype, state
+        # The step count is kept as it was saved (a float32 tensor on the CPU), not cast.
+        assert float(state["step"]) == 1.0
+
+
+def test_a_state_of_other_groups_is_refused():
+    saved = torch.optim.SGD(_groups(_params(3), split=True), lr=0.1).state_dict()
+    one_group = torch.optim.SGD(_groups(_params(3), split=False), lr=0.1)
+    with pytest.raises(ValueError, match="different number of parameter groups"):
+        one_group.load_state_dict(saved)
+    params = _params(3)
+    other_sizes = torch.optim.SGD([{"params": params[:2]}, {"params": params[2:]}], lr=0.1)
+    with pytest.raises(ValueError, match="doesn't match the size of optimizer's group"):
+        other_sizes.load_state_dict(saved)
+
+
+def test_an_added_group_takes_the_defaults_and_trains_by_its_own():
+    first, second = _params(4)[:1], _params(5)[1:]
+    optimizer = torch.optim.SGD(first, lr=0.1, momentum=0.5)
+    optimizer.add_param_group({"params": second, "lr": 0.01})
+    added = optimizer.param_groups[1]
+    assert added["momentum"] == 0.5 and added["lr"] == 0.01, added
+    before = [p.detach().clone() for p in second]
+    for p in first + second:
+        p.grad = torch.ones_like(p)
+    optimizer.step()
+    for p, was in zip(second, before, strict=True):
+        assert torch.allclose(p, was - 0.01, rtol=0, atol=1e-15), (p, was)
+
+
+@pytest.mark.parametrize("set_to_none", [True, False])
+def test_zero_grad_drops_or_zeroes_as_asked(set_to_none):
+    params = _params(6)
+    optimizer = torch.optim.SGD(params, lr=0.1)
+    for p in params:
+        p.grad = torch.ones_like(p)
+    optimizer.zero_grad(set_to_none=set_to_none)
+    for p in params:
+        if set_to_none:
+            assert p.grad is None, p.grad
+        else:
+            assert p.grad is not None and torch.equal(p.grad, torch.zeros_like(p)), p.grad
+
+
+def _refusals() -> list[tuple[str, Any, type[BaseException], str]]:
+    p, q = _params(7)[:2]
+    leaf = torch.nn.Parameter(torch.ones(2))
+    return [
+        ("an empty parameter list", lambda: torch.optim.SGD([], lr=0.1), ValueError,
+         "optimizer got an empty parameter list"),
+        ("a tensor for the parameters", lambda: torch.optim.SGD(p, lr=0.1), TypeError,
+         "should be an iterable of Tensors or dicts"),
+        ("a group of a set of parameters", lambda: torch.optim.SGD([{"params": {p, q}}], lr=0.1),
+         TypeError, "ordered collections"),
+        ("a tensor that is not a leaf", lambda: torch.optim.SGD([leaf * 2], lr=0.1), ValueError,
+         "can't optimize a non-leaf Tensor"),
+        ("a parameter in two groups",
+         lambda: torch.optim.SGD([{"params": [p]}, {"params": [p, q]}], lr=0.1), ValueError,
+         "some parameters appear in more than one parameter group"),
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("make", "error", "words"), [pytest.param(*rest, id=what) for what, *rest in _refusals()]
+)
+def test_every_documented_refusal_of_parameters_is_made(make, error, words):
+    with pytest.raises(error, match=re.escape(words)):
+        make()
