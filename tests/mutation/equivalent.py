@@ -16,10 +16,6 @@ _DRAWS = (
 )
 
 _C10D = "torch.distributed.distributed_c10d"
-_BACKENDS = (
-    "every device of the map is given the same backend (the loop runs where the map has one "
-    "backend for all): the order the devices are registered in leaves each the same backend"
-)
 _PLACEHOLDER = (
     "a placeholder the collective right after it overwrites on every rank but the source "
     "(whose own value it sends): its first value is never read"
@@ -65,12 +61,11 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
     ),
     # -- c10d ---------------------------------------------------------------------------------
     (_C10D, "_new_process_group_helper", "reversed-iteration",
-     "for ... in backend_config.get_device_backend_map() -> reversed(list(...))"): _BACKENDS,
-    (_C10D, "_new_process_group_helper", "reversed-iteration",
      "for ... in backend_config.get_device_backend_map().items() -> reversed(list(...))"): (
-        "each device gets its own backend made from its own prefix store and registered under "
-        "its own device key: the order the (device, backend) pairs are visited in leaves the "
-        "same backend for every device"
+        "where one backend serves every device (gloo's map), the loop makes it once, from the "
+        "first device visited, and then registers it for the devices in the map's own order: "
+        "the order changes only the store prefix its rendezvous keys take, alike on every "
+        "rank (the registration order itself is not equivalent: reversing it was killed)"
     ),
     (_C10D, "scatter_object_list", "off-by-one",
      "0 -> 1 at `max_tensor_size = torch.tensor([0], dtype=torch.long, device=pg_device)`"):
