@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 import warnings
 from typing import Any
@@ -1323,3 +1324,75 @@ def objects_in_a_group(objects: tuple[object, ...], grouping: tuple[Any, ...], r
         return out
     finally:
         _destroy(created)
+
+
+def ddp_refusals() -> dict[str, str | None]:
+    """Each DistributedDataParallel construction and comm hook its code refuses, made alike on
+    every rank (each refused before DDP's first collective): ``Type: message``, or None where
+    it was accepted (and the wrapped model discarded)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    def model() -> torch.nn.Module:
+        return torch.nn.Linear(2, 2)
+
+    frozen = model().requires_grad_(False)
+    mixed = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2, device="meta"))
+    flat = init_device_mesh("cpu", (1, dist.get_world_size()))
+    made: dict[str, Any] = {
+        "delay_all_reduce_named_params alone": lambda: DDP(
+            model(), delay_all_reduce_named_params=list(model().named_parameters())
+        ),
+        "process_group and device_mesh both": lambda: DDP(
+            model(), process_group=dist.group.WORLD, device_mesh=flat
+        ),
+        "a two-dimensional device_mesh": lambda: DDP(model(), device_mesh=flat),
+        "a module with nothing to train": lambda: DDP(frozen),
+        "device_ids of two devices": lambda: DDP(model(), device_ids=[0, 1]),
+        "device_ids for a CPU module": lambda: DDP(model(), device_ids=[0]),
+        "a module on two kinds of device": lambda: DDP(mixed),
+        "a module with uninitialized parameters": lambda: DDP(torch.nn.LazyLinear(2)),
+    }
+    said: dict[str, str | None] = {}
+    for name, make in made.items():
+        try:
+            make()
+        except (ValueError, RuntimeError, TypeError) as exc:
+            said[name] = f"{type(exc).__name__}: {exc}"
+        else:
+            said[name] = None
+    wrapped = DDP(model())
+
+    def annotated(bucket: Any, returns: Any) -> Any:
+        # Real annotations, not this module's postponed strings, as DDP reads them.
+        def hook(state: object, bucket: object) -> object:
+            raise AssertionError("never called")
+
+        kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+        hook.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+            [
+                inspect.Parameter("state", kind),
+                inspect.Parameter("bucket", kind, annotation=bucket),
+            ],
+            return_annotation=returns,
+        )
+        return hook
+
+    future = torch.futures.Future[torch.Tensor]
+    bucket_annotated = annotated(int, future)
+    returns_annotated = annotated(dist.GradBucket, int)
+    accepted = {"a comm hook annotated as documented": annotated(dist.GradBucket, future)}
+
+    hooks: dict[str, Any] = {
+        "a comm hook that is not callable": 3,
+        "a comm hook whose bucket is not a GradBucket": bucket_annotated,
+        "a comm hook that returns no Future of a tensor": returns_annotated,
+    }
+    for name, hook in {**hooks, **accepted}.items():
+        try:
+            wrapped.register_comm_hook(None, hook)
+        except (ValueError, TypeError) as exc:
+            said[name] = f"{type(exc).__name__}: {exc}"
+        else:
+            said[name] = None
+    return said

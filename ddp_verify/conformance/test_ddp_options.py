@@ -4,6 +4,7 @@ single-process full-batch training (sample-weighted, uneven batches and accumula
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 import torch
@@ -542,3 +543,42 @@ def test_ddp_mixed_precision_computes_in_param_dtype_reduces_in_float32_keeps_fl
 )
 def test_ddp_mixed_precision_first_backward_gives_the_gradient(world, prove):
     _mixed_precision(world, prove, first_backward=True)
+
+
+# What DDP says for each construction and comm hook it refuses (torch 2.13's words, the part
+# that names the problem).
+DDP_REFUSED = {
+    "delay_all_reduce_named_params alone": r"ValueError: .*need to be set at the same time",
+    "process_group and device_mesh both": r"RuntimeError: Cannot specify both process_group",
+    "a two-dimensional device_mesh": r"RuntimeError: Only 1D device mesh is supported",
+    "a module with nothing to train": r"RuntimeError: .*doesn't have any parameter that "
+    r"requires a gradient",
+    "device_ids of two devices": r"ValueError: device_ids can only be None or contain a single",
+    "device_ids for a CPU module": r"ValueError: .*device_ids and output_device arguments only "
+    r"work with",
+    "a module on two kinds of device": r"ValueError: .*must be on the same type of devices",
+    "a module with uninitialized parameters": r"RuntimeError: Modules with uninitialized "
+    r"parameters",
+    "a comm hook that is not callable": r"TypeError: Communication hook must be callable",
+    "a comm hook whose bucket is not a GradBucket": r"ValueError: .*bucket annotation should "
+    r"be dist.GradBucket",
+    "a comm hook that returns no Future of a tensor": r"ValueError: .*return annotation should "
+    r"be torch.futures.Future",
+}
+
+
+def test_every_construction_and_comm_hook_ddp_refuses_is_refused(world):
+    # A regression that stops refusing lets a run start that cannot train as asked: a frozen
+    # module wrapped for nothing, a CPU module bound to a GPU, a hook of the wrong shape.
+    if world.device != "cpu":
+        pytest.skip("the refusals of device_ids are a CPU module's: this world runs on GPUs")
+    for rank, said in enumerate(world.run(jobs.ddp_refusals)):
+        for name, pattern in DDP_REFUSED.items():
+            assert said[name] is not None, f"{name}: accepted by DDP on rank {rank}"
+            assert re.match(pattern, said[name]), (
+                f"{name}: rank {rank} raised {said[name]!r}, expected {pattern!r}"
+            )
+        assert said["a comm hook annotated as documented"] is None, (
+            f"a hook annotated as documented refused on rank {rank}: "
+            f"{said['a comm hook annotated as documented']}"
+        )
