@@ -163,3 +163,24 @@ class GradScalerRun:
             self.scaler.update()
             out.append((self.param.detach().clone(), self.scaler.get_scale()))
         return out
+
+
+def test_a_schedule_changed_between_steps_runs_on_from_then():
+    # set_growth_factor / set_backoff_factor / set_growth_interval change the schedule from the
+    # next update; the getters give what is in force.
+    gradients = [1.0, 1.0, math.inf, 1.0, 1.0, 1.0]
+    run = GradScalerRun({"init_scale": 16.0, "growth_factor": 2.0, "backoff_factor": 0.5,
+                         "growth_interval": 2})  # fmt: skip
+    first = run.steps(gradients[:2])
+    scaler = run.scaler
+    scaler.set_growth_factor(4.0)
+    scaler.set_backoff_factor(0.25)
+    scaler.set_growth_interval(3)
+    assert (scaler.get_growth_factor(), scaler.get_backoff_factor(),
+            scaler.get_growth_interval()) == (4.0, 0.25, 3)  # fmt: skip
+    rest = run.steps(gradients[2:])
+    # Documented: two unskipped steps grew 16 to 32; then the inf backs off by 0.25 (8), and
+    # three unskipped steps at the new interval grow it by 4 (32).
+    want = [s for _, s in _documented(gradients[:2], 16.0, 2.0, 0.5, 2)]
+    want += [s for _, s in _documented(gradients[2:], want[-1], 4.0, 0.25, 3)]
+    assert [s for _, s in first + rest] == want, ([s for _, s in first + rest], want)
