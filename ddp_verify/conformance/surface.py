@@ -155,7 +155,7 @@ _CUDA_GRAPHS = (
     "CUDA graph capture: on the CPU its refusal (parameters on an unsupported device) is "
     "checked, its rule only by the GPU check"
 )
-_DIFFERENTIABLE = (
+_DIFFERENTIABLE_GAP = (
     "no property yet: torch's SGD cuts the derivative through its first momentum buffer (a "
     "detached copy of the first gradient), so a rule's derivative by the starting weights "
     "is not torch's"
@@ -334,6 +334,7 @@ _CHECKPOINT_ROWS = (
     ("save", "storage_writer", _ROUND_TRIP, "FileSystemWriter"),
     ("save", "planner", _ROUND_TRIP, "DefaultSavePlanner"),
     ("save", "use_collectives", _ROUND_TRIP, "True, and False (loaded on its own layout)"),
+    ("save", "no_dist", _ROUND_TRIP, "rank 0 alone writing whole tensors, loaded sharded"),
     ("load", "state_dict", _ROUND_TRIP, "the placements saved, others, whole tensors"),
     ("load", "checkpoint_id", _ROUND_TRIP + _DCP_REFUSED, ""),
     ("load", "planner", _ROUND_TRIP, "DefaultLoadPlanner"),
@@ -342,6 +343,7 @@ _CHECKPOINT_ROWS = (
     ("FileSystemWriter", "single_file_per_rank", _ROUND_TRIP, "on and off"),
     ("FileSystemWriter", "sync_files", _ROUND_TRIP, "on and off"),
     ("FileSystemWriter", "thread_count", _ROUND_TRIP, "1 to 3"),
+    ("FileSystemWriter", "per_thread_copy_ahead", _ROUND_TRIP, "1 byte and the default"),
     ("FileSystemWriter", "overwrite", _DCP_REFUSED, "False over an existing checkpoint"),
     *(
         ("FileSystemWriter", m, _ROUND_TRIP, _PROTOCOL)
@@ -422,7 +424,6 @@ _CHECKPOINT_OTHERS = (
         "a save over a subgroup: only the known issue's test "
         "(a cached plan reused over another group) makes one",
     ),
-    ("save", "no_dist", GAP, "saving from one process: no property yet"),
     (
         "load",
         "storage_reader",
@@ -430,7 +431,6 @@ _CHECKPOINT_OTHERS = (
         "a reader passed explicitly: every load here makes its FileSystemReader from checkpoint_id",
     ),
     ("load", "process_group", GAP, "a load over a subgroup: no property yet"),
-    ("FileSystemWriter", "per_thread_copy_ahead", GAP, "no property yet"),
     (
         "FileSystemWriter",
         "cache_staged_state_dict",
@@ -630,7 +630,7 @@ ENTRIES: tuple[Entry, ...] = (
          "nesterov": "on with momentum and no dampening; refused otherwise",
          "maximize": "on and off", "foreach": "the for-loop and foreach paths",
          "fused": "where this build has the path", "step()": "4 steps"},
-        {"differentiable": _DIFFERENTIABLE},
+        {"differentiable": _DIFFERENTIABLE_GAP},
     ),
     *(
         row
@@ -647,7 +647,7 @@ ENTRIES: tuple[Entry, ...] = (
              # AdamW steps through Adam's step(), which is Adam's row.
              **({"decoupled_weight_decay": "AdamW's rule", "step()": "4 steps"}
                 if api == "torch.optim.Adam" else {})},
-            {"capturable": _CUDA_GRAPHS, "differentiable": _DIFFERENTIABLE},
+            {"capturable": _CUDA_GRAPHS, "differentiable": _DIFFERENTIABLE_GAP},
         )
     ),
     *(
