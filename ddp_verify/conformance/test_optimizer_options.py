@@ -22,6 +22,8 @@ import pytest
 import torch
 from hypothesis import strategies as st
 
+from ddp_verify.conformance.known import known_torch_issue
+
 # Parameter shapes: a matrix, a vector, a scalar-like one, as a model's layers give them.
 SHAPES = ((3, 4), (4,), (1,))
 STEPS = 4
@@ -208,6 +210,134 @@ def test_every_documented_option_follows_its_published_rule(prove, implementatio
             )
 
     prove(st.tuples(settings(), st.integers(0, 2**16)), check, examples=EVERY_OPTION)
+
+
+def test_a_differentiable_optimizer_gives_the_derivative_by_its_learning_rate(prove):
+    # differentiable=True keeps the step in autograd's graph (learned optimizers,
+    # meta-learning): the final parameters' derivative by a learning rate that requires grad
+    # must be the documented rule's, taken by autograd through the rule's plain operations.
+    # By the learning rate alone: the gradients are given, so the first momentum buffer (a
+    # detached copy of the first gradient in torch) carries no derivative by it either way.
+    def check(case: tuple[Setting, int]) -> None:
+        setting, seed = case
+        params, grads = _data(seed)
+        weights = [torch.linspace(-1, 1, p.numel(), dtype=torch.float64).view(p.shape)
+                   for p in params]  # fmt: skip
+
+        def derivative(step: Any) -> torch.Tensor:
+            lr = torch.tensor(setting.lr, dtype=torch.float64, requires_grad=True)
+            final = step(dataclasses.replace(setting, tensor_lr=False), lr)
+            total = sum((f * w).sum() for f, w in zip(final, weights, strict=True))
+            (got,) = torch.autograd.grad(total, lr)
+            return got
+
+        def by_rule(plain: Setting, lr: torch.Tensor) -> list[torch.Tensor]:
+            moved = [p.clone() for p in params]
+            rule = sgd_rule if plain.name == "sgd" else adam_rule
+            rule(dataclasses.replace(plain, lr=lr), moved, grads)
+            return moved
+
+        def by_torch(plain: Setting, lr: torch.Tensor) -> list[torch.Tensor]:
+            theirs = [p.clone() for p in params]
+            cls = getattr(torch.optim, OPTIMIZERS[plain.name])
+            optimizer = cls(theirs, **{**plain.kwargs(), "lr": lr}, differentiable=True,
+                            foreach=False)  # fmt: skip
+            for step_grads in grads:
+                for p, g in zip(theirs, step_grads, strict=True):
+                    p.grad = None if g is None else g.clone()
+                optimizer.step()
+            return theirs
+
+        want, got = derivative(by_rule), derivative(by_torch)
+        # Adam's differentiable path takes its bias corrections from the step count as a
+        # tensor, which torch keeps in float32 (_get_scalar_dtype): about 1e-7 of each, some
+        # 1e-6 of the derivative after 4 steps. A derivative that loses a term is off by far
+        # more (the decay's, the moments').
+        torch.testing.assert_close(
+            got, want, rtol=1e-5, atol=1e-12,
+            msg=lambda m: f"{OPTIMIZERS[setting.name]}({setting}, differentiable=True): the "
+            f"derivative by the learning rate after {STEPS} steps is not the rule's.\n{m}",
+        )  # fmt: skip
+
+    prove(
+        st.tuples(
+            settings().filter(_differentiable_case),
+            st.integers(0, 2**16),
+        ),
+        check,
+        examples=[
+            (s, seed)
+            for s, seed in EVERY_OPTION
+            if not s.tensor_betas and not _known_differentiable(s)
+        ],
+    )
+
+
+def _differentiable_case(setting: Setting) -> bool:
+    return not setting.tensor_betas and not _known_differentiable(setting)
+
+
+def _known_differentiable(setting: Setting) -> bool:
+    """The settings the two known issues below meet: SGD's momentum, and AMSGrad with Adam's
+    weight decay in the gradient (the second moments then depend on the learning rate)."""
+    if setting.name == "sgd":
+        return bool(setting.momentum)
+    return setting.amsgrad and setting.name == "adam" and bool(setting.weight_decay)
+
+
+@known_torch_issue(
+    "SGD(differentiable=True, momentum>0) with a learning rate that requires grad: backward "
+    "fails after a second step, the momentum buffer addcmul_ saved for the learning rate's "
+    "derivative being updated in place by the next step's mul_ ('modified by an inplace "
+    "operation'); its first buffer is also a detached copy of the first gradient",
+    raises=RuntimeError,
+    match=r"modified by an inplace operation",
+    repro="findings/differentiable_sgd_momentum_inplace.py",
+)
+def test_a_differentiable_sgd_with_momentum_gives_the_derivative_by_its_learning_rate():
+    setting = Setting("sgd", momentum=0.5)
+    params, grads = _data(2)
+    lr = torch.tensor(setting.lr, dtype=torch.float64, requires_grad=True)
+    theirs = [p.clone() for p in params]
+    optimizer = torch.optim.SGD(theirs, **{**setting.kwargs(), "lr": lr}, differentiable=True,
+                                foreach=False)  # fmt: skip
+    for step_grads in grads:
+        for p, g in zip(theirs, step_grads, strict=True):
+            p.grad = None if g is None else g.clone()
+        optimizer.step()
+    (got,) = torch.autograd.grad(sum(t.sum() for t in theirs), lr)
+    moved = [p.clone() for p in params]
+    sgd_rule(dataclasses.replace(setting, lr=lr), moved, grads)
+    (want,) = torch.autograd.grad(sum(t.sum() for t in moved), lr)
+    torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12)
+
+
+@known_torch_issue(
+    "Adam(differentiable=True, amsgrad=True): once the second moments depend on what is "
+    "differentiated (here through weight_decay; in meta-learning through every gradient), "
+    "backward fails: the running maximum is updated in place with copy_ after "
+    "torch.maximum saved it ('one of the variables needed for gradient computation has "
+    "been modified by an inplace operation')",
+    raises=RuntimeError,
+    match=r"modified by an inplace operation",
+    repro="findings/differentiable_adam_amsgrad_inplace.py",
+)
+def test_a_differentiable_adam_with_amsgrad_gives_the_derivative_by_its_learning_rate():
+    setting = Setting("adam", betas=(0.5, 0.9), eps=1e-3, amsgrad=True, weight_decay=0.1)
+    params, grads = _data(3)
+    lr = torch.tensor(setting.lr, dtype=torch.float64, requires_grad=True)
+    theirs = [p.clone() for p in params]
+    optimizer = torch.optim.Adam(theirs, **{**setting.kwargs(), "lr": lr}, differentiable=True,
+                                 foreach=False)  # fmt: skip
+    for step_grads in grads:
+        for p, g in zip(theirs, step_grads, strict=True):
+            p.grad = None if g is None else g.clone()
+        optimizer.step()
+    (got,) = torch.autograd.grad(sum(t.sum() for t in theirs), lr)
+    moved = [p.clone() for p in params]
+    adam_rule(dataclasses.replace(setting, lr=lr), moved, grads)
+    (want,) = torch.autograd.grad(sum(t.sum() for t in moved), lr)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-12)
 
 
 def _refused(setting: Setting, implementation: str) -> bool:
