@@ -1396,3 +1396,48 @@ def ddp_refusals() -> dict[str, str | None]:
         else:
             said[name] = None
     return said
+
+
+def device_mesh_views(shape: tuple[int, ...], names: tuple[str, ...]) -> dict[str, Any]:
+    """A DeviceMesh of ``shape`` (named ``names``) over the world, as this rank sees it: its
+    layout, coordinate, sizes, each dimension's local rank, group and one-dimensional
+    submesh; a submesh of every dimension in order; and what it says for the meshes it
+    documents as invalid (each refused alike on every rank, before any group is made)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", shape, mesh_dim_names=names)
+    out: dict[str, Any] = {
+        "mesh": mesh.mesh.tolist(),
+        "coordinate": list(mesh.get_coordinate() or ()),
+        "size": [mesh.size(), *[mesh.size(d) for d in range(len(shape))]],
+        "ndim": mesh.ndim,
+        "names": list(mesh.mesh_dim_names or ()),
+        "local ranks": [mesh.get_local_rank(name) for name in names],
+        "groups": [dist.get_process_group_ranks(mesh.get_group(d)) for d in range(len(shape))],
+        "groups by name": [dist.get_process_group_ranks(mesh.get_group(n)) for n in names],
+        "submeshes": [mesh[name].mesh.tolist() for name in names],
+        "all dimensions": mesh[names].mesh.tolist() if len(names) > 1 else None,
+        "equal to another of the same shape": mesh
+        == init_device_mesh("cpu", shape, mesh_dim_names=names),
+    }
+    size = dist.get_world_size()
+    refused: dict[str, Any] = {
+        "a mesh of more ranks than the world": lambda: init_device_mesh("cpu", (size + 1,)),
+        "names of another length": lambda: init_device_mesh(
+            "cpu", shape, mesh_dim_names=(*names, "extra")
+        ),
+        "a name twice": lambda: init_device_mesh("cpu", (1, size), mesh_dim_names=("a", "a")),
+        "dimensions out of order": lambda: mesh[tuple(reversed(names))],
+    }
+    said: dict[str, str | None] = {}
+    for what, make in refused.items():
+        if what == "dimensions out of order" and len(names) < 2:
+            continue
+        try:
+            make()
+        except (RuntimeError, ValueError, KeyError) as exc:
+            said[what] = f"{type(exc).__name__}: {exc}"
+        else:
+            said[what] = None
+    out["refused"] = said
+    return out

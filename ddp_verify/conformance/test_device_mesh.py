@@ -1,0 +1,83 @@
+"""DeviceMesh, the layout FSDP2, HSDP and tensor parallelism name their groups by, against
+the arithmetic it stands for: a mesh of shape ``(d0, d1, ...)`` lays the world's ranks out
+in row-major order; a rank's coordinate is its index unravelled; the group (and the one-
+dimensional submesh) of a dimension holds the ranks that differ from it in that coordinate
+alone; sizes and local ranks follow; a submesh of every dimension in order is the mesh
+again. The meshes it documents as invalid (more ranks than the world, names of another
+length or repeated, two dimensions of more than one rank out of order) are refused. A mesh
+whose groups hold other ranks reduces over the wrong replicas, on every rank alike."""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+import torch
+from hypothesis import strategies as st
+
+from ddp_verify.conformance import jobs
+
+REFUSED = {
+    "a mesh of more ranks than the world": r"RuntimeError: Mesh should not be bigger than",
+    "names of another length": r"RuntimeError: mesh_shape and mesh_dim_names should have same "
+    r"length",
+    "a name twice": r"RuntimeError: Each mesh_dim_name must be unique",
+    "dimensions out of order": r"KeyError: .*Mesh dim indices should be in ascending order",
+}
+
+
+def _shapes(world_size: int) -> list[tuple[int, ...]]:
+    """Every way of writing the world as a product of one to three sizes (ones included)."""
+    found: list[tuple[int, ...]] = [(world_size,)]
+    for a in range(1, world_size + 1):
+        if world_size % a == 0:
+            found.append((a, world_size // a))
+            rest = world_size // a
+            found += [(a, b, rest // b) for b in range(1, rest + 1) if rest % b == 0]
+    return found
+
+
+def _documented(shape: tuple[int, ...], names: tuple[str, ...], rank: int) -> dict[str, Any]:
+    layout = torch.arange(math.prod(shape)).view(shape)
+    coordinate = [int(c) for c in torch.unravel_index(torch.tensor(rank), shape)]
+    groups = []
+    for d in range(len(shape)):
+        index = [slice(None) if e == d else coordinate[e] for e in range(len(shape))]
+        groups.append(layout[tuple(index)].tolist())
+    return {
+        "mesh": layout.tolist(),
+        "coordinate": coordinate,
+        "size": [math.prod(shape), *shape],
+        "ndim": len(shape),
+        "names": list(names),
+        "local ranks": coordinate,
+        "groups": groups,
+        "groups by name": groups,
+        "submeshes": groups,
+        "all dimensions": layout.tolist() if len(shape) > 1 else None,
+        "equal to another of the same shape": True,
+    }
+
+
+def test_a_device_mesh_is_the_layout_it_stands_for(world, prove):
+    def check(shape: tuple[int, ...]) -> None:
+        names = tuple(f"d{i}" for i in range(len(shape)))
+        for rank, got in enumerate(world.run(jobs.device_mesh_views, shape, names)):
+            for key, want in _documented(shape, names, rank).items():
+                assert got[key] == want, (
+                    f"{key} of a mesh of shape {shape} on rank {rank}: {got[key]!r}, "
+                    f"documented {want!r}"
+                )
+            for what, pattern in REFUSED.items():
+                # Out of order matters only between two dimensions of more than one rank
+                # (size-1 dimensions leave the layout the same, and torch takes it).
+                if what == "dimensions out of order" and sum(n > 1 for n in shape) < 2:
+                    continue
+                said = got["refused"][what]
+                assert said is not None and re.match(pattern, said), (
+                    f"{what} (mesh {shape}) on rank {rank}: {said!r}, expected {pattern!r}"
+                )
+
+    shapes = _shapes(world.size)
+    prove(st.sampled_from(shapes), check, examples=shapes[: min(len(shapes), 4)])
