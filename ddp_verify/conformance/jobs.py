@@ -1441,3 +1441,40 @@ def device_mesh_views(shape: tuple[int, ...], names: tuple[str, ...]) -> dict[st
             said[what] = None
     out["refused"] = said
     return out
+
+
+def zero_refusals() -> dict[str, str | None]:
+    """Each ZeroRedundancyOptimizer construction and call its code refuses, made alike on
+    every rank before any collective: ``Type: message``, or None where accepted."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer as ZeRO
+
+    p = torch.nn.Parameter(torch.ones(2))
+    mixed = [torch.nn.Parameter(torch.ones(2)), torch.nn.Parameter(torch.ones(2).double())]
+    made = ZeRO([torch.nn.Parameter(torch.ones(3))], optimizer_class=torch.optim.SGD, lr=0.1)
+    calls: dict[str, Any] = {
+        "a tensor for the parameters": lambda: ZeRO(p, optimizer_class=torch.optim.SGD, lr=0.1),
+        "no parameters": lambda: ZeRO([], optimizer_class=torch.optim.SGD, lr=0.1),
+        "a group without params": lambda: ZeRO(
+            [{"lr": 0.1}], optimizer_class=torch.optim.SGD, lr=0.1
+        ),
+        "parameters of two dtypes": lambda: ZeRO(mixed, optimizer_class=torch.optim.SGD, lr=0.1),
+        "a functional optimizer without overlap": lambda: ZeRO(
+            [p], optimizer_class=_functional_sgd(), lr=0.1
+        ),
+        "state_dict before it was consolidated": lambda: made.state_dict(),
+    }
+    said: dict[str, str | None] = {}
+    for name, call in calls.items():
+        try:
+            call()
+        except (ValueError, TypeError, RuntimeError) as exc:
+            said[name] = f"{type(exc).__name__}: {exc}"
+        else:
+            said[name] = None
+    return said
+
+
+def _functional_sgd() -> type:
+    from torch.distributed.optim.functional_sgd import _FunctionalSGD
+
+    return _FunctionalSGD

@@ -3,6 +3,8 @@ parameters and broadcasts them; training must stay equivalent to the unsharded o
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from hypothesis import strategies as st
 
@@ -240,3 +242,30 @@ def _overlapped(world, prove, shard_buckets: bool) -> None:
         )
 
     prove(draw(), check)
+
+
+ZERO_REFUSED = {
+    "a tensor for the parameters": r"TypeError: `params` argument should be an iterable of "
+    r"Tensors",
+    "no parameters": r"ValueError: ZeroRedundancyOptimizer got an empty parameter list",
+    "a group without params": r"ValueError: Each parameter group passed-in via `params` must "
+    r"have a 'params' key",
+    "parameters of two dtypes": r"ValueError: ZeroRedundancyOptimizer only supports using the "
+    r"same dense type",
+    "a functional optimizer without overlap": r"ValueError: Passing in a functional optimizer",
+    "state_dict before it was consolidated": r"RuntimeError: Optimizer state has not been "
+    r"consolidated on this rank",
+}
+
+
+def test_every_construction_and_call_zero_refuses_is_refused(world):
+    # A regression that stops refusing lets a run go on with what ZeRO cannot shard (mixed
+    # dtypes), or hands back a state that was never gathered.
+    for rank, said in enumerate(world.run(jobs.zero_refusals)):
+        for name, pattern in ZERO_REFUSED.items():
+            assert said[name] is not None, (
+                f"{name}: accepted by ZeroRedundancyOptimizer on rank {rank}"
+            )
+            assert re.match(pattern, said[name]), (
+                f"{name}: rank {rank} raised {said[name]!r}, expected {pattern!r}"
+            )
