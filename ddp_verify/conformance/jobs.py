@@ -1478,3 +1478,47 @@ def _functional_sgd() -> type:
     from torch.distributed.optim.functional_sgd import _FunctionalSGD
 
     return _FunctionalSGD
+
+
+def fsdp_refusals() -> dict[str, str | None]:
+    """Each fully_shard call and FSDPModule setting its code refuses, made alike on every
+    rank (before any collective): ``Type: message``, or None where accepted."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
+
+    size = dist.get_world_size()
+
+    class Scalar(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.scale = torch.nn.Parameter(torch.tensor(2.0))
+
+    sharded = fully_shard(torch.nn.Linear(2, 2))
+    calls: dict[str, Any] = {
+        "a container without forward": lambda: fully_shard(
+            torch.nn.ModuleList([torch.nn.Linear(2, 2)])
+        ),
+        "reshard_after_forward of another type": lambda: fully_shard(
+            torch.nn.Linear(2, 2), reshard_after_forward=1.5
+        ),
+        "reshard_after_forward that does not divide the shards": lambda: fully_shard(
+            torch.nn.Linear(2, 2), reshard_after_forward=size + 1
+        ),
+        "a scalar parameter": lambda: fully_shard(Scalar()),
+        "a three-dimensional mesh": lambda: fully_shard(
+            torch.nn.Linear(2, 2), mesh=init_device_mesh("cpu", (1, 1, size))
+        ),
+        "set_reshard_after_forward of another type": lambda: sharded.set_reshard_after_forward(1),
+        "a forward method the module lacks": lambda: register_fsdp_forward_method(
+            sharded, "no_such_method"
+        ),
+    }
+    said: dict[str, str | None] = {}
+    for name, call in calls.items():
+        try:
+            call()
+        except (ValueError, TypeError, NotImplementedError) as exc:
+            said[name] = f"{type(exc).__name__}: {exc}"
+        else:
+            said[name] = None
+    return said

@@ -606,3 +606,28 @@ def test_ignore_frozen_params_leaves_frozen_parameters_out_of_the_state_dict(wor
         else:
             assert frozen == ["0.bias", "0.weight"], f"{said}: the state dict holds {keys}"
             assert frozen_back, f"{said}: the frozen parameters did not load back"
+
+
+FSDP_REFUSED = {
+    "a container without forward": r"ValueError: fully_shard does not support containers",
+    "reshard_after_forward of another type": r"ValueError: reshard_after_forward should be a "
+    r"bool or an int",
+    "reshard_after_forward that does not divide the shards": r"ValueError: If passing "
+    r"reshard_after_forward as an int, it should be a factor of",
+    "a scalar parameter": r"ValueError: fully_shard doesn't support scalar parameters",
+    "a three-dimensional mesh": r"ValueError: fully_shard expects a 1D or 2D DeviceMesh",
+    "set_reshard_after_forward of another type": r"ValueError: reshard_after_forward should "
+    r"be a bool",
+    "a forward method the module lacks": r"ValueError: .* does not have a method",
+}
+
+
+def test_every_call_fully_shard_refuses_is_refused(world):
+    # A regression that stops refusing shards what it cannot (a scalar, a container whose
+    # children run on their own) or reshards to groups that do not divide the shards.
+    for rank, said in enumerate(world.run(jobs.fsdp_refusals)):
+        for name, pattern in FSDP_REFUSED.items():
+            assert said[name] is not None, f"{name}: accepted by fully_shard on rank {rank}"
+            assert re.match(pattern, said[name]), (
+                f"{name}: rank {rank} raised {said[name]!r}, expected {pattern!r}"
+            )
