@@ -1282,6 +1282,8 @@ def point_to_point(seed: int, grouping: tuple[Any, ...], how: str,
                                                                else ranks[after]}),
                    dist.P2POp(dist.irecv, got, group=group, **{peer: before if by_group_rank
                                                                  else ranks[before]})]  # fmt: skip
+            # Each op names its peer both ways, whichever it was given by.
+            out["peers"] = [[op.peer, op.group_peer] for op in ops]
             for work in dist.batch_isend_irecv(ops):
                 work.wait()
         out["received"] = got.tolist()

@@ -330,6 +330,14 @@ def test_point_to_point_passes_round_a_ring_of_any_group(world, prove):
                 f"{said}: rank {rank} received {None if got is None else got['received']}, "
                 f"rank {before} sent it {sent}"
             )
+            if how == "batched":
+                me = members.index(rank)
+                n = len(members)
+                want_peers = [[members[(me + 1) % n], (me + 1) % n], [before, (me - 1) % n]]
+                assert got["peers"] == want_peers, (
+                    f"{said}: rank {rank}'s P2POps name (peer, group_peer) {got['peers']}, "
+                    f"documented {want_peers}"
+                )
             if how == "blocking":
                 assert got["sender"] == before, f"{said}: recv on rank {rank} named {got['sender']}"
                 assert got["object"] == {"from": before, "values": sent}, (
