@@ -898,10 +898,12 @@ ENTRIES: tuple[Entry, ...] = (
     _e("torch.utils.data.DistributedSampler", "set_epoch()", COVERED,
        "test_data::test_set_epoch_reshuffles_and_forgetting_it_does_not"),
     # -- clipping ------------------------------------------------------------------------------
-    _e("torch.nn.utils.clip_grad_norm_", "parameters", COVERED, _CLIP),
+    _e("torch.nn.utils.clip_grad_norm_", "parameters", COVERED, _CLIP, _CLIP_NORMS,
+       why="a list, and a lone tensor"),
     _e("torch.nn.utils.clip_grad_norm_", "max_norm", COVERED, _CLIP),
     _e("torch.nn.utils.clip_grad_norm_", "norm_type", COVERED, _CLIP_NORMS,
-       why="1, 2, 3 and inf"),
+       why="1, 2, 3 and inf (a float and the string 'inf'); and through get_total_norm and "
+       "clip_grads_with_norm_, the halves it is documented as"),
     _e("torch.nn.utils.clip_grad_norm_", "error_if_nonfinite", COVERED,
        "test_optimizers::test_clip_grad_norm_raises_on_a_nonfinite_norm_only_when_asked"),
     _e("torch.nn.utils.clip_grad_norm_", "foreach", COVERED, _CLIP),

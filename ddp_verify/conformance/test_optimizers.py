@@ -8,6 +8,7 @@ regression here would move both sides alike; this is where it fails."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 import torch
@@ -162,7 +163,7 @@ def _p_norm(grads: list[torch.Tensor], norm_type: float) -> float:
 @pytest.mark.parametrize("foreach", [False, True], ids=["for_loop", "foreach"])
 def test_clip_grad_norm_follows_its_definition_in_every_norm(prove, foreach):
     def check(case):
-        max_norm, norm_type, seed, scale, count = case
+        max_norm, norm_type, seed, scale, count, form = case
         (grads,) = _gradients(seed, 1)
         # One parameter, or several: a lone tensor takes paths of its own.
         params, grads = _parameters(seed)[:count], grads[:count]
@@ -170,8 +171,19 @@ def test_clip_grad_norm_follows_its_definition_in_every_norm(prove, foreach):
         for p, g in zip(params, grads, strict=True):
             p.grad = None if g is None else g * scale
         want = _p_norm(given, norm_type)
-        got = torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type=norm_type, foreach=foreach)
-        said = f"clip_grad_norm_(max_norm={max_norm}, norm_type={norm_type}, foreach={foreach})"
+        # The documented forms: a lone tensor where it is one, 'inf' as a string, and the two
+        # halves clip_grad_norm_ is documented as (get_total_norm, then clip_grads_with_norm_).
+        what: Any = params[0] if form == "tensor" and count == 1 else params
+        kind: Any = "inf" if form == "string" and math.isinf(norm_type) else norm_type
+        if form == "halves":
+            got = torch.nn.utils.get_total_norm(
+                [p.grad for p in params if p.grad is not None], kind, foreach=foreach
+            )
+            torch.nn.utils.clip_grads_with_norm_(what, max_norm, got, foreach=foreach)
+        else:
+            got = torch.nn.utils.clip_grad_norm_(what, max_norm, norm_type=kind, foreach=foreach)
+        said = (f"clip_grad_norm_(max_norm={max_norm}, norm_type={kind!r}, foreach={foreach}, "
+                f"given as {form})")  # fmt: skip
         assert float(got) == pytest.approx(want, rel=RTOL), (
             f"{said} returned the total norm {float(got)!r}; the gradients' "
             f"{norm_type}-norm is {want!r}"
@@ -191,10 +203,19 @@ def test_clip_grad_norm_follows_its_definition_in_every_norm(prove, foreach):
     norms = st.sampled_from((1.0, 2.0, 3.0, math.inf))
     scales = st.sampled_from((1e-3, 1.0, 10.0))
     counts = st.integers(1, len(SHAPES))
+    forms = st.sampled_from(("list", "tensor", "string", "halves"))
     cases = st.tuples(
-        st.sampled_from((0.1, 1.0, 5.0)), norms, st.integers(0, 2**16), scales, counts
+        st.sampled_from((0.1, 1.0, 5.0)), norms, st.integers(0, 2**16), scales, counts, forms
     )
-    prove(cases, check)
+    prove(
+        cases,
+        check,
+        examples=[
+            (1.0, 2.0, 1, 10.0, 1, "tensor"),
+            (1.0, math.inf, 2, 10.0, 3, "string"),
+            (0.1, 3.0, 3, 10.0, 3, "halves"),
+        ],
+    )
 
 
 @pytest.mark.parametrize("foreach", [False, True], ids=["for_loop", "foreach"])
