@@ -887,8 +887,12 @@ ENTRIES: tuple[Entry, ...] = (
     ),
     # -- data ----------------------------------------------------------------------------------
     _e("torch.utils.data.DistributedSampler", "dataset", COVERED, _SAMPLER),
-    _e("torch.utils.data.DistributedSampler", "num_replicas", COVERED, _SAMPLER),
-    _e("torch.utils.data.DistributedSampler", "rank", COVERED, _SAMPLER),
+    *(
+        _e("torch.utils.data.DistributedSampler", arg, COVERED, _SAMPLER,
+           "test_data::test_a_sampler_given_its_replicas_and_rank_shards_as_documented",
+           why="from the group, and given outright (1 to 6 replicas; a rank outside refused)")
+        for arg in ("num_replicas", "rank")
+    ),
     _e("torch.utils.data.DistributedSampler", "shuffle", COVERED,
        "test_data::test_set_epoch_reshuffles_and_forgetting_it_does_not",
        "test_data::test_sampler_without_shuffle_keeps_the_datasets_order"),

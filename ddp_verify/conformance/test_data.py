@@ -194,3 +194,60 @@ def test_sampler_without_shuffle_keeps_the_datasets_order(world, prove):
         )
 
     prove(st.tuples(LENGTHS, st.integers(0, 2**16), st.booleans()), check)
+
+
+def test_a_sampler_given_its_replicas_and_rank_shards_as_documented(prove):
+    # num_replicas and rank given outright (as a loader built before the group, or for
+    # another world, does): every rank's shard is what the documented arithmetic says, with
+    # no group at all; a rank outside [0, num_replicas) is refused.
+    from torch.utils.data.distributed import DistributedSampler
+
+    def check(case):
+        length, replicas, shuffle, drop_last, seed = case
+        data = list(range(length))
+        shards = [
+            list(
+                DistributedSampler(
+                    data,
+                    num_replicas=replicas,
+                    rank=r,
+                    shuffle=shuffle,
+                    seed=seed,
+                    drop_last=drop_last,
+                )
+            )
+            for r in range(replicas)
+        ]
+        per_rank = length // replicas if drop_last else -(-length // replicas)
+        said = (f"DistributedSampler({length} items, num_replicas={replicas}, shuffle={shuffle},"
+                f" drop_last={drop_last}, seed={seed})")  # fmt: skip
+        assert [len(s) for s in shards] == [per_rank] * replicas, f"{said}: {shards}"
+        # Read rank by rank, position by position, the shards are one order of the dataset
+        # (its own order without shuffling; some permutation, the same for every rank, with
+        # it), padded from its start or cut to a multiple of the replicas.
+        total = per_rank * replicas
+        interleaved = [shards[r][i] for i in range(per_rank) for r in range(replicas)]
+        order = interleaved[: min(length, total)]
+        assert len(set(order)) == len(order) and set(order) <= set(data), f"{said}: {shards}"
+        if not shuffle:
+            assert order == data[: len(order)], f"{said}: not the dataset's order: {shards}"
+        if not drop_last:
+            assert sorted(order) == data, f"{said}: the dataset not covered: {shards}"
+            padding = interleaved[length:]
+            assert padding == (order * (total // length + 1))[: len(padding)], (
+                f"{said}: padded with {padding}, not from the start of {order}"
+            )
+        for bad in (replicas, -1):
+            with pytest.raises(ValueError, match=r"Invalid rank"):
+                DistributedSampler(data, num_replicas=replicas, rank=bad)
+
+    prove(
+        st.tuples(
+            st.integers(1, 30),
+            st.integers(1, 6),
+            st.booleans(),
+            st.booleans(),
+            st.integers(0, 2**16),
+        ),
+        check,
+    )
