@@ -1100,6 +1100,9 @@ def collective_refusals() -> dict[str, str | None]:
         "new_group bound to the CPU": lambda: dist.new_group(
             list(range(size)), device_id=torch.device("cpu")
         ),
+        "new_group bound to an indexed CPU": lambda: dist.new_group(
+            list(range(size)), device_id=torch.device("cpu", 0)
+        ),
         "new_subgroups larger than the world": lambda: dist.new_subgroups(group_size=size + 1),
         "new_subgroups of size 0": lambda: dist.new_subgroups(group_size=0),
         "new_subgroups_by_enumeration of nothing": lambda: dist.new_subgroups_by_enumeration([]),

@@ -179,6 +179,8 @@ REFUSED = {
     "new_group with a rank beyond the world": r"ValueError: Rank \d+ is out of range",
     # device_id binds a group to an accelerator with an index: never to the CPU.
     "new_group bound to the CPU": r"ValueError: .*device_id parameter must be an accelerator",
+    "new_group bound to an indexed CPU": r"ValueError: .*device_id parameter must be an "
+    r"accelerator",
     "new_subgroups larger than the world": r"ValueError: .*must not exceed the world size",
     "new_subgroups of size 0": r"ValueError: .*must be positive",
     "new_subgroups_by_enumeration of nothing": r"ValueError: .*cannot be empty",
