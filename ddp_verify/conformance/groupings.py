@@ -1,6 +1,6 @@
 """The groups c10d makes, as data the conformance suite draws: which grouping, and the
-members it gives each rank (the oracle's side of :func:`ddp_verify.conformance.jobs.group_of`,
-which makes them on the ranks)."""
+members it gives each rank (the oracle's side of
+:func:`ddp_verify.conformance.collective_jobs.group_of`, which makes them on the ranks)."""
 
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ SORT_RANKS = "sort_ranks" in inspect.signature(dist.new_group).parameters
 
 
 def groupings(world_size: int) -> st.SearchStrategy[tuple[Any, ...]]:
-    """The groupings of :func:`ddp_verify.conformance.jobs.group_of`: the default group, any
-    nonempty subset by ``new_group`` (in any order, ``sort_ranks`` both ways where torch has
-    it), blocks by ``new_subgroups``, and a partition of some ranks (others left in no
-    subgroup) by ``new_subgroups_by_enumeration``.
+    """The groupings of :func:`ddp_verify.conformance.collective_jobs.group_of`: the default
+    group, any nonempty subset by ``new_group`` (in any order, ``sort_ranks`` both ways where
+    torch has it), blocks by ``new_subgroups``, and a partition of some ranks (others left in
+    no subgroup) by ``new_subgroups_by_enumeration``.
     """
     ranks = list(range(world_size))
     subset = st.lists(st.sampled_from(ranks), min_size=1, unique=True)

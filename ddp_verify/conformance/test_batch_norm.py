@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 from hypothesis import strategies as st
 
-from ddp_verify.conformance import jobs
+from ddp_verify.conformance import refusal_jobs
 
 RTOL, ATOL = 1e-10, 1e-12
 # The classes and the input ranks each documents: (N, C) or (N, C, L); (N, C, H, W);
@@ -383,7 +383,7 @@ def test_sync_batch_norm_refuses_to_train_on_cpu_tensors_under_a_process_group(w
     # refuse, not train each rank on its own statistics under a name that says synchronised.
     if world.device != "cpu":
         pytest.skip("the refusal is of CPU tensors: this world runs on " + world.device)
-    for rank, said in enumerate(world.run(jobs.sync_batch_norm_on_cpu)):
+    for rank, said in enumerate(world.run(refusal_jobs.sync_batch_norm_on_cpu)):
         assert said is not None and re.search("expected input tensor to be on GPU", said), (
             f"rank {rank}: SyncBatchNorm trained on CPU tensors under a process group ({said!r})"
         )

@@ -27,7 +27,7 @@ import pytest
 import torch
 from hypothesis import strategies as st
 
-from ddp_verify.conformance import groupings, jobs
+from ddp_verify.conformance import collective_jobs, groupings
 
 # The ops gloo reduces, and the dtypes each applies to (the bitwise ones to integers).
 OPS = {"SUM": ("float64", "int64"), "PRODUCT": ("float64", "int64"), "MIN": ("float64", "int64"),
@@ -58,7 +58,7 @@ def _expected(case: tuple[Any, ...], rank: int, world_size: int) -> dict[str, An
     members = groupings.members(grouping, rank, world_size)
 
     def inputs(r: int, shape: tuple[int, ...], offset: int = 0) -> torch.Tensor:
-        return jobs.collective_inputs(seed + offset, r, shape, dtype)
+        return collective_jobs.collective_inputs(seed + offset, r, shape, dtype)
 
     if members is None:  # every call returns None and leaves the rank's tensors alone
         return {
@@ -68,11 +68,15 @@ def _expected(case: tuple[Any, ...], rank: int, world_size: int) -> dict[str, An
             "reduce": inputs(rank, (3,), 2).tolist(),
             "all_gather": [[0, 0]], "gather": None, "scatter": [0, 0],
             "all_to_all_single": [0, 0], "all_to_all_single_uneven": [],
-            **{name: [0, 0] for name in jobs.GATHERS_INTO_A_TENSOR},
-            **{name: [0, 0] for name in jobs.REDUCE_SCATTERS_OF_A_TENSOR},
+            **{name: [0, 0] for name in collective_jobs.GATHERS_INTO_A_TENSOR},
+            **{name: [0, 0] for name in collective_jobs.REDUCE_SCATTERS_OF_A_TENSOR},
         }  # fmt: skip
     n, me = len(members), members.index(rank)
     root = root % n
+
+    def inputs_of(sender: int, seed_of: int) -> list[Any]:
+        return collective_jobs.collective_inputs(seed_of, sender, (2,), dtype).tolist()
+
     chunks = lambda r, offset: inputs(r, (2 * n,), offset).view(n, 2)  # noqa: E731
     want: dict[str, Any] = {
         "rank": me, "size": n, "ranks": members,
@@ -81,18 +85,18 @@ def _expected(case: tuple[Any, ...], rank: int, world_size: int) -> dict[str, An
         "broadcast": inputs(members[root], (3,), 1).tolist(),
         "all_gather": [inputs(r, (2,), 3).tolist() for r in members],
         "gather": [inputs(r, (2,), 3).tolist() for r in members] if me == root else None,
-        "scatter": jobs.collective_inputs(seed + 10 + me, members[root], (2,), dtype).tolist(),
+        "scatter": inputs_of(members[root], seed + 10 + me),
         "all_to_all_single": torch.cat([chunks(r, 5)[me] for r in members]).tolist(),
     }  # fmt: skip
     uneven = []
     for sender in range(n):  # what each group rank sent this one, after what it sent before
-        sizes = [jobs.uneven_split(seed, sender, j) for j in range(n)]
+        sizes = [collective_jobs.uneven_split(seed, sender, j) for j in range(n)]
         sent = inputs(members[sender], (sum(sizes),), 6)
         uneven += sent[sum(sizes[:me]) : sum(sizes[: me + 1])].tolist()
     want["all_to_all_single_uneven"] = uneven
-    for name in jobs.GATHERS_INTO_A_TENSOR:
+    for name in collective_jobs.GATHERS_INTO_A_TENSOR:
         want[name] = torch.cat([inputs(r, (2,), 3) for r in members]).tolist()
-    for name in jobs.REDUCE_SCATTERS_OF_A_TENSOR:
+    for name in collective_jobs.REDUCE_SCATTERS_OF_A_TENSOR:
         want[name] = _reduced(op, [chunks(r, 4)[me] for r in members]).tolist()
     if me == root:  # only the destination's tensor is documented after a reduce
         want["reduce"] = _reduced(op, [inputs(r, (3,), 2) for r in members]).tolist()
@@ -126,7 +130,7 @@ def test_tensor_collectives_leave_what_is_documented_on_every_rank(world, prove)
     def check(case: tuple[Any, ...]) -> None:
         seed, grouping, op, dtype, root, by_group_rank, async_op = case
         # The root as a group rank of the group each rank is in (the job takes it as given).
-        results = world.run(jobs.tensor_collectives, seed, grouping, op, dtype,
+        results = world.run(collective_jobs.tensor_collectives, seed, grouping, op, dtype,
                             root, by_group_rank, async_op)  # fmt: skip
         for rank, got in enumerate(results):
             want = _expected(case, rank, world_size)
@@ -191,7 +195,7 @@ REFUSED = {
 def test_every_documented_refusal_of_a_collective_is_made_on_every_rank(world):
     # A regression that stops refusing lets a wrong call go on: a gather into lists on the
     # wrong ranks, a rank in two subgroups.
-    for rank, said in enumerate(world.run(jobs.collective_refusals)):
+    for rank, said in enumerate(world.run(collective_jobs.collective_refusals)):
         assert sorted(said) == sorted(REFUSED)
         for name, pattern in REFUSED.items():
             assert said[name] is not None, f"{name}: accepted on rank {rank}"
@@ -236,7 +240,7 @@ def test_functional_collectives_take_every_documented_form_of_group(world, prove
 
     def check(case: tuple[Any, ...]) -> None:
         seed, form, op, root = case
-        results = world.run(jobs.functional_collectives, seed, form, op, root)
+        results = world.run(collective_jobs.functional_collectives, seed, form, op, root)
         for rank, got in enumerate(results):
             if form[0] == "mesh":
                 members: list[int] | None = _mesh_members(tuple(form[1]), form[2], rank)
@@ -248,12 +252,12 @@ def test_functional_collectives_take_every_documented_form_of_group(world, prove
             n, me = len(members), members.index(rank)
 
             def inputs(r: int, shape: tuple[int, ...], offset: int = 0) -> torch.Tensor:
-                return jobs.collective_inputs(seed + offset, r, shape, "float64")
+                return collective_jobs.collective_inputs(seed + offset, r, shape, "float64")
 
             reduce_op = FUNCTIONAL_OPS[op]
             uneven = []
             for sender in range(n):
-                sizes = [jobs.uneven_split(seed, sender, j) for j in range(n)]
+                sizes = [collective_jobs.uneven_split(seed, sender, j) for j in range(n)]
                 sent = inputs(members[sender], (sum(sizes),), 6)
                 uneven += sent[sum(sizes[:me]) : sum(sizes[: me + 1])].tolist()
             want = {
@@ -295,7 +299,7 @@ def test_groups_keep_the_documented_time_out_and_local_synchronization(world):
         pytest.skip(f"reads gloo's options for the time-out; this world runs {world.backend}")
     seconds = 77
     default = 30 * 60.0  # every backend but NCCL, which this CPU world never is
-    for rank, said in enumerate(world.run(jobs.group_settings, seconds)):
+    for rank, said in enumerate(world.run(collective_jobs.group_settings, seconds)):
         want: dict[str, Any] = {
             "new_group": default,
             "new_group with a time-out": float(seconds),
@@ -319,7 +323,7 @@ def test_point_to_point_passes_round_a_ring_of_any_group(world, prove):
 
     def check(case: tuple[Any, ...]) -> None:
         seed, grouping, how, by_group_rank = case
-        results = world.run(jobs.point_to_point, seed, grouping, how, by_group_rank)
+        results = world.run(collective_jobs.point_to_point, seed, grouping, how, by_group_rank)
         for rank, got in enumerate(results):
             members = groupings.members(grouping, rank, world_size)
             said = f"{how} over {grouping} (peers by {'group' if by_group_rank else 'global'} rank)"
@@ -327,7 +331,7 @@ def test_point_to_point_passes_round_a_ring_of_any_group(world, prove):
                 assert got is None, f"{said}: rank {rank} is in no ring, yet ran: {got}"
                 continue
             before = members[(members.index(rank) - 1) % len(members)]
-            sent = jobs.collective_inputs(seed, before, (3,), "float64").tolist()
+            sent = collective_jobs.collective_inputs(seed, before, (3,), "float64").tolist()
             assert got is not None and got["received"] == sent, (
                 f"{said}: rank {rank} received {None if got is None else got['received']}, "
                 f"rank {before} sent it {sent}"

@@ -10,7 +10,7 @@ import pytest
 import torch
 from hypothesis import strategies as st
 
-from ddp_verify.conformance import jobs
+from ddp_verify.conformance import jobs, refusal_jobs
 from ddp_verify.conformance.closed_forms import one_sample_per_rank, rounded
 from ddp_verify.conformance.known import known_torch_issue
 from ddp_verify.engine.outcome import EquivalenceError
@@ -572,7 +572,7 @@ def test_every_construction_and_comm_hook_ddp_refuses_is_refused(world):
     # module wrapped for nothing, a CPU module bound to a GPU, a hook of the wrong shape.
     if world.device != "cpu":
         pytest.skip("the refusals of device_ids are a CPU module's: this world runs on GPUs")
-    for rank, said in enumerate(world.run(jobs.ddp_refusals)):
+    for rank, said in enumerate(world.run(refusal_jobs.ddp_refusals)):
         for name, pattern in DDP_REFUSED.items():
             assert said[name] is not None, f"{name}: accepted by DDP on rank {rank}"
             assert re.match(pattern, said[name]), (

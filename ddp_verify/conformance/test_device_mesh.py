@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from hypothesis import strategies as st
 
-from ddp_verify.conformance import jobs
+from ddp_verify.conformance import collective_jobs
 
 REFUSED = {
     "a mesh of more ranks than the world": r"RuntimeError: Mesh should not be bigger than",
@@ -63,7 +63,7 @@ def _documented(shape: tuple[int, ...], names: tuple[str, ...], rank: int) -> di
 def test_a_device_mesh_is_the_layout_it_stands_for(world, prove):
     def check(shape: tuple[int, ...]) -> None:
         names = tuple(f"d{i}" for i in range(len(shape)))
-        for rank, got in enumerate(world.run(jobs.device_mesh_views, shape, names)):
+        for rank, got in enumerate(world.run(collective_jobs.device_mesh_views, shape, names)):
             for key, want in _documented(shape, names, rank).items():
                 assert got[key] == want, (
                     f"{key} of a mesh of shape {shape} on rank {rank}: {got[key]!r}, "

@@ -9,7 +9,7 @@ import pytest
 import torch
 from hypothesis import strategies as st
 
-from ddp_verify.conformance import jobs
+from ddp_verify.conformance import jobs, refusal_jobs
 from ddp_verify.conformance.closed_forms import one_sample_per_rank, rounded
 from ddp_verify.conformance.known import known_torch_issue
 from ddp_verify.engine.scenario import ModelSpec, Scenario
@@ -625,7 +625,7 @@ FSDP_REFUSED = {
 def test_every_call_fully_shard_refuses_is_refused(world):
     # A regression that stops refusing shards what it cannot (a scalar, a container whose
     # children run on their own) or reshards to groups that do not divide the shards.
-    for rank, said in enumerate(world.run(jobs.fsdp_refusals)):
+    for rank, said in enumerate(world.run(refusal_jobs.fsdp_refusals)):
         for name, pattern in FSDP_REFUSED.items():
             assert said[name] is not None, f"{name}: accepted by fully_shard on rank {rank}"
             assert re.match(pattern, said[name]), (

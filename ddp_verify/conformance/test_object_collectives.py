@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import strategies as st
 
-from ddp_verify.conformance import groupings, jobs
+from ddp_verify.conformance import collective_jobs, groupings, jobs
 
 # Objects whose pickles differ in length from rank to rank (and from example to example). The
 # text has a fixed alphabet (multi-byte characters included): hypothesis builds its unicode
@@ -78,7 +78,9 @@ def test_object_collectives_over_any_group_reach_its_members_by_either_rank(worl
 
     def check(case):
         objects, grouping, root, by_group_rank = case
-        results = world.run(jobs.objects_in_a_group, objects, grouping, root, by_group_rank)
+        results = world.run(
+            collective_jobs.objects_in_a_group, objects, grouping, root, by_group_rank
+        )
         for rank, got in enumerate(results):
             members = groupings.members(grouping, rank, world_size)
             said = (f"over {grouping}, root group rank {root % len(members or [0])} named by "

@@ -8,7 +8,7 @@ import re
 import pytest
 from hypothesis import strategies as st
 
-from ddp_verify.conformance import jobs
+from ddp_verify.conformance import jobs, refusal_jobs
 from ddp_verify.conformance.closed_forms import assert_every_rank_and_step
 from ddp_verify.conformance.known import known_torch_issue
 from ddp_verify.engine.strategies import optimizers, scenarios
@@ -261,7 +261,7 @@ ZERO_REFUSED = {
 def test_every_construction_and_call_zero_refuses_is_refused(world):
     # A regression that stops refusing lets a run go on with what ZeRO cannot shard (mixed
     # dtypes), or hands back a state that was never gathered.
-    for rank, said in enumerate(world.run(jobs.zero_refusals)):
+    for rank, said in enumerate(world.run(refusal_jobs.zero_refusals)):
         for name, pattern in ZERO_REFUSED.items():
             assert said[name] is not None, (
                 f"{name}: accepted by ZeroRedundancyOptimizer on rank {rank}"

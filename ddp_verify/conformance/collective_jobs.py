@@ -1,0 +1,479 @@
+"""Jobs of ``test_collectives``, ``test_object_collectives`` and ``test_device_mesh``, run on
+every rank: c10d's collectives, point-to-point sends and groups (and the device meshes laid
+over them), each rank's inputs generated from the case, what each call left returned for the
+test to judge against every rank's inputs combined."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+# Each name torch has for the collective (torch 2.13 renamed them, the old names deprecated).
+GATHERS_INTO_A_TENSOR = tuple(
+    n for n in ("all_gather_into_tensor", "all_gather_single") if hasattr(dist, n)
+)
+
+
+REDUCE_SCATTERS_OF_A_TENSOR = tuple(
+    n for n in ("reduce_scatter_tensor", "reduce_scatter_single") if hasattr(dist, n)
+)
+
+
+def collective_inputs(seed: int, rank: int, shape: tuple[int, ...], dtype: str) -> torch.Tensor:
+    """Rank ``rank``'s input to a collective: small integers (every sum, product and average
+    exact in float64), different for every rank and seed."""
+    generator = torch.Generator().manual_seed(seed * 1009 + rank)
+    return torch.randint(-3, 4, shape, generator=generator).to(getattr(torch, dtype))
+
+
+def uneven_split(seed: int, sender: int, receiver: int) -> int:
+    """How many values the group's rank ``sender`` sends ``receiver`` in an uneven
+    ``all_to_all_single``: 0 to 2."""
+    return (seed + 3 * sender + 5 * receiver) % 3
+
+
+def tensor_collectives(
+    seed: int,
+    grouping: tuple[Any, ...],
+    op: str,
+    dtype: str,
+    root: int,
+    by_group_rank: bool,
+    async_op: bool,
+) -> dict[str, Any] | None:
+    """Every tensor collective of c10d over the group ``grouping`` makes for this rank (see
+    :func:`group_of`), each rank's inputs from :func:`collective_inputs`; ``root`` is the
+    group rank (modulo the group's size) a rooted collective (broadcast, reduce, gather,
+    scatter) starts from or ends at, named by its global rank or (``by_group_rank``) its
+    group rank. Returns what each collective left, with the group's view of itself; for a
+    rank outside the group, what the calls returned and whether they left its tensors
+    alone."""
+    rank = dist.get_rank()
+    group, created = group_of(grouping)
+    try:
+        return _collectives(seed, group, rank, op, dtype, root, by_group_rank, async_op)
+    finally:
+        for made in created:
+            if made not in (None, dist.GroupMember.NON_GROUP_MEMBER):
+                dist.destroy_process_group(made)
+
+
+def group_of(grouping: tuple[Any, ...]) -> tuple[Any, list[Any]]:
+    """The group this rank runs collectives over, and the groups made for it (to destroy):
+    ``("default",)``, the world; ``("new_group", ranks, sort_ranks)`` (ranks in the order
+    given; ``sort_ranks=False`` keeps it); ``("new_subgroups", size)``, the
+    rank's block of ``size``; ``("by_enumeration", ranks_lists)``, the rank's list (None
+    where it is in none)."""
+    kind = grouping[0]
+    if kind == "default":
+        return None, []
+    if kind == "new_group":  # ("new_group", ranks, sort_ranks)
+        sorting = {} if grouping[2] else {"sort_ranks": False}
+        group = dist.new_group(list(grouping[1]), **sorting)
+        return group, [group]
+    if kind == "new_subgroups":
+        mine, every = dist.new_subgroups(group_size=grouping[1])
+        return mine, list(every)
+    if kind == "by_enumeration":
+        mine, every = dist.new_subgroups_by_enumeration([list(r) for r in grouping[1]])
+        # None for a rank in no subgroup: it is outside, not in the default group.
+        return mine or dist.GroupMember.NON_GROUP_MEMBER, list(every)
+    raise ValueError(f"no grouping {kind!r}")
+
+
+def _collectives(seed: int, group: Any, rank: int, op: str, dtype: str, root: int,
+                 by_group_rank: bool, async_op: bool) -> dict[str, Any]:  # fmt: skip
+    member = group is None or group is not dist.GroupMember.NON_GROUP_MEMBER
+    size = dist.get_world_size(group) if member else 0
+    reduce_op = getattr(dist.ReduceOp, op)
+    out: dict[str, Any] = {
+        "rank": dist.get_rank(group) if group is not None else dist.get_rank(),
+        "size": size,
+        "ranks": dist.get_process_group_ranks(group or dist.group.WORLD) if member else None,
+    }
+    if member:
+        ranks, root = out["ranks"], root % size  # a root beyond a small group wraps round
+        out["global_of_root"] = dist.get_global_rank(group or dist.group.WORLD, root)
+        out["group_rank_of_self"] = dist.get_group_rank(group or dist.group.WORLD, rank)
+        where = {"group_src": root} if by_group_rank else {"src": ranks[root]}
+        to = {"group_dst": root} if by_group_rank else {"dst": ranks[root]}
+    else:  # outside the group: no global rank maps into it, so the root by group rank
+        where, to = {"group_src": 0}, {"group_dst": 0}
+    n = max(size, 1)
+
+    def mine(shape: tuple[int, ...], offset: int = 0) -> torch.Tensor:
+        return collective_inputs(seed + offset, rank, shape, dtype)
+
+    returned: dict[str, Any] = {}
+
+    def done(name: str, result: Any) -> None:
+        returned[name] = result is None
+        if async_op and result is not None:
+            result.wait()
+
+    x = mine((3,))
+    done("all_reduce", dist.all_reduce(x, op=reduce_op, group=group, async_op=async_op))
+    out["all_reduce"] = x.tolist()
+
+    x = mine((3,), 1)
+    done("broadcast", dist.broadcast(x, group=group, async_op=async_op, **where))
+    out["broadcast"] = x.tolist()
+
+    x = mine((3,), 2)
+    done("reduce", dist.reduce(x, op=reduce_op, group=group, async_op=async_op, **to))
+    out["reduce"] = x.tolist()
+
+    x = mine((2,), 3)
+    gathered = [torch.zeros_like(x) for _ in range(n)]
+    done("all_gather", dist.all_gather(gathered, x, group=group, async_op=async_op))
+    out["all_gather"] = [t.tolist() for t in gathered]
+
+    for name in GATHERS_INTO_A_TENSOR:
+        flat = torch.zeros(2 * n, dtype=x.dtype)
+        with warnings.catch_warnings():  # the older name is deprecated, not gone
+            warnings.simplefilter("ignore", FutureWarning)
+            done(name, getattr(dist, name)(flat, x, group=group, async_op=async_op))
+        out[name] = flat.tolist()
+
+    is_root = member and out["rank"] == root
+    into = [torch.zeros_like(x) for _ in range(n)] if is_root else None
+    done("gather", dist.gather(x, into, group=group, async_op=async_op, **to))
+    out["gather"] = None if into is None else [t.tolist() for t in into]
+
+    pieces = [mine((2,), 10 + j) for j in range(n)] if is_root else None
+    received = torch.zeros(2, dtype=x.dtype)
+    done("scatter", dist.scatter(received, pieces, group=group, async_op=async_op, **where))
+    out["scatter"] = received.tolist()
+
+    x = mine((2 * n,), 4)
+    for name in REDUCE_SCATTERS_OF_A_TENSOR:
+        part = torch.zeros(2, dtype=x.dtype)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            done(name, getattr(dist, name)(part, x, op=reduce_op, group=group, async_op=async_op))
+        out[name] = part.tolist()
+
+    x = mine((2 * n,), 5)
+    exchanged = torch.zeros(2 * n, dtype=x.dtype)
+    done("all_to_all_single",
+         dist.all_to_all_single(exchanged, x, group=group, async_op=async_op))  # fmt: skip
+    out["all_to_all_single"] = exchanged.tolist()
+
+    if member:  # uneven splits, empty ones among them, as a group-rank matrix of the seed
+        me = out["rank"]
+        sent = [uneven_split(seed, me, j) for j in range(n)]
+        received_sizes = [uneven_split(seed, j, me) for j in range(n)]
+    else:
+        sent = received_sizes = [0]
+    x = mine((sum(sent),), 6)
+    exchanged = torch.zeros(sum(received_sizes), dtype=x.dtype)
+    done("all_to_all_single_uneven",
+         dist.all_to_all_single(exchanged, x, received_sizes, sent, group=group,
+                                async_op=async_op))  # fmt: skip
+    out["all_to_all_single_uneven"] = exchanged.tolist()
+    out["returned_none"] = returned
+    return out
+
+
+def collective_refusals() -> dict[str, str | None]:
+    """Each call c10d documents as invalid, made the same way on every rank (so that no rank
+    goes on into a collective the others refused): its error as ``Type: message``, or None
+    where it was accepted."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+    t = torch.ones(2)
+    others = [torch.ones(2) for _ in range(size)]
+    calls: dict[str, Any] = {
+        "broadcast with src and group_src": lambda: dist.broadcast(t, src=0, group_src=0),
+        "broadcast without a source": lambda: dist.broadcast(t),
+        "reduce with dst and group_dst": lambda: dist.reduce(t, dst=0, group_dst=0),
+        "gather_list on the wrong ranks": lambda: dist.gather(
+            t, None if rank == 0 else others, dst=0
+        ),
+        "scatter_list on the wrong ranks": lambda: dist.scatter(
+            t, None if rank == 0 else others, src=0
+        ),
+        "all_gather into tensors of mixed dtypes": lambda: dist.all_gather(
+            [t.double() if i == 0 else t for i in range(size)], t
+        ),
+        "all_reduce of a list": lambda: dist.all_reduce([t]),
+        "new_group with a rank beyond the world": lambda: dist.new_group([size]),
+        "new_group bound to the CPU": lambda: dist.new_group(
+            list(range(size)), device_id=torch.device("cpu")
+        ),
+        "new_group bound to an indexed CPU": lambda: dist.new_group(
+            list(range(size)), device_id=torch.device("cpu", 0)
+        ),
+        "new_subgroups larger than the world": lambda: dist.new_subgroups(group_size=size + 1),
+        "new_subgroups of size 0": lambda: dist.new_subgroups(group_size=0),
+        "new_subgroups_by_enumeration of nothing": lambda: dist.new_subgroups_by_enumeration([]),
+        "new_subgroups_by_enumeration with a rank twice": (
+            lambda: dist.new_subgroups_by_enumeration([[0], list(range(size))])
+        ),
+    }
+    said: dict[str, str | None] = {}
+    for name, call in calls.items():
+        try:
+            call()
+        except (ValueError, TypeError, RuntimeError) as exc:
+            said[name] = f"{type(exc).__name__}: {exc}"
+        else:
+            said[name] = None
+    return said
+
+
+def functional_collectives(
+    seed: int, form: tuple[Any, ...], op: str, root: int
+) -> dict[str, Any] | None:
+    """``torch.distributed._functional_collectives`` (what DTensor and compiled code call)
+    over a group given in each form its docstrings list: ``("group", grouping)`` the
+    ProcessGroup of :func:`group_of`, ``("ranks", grouping)`` its list of ranks, ``("name",
+    grouping)`` its name, ``("mesh", shape, dim)`` a DeviceMesh of ``shape`` over the world
+    (one-dimensional: the mesh itself; else ``(mesh, dim)``). Each rank's inputs from
+    :func:`collective_inputs` (float64); ``root`` the broadcast's group rank (modulo the
+    group's size; broadcast only where it is also the source's global rank). Returns what
+    each collective gave, or None where the rank is in no group."""
+    import torch.distributed._functional_collectives as funcol
+
+    rank = dist.get_rank()
+    created: list[Any] = []
+    if form[0] == "mesh":
+        from torch.distributed.device_mesh import init_device_mesh
+
+        shape, dim = tuple(form[1]), form[2]
+        mesh = init_device_mesh("cpu", shape)
+        group: Any = mesh if len(shape) == 1 else (mesh, dim)
+        size = shape[0] if len(shape) == 1 else shape[dim]
+        me = mesh.get_local_rank(0 if len(shape) == 1 else dim)
+        ranks = dist.get_process_group_ranks(mesh.get_group(0 if len(shape) == 1 else dim))
+    else:
+        made, created = group_of(form[1])
+        if made is dist.GroupMember.NON_GROUP_MEMBER:
+            _destroy(created)
+            return None
+        made = made or dist.group.WORLD
+        group = {"group": made, "ranks": dist.get_process_group_ranks(made),
+                 "name": made.group_name}[form[0]]  # fmt: skip
+        size, me = dist.get_world_size(made), dist.get_rank(made)
+        ranks = dist.get_process_group_ranks(made)
+    try:
+        x = collective_inputs(seed, rank, (3,), "float64")
+        out: dict[str, Any] = {"rank": me, "size": size}
+        out["all_reduce"] = funcol.wait_tensor(funcol.all_reduce(x, op, group)).tolist()
+        y = collective_inputs(seed + 3, rank, (2,), "float64")
+        out["all_gather_tensor"] = funcol.wait_tensor(
+            funcol.all_gather_tensor(y, 0, group)
+        ).tolist()
+        z = collective_inputs(seed + 4, rank, (2 * size,), "float64")
+        out["reduce_scatter_tensor"] = funcol.wait_tensor(
+            funcol.reduce_scatter_tensor(z, op, 0, group)
+        ).tolist()
+        sent = [uneven_split(seed, me, j) for j in range(size)]
+        received = [uneven_split(seed, j, me) for j in range(size)]
+        w = collective_inputs(seed + 6, rank, (sum(sent),), "float64")
+        out["all_to_all_single"] = funcol.wait_tensor(
+            funcol.all_to_all_single(w, received, sent, group)
+        ).tolist()
+        # Its docstring says "source rank" without saying of what; torch takes the group's
+        # rank. Broadcast only where the two agree, so that either reading is held to.
+        v = collective_inputs(seed + 1, rank, (3,), "float64")
+        unambiguous = ranks[root % size] == root % size
+        out["broadcast"] = (
+            funcol.wait_tensor(funcol.broadcast(v, root % size, group)).tolist()
+            if unambiguous
+            else None
+        )
+        return out
+    finally:
+        _destroy(created)
+
+
+def _destroy(groups: list[Any]) -> None:
+    for made in groups:
+        if made not in (None, dist.GroupMember.NON_GROUP_MEMBER):
+            dist.destroy_process_group(made)
+
+
+def group_settings(seconds: int) -> dict[str, Any]:
+    """The time-out of each group c10d makes without one (documented: 30 minutes but on NCCL,
+    whose is 10) and with ``seconds`` given; and a group made with
+    ``use_local_synchronization=True`` by its member alone (the last rank), after which every
+    rank makes and uses a group over the world: their all-reduces' results."""
+    import datetime
+
+    rank, size = dist.get_rank(), dist.get_world_size()
+    given = datetime.timedelta(seconds=seconds)
+
+    def timeout_of(group: Any) -> float:
+        # The backend's options hold the time-out the group was made with.
+        return group._get_backend(torch.device("cpu")).options._timeout.total_seconds()
+
+    made = [dist.new_group(list(range(size))), dist.new_group(list(range(size)), timeout=given)]
+    subgroup, every = dist.new_subgroups(group_size=1, timeout=given)
+    enumerated, listed = dist.new_subgroups_by_enumeration([[r] for r in range(size)],
+                                                           timeout=given)  # fmt: skip
+    said: dict[str, Any] = {
+        "new_group": timeout_of(made[0]),
+        "new_group with a time-out": timeout_of(made[1]),
+        "new_subgroups with a time-out": timeout_of(subgroup),
+        "new_subgroups_by_enumeration with a time-out": timeout_of(enumerated),
+    }
+    local = None
+    if rank == size - 1:  # the others never call it, as the option allows
+        local = dist.new_group([rank], use_local_synchronization=True)
+        x = torch.tensor([float(rank)])
+        dist.all_reduce(x, group=local)
+        said["local group"] = x.tolist()
+    world = dist.new_group(list(range(size)))
+    y = torch.tensor([1.0])
+    dist.all_reduce(y, group=world)
+    said["world after a local group"] = y.tolist()
+    _destroy([*made, *every, *listed, local, world])
+    return said
+
+
+def point_to_point(seed: int, grouping: tuple[Any, ...], how: str,
+                   by_group_rank: bool) -> dict[str, Any] | None:  # fmt: skip
+    """Pass each rank's tensor (and an object) one step round a ring of its group: group rank
+    i sends to i + 1 and receives from i - 1, ``how`` being ``"blocking"`` (send/recv, group
+    rank 0 sending first, the others receiving first), ``"async"`` (isend/irecv) or
+    ``"batched"`` (batch_isend_irecv of P2POps); peers named by global rank or
+    (``by_group_rank``) by group rank. Returns what the rank received (and, for blocking
+    receives, the sender recv reported); None outside any group or in a group of one."""
+    rank = dist.get_rank()
+    group, created = group_of(grouping)
+    try:
+        if group is dist.GroupMember.NON_GROUP_MEMBER:
+            return None
+        ranks = dist.get_process_group_ranks(group or dist.group.WORLD)
+        n = len(ranks)
+        if n < 2:
+            return None
+        me = ranks.index(rank)
+        after, before = (me + 1) % n, (me - 1) % n
+        x = collective_inputs(seed, rank, (3,), "float64")
+        got = torch.zeros(3, dtype=torch.float64)
+        out: dict[str, Any] = {}
+
+        def to(peer: int, kind: str) -> dict[str, int]:
+            return {f"group_{kind}": peer} if by_group_rank else {kind: ranks[peer]}
+
+        if how == "blocking":
+            if me == 0:
+                dist.send(x, group=group, **to(after, "dst"))
+                out["sender"] = dist.recv(got, group=group, **to(before, "src"))
+            else:
+                out["sender"] = dist.recv(got, group=group, **to(before, "src"))
+                dist.send(x, group=group, **to(after, "dst"))
+            sent: list[Any] = [{"from": rank, "values": x.tolist()}]
+            received: list[Any] = [None]
+            if me == 0:
+                dist.send_object_list(sent, group=group, **to(after, "dst"))
+                dist.recv_object_list(received, group=group, **to(before, "src"))
+            else:
+                dist.recv_object_list(received, group=group, **to(before, "src"))
+                dist.send_object_list(sent, group=group, **to(after, "dst"))
+            out["object"] = received[0]
+        elif how == "async":
+            works = [dist.isend(x, group=group, **to(after, "dst")),
+                     dist.irecv(got, group=group, **to(before, "src"))]  # fmt: skip
+            for work in works:
+                assert work is not None
+                work.wait()
+        else:
+            peer = "group_peer" if by_group_rank else "peer"
+            ops = [dist.P2POp(dist.isend, x, group=group, **{peer: after if by_group_rank
+                                                               else ranks[after]}),
+                   dist.P2POp(dist.irecv, got, group=group, **{peer: before if by_group_rank
+                                                                 else ranks[before]})]  # fmt: skip
+            # Each op names its peer both ways, whichever it was given by.
+            out["peers"] = [[op.peer, op.group_peer] for op in ops]
+            for work in dist.batch_isend_irecv(ops):
+                work.wait()
+        out["received"] = got.tolist()
+        return out
+    finally:
+        _destroy(created)
+
+
+def objects_in_a_group(objects: tuple[object, ...], grouping: tuple[Any, ...], root: int,
+                       by_group_rank: bool) -> dict[str, Any] | None:  # fmt: skip
+    """The object collectives over the group ``grouping`` makes for this rank (see
+    :func:`group_of`): rank r contributes ``objects[r]``; the root is group rank ``root``
+    (modulo the group's size), named by its global rank or (``by_group_rank``) its group
+    rank, and holds ``objects`` to broadcast and scatter (the object for group rank i is
+    ``objects[i]``). None outside any group."""
+    rank = dist.get_rank()
+    group, created = group_of(grouping)
+    try:
+        if group is dist.GroupMember.NON_GROUP_MEMBER:
+            return None
+        ranks = dist.get_process_group_ranks(group or dist.group.WORLD)
+        n, me = len(ranks), ranks.index(rank)
+        root %= n
+        src = {"group_src": root} if by_group_rank else {"src": ranks[root]}
+        dst = {"group_dst": root} if by_group_rank else {"dst": ranks[root]}
+        out: dict[str, Any] = {}
+        gathered: list[object] = [None] * n
+        dist.all_gather_object(gathered, objects[rank], group=group)
+        out["all_gather_object"] = gathered
+        into: list[object] | None = [None] * n if me == root else None
+        dist.gather_object(objects[rank], into, group=group, **dst)
+        out["gather_object"] = into
+        held: list[object] = list(objects[:n]) if me == root else [None] * n
+        dist.broadcast_object_list(held, group=group, **src)
+        out["broadcast_object_list"] = held
+        received: list[object] = [None]
+        dist.scatter_object_list(received, list(objects[:n]) if me == root else None,
+                                 group=group, **src)  # fmt: skip
+        out["scatter_object_list"] = received[0]
+        return out
+    finally:
+        _destroy(created)
+
+
+def device_mesh_views(shape: tuple[int, ...], names: tuple[str, ...]) -> dict[str, Any]:
+    """A DeviceMesh of ``shape`` (named ``names``) over the world, as this rank sees it: its
+    layout, coordinate, sizes, each dimension's local rank, group and one-dimensional
+    submesh; a submesh of every dimension in order; and what it says for the meshes it
+    documents as invalid (each refused alike on every rank, before any group is made)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", shape, mesh_dim_names=names)
+    out: dict[str, Any] = {
+        "mesh": mesh.mesh.tolist(),
+        "coordinate": list(mesh.get_coordinate() or ()),
+        "size": [mesh.size(), *[mesh.size(d) for d in range(len(shape))]],
+        "ndim": mesh.ndim,
+        "names": list(mesh.mesh_dim_names or ()),
+        "local ranks": [mesh.get_local_rank(name) for name in names],
+        "groups": [dist.get_process_group_ranks(mesh.get_group(d)) for d in range(len(shape))],
+        "groups by name": [dist.get_process_group_ranks(mesh.get_group(n)) for n in names],
+        "submeshes": [mesh[name].mesh.tolist() for name in names],
+        "all dimensions": mesh[names].mesh.tolist() if len(names) > 1 else None,
+        "equal to another of the same shape": mesh
+        == init_device_mesh("cpu", shape, mesh_dim_names=names),
+    }
+    size = dist.get_world_size()
+    refused: dict[str, Any] = {
+        "a mesh of more ranks than the world": lambda: init_device_mesh("cpu", (size + 1,)),
+        "names of another length": lambda: init_device_mesh(
+            "cpu", shape, mesh_dim_names=(*names, "extra")
+        ),
+        "a name twice": lambda: init_device_mesh("cpu", (1, size), mesh_dim_names=("a", "a")),
+        "dimensions out of order": lambda: mesh[tuple(reversed(names))],
+    }
+    said: dict[str, str | None] = {}
+    for what, make in refused.items():
+        if what == "dimensions out of order" and len(names) < 2:
+            continue
+        try:
+            make()
+        except (RuntimeError, ValueError, KeyError) as exc:
+            said[what] = f"{type(exc).__name__}: {exc}"
+        else:
+            said[what] = None
+    out["refused"] = said
+    return out

@@ -1,0 +1,176 @@
+"""Jobs run on every rank for the suite's refusal properties: each call torch's data-parallel
+API refuses (SyncBatchNorm training on CPU tensors, DDP's constructions and comm hooks,
+ZeroRedundancyOptimizer's and fully_shard's), made alike on every rank before any collective,
+its error returned as ``Type: message`` (None where accepted)."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+def sync_batch_norm_on_cpu() -> str | None:
+    """A training forward of SyncBatchNorm on CPU tensors under the process group: the
+    ValueError's message, or None where it trained."""
+    layer = torch.nn.SyncBatchNorm(2).train()
+    try:
+        layer(torch.randn(4, 2))
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def ddp_refusals() -> dict[str, str | None]:
+    """Each DistributedDataParallel construction and comm hook its code refuses, made alike on
+    every rank (each refused before DDP's first collective): ``Type: message``, or None where
+    it was accepted (and the wrapped model discarded)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    def model() -> torch.nn.Module:
+        return torch.nn.Linear(2, 2)
+
+    frozen = model().requires_grad_(False)
+    mixed = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2, device="meta"))
+    flat = init_device_mesh("cpu", (1, dist.get_world_size()))
+    made: dict[str, Any] = {
+        "delay_all_reduce_named_params alone": lambda: DDP(
+            model(), delay_all_reduce_named_params=list(model().named_parameters())
+        ),
+        "process_group and device_mesh both": lambda: DDP(
+            model(), process_group=dist.group.WORLD, device_mesh=flat
+        ),
+        "a two-dimensional device_mesh": lambda: DDP(model(), device_mesh=flat),
+        "a module with nothing to train": lambda: DDP(frozen),
+        "device_ids of two devices": lambda: DDP(model(), device_ids=[0, 1]),
+        "device_ids for a CPU module": lambda: DDP(model(), device_ids=[0]),
+        "a module on two kinds of device": lambda: DDP(mixed),
+        "a module with uninitialized parameters": lambda: DDP(torch.nn.LazyLinear(2)),
+    }
+    said: dict[str, str | None] = {}
+    for name, make in made.items():
+        try:
+            make()
+        except (ValueError, RuntimeError, TypeError) as exc:
+            said[name] = f"{type(exc).__name__}: {exc}"
+        else:
+            said[name] = None
+    wrapped = DDP(model())
+
+    def annotated(bucket: Any, returns: Any) -> Any:
+        # Real annotations, not this module's postponed strings, as DDP reads them.
+        def hook(state: object, bucket: object) -> object:
+            raise AssertionError("never called")
+
+        kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+        hook.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+            [
+                inspect.Parameter("state", kind),
+                inspect.Parameter("bucket", kind, annotation=bucket),
+            ],
+            return_annotation=returns,
+        )
+        return hook
+
+    future = torch.futures.Future[torch.Tensor]
+    bucket_annotated = annotated(int, future)
+    returns_annotated = annotated(dist.GradBucket, int)
+    accepted = {"a comm hook annotated as documented": annotated(dist.GradBucket, future)}
+
+    hooks: dict[str, Any] = {
+        "a comm hook that is not callable": 3,
+        "a comm hook whose bucket is not a GradBucket": bucket_annotated,
+        "a comm hook that returns no Future of a tensor": returns_annotated,
+    }
+    for name, hook in {**hooks, **accepted}.items():
+        try:
+            wrapped.register_comm_hook(None, hook)
+        except (ValueError, TypeError) as exc:
+            said[name] = f"{type(exc).__name__}: {exc}"
+        else:
+            said[name] = None
+    return said
+
+
+def zero_refusals() -> dict[str, str | None]:
+    """Each ZeroRedundancyOptimizer construction and call its code refuses, made alike on
+    every rank before any collective: ``Type: message``, or None where accepted."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer as ZeRO
+
+    p = torch.nn.Parameter(torch.ones(2))
+    mixed = [torch.nn.Parameter(torch.ones(2)), torch.nn.Parameter(torch.ones(2).double())]
+    made = ZeRO([torch.nn.Parameter(torch.ones(3))], optimizer_class=torch.optim.SGD, lr=0.1)
+    calls: dict[str, Any] = {
+        "a tensor for the parameters": lambda: ZeRO(p, optimizer_class=torch.optim.SGD, lr=0.1),
+        "no parameters": lambda: ZeRO([], optimizer_class=torch.optim.SGD, lr=0.1),
+        "a group without params": lambda: ZeRO(
+            [{"lr": 0.1}], optimizer_class=torch.optim.SGD, lr=0.1
+        ),
+        "parameters of two dtypes": lambda: ZeRO(mixed, optimizer_class=torch.optim.SGD, lr=0.1),
+        "a functional optimizer without overlap": lambda: ZeRO(
+            [p], optimizer_class=_functional_sgd(), lr=0.1
+        ),
+        "state_dict before it was consolidated": lambda: made.state_dict(),
+    }
+    said: dict[str, str | None] = {}
+    for name, call in calls.items():
+        try:
+            call()
+        except (ValueError, TypeError, RuntimeError) as exc:
+            said[name] = f"{type(exc).__name__}: {exc}"
+        else:
+            said[name] = None
+    return said
+
+
+def _functional_sgd() -> type:
+    from torch.distributed.optim.functional_sgd import _FunctionalSGD
+
+    return _FunctionalSGD
+
+
+def fsdp_refusals() -> dict[str, str | None]:
+    """Each fully_shard call and FSDPModule setting its code refuses, made alike on every
+    rank (before any collective): ``Type: message``, or None where accepted."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
+
+    size = dist.get_world_size()
+
+    class Scalar(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.scale = torch.nn.Parameter(torch.tensor(2.0))
+
+    sharded = fully_shard(torch.nn.Linear(2, 2))
+    calls: dict[str, Any] = {
+        "a container without forward": lambda: fully_shard(
+            torch.nn.ModuleList([torch.nn.Linear(2, 2)])
+        ),
+        "reshard_after_forward of another type": lambda: fully_shard(
+            torch.nn.Linear(2, 2), reshard_after_forward=1.5
+        ),
+        "reshard_after_forward that does not divide the shards": lambda: fully_shard(
+            torch.nn.Linear(2, 2), reshard_after_forward=size + 1
+        ),
+        "a scalar parameter": lambda: fully_shard(Scalar()),
+        "a three-dimensional mesh": lambda: fully_shard(
+            torch.nn.Linear(2, 2), mesh=init_device_mesh("cpu", (1, 1, size))
+        ),
+        "set_reshard_after_forward of another type": lambda: sharded.set_reshard_after_forward(1),
+        "a forward method the module lacks": lambda: register_fsdp_forward_method(
+            sharded, "no_such_method"
+        ),
+    }
+    said: dict[str, str | None] = {}
+    for name, call in calls.items():
+        try:
+            call()
+        except (ValueError, TypeError, NotImplementedError) as exc:
+            said[name] = f"{type(exc).__name__}: {exc}"
+        else:
+            said[name] = None
+    return said
