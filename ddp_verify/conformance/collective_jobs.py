@@ -11,6 +11,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from .refusal_jobs import refusals
+
 # Each name torch has for the collective (torch 2.13 renamed them, the old names deprecated).
 GATHERS_INTO_A_TENSOR = tuple(
     n for n in ("all_gather_into_tensor", "all_gather_single") if hasattr(dist, n)
@@ -213,15 +215,7 @@ def collective_refusals() -> dict[str, str | None]:
             lambda: dist.new_subgroups_by_enumeration([[0], list(range(size))])
         ),
     }
-    said: dict[str, str | None] = {}
-    for name, call in calls.items():
-        try:
-            call()
-        except (ValueError, TypeError, RuntimeError) as exc:
-            said[name] = f"{type(exc).__name__}: {exc}"
-        else:
-            said[name] = None
-    return said
+    return refusals(calls)
 
 
 def functional_collectives(
@@ -465,15 +459,7 @@ def device_mesh_views(shape: tuple[int, ...], names: tuple[str, ...]) -> dict[st
         "a name twice": lambda: init_device_mesh("cpu", (1, size), mesh_dim_names=("a", "a")),
         "dimensions out of order": lambda: mesh[tuple(reversed(names))],
     }
-    said: dict[str, str | None] = {}
-    for what, make in refused.items():
-        if what == "dimensions out of order" and len(names) < 2:
-            continue
-        try:
-            make()
-        except (RuntimeError, ValueError, KeyError) as exc:
-            said[what] = f"{type(exc).__name__}: {exc}"
-        else:
-            said[what] = None
-    out["refused"] = said
+    if len(names) < 2:
+        del refused["dimensions out of order"]
+    out["refused"] = refusals(refused, (RuntimeError, ValueError, KeyError))
     return out

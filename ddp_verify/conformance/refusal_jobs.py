@@ -12,6 +12,23 @@ import torch
 import torch.distributed as dist
 
 
+def refusals(
+    calls: dict[str, Any],
+    errors: tuple[type[BaseException], ...] = (ValueError, TypeError, RuntimeError),
+) -> dict[str, str | None]:
+    """Make each call: the error it raised (of ``errors``) as ``Type: message``, or None where
+    it was accepted."""
+    said: dict[str, str | None] = {}
+    for name, call in calls.items():
+        try:
+            call()
+        except errors as exc:
+            said[name] = f"{type(exc).__name__}: {exc}"
+        else:
+            said[name] = None
+    return said
+
+
 def sync_batch_norm_on_cpu() -> str | None:
     """A training forward of SyncBatchNorm on CPU tensors under the process group: the
     ValueError's message, or None where it trained."""
@@ -50,14 +67,7 @@ def ddp_refusals() -> dict[str, str | None]:
         "a module on two kinds of device": lambda: DDP(mixed),
         "a module with uninitialized parameters": lambda: DDP(torch.nn.LazyLinear(2)),
     }
-    said: dict[str, str | None] = {}
-    for name, make in made.items():
-        try:
-            make()
-        except (ValueError, RuntimeError, TypeError) as exc:
-            said[name] = f"{type(exc).__name__}: {exc}"
-        else:
-            said[name] = None
+    said = refusals(made)
     wrapped = DDP(model())
 
     def annotated(bucket: Any, returns: Any) -> Any:
@@ -85,14 +95,11 @@ def ddp_refusals() -> dict[str, str | None]:
         "a comm hook whose bucket is not a GradBucket": bucket_annotated,
         "a comm hook that returns no Future of a tensor": returns_annotated,
     }
-    for name, hook in {**hooks, **accepted}.items():
-        try:
-            wrapped.register_comm_hook(None, hook)
-        except (ValueError, TypeError) as exc:
-            said[name] = f"{type(exc).__name__}: {exc}"
-        else:
-            said[name] = None
-    return said
+    registered = {
+        name: (lambda hook=hook: wrapped.register_comm_hook(None, hook))
+        for name, hook in {**hooks, **accepted}.items()
+    }
+    return {**said, **refusals(registered, (ValueError, TypeError))}
 
 
 def zero_refusals() -> dict[str, str | None]:
@@ -115,15 +122,7 @@ def zero_refusals() -> dict[str, str | None]:
         ),
         "state_dict before it was consolidated": lambda: made.state_dict(),
     }
-    said: dict[str, str | None] = {}
-    for name, call in calls.items():
-        try:
-            call()
-        except (ValueError, TypeError, RuntimeError) as exc:
-            said[name] = f"{type(exc).__name__}: {exc}"
-        else:
-            said[name] = None
-    return said
+    return refusals(calls)
 
 
 def _functional_sgd() -> type:
@@ -165,12 +164,24 @@ def fsdp_refusals() -> dict[str, str | None]:
             sharded, "no_such_method"
         ),
     }
-    said: dict[str, str | None] = {}
-    for name, call in calls.items():
-        try:
-            call()
-        except (ValueError, TypeError, NotImplementedError) as exc:
-            said[name] = f"{type(exc).__name__}: {exc}"
-        else:
-            said[name] = None
-    return said
+    return refusals(calls, (ValueError, TypeError, NotImplementedError))
+
+
+def assert_refused(results: list[dict[str, Any]], refused: dict[str, str], who: str) -> None:
+    """The check of every refusal property (in the test process): on every rank, each call
+    of ``refused`` raised, with words matching its pattern (``re.match`` on ``Type:
+    message``).
+
+    Example::
+
+        >>> assert_refused([{"x": "ValueError: no"}], {"x": r"ValueError: no"}, "f")
+    """
+    import re
+
+    for rank, said in enumerate(results):
+        for name, pattern in refused.items():
+            got = said.get(name)
+            assert got is not None, f"{name}: accepted by {who} on rank {rank}"
+            assert re.match(pattern, got), (
+                f"{name}: {who} on rank {rank} raised {got!r}, expected {pattern!r}"
+            )

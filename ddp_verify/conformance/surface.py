@@ -49,6 +49,18 @@ class Entry:
 # The objects whose signatures are the surface: import path -> what to read ("init": the
 # constructor's arguments and public methods; "call": the function's arguments; "methods": the
 # public methods only, for an abstract class users reach through a factory).
+# c10d's tensor collectives, and the calls that make and read groups (torch 2.13 renamed two
+# collectives, the old names deprecated: each row is listed where torch has the name).
+_TENSOR_COLLECTIVES = (
+    "all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor",
+    "all_gather_single", "gather", "scatter", "reduce_scatter_tensor", "reduce_scatter_single",
+    "all_to_all_single",
+)  # fmt: skip
+_GROUP_CALLS = (
+    "new_group", "new_subgroups", "new_subgroups_by_enumeration", "get_rank", "get_world_size",
+    "get_group_rank", "get_global_rank", "get_process_group_ranks",
+)  # fmt: skip
+
 APIS: dict[str, str] = {
     "torch.nn.parallel.DistributedDataParallel": "init",
     "torch.distributed.algorithms.ddp_comm_hooks.default_hooks.allreduce_hook": "call",
@@ -104,27 +116,7 @@ APIS: dict[str, str] = {
     "torch.amp.GradScaler": "init",
     **{
         f"torch.distributed.{name}": "call"
-        for name in (
-            "all_reduce",
-            "broadcast",
-            "reduce",
-            "all_gather",
-            "all_gather_into_tensor",
-            "all_gather_single",
-            "gather",
-            "scatter",
-            "reduce_scatter_tensor",
-            "reduce_scatter_single",
-            "all_to_all_single",
-            "new_group",
-            "new_subgroups",
-            "new_subgroups_by_enumeration",
-            "get_rank",
-            "get_world_size",
-            "get_group_rank",
-            "get_global_rank",
-            "get_process_group_ranks",
-        )
+        for name in (*_TENSOR_COLLECTIVES, *_GROUP_CALLS)
         if hasattr(_dist, name)
     },  # torch 2.13 renamed two (the old names deprecated)
 }
@@ -208,43 +200,8 @@ _ASYNC = "False, and True with wait()"
 _ROOTS = "every group rank, named by global rank"
 _GROUP_ROOTS = "every group rank, named by group rank"
 _COLLECTIVE_ROWS = (
-    *(
-        (name, "group", _GROUPS)
-        for name in (
-            "all_reduce",
-            "broadcast",
-            "reduce",
-            "all_gather",
-            "all_gather_into_tensor",
-            "all_gather_single",
-            "gather",
-            "scatter",
-            "reduce_scatter_tensor",
-            "reduce_scatter_single",
-            "all_to_all_single",
-            "get_rank",
-            "get_world_size",
-            "get_group_rank",
-            "get_global_rank",
-            "get_process_group_ranks",
-        )
-    ),
-    *(
-        (name, "async_op", _ASYNC)
-        for name in (
-            "all_reduce",
-            "broadcast",
-            "reduce",
-            "all_gather",
-            "all_gather_into_tensor",
-            "all_gather_single",
-            "gather",
-            "scatter",
-            "reduce_scatter_tensor",
-            "reduce_scatter_single",
-            "all_to_all_single",
-        )
-    ),
+    *((name, "group", _GROUPS) for name in (*_TENSOR_COLLECTIVES, *_GROUP_CALLS[3:])),
+    *((name, "async_op", _ASYNC) for name in _TENSOR_COLLECTIVES),
     *(
         (name, "op", _OPS)
         for name in ("all_reduce", "reduce", "reduce_scatter_tensor", "reduce_scatter_single")

@@ -625,9 +625,5 @@ FSDP_REFUSED = {
 def test_every_call_fully_shard_refuses_is_refused(world):
     # A regression that stops refusing shards what it cannot (a scalar, a container whose
     # children run on their own) or reshards to groups that do not divide the shards.
-    for rank, said in enumerate(world.run(refusal_jobs.fsdp_refusals)):
-        for name, pattern in FSDP_REFUSED.items():
-            assert said[name] is not None, f"{name}: accepted by fully_shard on rank {rank}"
-            assert re.match(pattern, said[name]), (
-                f"{name}: rank {rank} raised {said[name]!r}, expected {pattern!r}"
-            )
+    results = world.run(refusal_jobs.fsdp_refusals)
+    refusal_jobs.assert_refused(results, FSDP_REFUSED, "fully_shard")

@@ -295,21 +295,28 @@ def _known_differentiable(setting: Setting) -> bool:
     repro="findings/differentiable_sgd_momentum_inplace.py",
 )
 def test_a_differentiable_sgd_with_momentum_gives_the_derivative_by_its_learning_rate():
-    setting = Setting("sgd", momentum=0.5)
-    params, grads = _data(2)
+    got, want = _derivatives_by_the_learning_rate(Setting("sgd", momentum=0.5), seed=2)
+    torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12)
+
+
+def _derivatives_by_the_learning_rate(setting: Setting, seed: int) -> tuple[Any, Any]:
+    """torch's differentiable optimizer's derivative of the final parameters' sum by the
+    learning rate, and the rule's."""
+    params, grads = _data(seed)
     lr = torch.tensor(setting.lr, dtype=torch.float64, requires_grad=True)
     theirs = [p.clone() for p in params]
-    optimizer = torch.optim.SGD(theirs, **{**setting.kwargs(), "lr": lr}, differentiable=True,
-                                foreach=False)  # fmt: skip
+    cls = getattr(torch.optim, OPTIMIZERS[setting.name])
+    optimizer = cls(theirs, **{**setting.kwargs(), "lr": lr}, differentiable=True, foreach=False)
     for step_grads in grads:
         for p, g in zip(theirs, step_grads, strict=True):
             p.grad = None if g is None else g.clone()
         optimizer.step()
     (got,) = torch.autograd.grad(sum(t.sum() for t in theirs), lr)
     moved = [p.clone() for p in params]
-    sgd_rule(dataclasses.replace(setting, lr=lr), moved, grads)
+    rule = sgd_rule if setting.name == "sgd" else adam_rule
+    rule(dataclasses.replace(setting, lr=lr), moved, grads)
     (want,) = torch.autograd.grad(sum(t.sum() for t in moved), lr)
-    torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12)
+    return got, want
 
 
 @known_torch_issue(
@@ -324,19 +331,7 @@ def test_a_differentiable_sgd_with_momentum_gives_the_derivative_by_its_learning
 )
 def test_a_differentiable_adam_with_amsgrad_gives_the_derivative_by_its_learning_rate():
     setting = Setting("adam", betas=(0.5, 0.9), eps=1e-3, amsgrad=True, weight_decay=0.1)
-    params, grads = _data(3)
-    lr = torch.tensor(setting.lr, dtype=torch.float64, requires_grad=True)
-    theirs = [p.clone() for p in params]
-    optimizer = torch.optim.Adam(theirs, **{**setting.kwargs(), "lr": lr}, differentiable=True,
-                                 foreach=False)  # fmt: skip
-    for step_grads in grads:
-        for p, g in zip(theirs, step_grads, strict=True):
-            p.grad = None if g is None else g.clone()
-        optimizer.step()
-    (got,) = torch.autograd.grad(sum(t.sum() for t in theirs), lr)
-    moved = [p.clone() for p in params]
-    adam_rule(dataclasses.replace(setting, lr=lr), moved, grads)
-    (want,) = torch.autograd.grad(sum(t.sum() for t in moved), lr)
+    got, want = _derivatives_by_the_learning_rate(setting, seed=3)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-12)
 
 
