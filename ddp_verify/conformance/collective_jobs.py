@@ -294,7 +294,8 @@ def group_settings(seconds: int) -> dict[str, Any]:
     """The time-out of each group c10d makes without one (documented: 30 minutes but on NCCL,
     whose is 10) and with ``seconds`` given; and a group made with
     ``use_local_synchronization=True`` by its member alone (the last rank), after which every
-    rank makes and uses a group over the world: their all-reduces' results."""
+    rank makes and uses a group over the world: their all-reduces' results; groups made with
+    a backend named and given per device; the refusal of a time-out that is no timedelta."""
     import datetime
 
     rank, size = dist.get_rank(), dist.get_world_size()
@@ -324,7 +325,18 @@ def group_settings(seconds: int) -> dict[str, Any]:
     y = torch.tensor([1.0])
     dist.all_reduce(y, group=world)
     said["world after a local group"] = y.tolist()
-    _destroy([*made, *every, *listed, local, world])
+    # A backend named, or given per device ("cpu:gloo", the documented string): the group
+    # says which, and reduces over its members.
+    named = {"by name": dist.new_group(list(range(size)), backend="gloo"),
+             "per device": dist.new_group(list(range(size)), backend="cpu:gloo")}  # fmt: skip
+    for how, group in named.items():
+        z = torch.tensor([2.0])
+        dist.all_reduce(z, group=group)
+        said[f"backend {how}"] = (dist.get_backend(group), z.tolist())
+    said["a time-out that is not a timedelta"] = refusals(
+        {"made": lambda: dist.new_group(list(range(size)), timeout=seconds)}, (TypeError,)
+    )["made"]
+    _destroy([*made, *every, *listed, local, world, *named.values()])
     return said
 
 

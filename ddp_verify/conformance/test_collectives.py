@@ -304,7 +304,14 @@ def test_groups_keep_the_documented_time_out_and_local_synchronization(world):
             # A group only its member made (use_local_synchronization) leaves the others
             # free to make the next group with it: every rank's counters still agree.
             "world after a local group": [float(world.size)],
+            "backend by name": ("gloo", [2.0 * world.size]),
+            # The group reports the configuration it was given.
+            "backend per device": ("cpu:gloo", [2.0 * world.size]),
         }
+        refused = said.pop("a time-out that is not a timedelta")
+        assert refused is not None and "Expected timeout argument to be of type" in refused, (
+            f"rank {rank}: new_group with a time-out of {seconds} (no timedelta): {refused!r}"
+        )
         if rank == world.size - 1:
             want["local group"] = [float(rank)]
         assert said == want, f"rank {rank}: {said}, documented {want}"
