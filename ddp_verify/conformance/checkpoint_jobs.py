@@ -196,3 +196,61 @@ def cached_plan_over_another_group() -> list[float]:
             if group is not dist.GroupMember.NON_GROUP_MEMBER:
                 dist.destroy_process_group(group)
     return loaded["b"].tolist()
+
+
+def invalid_plans() -> dict[str, str | None]:
+    """Saves whose global plan the last rank spoils (its shard of a sharded tensor left
+    unwritten, written over the first rank's, or placed beyond the tensor), as a planner of
+    one's own could: what each save said (the last line of the ranks' tracebacks), or None
+    where it saved; then a save by the same planner unspoiled."""
+    import dataclasses
+
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import DefaultSavePlanner
+    from torch.distributed.checkpoint.api import CheckpointException
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    last = dist.get_world_size() - 1
+
+    class Spoiling(DefaultSavePlanner):
+        def __init__(self, how: str | None) -> None:
+            super().__init__()
+            self.how = how
+
+        def create_local_plan(self) -> Any:
+            plan = super().create_local_plan()
+            if dist.get_rank() != last or self.how is None:
+                return plan
+            items = []
+            for item in plan.items:
+                if item.tensor_data is None or item.index.fqn != "w":
+                    items.append(item)
+                    continue
+                if self.how == "a shard left unwritten":
+                    continue
+                chunk = item.tensor_data.chunk
+                offsets = [0, 0] if self.how == "a shard over another" else [
+                    chunk.offsets[0] + 10, 0]  # fmt: skip
+                chunk = dataclasses.replace(chunk, offsets=torch.Size(offsets))
+                data = dataclasses.replace(item.tensor_data, chunk=chunk)
+                items.append(dataclasses.replace(item, tensor_data=data))
+            return dataclasses.replace(plan, items=items)
+
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    made = [tempfile.mkdtemp(prefix="ddp_verify-dcp-") if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(made, src=0)
+    directory = str(made[0])
+    said: dict[str, str | None] = {}
+    hows = ["a shard left unwritten", "a shard over another", "a shard beyond its tensor", None]
+    for i, how in enumerate(hows):
+        state = {"w": distribute_tensor(torch.ones(2 * (last + 1), 2), mesh, [Shard(0)])}
+        try:
+            dcp.save(state, checkpoint_id=f"{directory}/{i}", planner=Spoiling(how))
+            said[how or "unspoiled"] = None
+        except CheckpointException as exc:
+            said[how or "unspoiled"] = str(exc).strip().splitlines()[-1]
+    dist.barrier()
+    if dist.get_rank() == 0:
+        shutil.rmtree(directory, ignore_errors=True)
+    return said

@@ -187,3 +187,24 @@ def test_the_loads_and_saves_torch_refuses_are_refused_on_every_rank(world):
             f"a partial load on rank {rank} left {said['partial load']}: the saved key "
             "loaded, the one the checkpoint lacks as it was"
         )
+
+
+def test_a_save_plan_that_spoils_a_tensor_is_refused(world):
+    # A planner of one's own (or a regression in the default one) that leaves part of a
+    # sharded tensor unwritten, writes two shards over each other or one beyond the tensor
+    # must be refused before anything is written: the checkpoint would load other values.
+    _skip_across_nodes(world)
+    if world.size < 2:
+        pytest.skip("a spoiled shard needs a second rank to hold it")
+    spoiled = {
+        "a shard left unwritten": "invalid fill",
+        "a shard over another": "overlapping chunks",
+        "a shard beyond its tensor": "out of bounds chunk",
+    }
+    for rank, said in enumerate(world.run(checkpoint_jobs.invalid_plans)):
+        for how, words in spoiled.items():
+            assert said[how] is not None and "Failed to validate global plan" in said[how], (
+                f"a save plan with {how} on rank {rank}: {said[how]!r}"
+            )
+            assert words in said[how], f"{how} on rank {rank}: {said[how]!r}, not {words!r}"
+        assert said["unspoiled"] is None, f"the same planner unspoiled refused: {said}"

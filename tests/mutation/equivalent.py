@@ -105,6 +105,13 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "both branches return default_pg_timeout; on a CUDA build gloo groups would get "
         "NCCL's 10 minutes, which test_collectives' time-out property reads"
     ),
+    # -- torch.distributed.checkpoint -----------------------------------------------------
+    ("torch.distributed.checkpoint.default_planner", "_validate_global_plan",
+     "reversed-iteration", "for ... in metadata.state_dict_metadata.items() -> reversed(list(...))"): (
+        "each tensor's chunks are validated on their own and every error is collected: the "
+        "order the tensors are visited in orders the errors in the message, and refuses the "
+        "same plans"
+    ),
     # -- BatchNorm ----------------------------------------------------------------------------
     ("torch.nn.modules.batchnorm", "_NormBase.__init__", "off-by-one", "0 -> 1 at `0,`"): (
         "num_batches_tracked's first value: __init__ ends with reset_parameters, whose "
