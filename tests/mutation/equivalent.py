@@ -107,7 +107,8 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
     ),
     # -- torch.distributed.checkpoint -----------------------------------------------------
     ("torch.distributed.checkpoint.default_planner", "_validate_global_plan",
-     "reversed-iteration", "for ... in metadata.state_dict_metadata.items() -> reversed(list(...))"): (
+     "reversed-iteration",
+     "for ... in metadata.state_dict_metadata.items() -> reversed(list(...))"): (
         "each tensor's chunks are validated on their own and every error is collected: the "
         "order the tensors are visited in orders the errors in the message, and refuses the "
         "same plans"
