@@ -113,6 +113,13 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "order the tensors are visited in orders the errors in the message, and refuses the "
         "same plans"
     ),
+    ("torch.distributed.checkpoint.default_planner", "DefaultSavePlanner.__init__",
+     "ignored-argument", "argument flatten_sharded_tensors ignored for its default True"): (
+        "on saving, flattening sharded tensors rewrites only ShardedTensors nested in "
+        "ShardedTensors (FSDP1's deprecated 2-D state dicts) and copies every other value "
+        "into a new dict that is only read: without ShardedTensors the same items are "
+        "written either way"
+    ),
     # -- BatchNorm ----------------------------------------------------------------------------
     ("torch.nn.modules.batchnorm", "_NormBase.__init__", "off-by-one", "0 -> 1 at `0,`"): (
         "num_batches_tracked's first value: __init__ ends with reset_parameters, whose "
