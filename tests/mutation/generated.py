@@ -201,8 +201,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="run every mutant whose name contains this (a survivor, again) "
                         "instead of a sample")  # fmt: skip
     parser.add_argument("--rerun", default=None, metavar="JSON",
-                        help="a run's --json: its killed and equivalent mutants keep their "
-                        "outcome, its survivors run again against the suite as it stands "
+                        help="a run's --json: its killed mutants stay killed, its equivalent ones "
+                        "stay so while declared, the rest run again against the suite as it "
+                        "stands "
                         "(the same --samples and --seed draw the same mutants)")  # fmt: skip
     parser.add_argument("--write", default=None)
     parser.add_argument("--json", default=None)
@@ -230,12 +231,6 @@ def main(argv: list[str] | None = None) -> int:
             counts = {"killed": 0, "survived": 0, "timed out": 0, "equivalent": 0}
             for mutant in drawn:
                 earlier = before.get((mutant.name, mutant.site.change))
-                if earlier is not None and earlier["outcome"] != "survived":
-                    outcome, by = earlier["outcome"], earlier["by"]
-                else:
-                    outcome, by = suite(
-                        mutant, directory, args.world_size, args.timeout, first_for(module)
-                    )
                 reason = why_equivalent(
                     mutant.module,
                     mutant.qualname,
@@ -243,6 +238,16 @@ def main(argv: list[str] | None = None) -> int:
                     mutant.site.change,
                     mutant.where,
                 )
+                # Killed stays killed; equivalent stays so while it is declared (in the
+                # declaration's words as they stand); anything else runs again.
+                if earlier is not None and earlier["outcome"] in ("killed", "timed out"):
+                    outcome, by = earlier["outcome"], earlier["by"]
+                elif earlier is not None and earlier["outcome"] == "equivalent" and reason:
+                    outcome, by = "equivalent", reason
+                else:
+                    outcome, by = suite(
+                        mutant, directory, args.world_size, args.timeout, first_for(module)
+                    )
                 if outcome == "survived" and reason:
                     outcome, by = "equivalent", reason
                 counts[outcome] += 1
