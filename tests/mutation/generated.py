@@ -273,12 +273,21 @@ def main(argv: list[str] | None = None) -> int:
 
         modules = " ".join(args.modules)
         page = [
-            "# The gate's reach, measured by generated regressions",
+            "# Generated regressions: the last run written",
+            "",
+            "Written by the run below (`--write`); the method and every survivor's reading "
+            "are in [the generated regressions page](mutation.md).",
             "",
             f"`python -m tests.mutation.generated --samples {args.samples} --seed {args.seed} "
             f"--world-size {args.world_size} --modules {modules}` (`tox -e mutation`); torch "
             f"{torch.__version__}, Python {platform.python_version()}, {os.cpu_count()} CPUs; "
-            f"{total}.",
+            f"{total}"
+            + (
+                f", judging again the survivors of `{Path(args.rerun).name}` (its killed "
+                "mutants kept, its declared equivalents kept while declared)."
+                if args.rerun
+                else "."
+            ),
             "",
             *table,
             "",
