@@ -120,6 +120,18 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "into a new dict that is only read: without ShardedTensors the same items are "
         "written either way"
     ),
+    ("torch.distributed.checkpoint.default_planner", "create_default_global_save_plan",
+     "reversed-iteration", "for ... in plan.items -> reversed(list(...))"): (
+        "a rank's items are entered in the metadata in reverse: each chunk keeps its offsets "
+        "and sizes, its index hint is set to the place it is given, and a load finds a "
+        "chunk by its offsets (the hint only speeds the search): the same checkpoint reads "
+        "back"
+    ),
+    ("torch.distributed.checkpoint.filesystem", "_item_size", "reversed-iteration",
+     "for ... in item.tensor_data.size -> reversed(list(...))"): (
+        "the product of a tensor's sizes, taken in the other order: the same number of "
+        "elements, the same bytes to a file"
+    ),
     # -- BatchNorm ----------------------------------------------------------------------------
     ("torch.nn.modules.batchnorm", "_NormBase.__init__", "off-by-one", "0 -> 1 at `0,`"): (
         "num_batches_tracked's first value: __init__ ends with reset_parameters, whose "
