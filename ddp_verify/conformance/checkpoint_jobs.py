@@ -94,8 +94,14 @@ def round_trip(case: dict[str, Any]) -> dict[str, Any]:
             dist.barrier()
             continue
         state = _state(seed + attempt, entries, mesh, zeros=False, **shape_of)
-        dcp.save(state, storage_writer=FileSystemWriter(f"{directory}/{at}", **writer),
-                 planner=planner, **saving)  # fmt: skip
+        storage = FileSystemWriter(f"{directory}/{at}", **writer)
+        if case.get("asynchronously"):
+            # In a background thread: staged first, so the state may change at once.
+            done = dcp.async_save(state, storage_writer=storage, planner=planner, **saving)
+            _scribble(state)
+            done.result()
+        else:
+            dcp.save(state, storage_writer=storage, planner=planner, **saving)
     loaded_from = f"{directory}/{'second' if case['twice'] else 'first'}"
     target = _state(seed, entries, mesh, zeros=True, **shape_of)
     dcp.load(target, checkpoint_id=loaded_from, planner=DefaultLoadPlanner(**case["load_planner"]))
@@ -112,6 +118,18 @@ def round_trip(case: dict[str, Any]) -> dict[str, Any]:
         shutil.rmtree(directory, ignore_errors=True)
     return {"loaded": _as_loaded(target, entries, case["nested"]),
             "single": single and _as_loaded(single, entries, case["nested"])}  # fmt: skip
+
+
+def _scribble(state: dict[str, Any]) -> None:
+    """Change every tensor of ``state`` in place, as training goes on after an asynchronous
+    save returns: what was staged must be what is written."""
+    for value in state.values():
+        if isinstance(value, dict):
+            _scribble(value)
+        elif hasattr(value, "to_local"):
+            value.to_local().fill_(7)
+        elif isinstance(value, torch.Tensor) and value.numel():
+            value.fill_(7)
 
 
 def _as_loaded(state: dict[str, Any], entries: list[Entry], nested: bool) -> dict[str, Any]:

@@ -4,11 +4,12 @@ replicated (tensors with fewer rows than ranks and empty ones, so some ranks hol
 plain tensors every rank holds alike (saved once, deduplicated), 0-d tensors, five dtypes
 and the plain values training keeps beside them, flat or nested; the writer's and planners'
 documented options are drawn (one file per rank or per thread, several writing threads,
-deduplication to the lowest rank, a checkpoint written by one process without a group, a
-cached plan reused on new values, saving without collectives (experimental: loaded on its
-own layout only), partial loads, flattening). Each state loads back into other placements
-than it was saved in, and into whole tensors in one process without a group; what it must
-hold is the saved value, generated independently of the code under test.
+deduplication to the lowest rank, a checkpoint written by one process without a group or
+saved asynchronously while the state changes, a cached plan reused on new values, saving
+without collectives (experimental: loaded on its own layout only), partial loads,
+flattening). Each state loads back into other placements than it was saved in, and into
+whole tensors in one process without a group; what it must hold is the saved value,
+generated independently of the code under test.
 
 The loads and saves torch refuses are refused: a key the checkpoint lacks (unless a partial
 load is asked for, which leaves it alone), a shape other than the saved one, a save over an
@@ -91,7 +92,9 @@ def cases(draw: st.DrawFn, world_size: int, flatten: bool | None = None,
             **draw(st.sampled_from([{}, {"per_thread_copy_ahead": 1}])),
         },
         # Written by one process without a group (no collectives, no cached plans there).
-        "saved_by_one_process": collectives and not caching and draw(st.booleans()),
+        "saved_by_one_process": (one := collectives and not caching and draw(st.booleans())),
+        # In a background thread (async_save), the state changed as soon as it returns.
+        "asynchronously": not one and draw(st.booleans()),
         "save": {} if collectives else {"use_collectives": False},
         "reshardable": collectives,
         "save_planner": save_planner,
