@@ -132,6 +132,12 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "the product of a tensor's sizes, taken in the other order: the same number of "
         "elements, the same bytes to a file"
     ),
+    ("torch.distributed.checkpoint.planner_helpers", "create_read_items_for_chunk_list",
+     "comparison", "saved_start >= local_end -> saved_start > local_end"): (
+        "the sweep takes a saved chunk that starts exactly where the local chunk ends into "
+        "its active set one chunk early: the overlap test skips it for this local chunk and "
+        "the next one would take it in anyway, so the same reads are made"
+    ),
     # -- BatchNorm ----------------------------------------------------------------------------
     ("torch.nn.modules.batchnorm", "_NormBase.__init__", "off-by-one", "0 -> 1 at `0,`"): (
         "num_batches_tracked's first value: __init__ ends with reset_parameters, whose "
