@@ -14,7 +14,8 @@ STEP_INPUT_SEED = 7
 
 
 class Net(torch.nn.Module):
-    """A linear layer, a BatchNorm (buffers beside parameters), a frozen layer, a head."""
+    """A linear layer, a BatchNorm (buffers beside parameters), a frozen layer, a head and a
+    layer tied to it."""
 
     def __init__(self, seed: int) -> None:
         super().__init__()
@@ -26,9 +27,14 @@ class Net(torch.nn.Module):
         self.frozen = torch.nn.Linear(4, 4, dtype=torch.float64)
         self.frozen.requires_grad_(False)
         self.head = torch.nn.Linear(4, 1, dtype=torch.float64)
+        # A weight tied to the head's, as language models tie their embeddings: one parameter
+        # under two names, the first of which (the head's) names its optimizer state.
+        self.twin = torch.nn.Linear(4, 1, bias=False, dtype=torch.float64)
+        self.twin.weight = self.head.weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(torch.tanh(self.frozen(self.norm(self.embed(x)))))
+        h = torch.tanh(self.frozen(self.norm(self.embed(x))))
+        return self.head(h) + 0.5 * self.twin(h * h)
 
 
 def batch() -> torch.Tensor:
