@@ -475,3 +475,28 @@ def device_mesh_views(shape: tuple[int, ...], names: tuple[str, ...]) -> dict[st
         del refused["dimensions out of order"]
     out["refused"] = refusals(refused, (RuntimeError, ValueError, KeyError))
     return out
+
+
+def meshes_given_outright(order: list[int]) -> dict[str, Any]:
+    """``DeviceMesh("cpu", order)`` made directly from a tensor of the world's ranks in
+    ``order``, and one over the first rank alone: this rank's coordinates, its group's ranks
+    by ``get_group()`` without a dimension, and a row-sharded DTensor of ``arange(2 * size)``
+    as ``distribute_tensor`` lays it out (this rank's shard) and as ``from_local`` assembles
+    it from the shard of this rank's coordinate."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import DTensor, Shard, distribute_tensor
+
+    size = dist.get_world_size()
+    mesh = DeviceMesh("cpu", torch.tensor(order))
+    alone = DeviceMesh("cpu", torch.tensor([0]))
+    full = torch.arange(2.0 * size)
+    coordinate = mesh.get_coordinate()
+    assert coordinate is not None
+    shard = full.chunk(size)[coordinate[0]]
+    return {
+        "coordinate": list(coordinate),
+        "alone": None if alone.get_coordinate() is None else list(alone.get_coordinate()),
+        "group": dist.get_process_group_ranks(mesh.get_group()),
+        "distributed shard": distribute_tensor(full, mesh, [Shard(0)]).to_local().tolist(),
+        "from_local whole": DTensor.from_local(shard, mesh, [Shard(0)]).full_tensor().tolist(),
+    }

@@ -30,10 +30,13 @@ OPERATIONS: dict[str, Callable[[Any, Any], Any]] = {
     "transpose": lambda a, b: a.t(),
     "cat": lambda a, b: torch.cat([a, a], 0),
     "flatten": lambda a, b: a.reshape(-1),
+    "slice_columns": lambda a, b: a[:, 1:] * 2,
+    "select_row": lambda a, b: a[0] * 2,
 }
 # Operations autograd goes through in training (the rest are taken forward only).
 DIFFERENTIABLE = ("add", "neg", "relu", "exp", "sum", "sum_rows", "sum_columns", "mean",
-                  "mean_rows", "norm", "softmax", "matmul", "transpose", "cat")  # fmt: skip
+                  "mean_rows", "norm", "softmax", "matmul", "transpose", "cat", "slice_columns",
+                  "select_row")  # fmt: skip
 
 
 def full_value(seed: int, which: int, shape: tuple[int, ...]) -> torch.Tensor:

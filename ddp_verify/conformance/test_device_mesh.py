@@ -13,10 +13,12 @@ import math
 import re
 from typing import Any
 
+import pytest
 import torch
 from hypothesis import strategies as st
 
 from ddp_verify.conformance import collective_jobs
+from ddp_verify.conformance.known import known_torch_issue
 
 REFUSED = {
     "a mesh of more ranks than the world": r"RuntimeError: Mesh should not be bigger than",
@@ -81,3 +83,43 @@ def test_a_device_mesh_is_the_layout_it_stands_for(world, prove):
 
     shapes = _shapes(world.size)
     prove(st.sampled_from(shapes), check, examples=shapes[: min(len(shapes), 4)])
+
+
+def test_a_mesh_given_outright_is_the_layout_its_tensor_says(world):
+    # DeviceMesh(device, tensor): the tensor's entries are global ranks (its documentation),
+    # here the world in its own order; a rank outside a mesh has no coordinate.
+    order = list(range(world.size))
+    for rank, got in enumerate(world.run(collective_jobs.meshes_given_outright, order)):
+        assert got["coordinate"] == [rank], got
+        assert got["alone"] == ([0] if rank == 0 else None), got
+        assert got["group"] == order, got
+        assert got["distributed shard"] == [2.0 * rank, 2.0 * rank + 1], got
+        assert got["from_local whole"] == [float(i) for i in range(2 * world.size)], got
+
+
+@known_torch_issue(
+    "DeviceMesh made from a tensor of ranks in another order than their own ([1, 0]): "
+    "get_coordinate() gives each rank its place in the tensor, but distribute_tensor places "
+    "shard i on the rank of group rank i (the group's ranks sorted) and full_tensor() "
+    "assembles in group-rank order, so a DTensor built from_local by coordinates comes back "
+    "whole out of order",
+    raises=AssertionError,
+    match=r"in another order",
+    repro="findings/device_mesh_permuted_order.py",
+)
+def test_a_mesh_of_ranks_in_another_order_shards_by_its_coordinates(world):
+    if world.size < 2:
+        pytest.skip("another order needs two ranks")
+    order = list(reversed(range(world.size)))
+    for rank, got in enumerate(world.run(collective_jobs.meshes_given_outright, order)):
+        place = order.index(rank)
+        assert got["coordinate"] == [place], got
+        whole = [float(i) for i in range(2 * world.size)]
+        assert got["distributed shard"] == [2.0 * place, 2.0 * place + 1], (
+            f"a mesh of the ranks in another order ({order}): rank {rank} at coordinate "
+            f"{place} holds {got['distributed shard']}, not shard {place}"
+        )
+        assert got["from_local whole"] == whole, (
+            f"a mesh of the ranks in another order ({order}): shards given by coordinate "
+            f"come back whole as {got['from_local whole']}"
+        )

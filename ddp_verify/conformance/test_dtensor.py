@@ -55,9 +55,12 @@ def cases(draw: st.DrawFn, world_size: int) -> dict[str, Any]:
     a_placements = draw(layout)
     names = draw(st.lists(st.sampled_from(sorted(dtensor_jobs.OPERATIONS)), min_size=1,
                           max_size=4, unique=True))  # fmt: skip
-    if not _even((rows, columns), mesh, a_placements) or "shard1" in a_placements:
-        # Flattening a tensor sharded by columns, or unevenly, is refused (torch asks for a
-        # redistribution first); the rest of the operations take any layout.
+    sharded = any(p.startswith("shard") for p in a_placements)
+    by_rows = a_placements == ("shard0",) and _even((rows, columns), mesh, a_placements)
+    if sharded and not by_rows:
+        # Flattening is refused (torch asks for a redistribution first) unless the tensor is
+        # whole on every rank or cut evenly by rows over a one-dimensional mesh (a shard over
+        # a mesh dimension of one rank included); the rest take any layout.
         names = [n for n in names if n != "flatten"]
     if _rows_left_empty(rows, mesh, a_placements):
         names = [n for n in names if n != "amax_rows"]  # the known issue below
