@@ -895,3 +895,16 @@ for _hook in (fp16_wrapped_allreduce_hook, bf16_wrapped_allreduce_hook):
         "bucket": dist.GradBucket,
         "return": torch.futures.Future[torch.Tensor],
     }
+
+
+def gradient_storages(gradient_as_bucket_view: bool) -> tuple[int, int]:
+    """After one backward through DDP over a small model (every parameter in one bucket): how
+    many distinct storages its gradients live in, and how many gradients there are."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.Tanh(), torch.nn.Linear(3, 1))
+    wrapped = DistributedDataParallel(model, gradient_as_bucket_view=gradient_as_bucket_view)
+    wrapped(torch.ones(4, 2)).sum().backward()
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    return len({g.untyped_storage().data_ptr() for g in grads}), len(grads)

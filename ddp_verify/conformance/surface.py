@@ -480,7 +480,9 @@ ENTRIES: tuple[Entry, ...] = (
        "test_ddp_options::test_find_unused_parameters_with_unused_parameters",
        "test_ddp_options::test_find_unused_parameters_when_every_parameter_is_used"),
     _e(_DDP, "check_reduction", OUT, why="deprecated: DDP ignores it"),
-    _e(_DDP, "gradient_as_bucket_view", COVERED, _OPTIONS),
+    _e(_DDP, "gradient_as_bucket_view", COVERED, _OPTIONS,
+       "test_ddp_options::test_gradient_as_bucket_view_makes_gradients_views_of_the_bucket",
+       why="training unchanged, and the gradients views of one bucket (or not)"),
     _e(_DDP, "static_graph", COVERED, "test_ddp_options::test_static_graph_without_accumulation",
        "test_ddp_options::test_static_graph_with_no_sync_accumulation"),
     *(

@@ -578,3 +578,17 @@ def test_every_construction_and_comm_hook_ddp_refuses_is_refused(world):
             f"a hook annotated as documented refused on rank {rank}: "
             f"{said['a comm hook annotated as documented']}"
         )
+
+
+@pytest.mark.parametrize("as_views", [True, False], ids=["bucket_views", "own_storage"])
+def test_gradient_as_bucket_view_makes_gradients_views_of_the_bucket(world, as_views):
+    # Documented: with gradient_as_bucket_view=True the gradients are views into the
+    # all-reduce bucket (one storage for a bucket's parameters, the memory it saves);
+    # without it each gradient has its own. Training is the same either way (the option's
+    # equivalence property), so only this tells an option that is ignored.
+    for rank, (storages, grads) in enumerate(world.run(jobs.gradient_storages, as_views)):
+        want = 1 if as_views else grads
+        assert storages == want, (
+            f"gradient_as_bucket_view={as_views} on rank {rank}: {grads} gradients in "
+            f"{storages} storages, documented {want}"
+        )

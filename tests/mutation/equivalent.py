@@ -138,6 +138,11 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "its active set one chunk early: the overlap test skips it for this local chunk and "
         "the next one would take it in anyway, so the same reads are made"
     ),
+    ("torch.nn.parallel.distributed", "DistributedDataParallel.__init__", "ignored-argument",
+     "argument check_reduction ignored for its default False"): (
+        "check_reduction is deprecated: DDP only warns that it is (FutureWarning) when it is "
+        "True, and nothing else reads it, so the same DDP trains whatever is passed"
+    ),
     # -- BatchNorm ----------------------------------------------------------------------------
     ("torch.nn.modules.batchnorm", "_NormBase.__init__", "off-by-one", "0 -> 1 at `0,`"): (
         "num_batches_tracked's first value: __init__ ends with reset_parameters, whose "
