@@ -452,7 +452,18 @@ def test_ddp_over_a_subgroup_starts_from_and_averages_over_that_group(world, pro
                 msg=lambda m, said=said: f"{said}'s gradient is not its group's mean.\n{m}",
             )
 
-    prove(draw(), check)
+    size = world.size
+    distinct = [[float(r + 1)] for r in range(size)]  # every rank its own start
+    prove(
+        draw(),
+        check,
+        # Left unsynchronised, and broadcast, over the whole world: a rank whose start is
+        # its own tells init_sync apart (a group of one cannot).
+        examples=[
+            (distinct, distinct, size, "process_group", False),
+            (distinct, distinct, size, "device_mesh", True),
+        ],
+    )
 
 
 def _mixed_precision_cases(size: int) -> st.SearchStrategy:

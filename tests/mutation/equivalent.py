@@ -143,6 +143,21 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "check_reduction is deprecated: DDP only warns that it is (FutureWarning) when it is "
         "True, and nothing else reads it, so the same DDP trains whatever is passed"
     ),
+    ("torch.nn.parallel.distributed", "DistributedDataParallel.__init__", "off-by-one",
+     "1024 -> 1025 at `self.broadcast_bucket_size = 250 * 1024 * 1024`"): (
+        "the size of the chunks DDP broadcasts module states in at construction: larger "
+        "chunks, the same values broadcast"
+    ),
+    ("torch.optim.optimizer", "Optimizer.add_param_group", "reversed-iteration",
+     "for ... in self.defaults.items() -> reversed(list(...))"): (
+        "each setting a new group lacks is given its default (or refused, if required), "
+        "setting by setting: the same settings, only their order in the group's dict changes"
+    ),
+    ("torch.optim.optimizer", "Optimizer.load_state_dict", "reversed-iteration",
+     "for ... in state_dict['state'].items() -> reversed(list(...))"): (
+        "each parameter's saved state is cast and entered under its parameter on its own: "
+        "the same state for every parameter, only the dict's order changes"
+    ),
     # -- BatchNorm ----------------------------------------------------------------------------
     ("torch.nn.modules.batchnorm", "_NormBase.__init__", "off-by-one", "0 -> 1 at `0,`"): (
         "num_batches_tracked's first value: __init__ ends with reset_parameters, whose "
