@@ -158,6 +158,12 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "each parameter's saved state is cast and entered under its parameter on its own: "
         "the same state for every parameter, only the dict's order changes"
     ),
+    ("torch.nn.parallel.distributed", "DistributedDataParallel.__init__", "ignored-argument",
+     "argument skip_all_reduce_unused_params ignored for its default False"): (
+        "the option requires the unused parameters to stay the same, unused on every rank "
+        "and every iteration (its documentation): their gradients are never written either "
+        "way (None), so skipping their all-reduce changes only what is sent"
+    ),
     # -- BatchNorm ----------------------------------------------------------------------------
     ("torch.nn.modules.batchnorm", "_NormBase.__init__", "off-by-one", "0 -> 1 at `0,`"): (
         "num_batches_tracked's first value: __init__ ends with reset_parameters, whose "
