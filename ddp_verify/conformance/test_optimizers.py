@@ -203,7 +203,9 @@ def test_clip_grad_norm_follows_its_definition_in_every_norm(prove, foreach):
     norms = st.sampled_from((1.0, 2.0, 3.0, math.inf))
     scales = st.sampled_from((1e-3, 1.0, 10.0))
     counts = st.integers(1, len(SHAPES))
-    forms = st.sampled_from(("list", "tensor", "string", "halves"))
+    # get_total_norm and clip_grads_with_norm_ are newer than some torch the suite runs on.
+    halves = hasattr(torch.nn.utils, "get_total_norm")
+    forms = st.sampled_from(("list", "tensor", "string", *(("halves",) if halves else ())))
     cases = st.tuples(
         st.sampled_from((0.1, 1.0, 5.0)), norms, st.integers(0, 2**16), scales, counts, forms
     )
@@ -213,7 +215,7 @@ def test_clip_grad_norm_follows_its_definition_in_every_norm(prove, foreach):
         examples=[
             (1.0, 2.0, 1, 10.0, 1, "tensor"),
             (1.0, math.inf, 2, 10.0, 3, "string"),
-            (0.1, 3.0, 3, 10.0, 3, "halves"),
+            (0.1, 3.0, 3, 10.0, 3, "halves" if halves else "list"),
         ],
     )
 
