@@ -17,8 +17,11 @@ read from the code) counts as "equivalent"; nothing else is set aside. The score
 killed / (drawn - equivalent); the raw score, killed / drawn, is shown beside it.
 
     python -m tests.mutation.generated [--samples 40] [--seed 0] [--world-size 2]
-        [--modules GLOB ...] [--match TEXT] [--write docs/mutation.md] [--json out.json]
+        [--modules GLOB ...] [--match TEXT] [--rerun RUN.json]
+        [--write docs/mutation-measured.md] [--json out.json]
 
+``--rerun`` judges a run's survivors again (after new properties or declarations): its killed
+mutants stay killed, its equivalent ones stay so while declared, the rest run the suite.
 ``tox -e mutation`` runs it.
 """
 
