@@ -22,6 +22,8 @@ killed / (drawn - equivalent); the raw score, killed / drawn, is shown beside it
 
 ``--rerun`` judges a run's survivors again (after new properties or declarations): its killed
 mutants stay killed, its equivalent ones stay so while declared, the rest run the suite.
+``--json`` is written as each mutant is judged, so a run stopped part-way goes on with
+``--rerun`` of what it wrote.
 ``tox -e mutation`` runs it.
 """
 
@@ -258,6 +260,8 @@ def main(argv: list[str] | None = None) -> int:
                                  "outcome": outcome, "by": by})  # fmt: skip
                 print(f"{mutant.name} ({mutant.site.change}): {outcome} {by}".rstrip(),
                       flush=True)  # fmt: skip
+                if args.json:
+                    _keep(args.json, outcomes, before)
             killed = counts["killed"] + counts["timed out"]
             judged = len(drawn) - counts["equivalent"]
             score = f"{killed / judged:.0%}" if judged else "—"
@@ -306,8 +310,19 @@ def main(argv: list[str] | None = None) -> int:
         ]
         Path(args.write).write_text("\n".join(page))
     if args.json:
-        Path(args.json).write_text(json.dumps(outcomes, indent=1))
+        _keep(args.json, outcomes, before)
     return 0
+
+
+def _keep(
+    path: str, outcomes: list[dict[str, str]], before: dict[tuple[str, str], dict[str, str]]
+) -> None:
+    # Written after each mutant, with what a rerun's file held that this run has not judged
+    # (not reached yet, or of modules it leaves out): a run stopped part-way goes on by --rerun
+    # of its own file, and a rerun of some modules keeps the others' outcomes.
+    judged = {(o["mutant"], o["change"]) for o in outcomes}
+    pending = [o for key, o in before.items() if key not in judged]
+    Path(path).write_text(json.dumps(outcomes + pending, indent=1))
 
 
 if __name__ == "__main__":

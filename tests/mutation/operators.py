@@ -20,8 +20,8 @@ Example::
 from __future__ import annotations
 
 import ast
-import copy
 import dataclasses
+import pickle
 from collections.abc import Callable, Iterator
 
 __all__ = ["OPERATORS", "Site", "mutated", "sites"]
@@ -208,6 +208,13 @@ OPERATORS: dict[str, Apply] = {
 }
 
 
+def _copy(function: ast.FunctionDef) -> ast.FunctionDef:
+    # A pickle round trip copies a syntax tree in half the time copy.deepcopy takes (one copy
+    # per place an operator may change: most of the time spent finding a module's mutants).
+    copied: ast.FunctionDef = pickle.loads(pickle.dumps(function, pickle.HIGHEST_PROTOCOL))
+    return copied
+
+
 def _nodes(function: ast.FunctionDef) -> Iterator[tuple[int, ast.AST]]:
     # The body only: decorators, defaults and annotations are not the function's arithmetic.
     body = ast.Module(body=function.body, type_ignores=[])
@@ -235,7 +242,7 @@ def sites(function: ast.FunctionDef) -> list[Site]:
         for index, original in _nodes(function):
             if not _MAY[name](original, function):
                 continue
-            trial = copy.deepcopy(function)
+            trial = _copy(function)
             node = dict(_nodes(trial))[index]
             change = apply(node, trial)
             if change is not None:
@@ -246,7 +253,7 @@ def sites(function: ast.FunctionDef) -> list[Site]:
 def mutated(function: ast.FunctionDef, site: Site) -> str:
     """The source of ``function`` with ``site``'s change made, without its decorators (the
     mutated code takes the place of the decorated function's own code)."""
-    trial = copy.deepcopy(function)
+    trial = _copy(function)
     node = dict(_nodes(trial))[site.index]
     if OPERATORS[site.operator](node, trial) is None:
         raise ValueError(f"{site} does not apply to {function.name}")

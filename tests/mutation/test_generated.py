@@ -181,7 +181,10 @@ def test_a_rerun_keeps_what_was_judged_and_runs_the_survivors_again(tmp_path):
         {"mutant": m.name, "change": m.site.change, "outcome": outcome, "by": "the earlier run"}
         for m, outcome in zip(drawn, ("killed", "survived"), strict=False)
     ]
-    (tmp_path / "before.json").write_text(json.dumps(earlier))
+    # And one of a module this rerun leaves out: the file it writes keeps it.
+    other = {"mutant": "torch.optim.sgd:SGD.step:1:arithmetic", "change": "+ -> -",
+             "outcome": "killed", "by": "another module's run"}  # fmt: skip
+    (tmp_path / "before.json").write_text(json.dumps([*earlier, other]))
     before, after_json = str(tmp_path / "before.json"), str(tmp_path / "after.json")
     main(["--modules", module, "--samples", str(len(drawn)), "--timeout", "0.01",
           "--rerun", before, "--json", after_json])  # fmt: skip
@@ -190,6 +193,7 @@ def test_a_rerun_keeps_what_was_judged_and_runs_the_survivors_again(tmp_path):
     assert after[kept["mutant"]]["outcome"] == "killed"
     assert after[kept["mutant"]]["by"] == "the earlier run"
     assert after[again["mutant"]]["outcome"] == "timed out", after[again["mutant"]]
+    assert after[other["mutant"]] == other
 
 
 def test_a_declaration_of_one_line_excuses_no_other_line():

@@ -53,9 +53,11 @@ SLOW_TRAIN = textwrap.dedent(
     [
         # The reference's one process, then torchrun's agent and its two ranks.
         ("torchrun", None, 3),
-        # accelerate launch runs the reference plainly (no store): its torchrun and ranks.
-        ("accelerate", "accelerate", 2),
-        ("fabric --strategy ddp", "lightning", 3),
+        # The frameworks' launchers (tox -e slow: CI's 20 minutes go to torchrun's, which
+        # parity itself starts): accelerate launch runs the reference plainly (no store), then
+        # its torchrun and ranks; fabric run, torchrun's agent.
+        pytest.param("accelerate", "accelerate", 2, marks=pytest.mark.slow),
+        pytest.param("fabric --strategy ddp", "lightning", 3, marks=pytest.mark.slow),
     ],
 )
 def test_every_listening_socket_of_a_parity_run_is_loopback(tmp_path, launcher, needs, servers):
