@@ -9,7 +9,7 @@ import pytest
 import torch
 from hypothesis import strategies as st
 
-from ddp_verify.conformance import jobs, refusal_jobs
+from ddp_verify.conformance import fsdp_jobs, jobs, refusal_jobs
 from ddp_verify.conformance.closed_forms import one_sample_per_rank, rounded
 from ddp_verify.conformance.known import known_torch_issue
 from ddp_verify.engine.scenario import ModelSpec, Scenario
@@ -588,6 +588,86 @@ def test_unused_parameters_reduce_as_zeros_and_an_all_reduce_hook_replicates(wor
     ranks = ([[float(r + 1)] for r in range(size)], [[1.0]] * size)
     alternating = [[r % 2 == 0, r % 2 == 1] for r in range(size)]
     prove(cases(), check, examples=[(ranks, alternating, size % 2 == 0)])
+
+
+def test_post_accumulate_grad_hooks_run_in_order_on_the_reduced_gradient(world, fsdp, prove):
+    # A sharded parameter's post-accumulate-grad hooks run as autograd runs a plain leaf's
+    # (the autograd notes' "Backward Hooks execution": once, after the gradient is final, in
+    # the order registered) on the ranks' mean gradient: hook k making grad * a_k + b_k in
+    # place, the gradient the optimizer sees is those maps composed in that order.
+    size = world.size
+    maps = st.tuples(st.integers(-3, 3).map(float), st.integers(-5, 5).map(float))
+
+    def check(case):
+        (inputs, weights), hooks = case
+        want = [
+            [sum(weights[k][i] * inputs[k][j] for k in range(size)) / size
+             for j in range(len(inputs[0]))]
+            for i in range(len(weights[0]))
+        ]  # fmt: skip
+        for a, b in hooks:
+            want = [[g * a + b for g in row] for row in want]
+        results = world.run(fsdp_jobs.fully_shard_post_accumulate_hooks, inputs, weights, hooks)
+        for rank, (ran, grad) in enumerate(results):
+            said = f"fully_shard with post-accumulate-grad hooks {hooks}: rank {rank}"
+            assert ran == list(range(len(hooks))), (
+                f"{said} ran them as {ran}, not once each in the order registered"
+            )
+            _assert_gradient(grad, want, f"{said}'s gradient after them", "float64")
+
+    two = ([[float(r + 1)] for r in range(size)], [[1.0]] * size)
+    prove(
+        st.tuples(one_sample_per_rank(size), st.lists(maps, min_size=1, max_size=3)),
+        check,
+        examples=[(two, [(2.0, 0.0), (1.0, 1.0)])],
+    )
+
+
+def test_a_subclass_all_gathering_two_inputs_of_two_dtypes_trains_as_its_values(world, fsdp, prove):
+    # The all-gather extension (fsdp_pre_all_gather / fsdp_post_all_gather), as quantised
+    # training uses it: a float64 weight sent as its float32 rounding and the float64 rest,
+    # added back exactly. FSDP2 gathers both inputs (of two dtypes, so as bytes) and hands
+    # each back as it was sent: the outputs and the SGD steps are those of the float64 values.
+    # Rows a multiple of the world size: a subclass of uneven shards pads its inputs itself.
+    size = world.size
+
+    @st.composite
+    def cases(draw):
+        inputs, weights = draw(one_sample_per_rank(size))
+        rows = size * draw(st.integers(1, 2))
+        weights = [(row * rows)[:rows] for row in weights]
+        value = st.floats(-2.0, 2.0, allow_nan=False, allow_subnormal=False)
+        start = draw(st.lists(st.lists(value, min_size=len(inputs[0]), max_size=len(inputs[0])),
+                              min_size=rows, max_size=rows))  # fmt: skip
+        return inputs, weights, start
+
+    def check(case):
+        inputs, weights, start = case
+        steps = 2
+        gradient = [
+            [sum(weights[k][i] * inputs[k][j] for k in range(size)) / size
+             for j in range(len(inputs[0]))]
+            for i in range(len(start))
+        ]  # fmt: skip
+        results = world.run(fsdp_jobs.fully_shard_split_parameter, inputs, weights, start, steps)
+        for rank, seen in enumerate(results):
+            weight = start
+            for step, (output, after) in enumerate(seen):
+                said = (
+                    f"fully_shard of a weight all-gathered as float32 and float64 parts: rank "
+                    f"{rank}, step {step}"
+                )
+                want = [sum(w * x for w, x in zip(row, inputs[rank], strict=True))
+                        for row in weight]  # fmt: skip
+                _assert_gradient(output, want, f"{said}'s output", "float64")
+                weight = [[w - 0.5 * g for w, g in zip(wr, gr, strict=True)]
+                          for wr, gr in zip(weight, gradient, strict=True)]  # fmt: skip
+                _assert_gradient(after, weight, f"{said}'s weight after SGD", "float64")
+
+    # A third: its float32 rounding is off by a float64 rest a float32-only gather loses.
+    third = [[1 / 3] * 2 for _ in range(size)]
+    signs = [[(-1.0) ** i for i in range(size)]] * size
+    prove(cases(), check, examples=[([[1.0, 2.0]] * size, signs, third)])
 
 
 @pytest.mark.parametrize("ignore", [False, True], ids=["frozen_kept", "ignore_frozen_params"])

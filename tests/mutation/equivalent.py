@@ -21,6 +21,13 @@ _PLACEHOLDER = (
     "(whose own value it sends): its first value is never read"
 )
 
+_FSDP = "torch.distributed.fsdp._fully_shard._fsdp_collectives"
+_MTIA = (
+    "device_type is read for 'mtia' alone, which forces a sum reduction with the division "
+    "made before and after it (as torch does for float16): on any device the reduced "
+    "gradient is the ranks' mean, divided in another place (rounding aside)"
+)
+
 # (module, qualname, operator, change) -> why the contract cannot tell it from torch.
 EQUIVALENT: dict[tuple[str, str, str, str], str] = {
     (_POWER, "powerSGD_hook", "reversed-iteration",
@@ -175,6 +182,51 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "an existing name replaces it in place (the dict keeps the key's position), and a "
         "converted BatchNorm has no children, so the order leaves the same modules in the "
         "same order"
+    ),
+    # -- FSDP2 --------------------------------------------------------------------------------
+    (_FSDP, "DefaultReduceScatter.__call__", "ignored-argument",
+     "argument async_op ignored for its default False"): (
+        "FSDP's one call of its reduce-scatter (foreach_reduce) never passes async_op: every "
+        "call already runs with the default"
+    ),
+    (_FSDP, "DefaultAllGather.__call__", "ignored-argument",
+     "argument async_op ignored for its default False"): (
+        "a synchronous all-gather where an asynchronous one was asked: its output is complete "
+        "when it returns, and foreach_all_gather_copy_out waits on the work only where there "
+        "is one: the same parameters, only the overlap with compute is lost"
+    ),
+    (_FSDP, "_get_gradient_divide_factors", "ignored-argument",
+     "argument device_type ignored for its default ''"): _MTIA,
+    (_FSDP, "_get_gradient_divide_factors", "comparison",
+     "device_type == 'mtia' -> device_type != 'mtia'"): _MTIA,
+    (_FSDP, "foreach_reduce", "reversed-iteration",
+     "for ... in enumerate(zip(fsdp_params, unsharded_grads)) -> reversed(list(...))"): (
+        "each gradient sharded along a dimension other than 0 is rewritten, at its own index, "
+        "as its chunks concatenated along dimension 0, gradient by gradient: the order leaves "
+        "the same gradients (only which uneven one is named first in the refusal may change)"
+    ),
+    (_FSDP, "_get_param_all_gather_inputs", "reversed-iteration",
+     "for ... in enumerate(fsdp_params) -> reversed(list(...))"): (
+        "each parameter's all-gather input is written at its own index, and the foreach-copy "
+        "ones are paired with their own indices by zip: the order leaves the same inputs (the "
+        "flat buffer takes the param dtype and device of another parameter of the group, "
+        "which one mixed-precision policy and one device give them all)"
+    ),
+    (_FSDP, "foreach_all_gather_copy_out", "reversed-iteration",
+     "for ... in shard_i_copy_infos -> reversed(list(...))"): (
+        "each parameter sharded along a dimension other than 0 is chunk-concatenated from its "
+        "own temporary into its own all-gather outputs: the order leaves the same outputs"
+    ),
+    (_FSDP, "foreach_all_gather_copy_out", "comparison",
+     "len(non_inference_outs) > 0 -> len(non_inference_outs) >= 0"): (
+        "with no output outside inference mode the same copy runs inside a guard of the "
+        "version counters of no tensors, which preserves nothing"
+    ),
+    (_FSDP, "_get_all_gather_input_metadatas", "comparison",
+     "all_gather_input.dtype != all_gather_dtype -> all_gather_input.dtype == all_gather_dtype"): (
+        "every all-gather is then made in bytes (each input viewed as uint8, as torch does "
+        "for inputs of mixed dtypes) and each output viewed back in its input's dtype: the "
+        "same bytes arrive, only the collective's element type changes"
     ),
 }  # fmt: skip
 

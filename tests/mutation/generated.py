@@ -124,6 +124,7 @@ def functions(module: str) -> list[tuple[str, ast.FunctionDef, int]]:
     first line in the file)."""
     found = []
     loaded = importlib.import_module(module)
+    own = inspect.getsourcefile(loaded)
     for name, value in vars(loaded).items():
         candidates = []
         if inspect.isfunction(value) and value.__module__ == module:
@@ -134,7 +135,11 @@ def functions(module: str) -> list[tuple[str, ast.FunctionDef, int]]:
                 if inspect.isfunction(function):
                     candidates.append((f"{name}.{attr}", function))
         for qualname, function in candidates:
-            if function.__code__.co_name == "<lambda>":
+            # Not lambdas, and only code of the module's own file: a class's generated methods
+            # (a NamedTuple's _make and __repr__ come from collections) have line numbers of
+            # another file, which the trace's lines of this one would match by chance.
+            source = inspect.getsourcefile(inspect.unwrap(function))
+            if function.__code__.co_name == "<lambda>" or source != own:
                 continue
             try:
                 lines, first = inspect.getsourcelines(function)

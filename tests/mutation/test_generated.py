@@ -205,3 +205,18 @@ def test_a_declaration_of_one_line_excuses_no_other_line():
     placeholder = "obj_tensor_size = torch.tensor([0], dtype=torch.long, device=pg_device)"
     assert why_equivalent(*args, placeholder)
     assert why_equivalent(*args, "scatter_object_output_list[0] = _tensor_to_object(") is None
+
+
+def test_the_functions_drawn_from_are_the_modules_own_decorated_or_not():
+    # A NamedTuple's generated methods (from collections' file) are not the module's code,
+    # though their line numbers could match its traced lines; a function behind a decorator
+    # of another module (c10d's collectives behind its logger) is.
+    from tests.mutation.generated import functions
+
+    fsdp = {
+        name for name, _, _ in functions("torch.distributed.fsdp._fully_shard._fsdp_collectives")
+    }
+    assert "foreach_reduce" in fsdp
+    assert not {"AllGatherResult._make", "AllGatherResult.__repr__"} & fsdp, fsdp
+    c10d = {name for name, _, _ in functions("torch.distributed.distributed_c10d")}
+    assert {"all_reduce", "broadcast"} <= c10d

@@ -1,0 +1,136 @@
+"""Rank jobs for the FSDP2 properties beyond plain training: what ``fully_shard`` calls back
+into (a parameter's post-accumulate-grad hooks) and what it lets a tensor subclass decide (the
+``fsdp_pre_all_gather`` / ``fsdp_post_all_gather`` extension). Each job runs on every rank
+of a world and returns plain values the test judges against a closed form."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ..world.runtime import rank_device
+
+
+def _sharded_linear(n_in: int, n_out: int) -> torch.nn.Module:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    device = rank_device()
+    model = torch.nn.Linear(n_in, n_out, bias=False).to(device, torch.float64)
+    fully_shard(model, mesh=init_device_mesh(device.type, (dist.get_world_size(),)))
+    return model
+
+
+def fully_shard_post_accumulate_hooks(
+    inputs: list[list[float]], weights: list[list[float]], hooks: list[tuple[float, float]]
+) -> tuple[list[int], list[list[float]]]:
+    """A bias-free ``Linear`` ``fully_shard``-ed over the world, rank r's loss
+    ``(model(inputs[r]) * weights[r]).sum()``, with one post-accumulate-grad hook on its weight
+    per ``(a, b)`` of ``hooks``, registered in that order, each making the gradient
+    ``grad * a + b`` in place. Returns the order the hooks ran in (their indices) and the full
+    weight gradient after them."""
+    rank, device = dist.get_rank(), rank_device()
+    model = _sharded_linear(len(inputs[0]), len(weights[0]))
+    ran: list[int] = []
+
+    def hook(index: int, a: float, b: float) -> Any:
+        def run(param: torch.Tensor) -> None:
+            ran.append(index)
+            assert param.grad is not None
+            param.grad.mul_(a).add_(b)
+
+        return run
+
+    for index, (a, b) in enumerate(hooks):
+        model.weight.register_post_accumulate_grad_hook(hook(index, a, b))
+    x = torch.tensor([inputs[rank]], dtype=torch.float64, device=device)
+    c = torch.tensor([weights[rank]], dtype=torch.float64, device=device)
+    (model(x) * c).sum().backward()
+    assert model.weight.grad is not None
+    return ran, model.weight.grad.full_tensor().tolist()
+
+
+class SplitFloat64(torch.Tensor):
+    """A float64 tensor whose FSDP2 all-gather sends two inputs of two dtypes: its float32
+    rounding and the float64 rest (``fsdp_pre_all_gather``), which
+    ``fsdp_post_all_gather`` adds back exactly, as quantised-training subclasses send their
+    data and their scales. Every other operation runs on the float64 values it wraps."""
+
+    data_: torch.Tensor
+
+    @staticmethod
+    def __new__(cls, data: torch.Tensor) -> SplitFloat64:
+        return torch.Tensor._make_wrapper_subclass(
+            cls, data.shape, strides=data.stride(), dtype=data.dtype, device=data.device,
+            requires_grad=data.requires_grad,
+        )  # fmt: skip
+
+    def __init__(self, data: torch.Tensor) -> None:
+        self.data_ = data
+
+    def __repr__(self) -> str:
+        return f"SplitFloat64({self.data_})"
+
+    def __tensor_flatten__(self) -> tuple[list[str], None]:
+        return ["data_"], None
+
+    @staticmethod
+    def __tensor_unflatten__(inner: dict[str, torch.Tensor], *_: Any) -> SplitFloat64:
+        return SplitFloat64(inner["data_"])
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        from torch.utils._pytree import tree_map_only
+
+        unwrap = lambda t: t.data_  # noqa: E731
+        out = func(*tree_map_only(cls, unwrap, args), **tree_map_only(cls, unwrap, kwargs or {}))
+        # An in-place operation changed the wrapped values: the wrapper itself is its result.
+        if func._schema.is_mutable and args and isinstance(args[0], cls):
+            return args[0]
+        return tree_map_only(torch.Tensor, cls, out)
+
+    def fsdp_pre_all_gather(self, mesh, outer_size, outer_stride, module, mp_policy):  # type: ignore[no-untyped-def]
+        high = self.data_.to(torch.float32)
+        return (high, self.data_ - high.double()), None
+
+    def fsdp_post_all_gather(self, outputs, metadata, param_dtype, *, out=None):  # type: ignore[no-untyped-def]
+        high, rest = outputs
+        if out is not None:  # the unsharded parameter made by the first all-gather, again
+            with torch.no_grad():
+                out.copy_(high.double() + rest)
+            return None
+        return high.double() + rest, (high, rest)
+
+
+def fully_shard_split_parameter(
+    inputs: list[list[float]], weights: list[list[float]], start: list[list[float]], steps: int
+) -> list[tuple[list[float], list[list[float]]]]:
+    """A bias-free ``Linear`` whose weight, ``start``, is a :class:`SplitFloat64`,
+    ``fully_shard``-ed over the world and trained ``steps`` steps of SGD (lr 0.5) on rank r's
+    loss ``(model(inputs[r]) * weights[r]).sum()``. Returns, each step, the rank's forward
+    output and the full weight after the step."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    rank, device = dist.get_rank(), rank_device()
+    model = torch.nn.Linear(len(inputs[0]), len(weights[0]), bias=False).to(device)
+    values = torch.tensor(start, dtype=torch.float64, device=device)
+    model.weight = torch.nn.Parameter(SplitFloat64(values))
+    fully_shard(model, mesh=init_device_mesh(device.type, (dist.get_world_size(),)))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    x = torch.tensor([inputs[rank]], dtype=torch.float64, device=device)
+    c = torch.tensor([weights[rank]], dtype=torch.float64, device=device)
+    seen = []
+    for _ in range(steps):
+        output = model(x)
+        (output * c).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        whole = model.weight.full_tensor()
+        whole = whole.data_ if isinstance(whole, SplitFloat64) else whole
+        seen.append((output.detach()[0].tolist(), whole.tolist()))
+    return seen
