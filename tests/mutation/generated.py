@@ -16,14 +16,17 @@ module's own properties first: a failure kills it, a pass lets it survive, a run
 read from the code) counts as "equivalent"; nothing else is set aside. The score per module is
 killed / (drawn - equivalent); the raw score, killed / drawn, is shown beside it.
 
-    python -m tests.mutation.generated [--samples 40] [--seed 0] [--world-size 2]
+    python -m tests.mutation.generated [--samples 40] [--seed 0] [--world-size 2 [4 ...]]
         [--modules GLOB ...] [--match TEXT] [--rerun RUN.json]
         [--write docs/mutation-measured.md] [--json out.json]
 
 ``--rerun`` judges a run's survivors again (after new properties or declarations): its killed
 mutants stay killed, its equivalent ones stay so while declared, the rest run the suite.
 ``--json`` is written as each mutant is judged, so a run stopped part-way goes on with
-``--rerun`` of what it wrote.
+``--rerun`` of what it wrote. Given several world sizes, a mutant that survives the suite at
+one runs it again at the next (a regression only a larger world shows: at 2 ranks every group
+of two is the world, so code that drops its group argument goes unseen); the outcome says the
+size that killed it.
 ``tox -e mutation`` runs it.
 """
 
@@ -200,11 +203,31 @@ def suite(
     return "killed", failed[0][7:120] if failed else f"exit {done.returncode}"
 
 
+def judge(
+    mutant: Mutant,
+    directory: Path,
+    world_sizes: list[int],
+    timeout: float,
+    first: tuple[str, ...] = (),
+) -> tuple[str, str]:
+    """:func:`suite` at each world size in turn until one kills (or times out on) the mutant;
+    past the first size, what killed it says the size."""
+    outcome, by = "survived", ""
+    for index, world_size in enumerate(world_sizes):
+        outcome, by = suite(mutant, directory, world_size, timeout, first)
+        if outcome != "survived":
+            if index:
+                by = f"{by} (at world size {world_size})"
+            break
+    return outcome, by
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--samples", type=int, default=40, help="mutants drawn per module")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--world-size", type=int, default=2)
+    parser.add_argument("--world-size", type=int, nargs="+", default=[2],
+                        help="a survivor runs again at the next size")  # fmt: skip
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per suite run")
     parser.add_argument("--modules", nargs="*", default=["*"])
     parser.add_argument("--match", default=None,
@@ -255,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
                 elif earlier is not None and earlier["outcome"] == "equivalent" and reason:
                     outcome, by = "equivalent", reason
                 else:
-                    outcome, by = suite(
+                    outcome, by = judge(
                         mutant, directory, args.world_size, args.timeout, first_for(module)
                     )
                 if outcome == "survived" and reason:
@@ -291,7 +314,8 @@ def main(argv: list[str] | None = None) -> int:
             "are in [the generated regressions page](mutation.md).",
             "",
             f"`python -m tests.mutation.generated --samples {args.samples} --seed {args.seed} "
-            f"--world-size {args.world_size} --modules {modules}` (`tox -e mutation`); torch "
+            f"--world-size {' '.join(map(str, args.world_size))} --modules {modules}` "
+            f"(`tox -e mutation`); torch "
             f"{torch.__version__}, Python {platform.python_version()}, {os.cpu_count()} CPUs; "
             f"{total}"
             + (

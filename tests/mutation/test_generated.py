@@ -220,3 +220,30 @@ def test_the_functions_drawn_from_are_the_modules_own_decorated_or_not():
     assert not {"AllGatherResult._make", "AllGatherResult.__repr__"} & fsdp, fsdp
     c10d = {name for name, _, _ in functions("torch.distributed.distributed_c10d")}
     assert {"all_reduce", "broadcast"} <= c10d
+
+
+def test_a_survivor_is_judged_again_at_the_next_world_size(monkeypatch, tmp_path):
+    # The suite's runs stand in for by what each world size would say (a real run of both
+    # is the tool's own work): a survivor at 2 runs again at 4, which names its size; a
+    # mutant killed at 2 runs nowhere else.
+    from tests.mutation import generated
+
+    runs: list[int] = []
+
+    def suite(mutant, directory, world_size, timeout, first=()):
+        runs.append(world_size)
+        return ("killed", "test_fsdp.py::t") if world_size == 4 else ("survived", "")
+
+    monkeypatch.setattr(generated, "suite", suite)
+    mutant = mutants("torch.utils.data.sampler")[0]
+    assert generated.judge(mutant, tmp_path, [2, 4], 1.0) == (
+        "killed",
+        "test_fsdp.py::t (at world size 4)",
+    )
+    assert runs == [2, 4]
+    runs.clear()
+    assert generated.judge(mutant, tmp_path, [4, 2], 1.0) == ("killed", "test_fsdp.py::t")
+    assert runs == [4]
+    runs.clear()
+    assert generated.judge(mutant, tmp_path, [2], 1.0) == ("survived", "")
+    assert runs == [2]
