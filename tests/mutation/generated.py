@@ -211,10 +211,13 @@ def judge(
     first: tuple[str, ...] = (),
 ) -> tuple[str, str]:
     """:func:`suite` at each world size in turn until one kills (or times out on) the mutant;
-    past the first size, what killed it says the size."""
+    past the first size, what killed it says the size. ``timeout`` is the first size's: a
+    larger world's suite is given it in proportion (its ranks share the same cores), so that
+    a slower suite is not read as a hang."""
     outcome, by = "survived", ""
     for index, world_size in enumerate(world_sizes):
-        outcome, by = suite(mutant, directory, world_size, timeout, first)
+        scaled = timeout * max(1.0, world_size / world_sizes[0])
+        outcome, by = suite(mutant, directory, world_size, scaled, first)
         if outcome != "survived":
             if index:
                 by = f"{by} (at world size {world_size})"

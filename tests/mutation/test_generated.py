@@ -229,9 +229,11 @@ def test_a_survivor_is_judged_again_at_the_next_world_size(monkeypatch, tmp_path
     from tests.mutation import generated
 
     runs: list[int] = []
+    timeouts: list[float] = []
 
     def suite(mutant, directory, world_size, timeout, first=()):
         runs.append(world_size)
+        timeouts.append(timeout)
         return ("killed", "test_fsdp.py::t") if world_size == 4 else ("survived", "")
 
     monkeypatch.setattr(generated, "suite", suite)
@@ -241,6 +243,7 @@ def test_a_survivor_is_judged_again_at_the_next_world_size(monkeypatch, tmp_path
         "test_fsdp.py::t (at world size 4)",
     )
     assert runs == [2, 4]
+    assert timeouts == [1.0, 2.0]  # a world twice as large, twice the time on the same cores
     runs.clear()
     assert generated.judge(mutant, tmp_path, [4, 2], 1.0) == ("killed", "test_fsdp.py::t")
     assert runs == [4]
