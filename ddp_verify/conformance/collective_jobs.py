@@ -5,7 +5,9 @@ test to judge against every rank's inputs combined."""
 
 from __future__ import annotations
 
+import contextlib
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -54,13 +56,18 @@ def tensor_collectives(
     rank outside the group, what the calls returned and whether they left its tensors
     alone."""
     rank = dist.get_rank()
+    with made_group(grouping) as group:
+        return _collectives(seed, group, rank, op, dtype, root, by_group_rank, async_op)
+
+
+@contextlib.contextmanager
+def made_group(grouping: tuple[Any, ...]) -> Iterator[Any]:
+    """The group :func:`group_of` makes for this rank, its groups destroyed on leaving."""
     group, created = group_of(grouping)
     try:
-        return _collectives(seed, group, rank, op, dtype, root, by_group_rank, async_op)
+        yield group
     finally:
-        for made in created:
-            if made not in (None, dist.GroupMember.NON_GROUP_MEMBER):
-                dist.destroy_process_group(made)
+        _destroy(created)
 
 
 def group_of(grouping: tuple[Any, ...]) -> tuple[Any, list[Any]]:
@@ -349,8 +356,7 @@ def point_to_point(seed: int, grouping: tuple[Any, ...], how: str,
     (``by_group_rank``) by group rank. Returns what the rank received (and, for blocking
     receives, the sender recv reported); None outside any group or in a group of one."""
     rank = dist.get_rank()
-    group, created = group_of(grouping)
-    try:
+    with made_group(grouping) as group:
         if group is dist.GroupMember.NON_GROUP_MEMBER:
             return None
         ranks = dist.get_process_group_ranks(group or dist.group.WORLD)
@@ -400,8 +406,6 @@ def point_to_point(seed: int, grouping: tuple[Any, ...], how: str,
                 work.wait()
         out["received"] = got.tolist()
         return out
-    finally:
-        _destroy(created)
 
 
 def objects_in_a_group(objects: tuple[object, ...], grouping: tuple[Any, ...], root: int,
@@ -412,8 +416,7 @@ def objects_in_a_group(objects: tuple[object, ...], grouping: tuple[Any, ...], r
     rank, and holds ``objects`` to broadcast and scatter (the object for group rank i is
     ``objects[i]``). None outside any group."""
     rank = dist.get_rank()
-    group, created = group_of(grouping)
-    try:
+    with made_group(grouping) as group:
         if group is dist.GroupMember.NON_GROUP_MEMBER:
             return None
         ranks = dist.get_process_group_ranks(group or dist.group.WORLD)
@@ -436,8 +439,6 @@ def objects_in_a_group(objects: tuple[object, ...], grouping: tuple[Any, ...], r
                                  group=group, **src)  # fmt: skip
         out["scatter_object_list"] = received[0]
         return out
-    finally:
-        _destroy(created)
 
 
 def device_mesh_views(shape: tuple[int, ...], names: tuple[str, ...]) -> dict[str, Any]:
