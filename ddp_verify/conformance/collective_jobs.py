@@ -297,15 +297,37 @@ def _destroy(groups: list[Any]) -> None:
             dist.destroy_process_group(made)
 
 
-def group_settings(seconds: int) -> dict[str, Any]:
-    """The time-out of each group c10d makes without one (documented: 30 minutes but on NCCL,
-    whose is 10) and with ``seconds`` given; and a group made with
-    ``use_local_synchronization=True`` by its member alone (the last rank), after which every
-    rank makes and uses a group over the world: their all-reduces' results; groups made with
-    a backend named and given per device; the refusal of a time-out that is no timedelta."""
+def local_group_then_world(seconds: int) -> dict[str, Any]:
+    """A group made with ``use_local_synchronization=True`` by its member alone (the last
+    rank; the others never call, as the option allows), after which every rank makes and uses
+    a group over the world (given ``seconds`` to form, so that ranks that disagree on it fail
+    within them): the all-reduces' results."""
     import datetime
 
     rank, size = dist.get_rank(), dist.get_world_size()
+    wait = datetime.timedelta(seconds=seconds)
+    said: dict[str, Any] = {}
+    local: Any = None
+    if rank == size - 1:
+        local = dist.new_group([rank], use_local_synchronization=True, timeout=wait)
+        x = torch.tensor([float(rank)])
+        dist.all_reduce(x, group=local)
+        said["local group"] = x.tolist()
+    world = dist.new_group(list(range(size)), timeout=wait)
+    y = torch.tensor([1.0])
+    dist.all_reduce(y, group=world)
+    said["world after a local group"] = y.tolist()
+    _destroy([local, world])
+    return said
+
+
+def group_settings(seconds: int) -> dict[str, Any]:
+    """The time-out of each group c10d makes without one (documented: 30 minutes but on NCCL,
+    whose is 10) and with ``seconds`` given; groups made with a backend named and given per
+    device; the refusal of a time-out that is no timedelta."""
+    import datetime
+
+    size = dist.get_world_size()
     given = datetime.timedelta(seconds=seconds)
 
     def timeout_of(group: Any) -> float:
@@ -322,16 +344,6 @@ def group_settings(seconds: int) -> dict[str, Any]:
         "new_subgroups with a time-out": timeout_of(subgroup),
         "new_subgroups_by_enumeration with a time-out": timeout_of(enumerated),
     }
-    local = None
-    if rank == size - 1:  # the others never call it, as the option allows
-        local = dist.new_group([rank], use_local_synchronization=True)
-        x = torch.tensor([float(rank)])
-        dist.all_reduce(x, group=local)
-        said["local group"] = x.tolist()
-    world = dist.new_group(list(range(size)))
-    y = torch.tensor([1.0])
-    dist.all_reduce(y, group=world)
-    said["world after a local group"] = y.tolist()
     # A backend named, or given per device ("cpu:gloo", the documented string): the group
     # says which, and reduces over its members.
     named = {"by name": dist.new_group(list(range(size)), backend="gloo"),
@@ -343,7 +355,7 @@ def group_settings(seconds: int) -> dict[str, Any]:
     said["a time-out that is not a timedelta"] = refusals(
         {"made": lambda: dist.new_group(list(range(size)), timeout=seconds)}, (TypeError,)
     )["made"]
-    _destroy([*made, *every, *listed, local, world, *named.values()])
+    _destroy([*made, *every, *listed, *named.values()])
     return said
 
 

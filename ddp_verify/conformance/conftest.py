@@ -50,14 +50,20 @@ def data_parallel(
         if wrapper_factory is not None:
             if "comm_hook" in kwargs:
                 needs = (*needs, "register_comm_hook")
-            require(wrapper_factory, ddp_wrapper, kwargs, needs)
+            require(wrapper_factory, f"the DDP wrapper {ddp_wrapper}", kwargs, needs)
+        else:
+            # An option of a later release than the installed one is not this torch's to hold.
+            import torch
+            from torch.nn.parallel import DistributedDataParallel
+
+            require(DistributedDataParallel, f"torch {torch.__version__}'s DDP", kwargs, ())
         return ddp(wrapper=ddp_wrapper, **kwargs)
 
     return make
 
 
 def require(
-    factory: Callable[..., Any], label: str | None, kwargs: dict[str, Any], needs: tuple[str, ...]
+    factory: Callable[..., Any], label: str, kwargs: dict[str, Any], needs: tuple[str, ...]
 ) -> None:
     """Skip unless ``factory`` takes every keyword in ``kwargs`` and, when it is a class, has
     every attribute in ``needs``."""
@@ -65,11 +71,11 @@ def require(
 
     missing = [k for k in kwargs if k not in METHOD_OPTIONS and not accepts(factory, k)]
     if missing:
-        pytest.skip(f"the DDP wrapper {label} takes no {', '.join(missing)}")
+        pytest.skip(f"{label} takes no {', '.join(missing)}")
     if inspect.isclass(factory):
         absent = [n for n in needs if not hasattr(factory, n)]
         if absent:
-            pytest.skip(f"the DDP wrapper {label} has no {', '.join(absent)}")
+            pytest.skip(f"{label} has no {', '.join(absent)}")
 
 
 class _Unshrunk(BaseException):

@@ -86,10 +86,11 @@ def operations(case: dict[str, Any]) -> dict[str, Any]:
     target = [_placement(p) for p in case["target"]]
     out["redistributed"] = a.redistribute(mesh, target).full_tensor()
     if "partial" not in case["a_placements"]:
-        # Documented as internal: a user's redistribution to a partial sum is refused.
+        # A user's redistribution to a partial sum: refused, or (where the release documents
+        # Shard -> Partial("sum")) the whole tensor it stands for.
         try:
-            a.redistribute(mesh, [_placement("partial")] * mesh.ndim)
-            out["to partial"] = None
+            summed = a.redistribute(mesh, [_placement("partial")] * mesh.ndim)
+            out["to partial"] = summed.full_tensor()
         except RuntimeError as exc:
             out["to partial"] = str(exc)
     for name in case["operations"]:

@@ -27,6 +27,8 @@ from typing import Any
 
 import torch.distributed as _dist
 
+from .known import version_tuple
+
 __all__ = ["APIS", "ENTRIES", "Entry", "find", "members", "table"]
 
 COVERED, GAP, OUT = "covered", "gap", "out of scope"
@@ -37,13 +39,25 @@ class Entry:
     """One member of the surface: ``api`` (the object's import path), ``member`` (an argument's
     name, or a method's as ``name()``), ``status`` (``covered``, ``gap``, ``out of scope``),
     ``tests`` (``module::test`` in this package, for ``covered``), ``why`` (what the tests
-    exercise of it, or why it is out of scope, or what the gap leaves open)."""
+    exercise of it, or why it is out of scope, or what the gap leaves open), ``since`` (the
+    torch release that added the member, where a release the suite runs on lacks it)."""
 
     api: str
     member: str
     status: str
     tests: tuple[str, ...] = ()
     why: str = ""
+    since: str | None = None
+
+    def offered_by(self, version: str) -> bool:
+        """Whether torch ``version`` has the member (every release has, without ``since``).
+
+        Example::
+
+            >>> Entry("api", "m", "covered", since="2.13").offered_by("2.12.1+cu130")
+            False
+        """
+        return self.since is None or version_tuple(version) >= version_tuple(self.since)
 
 
 # The objects whose signatures are the surface: import path -> what to read ("init": the
@@ -453,8 +467,10 @@ def _offers(api: str, member: str) -> bool:
     return member in inspect.signature(function).parameters
 
 
-def _e(api: str, member: str, status: str, *tests: str, why: str = "") -> Entry:
-    return Entry(api, member, status, tuple(tests), why)
+def _e(
+    api: str, member: str, status: str, *tests: str, why: str = "", since: str | None = None
+) -> Entry:
+    return Entry(api, member, status, tuple(tests), why, since)
 
 
 def _gap(api: str, member: str, why: str) -> Entry:
@@ -505,7 +521,7 @@ ENTRIES: tuple[Entry, ...] = (
     _e(_DDP, "bucket_cap_mb_list", COVERED, _OPTIONS, why="one-byte buckets first"),
     _e(_DDP, "batched_grad_copy", COVERED, _OPTIONS, why="with default and one-byte buckets"),
     _e(_DDP, "forward_sync_buffers", COVERED, _OPTIONS,
-       why="True, said outright (False is broadcast_buffers=False's, covered)"),
+       why="True, said outright (False is broadcast_buffers=False's, covered)", since="2.13"),
     _e(_DDP, "forward()", COVERED, _OPTIONS),
     _e(_DDP, "no_sync()", COVERED,
        "test_ddp_options::test_no_sync_leaves_gradients_local_until_the_syncing_backward",
@@ -840,7 +856,7 @@ ENTRIES: tuple[Entry, ...] = (
     _e("torch.distributed.fsdp.FSDPModule", "set_all_reduce_hook()", COVERED, _UNUSED,
        why="HSDP by hand: an all-reduce over the replicas"),
     _e("torch.distributed.fsdp.FSDPModule", "set_reduce_scatter_unused_params()", COVERED,
-       _UNUSED),
+       _UNUSED, since="2.13"),
     *(
         _e("torch.distributed.fsdp.FSDPModule", method, OUT,
            why="when parameters are all-gathered or freed (the forward does both itself): "
@@ -852,12 +868,19 @@ ENTRIES: tuple[Entry, ...] = (
            why="scheduling, memory or communication plumbing: when and where, not what is "
            "computed")
         for method in (
-            "reset_iter_state()", "set_modules_to_forward_prefetch()",
-            "set_modules_to_backward_prefetch()", "set_custom_all_gather()",
-            "set_custom_reduce_scatter()", "set_post_optim_event()",
-            "set_reduce_scatter_max_input_buffers()", "set_separate_reduce_scatter_group()",
+            "set_modules_to_forward_prefetch()", "set_modules_to_backward_prefetch()",
+            "set_custom_all_gather()", "set_custom_reduce_scatter()", "set_post_optim_event()",
             "set_unshard_in_backward()", "set_allocate_memory_from_process_group_for_comm()",
             "set_symm_mem_for_comm()",
+        )
+    ),
+    *(
+        _e("torch.distributed.fsdp.FSDPModule", method, OUT, since="2.13",
+           why="scheduling, memory or communication plumbing: when and where, not what is "
+           "computed")
+        for method in (
+            "reset_iter_state()", "set_reduce_scatter_max_input_buffers()",
+            "set_separate_reduce_scatter_group()",
         )
     ),
     # -- data ----------------------------------------------------------------------------------
@@ -997,7 +1020,8 @@ def table() -> str:
     for entry in ENTRIES:
         said = ", ".join(f"`{t}`" for t in entry.tests)
         said = "; ".join(x for x in (said, entry.why) if x)
-        lines.append(f"| `{entry.api}` | `{entry.member}` | {entry.status} | {said} |")
+        member = f"`{entry.member}`" + (f" (torch {entry.since}+)" if entry.since else "")
+        lines.append(f"| `{entry.api}` | {member} | {entry.status} | {said} |")
     counts = {s: sum(1 for e in ENTRIES if e.status == s) for s in (COVERED, GAP, OUT)}
     summary = ", ".join(f"{n} {s}" for s, n in counts.items())
     return "\n".join(lines) + f"\n\n{len(ENTRIES)} members: {summary}.\n"
