@@ -212,6 +212,11 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "flat buffer takes the param dtype and device of another parameter of the group, "
         "which one mixed-precision policy and one device give them all)"
     ),
+    (_FSDP, "foreach_reduce", "comparison", "world_size > 1 -> world_size >= 1"): (
+        "the branch rewrites each gradient sharded along a dimension other than 0 as its "
+        "world_size chunks concatenated along dimension 0: with one rank the one chunk is the "
+        "gradient itself, and every size divides by 1, so the rewrite leaves it as it was"
+    ),
     (_FSDP, "foreach_all_gather_copy_out", "reversed-iteration",
      "for ... in shard_i_copy_infos -> reversed(list(...))"): (
         "each parameter sharded along a dimension other than 0 is chunk-concatenated from its "
