@@ -88,9 +88,12 @@ class SplitFloat64(torch.Tensor):
 
         unwrap = lambda t: t.data_  # noqa: E731
         out = func(*tree_map_only(cls, unwrap, args), **tree_map_only(cls, unwrap, kwargs or {}))
-        # An in-place operation changed the wrapped values: the wrapper itself is its result.
-        if func._schema.is_mutable and args and isinstance(args[0], cls):
-            return args[0]
+        # An in-place or out= operation changed the wrapped values: the wrapper it wrote
+        # (``out``, else the first argument) is its result.
+        if func._schema.is_mutable:
+            written = (kwargs or {}).get("out", args[0] if args else None)
+            if isinstance(written, cls):
+                return written
         return tree_map_only(torch.Tensor, cls, out)
 
     def fsdp_pre_all_gather(self, mesh, outer_size, outer_stride, module, mp_policy):  # type: ignore[no-untyped-def]
