@@ -354,7 +354,10 @@ def _keep(
     # of its own file, and a rerun of some modules keeps the others' outcomes.
     judged = {(o["mutant"], o["change"]) for o in outcomes}
     pending = [o for key, o in before.items() if key not in judged]
-    Path(path).write_text(json.dumps(outcomes + pending, indent=1))
+    # Whole or not at all: a run stopped while writing keeps the file it last wrote.
+    partial = Path(f"{path}.writing")
+    partial.write_text(json.dumps(outcomes + pending, indent=1))
+    partial.replace(path)
 
 
 if __name__ == "__main__":
