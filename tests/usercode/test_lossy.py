@@ -235,28 +235,38 @@ def test_a_torch_issue_met_on_the_way_is_left_out_and_the_search_goes_on(tmp_pat
     # torch, the low-rank approximation never reported. Met once, models with an unused
     # parameter are left out of the draws and the search goes on to the user's code.
     # Models with an unused parameter drawn first (the simplest of the two branches): the
-    # issue is met before the hook's own mistake.
+    # issue is met before the hook's own mistake. Whether gloo aborts on the ranks' mismatched
+    # collectives depends on timing (a CI run under load once went through), so each seed
+    # must end on the hook's mistake, and one of three must have met the issue on the way.
     monkeypatch.chdir(tmp_path)
     unused_first = models(max_width=8, required_features=("unused",)) | models(
         max_width=8, excluded_features=("unused",)
     )
-    with pytest.raises(EquivalenceError) as caught:
-        check(
-            powersgd.powerSGD_hook,
-            kind="comm-hook",
-            world_size=2,
-            max_examples=25,
-            seed=2,
-            timeout=10,
-            lossy="bf16",
-            hook_state=powersgd.rank_one_from_step_one,
-            models=unused_first,
-        )
-    verdict = caught.value.verdict
-    assert verdict.status.value == "not-equivalent" and verdict.causes[0].pattern == "lowrank"
-    (note,) = verdict.notes
-    assert note.startswith("torch's known PowerSGD issue") and "went on without" in note
-    assert verdict.to_json()["notes"] == [note] and f"Note: {note}" in verdict.report
+    met = []
+    for seed in (2, 3, 4):
+        with pytest.raises(EquivalenceError) as caught:
+            check(
+                powersgd.powerSGD_hook,
+                kind="comm-hook",
+                world_size=2,
+                max_examples=25,
+                seed=seed,
+                timeout=10,
+                lossy="bf16",
+                hook_state=powersgd.rank_one_from_step_one,
+                models=unused_first,
+            )
+        verdict = caught.value.verdict
+        assert verdict.status.value == "not-equivalent", verdict.report
+        assert verdict.causes[0].pattern == "lowrank", verdict.report
+        assert len(verdict.notes) <= 1, verdict.notes
+        if verdict.notes:
+            (note,) = verdict.notes
+            assert note.startswith("torch's known PowerSGD issue") and "went on without" in note
+            assert verdict.to_json()["notes"] == [note] and f"Note: {note}" in verdict.report
+            met.append(seed)
+            break
+    assert met, "no seed met torch's PowerSGD issue on the way: the mechanism went untried"
 
 
 @pytest.mark.slow
