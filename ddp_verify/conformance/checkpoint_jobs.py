@@ -5,9 +5,11 @@ and loaded back, into the same placements or others."""
 from __future__ import annotations
 
 import inspect
+import io
 import shutil
 import tempfile
-from typing import Any
+from collections.abc import Callable
+from typing import IO, Any
 
 import torch
 import torch.distributed as dist
@@ -29,6 +31,88 @@ def value(seed: int, index: int, shape: tuple[int, ...], dtype: str) -> torch.Te
 def extras(seed: int) -> dict[str, Any]:
     """The plain values saved beside the tensors."""
     return {"step": seed, "name": f"run-{seed}", "schedule": [seed % 7, "cosine", 0.5]}
+
+
+def _byte_map(name: str, forth: Callable[[int], int], back: Callable[[int], int]) -> type:
+    """A stream extension (``torch.distributed.checkpoint``'s experimental
+    ``StreamTransformExtension``) mapping every byte written by ``forth`` and every byte read
+    by ``back``: a stand-in for compression or encryption whose order against another such
+    extension matters unless both are XORs."""
+    from torch.distributed.checkpoint._extension import StreamTransformExtension
+
+    class Writer(io.RawIOBase):
+        def __init__(self, output: IO[bytes]) -> None:
+            self.output = output
+
+        def writable(self) -> bool:
+            return True
+
+        def write(self, b: Any) -> int:
+            data = bytes(memoryview(b))
+            self.output.write(bytes(forth(x) for x in data))
+            return len(data)
+
+        def flush(self) -> None:
+            self.output.flush()
+
+        def close(self) -> None:
+            # A transform's close cascades to the stream it wraps (filesystem.py's contract).
+            if not self.closed:
+                self.flush()
+                self.output.close()
+            super().close()
+
+    class Reader(io.RawIOBase):
+        def __init__(self, source: IO[bytes]) -> None:
+            self.source = source
+
+        def readable(self) -> bool:
+            return True
+
+        def readinto(self, b: Any) -> int:
+            data = self.source.read(len(b))
+            b[: len(data)] = bytes(back(x) for x in data)
+            return len(data)
+
+    class Extension(StreamTransformExtension):
+        @staticmethod
+        def registry_name() -> str:
+            return f"ddp_verify.{name}"
+
+        @staticmethod
+        def from_descriptor(version: str) -> Extension:
+            return Extension()
+
+        def get_descriptor(self) -> str:
+            return f"{self.registry_name()}/1"
+
+        def transform_to(self, output: IO[bytes]) -> IO[bytes]:
+            return Writer(output)  # type: ignore[return-value]
+
+        def transform_from(self, input: IO[bytes]) -> IO[bytes]:
+            return io.BufferedReader(Reader(input))
+
+    return Extension
+
+
+# The stream extensions drawn: two XORs commute, a byte sum and a XOR do not.
+_EXTENSIONS: dict[str, tuple[Callable[[int], int], Callable[[int], int]]] = {
+    "add3": (lambda x: (x + 3) % 256, lambda x: (x - 3) % 256),
+    "xor5a": (lambda x: x ^ 0x5A, lambda x: x ^ 0x5A),
+    "xor33": (lambda x: x ^ 0x33, lambda x: x ^ 0x33),
+}
+
+
+def extensions(names: list[str]) -> tuple[list[Any], Any]:
+    """The named stream extensions, in order, for a writer's ``_extensions``, and a registry
+    holding them all for a reader's ``_extension_registry``."""
+    from torch.distributed.checkpoint._extension import ExtensionRegistry
+
+    kinds = {name: _byte_map(name, *maps) for name, maps in _EXTENSIONS.items()}
+    registry = ExtensionRegistry()
+    for kind in kinds.values():
+        registry.register(kind)
+    return [kinds[name]() for name in names], registry
 
 
 def _placement(name: str) -> Any:
@@ -68,6 +152,7 @@ def round_trip(case: dict[str, Any]) -> dict[str, Any]:
     from torch.distributed.checkpoint import (
         DefaultLoadPlanner,
         DefaultSavePlanner,
+        FileSystemReader,
         FileSystemWriter,
     )
     from torch.distributed.device_mesh import init_device_mesh
@@ -80,6 +165,10 @@ def round_trip(case: dict[str, Any]) -> dict[str, Any]:
     shape_of = {"nested": case["nested"], "with_extras": case["with_extras"]}
     planner = DefaultSavePlanner(**case["save_planner"])
     writer = dict(case["writer"])
+    # Stream extensions given to the writer are found again by the reader's registry.
+    streams, registry = extensions(list(case.get("extensions", [])))
+    if streams:
+        writer["_extensions"] = streams
     saving = {k: v for k, v in case["save"].items() if k in inspect.signature(dcp.save).parameters}
     # A planner that caches its plan is used twice, the second time on other values: a plan
     # is reused, the values must not be.
@@ -104,15 +193,21 @@ def round_trip(case: dict[str, Any]) -> dict[str, Any]:
             dcp.save(state, storage_writer=storage, planner=planner, **saving)
     loaded_from = f"{directory}/{'second' if case['twice'] else 'first'}"
     target = _state(seed, entries, mesh, zeros=True, **shape_of)
-    dcp.load(target, checkpoint_id=loaded_from, planner=DefaultLoadPlanner(**case["load_planner"]))
+
+    def reader() -> dict[str, Any]:
+        if not streams:
+            return {"checkpoint_id": loaded_from}
+        return {"storage_reader": FileSystemReader(loaded_from, _extension_registry=registry)}
+
+    dcp.load(target, planner=DefaultLoadPlanner(**case["load_planner"]), **reader())
     # And into one process with no group, every DTensor a whole tensor: resharded from
     # whatever the ranks held, empty shards included.
     # A checkpoint saved without collectives is each rank's own (rank-local metadata): it
     # loads back on the same layout only.
     single = _state(seed, entries, None, zeros=True, **shape_of) if case["reshardable"] else None
     if single is not None:
-        dcp.load(single, checkpoint_id=loaded_from, no_dist=True,
-                 planner=DefaultLoadPlanner(**case["load_planner"]))  # fmt: skip
+        dcp.load(single, no_dist=True, planner=DefaultLoadPlanner(**case["load_planner"]),
+                 **reader())  # fmt: skip
     dist.barrier()  # every rank has read it before it goes
     if dist.get_rank() == 0:
         shutil.rmtree(directory, ignore_errors=True)

@@ -15,9 +15,9 @@ STEP_INPUT_SEED = 7
 
 class Net(torch.nn.Module):
     """A linear layer, a BatchNorm (buffers beside parameters), a frozen layer, a head and a
-    layer tied to it."""
+    layer tied to it; where ``shared``, a layer in two blocks under two names."""
 
-    def __init__(self, seed: int) -> None:
+    def __init__(self, seed: int, shared: bool = False) -> None:
         super().__init__()
         torch.manual_seed(seed)
         # No bias before the BatchNorm: its gradient would be rounding noise alone, which
@@ -26,6 +26,14 @@ class Net(torch.nn.Module):
         self.norm = torch.nn.BatchNorm1d(4, dtype=torch.float64)
         self.frozen = torch.nn.Linear(4, 4, dtype=torch.float64)
         self.frozen.requires_grad_(False)
+        # One module in two blocks, under two names (as weight-shared layers are): the first
+        # name ``named_parameters`` gives (``left.0``) names its parameters' optimizer state,
+        # and a state dict walked in another order would name them ``right.1``.
+        self.blocks = shared
+        if shared:
+            layer = torch.nn.Linear(4, 4, dtype=torch.float64)
+            self.left = torch.nn.Sequential(layer)
+            self.right = torch.nn.Sequential(torch.nn.Tanh(), layer)
         self.head = torch.nn.Linear(4, 1, dtype=torch.float64)
         # A weight tied to the head's, as language models tie their embeddings: one parameter
         # under two names, the first of which (the head's) names its optimizer state.
@@ -34,6 +42,8 @@ class Net(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = torch.tanh(self.frozen(self.norm(self.embed(x))))
+        if self.blocks:
+            h = self.left(h) - 0.5 * self.right(h)
         return self.head(h) + 0.5 * self.twin(h * h)
 
 
@@ -50,17 +60,19 @@ def optimizer_for(model: torch.nn.Module, name: str) -> torch.optim.Optimizer:
     return torch.optim.SGD(trainable, lr=0.05, momentum=0.9)
 
 
-def trained(seed: int, optimizer: str) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+def trained(
+    seed: int, optimizer: str, shared: bool = False
+) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     """The plain model, trained one step (the oracle's side, and the ranks' before wrapping)."""
-    model = Net(seed)
+    model = Net(seed, shared)
     optim = optimizer_for(model, optimizer)
     model(batch()).pow(2).mean().backward()
     optim.step()
     return model, optim
 
 
-def _wrapped(seed: int, wrapper: str, optimizer: str, step: bool) -> tuple[Any, Any]:
-    model = Net(seed)
+def _wrapped(seed: int, wrapper: str, optimizer: str, step: bool, shared: bool) -> tuple[Any, Any]:
+    model = Net(seed, shared)
     if wrapper == "ddp":
         model = torch.nn.parallel.DistributedDataParallel(model)
     elif wrapper == "checkpointed_ddp":
@@ -110,11 +122,12 @@ def state_dicts(case: dict[str, Any]) -> dict[str, Any]:
     )
 
     options = StateDictOptions(**case["options"])
-    model, optim = _wrapped(case["seed"], case["wrapper"], case["optimizer"], step=True)
+    wrapping = (case["wrapper"], case["optimizer"], True, bool(case.get("shared")))
+    model, optim = _wrapped(case["seed"], *wrapping)
     model_state, optim_state = get_state_dict(model, optim, options=options)
     out = {"model": _whole(model_state), "optimizer": _whole(optim_state)}
     # Loading: rank 0's full state broadcast where the options say so, each rank's own else.
-    fresh, fresh_optim = _wrapped(case["seed"] + 1, case["wrapper"], case["optimizer"], step=True)
+    fresh, fresh_optim = _wrapped(case["seed"] + 1, *wrapping)
     broadcast = bool(case["options"].get("broadcast_from_rank0"))
     if broadcast and dist.get_rank() != 0:
         model_state, optim_state = {}, {}

@@ -30,6 +30,7 @@ from ddp_verify.conformance.known import known_torch_issue
 from ddp_verify.world import RankError
 
 DTYPES = ("float64", "float32", "bfloat16", "int64", "bool")
+COMMUTING: tuple[list[str], ...] = ([], [], ["add3"], ["xor5a"], ["xor5a", "xor33"])
 
 
 def _skip_across_nodes(world: Any) -> None:
@@ -49,7 +50,7 @@ def _has(function: Any, argument: str) -> bool:
 def cases(draw: st.DrawFn, world_size: int, flatten: bool | None = None,
           sharded_flattened: bool | None = None) -> dict[str, Any]:  # fmt: skip
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint import DefaultSavePlanner
+    from torch.distributed.checkpoint import DefaultSavePlanner, FileSystemWriter
 
     # Saving without collectives (experimental: each rank's own metadata) loads back on the
     # layout it was saved from only.
@@ -104,6 +105,11 @@ def cases(draw: st.DrawFn, world_size: int, flatten: bool | None = None,
             "allow_partial_load": draw(st.booleans()),
         },
         "twice": caching or draw(st.booleans()),
+        # Stream extensions (experimental), whose order does not matter: none, one, or two
+        # that commute (two that do not are the known issue below, checked apart).
+        "extensions": draw(st.sampled_from(COMMUTING))
+        if _has(FileSystemWriter.__init__, "_extensions")
+        else [],
     }
 
 
@@ -168,6 +174,34 @@ def test_a_cached_save_plan_is_not_reused_over_another_group(world):
         pytest.skip("a subgroup smaller than the world needs two ranks")
     for rank, loaded in enumerate(world.run(checkpoint_jobs.cached_plan_over_another_group)):
         assert loaded == [1.0, 2.0, 3.0], f"rank {rank} loaded {loaded}, saved [1.0, 2.0, 3.0]"
+
+
+@known_torch_issue(
+    "FileSystemWriter(_extensions=[a, b]) (experimental) wraps the stream in each extension in "
+    "turn, so b's transform is applied first and a's last, but records the descriptors "
+    "reversed ([b, a]), and FileSystemReader undoes them in that order, b's first: two "
+    "extensions that do not commute (here a byte sum and a XOR) write a checkpoint that "
+    "does not load back (one extension, or two that commute, do)",
+    raises=RankError,
+    match=r"UnpicklingError|Unsupported operand|invalid load key",
+    repro="findings/dcp_stream_extensions_order.py",
+)
+def test_a_checkpoint_written_through_two_stream_extensions_loads_back(world):
+    _skip_across_nodes(world)
+    from torch.distributed.checkpoint import FileSystemWriter
+
+    if not _has(FileSystemWriter.__init__, "_extensions"):
+        pytest.skip(f"torch {torch.__version__}'s FileSystemWriter takes no stream extensions")
+    entry = ("w0", "dtensor", (world.size + 1, 2), "float64", "shard0", "replicate")
+    case = {"seed": 11, "entries": [entry], "nested": False, "with_extras": True,
+            "writer": {"single_file_per_rank": True, "thread_count": 1, "sync_files": False},
+            "saved_by_one_process": False, "asynchronously": False, "save": {},
+            "reshardable": True, "twice": False,
+            "save_planner": {"flatten_state_dict": True, "dedup_save_to_lowest_rank": False},
+            "load_planner": {"flatten_state_dict": True, "flatten_sharded_tensors": True,
+                             "allow_partial_load": False},
+            "extensions": ["add3", "xor5a"]}  # fmt: skip
+    _check(world, case)
 
 
 # torch's words for each refusal (the last line of the ranks' tracebacks it gathers).
