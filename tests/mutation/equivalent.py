@@ -22,6 +22,7 @@ _PLACEHOLDER = (
 )
 
 _FSDP = "torch.distributed.fsdp._fully_shard._fsdp_collectives"
+_FSDP_COMMON = "torch.distributed.fsdp._fully_shard._fsdp_common"
 _MTIA = (
     "device_type is read for 'mtia' alone, which forces a sum reduction with the division "
     "made before and after it (as torch does for float16): on any device the reduced "
@@ -232,6 +233,12 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "every all-gather is then made in bytes (each input viewed as uint8, as torch does "
         "for inputs of mixed dtypes) and each output viewed back in its input's dtype: the "
         "same bytes arrive, only the collective's element type changes"
+    ),
+    (_FSDP_COMMON, "_chunk_with_empty", "comparison",
+     "len(chunks) < num_chunks -> len(chunks) <= num_chunks"): (
+        "one more empty chunk appended after the ranks' own: its three callers (_fsdp_param) "
+        "read the chunk at the shard rank, below num_chunks, and chunk 0 for the padded size, "
+        "never past the ranks' chunks"
     ),
 }  # fmt: skip
 
