@@ -199,8 +199,11 @@ def suite(
         return "timed out", ""
     if done.returncode == 0:
         return "survived", ""
-    failed = [line for line in done.stdout.splitlines() if line.startswith("FAILED")]
-    return "killed", failed[0][7:120] if failed else f"exit {done.returncode}"
+    # A test failed, or errored (a fixture, a world that could not start under the mutant).
+    lines = done.stdout.splitlines()
+    failed = [line[7:120] for line in lines if line.startswith("FAILED ")]
+    failed += [f"error in {line[6:113]}" for line in lines if line.startswith("ERROR ")]
+    return "killed", failed[0] if failed else f"exit {done.returncode}"
 
 
 def judge(
