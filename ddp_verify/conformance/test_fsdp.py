@@ -701,6 +701,8 @@ FSDP_REFUSED = {
     r"reshard_after_forward as an int, it should be a factor of",
     "a scalar parameter": r"ValueError: fully_shard doesn't support scalar parameters",
     "a three-dimensional mesh": r"ValueError: fully_shard expects a 1D or 2D DeviceMesh",
+    "a two-dimensional mesh without names": r"AssertionError: Please init the 2D mesh for HSDP "
+    "with mesh_dim_names",
     "set_reshard_after_forward of another type": r"ValueError: reshard_after_forward should "
     r"be a bool",
     "a forward method the module lacks": r"ValueError: .* does not have a method",

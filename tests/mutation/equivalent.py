@@ -240,6 +240,12 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "read the chunk at the shard rank, below num_chunks, and chunk 0 for the padded size, "
         "never past the ranks' chunks"
     ),
+    ("torch.distributed.fsdp._fully_shard._fsdp_init", "_apply_to_module",
+     "reversed-iteration", "for ... in modules -> reversed(list(...))"): (
+        "each module's class is swapped for its wrapper class, made once per original class "
+        "and cached: whichever module of a class comes first makes it, and every module of "
+        "that class gets the same one, in any order"
+    ),
 }  # fmt: skip
 
 
