@@ -23,6 +23,7 @@ _PLACEHOLDER = (
 
 _FSDP = "torch.distributed.fsdp._fully_shard._fsdp_collectives"
 _FSDP_COMMON = "torch.distributed.fsdp._fully_shard._fsdp_common"
+_FSDP_INIT = "torch.distributed.fsdp._fully_shard._fsdp_init"
 _MTIA = (
     "device_type is read for 'mtia' alone, which forces a sum reduction with the division "
     "made before and after it (as torch does for float16): on any device the reduced "
@@ -240,11 +241,26 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "read the chunk at the shard rank, below num_chunks, and chunk 0 for the padded size, "
         "never past the ranks' chunks"
     ),
-    ("torch.distributed.fsdp._fully_shard._fsdp_init", "_apply_to_module",
+    (_FSDP_INIT, "_apply_to_module",
      "reversed-iteration", "for ... in modules -> reversed(list(...))"): (
         "each module's class is swapped for its wrapper class, made once per original class "
         "and cached: whichever module of a class comes first makes it, and every module of "
         "that class gets the same one, in any order"
+    ),
+    (_FSDP_INIT, "_init_default_mesh", "dropped-keyword",
+     "init_device_mesh(device.type, mesh_shape=(default_pg.size(),), mesh_dim_names=me -> "
+     "init_device_mesh(device.type, mesh_shape=(default_pg.size(),))"): (
+        "fully_shard, the caller a training reaches, passes no names: the keyword is its "
+        "default, None. The one other caller, the private replicate_with_fsdp.replicate, "
+        "gets its default mesh unnamed instead of ('replicate',): it replicates and trains "
+        "the same (it builds its mesh info by position, replicate_mesh_dim=0), and no "
+        "documented behaviour reads the name"
+    ),
+    (_FSDP_INIT, "_get_managed_states", "reversed-iteration",
+     "for ... in module.buffers(recurse=False) -> reversed(list(...))"): (
+        "the managed buffers' only reader, _move_states_to_device, moves each to the mesh's "
+        "device on its own (fully_shard and replicate leave the list unused after): the "
+        "order leaves the same buffers on the same device"
     ),
 }  # fmt: skip
 
