@@ -262,6 +262,13 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "device on its own (fully_shard and replicate leave the list unused after): the "
         "order leaves the same buffers on the same device"
     ),
+    (_FSDP_INIT, "_move_states_to_device", "reversed-iteration",
+     "for ... in itertools.chain(params, buffers) -> reversed(list(...))"): (
+        "each parameter and buffer is moved to the mesh's device on its own (its data "
+        "replaced, or swapped for a subclass): the order leaves the same tensors on the same "
+        "device; where one is a DTensor on another device, which one the refusal names first "
+        "may change, not that it refuses"
+    ),
 }  # fmt: skip
 
 
