@@ -284,9 +284,10 @@ def main(argv: list[str] | None = None) -> int:
                 elif earlier is not None and earlier["outcome"] == "equivalent" and reason:
                     outcome, by = "equivalent", reason
                 else:
-                    outcome, by = judge(
-                        mutant, directory, args.world_size, args.timeout, first_for(module)
-                    )
+                    # A declared mutant that survives is equivalent whatever a larger world
+                    # says (killed there or not, it leaves no survivor): judged at one size.
+                    sizes = args.world_size[:1] if reason else args.world_size
+                    outcome, by = judge(mutant, directory, sizes, args.timeout, first_for(module))
                 if outcome == "survived" and reason:
                     outcome, by = "equivalent", reason
                 counts[outcome] += 1
