@@ -46,11 +46,20 @@ def _has(function: Any, argument: str) -> bool:
     return argument in inspect.signature(function).parameters
 
 
+def _streams() -> bool:
+    """Whether this torch's checkpoint files take stream extensions (experimental)."""
+    from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+
+    return _has(FileSystemWriter.__init__, "_extensions") and _has(
+        FileSystemReader.__init__, "_extension_registry"
+    )
+
+
 @st.composite
 def cases(draw: st.DrawFn, world_size: int, flatten: bool | None = None,
           sharded_flattened: bool | None = None) -> dict[str, Any]:  # fmt: skip
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint import DefaultSavePlanner, FileSystemWriter
+    from torch.distributed.checkpoint import DefaultSavePlanner
 
     # Saving without collectives (experimental: each rank's own metadata) loads back on the
     # layout it was saved from only.
@@ -107,9 +116,7 @@ def cases(draw: st.DrawFn, world_size: int, flatten: bool | None = None,
         "twice": caching or draw(st.booleans()),
         # Stream extensions (experimental), whose order does not matter: none, one, or two
         # that commute (two that do not are the known issue below, checked apart).
-        "extensions": draw(st.sampled_from(COMMUTING))
-        if _has(FileSystemWriter.__init__, "_extensions")
-        else [],
+        "extensions": draw(st.sampled_from(COMMUTING)) if _streams() else [],
     }
 
 
@@ -188,10 +195,8 @@ def test_a_cached_save_plan_is_not_reused_over_another_group(world):
 )
 def test_a_checkpoint_written_through_two_stream_extensions_loads_back(world):
     _skip_across_nodes(world)
-    from torch.distributed.checkpoint import FileSystemWriter
-
-    if not _has(FileSystemWriter.__init__, "_extensions"):
-        pytest.skip(f"torch {torch.__version__}'s FileSystemWriter takes no stream extensions")
+    if not _streams():
+        pytest.skip(f"torch {torch.__version__}'s checkpoint files take no stream extensions")
     entry = ("w0", "dtensor", (world.size + 1, 2), "float64", "shard0", "replicate")
     case = {"seed": 11, "entries": [entry], "nested": False, "with_extras": True,
             "writer": {"single_file_per_rank": True, "thread_count": 1, "sync_files": False},
