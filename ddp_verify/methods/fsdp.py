@@ -53,7 +53,10 @@ class FullyShard(DistributedMethod):
     inputs enter as DTensors replicated on the mesh and outputs leave as local tensors, as
     each rank's batch is its own), ``per_module`` (``fully_shard`` on every module that holds
     parameters of its own first, then on the root, as models are sharded layer by layer; a
-    parameter two modules share stays with the root)."""
+    parameter two modules share stays with the root), ``meta`` (deferred initialisation: the
+    model is sharded on the meta device, where it holds shapes only, then materialised with
+    ``to_empty`` on the world's device and given its initial values shard by shard, as a
+    model too large for one device is built)."""
 
     def __init__(
         self,
@@ -91,7 +94,7 @@ class FullyShard(DistributedMethod):
         self.shard_options = dict(shard_options or {})
         unknown = set(self.shard_options) - {
             "reshard_after_forward", "set_reshard_after_forward", "offload", "shard_dim", "spmd",
-            "per_module",
+            "per_module", "meta",
         }  # fmt: skip
         if unknown:
             raise ValueError(f"unknown shard_options {sorted(unknown)}")
@@ -170,12 +173,59 @@ class FullyShard(DistributedMethod):
             extra["shard_placement_fn"] = placement
         if chosen.get("spmd"):
             extra["dp_mesh_dims"] = _on_the_full_mesh(run.model, mesh)
+        initial = None
+        if chosen.get("meta"):
+            # Sharded where it has no values: fully_shard must leave meta tensors where they
+            # are (moving them to the device would need values they do not have).
+            initial = {k: v.detach().clone() for k, v in run.model.state_dict().items()}
+            _to_meta(run.model)
         if chosen.get("per_module"):
             for module in _layers(run.model):
                 shard(module, mesh=mesh, mp_policy=policy, **extra)
         shard(run.model, mesh=mesh, mp_policy=policy, **extra)
+        if initial is not None:
+            _materialise(run.model, initial, run.device)
         if "set_reshard_after_forward" in chosen:
             run.model.set_reshard_after_forward(bool(chosen["set_reshard_after_forward"]))
+
+
+def _to_meta(model: torch.nn.Module) -> None:
+    """Move ``model``'s parameters and buffers to the meta device in place, as a model built
+    under ``torch.device("meta")`` holds them: each parameter object kept (swapped, not
+    replaced, where ``Module.to`` would make a new one), so tied weights stay tied."""
+    seen: set[int] = set()
+    with torch.no_grad():
+        for param in model.parameters():  # each shared parameter once
+            if id(param) not in seen:
+                seen.add(id(param))
+                meta = torch.nn.Parameter(torch.empty_like(param, device="meta"),
+                                          requires_grad=param.requires_grad)  # fmt: skip
+                torch.utils.swap_tensors(param, meta)
+        for module in model.modules():
+            for name, buffer in list(module._buffers.items()):
+                if buffer is not None:
+                    module._buffers[name] = torch.empty_like(buffer, device="meta")
+
+
+def _materialise(
+    model: torch.nn.Module, initial: dict[str, torch.Tensor], device: torch.device
+) -> None:
+    """Give a model sharded on the meta device storage on ``device`` and its ``initial``
+    values: each sharded parameter its own shard of the full value (``distribute_tensor`` onto
+    its mesh and placements), each buffer its value."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    model.to_empty(device=device)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if isinstance(param, DTensor):
+                full = initial[name].to(device=device, dtype=param.dtype)
+                param.copy_(distribute_tensor(full, param.device_mesh, param.placements))
+            else:
+                param.copy_(initial[name])
+        for name, buffer in model.named_buffers():
+            if name in initial:
+                buffer.copy_(initial[name])
 
 
 def _layers(model: torch.nn.Module) -> list[torch.nn.Module]:

@@ -44,6 +44,7 @@ import linecache
 import os
 import platform
 import random
+import signal
 import subprocess
 import sys
 import tempfile
@@ -181,6 +182,10 @@ def _write(mutant: Mutant, directory: Path) -> Path:
     return path
 
 
+# Return codes of a suite ended by a signal from outside rather than by what it ran.
+EXTERNAL = (-signal.SIGTERM, -signal.SIGKILL)
+
+
 def suite(
     mutant: Mutant, directory: Path, world_size: int, timeout: float, first: tuple[str, ...] = ()
 ) -> tuple[str, str]:
@@ -192,11 +197,16 @@ def suite(
                "--world-size", str(world_size), "-x", "-q", "-p", "no:cacheprovider",
                "-p", "tests.mutation.generated_patch",
                "--ddp-preload", "tests.mutation.generated_patch", "-n", "0"]  # fmt: skip
-    try:
-        done = subprocess.run(command, env=env, cwd=directory, capture_output=True, text=True,
-                              timeout=timeout)  # fmt: skip
-    except subprocess.TimeoutExpired:
-        return "timed out", ""
+    for _ in range(2):
+        try:
+            done = subprocess.run(command, env=env, cwd=directory, capture_output=True,
+                                  text=True, timeout=timeout)  # fmt: skip
+        except subprocess.TimeoutExpired:
+            return "timed out", ""
+        # Ended from outside (SIGTERM, SIGKILL: the machine, a user), not by the mutant: once
+        # more. Other signals (a crash, an abort) are the mutant's.
+        if done.returncode not in EXTERNAL:
+            break
     if done.returncode == 0:
         return "survived", ""
     # A test failed, or errored (a fixture, a world that could not start under the mutant).
@@ -277,9 +287,15 @@ def main(argv: list[str] | None = None) -> int:
                     mutant.site.change,
                     mutant.where,
                 )
-                # Killed stays killed; equivalent stays so while it is declared (in the
-                # declaration's words as they stand); anything else runs again.
-                if earlier is not None and earlier["outcome"] in ("killed", "timed out"):
+                # Killed stays killed (unless a signal from outside ended its suite);
+                # equivalent stays so while it is declared (in the declaration's words as they
+                # stand); anything else runs again.
+                ended = earlier is not None and earlier["by"] in [f"exit {c}" for c in EXTERNAL]
+                if (
+                    earlier is not None
+                    and earlier["outcome"] in ("killed", "timed out")
+                    and (not ended)
+                ):
                     outcome, by = earlier["outcome"], earlier["by"]
                 elif earlier is not None and earlier["outcome"] == "equivalent" and reason:
                     outcome, by = "equivalent", reason
