@@ -168,31 +168,36 @@ def test_every_declared_equivalent_is_a_mutant_of_this_torch():
 
 
 def test_a_rerun_keeps_what_was_judged_and_runs_the_survivors_again(tmp_path):
-    # The sampler's two mutants: one recorded killed by an earlier run keeps that outcome
-    # without a suite run (its "by" is the earlier run's); one recorded as surviving runs
-    # again, here against a time-out too short for any suite: "timed out", not "survived".
+    # Three of the distributed sampler's mutants: one recorded killed by an earlier run keeps
+    # that outcome without a suite run (its "by" is the earlier run's); one recorded as
+    # surviving runs again, here against a time-out too short for any suite: "timed out", not
+    # "survived"; one whose "kill" was a SIGTERM from outside ending its suite runs again too.
+    import random
+
     from tests.mutation.generated import main
     from tests.mutation.trace import trace
 
-    module = "torch.utils.data.sampler"
-    drawn = [m for m in mutants(module, set(trace()[module])) if installable(m)]
-    assert len(drawn) >= 2, drawn
+    module = "torch.utils.data.distributed"
+    every = [m for m in mutants(module, set(trace()[module])) if installable(m)]
+    drawn = random.Random(f"0:{module}").sample(every, 3)  # what --seed 0 --samples 3 draws
+    said = ("the earlier run", "the earlier run", "exit -15")
     earlier = [
-        {"mutant": m.name, "change": m.site.change, "outcome": outcome, "by": "the earlier run"}
-        for m, outcome in zip(drawn, ("killed", "survived"), strict=False)
+        {"mutant": m.name, "change": m.site.change, "outcome": outcome, "by": by}
+        for m, outcome, by in zip(drawn, ("killed", "survived", "killed"), said, strict=True)
     ]
     # And one of a module this rerun leaves out: the file it writes keeps it.
     other = {"mutant": "torch.optim.sgd:SGD.step:1:arithmetic", "change": "+ -> -",
              "outcome": "killed", "by": "another module's run"}  # fmt: skip
     (tmp_path / "before.json").write_text(json.dumps([*earlier, other]))
     before, after_json = str(tmp_path / "before.json"), str(tmp_path / "after.json")
-    main(["--modules", module, "--samples", str(len(drawn)), "--timeout", "0.01",
+    main(["--modules", module, "--samples", "3", "--seed", "0", "--timeout", "0.01",
           "--rerun", before, "--json", after_json])  # fmt: skip
     after = {o["mutant"]: o for o in json.loads((tmp_path / "after.json").read_text())}
-    kept, again = earlier[0], earlier[1]
+    kept, again, ended = earlier
     assert after[kept["mutant"]]["outcome"] == "killed"
     assert after[kept["mutant"]]["by"] == "the earlier run"
     assert after[again["mutant"]]["outcome"] == "timed out", after[again["mutant"]]
+    assert after[ended["mutant"]]["outcome"] == "timed out", after[ended["mutant"]]
     assert after[other["mutant"]] == other
 
 
