@@ -269,6 +269,14 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "device; where one is a DTensor on another device, which one the refusal names first "
         "may change, not that it refuses"
     ),
+    (_FSDP_INIT, "_get_managed_modules", "reversed-iteration",
+     "for ... in root_modules -> reversed(list(...))"): (
+        "the modules given to one fully_shard call are walked in another order: the group "
+        "manages the same modules and parameters (a module two of them share is visited "
+        "once, in the one group either way), listed in another order, which sets only where "
+        "each parameter lies in the group's flat all-gather and reduce-scatter buffers: each "
+        "is gathered and reduced into its own slice"
+    ),
 }  # fmt: skip
 
 
