@@ -826,7 +826,8 @@ ENTRIES: tuple[Entry, ...] = (
       for fn in ("gather", "scatter", "reduce", "all_to_all")),
     # -- FSDP2 -------------------------------------------------------------------------------
     _e("torch.distributed.fsdp.fully_shard", "module", COVERED, _FSDP, _WHERE,
-       why="on the world's device, and on the meta device then materialised (to_empty)"),
+       why="a module, a list of modules (one group), on the world's device or on the meta "
+           "device then materialised (to_empty)"),
     _e("torch.distributed.fsdp.fully_shard", "mesh", COVERED, _HSDP, why="1-D and 2-D (HSDP)"),
     _e("torch.distributed.fsdp.fully_shard", "reshard_after_forward", COVERED, _WHERE,
        why="True, False and ints"),

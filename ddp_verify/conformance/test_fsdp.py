@@ -64,7 +64,8 @@ def test_where_and_when_fully_shard_keeps_parameters_changes_nothing(world, fsdp
     # smaller group; set_reshard_after_forward after sharding too), CPUOffloadPolicy (on
     # accelerators: on a CPU world it refuses, "Cannot access accelerator device"), a
     # shard_placement_fn sharding along dimension 1, fully_shard layer by layer before the
-    # root (a reduce-scatter per layer, their buffers reclaimed as backward goes), and a model
+    # root (a reduce-scatter per layer, their buffers reclaimed as backward goes) or on the
+    # list of them in one call (one group), and a model
     # sharded on the meta device then materialised (deferred initialisation): memory and
     # communication, never what is trained.
     size = world.size
@@ -78,7 +79,8 @@ def test_where_and_when_fully_shard_keeps_parameters_changes_nothing(world, fsdp
         for key, strategy in (("reshard_after_forward", reshard),
                               ("set_reshard_after_forward", st.booleans()),
                               ("offload", offload), ("shard_dim", st.just(1)),
-                              ("per_module", st.just(True)), ("meta", st.just(True))):  # fmt: skip
+                              ("per_module", st.just(True)), ("meta", st.just(True)),
+                              ("grouped", st.just(True))):  # fmt: skip
             if draw(st.booleans()):
                 chosen[key] = draw(strategy)
         return chosen
@@ -96,7 +98,7 @@ def test_where_and_when_fully_shard_keeps_parameters_changes_nothing(world, fsdp
     model = ModelSpec(in_features=size, hidden=(size,), out_features=size)
     even = Scenario(world_size=size, schedule=(((1,),) * size, ((2,),) * size), model=model)
     examples = [(even, {"shard_dim": 1}), (even, {"per_module": True}),
-                (even, {"meta": True, "per_module": True})]  # fmt: skip
+                (even, {"meta": True, "per_module": True}), (even, {"grouped": True})]  # fmt: skip
     if size == 4:
         both = {"reshard_after_forward": 2, "shard_dim": 1}
         narrow = ModelSpec(in_features=1, hidden=(4,))

@@ -53,7 +53,9 @@ class FullyShard(DistributedMethod):
     inputs enter as DTensors replicated on the mesh and outputs leave as local tensors, as
     each rank's batch is its own), ``per_module`` (``fully_shard`` on every module that holds
     parameters of its own first, then on the root, as models are sharded layer by layer; a
-    parameter two modules share stays with the root), ``meta`` (deferred initialisation: the
+    parameter two modules share stays with the root), ``grouped`` (those modules given to one
+    ``fully_shard`` call as a list, one group for them all, before the root; it takes the
+    place of ``per_module``), ``meta`` (deferred initialisation: the
     model is sharded on the meta device, where it holds shapes only, then materialised with
     ``to_empty`` on the world's device and given its initial values shard by shard, as a
     model too large for one device is built)."""
@@ -94,7 +96,7 @@ class FullyShard(DistributedMethod):
         self.shard_options = dict(shard_options or {})
         unknown = set(self.shard_options) - {
             "reshard_after_forward", "set_reshard_after_forward", "offload", "shard_dim", "spmd",
-            "per_module", "meta",
+            "per_module", "meta", "grouped",
         }  # fmt: skip
         if unknown:
             raise ValueError(f"unknown shard_options {sorted(unknown)}")
@@ -179,8 +181,12 @@ class FullyShard(DistributedMethod):
             # are (moving them to the device would need values they do not have).
             initial = {k: v.detach().clone() for k, v in run.model.state_dict().items()}
             _to_meta(run.model)
-        if chosen.get("per_module"):
-            for module in _layers(run.model):
+        layers = _layers(run.model)
+        if chosen.get("grouped") and layers:
+            # One call on a list of modules: one group, one all-gather for them all.
+            shard(layers, mesh=mesh, mp_policy=policy, **extra)
+        elif chosen.get("per_module"):
+            for module in layers:
                 shard(module, mesh=mesh, mp_policy=policy, **extra)
         shard(run.model, mesh=mesh, mp_policy=policy, **extra)
         if initial is not None:
