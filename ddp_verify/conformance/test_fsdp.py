@@ -65,9 +65,8 @@ def test_where_and_when_fully_shard_keeps_parameters_changes_nothing(world, fsdp
     # accelerators: on a CPU world it refuses, "Cannot access accelerator device"), a
     # shard_placement_fn sharding along dimension 1, fully_shard layer by layer before the
     # root (a reduce-scatter per layer, their buffers reclaimed as backward goes) or on the
-    # list of them in one call (one group), and a model
-    # sharded on the meta device then materialised (deferred initialisation): memory and
-    # communication, never what is trained.
+    # list of them in one call (one group), and a model sharded on the meta device then
+    # materialised (deferred initialisation): memory and communication, never what is trained.
     size = world.size
     smaller = [d for d in range(1, size) if size % d == 0]
     offload = st.booleans() if world.backend != "gloo" else st.just(False)
