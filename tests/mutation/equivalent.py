@@ -24,6 +24,13 @@ _PLACEHOLDER = (
 _FSDP = "torch.distributed.fsdp._fully_shard._fsdp_collectives"
 _FSDP_COMMON = "torch.distributed.fsdp._fully_shard._fsdp_common"
 _FSDP_INIT = "torch.distributed.fsdp._fully_shard._fsdp_init"
+_GROUP_ORDER = (
+    "the group's managed parameters are collected in another order: the same parameters "
+    "(one shared by two modules is kept once either way, and each is checked alike), whose "
+    "order sets only where each lies in the group's flat all-gather and reduce-scatter "
+    "buffers, each gathered and reduced into its own slice; the module's own parameter order "
+    "(what an optimizer and a state dict see) is untouched"
+)
 _MTIA = (
     "device_type is read for 'mtia' alone, which forces a sum reduction with the division "
     "made before and after it (as torch does for float16): on any device the reduced "
@@ -277,6 +284,10 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "each parameter lies in the group's flat all-gather and reduce-scatter buffers: each "
         "is gathered and reduced into its own slice"
     ),
+    (_FSDP_INIT, "_get_managed_states", "reversed-iteration",
+     "for ... in modules -> reversed(list(...))"): _GROUP_ORDER,
+    (_FSDP_INIT, "_get_managed_states", "reversed-iteration",
+     "for ... in module.named_parameters(recurse=False) -> reversed(list(...))"): _GROUP_ORDER,
 }  # fmt: skip
 
 
