@@ -52,6 +52,38 @@ def fully_shard_post_accumulate_hooks(
     return ran, model.weight.grad.full_tensor().tolist()
 
 
+def fully_shard_frozen_between_steps(
+    inputs: list[list[float]], frozen: list[bool]
+) -> list[tuple[list[list[float]] | None, list[list[float]]]]:
+    """Two bias-free ``Linear`` layers (2 -> 2 -> 1, each weight 0.5, 1.5, ... row by row) in one
+    ``fully_shard`` group, rank r's loss ``model(inputs[r]).sum()`` (one sample each); before
+    step k the first weight's ``requires_grad`` is set to ``not frozen[k]`` on the sharded
+    parameter, as gradual unfreezing does after sharding. Returns, per step, the first and
+    second weights' full gradients (None where there is none); no optimizer step is taken."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    rank, device = dist.get_rank(), rank_device()
+    model = torch.nn.Sequential(
+        torch.nn.Linear(2, 2, bias=False), torch.nn.Linear(2, 1, bias=False)
+    ).to(device, torch.float64)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.copy_(torch.arange(param.numel(), dtype=torch.float64).view_as(param) + 0.5)
+    fully_shard(model, mesh=init_device_mesh(device.type, (dist.get_world_size(),)))
+    x = torch.tensor([inputs[rank]], dtype=torch.float64, device=device)
+    out: list[tuple[list[list[float]] | None, list[list[float]]]] = []
+    first, second = model[0].weight, model[1].weight
+    for step_frozen in frozen:
+        first.requires_grad_(not step_frozen)
+        model.zero_grad(set_to_none=True)
+        model(x).sum().backward()
+        assert second.grad is not None
+        got = None if first.grad is None else first.grad.full_tensor().tolist()
+        out.append((got, second.grad.full_tensor().tolist()))
+    return out
+
+
 class SplitFloat64(torch.Tensor):
     """A float64 tensor whose FSDP2 all-gather sends two inputs of two dtypes: its float32
     rounding and the float64 rest (``fsdp_pre_all_gather``), which

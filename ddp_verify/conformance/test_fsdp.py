@@ -631,6 +631,45 @@ def test_post_accumulate_grad_hooks_run_in_order_on_the_reduced_gradient(world, 
     )
 
 
+def test_a_parameter_frozen_after_sharding_gets_no_gradient_until_unfrozen(world, fsdp, prove):
+    # requires_grad set on a sharded parameter between steps (gradual unfreezing, a layer
+    # frozen for a while) holds from the next forward, as on a plain module: a frozen weight
+    # gets no gradient, and the others theirs; unfrozen, it gets the ranks' mean again.
+    size = world.size
+
+    def mean_gradients(inputs):
+        # The closed form: W0 = [[0.5, 1.5], [2.5, 3.5]], W1 = [[0.5, 1.5]]; loss W1 W0 x.
+        w0, w1 = [[0.5, 1.5], [2.5, 3.5]], [0.5, 1.5]
+        g0 = [[sum(w1[i] * x[j] for x in inputs) / size for j in range(2)] for i in range(2)]
+        h = [[sum(w0[i][j] * x[j] for j in range(2)) for i in range(2)] for x in inputs]
+        g1 = [[sum(hx[i] for hx in h) / size for i in range(2)]]
+        return g0, g1
+
+    def check(case):
+        inputs, frozen = case
+        g0, g1 = mean_gradients(inputs)
+        results = world.run(fsdp_jobs.fully_shard_frozen_between_steps, inputs, frozen)
+        for rank, steps in enumerate(results):
+            for step, ((first, second), was_frozen) in enumerate(zip(steps, frozen, strict=True)):
+                said = (
+                    f"fully_shard, first weight frozen at steps {frozen}: rank {rank}, step {step}"
+                )
+                if was_frozen:
+                    assert first is None, f"{said}: the frozen weight got a gradient {first}"
+                else:
+                    assert first is not None, f"{said}: the unfrozen weight got no gradient"
+                    _assert_gradient(first, g0, f"{said}'s first weight", "float64")
+                _assert_gradient(second, g1, f"{said}'s second weight", "float64")
+
+    samples = st.lists(st.integers(-3, 3).map(float), min_size=2, max_size=2)
+    prove(
+        st.tuples(st.lists(samples, min_size=size, max_size=size),
+                  st.lists(st.booleans(), min_size=1, max_size=3)),
+        check,
+        examples=[([[float(r + 1), 1.0] for r in range(size)], [False, True, False])],
+    )  # fmt: skip
+
+
 def test_a_subclass_all_gathering_two_inputs_of_two_dtypes_trains_as_its_values(world, fsdp, prove):
     # The all-gather extension (fsdp_pre_all_gather / fsdp_post_all_gather), as quantised
     # training uses it: a float64 weight sent as its float32 rounding and the float64 rest,

@@ -288,6 +288,12 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
      "for ... in modules -> reversed(list(...))"): _GROUP_ORDER,
     (_FSDP_INIT, "_get_managed_states", "reversed-iteration",
      "for ... in module.named_parameters(recurse=False) -> reversed(list(...))"): _GROUP_ORDER,
+    (_FSDP_INIT, "_get_managed_modules", "reversed-iteration",
+     "for ... in module.children() -> reversed(list(...))"): (
+        "the walk below a root visits its children in another order: the same managed "
+        "modules (a module seen twice kept once, one already sharded skipped either way), "
+        "listed in another order, which only orders the group's parameters (below)"
+    ),
 }  # fmt: skip
 
 
