@@ -4,11 +4,12 @@ and loaded back, into the same placements or others."""
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import io
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import IO, Any
 
 import torch
@@ -19,6 +20,22 @@ import torch.distributed as dist
 Entry = tuple[str, str, tuple[int, ...], str, str, str]
 # Values that are not tensors, as training state has them (a step, a name, a schedule).
 EXTRAS_KEYS = ("step", "name", "schedule")
+
+
+@contextlib.contextmanager
+def shared_directory() -> Iterator[str]:
+    """A directory every rank writes its shards to: rank 0's temporary one, broadcast, and
+    removed when the job ends, failed or not (a known issue's failing load would otherwise
+    leave one behind at every run)."""
+    made = [tempfile.mkdtemp(prefix="ddp_verify-dcp-") if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(made, src=0)
+    try:
+        yield str(made[0])
+        dist.barrier()  # every rank has read it before it goes
+    finally:
+        # No barrier on failure: a rank that did not fail would wait for one that did.
+        if dist.get_rank() == 0:
+            shutil.rmtree(str(made[0]), ignore_errors=True)
 
 
 def value(seed: int, index: int, shape: tuple[int, ...], dtype: str) -> torch.Tensor:
@@ -158,61 +175,60 @@ def round_trip(case: dict[str, Any]) -> dict[str, Any]:
     from torch.distributed.device_mesh import init_device_mesh
 
     mesh = init_device_mesh("cpu", (dist.get_world_size(),))
-    made = [tempfile.mkdtemp(prefix="ddp_verify-dcp-") if dist.get_rank() == 0 else None]
-    dist.broadcast_object_list(made, src=0)
-    directory = str(made[0])
-    seed, entries = case["seed"], [tuple(e) for e in case["entries"]]
-    shape_of = {"nested": case["nested"], "with_extras": case["with_extras"]}
-    planner = DefaultSavePlanner(**case["save_planner"])
-    writer = dict(case["writer"])
-    # Stream extensions given to the writer are found again by the reader's registry.
-    streams, registry = extensions(list(case.get("extensions", [])))
-    if streams:
-        writer["_extensions"] = streams
-    saving = {k: v for k, v in case["save"].items() if k in inspect.signature(dcp.save).parameters}
-    # A planner that caches its plan is used twice, the second time on other values: a plan
-    # is reused, the values must not be.
-    for attempt, at in enumerate(("first", "second")[: 2 if case["twice"] else 1]):
-        if case.get("saved_by_one_process"):
-            # Rank 0 alone, without the group, every DTensor as the whole tensor: a checkpoint
-            # a single-process run (or a conversion) wrote, resharded by the load below.
-            if dist.get_rank() == 0:
-                whole = _state(seed + attempt, entries, None, zeros=False, **shape_of)
-                dcp.save(whole, storage_writer=FileSystemWriter(f"{directory}/{at}", **writer),
-                         planner=planner, no_dist=True)  # fmt: skip
-            dist.barrier()
-            continue
-        state = _state(seed + attempt, entries, mesh, zeros=False, **shape_of)
-        storage = FileSystemWriter(f"{directory}/{at}", **writer)
-        if case.get("asynchronously"):
-            # In a background thread: staged first, so the state may change at once.
-            done = dcp.async_save(state, storage_writer=storage, planner=planner, **saving)
-            _scribble(state)
-            done.result()
-        else:
-            dcp.save(state, storage_writer=storage, planner=planner, **saving)
-    loaded_from = f"{directory}/{'second' if case['twice'] else 'first'}"
-    target = _state(seed, entries, mesh, zeros=True, **shape_of)
+    with shared_directory() as directory:
+        seed, entries = case["seed"], [tuple(e) for e in case["entries"]]
+        shape_of = {"nested": case["nested"], "with_extras": case["with_extras"]}
+        planner = DefaultSavePlanner(**case["save_planner"])
+        writer = dict(case["writer"])
+        # Stream extensions given to the writer are found again by the reader's registry.
+        streams, registry = extensions(list(case.get("extensions", [])))
+        if streams:
+            writer["_extensions"] = streams
+        saving = {
+            k: v for k, v in case["save"].items() if k in inspect.signature(dcp.save).parameters
+        }
+        # A planner that caches its plan is used twice, the second time on other values: a plan
+        # is reused, the values must not be.
+        for attempt, at in enumerate(("first", "second")[: 2 if case["twice"] else 1]):
+            if case.get("saved_by_one_process"):
+                # Rank 0 alone, without the group, every DTensor as the whole tensor: a checkpoint
+                # a single-process run (or a conversion) wrote, resharded by the load below.
+                if dist.get_rank() == 0:
+                    whole = _state(seed + attempt, entries, None, zeros=False, **shape_of)
+                    dcp.save(whole, storage_writer=FileSystemWriter(f"{directory}/{at}", **writer),
+                             planner=planner, no_dist=True)  # fmt: skip
+                dist.barrier()
+                continue
+            state = _state(seed + attempt, entries, mesh, zeros=False, **shape_of)
+            storage = FileSystemWriter(f"{directory}/{at}", **writer)
+            if case.get("asynchronously"):
+                # In a background thread: staged first, so the state may change at once.
+                done = dcp.async_save(state, storage_writer=storage, planner=planner, **saving)
+                _scribble(state)
+                done.result()
+            else:
+                dcp.save(state, storage_writer=storage, planner=planner, **saving)
+        loaded_from = f"{directory}/{'second' if case['twice'] else 'first'}"
+        target = _state(seed, entries, mesh, zeros=True, **shape_of)
 
-    def reader() -> dict[str, Any]:
-        if not streams:
-            return {"checkpoint_id": loaded_from}
-        return {"storage_reader": FileSystemReader(loaded_from, _extension_registry=registry)}
+        def reader() -> dict[str, Any]:
+            if not streams:
+                return {"checkpoint_id": loaded_from}
+            return {"storage_reader": FileSystemReader(loaded_from, _extension_registry=registry)}
 
-    dcp.load(target, planner=DefaultLoadPlanner(**case["load_planner"]), **reader())
-    # And into one process with no group, every DTensor a whole tensor: resharded from
-    # whatever the ranks held, empty shards included.
-    # A checkpoint saved without collectives is each rank's own (rank-local metadata): it
-    # loads back on the same layout only.
-    single = _state(seed, entries, None, zeros=True, **shape_of) if case["reshardable"] else None
-    if single is not None:
-        dcp.load(single, no_dist=True, planner=DefaultLoadPlanner(**case["load_planner"]),
-                 **reader())  # fmt: skip
-    dist.barrier()  # every rank has read it before it goes
-    if dist.get_rank() == 0:
-        shutil.rmtree(directory, ignore_errors=True)
-    return {"loaded": _as_loaded(target, entries, case["nested"]),
-            "single": single and _as_loaded(single, entries, case["nested"])}  # fmt: skip
+        dcp.load(target, planner=DefaultLoadPlanner(**case["load_planner"]), **reader())
+        # And into one process with no group, every DTensor a whole tensor: resharded from
+        # whatever the ranks held, empty shards included.
+        # A checkpoint saved without collectives is each rank's own (rank-local metadata): it
+        # loads back on the same layout only.
+        single = (
+            _state(seed, entries, None, zeros=True, **shape_of) if case["reshardable"] else None
+        )
+        if single is not None:
+            dcp.load(single, no_dist=True, planner=DefaultLoadPlanner(**case["load_planner"]),
+                     **reader())  # fmt: skip
+        return {"loaded": _as_loaded(target, entries, case["nested"]),
+                "single": single and _as_loaded(single, entries, case["nested"])}  # fmt: skip
 
 
 def _scribble(state: dict[str, Any]) -> None:
@@ -245,36 +261,33 @@ def refusals() -> dict[str, str | None]:
     from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemWriter
     from torch.distributed.checkpoint.api import CheckpointException
 
-    made = [tempfile.mkdtemp(prefix="ddp_verify-dcp-") if dist.get_rank() == 0 else None]
-    dist.broadcast_object_list(made, src=0)
-    directory = str(made[0])
-    dcp.save({"w": torch.ones(3), "step": 1}, checkpoint_id=directory)
-    attempts: dict[str, Any] = {
-        "a key the checkpoint lacks": lambda: dcp.load(
-            {"w": torch.zeros(3), "extra": torch.zeros(2)}, checkpoint_id=directory
-        ),
-        "a shape other than the saved one": lambda: dcp.load(
-            {"w": torch.zeros(4)}, checkpoint_id=directory
-        ),
-        "saving over a checkpoint without overwrite": lambda: dcp.save(
-            {"w": torch.ones(3)}, storage_writer=FileSystemWriter(directory, overwrite=False)
-        ),
-    }
-    said: dict[str, Any] = {}
-    for name, attempt in attempts.items():
-        try:
-            attempt()
-        except CheckpointException as exc:
-            said[name] = str(exc).strip().splitlines()[-1]
-        else:
-            said[name] = None
-    partial = {"w": torch.zeros(3), "extra": torch.full((2,), 7.0)}
-    dcp.load(partial, checkpoint_id=directory, planner=DefaultLoadPlanner(allow_partial_load=True))
-    said["partial load"] = (partial["w"].tolist(), partial["extra"].tolist())
-    dist.barrier()
-    if dist.get_rank() == 0:
-        shutil.rmtree(directory, ignore_errors=True)
-    return said
+    with shared_directory() as directory:
+        dcp.save({"w": torch.ones(3), "step": 1}, checkpoint_id=directory)
+        attempts: dict[str, Any] = {
+            "a key the checkpoint lacks": lambda: dcp.load(
+                {"w": torch.zeros(3), "extra": torch.zeros(2)}, checkpoint_id=directory
+            ),
+            "a shape other than the saved one": lambda: dcp.load(
+                {"w": torch.zeros(4)}, checkpoint_id=directory
+            ),
+            "saving over a checkpoint without overwrite": lambda: dcp.save(
+                {"w": torch.ones(3)}, storage_writer=FileSystemWriter(directory, overwrite=False)
+            ),
+        }
+        said: dict[str, Any] = {}
+        for name, attempt in attempts.items():
+            try:
+                attempt()
+            except CheckpointException as exc:
+                said[name] = str(exc).strip().splitlines()[-1]
+            else:
+                said[name] = None
+        partial = {"w": torch.zeros(3), "extra": torch.full((2,), 7.0)}
+        dcp.load(
+            partial, checkpoint_id=directory, planner=DefaultLoadPlanner(allow_partial_load=True)
+        )
+        said["partial load"] = (partial["w"].tolist(), partial["extra"].tolist())
+        return said
 
 
 def cached_plan_over_another_group() -> list[float]:
@@ -290,21 +303,16 @@ def cached_plan_over_another_group() -> list[float]:
 
     rank, size = dist.get_rank(), dist.get_world_size()
     groups = [dist.new_group([r]) for r in range(size)]  # every rank makes every group
-    made = [tempfile.mkdtemp(prefix="ddp_verify-dcp-") if rank == 0 else None]
-    dist.broadcast_object_list(made, src=0)
-    directory = str(made[0])
     try:
-        dcp.save({"a": torch.ones(2)}, checkpoint_id=f"{directory}/rank{rank}",
-                 process_group=groups[rank],
-                 planner=SubgroupThenWorldPlanner(enable_plan_caching=True))  # fmt: skip
-        dcp.save({"b": torch.tensor([1.0, 2.0, 3.0])}, checkpoint_id=f"{directory}/world",
-                 planner=SubgroupThenWorldPlanner(enable_plan_caching=True))  # fmt: skip
-        loaded = {"b": torch.zeros(3)}
-        dcp.load(loaded, checkpoint_id=f"{directory}/world")
-        dist.barrier()
+        with shared_directory() as directory:
+            dcp.save({"a": torch.ones(2)}, checkpoint_id=f"{directory}/rank{rank}",
+                     process_group=groups[rank],
+                     planner=SubgroupThenWorldPlanner(enable_plan_caching=True))  # fmt: skip
+            dcp.save({"b": torch.tensor([1.0, 2.0, 3.0])}, checkpoint_id=f"{directory}/world",
+                     planner=SubgroupThenWorldPlanner(enable_plan_caching=True))  # fmt: skip
+            loaded = {"b": torch.zeros(3)}
+            dcp.load(loaded, checkpoint_id=f"{directory}/world")
     finally:
-        if rank == 0:
-            shutil.rmtree(directory, ignore_errors=True)
         for group in groups:
             if group is not dist.GroupMember.NON_GROUP_MEMBER:
                 dist.destroy_process_group(group)
@@ -351,19 +359,14 @@ def invalid_plans() -> dict[str, str | None]:
             return dataclasses.replace(plan, items=items)
 
     mesh = init_device_mesh("cpu", (dist.get_world_size(),))
-    made = [tempfile.mkdtemp(prefix="ddp_verify-dcp-") if dist.get_rank() == 0 else None]
-    dist.broadcast_object_list(made, src=0)
-    directory = str(made[0])
-    said: dict[str, str | None] = {}
-    hows = ["a shard left unwritten", "a shard over another", "a shard beyond its tensor", None]
-    for i, how in enumerate(hows):
-        state = {"w": distribute_tensor(torch.ones(2 * (last + 1), 2), mesh, [Shard(0)])}
-        try:
-            dcp.save(state, checkpoint_id=f"{directory}/{i}", planner=Spoiling(how))
-            said[how or "unspoiled"] = None
-        except CheckpointException as exc:
-            said[how or "unspoiled"] = str(exc).strip().splitlines()[-1]
-    dist.barrier()
-    if dist.get_rank() == 0:
-        shutil.rmtree(directory, ignore_errors=True)
-    return said
+    with shared_directory() as directory:
+        said: dict[str, str | None] = {}
+        hows = ["a shard left unwritten", "a shard over another", "a shard beyond its tensor", None]
+        for i, how in enumerate(hows):
+            state = {"w": distribute_tensor(torch.ones(2 * (last + 1), 2), mesh, [Shard(0)])}
+            try:
+                dcp.save(state, checkpoint_id=f"{directory}/{i}", planner=Spoiling(how))
+                said[how or "unspoiled"] = None
+            except CheckpointException as exc:
+                said[how or "unspoiled"] = str(exc).strip().splitlines()[-1]
+        return said

@@ -3,6 +3,7 @@ torch's DDP passes, a team's wrapper is checked in its place, a wrong wrapper is
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -147,6 +148,25 @@ def test_ddp_verify_conformance_runs_the_suite_and_exits_as_pytest_does(tmp_path
     assert any("test_set_epoch_reshuffles" in line for line in passed), done.stdout
     # pytest's own exit code comes through: 5 when nothing matches.
     assert conformance("-k", "no_such_conformance_test").returncode == 5
+
+
+def test_checkpoint_properties_leave_no_directory_behind_even_when_a_load_fails(tmp_path):
+    # A known issue's load fails on every rank; its checkpoint directory must still go, or
+    # every run of the gate leaves one in the temporary directory.
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    command = [sys.executable, "-m", "ddp_verify", "conformance", "--world-size", "2"]
+    command += ["--examples", "2", "--", "-p", "no:cacheprovider", "-rA", "-k"]
+    command += ["two_stream_extensions or refused or spoils or cached_save_plan"]
+    env = {**os.environ, "TMPDIR": str(scratch)}
+    done = subprocess.run(
+        command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    ran = [line for line in done.stdout.splitlines() if line.startswith(("PASSED", "XFAIL"))]
+    assert len(ran) >= 3, done.stdout
+    left = sorted(p.name for p in scratch.iterdir() if p.name.startswith("ddp_verify-dcp-"))
+    assert not left, f"checkpoint directories left behind: {left}"
 
 
 @pytest.mark.slow
