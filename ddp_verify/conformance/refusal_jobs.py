@@ -136,6 +136,7 @@ def fsdp_refusals() -> dict[str, str | None]:
     rank (before any collective): ``Type: message``, or None where accepted."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
+    from torch.distributed.tensor import Shard
 
     size = dist.get_world_size()
 
@@ -167,7 +168,16 @@ def fsdp_refusals() -> dict[str, str | None]:
         "a forward method the module lacks": lambda: register_fsdp_forward_method(
             sharded, "no_such_method"
         ),
+        # shard_placement_fn's placements: a dimension the parameter has, and (off dimension
+        # 0, where torch pads) one the shards divide.
+        "a shard dimension the parameter lacks": lambda: fully_shard(
+            torch.nn.Linear(2, 2), shard_placement_fn=lambda param: Shard(1)
+        ),
     }
+    if size > 1:  # every size divides among one rank
+        calls["uneven shards on dimension 1"] = lambda: fully_shard(
+            torch.nn.Linear(size + 1, 2, bias=False), shard_placement_fn=lambda param: Shard(1)
+        )
     return refusals(calls, (ValueError, TypeError, NotImplementedError, AssertionError))
 
 

@@ -832,7 +832,8 @@ ENTRIES: tuple[Entry, ...] = (
     _e("torch.distributed.fsdp.fully_shard", "reshard_after_forward", COVERED, _WHERE,
        why="True, False and ints"),
     _e("torch.distributed.fsdp.fully_shard", "shard_placement_fn", COVERED, _WHERE,
-       why="Shard(1) where the dimension divides evenly"),
+       why="Shard(1) where the dimension divides evenly; refused (test_every_call_fully_shard"
+           "_refuses_is_refused) where it does not, or the parameter lacks the dimension"),
     _e("torch.distributed.fsdp.fully_shard", "mp_policy", COVERED,
        "test_fsdp::test_mixed_precision_reduction_in_float32_of_a_bfloat16_model"),
     _e("torch.distributed.fsdp.fully_shard", "offload_policy", COVERED, _WHERE,

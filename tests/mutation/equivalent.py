@@ -24,6 +24,7 @@ _PLACEHOLDER = (
 _FSDP = "torch.distributed.fsdp._fully_shard._fsdp_collectives"
 _FSDP_COMMON = "torch.distributed.fsdp._fully_shard._fsdp_common"
 _FSDP_INIT = "torch.distributed.fsdp._fully_shard._fsdp_init"
+_FSDP_PARAM = "torch.distributed.fsdp._fully_shard._fsdp_param"
 _GROUP_ORDER = (
     "the group's managed parameters are collected in another order: the same parameters "
     "(one shared by two modules is kept once either way, and each is checked alike), whose "
@@ -293,6 +294,23 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "the walk below a root visits its children in another order: the same managed "
         "modules (a module seen twice kept once, one already sharded skipped either way), "
         "listed in another order, which only orders the group's parameters (below)"
+    ),
+    (_FSDP_PARAM, "FSDPParam.reset_sharded_param", "comparison",
+     "local_tensor.numel() > 0 -> local_tensor.numel() >= 0"): (
+        "the length differs only where the local shard has no elements but its shard "
+        "dimension does (a parameter with another dimension of size 0, (3, 0) say): the "
+        "shard narrowed to it holds no elements either way, and its full tensor, state dict "
+        "and checkpoint take the global shape from the DTensor's spec (a (3, 0) parameter "
+        "probed at 2 ranks: its full shape (3, 0), a checkpoint round trip that loads); only "
+        "the shape to_local() gives an empty shard may change ((0, 0) on every rank as "
+        "torch has it)"
+    ),
+    (_FSDP_PARAM, "FSDPParam.free_unsharded_param", "reversed-iteration",
+     "for ... in itertools.chain(self.all_gather_outputs, self._unsharded_inner_tensors) -> "
+     "reversed(list(...))"): (
+        "each all-gather output and unsharded inner tensor has its storage freed on its own "
+        "(free_storage resizes it to 0 where it is not already): the order frees the same "
+        "storages"
     ),
 }  # fmt: skip
 
