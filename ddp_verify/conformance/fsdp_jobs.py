@@ -169,3 +169,39 @@ def fully_shard_split_parameter(
         whole = whole.data_ if isinstance(whole, SplitFloat64) else whole
         seen.append((output.detach()[0].tolist(), whole.tolist()))
     return seen
+
+
+def fully_shard_unshard_then_reshard(rows: int, cols: int) -> dict[str, Any]:
+    """A ``Linear(cols, rows)`` (weight 0.5, 1.5, ... row by row, bias 0, 1, ...) in a
+    ``Sequential`` ``fully_shard``-ed over the world, then ``unshard()`` and ``reshard()``
+    called by hand, as a training that gathers its parameters itself does (generation, an
+    export): the parameters the unshard registers (their values, and the sizes of their
+    storages), those storages' sizes after the reshard, whether the module holds DTensors
+    again, and its output on a row of ones after."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    device = rank_device()
+    model = torch.nn.Sequential(torch.nn.Linear(cols, rows)).to(device, torch.float64)
+    with torch.no_grad():
+        model[0].weight.copy_(torch.arange(rows * cols, dtype=torch.float64).view(rows, cols) + 0.5)
+        model[0].bias.copy_(torch.arange(rows, dtype=torch.float64))
+    fully_shard(model, mesh=init_device_mesh(device.type, (dist.get_world_size(),)))
+    model.unshard()
+    held = list(model.parameters())
+    gathered = {
+        "values": [p.detach().cpu().tolist() for p in held],
+        "dtensors": [hasattr(p, "full_tensor") for p in held],
+        "storage": [p.untyped_storage().size() for p in held],
+    }
+    model.reshard()
+    freed = [p.untyped_storage().size() for p in held]
+    # Read before the forward: the forward gathers into the same storages again.
+    dtensors_after = [hasattr(p, "full_tensor") for p in model.parameters()]
+    out = model(torch.ones(1, cols, dtype=torch.float64, device=device))
+    return {
+        "gathered": gathered,
+        "freed": freed,
+        "dtensors after": dtensors_after,
+        "output": out.detach().cpu().tolist(),
+    }

@@ -872,9 +872,10 @@ ENTRIES: tuple[Entry, ...] = (
     _e("torch.distributed.fsdp.FSDPModule", "set_reduce_scatter_unused_params()", COVERED,
        _UNUSED, since="2.13"),
     *(
-        _e("torch.distributed.fsdp.FSDPModule", method, OUT,
-           why="when parameters are all-gathered or freed (the forward does both itself): "
-           "scheduling and memory, as the prefetch methods below")
+        _e("torch.distributed.fsdp.FSDPModule", method, COVERED,
+           "test_fsdp::test_unshard_gathers_the_full_parameters_and_reshard_frees_them",
+           why="called by hand: the full parameters registered, then freed and the shards "
+           "registered again (layers with fewer rows than ranks included)")
         for method in ("unshard()", "reshard()")
     ),
     *(

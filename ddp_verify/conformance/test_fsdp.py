@@ -670,6 +670,44 @@ def test_a_parameter_frozen_after_sharding_gets_no_gradient_until_unfrozen(world
     )  # fmt: skip
 
 
+def test_unshard_gathers_the_full_parameters_and_reshard_frees_them(world, fsdp, prove):
+    # FSDPModule.unshard() registers the full parameters; reshard() frees them and registers
+    # the shards again (its documented contract: a regression that keeps the gathered copy
+    # holds the whole model on every rank), and training goes on from the shards. Layers with
+    # fewer rows than ranks leave some ranks no shard.
+    def check(shape):
+        rows, cols = shape
+        weight = [[r * cols + c + 0.5 for c in range(cols)] for r in range(rows)]
+        bias = [float(r) for r in range(rows)]
+        output = [[sum(row) + b for row, b in zip(weight, bias, strict=True)]]
+        results = world.run(fsdp_jobs.fully_shard_unshard_then_reshard, rows, cols)
+        for rank, got in enumerate(results):
+            said = f"fully_shard of Linear({cols}, {rows}) at {world.size} ranks: rank {rank}"
+            gathered = got["gathered"]
+            assert gathered["values"] == [weight, bias], (
+                f"{said}: unshard() registered {gathered['values']}, the full parameters are "
+                f"{[weight, bias]}"
+            )
+            assert not any(gathered["dtensors"]), f"{said}: unshard() left DTensors registered"
+            assert all(size > 0 for size in gathered["storage"]), (
+                f"{said}: an unsharded parameter has no storage: {gathered['storage']}"
+            )
+            assert got["freed"] == [0, 0], (
+                f"{said}: reshard() left the unsharded parameters' storages allocated "
+                f"({got['freed']} bytes), not freed"
+            )
+            assert all(got["dtensors after"]), f"{said}: reshard() did not register the shards"
+            assert got["output"] == output, (
+                f"{said}: the output after reshard() is {got['output']}, expected {output}"
+            )
+
+    prove(
+        st.tuples(st.integers(1, world.size + 2), st.integers(1, 3)),
+        check,
+        examples=[(1, 2), (world.size + 1, 3)],
+    )
+
+
 def test_a_subclass_all_gathering_two_inputs_of_two_dtypes_trains_as_its_values(world, fsdp, prove):
     # The all-gather extension (fsdp_pre_all_gather / fsdp_post_all_gather), as quantised
     # training uses it: a float64 weight sent as its float32 rounding and the float64 rest,
