@@ -312,6 +312,12 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "(free_storage resizes it to 0 where it is not already): the order frees the same "
         "storages"
     ),
+    (_FSDP_PARAM, "FSDPParam._setattr_on_modules", "reversed-iteration",
+     "for ... in zip(self._module_info.shared_modules, self._module_info.shared_param_names) "
+     "-> reversed(list(...))"): (
+        "the one parameter given is set on every module that shares it, each (module, name) "
+        "pair on its own: in any order every sharing module ends holding the same parameter"
+    ),
 }  # fmt: skip
 
 
