@@ -38,6 +38,52 @@ _MTIA = (
     "gradient is the ranks' mean, divided in another place (rounding aside)"
 )
 
+_FSDP_GROUP = "torch.distributed.fsdp._fully_shard._fsdp_param_group"
+_FSDP_STATE = "torch.distributed.fsdp._fully_shard._fsdp_state"
+_EACH_PARAM = (
+    "the loop does the same thing to each of the group's parameters on its own (its own "
+    "state, storages and gradient, nothing carried from one to the next): the order leaves "
+    "every parameter as it was"
+)
+_PREFETCH = (
+    "only which group is all-gathered ahead of its own need changes: every group still "
+    "unshards itself when its forward or backward runs (unshard is a no-op on a group "
+    "already unsharded or with an all-gather pending), so when an all-gather is issued "
+    "changes, not what it gathers"
+)
+_RS_BUFFERS = (
+    "only when the retained reduce-scatter input buffers are released changes: each is a "
+    "keep-alive reference with its event, and the root's final callback waits on and clears "
+    "every one at the end of backward; the gradients reduced are the same"
+)
+_EACH_STATE = (
+    "each FSDP state (or each of its parameter groups) is given the same shared contexts, "
+    "indices or settings on its own: the order leaves every state as it was"
+)
+_DEBUG_FQN = (
+    "_init_fqns only names things for debugging and messages (its docstring): parameters are "
+    "mapped by identity, so the order finds the same FQN for each, and a group managing "
+    "several modules lists their names in another order, read only by profiler labels and "
+    "error messages"
+)
+_GROUPS_IN_STATE = (
+    "a state's parameter groups (several only where shard_placement_fn places parameters on "
+    "several meshes) run their forward hooks in another order: each unshards, reshards or "
+    "wraps the inputs for its own parameters alone, so only the order of their all-gathers, "
+    "and of their reduce-scatters in backward, changes, the same on every rank"
+)
+_FINAL = (
+    "the root's final callback visits states and groups in another order: each group whose "
+    "backward never ran is reduced on its own, each finalised on its own, each retained "
+    "reduce-scatter waited on; the same collectives on every rank, in another order, "
+    "reducing the same gradients"
+)
+_DUPLICATE = (
+    "the search for a parameter managed by two groups sees the same (group, parameter) pairs: "
+    "it raises the same ValueError whenever one exists, in any order; only which of the two "
+    "FQNs the message names may change"
+)
+
 # (module, qualname, operator, change) -> why the contract cannot tell it from torch.
 EQUIVALENT: dict[tuple[str, str, str, str], str] = {
     (_POWER, "powerSGD_hook", "reversed-iteration",
@@ -317,6 +363,127 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
      "-> reversed(list(...))"): (
         "the one parameter given is set on every module that shares it, each (module, name) "
         "pair on its own: in any order every sharing module ends holding the same parameter"
+    ),
+    (_FSDP_GROUP, "FSDPParamGroup.__init__", "off-by-one",
+     "0 -> 1 at `self._all_gather_output = torch.empty(0, device=self.device)`"): (
+        "the group's own all-gather output is a placeholder handed to the world-size-1 "
+        "result and never read: at world size 1 each parameter is copied into its own "
+        "all-gather output, and the copy-out that reads the group's runs only above world "
+        "size 1, with the collective's output in its place"
+    ),
+    (_FSDP_GROUP, "FSDPParamGroup.__init__", "off-by-one",
+     "0 -> 1 at `self._param_group_index: int = 0`"): (
+        "the index is a placeholder: the root's lazy init (_init_shared_state) sets every "
+        "group's index from its place in its state before any forward, backward or unshard "
+        "reads it"
+    ),
+    (_FSDP_GROUP, "FSDPParamGroup._backward_prefetch", "comparison",
+     "self._num_param_groups > 1 -> self._num_param_groups >= 1"): _PREFETCH,
+    (_FSDP_GROUP, "FSDPParamGroup._backward_prefetch", "comparison",
+     "self._training_state == TrainingState.PRE_BACKWARD -> "
+     "self._training_state != TrainingState.PRE_BACKWARD"): _PREFETCH,
+    (_FSDP_GROUP, "FSDPParamGroup._backward_prefetch", "off-by-one", "0 -> 1"): _PREFETCH,
+    (_FSDP_GROUP, "FSDPParamGroup._with_fqn", "comparison",
+     "self._num_param_groups > 1 -> self._num_param_groups >= 1"): (
+        "the function builds a profiler label and nothing else: a group alone in its state "
+        "gets its mesh size appended to the label"
+    ),
+    (_FSDP_GROUP, "FSDPParamGroup.post_backward", "off-by-one",
+     "1 -> 2 at `self._param_group_index == self._num_param_groups - 1`"): _RS_BUFFERS,
+    (_FSDP_GROUP, "FSDPParamGroup.post_backward", "comparison",
+     "self._param_group_index == self._num_param_groups - 1 -> "
+     "self._param_group_index != self._num_param_groups - 1"): _RS_BUFFERS,
+    (_FSDP_GROUP, "FSDPParamGroup.post_backward", "comparison",
+     "len(states) >= max_input_buffers -> len(states) > max_input_buffers"): _RS_BUFFERS,
+    (_FSDP_GROUP, "FSDPParamGroup.post_backward", "reversed-iteration",
+     "for ... in self.fsdp_params -> reversed(list(...))"): _EACH_PARAM,
+    (_FSDP_GROUP, "FSDPParamGroup._init_mp_dtypes", "off-by-one", "0 -> 1"): (
+        "the uniform-dtype checks are skipped for a group with exactly one trainable "
+        "parameter, where the set of its original (or reduce) dtypes has exactly one element "
+        "and the check cannot fail"
+    ),
+    (_FSDP_GROUP, "FSDPParamGroup._init_mp_dtypes", "reversed-iteration",
+     "for ... in self.fsdp_params -> reversed(list(...))"): _EACH_PARAM,
+    (_FSDP_GROUP, "FSDPParamGroup.lazy_init", "reversed-iteration",
+     "for ... in self.fsdp_params -> reversed(list(...))"): _EACH_PARAM,
+    (_FSDP_GROUP, "FSDPParamGroup.finalize_backward", "reversed-iteration",
+     "for ... in self.fsdp_params -> reversed(list(...))"): _EACH_PARAM,
+    (_FSDP_GROUP, "FSDPParamGroup.wait_for_unshard", "reversed-iteration",
+     "for ... in self.fsdp_params -> reversed(list(...))"): _EACH_PARAM,
+    (_FSDP_GROUP, "FSDPParamGroup._to_sharded", "reversed-iteration",
+     "for ... in self.fsdp_params -> reversed(list(...))"): _EACH_PARAM,
+    (_FSDP_GROUP, "FSDPParamGroup._to_unsharded", "reversed-iteration",
+     "for ... in self.fsdp_params -> reversed(list(...))"): _EACH_PARAM,
+    (_FSDP_STATE, "FSDPState.init", "reversed-iteration",
+     "for ... in modules -> reversed(list(...))"): (
+        "each module given is mapped to this one state on its own: the order leaves the same "
+        "mapping"
+    ),
+    (_FSDP_STATE, "FSDPState._init_shared_state", "reversed-iteration",
+     "for ... in self._state_ctx.all_states -> reversed(list(...))"): _EACH_STATE,
+    (_FSDP_STATE, "FSDPState._init_shared_state", "reversed-iteration",
+     "for ... in enumerate(state._fsdp_param_groups) -> reversed(list(...))"): _EACH_STATE,
+    (_FSDP_STATE, "FSDPState._lazy_init", "reversed-iteration",
+     "for ... in self._fsdp_param_groups -> reversed(list(...))"): _EACH_STATE,
+    (_FSDP_STATE, "FSDPState._lazy_init", "reversed-iteration",
+     "for ... in self._state_ctx.all_states -> reversed(list(...))"): (
+        "each parameter group's lazy init reads and sets only its own parameters, policy and "
+        "hooks: the order initialises the same groups (where two would refuse, which refuses "
+        "first may change)"
+    ),
+    (_FSDP_STATE, "FSDPState._lazy_init", "reversed-iteration",
+     "for ... in state._fsdp_param_groups -> reversed(list(...))"): (
+        "each parameter group's lazy init reads and sets only its own parameters, policy and "
+        "hooks: the order initialises the same groups (where two would refuse, which refuses "
+        "first may change)"
+    ),
+    (_FSDP_STATE, "FSDPState._validate_no_duplicate_params", "reversed-iteration",
+     "for ... in self._state_ctx.all_states -> reversed(list(...))"): _DUPLICATE,
+    (_FSDP_STATE, "FSDPState._validate_no_duplicate_params", "reversed-iteration",
+     "for ... in state._fsdp_param_groups -> reversed(list(...))"): _DUPLICATE,
+    (_FSDP_STATE, "FSDPState._validate_no_duplicate_params", "reversed-iteration",
+     "for ... in fsdp_param_group.fsdp_params -> reversed(list(...))"): _DUPLICATE,
+    (_FSDP_STATE, "FSDPState._init_fqns", "reversed-iteration",
+     "for ... in self._state_ctx.all_states -> reversed(list(...))"): _DEBUG_FQN,
+    (_FSDP_STATE, "FSDPState._init_fqns", "reversed-iteration",
+     "for ... in fsdp_param_group.fsdp_params -> reversed(list(...))"): _DEBUG_FQN,
+    (_FSDP_STATE, "FSDPState._init_fqns", "reversed-iteration",
+     "for ... in fsdp_param_group.modules -> reversed(list(...))"): _DEBUG_FQN,
+    (_FSDP_STATE, "FSDPState._init_fqns", "reversed-iteration",
+     "for ... in root_module.named_parameters() -> reversed(list(...))"): _DEBUG_FQN,
+    (_FSDP_STATE, "FSDPState._init_fqns", "reversed-iteration",
+     "for ... in root_module.named_modules() -> reversed(list(...))"): _DEBUG_FQN,
+    (_FSDP_STATE, "FSDPState._init_fqns", "reversed-iteration",
+     "for ... in module_to_fsdp_param_groups[module] -> reversed(list(...))"): _DEBUG_FQN,
+    (_FSDP_STATE, "FSDPState._pre_backward", "comparison",
+     "len(self._states_to_backward_prefetch) == 0 -> "
+     "len(self._states_to_backward_prefetch) != 0"): _PREFETCH,
+    (_FSDP_STATE, "FSDPState._pre_backward", "reversed-iteration",
+     "for ... in self._states_to_backward_prefetch -> reversed(list(...))"): _PREFETCH,
+    (_FSDP_STATE, "FSDPState._pre_forward", "reversed-iteration",
+     "for ... in self._states_to_forward_prefetch -> reversed(list(...))"): _PREFETCH,
+    (_FSDP_STATE, "FSDPState._register_pre_backward_hook", "reversed-iteration",
+     "for ... in tensors -> reversed(list(...))"): (
+        "a pre-backward hook is registered on each output tensor on its own (and a view "
+        "warned about on its own): the order registers the same hooks on the same tensors"
+    ),
+    (_FSDP_STATE, "FSDPState._pre_forward", "reversed-iteration",
+     "for ... in self._fsdp_param_groups -> reversed(list(...))"): _GROUPS_IN_STATE,
+    (_FSDP_STATE, "FSDPState._post_forward", "reversed-iteration",
+     "for ... in self._fsdp_param_groups -> reversed(list(...))"): _GROUPS_IN_STATE,
+    (_FSDP_STATE, "FSDPState._root_post_backward_final_callback", "reversed-iteration",
+     "for ... in self._state_ctx.all_states -> reversed(list(...))"): _FINAL,
+    (_FSDP_STATE, "FSDPState._root_post_backward_final_callback", "reversed-iteration",
+     "for ... in reversed(state._fsdp_param_groups) -> reversed(list(...))"): _FINAL,
+    (_FSDP_STATE, "FSDPState._root_post_backward_final_callback", "reversed-iteration",
+     "for ... in state._fsdp_param_groups -> reversed(list(...))"): _FINAL,
+    (_FSDP_STATE, "FSDPState._root_post_backward_final_callback", "reversed-iteration",
+     "for ... in self._comm_ctx.reduce_scatter_states -> reversed(list(...))"): _FINAL,
+    (_FSDP_STATE, "FSDPState._pre_backward", "reversed-iteration",
+     "for ... in self._fsdp_param_groups -> reversed(list(...))"): _GROUPS_IN_STATE,
+    (_FSDP_STATE, "FSDPState._init_shared_state", "off-by-one", "1 -> 2 at `default=1,`"): (
+        "the default is the shared reduce-scatter buffer cap only where no state has a "
+        "parameter group, and then nothing is ever reduce-scattered for the cap to bound"
     ),
 }  # fmt: skip
 
