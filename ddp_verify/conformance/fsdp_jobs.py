@@ -205,3 +205,79 @@ def fully_shard_unshard_then_reshard(rows: int, cols: int) -> dict[str, Any]:
         "dtensors after": dtensors_after,
         "output": out.detach().cpu().tolist(),
     }
+
+
+def _numbered_linear(n_in: int, n_out: int, first: float) -> torch.nn.Linear:
+    """A float64 ``Linear(n_in, n_out)`` on the rank's device, weight ``first``,
+    ``first + 1``, ... row by row, bias 0, 1, ..."""
+    layer = torch.nn.Linear(n_in, n_out).to(rank_device(), torch.float64)
+    with torch.no_grad():
+        layer.weight.copy_(
+            torch.arange(n_out * n_in, dtype=torch.float64).view(n_out, n_in) + first
+        )
+        layer.bias.copy_(torch.arange(n_out, dtype=torch.float64))
+    return layer
+
+
+def fully_shard_state_dict_while_unsharded(rows: int, cols: int) -> dict[str, Any]:
+    """A ``Linear(cols, rows)`` (weight 0.5, 1.5, ... row by row, bias 0, 1, ...) in a
+    ``Sequential`` ``fully_shard``-ed over the world, unsharded (by ``unshard()``, as the root
+    is after a forward: it does not reshard after forward), then ``state_dict()`` taken: whether
+    each value is a DTensor, the full values, and whether the module holds its shards after."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    device = rank_device()
+    model = torch.nn.Sequential(_numbered_linear(cols, rows, 0.5))
+    fully_shard(model, mesh=init_device_mesh(device.type, (dist.get_world_size(),)))
+    model.unshard()
+    state = model.state_dict()
+    return {
+        "keys": list(state),
+        "dtensors": [hasattr(v, "full_tensor") for v in state.values()],
+        "values": [
+            (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().cpu().tolist()
+            for v in state.values()
+        ],
+        "dtensors after": [hasattr(p, "full_tensor") for p in model.parameters()],
+    }
+
+
+def fully_shard_reduces_each_module_as_its_backward_ends(width: int) -> dict[str, Any]:
+    """Two float64 ``Linear(width, width)`` layers (weights from 0.5 and from 1.5, row by
+    row; biases 0, 1, ...) each ``fully_shard``-ed, then their ``Sequential``; every rank's
+    loss the sum of the output on a row of ones. Read by a gradient hook on the first layer's
+    output, which runs after the second layer's backward and before the first's: whether the
+    second layer holds its shards again, and its full reduced gradients, at that moment; and
+    both layers' full gradients after the backward."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    device = rank_device()
+    model = torch.nn.Sequential(
+        _numbered_linear(width, width, 0.5), _numbered_linear(width, width, 1.5)
+    )
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    for layer in model:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    seen: dict[str, Any] = {}
+
+    def when_the_second_layer_is_done(grad: torch.Tensor) -> None:
+        # Every rank reaches this hook at the same point of its backward, so the
+        # all-gathers of full_tensor() below are matched across ranks.
+        second = list(model[1].parameters())
+        seen["sharded"] = [hasattr(p, "full_tensor") for p in second]
+        seen["grads"] = [
+            None if p.grad is None else p.grad.full_tensor().cpu().tolist()
+            for p in second
+            if hasattr(p, "full_tensor")
+        ]
+
+    def watch(module: torch.nn.Module, args: Any, output: torch.Tensor) -> None:
+        output.register_hook(when_the_second_layer_is_done)  # returning None keeps the output
+
+    model[0].register_forward_hook(watch)
+    model(torch.ones(1, width, dtype=torch.float64, device=device)).sum().backward()
+    seen["after"] = [p.grad.full_tensor().cpu().tolist() for p in model.parameters()]
+    return seen

@@ -174,11 +174,18 @@ def fsdp_refusals() -> dict[str, str | None]:
             torch.nn.Linear(2, 2), shard_placement_fn=lambda param: Shard(1)
         ),
     }
+    # Modules sharded as one group run forward only under a root that holds them all: the
+    # first forward of a group alone (its lazy init) refuses.
+    first, second = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
+    fully_shard([first, second])
+    calls["a group of modules as the root"] = lambda: first(torch.ones(1, 2))
     if size > 1:  # every size divides among one rank
         calls["uneven shards on dimension 1"] = lambda: fully_shard(
             torch.nn.Linear(size + 1, 2, bias=False), shard_placement_fn=lambda param: Shard(1)
         )
-    return refusals(calls, (ValueError, TypeError, NotImplementedError, AssertionError))
+    return refusals(
+        calls, (ValueError, TypeError, NotImplementedError, AssertionError, RuntimeError)
+    )
 
 
 def assert_refused(results: list[dict[str, Any]], refused: dict[str, str], who: str) -> None:

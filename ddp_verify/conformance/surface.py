@@ -826,8 +826,12 @@ ENTRIES: tuple[Entry, ...] = (
       for fn in ("gather", "scatter", "reduce", "all_to_all")),
     # -- FSDP2 -------------------------------------------------------------------------------
     _e("torch.distributed.fsdp.fully_shard", "module", COVERED, _FSDP, _WHERE,
-       why="a module, a list of modules (one group), on the world's device or on the meta "
-           "device then materialised (to_empty)"),
+       "test_fsdp::test_each_module_is_reduced_and_resharded_as_its_backward_ends",
+       "test_fsdp::test_a_state_dict_taken_while_unsharded_holds_the_shards",
+       why="a module, a list of modules (one group; refused as the root), on the world's "
+           "device or on the meta device then materialised (to_empty); nested, each module "
+           "reduced and resharded as its own backward ends; its state_dict() sharded "
+           "DTensors, taken unsharded too (as the root is after a forward)"),
     _e("torch.distributed.fsdp.fully_shard", "mesh", COVERED, _HSDP, why="1-D and 2-D (HSDP)"),
     _e("torch.distributed.fsdp.fully_shard", "reshard_after_forward", COVERED, _WHERE,
        why="True, False and ints"),

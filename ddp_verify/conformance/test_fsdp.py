@@ -63,9 +63,10 @@ def test_where_and_when_fully_shard_keeps_parameters_changes_nothing(world, fsdp
     # reshard_after_forward (False: kept unsharded for backward; an int: resharded to a
     # smaller group; set_reshard_after_forward after sharding too), CPUOffloadPolicy (on
     # accelerators: on a CPU world it refuses, "Cannot access accelerator device"), a
-    # shard_placement_fn sharding along dimension 1, fully_shard layer by layer before the
-    # root (a reduce-scatter per layer, their buffers reclaimed as backward goes) or on the
-    # list of them in one call (one group), and a model sharded on the meta device then
+    # shard_placement_fn sharding along dimension 1 (or 0, or -1, as given), fully_shard
+    # layer by layer before the root (a reduce-scatter per layer, their buffers reclaimed as
+    # backward goes) or on the list of them in one call (one group), and a model sharded on
+    # the meta device then
     # materialised (deferred initialisation): memory and communication, never what is trained.
     size = world.size
     smaller = [d for d in range(1, size) if size % d == 0]
@@ -77,7 +78,7 @@ def test_where_and_when_fully_shard_keeps_parameters_changes_nothing(world, fsdp
         reshard = st.sampled_from([True, False, *smaller])
         for key, strategy in (("reshard_after_forward", reshard),
                               ("set_reshard_after_forward", st.booleans()),
-                              ("offload", offload), ("shard_dim", st.just(1)),
+                              ("offload", offload), ("shard_dim", st.sampled_from([1, 0, -1])),
                               ("per_module", st.just(True)), ("meta", st.just(True)),
                               ("grouped", st.just(True))):  # fmt: skip
             if draw(st.booleans()):
@@ -96,7 +97,7 @@ def test_where_and_when_fully_shard_keeps_parameters_changes_nothing(world, fsdp
     # and the draws that met torch's limitation below (each kept to what torch supports).
     model = ModelSpec(in_features=size, hidden=(size,), out_features=size)
     even = Scenario(world_size=size, schedule=(((1,),) * size, ((2,),) * size), model=model)
-    examples = [(even, {"shard_dim": 1}), (even, {"per_module": True}),
+    examples = [(even, {"shard_dim": 1}), (even, {"shard_dim": 0}), (even, {"per_module": True}),
                 (even, {"meta": True, "per_module": True}), (even, {"grouped": True})]  # fmt: skip
     if size == 4:
         both = {"reshard_after_forward": 2, "shard_dim": 1}
@@ -123,19 +124,21 @@ _DIM_1_AFTER_FORWARD = known_torch_issue(
 
 
 def supported(chosen: dict[str, object], size: int) -> dict[str, object]:
-    """``chosen`` without a dimension-1 placement where it also reshards to a smaller group
-    after forward (see _DIM_1_AFTER_FORWARD): each stays drawn, the pair is tested apart.
+    """``chosen`` without a placement off dimension 0 where it also reshards to a smaller
+    group after forward (see _DIM_1_AFTER_FORWARD): each stays drawn, the pair is tested apart.
 
     Example::
 
         >>> supported({"reshard_after_forward": 2, "shard_dim": 1}, 4)
         {'reshard_after_forward': 2}
+        >>> supported({"reshard_after_forward": 2, "shard_dim": 0}, 4)
+        {'reshard_after_forward': 2, 'shard_dim': 0}
         >>> supported({"reshard_after_forward": True, "shard_dim": 1}, 4)
         {'reshard_after_forward': True, 'shard_dim': 1}
     """
     after = chosen.get("reshard_after_forward")
     smaller = isinstance(after, int) and not isinstance(after, bool) and after < size
-    if smaller and "shard_dim" in chosen:
+    if smaller and chosen.get("shard_dim", 0) != 0:
         return {k: v for k, v in chosen.items() if k != "shard_dim"}
     return chosen
 
@@ -708,6 +711,66 @@ def test_unshard_gathers_the_full_parameters_and_reshard_frees_them(world, fsdp,
     )
 
 
+def test_a_state_dict_taken_while_unsharded_holds_the_shards(world, fsdp, prove):
+    # state_dict() reshards first (a pre-hook each managed module registers): after a forward
+    # the root is still unsharded, and a regression that skips the hook saves every rank's
+    # whole gathered copy as plain tensors instead of the sharded DTensors a distributed
+    # checkpoint expects.
+    def check(shape):
+        rows, cols = shape
+        weight = [[r * cols + c + 0.5 for c in range(cols)] for r in range(rows)]
+        bias = [float(r) for r in range(rows)]
+        results = world.run(fsdp_jobs.fully_shard_state_dict_while_unsharded, rows, cols)
+        for rank, got in enumerate(results):
+            said = f"fully_shard of Linear({cols}, {rows}) at {world.size} ranks: rank {rank}"
+            assert got["keys"] == ["0.weight", "0.bias"], f"{said}: keys {got['keys']}"
+            assert all(got["dtensors"]), (
+                f"{said}: state_dict() while unsharded holds plain tensors where DTensor "
+                f"shards belong: {got['dtensors']}"
+            )
+            assert got["values"] == [weight, bias], (
+                f"{said}: the state dict holds {got['values']}, expected {[weight, bias]}"
+            )
+            assert all(got["dtensors after"]), f"{said}: the module holds no shards after"
+
+    prove(
+        st.tuples(st.integers(1, world.size + 2), st.integers(1, 3)),
+        check,
+        examples=[(1, 2), (world.size + 1, 3)],
+    )
+
+
+def test_each_module_is_reduced_and_resharded_as_its_backward_ends(world, fsdp, prove):
+    # fully_shard reduce-scatters a module's gradients and frees its gathered parameters as
+    # soon as that module's backward ends (a hook on its inputs), not at the end of the whole
+    # backward: what bounds an FSDP training's memory to one module gathered at a time. Read
+    # from a gradient hook between the second layer's backward and the first's.
+    def check(width):
+        first = [[i * width + j + 0.5 for j in range(width)] for i in range(width)]
+        second = [[i * width + j + 1.5 for j in range(width)] for i in range(width)]
+        hidden = [sum(row) + i for i, row in enumerate(first)]
+        into_hidden = [sum(row[j] for row in second) for j in range(width)]
+        second_grads = [[list(hidden) for _ in range(width)], [1.0] * width]
+        first_grads = [[[g] * width for g in into_hidden], into_hidden]
+        results = world.run(fsdp_jobs.fully_shard_reduces_each_module_as_its_backward_ends, width)
+        for rank, got in enumerate(results):
+            said = f"two fully_shard-ed Linear({width}, {width}) at {world.size} ranks: rank {rank}"
+            assert got["sharded"] == [True, True], (
+                f"{said}: when the first layer's backward begins, the second layer still holds "
+                f"its gathered parameters (DTensor shards: {got['sharded']})"
+            )
+            assert got["grads"] == second_grads, (
+                f"{said}: when the first layer's backward begins, the second layer's reduced "
+                f"gradients are {got['grads']}, expected {second_grads}"
+            )
+            assert got["after"] == first_grads + second_grads, (
+                f"{said}: after backward the gradients are {got['after']}, expected "
+                f"{first_grads + second_grads}"
+            )
+
+    prove(st.integers(1, world.size + 2), check, examples=[1, world.size + 1])
+
+
 def test_a_subclass_all_gathering_two_inputs_of_two_dtypes_trains_as_its_values(world, fsdp, prove):
     # The all-gather extension (fsdp_pre_all_gather / fsdp_post_all_gather), as quantised
     # training uses it: a float64 weight sent as its float32 rounding and the float64 rest,
@@ -789,6 +852,7 @@ FSDP_REFUSED = {
     "a shard dimension the parameter lacks": r"AssertionError: Shard dim 1 is invalid for 1D",
     "uneven shards on dimension 1": r"NotImplementedError: FSDP does not support uneven "
     r"sharding on dim 1",
+    "a group of modules as the root": r"RuntimeError: FSDP requires a single root module",
 }
 
 

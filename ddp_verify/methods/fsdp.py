@@ -42,23 +42,22 @@ class FullyShard(DistributedMethod):
     before step k (each rank writes its shards), shards a fresh (perturbed) model, loads the
     checkpoint into it and trains on; ``checkpoint_options`` are the ``StateDictOptions``
     (``full_state_dict``, ``cpu_offload``, ``flatten_optimizer_state_dict``, ``strict``,
-    ``broadcast_from_rank0``) both state-dict calls get. ``shard_options`` change where and
-    when, never what: ``reshard_after_forward`` (``fully_shard``'s),
-    ``set_reshard_after_forward`` (the method, after sharding), ``offload``
-    (``CPUOffloadPolicy``), ``shard_dim``
-    (a ``shard_placement_fn`` sharding every parameter along that dimension where its size
-    divides evenly, along dimension 0 elsewhere), ``spmd`` (the mesh as a full SPMD mesh:
-    every parameter first a DTensor replicated on it, as a model parallelised over the whole
-    mesh has them, and ``dp_mesh_dims`` naming the dimensions FSDP shards and replicates on;
-    inputs enter as DTensors replicated on the mesh and outputs leave as local tensors, as
-    each rank's batch is its own), ``per_module`` (``fully_shard`` on every module that holds
-    parameters of its own first, then on the root, as models are sharded layer by layer; a
-    parameter two modules share stays with the root), ``grouped`` (those modules given to one
-    ``fully_shard`` call as a list, one group for them all, before the root; it takes the
-    place of ``per_module``), ``meta`` (deferred initialisation: the
-    model is sharded on the meta device, where it holds shapes only, then materialised with
-    ``to_empty`` on the world's device and given its initial values shard by shard, as a
-    model too large for one device is built)."""
+    ``broadcast_from_rank0``) both state-dict calls get. ``shard_options`` change where and when,
+    never what: ``reshard_after_forward`` (``fully_shard``'s), ``set_reshard_after_forward`` (the
+    method, after sharding), ``offload`` (``CPUOffloadPolicy``), ``shard_dim`` (a
+    ``shard_placement_fn`` returning ``Shard(shard_dim)`` for every parameter whose dimension it
+    names is 0, padded to any size, or divides evenly, None, dimension 0, elsewhere; a negative one
+    counts from the last dimension, as torch's do), ``spmd`` (the mesh as a full SPMD mesh: every
+    parameter first a DTensor replicated on it, as a model parallelised over the whole mesh has
+    them, and ``dp_mesh_dims`` naming the dimensions FSDP shards and replicates on; inputs enter as
+    DTensors replicated on the mesh and outputs leave as local tensors, as each rank's batch is its
+    own), ``per_module`` (``fully_shard`` on every module that holds parameters of its own first,
+    then on the root, as models are sharded layer by layer; a parameter two modules share stays with
+    the root), ``grouped`` (those modules given to one ``fully_shard`` call as a list, one group for
+    them all, before the root; it takes the place of ``per_module``), ``meta`` (deferred
+    initialisation: the model is sharded on the meta device, where it holds shapes only, then
+    materialised with ``to_empty`` on the world's device and given its initial values shard by
+    shard, as a model too large for one device is built)."""
 
     def __init__(
         self,
@@ -169,7 +168,10 @@ class FullyShard(DistributedMethod):
             dim, size = int(str(chosen["shard_dim"])), mesh.size(-1)
 
             def placement(param: torch.nn.Parameter) -> Shard | None:
-                fits = param.dim() > dim and param.size(dim) % size == 0
+                # Given as drawn (Shard(0), Shard(-1) too): fully_shard normalises a
+                # negative dimension itself.
+                at = dim + param.dim() if dim < 0 else dim
+                fits = at == 0 or (param.dim() > at and param.size(at) % size == 0)
                 return Shard(dim) if fits else None
 
             extra["shard_placement_fn"] = placement

@@ -78,6 +78,12 @@ _FINAL = (
     "reduce-scatter waited on; the same collectives on every rank, in another order, "
     "reducing the same gradients"
 )
+_NO_BYTES = (
+    "the check that the shard's storage is still the parameter's own differs only for a "
+    "storage at address 0 or 1: no allocation has address 1, and address 0 is a storage "
+    "of no bytes (a padded shard with no elements), where the local shard holds nothing "
+    "to copy and re-padding it would make another tensor of no bytes of the same shape"
+)
 _DUPLICATE = (
     "the search for a parameter managed by two groups sees the same (group, parameter) pairs: "
     "it raises the same ValueError whenever one exists, in any order; only which of the two "
@@ -485,6 +491,11 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "the default is the shared reduce-scatter buffer cap only where no state has a "
         "parameter group, and then nothing is ever reduce-scattered for the cap to bound"
     ),
+    (_FSDP_PARAM, "FSDPParam.reset_sharded_param", "comparison",
+     "self._sharded_param_data.untyped_storage().data_ptr() > 0 -> "
+     "self._sharded_param_data.untyped_storage().data_ptr() >= 0"): _NO_BYTES,
+    (_FSDP_PARAM, "FSDPParam.reset_sharded_param", "off-by-one",
+     "0 -> 1 at `self._sharded_param_data.untyped_storage().data_ptr() > 0`"): _NO_BYTES,
 }  # fmt: skip
 
 
