@@ -664,11 +664,13 @@ def zero_in_a_group(
     group_size: int,
     momentum: float,
     bucket_view: bool,
-) -> list[list[float]]:
+) -> dict[str, Any]:
     """``ZeroRedundancyOptimizer`` around ``SGD(lr=0.5, momentum)`` over the subgroup of
     ``group_size`` consecutive ranks holding rank r (``process_group``): its parameters
     (one tensor per entry) start at ``starts[g]``, g its group's index, and step t gives them
-    the gradients ``gradients[t][g]``. The parameters after each step, flattened."""
+    the gradients ``gradients[t][g]``. The parameters after each step, flattened; then the
+    state consolidated (``consolidate_state_dict(to=0)``, within the group) on each group's
+    first rank: its momentum buffers by parameter index and its lr, None elsewhere."""
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
     rank, device = dist.get_rank(), rank_device()
@@ -692,7 +694,19 @@ def zero_in_a_group(
             param.grad = torch.tensor(grad, dtype=torch.float64, device=device)
         optimizer.step()
         after.append(torch.cat([p.detach().reshape(-1) for p in params]).tolist())
-    return after
+    optimizer.consolidate_state_dict(to=0)
+    consolidated = None
+    if dist.get_rank(group) == 0:
+        state = optimizer.state_dict()
+        consolidated = {
+            "buffers": {
+                int(index): values["momentum_buffer"].tolist()
+                for index, values in state["state"].items()
+                if values.get("momentum_buffer") is not None
+            },
+            "lr": [g["lr"] for g in state["param_groups"]],
+        }
+    return {"after": after, "consolidated": consolidated}
 
 
 class _GivenGradients(torch.nn.Module):

@@ -122,11 +122,11 @@ def test_the_sgd_oracle_steps_with_torchs_momentum():
 
 
 def test_zero_over_a_subgroup_steps_and_broadcasts_within_that_group(world, prove):
-    # process_group: each group of consecutive ranks shards the optimizer among its own ranks
-    # and broadcasts the stepped parameters within the group. Every group's ranks hold the
-    # same parameters and gradients (ZeRO itself does not average them), different groups
-    # different ones: each group must end where plain SGD on its own values ends. Closed
-    # form: small integers, lr 0.5, momentum 0 or 0.5.
+    # process_group: each group of consecutive ranks shards the optimizer among its own ranks,
+    # broadcasts the stepped parameters within the group and consolidates its state there.
+    # Every group's ranks hold the same parameters and gradients (ZeRO itself does not average
+    # them), different groups different ones: each group must end where plain SGD on its own
+    # values ends. Closed form: small integers, lr 0.5, momentum 0 or 0.5.
     size = world.size
     divisors = [d for d in range(1, size + 1) if size % d == 0]
     values = st.integers(-8, 8).map(float)
@@ -158,12 +158,34 @@ def test_zero_over_a_subgroup_steps_and_broadcasts_within_that_group(world, prov
             for g in range(len(starts))
         ]
         assert_every_rank_and_step(
-            results,
+            [got["after"] for got in results],
             lambda rank, step: want[rank // group_size][step],
             lambda rank, step: (
                 f"{said}: rank {rank}'s parameters after step {step} are not its group's SGD step."
             ),
         )
+        # consolidate_state_dict(to=0) gathers the shards within the group, to its first rank:
+        # SGD's momentum buffers, b <- momentum * b + g from b = g (none at momentum 0).
+        for rank, got in enumerate(results):
+            group = rank // group_size
+            if rank % group_size:
+                assert got["consolidated"] is None, f"{said}: rank {rank} is not its group's 0"
+                continue
+            buffers: dict[int, list[float]] = {}
+            if momentum:
+                for index in range(len(starts[group])):
+                    for step in gradients:
+                        g = step[group][index]
+                        b = buffers.get(index)
+                        buffers[index] = (
+                            g
+                            if b is None
+                            else [momentum * x + y for x, y in zip(b, g, strict=True)]
+                        )
+            assert got["consolidated"] == {"buffers": buffers, "lr": [0.5]}, (
+                f"{said}: the state consolidated on rank {rank} (its group's first) is "
+                f"{got['consolidated']}, expected {{'buffers': {buffers}, 'lr': [0.5]}}"
+            )
 
     prove(draw(), check)
 

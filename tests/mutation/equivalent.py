@@ -78,11 +78,10 @@ _FINAL = (
     "reduce-scatter waited on; the same collectives on every rank, in another order, "
     "reducing the same gradients"
 )
-_NO_BYTES = (
-    "the check that the shard's storage is still the parameter's own differs only for a "
-    "storage at address 0 or 1: no allocation has address 1, and address 0 is a storage "
-    "of no bytes (a padded shard with no elements), where the local shard holds nothing "
-    "to copy and re-padding it would make another tensor of no bytes of the same shape"
+_ADDRESS_ONE = (
+    "the check that the shard's storage is still the parameter's own (its address above 0, "
+    "then equal to the local shard's) moves its bound from 0 to 1: the two differ only for a "
+    "storage at address 1, which no allocator gives (addresses are aligned)"
 )
 _DUPLICATE = (
     "the search for a parameter managed by two groups sees the same (group, parameter) pairs: "
@@ -491,11 +490,8 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "the default is the shared reduce-scatter buffer cap only where no state has a "
         "parameter group, and then nothing is ever reduce-scattered for the cap to bound"
     ),
-    (_FSDP_PARAM, "FSDPParam.reset_sharded_param", "comparison",
-     "self._sharded_param_data.untyped_storage().data_ptr() > 0 -> "
-     "self._sharded_param_data.untyped_storage().data_ptr() >= 0"): _NO_BYTES,
     (_FSDP_PARAM, "FSDPParam.reset_sharded_param", "off-by-one",
-     "0 -> 1 at `self._sharded_param_data.untyped_storage().data_ptr() > 0`"): _NO_BYTES,
+     "0 -> 1 at `self._sharded_param_data.untyped_storage().data_ptr() > 0`"): _ADDRESS_ONE,
 }  # fmt: skip
 
 
