@@ -89,6 +89,15 @@ _DUPLICATE = (
     "FQNs the message names may change"
 )
 
+_ZERO = "torch.distributed.optim.zero_redundancy_optimizer"
+_ZERO_PARTITION = (
+    "the greedy partition assigns a parameter to another rank (a tie broken towards the "
+    "last rank, or the parameters placed smallest first): ZeroRedundancyOptimizer documents "
+    "the partition as arbitrary, and any partition the same on every rank (it is computed "
+    "alike everywhere) steps every parameter once, by its owner, with the same optimizer, "
+    "then broadcasts it: the same parameters and the same consolidated state"
+)
+
 # (module, qualname, operator, change) -> why the contract cannot tell it from torch.
 EQUIVALENT: dict[tuple[str, str, str, str], str] = {
     (_POWER, "powerSGD_hook", "reversed-iteration",
@@ -492,6 +501,44 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
     ),
     (_FSDP_PARAM, "FSDPParam.reset_sharded_param", "off-by-one",
      "0 -> 1 at `self._sharded_param_data.untyped_storage().data_ptr() > 0`"): _ADDRESS_ONE,
+    (_ZERO, "ZeroRedundancyOptimizer._get_min_index", "reversed-iteration",
+     "for ... in enumerate(values) -> reversed(list(...))"): _ZERO_PARTITION,
+    (_ZERO, "ZeroRedundancyOptimizer._get_min_index", "comparison",
+     "value < min_value -> value <= min_value"): _ZERO_PARTITION,
+    (_ZERO, "ZeroRedundancyOptimizer._partition_parameters", "reversed-iteration",
+     "for ... in params_sorted -> reversed(list(...))"): _ZERO_PARTITION,
+    (_ZERO, "ZeroRedundancyOptimizer._sync_params", "reversed-iteration",
+     "for ... in range(self.world_size) -> reversed(list(...))"): (
+        "each rank's parameters are broadcast from that rank, the broadcasts issued in "
+        "reverse rank order alike on every rank (so matched) and all waited on: the same "
+        "parameters arrive"
+    ),
+    (_ZERO, "ZeroRedundancyOptimizer.load_state_dict", "reversed-iteration",
+     "for ... in self.optim.state[param].items() -> reversed(list(...))"): (
+        "each zero-dimensional state value of the parameter is moved to the CPU on its own: "
+        "the order leaves the same state"
+    ),
+    (_ZERO, "ZeroRedundancyOptimizer.state_dict", "reversed-iteration",
+     "for ... in zip(local_param_groups, global_param_groups) -> reversed(list(...))"): (
+        "each (local, global) parameter-group pair writes the state of its own parameters, "
+        "at their own global indices (disjoint across groups): the order leaves the same "
+        "state dict"
+    ),
+    (_ZERO, "ZeroRedundancyOptimizer._sync_param_groups", "reversed-iteration",
+     "for ... in filter(lambda x: x != 'params', src_param_group.keys()) -> reversed(list(...))"): (
+        "each hyperparameter is copied on its own: the order leaves the same groups"
+    ),
+    (_ZERO, "ZeroRedundancyOptimizer._verify_same_dense_param_type", "reversed-iteration",
+     "for ... in self._all_params[1:] -> reversed(list(...))"): (
+        "every parameter's type is compared with the first's: any other type raises the same "
+        "ValueError in either order; only which of two other types the message names may "
+        "change"
+    ),
+    (_ZERO, "_broadcast_object", "off-by-one",
+     "0 -> 1 at `length_tensor = torch.LongTensor([0]).to(device)`"): (
+        "the receiver's length tensor is a placeholder the broadcast overwrites with the "
+        "sender's length before it is read"
+    ),
 }  # fmt: skip
 
 
