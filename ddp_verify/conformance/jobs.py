@@ -192,7 +192,9 @@ def recorded_powersgd_state(rank: int, start: int, module: torch.nn.Module) -> R
 def recording_powersgd_hook(recorded, bucket):  # type: ignore[no-untyped-def]
     """torch's ``powerSGD_hook`` (looked up on its module at every call), recording what it
     was given (the bucket's local gradients and the residual it carried in), what it returned
-    (the gradient DDP applies) and the residual it kept."""
+    (the gradient DDP applies) and the residual it kept; and the element counts the call added
+    to the state's compression statistics (before and after compression, counted before the
+    hook's first collective) with ``compression_stats()`` read then."""
     from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as module
 
     state, index = recorded.state, bucket.index()
@@ -214,7 +216,14 @@ def recording_powersgd_hook(recorded, bucket):  # type: ignore[no-untyped-def]
         recorded.records.append(record)
         return applied
 
-    return module.powerSGD_hook(state, bucket).then(keep)
+    before, after = state.total_numel_before_compression, state.total_numel_after_compression
+    future = module.powerSGD_hook(state, bucket)
+    record["counted"] = (
+        state.total_numel_before_compression - before,
+        state.total_numel_after_compression - after,
+    )
+    record["stats"] = tuple(state.compression_stats())
+    return future.then(keep)
 
 
 def powersgd_records(method: DDP, scenario: Scenario, iterations: int) -> list[dict[str, Any]]:

@@ -372,6 +372,15 @@ def test_powersgd_with_its_defaults_keeps_what_it_does_not_apply(world, data_par
         per_rank = world.run(jobs.powersgd_records, method, scenario, POWERSGD_ITERATIONS)
         keyed = [{(r["iteration"], r["bucket"]): r for r in records} for records in per_rank]
         assert all(k.keys() == keyed[0].keys() for k in keyed), "ranks called the hook apart"
+        for records in per_rank:
+            # The statistics accumulate over the calls: the last holds the totals, and the
+            # rate is their ratio.
+            totals = [sum(r["counted"][i] for r in records) for i in (0, 1)]
+            last = max(records, key=lambda r: r["stats"][1])["stats"]
+            rate = totals[0] / totals[1] if totals[1] else 0
+            assert last == (rate, *totals), (
+                f"compression_stats() after every call is {last}, expected {(rate, *totals)}"
+            )
         for key in sorted(keyed[0]):
             iteration, bucket = key
             records = [k[key] for k in keyed]
@@ -379,6 +388,30 @@ def test_powersgd_with_its_defaults_keeps_what_it_does_not_apply(world, data_par
             where = f"iteration {iteration}, bucket {bucket}"
             for rank, record in enumerate(records):
                 close(record["applied"], applied, f"{where}: rank {rank} applied another gradient")
+            # compression_stats(): each compressed call counts its gradients' elements before
+            # compression and after it (a compressed rows x cols matrix (rows + cols) * rank,
+            # any other tensor its size); an all-reduce before start_powerSGD_iter counts none.
+            counted = (0, 0)
+            if iteration >= POWERSGD_START:
+                sizes = [math.prod(shape) for shape in records[0]["shapes"]]
+                counted = (
+                    sum(sizes),
+                    sum(
+                        # rank 1: (rows + cols) * 1
+                        shape[0] + size // shape[0] if _compresses(shape, 1) else size
+                        for shape, size in zip(records[0]["shapes"], sizes, strict=True)
+                    ),
+                )
+            for rank, record in enumerate(records):
+                assert record["counted"] == counted, (
+                    f"{where}: rank {rank}'s call added {record['counted']} elements (before, "
+                    f"after compression) to compression_stats(), expected {counted}"
+                )
+                if not record["stats"][1]:
+                    assert record["stats"] == (0, 0, 0), (
+                        f"{where}: rank {rank}'s compression_stats() before any compression "
+                        f"is {record['stats']}, expected (0, 0, 0)"
+                    )
             if iteration < POWERSGD_START:
                 # Vanilla all-reduce: the average of the ranks' gradients.
                 mean = sum(r["local"] for r in records) / world.size
