@@ -67,6 +67,19 @@ def ddp_refusals() -> dict[str, str | None]:
         "a module on two kinds of device": lambda: DDP(mixed),
         "a module with uninitialized parameters": lambda: DDP(torch.nn.LazyLinear(2)),
     }
+    # PowerSGD's state: error feedback and warm start need two iterations of plain all-reduce
+    # first (DDP rebuilds its buckets after the first), and refuse a start before that.
+    from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState
+
+    made["PowerSGD with error feedback from iteration 1"] = lambda: PowerSGDState(
+        None, start_powerSGD_iter=1, warm_start=False
+    )
+    made["PowerSGD with warm start from iteration 1"] = lambda: PowerSGDState(
+        None, start_powerSGD_iter=1, use_error_feedback=False
+    )
+    made["PowerSGD with neither from iteration 1"] = lambda: PowerSGDState(
+        None, start_powerSGD_iter=1, use_error_feedback=False, warm_start=False
+    )
     said = refusals(made)
     wrapped = DDP(model())
 

@@ -571,7 +571,10 @@ ENTRIES: tuple[Entry, ...] = (
     _e(_POWER + "PowerSGDState", "process_group", COVERED, _POWERSGD, why="the default group"),
     _e(_POWER + "PowerSGDState", "matrix_approximation_rank", COVERED, _POWERSGD,
        "test_comm_hooks::test_powersgd_at_rank_1_is_lossy_and_the_error_is_reported"),
-    _e(_POWER + "PowerSGDState", "start_powerSGD_iter", COVERED, _POWERSGD_DEFAULTS),
+    _e(_POWER + "PowerSGDState", "start_powerSGD_iter", COVERED, _POWERSGD_DEFAULTS,
+       "test_ddp_options::test_every_construction_and_comm_hook_ddp_refuses_is_refused",
+       why="2 with torch's defaults; 1 refused with error feedback or warm start, accepted "
+           "without either"),
     _e(_POWER + "PowerSGDState", "min_compression_rate", COVERED, _POWERSGD),
     _e(_POWER + "PowerSGDState", "use_error_feedback", COVERED, _POWERSGD),
     _e(_POWER + "PowerSGDState", "warm_start", COVERED, _POWERSGD),
@@ -582,7 +585,9 @@ ENTRIES: tuple[Entry, ...] = (
     _e(_POWER + "PowerSGDState", "batch_tensors_with_same_shape", COVERED, _POWERSGD_WIDE),
     _e(_POWER + "PowerSGDState", "maybe_increase_iter()", COVERED, _POWERSGD_DEFAULTS,
        why="called by the hook each step"),
-    _e(_POWER + "PowerSGDState", "compression_stats()", OUT, why="statistics; no arithmetic"),
+    _e(_POWER + "PowerSGDState", "compression_stats()", COVERED, _POWERSGD_DEFAULTS,
+       why="the elements each compressed call counts before and after compression, their "
+           "totals and rate; (0, 0, 0) before any compression"),
     *(
         _e(_POWER + hook, arg, COVERED, _POWERSGD,
            "test_comm_hooks::test_batched_powersgd_at_full_rank_is_exact")

@@ -98,6 +98,16 @@ _ZERO_PARTITION = (
     "then broadcasts it: the same parameters and the same consolidated state"
 )
 
+_POWER_LOG = (
+    "the value is read only into a logger.info line (the configuration PowerSGDState logs at "
+    "construction, or the periodic compression statistics): the state keeps the value given "
+    "and the hook computes from it; only the logged words change"
+)
+_EMPTY_REST = (
+    "the projection runs one column further, at the last column, where the rest of the "
+    "matrix (matrices[:, :, i + 1:]) is an empty slice: subtracting from it changes nothing"
+)
+
 # (module, qualname, operator, change) -> why the contract cannot tell it from torch.
 EQUIVALENT: dict[tuple[str, str, str, str], str] = {
     (_POWER, "powerSGD_hook", "reversed-iteration",
@@ -538,6 +548,25 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
      "0 -> 1 at `length_tensor = torch.LongTensor([0]).to(device)`"): (
         "the receiver's length tensor is a placeholder the broadcast overwrites with the "
         "sender's length before it is read"
+    ),
+    **{
+        (_POWER, "PowerSGDState.__init__", "ignored-argument",
+         f"argument {name} ignored for its default {default} at `{name},`"): _POWER_LOG
+        for name, default in (("matrix_approximation_rank", 1), ("start_powerSGD_iter", 1000),
+                              ("min_compression_rate", 2), ("orthogonalization_epsilon", 0),
+                              ("use_error_feedback", True), ("warm_start", True))
+    },
+    (_POWER, "_report_compression_stats", "off-by-one", "0 -> 1 at `stats[0],`"): _POWER_LOG,
+    (_POWER, "_orthogonalize_gram_schmidt", "comparison",
+     "i + 1 < num_cols -> i + 1 <= num_cols"): _EMPTY_REST,
+    (_POWER, "_orthogonalize_gram_schmidt", "arithmetic",
+     "i + 1 -> i - 1 at `if i + 1 < num_cols:`"): _EMPTY_REST,
+    (_POWER, "powerSGD_hook", "dropped-keyword",
+     "torch.randn(*q.shape, device='cpu', dtype=dtype) -> torch.randn(*q.shape, device='cpu')"): (
+        "Q's random start is drawn in float32 instead of the gradients' dtype, then copied "
+        "into Q (cast to its dtype): another random start from the same seed, the same on "
+        "every rank, as random_seed documents; only which random matrix each step starts "
+        "from changes"
     ),
 }  # fmt: skip
 
