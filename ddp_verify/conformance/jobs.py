@@ -179,6 +179,8 @@ class RecordedPowerSGD:
 # The states built on this rank, newest last: the wrapper registers the hook with the state
 # and keeps it to itself.
 _RECORDED: list[RecordedPowerSGD] = []
+# The optimizer step under way, counted by the training loop itself (not by the state).
+_STEP = [0]
 
 
 def recorded_powersgd_state(rank: int, start: int, module: torch.nn.Module) -> RecordedPowerSGD:
@@ -190,8 +192,9 @@ def recorded_powersgd_state(rank: int, start: int, module: torch.nn.Module) -> R
 # No annotations: DDP refuses a hook whose bucket is annotated as anything but dist.GradBucket,
 # and under ``from __future__ import annotations`` an annotation is a string.
 def recording_powersgd_hook(recorded, bucket):  # type: ignore[no-untyped-def]
-    """torch's ``powerSGD_hook`` (looked up on its module at every call), recording what it
-    was given (the bucket's local gradients and the residual it carried in), what it returned
+    """torch's ``powerSGD_hook`` (looked up on its module at every call), recording the
+    optimizer step (counted by the loop) and the state's iteration, what it was given (the
+    bucket's local gradients and the residual it carried in), what it returned
     (the gradient DDP applies) and the residual it kept; and the element counts the call added
     to the state's compression statistics (before and after compression, counted before the
     hook's first collective) with ``compression_stats()`` read then."""
@@ -200,6 +203,7 @@ def recording_powersgd_hook(recorded, bucket):  # type: ignore[no-untyped-def]
     state, index = recorded.state, bucket.index()
     carried = state.error_dict.get(index)
     record: dict[str, Any] = {
+        "step": _STEP[0],
         "iteration": state.iter,
         "bucket": index,
         "local": bucket.buffer().detach().to("cpu", torch.float64, copy=True),
@@ -235,6 +239,7 @@ def powersgd_records(method: DDP, scenario: Scenario, iterations: int) -> list[d
     (recorded,) = _RECORDED
     optimizer = run.optimizer(wrapped.parameters())
     for iteration in range(iterations):
+        _STEP[0] = iteration
         inputs, targets = (
             torch.cat(part)
             for part in zip(*run.micro_batches(iteration % scenario.steps), strict=True)

@@ -370,7 +370,14 @@ def test_powersgd_with_its_defaults_keeps_what_it_does_not_apply(world, data_par
 
     def check(scenario):
         per_rank = world.run(jobs.powersgd_records, method, scenario, POWERSGD_ITERATIONS)
-        keyed = [{(r["iteration"], r["bucket"]): r for r in records} for records in per_rank]
+        for records in per_rank:
+            # The state counts the optimizer steps (maybe_increase_iter, at the last bucket):
+            # start_powerSGD_iter is a number of steps.
+            for r in records:
+                assert r["iteration"] == r["step"], (
+                    f"PowerSGDState.iter is {r['iteration']} in optimizer step {r['step']}"
+                )
+        keyed = [{(r["step"], r["bucket"]): r for r in records} for records in per_rank]
         assert all(k.keys() == keyed[0].keys() for k in keyed), "ranks called the hook apart"
         for records in per_rank:
             # The statistics accumulate over the calls: the last holds the totals, and the

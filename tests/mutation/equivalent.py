@@ -568,6 +568,12 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "every rank, as random_seed documents; only which random matrix each step starts "
         "from changes"
     ),
+    (_POWER, "PowerSGDState.__init__", "off-by-one",
+     "1 -> 2 at `1, compression_stats_logging_frequency`"): (
+        "the floor of compression_stats_logging_frequency, read only to schedule the next "
+        "logger.info line of compression statistics: how often they are logged, not what the "
+        "hook computes or what compression_stats() returns"
+    ),
 }  # fmt: skip
 
 
