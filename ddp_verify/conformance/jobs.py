@@ -163,15 +163,19 @@ def batched_powersgd_full_rank_state(module: torch.nn.Module, **options: object)
 
 
 class RecordedPowerSGD:
-    """A ``PowerSGDState`` (torch's defaults but ``matrix_approximation_rank`` and
-    ``start_powerSGD_iter``) and, per call of the hook, what it was given and what it did.
-    ``PowerSGDState`` has ``__slots__``: the records live beside it, not on it."""
+    """A ``PowerSGDState`` (torch's defaults but ``matrix_approximation_rank``,
+    ``start_powerSGD_iter`` and any ``options``) and, per call of the hook, what it was given
+    and what it did. ``PowerSGDState`` has ``__slots__``: the records live beside it, not on
+    it."""
 
-    def __init__(self, rank: int, start: int) -> None:
+    def __init__(self, rank: int, start: int, **options: Any) -> None:
         from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState
 
         self.state = PowerSGDState(
-            process_group=None, matrix_approximation_rank=rank, start_powerSGD_iter=start
+            process_group=None,
+            matrix_approximation_rank=rank,
+            start_powerSGD_iter=start,
+            **options,
         )
         self.records: list[dict[str, Any]] = []
 
@@ -183,9 +187,12 @@ _RECORDED: list[RecordedPowerSGD] = []
 _STEP = [0]
 
 
-def recorded_powersgd_state(rank: int, start: int, module: torch.nn.Module) -> RecordedPowerSGD:
-    """The hook state :func:`recording_powersgd_hook` takes, built on each rank."""
-    _RECORDED.append(RecordedPowerSGD(rank, start))
+def recorded_powersgd_state(
+    rank: int, start: int, module: torch.nn.Module, **options: Any
+) -> RecordedPowerSGD:
+    """The hook state :func:`recording_powersgd_hook` takes, built on each rank (``options``
+    the rest of ``PowerSGDState``'s)."""
+    _RECORDED.append(RecordedPowerSGD(rank, start, **options))
     return _RECORDED[-1]
 
 

@@ -576,8 +576,13 @@ ENTRIES: tuple[Entry, ...] = (
        why="2 with torch's defaults; 1 refused with error feedback or warm start, accepted "
            "without either"),
     _e(_POWER + "PowerSGDState", "min_compression_rate", COVERED, _POWERSGD),
-    _e(_POWER + "PowerSGDState", "use_error_feedback", COVERED, _POWERSGD),
-    _e(_POWER + "PowerSGDState", "warm_start", COVERED, _POWERSGD),
+    *(
+        _e(_POWER + "PowerSGDState", name, COVERED, _POWERSGD, _POWERSGD_DEFAULTS,
+           "test_comm_hooks::test_powersgd_without_error_feedback_keeps_nothing",
+           why="on (the residual kept and carried) and off (none kept, a start at iteration "
+               "1 accepted)")
+        for name in ("use_error_feedback", "warm_start")
+    ),
     _e(_POWER + "PowerSGDState", "orthogonalization_epsilon", COVERED, _POWERSGD),
     _e(_POWER + "PowerSGDState", "random_seed", COVERED, _POWERSGD_WIDE, why="the default and 7"),
     _e(_POWER + "PowerSGDState", "compression_stats_logging_frequency", OUT,

@@ -344,7 +344,6 @@ def _worst_gradient_error(outcome) -> float:
 # torch's defaults (error feedback, warm start, min_compression_rate=2, rank 1) but a start of
 # 2 (the default, 1000, is beyond a test; 2 is the least torch allows with error feedback).
 POWERSGD_START = 2
-POWERSGD_ITERATIONS = POWERSGD_START + 3  # vanilla, then compressed, carried, warm-started
 
 
 def _compresses(shape: tuple[int, ...], rank: int, min_compression_rate: float = 2) -> bool:
@@ -358,9 +357,23 @@ def _compresses(shape: tuple[int, ...], rank: int, min_compression_rate: float =
 
 @FINDING_UNUSED
 def test_powersgd_with_its_defaults_keeps_what_it_does_not_apply(world, data_parallel, prove):
-    state = functools.partial(jobs.recorded_powersgd_state, 1, POWERSGD_START)
+    _records_hold(world, data_parallel, prove, POWERSGD_START, feedback=True)
+
+
+@FINDING_UNUSED
+def test_powersgd_without_error_feedback_keeps_nothing(world, data_parallel, prove):
+    # use_error_feedback=False and warm_start=False, which alone let PowerSGD start at
+    # iteration 1: no residual is kept or carried, and what is not compressed is averaged.
+    _records_hold(world, data_parallel, prove, 1, feedback=False)
+
+
+def _records_hold(world, data_parallel, prove, start: int, feedback: bool) -> None:
+    options = {} if feedback else {"use_error_feedback": False, "warm_start": False}
+    state = functools.partial(jobs.recorded_powersgd_state, 1, start, **options)
     method = data_parallel(comm_hook=jobs.recording_powersgd_hook, hook_state=state)
-    seen = {"compressed": 0, "uncompressed": 0, "carried": 0}
+    seen = {"compressed": 0, "uncompressed": 0}
+    if feedback:
+        seen["carried"] = 0
 
     def close(got, expected, what):
         scale = float(expected.abs().max()) if expected.numel() else 0.0
@@ -369,7 +382,8 @@ def test_powersgd_with_its_defaults_keeps_what_it_does_not_apply(world, data_par
         )
 
     def check(scenario):
-        per_rank = world.run(jobs.powersgd_records, method, scenario, POWERSGD_ITERATIONS)
+        # Plain all-reduce, then compressed, carried and warm-started steps.
+        per_rank = world.run(jobs.powersgd_records, method, scenario, start + 3)
         for records in per_rank:
             # The state counts the optimizer steps (maybe_increase_iter, at the last bucket):
             # start_powerSGD_iter is a number of steps.
@@ -399,7 +413,7 @@ def test_powersgd_with_its_defaults_keeps_what_it_does_not_apply(world, data_par
             # compression and after it (a compressed rows x cols matrix (rows + cols) * rank,
             # any other tensor its size); an all-reduce before start_powerSGD_iter counts none.
             counted = (0, 0)
-            if iteration >= POWERSGD_START:
+            if iteration >= start:
                 sizes = [math.prod(shape) for shape in records[0]["shapes"]]
                 counted = (
                     sum(sizes),
@@ -419,13 +433,19 @@ def test_powersgd_with_its_defaults_keeps_what_it_does_not_apply(world, data_par
                         f"{where}: rank {rank}'s compression_stats() before any compression "
                         f"is {record['stats']}, expected (0, 0, 0)"
                     )
-            if iteration < POWERSGD_START:
+            if iteration < start:
                 # Vanilla all-reduce: the average of the ranks' gradients.
                 mean = sum(r["local"] for r in records) / world.size
                 close(applied, mean, f"{where}: all-reduce before start_powerSGD_iter")
                 continue
             given = []
             for rank, record in enumerate(records):
+                if not feedback:
+                    assert record["kept"] is None and record["carried"] is None, (
+                        f"{where}: rank {rank} kept a residual without error feedback"
+                    )
+                    given.append(record["local"])
+                    continue
                 assert record["kept"] is not None, f"{where}: rank {rank} kept no residual"
                 carried = record["carried"]
                 if carried is not None and carried.abs().max() > 0:
