@@ -943,3 +943,48 @@ def gradient_storages(gradient_as_bucket_view: bool) -> tuple[int, int]:
     wrapped(torch.ones(4, 2)).sum().backward()
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     return len({g.untyped_storage().data_ptr() for g in grads}), len(grads)
+
+
+class _GradientIsInput(torch.nn.Module):
+    """A ``rows x cols`` weight whose gradient is the input: ``loss = (weight * g).sum()``."""
+
+    def __init__(self, rows: int, cols: int) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(
+            torch.zeros(rows, cols, dtype=torch.float64, device=rank_device())
+        )
+
+    def forward(self, g: torch.Tensor) -> torch.Tensor:
+        return (self.weight * g).sum()
+
+
+def powersgd_on_a_fixed_gradient(
+    gradients: list[list[list[float]]], warm_start: bool, steps: int
+) -> list[list[list[float]]]:
+    """DDP over one ``rows x cols`` weight whose gradient on rank r is ``gradients[r]`` at
+    every step, with ``powerSGD_hook`` at rank 1 (every matrix compressed, no error feedback,
+    ``warm_start`` as given, from iteration 2): the gradient DDP applies at each step."""
+    from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import (
+        PowerSGDState,
+        powerSGD_hook,
+    )
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    rows, cols = len(gradients[0]), len(gradients[0][0])
+    model = DDP(_GradientIsInput(rows, cols))
+    state = PowerSGDState(
+        None,
+        matrix_approximation_rank=1,
+        start_powerSGD_iter=2,
+        min_compression_rate=0,
+        use_error_feedback=False,
+        warm_start=warm_start,
+    )
+    model.register_comm_hook(state, powerSGD_hook)
+    g = torch.tensor(gradients[dist.get_rank()], dtype=torch.float64, device=rank_device())
+    applied = []
+    for _ in range(steps):
+        model.zero_grad()
+        model(g).backward()
+        applied.append(model.module.weight.grad.detach().cpu().tolist())
+    return applied

@@ -579,8 +579,11 @@ ENTRIES: tuple[Entry, ...] = (
     *(
         _e(_POWER + "PowerSGDState", name, COVERED, _POWERSGD, _POWERSGD_DEFAULTS,
            "test_comm_hooks::test_powersgd_without_error_feedback_keeps_nothing",
-           why="on (the residual kept and carried) and off (none kept, a start at iteration "
-               "1 accepted)")
+           *(["test_comm_hooks::test_powersgd_with_warm_start_converges_to_the_best_rank_1_"
+              "approximation"] if name == "warm_start" else []),
+           why="on (the residual kept and carried; warm start converging to the best rank-1 "
+               "approximation of a fixed gradient) and off (none kept, a start at iteration 1 "
+               "accepted; a new random start each step)")
         for name in ("use_error_feedback", "warm_start")
     ),
     _e(_POWER + "PowerSGDState", "orthogonalization_epsilon", COVERED, _POWERSGD),

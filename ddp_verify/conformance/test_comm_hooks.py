@@ -17,6 +17,7 @@ import math
 
 import pytest
 import torch
+from hypothesis import strategies as st
 from hypothesis.errors import FlakyFailure
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks as default
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
@@ -484,3 +485,56 @@ def _records_hold(world, data_parallel, prove, start: int, feedback: bool) -> No
     )
     # Every path ran: matrices compressed, tensors left uncompressed, residuals carried over.
     assert all(seen.values()), f"a path of PowerSGD never ran: {seen}"
+
+
+def test_powersgd_with_warm_start_converges_to_the_best_rank_1_approximation(world, prove):
+    # PowerSGD is one step of power iteration a call: P = orth(M Q), Q = M^T P, applied P Q^T,
+    # M the ranks' mean gradient. warm_start reuses the last step's Q, so on a fixed gradient
+    # the steps are subspace iteration and converge to its best rank-1 approximation
+    # (Eckart-Young: s1 u1 v1^T); without it every step starts from a new random Q, one
+    # iteration from which stays about s2 / s1 away.
+    def check(case):
+        rows, cols, warm = case
+        # M = 10 a b^T + 0.1 c d^T, a ⟂ c, b ⟂ d: s2 / s1 = 1 / 100 up to the norms.
+        a, c = [1.0] * rows, [1.0, -1.0] + [0.0] * (rows - 2)
+        b, d = [1.0] * cols, [1.0, -1.0] + [0.0] * (cols - 2)
+        mean = [[10 * a[i] * b[j] + 0.1 * c[i] * d[j] for j in range(cols)]
+                for i in range(rows)]  # fmt: skip
+        # Each rank's own gradient: the mean moved by a multiple of ones that sums to 0.
+        gradients = [
+            [[x + (r - (world.size - 1) / 2) for x in row] for row in mean]
+            for r in range(world.size)
+        ]
+        steps = 2 + 5  # plain all-reduce until start_powerSGD_iter, then compressed
+        results = world.run(jobs.powersgd_on_a_fixed_gradient, gradients, warm, steps)
+        u, s, vt = torch.linalg.svd(torch.tensor(mean, dtype=torch.float64))
+        best = s[0] * torch.outer(u[:, 0], vt[0])
+        said = f"powerSGD_hook at rank 1 on a fixed {rows}x{cols} gradient, warm_start={warm}"
+        for rank, applied in enumerate(results):
+            for step in range(2):
+                torch.testing.assert_close(
+                    torch.tensor(applied[step], dtype=torch.float64),
+                    torch.tensor(mean, dtype=torch.float64),
+                    msg=functools.partial(
+                        "{}: rank {} step {} (plain all-reduce): {}".format, said, rank, step
+                    ),
+                )
+            last = torch.tensor(applied[-1], dtype=torch.float64)
+            off = float((last - best).abs().max()) / float(s[0])
+            if warm:
+                assert off < 1e-9, (
+                    f"{said}: rank {rank}'s applied gradient after 5 compressed steps is "
+                    f"{off:.3g} (relative) from the best rank-1 approximation: warm start did "
+                    "not carry Q over"
+                )
+            else:
+                assert off > 1e-6, (
+                    f"{said}: rank {rank}'s applied gradient after 5 compressed steps is the "
+                    f"best rank-1 approximation ({off:.3g} relative): Q was carried over"
+                )
+
+    prove(
+        st.tuples(st.integers(2, 4), st.integers(2, 4), st.booleans()),
+        check,
+        examples=[(2, 3, True), (3, 2, False)],
+    )
