@@ -574,6 +574,11 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "logger.info line of compression statistics: how often they are logged, not what the "
         "hook computes or what compression_stats() returns"
     ),
+    (_FSDP_GROUP, "FSDPCommContext.lazy_init", "off-by-one", "1 -> 2 at `high_priority = -1`"): (
+        "the priority the all-gather and reduce-scatter streams are created with (-2 for -1): "
+        "how an accelerator schedules them against computation, not what they compute; CPU "
+        "streams have none"
+    ),
 }  # fmt: skip
 
 
