@@ -183,8 +183,10 @@ def fsdp_refusals() -> dict[str, str | None]:
         ),
         # shard_placement_fn's placements: a dimension the parameter has, and (off dimension
         # 0, where torch pads) one the shards divide.
+        # One-dimensional parameters only: a weight of a size the world does not divide
+        # would be refused first, as uneven (at 4 ranks, a Linear(2, 2)'s).
         "a shard dimension the parameter lacks": lambda: fully_shard(
-            torch.nn.Linear(2, 2), shard_placement_fn=lambda param: Shard(1)
+            torch.nn.LayerNorm(2), shard_placement_fn=lambda param: Shard(1)
         ),
     }
     # Modules sharded as one group run forward only under a root that holds them all: the
