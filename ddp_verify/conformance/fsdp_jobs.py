@@ -281,3 +281,60 @@ def fully_shard_reduces_each_module_as_its_backward_ends(width: int) -> dict[str
     model(torch.ones(1, width, dtype=torch.float64, device=device)).sum().backward()
     seen["after"] = [p.grad.full_tensor().cpu().tolist() for p in model.parameters()]
     return seen
+
+
+class _WithAnEmptyParameter(torch.nn.Module):
+    """A numbered ``Linear(2, 3)`` and a frozen ``(rows, 0)`` parameter (no elements: a
+    dimension of size 0, as a zero-width adapter has) that the forward touches."""
+
+    def __init__(self, rows: int) -> None:
+        super().__init__()
+        self.lin = _numbered_linear(2, 3, 0.5)
+        self.empty = torch.nn.Parameter(
+            torch.zeros(rows, 0, dtype=torch.float64, device=rank_device()), requires_grad=False
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x).sum() + self.empty.sum()
+
+
+def fully_shard_with_an_empty_parameter(rows: int) -> dict[str, Any]:
+    """:class:`_WithAnEmptyParameter` ``fully_shard``-ed over the world, one SGD step (lr 0.5)
+    on a row of ones, then a distributed-checkpoint round trip into a fresh sharded copy: the
+    empty parameter's full shape, the state dict's full shapes, the weight and bias after the
+    step, and whether the copy loaded them."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from .checkpoint_jobs import shared_directory
+
+    device = rank_device()
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    model = fully_shard(_WithAnEmptyParameter(rows), mesh=mesh)
+    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.5)
+    model(torch.ones(1, 2, dtype=torch.float64, device=device)).backward()
+    optimizer.step()
+    state = model.state_dict()
+    trained = [
+        model.lin.weight.full_tensor().cpu().tolist(),
+        model.lin.bias.full_tensor().cpu().tolist(),
+    ]
+    copy = fully_shard(_WithAnEmptyParameter(rows), mesh=mesh)
+    with shared_directory() as directory:
+        dcp.save(state, checkpoint_id=directory)
+        loaded = copy.state_dict()
+        dcp.load(loaded, checkpoint_id=directory)
+    copy.load_state_dict(loaded)
+    return {
+        # DTensor.shape is the global shape (full_tensor() of an empty DTensor fails in torch's
+        # redistribute: "Expected cond to be True").
+        "empty": list(model.empty.shape),
+        "shapes": {k: list(v.shape) for k, v in state.items()},
+        "trained": trained,
+        "loaded": [
+            copy.lin.weight.full_tensor().cpu().tolist(),
+            copy.lin.bias.full_tensor().cpu().tolist(),
+        ],
+        "empty loaded": list(copy.empty.shape),
+    }

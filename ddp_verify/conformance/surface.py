@@ -841,7 +841,9 @@ ENTRIES: tuple[Entry, ...] = (
     _e("torch.distributed.fsdp.fully_shard", "module", COVERED, _FSDP, _WHERE,
        "test_fsdp::test_each_module_is_reduced_and_resharded_as_its_backward_ends",
        "test_fsdp::test_a_state_dict_taken_while_unsharded_holds_the_shards",
-       why="a module, a list of modules (one group; refused as the root), on the world's "
+       "test_fsdp::test_a_model_holding_an_empty_parameter_trains_and_resumes",
+       why="a module (one holding a frozen parameter with no elements too), a list of "
+           "modules (one group; refused as the root), on the world's "
            "device or on the meta device then materialised (to_empty); nested, each module "
            "reduced and resharded as its own backward ends; its state_dict() sharded "
            "DTensors, taken unsharded too (as the root is after a forward)"),

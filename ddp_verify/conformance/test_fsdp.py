@@ -771,6 +771,35 @@ def test_each_module_is_reduced_and_resharded_as_its_backward_ends(world, fsdp, 
     prove(st.integers(1, world.size + 2), check, examples=[1, world.size + 1])
 
 
+def test_a_model_holding_an_empty_parameter_trains_and_resumes(world, fsdp, prove):
+    # A frozen parameter with no elements (a dimension of size 0, any number of rows: fewer or
+    # more than the ranks) beside a layer that trains: fully_shard shards it (every rank's
+    # shard empty), the layer takes its SGD step, and a distributed checkpoint round trip
+    # restores both. A regression sizing an empty shard by its rows refuses the model.
+    def check(rows):
+        # Linear(2, 3), weight 0.5, 1.5, ... row by row, bias 0, 1, 2; loss the output's sum on
+        # a row of ones: every weight's gradient 1, every bias's 1; SGD at lr 0.5.
+        weight = [[r * 2 + c + 0.5 - 0.5 for c in range(2)] for r in range(3)]
+        bias = [r - 0.5 for r in range(3)]
+        results = world.run(fsdp_jobs.fully_shard_with_an_empty_parameter, rows)
+        for rank, got in enumerate(results):
+            said = (
+                f"fully_shard of a model with a ({rows}, 0) parameter at {world.size} ranks: "
+                f"rank {rank}"
+            )
+            assert got["empty"] == [rows, 0], f"{said}: the empty parameter is {got['empty']}"
+            assert got["shapes"] == {"lin.weight": [3, 2], "lin.bias": [3], "empty": [rows, 0]}, (
+                f"{said}: the state dict's full shapes are {got['shapes']}"
+            )
+            assert got["trained"] == [weight, bias], (
+                f"{said}: after the step {got['trained']}, expected {[weight, bias]}"
+            )
+            assert got["loaded"] == got["trained"], f"{said}: the checkpoint loaded {got['loaded']}"
+            assert got["empty loaded"] == [rows, 0], f"{said}: loaded {got['empty loaded']}"
+
+    prove(st.integers(0, world.size + 2), check, examples=[world.size + 1])
+
+
 def test_a_subclass_all_gathering_two_inputs_of_two_dtypes_trains_as_its_values(world, fsdp, prove):
     # The all-gather extension (fsdp_pre_all_gather / fsdp_post_all_gather), as quantised
     # training uses it: a float64 weight sent as its float32 rounding and the float64 rest,

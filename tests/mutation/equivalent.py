@@ -579,6 +579,20 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "how an accelerator schedules them against computation, not what they compute; CPU "
         "streams have none"
     ),
+    (_FSDP_PARAM, "FSDPParam.to_unsharded", "comparison",
+     "self.sharded_state == ShardedState.SHARDED_POST_FORWARD -> "
+     "self.sharded_state != ShardedState.SHARDED_POST_FORWARD"): (
+        "the post-forward shard (reshard_after_forward=N) is dropped when the parameter is "
+        "unsharded from another state instead of from that one: held longer, never read "
+        "stale, as its one reader (all_gather_inputs) reads it only in the post-forward state, "
+        "whose every entry (to_sharded_post_forward) makes it anew; memory, not values"
+    ),
+    (_FSDP_PARAM, "free_storage", "off-by-one",
+     "0 -> 1 at `if (storage := tensor.untyped_storage()).size() != 0:`"): (
+        "a storage of exactly one byte is kept instead of freed (one of no bytes is resized "
+        "to no bytes either way): one byte of memory held; the next all-gather into it finds "
+        "it the right size, so nothing is computed differently"
+    ),
 }  # fmt: skip
 
 
