@@ -338,3 +338,16 @@ def fully_shard_with_an_empty_parameter(rows: int) -> dict[str, Any]:
         ],
         "empty loaded": list(copy.empty.shape),
     }
+
+
+def fully_shard_empty_parameter_full_tensor(rows: int) -> list[int]:
+    """A ``Linear(1, 1)`` holding a frozen ``(rows, 0)`` parameter too, ``fully_shard``-ed over
+    the world: the shape ``full_tensor()`` of that parameter gives."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    device = rank_device()
+    model = torch.nn.Linear(1, 1).to(device)
+    model.empty = torch.nn.Parameter(torch.zeros(rows, 0, device=device), requires_grad=False)
+    fully_shard(model, mesh=init_device_mesh(device.type, (dist.get_world_size(),)))
+    return list(model.empty.full_tensor().shape)

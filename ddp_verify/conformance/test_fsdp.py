@@ -800,6 +800,30 @@ def test_a_model_holding_an_empty_parameter_trains_and_resumes(world, fsdp, prov
     prove(st.integers(0, world.size + 2), check, examples=[world.size + 1])
 
 
+@known_torch_issue(
+    "full_tensor() of a fully_shard-ed parameter with no elements fails ('Expected cond to be "
+    "True') when its rows divide evenly among the ranks, and at one rank gives (0, 0): FSDP2 "
+    "narrows every empty shard to no rows, where an even sharding's spec expects rows / ranks "
+    "of them",
+    raises=(RankError, AssertionError),
+    match=r"Expected cond to be True|got shape \[0, 0\]",
+    repro="findings/fsdp_empty_parameter_full_tensor.py",
+)
+def test_the_full_tensor_of_a_parameter_with_no_elements_has_its_shape(world, fsdp, prove):
+    # DTensor.full_tensor() of every sharded parameter, the empty ones included, gathers the
+    # parameter whole: a (rows, 0) one comes back (rows, 0) (distribute_tensor's shards do).
+    def check(rows):
+        for rank, got in enumerate(
+            world.run(fsdp_jobs.fully_shard_empty_parameter_full_tensor, rows)
+        ):
+            assert got == [rows, 0], (
+                f"full_tensor() of a fully_shard-ed ({rows}, 0) parameter at {world.size} ranks: "
+                f"rank {rank} got shape {got}"
+            )
+
+    prove(st.integers(0, 2 * world.size + 1), check, examples=[2 * world.size])
+
+
 def test_a_subclass_all_gathering_two_inputs_of_two_dtypes_trains_as_its_values(world, fsdp, prove):
     # The all-gather extension (fsdp_pre_all_gather / fsdp_post_all_gather), as quantised
     # training uses it: a float64 weight sent as its float32 rounding and the float64 rest,
