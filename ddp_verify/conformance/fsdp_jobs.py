@@ -171,6 +171,18 @@ def fully_shard_split_parameter(
     return seen
 
 
+def _numbered_linear(n_in: int, n_out: int, first: float) -> torch.nn.Linear:
+    """A float64 ``Linear(n_in, n_out)`` on the rank's device, weight ``first``,
+    ``first + 1``, ... row by row, bias 0, 1, ..."""
+    layer = torch.nn.Linear(n_in, n_out).to(rank_device(), torch.float64)
+    with torch.no_grad():
+        layer.weight.copy_(
+            torch.arange(n_out * n_in, dtype=torch.float64).view(n_out, n_in) + first
+        )
+        layer.bias.copy_(torch.arange(n_out, dtype=torch.float64))
+    return layer
+
+
 def fully_shard_unshard_then_reshard(rows: int, cols: int) -> dict[str, Any]:
     """A ``Linear(cols, rows)`` (weight 0.5, 1.5, ... row by row, bias 0, 1, ...) in a
     ``Sequential`` ``fully_shard``-ed over the world, then ``unshard()`` and ``reshard()``
@@ -182,10 +194,7 @@ def fully_shard_unshard_then_reshard(rows: int, cols: int) -> dict[str, Any]:
     from torch.distributed.fsdp import fully_shard
 
     device = rank_device()
-    model = torch.nn.Sequential(torch.nn.Linear(cols, rows)).to(device, torch.float64)
-    with torch.no_grad():
-        model[0].weight.copy_(torch.arange(rows * cols, dtype=torch.float64).view(rows, cols) + 0.5)
-        model[0].bias.copy_(torch.arange(rows, dtype=torch.float64))
+    model = torch.nn.Sequential(_numbered_linear(cols, rows, 0.5))
     fully_shard(model, mesh=init_device_mesh(device.type, (dist.get_world_size(),)))
     model.unshard()
     held = list(model.parameters())
@@ -205,18 +214,6 @@ def fully_shard_unshard_then_reshard(rows: int, cols: int) -> dict[str, Any]:
         "dtensors after": dtensors_after,
         "output": out.detach().cpu().tolist(),
     }
-
-
-def _numbered_linear(n_in: int, n_out: int, first: float) -> torch.nn.Linear:
-    """A float64 ``Linear(n_in, n_out)`` on the rank's device, weight ``first``,
-    ``first + 1``, ... row by row, bias 0, 1, ..."""
-    layer = torch.nn.Linear(n_in, n_out).to(rank_device(), torch.float64)
-    with torch.no_grad():
-        layer.weight.copy_(
-            torch.arange(n_out * n_in, dtype=torch.float64).view(n_out, n_in) + first
-        )
-        layer.bias.copy_(torch.arange(n_out, dtype=torch.float64))
-    return layer
 
 
 def fully_shard_state_dict_while_unsharded(rows: int, cols: int) -> dict[str, Any]:

@@ -673,6 +673,25 @@ def test_a_parameter_frozen_after_sharding_gets_no_gradient_until_unfrozen(world
     )  # fmt: skip
 
 
+def numbered(rows: int, cols: int, first: float = 0.5) -> tuple[list[list[float]], list[float]]:
+    """The values of ``fsdp_jobs._numbered_linear(cols, rows, first)``: its weight (``first``,
+    ``first + 1``, ... row by row) and its bias (0, 1, ...).
+
+    Example::
+
+        >>> numbered(2, 2)
+        ([[0.5, 1.5], [2.5, 3.5]], [0.0, 1.0])
+    """
+    weight = [[r * cols + c + first for c in range(cols)] for r in range(rows)]
+    return weight, [float(r) for r in range(rows)]
+
+
+def _layer_shapes(size: int) -> tuple[st.SearchStrategy[tuple[int, int]], list[tuple[int, int]]]:
+    """(rows, cols) of a layer to shard at ``size`` ranks, fewer rows than ranks among them,
+    and the two never left to chance: one row, and one more row than ranks."""
+    return st.tuples(st.integers(1, size + 2), st.integers(1, 3)), [(1, 2), (size + 1, 3)]
+
+
 def test_unshard_gathers_the_full_parameters_and_reshard_frees_them(world, fsdp, prove):
     # FSDPModule.unshard() registers the full parameters; reshard() frees them and registers
     # the shards again (its documented contract: a regression that keeps the gathered copy
@@ -680,8 +699,7 @@ def test_unshard_gathers_the_full_parameters_and_reshard_frees_them(world, fsdp,
     # fewer rows than ranks leave some ranks no shard.
     def check(shape):
         rows, cols = shape
-        weight = [[r * cols + c + 0.5 for c in range(cols)] for r in range(rows)]
-        bias = [float(r) for r in range(rows)]
+        weight, bias = numbered(rows, cols)
         output = [[sum(row) + b for row, b in zip(weight, bias, strict=True)]]
         results = world.run(fsdp_jobs.fully_shard_unshard_then_reshard, rows, cols)
         for rank, got in enumerate(results):
@@ -704,11 +722,8 @@ def test_unshard_gathers_the_full_parameters_and_reshard_frees_them(world, fsdp,
                 f"{said}: the output after reshard() is {got['output']}, expected {output}"
             )
 
-    prove(
-        st.tuples(st.integers(1, world.size + 2), st.integers(1, 3)),
-        check,
-        examples=[(1, 2), (world.size + 1, 3)],
-    )
+    shapes, examples = _layer_shapes(world.size)
+    prove(shapes, check, examples=examples)
 
 
 def test_a_state_dict_taken_while_unsharded_holds_the_shards(world, fsdp, prove):
@@ -718,8 +733,7 @@ def test_a_state_dict_taken_while_unsharded_holds_the_shards(world, fsdp, prove)
     # checkpoint expects.
     def check(shape):
         rows, cols = shape
-        weight = [[r * cols + c + 0.5 for c in range(cols)] for r in range(rows)]
-        bias = [float(r) for r in range(rows)]
+        weight, bias = numbered(rows, cols)
         results = world.run(fsdp_jobs.fully_shard_state_dict_while_unsharded, rows, cols)
         for rank, got in enumerate(results):
             said = f"fully_shard of Linear({cols}, {rows}) at {world.size} ranks: rank {rank}"
@@ -733,11 +747,8 @@ def test_a_state_dict_taken_while_unsharded_holds_the_shards(world, fsdp, prove)
             )
             assert all(got["dtensors after"]), f"{said}: the module holds no shards after"
 
-    prove(
-        st.tuples(st.integers(1, world.size + 2), st.integers(1, 3)),
-        check,
-        examples=[(1, 2), (world.size + 1, 3)],
-    )
+    shapes, examples = _layer_shapes(world.size)
+    prove(shapes, check, examples=examples)
 
 
 def test_each_module_is_reduced_and_resharded_as_its_backward_ends(world, fsdp, prove):
@@ -746,8 +757,8 @@ def test_each_module_is_reduced_and_resharded_as_its_backward_ends(world, fsdp, 
     # backward: what bounds an FSDP training's memory to one module gathered at a time. Read
     # from a gradient hook between the second layer's backward and the first's.
     def check(width):
-        first = [[i * width + j + 0.5 for j in range(width)] for i in range(width)]
-        second = [[i * width + j + 1.5 for j in range(width)] for i in range(width)]
+        first, _ = numbered(width, width, 0.5)
+        second, _ = numbered(width, width, 1.5)
         hidden = [sum(row) + i for i, row in enumerate(first)]
         into_hidden = [sum(row[j] for row in second) for j in range(width)]
         second_grads = [[list(hidden) for _ in range(width)], [1.0] * width]
@@ -779,8 +790,9 @@ def test_a_model_holding_an_empty_parameter_trains_and_resumes(world, fsdp, prov
     def check(rows):
         # Linear(2, 3), weight 0.5, 1.5, ... row by row, bias 0, 1, 2; loss the output's sum on
         # a row of ones: every weight's gradient 1, every bias's 1; SGD at lr 0.5.
-        weight = [[r * 2 + c + 0.5 - 0.5 for c in range(2)] for r in range(3)]
-        bias = [r - 0.5 for r in range(3)]
+        start, bias = numbered(3, 2)
+        weight = [[w - 0.5 for w in row] for row in start]
+        bias = [b - 0.5 for b in bias]
         results = world.run(fsdp_jobs.fully_shard_with_an_empty_parameter, rows)
         for rank, got in enumerate(results):
             said = (
