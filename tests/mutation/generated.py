@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import collections
 import dataclasses
 import fnmatch
 import importlib
@@ -107,13 +108,18 @@ class Mutant:
     site: Site
     source: str
     line: int  # in the module's file
+    # Among the function's mutants of the same line, operator and change (two zeros of one
+    # line made 1), which one: the second and later are named apart, so that their outcomes
+    # are kept apart (the first keeps the name outcomes were recorded under before).
+    nth: int = 0
 
     def as_json(self) -> dict[str, str]:
         return {"module": self.module, "qualname": self.qualname, "source": self.source}
 
     @property
     def name(self) -> str:
-        return f"{self.module}:{self.qualname}:{self.line}:{self.site.operator}"
+        twin = f"#{self.nth + 1}" if self.nth else ""
+        return f"{self.module}:{self.qualname}:{self.line}:{self.site.operator}{twin}"
 
     @property
     def where(self) -> str:
@@ -158,11 +164,16 @@ def functions(module: str) -> list[tuple[str, ast.FunctionDef, int]]:
 def mutants(module: str, lines: set[int] | None = None) -> list[Mutant]:
     """Every mutant the operators make of ``module`` (on ``lines`` only, where given)."""
     made = []
+    seen: collections.Counter[tuple[str, int, str, str]] = collections.Counter()
     for qualname, function, first in functions(module):
         for site in sites(function):
             line = first + site.line - 1
             if lines is None or line in lines:
-                made.append(Mutant(module, qualname, site, mutated(function, site), line))
+                key = (qualname, line, site.operator, site.change)
+                made.append(
+                    Mutant(module, qualname, site, mutated(function, site), line, seen[key])
+                )
+                seen[key] += 1
     return made
 
 

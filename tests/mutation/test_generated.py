@@ -212,6 +212,28 @@ def test_a_declaration_of_one_line_excuses_no_other_line():
     assert why_equivalent(*args, "scatter_object_output_list[0] = _tensor_to_object(") is None
 
 
+def test_two_mutants_of_one_line_making_the_same_change_are_named_apart():
+    # FSDP2's _init_sharded_param has lines with two zeros (narrow(dim=..., start=0,
+    # length=... if ... > 0 else 0)): each made 1 is its own mutant, and their outcomes must
+    # not be kept under one name (a rerun would give the second the first's). The first keeps
+    # the name outcomes were recorded under before.
+    made = mutants("torch.distributed.fsdp._fully_shard._fsdp_param")
+    # Outcomes are kept by (name, change): the name holds the line and operator.
+    keys = [(m.name, m.site.change) for m in made]
+    twins = [m for m in made if m.nth]
+    assert twins, "no line of _fsdp_param makes one change twice: pick another module"
+    assert len(set(keys)) == len(keys), "two mutants share a name and a change"
+    for twin in twins:
+        assert twin.name.endswith(f"#{twin.nth + 1}")
+        first = next(
+            m for m in made
+            if (m.qualname, m.line, m.site.operator, m.site.change, m.nth)
+            == (twin.qualname, twin.line, twin.site.operator, twin.site.change, 0)
+        )  # fmt: skip
+        assert first.name == f"{first.module}:{first.qualname}:{first.line}:{first.site.operator}"
+        assert first.source != twin.source, "the twins are the same mutant"
+
+
 def test_the_functions_drawn_from_are_the_modules_own_decorated_or_not():
     # A NamedTuple's generated methods (from collections' file) are not the module's code,
     # though their line numbers could match its traced lines; a function behind a decorator
