@@ -593,6 +593,13 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "to no bytes either way): one byte of memory held; the next all-gather into it finds "
         "it the right size, so nothing is computed differently"
     ),
+    (_FSDP_GROUP, "FSDPParamGroup.unshard", "ignored-argument",
+     "argument async_op ignored for its default False at `async_op,`"): (
+        "the group's all-gather is issued synchronously whatever unshard(async_op=...) asked: "
+        "it is complete when it returns, with the same values; it returns no work handle, so "
+        "wait_for_unshard treats it as the synchronous one it is (an explicit prefetch only "
+        "loses its overlap)"
+    ),
 }  # fmt: skip
 
 
