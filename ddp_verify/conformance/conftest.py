@@ -227,7 +227,8 @@ def prove(
 
     world = request.getfixturevalue("world") if "world" in request.fixturenames else None
     backend = getattr(world, "backend", None)
-    known = [i for i in issues_of(request.node) if i.applies_to(torch.__version__, backend)]
+    size = getattr(world, "size", None)
+    known = [i for i in issues_of(request.node) if i.applies_to(torch.__version__, backend, size)]
     kind = getattr(request.node, "originalname", request.node.name)
     hung = request.config.stash.setdefault(_HUNG, {})
 
@@ -344,6 +345,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
             searched=funcargs.get("conformance_examples"),
             enough=DEFAULT_CONFORMANCE_EXAMPLES,
             backend=getattr(funcargs.get("world"), "backend", None),
+            world_size=getattr(funcargs.get("world"), "size", None),
         )
     return report
 

@@ -48,7 +48,8 @@ class KnownIssue:
     """A torch issue by its signature: ``raises`` (the failure's kinds), ``match`` (a regular
     expression its text must contain), ``since`` and ``fixed_in`` (the torch versions it is
     known on: ``since <= version < fixed_in``, either open), ``backends`` (the process-group
-    backends it is known on; None: every one)."""
+    backends it is known on; None: every one), ``world_sizes`` (the world sizes it shows at;
+    None: every one)."""
 
     what: str
     raises: tuple[type[BaseException], ...]
@@ -59,6 +60,7 @@ class KnownIssue:
     url: str | None = None
     repro: str | None = None
     backends: tuple[str, ...] | None = None
+    world_sizes: tuple[int, ...] | None = None
 
     @property
     def reason(self) -> str:
@@ -67,10 +69,18 @@ class KnownIssue:
             where += f"; standalone reproducer: {self.repro}"
         return f"known torch issue: {self.what} ({where})"
 
-    def applies_to(self, version: str, backend: str | None = None) -> bool:
-        """Whether torch ``version`` (and ``backend``, where given) is one the issue is known
-        on."""
+    def applies_to(
+        self, version: str, backend: str | None = None, world_size: int | None = None
+    ) -> bool:
+        """Whether torch ``version`` (and ``backend`` and ``world_size``, where given) is one
+        the issue is known on."""
         if self.backends is not None and backend is not None and backend not in self.backends:
+            return False
+        if (
+            self.world_sizes is not None
+            and world_size is not None
+            and world_size not in self.world_sizes
+        ):
             return False
         mine = version_tuple(version)
         if self.since is not None and mine < version_tuple(self.since):
@@ -95,6 +105,7 @@ def known_torch_issue(
     url: str | None = None,
     repro: str | None = None,
     backends: tuple[str, ...] | None = None,
+    world_sizes: tuple[int, ...] | None = None,
 ) -> Any:
     """Mark a conformance test whose property the installed torch is known to break.
 
@@ -110,7 +121,9 @@ def known_torch_issue(
         def test_static_graph_with_no_sync_accumulation(world, data_parallel, prove): ...
     """
     kinds = raises if isinstance(raises, tuple) else (raises,)
-    issue = KnownIssue(what, kinds, match, since, fixed_in, flaky, url, repro, backends)
+    issue = KnownIssue(
+        what, kinds, match, since, fixed_in, flaky, url, repro, backends, world_sizes
+    )
     return pytest.mark.known_torch_issue(issue)
 
 
@@ -128,13 +141,14 @@ def judge(
     searched: int | None = None,
     enough: int = 0,
     backend: str | None = None,
+    world_size: int | None = None,
 ) -> None:
     """Turn a marked test's call report into what its marks say it is (in place): a failure
     that matches one issue known on ``version`` is that issue; another failure stays one, with
     a note; a pass where a steady (not flaky) issue is known fails, saying to drop its mark,
     unless fewer than ``enough`` scenarios were ``searched`` (a short search that misses the
     issue shows nothing about a fix: the pass stands, with a note)."""
-    issues = [i for i in issues if i.applies_to(version, backend)]
+    issues = [i for i in issues if i.applies_to(version, backend, world_size)]
     if not issues:
         return
     # The ranks' output as the report shows it: a rank that aborted while its peer hung may have

@@ -112,6 +112,13 @@ def test_an_issue_known_on_some_backends_is_inert_on_the_others() -> None:
     assert KnownIssue("x", (RuntimeError,), "x").applies_to("2.13.0", "nccl")
 
 
+def test_an_issue_known_at_some_world_sizes_is_inert_at_the_others() -> None:
+    issue = KnownIssue("x", (RuntimeError,), "x", world_sizes=(1,))
+    assert issue.applies_to("2.13.0", "gloo", 1)
+    assert not issue.applies_to("2.13.0", "gloo", 2)
+    assert issue.applies_to("2.13.0", "gloo")  # size unknown: the version decides
+
+
 def test_a_ranks_failure_is_searched_in_every_ranks_output() -> None:
     # An abort's message is only in the dead rank's stderr: the signature is found there.
     died = RankFailure(
