@@ -94,9 +94,15 @@ def test_a_mutant_that_closes_over_other_names_is_refused():
 
 
 def test_the_modules_and_lines_are_those_real_trainings_execute():
+    import tempfile
+    from pathlib import Path
+
     from tests.mutation import generated, trace
 
+    before = set(Path(tempfile.gettempdir()).glob("ddp_verify-trace-*"))
     reached = trace.trace()
+    # The checkpoint round trip's directory is removed: a trace leaves nothing behind.
+    assert set(Path(tempfile.gettempdir()).glob("ddp_verify-trace-*")) == before
     # Training's own modules, beyond any list: the optimizers, the scheduler, the scaler, the
     # norms, c10d and the distributed checkpoint among them.
     for module in ("torch.optim.sgd", "torch.optim.adam", "torch.optim.lr_scheduler",

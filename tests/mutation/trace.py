@@ -30,6 +30,7 @@ import argparse
 import inspect
 import json
 import os
+import shutil
 import sys
 import tempfile
 from collections.abc import Callable
@@ -205,6 +206,10 @@ def _fsdp_training() -> None:
     set_state_dict(
         model, optimizer, model_state_dict=loaded["model"], optim_state_dict=loaded["optimizer"]
     )
+    # Every rank has read its shards before rank 0 removes what it made: no trace is left.
+    dist.barrier()
+    if dist.get_rank() == 0:
+        shutil.rmtree(where[0], ignore_errors=True)
 
 
 def _hooks_and_averagers() -> None:
