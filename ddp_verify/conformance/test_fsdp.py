@@ -67,7 +67,9 @@ def test_where_and_when_fully_shard_keeps_parameters_changes_nothing(world, fsdp
     # layer by layer before the root (a reduce-scatter per layer, their buffers reclaimed as
     # backward goes) or on the list of them in one call (one group), and a model sharded on
     # the meta device then
-    # materialised (deferred initialisation): memory and communication, never what is trained.
+    # materialised (deferred initialisation), each layer's activations checkpointed (recomputed
+    # in backward, where FSDP must unshard the layer again and keep it so): memory and
+    # communication, never what is trained.
     size = world.size
     smaller = [d for d in range(1, size) if size % d == 0]
     offload = st.booleans() if world.backend != "gloo" else st.just(False)
@@ -80,7 +82,8 @@ def test_where_and_when_fully_shard_keeps_parameters_changes_nothing(world, fsdp
                               ("set_reshard_after_forward", st.booleans()),
                               ("offload", offload), ("shard_dim", st.sampled_from([1, 0, -1])),
                               ("per_module", st.just(True)), ("meta", st.just(True)),
-                              ("grouped", st.just(True))):  # fmt: skip
+                              ("grouped", st.just(True)),
+                              ("checkpoint", st.just(True))):  # fmt: skip
             if draw(st.booleans()):
                 chosen[key] = draw(strategy)
         return chosen
@@ -98,7 +101,8 @@ def test_where_and_when_fully_shard_keeps_parameters_changes_nothing(world, fsdp
     model = ModelSpec(in_features=size, hidden=(size,), out_features=size)
     even = Scenario(world_size=size, schedule=(((1,),) * size, ((2,),) * size), model=model)
     examples = [(even, {"shard_dim": 1}), (even, {"shard_dim": 0}), (even, {"per_module": True}),
-                (even, {"meta": True, "per_module": True}), (even, {"grouped": True})]  # fmt: skip
+                (even, {"meta": True, "per_module": True}), (even, {"grouped": True}),
+                (even, {"checkpoint": True, "per_module": True})]  # fmt: skip
     if size == 4:
         both = {"reshard_after_forward": 2, "shard_dim": 1}
         narrow = ModelSpec(in_features=1, hidden=(4,))

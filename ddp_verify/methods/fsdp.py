@@ -57,7 +57,11 @@ class FullyShard(DistributedMethod):
     them all, before the root; it takes the place of ``per_module``), ``meta`` (deferred
     initialisation: the model is sharded on the meta device, where it holds shapes only, then
     materialised with ``to_empty`` on the world's device and given its initial values shard by
-    shard, as a model too large for one device is built)."""
+    shard, as a model too large for one device is built), ``checkpoint`` (activation checkpointing
+    of each of those modules by torch's composable ``checkpoint``, applied before sharding as
+    training recipes do: its activations are recomputed in backward, where the forward hooks run
+    again under FSDP's pre-backward state and the module must be unsharded for the recomputation,
+    not resharded after it)."""
 
     def __init__(
         self,
@@ -95,7 +99,7 @@ class FullyShard(DistributedMethod):
         self.shard_options = dict(shard_options or {})
         unknown = set(self.shard_options) - {
             "reshard_after_forward", "set_reshard_after_forward", "offload", "shard_dim", "spmd",
-            "per_module", "meta", "grouped",
+            "per_module", "meta", "grouped", "checkpoint",
         }  # fmt: skip
         if unknown:
             raise ValueError(f"unknown shard_options {sorted(unknown)}")
@@ -184,6 +188,11 @@ class FullyShard(DistributedMethod):
             initial = {k: v.detach().clone() for k, v in run.model.state_dict().items()}
             _to_meta(run.model)
         layers = _layers(run.model)
+        if chosen.get("checkpoint"):
+            from torch.distributed._composable import checkpoint
+
+            for module in layers:
+                checkpoint(module)
         if chosen.get("grouped") and layers:
             # One call on a list of modules: one group, one all-gather for them all.
             shard(layers, mesh=mesh, mp_policy=policy, **extra)

@@ -56,6 +56,13 @@ _RS_BUFFERS = (
     "keep-alive reference with its event, and the root's final callback waits on and clears "
     "every one at the end of backward; the gradients reduced are the same"
 )
+_AG_DEFER = (
+    "only whether a forward all-gather's output is held until the next group's copy-out (to "
+    "overlap that copy-out with the next all-gather) or released at once changes: either "
+    "way the streams wait on the copy-out event before the buffer is reused, and the "
+    "values copied out are the same (released at once is what explicit prefetch and "
+    "backward do); memory and overlap, not values"
+)
 _EACH_STATE = (
     "each FSDP state (or each of its parameter groups) is given the same shared contexts, "
     "indices or settings on its own: the order leaves every state as it was"
@@ -593,6 +600,20 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "to no bytes either way): one byte of memory held; the next all-gather into it finds "
         "it the right size, so nothing is computed differently"
     ),
+    (_FSDP_GROUP, "_get_param_module_infos", "reversed-iteration",
+     "for ... in _named_parameters_with_duplicates(submodule, recurse=False) -> "
+     "reversed(list(...))"): (
+        "within one module only which of a parameter's names there is its primary and which "
+        "its aliases changes (a parameter is matched to the first module holding it as "
+        "before, modules walked in the same order): every name is given the same tensor at "
+        "each shard and unshard (_setattr_on_modules sets them all), and the one read of the "
+        "primary alone (reset_sharded_param, after _apply or load_state_dict(assign=True)) "
+        "finds under either name a tensor of the same values"
+    ),
+    (_FSDP_GROUP, "FSDPParamGroup.wait_for_unshard", "off-by-one",
+     "1 -> 2 at `and world_size > 1`"): _AG_DEFER,
+    (_FSDP_GROUP, "FSDPParamGroup.wait_for_unshard", "comparison",
+     "world_size > 1 -> world_size >= 1"): _AG_DEFER,
     (_FSDP_GROUP, "FSDPParamGroup.unshard", "ignored-argument",
      "argument async_op ignored for its default False at `async_op,`"): (
         "the group's all-gather is issued synchronously whatever unshard(async_op=...) asked: "
