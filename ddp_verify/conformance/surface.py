@@ -845,8 +845,9 @@ ENTRIES: tuple[Entry, ...] = (
        why="a module (one holding a frozen parameter with no elements too), a list of "
            "modules (one group; refused as the root), on the world's "
            "device or on the meta device then materialised (to_empty); nested, each module "
-           "reduced and resharded as its own backward ends; its state_dict() sharded "
-           "DTensors, taken unsharded too (as the root is after a forward)"),
+           "reduced and resharded as its own backward ends, each with its activations "
+           "checkpointed (composable checkpoint: recomputed in backward); its state_dict() "
+           "sharded DTensors, taken unsharded too (as the root is after a forward)"),
     _e("torch.distributed.fsdp.fully_shard", "mesh", COVERED, _HSDP, why="1-D and 2-D (HSDP)"),
     _e("torch.distributed.fsdp.fully_shard", "reshard_after_forward", COVERED, _WHERE,
        why="True, False and ints"),
