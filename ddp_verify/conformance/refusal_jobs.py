@@ -198,9 +198,52 @@ def fsdp_refusals() -> dict[str, str | None]:
         calls["uneven shards on dimension 1"] = lambda: fully_shard(
             torch.nn.Linear(size + 1, 2, bias=False), shard_placement_fn=lambda param: Shard(1)
         )
+    if hasattr(sharded, "set_reduce_scatter_max_input_buffers"):  # torch 2.13 on
+        calls.update(_reduce_scatter_buffer_refusals())
     return refusals(
         calls, (ValueError, TypeError, NotImplementedError, AssertionError, RuntimeError)
     )
+
+
+def _reduce_scatter_buffer_refusals() -> dict[str, Any]:
+    """The reduce-scatter input-buffer cap's refusals (``set_reduce_scatter_max_input_buffers``:
+    an int of at least 1, and 1 alone with the symmetric-memory reduce-scatter, refused at the
+    first forward), and that refusal's edge: the default cap with that comm, accepted."""
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp._fully_shard._fsdp_collectives import SymmMemReduceScatter
+
+    def symmetric_memory_comm() -> SymmMemReduceScatter:
+        try:
+            return SymmMemReduceScatter(dist.group.WORLD)
+        except RuntimeError:
+            # No symmetric memory here (it allocates through NCCL): an instance without its
+            # allocator set up. It is never called: the check reads its type at the first
+            # forward, before any reduce-scatter, and these forwards run without grad.
+            comm = SymmMemReduceScatter.__new__(SymmMemReduceScatter)
+            comm._group = dist.group.WORLD
+            return comm
+
+    def first_forward(cap: int | None) -> None:
+        module = fully_shard(torch.nn.Linear(2, 2))
+        module.set_custom_reduce_scatter(symmetric_memory_comm())
+        if cap is not None:
+            module.set_reduce_scatter_max_input_buffers(cap)
+        with torch.no_grad():
+            module(torch.ones(1, 2))
+
+    def cap(value: Any) -> None:
+        fully_shard(torch.nn.Linear(2, 2)).set_reduce_scatter_max_input_buffers(value)
+
+    return {
+        "a reduce-scatter buffer cap below 1": lambda: cap(0),
+        "a reduce-scatter buffer cap given as a bool": lambda: cap(True),
+        "a reduce-scatter buffer cap above 1 with the symmetric-memory reduce-scatter": (
+            lambda: first_forward(2)
+        ),
+        "the default reduce-scatter buffer cap with the symmetric-memory reduce-scatter": (
+            lambda: first_forward(None)
+        ),
+    }
 
 
 def assert_refused(results: list[dict[str, Any]], refused: dict[str, str], who: str) -> None:

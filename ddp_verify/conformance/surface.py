@@ -913,11 +913,13 @@ ENTRIES: tuple[Entry, ...] = (
         _e("torch.distributed.fsdp.FSDPModule", method, OUT, since="2.13",
            why="scheduling, memory or communication plumbing: when and where, not what is "
            "computed")
-        for method in (
-            "reset_iter_state()", "set_reduce_scatter_max_input_buffers()",
-            "set_separate_reduce_scatter_group()",
-        )
+        for method in ("reset_iter_state()", "set_separate_reduce_scatter_group()")
     ),
+    _e("torch.distributed.fsdp.FSDPModule", "set_reduce_scatter_max_input_buffers()", COVERED,
+       "test_fsdp::test_every_call_fully_shard_refuses_is_refused", since="2.13",
+       why="how many reduce-scatter buffers are kept is memory, not values; its refusals are "
+           "held (below 1, a bool, above 1 with the symmetric-memory reduce-scatter at the "
+           "first forward) and the edge, the default with that comm, accepted"),
     # -- data ----------------------------------------------------------------------------------
     _e("torch.utils.data.DistributedSampler", "dataset", COVERED, _SAMPLER),
     *(

@@ -932,6 +932,15 @@ FSDP_REFUSED = {
     r"sharding on dim 1",
     "a group of modules as the root": r"RuntimeError: FSDP requires a single root module",
 }
+# torch 2.13 on: the reduce-scatter input-buffer cap (set_reduce_scatter_max_input_buffers).
+FSDP_BUFFER_CAP_REFUSED = {
+    "a reduce-scatter buffer cap below 1": r"ValueError: max_input_buffers must be a positive",
+    "a reduce-scatter buffer cap given as a bool": r"TypeError: max_input_buffers must be an int",
+    "a reduce-scatter buffer cap above 1 with the symmetric-memory reduce-scatter": (
+        r"ValueError: set_reduce_scatter_max_input_buffers\(>1\) is not supported with the "
+        r"symmetric-memory"
+    ),
+}
 
 
 def test_every_call_fully_shard_refuses_is_refused(world):
@@ -941,4 +950,12 @@ def test_every_call_fully_shard_refuses_is_refused(world):
     refused = dict(FSDP_REFUSED)
     if world.size == 1:  # one rank's shard is the whole tensor: nothing is uneven
         refused.pop("uneven shards on dimension 1")
+    from torch.distributed.fsdp import FSDPModule
+
+    if hasattr(FSDPModule, "set_reduce_scatter_max_input_buffers"):
+        refused.update(FSDP_BUFFER_CAP_REFUSED)
+        # The edge: one buffer, the default, is what the symmetric-memory comm takes.
+        edge = "the default reduce-scatter buffer cap with the symmetric-memory reduce-scatter"
+        for rank, said in enumerate(results):
+            assert said[edge] is None, f"{edge}: refused on rank {rank}: {said[edge]}"
     refusal_jobs.assert_refused(results, refused, "fully_shard")
