@@ -348,3 +348,59 @@ def fully_shard_empty_parameter_full_tensor(rows: int) -> list[int]:
     model.empty = torch.nn.Parameter(torch.zeros(rows, 0, device=device), requires_grad=False)
     fully_shard(model, mesh=init_device_mesh(device.type, (dist.get_world_size(),)))
     return list(model.empty.full_tensor().shape)
+
+
+class _Block(torch.nn.Module):
+    """Two numbered ``Linear(width, width)`` layers of which the forward runs only the first
+    (a member of a ``fully_shard`` group that this forward skips)."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.x = _numbered_linear(width, width, 0.5)
+        self.y = _numbered_linear(width, width, 1.5)
+
+    def forward(self, inp: torch.Tensor) -> torch.Tensor:
+        return self.x(inp)
+
+
+class _SkipsItsHead(torch.nn.Module):
+    """A :class:`_Block` and a head the forward never runs (the loss computed outside, in
+    chunks, as a chunked cross-entropy does)."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.block = _Block(width)
+        self.head = _numbered_linear(width, width, 2.5)
+
+    def forward(self, inp: torch.Tensor) -> torch.Tensor:
+        return self.block(inp)
+
+
+def fully_shard_groups_a_forward_skips(
+    inputs: list[list[float]], inner: str, outer: str
+) -> dict[str, Any]:
+    """:class:`_SkipsItsHead` over float64 parameters with two nested ``fully_shard`` groups
+    whose forward skips a member: ``[block.x, block.y]`` with
+    ``MixedPrecisionPolicy(output_dtype=inner)`` inside ``[block, head]`` with
+    ``output_dtype=outer``, then the root; rank r's loss the float64 sum of
+    ``model(inputs[r])``. Returns rank r's output (dtype and values) and the full gradient of
+    ``block.x``'s weight and bias."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    device = rank_device()
+    model = _SkipsItsHead(len(inputs[0]))
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    cast = lambda name: MixedPrecisionPolicy(output_dtype=getattr(torch, name))  # noqa: E731
+    fully_shard([model.block.x, model.block.y], mesh=mesh, mp_policy=cast(inner))
+    fully_shard([model.block, model.head], mesh=mesh, mp_policy=cast(outer))
+    fully_shard(model, mesh=mesh)
+    x = torch.tensor([inputs[dist.get_rank()]], dtype=torch.float64, device=device)
+    out = model(x)
+    out.double().sum().backward()
+    weight, bias = model.block.x.weight.grad, model.block.x.bias.grad
+    return {
+        "dtype": str(out.dtype),
+        "output": out.detach().double().cpu()[0].tolist(),
+        "grads": [None if g is None else g.full_tensor().cpu().tolist() for g in (weight, bias)],
+    }

@@ -842,8 +842,10 @@ ENTRIES: tuple[Entry, ...] = (
        "test_fsdp::test_each_module_is_reduced_and_resharded_as_its_backward_ends",
        "test_fsdp::test_a_state_dict_taken_while_unsharded_holds_the_shards",
        "test_fsdp::test_a_model_holding_an_empty_parameter_trains_and_resumes",
+       "test_fsdp::test_groups_a_forward_skips_finish_innermost_first_and_train",
        why="a module (one holding a frozen parameter with no elements too), a list of "
-           "modules (one group; refused as the root), on the world's "
+           "modules (one group; refused as the root; nested groups whose forward skips a "
+           "member, torch 2.13+), on the world's "
            "device or on the meta device then materialised (to_empty); nested, each module "
            "reduced and resharded as its own backward ends, each with its activations "
            "checkpointed (composable checkpoint: recomputed in backward); its state_dict() "
@@ -870,7 +872,9 @@ ENTRIES: tuple[Entry, ...] = (
     _e("torch.distributed.fsdp.MixedPrecisionPolicy", "reduce_dtype", COVERED,
        "test_fsdp::test_mixed_precision_reduction_in_float32_of_a_bfloat16_model", _RECIPE),
     _e("torch.distributed.fsdp.MixedPrecisionPolicy", "output_dtype", COVERED, _RECIPE,
-       why="None and float32"),
+       "test_fsdp::test_groups_a_forward_skips_finish_innermost_first_and_train",
+       why="None and float32; float16, bfloat16 and float32 on nested groups, the "
+           "outer's applied last"),
     _e("torch.distributed.fsdp.MixedPrecisionPolicy", "cast_forward_inputs", COVERED, _RECIPE,
        why="True and False: what dtype the module's forward receives its input in"),
     _e("torch.distributed.fsdp.FSDPModule", "set_requires_gradient_sync()", COVERED, _HSDP,

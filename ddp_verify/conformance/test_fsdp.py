@@ -605,6 +605,67 @@ def test_unused_parameters_reduce_as_zeros_and_an_all_reduce_hook_replicates(wor
     prove(cases(), check, examples=[(ranks, alternating, size % 2 == 0)])
 
 
+def test_groups_a_forward_skips_finish_innermost_first_and_train(world, fsdp, prove):
+    # A forward that skips a member of a fully_shard group (the head of a model whose loss is
+    # computed outside it, in chunks) leaves that group's post-forward to the root's: torch
+    # finishes every such group when the root's forward ends, the innermost first, as the
+    # groups would have unwound had every member run. So the output is cast to the inner
+    # group's output_dtype and then to the outer's, which is its dtype, and the backward
+    # gathers and reduces the skipped groups' parameters as any others'.
+    from torch.distributed.fsdp._fully_shard._fsdp_state import FSDPState
+
+    if not hasattr(FSDPState, "_force_complete_incomplete_states"):
+        pytest.skip(f"torch {torch.__version__}'s fully_shard does not finish a group whose "
+                    "forward skipped a member (torch 2.13 added it)")  # fmt: skip
+    size = world.size
+    dtypes = st.permutations(("float16", "bfloat16", "float32")).map(lambda p: tuple(p[:2]))
+
+    def check(case):
+        inputs, (inner, outer) = case
+        width = len(inputs[0])
+        weight, bias = numbered(width, width, 0.5)
+        said = (
+            f"fully_shard([block.x, block.y], output_dtype={inner}) inside "
+            f"fully_shard([block, head], output_dtype={outer}), the forward running block.x "
+            f"only, at {size} ranks"
+        )
+        results = world.run(fsdp_jobs.fully_shard_groups_a_forward_skips, inputs, inner, outer)
+        want_grads = [
+            [[sum(row[j] for row in inputs) / size for j in range(width)] for _ in range(width)],
+            [1.0] * width,
+        ]
+        for rank, got in enumerate(results):
+            assert got["dtype"] == f"torch.{outer}", (
+                f"{said}: rank {rank}'s output is {got['dtype']}, not the outer group's "
+                f"torch.{outer} (the groups finished outermost first)"
+            )
+            exact = [sum(w * v for w, v in zip(row, inputs[rank], strict=True)) + b
+                     for row, b in zip(weight, bias, strict=True)]  # fmt: skip
+            want = [rounded(rounded(v, inner), outer) for v in exact]
+            assert got["output"] == want, (
+                f"{said}: rank {rank}'s output is {got['output']}, not {exact} cast to "
+                f"{inner} and then to {outer}: {want}"
+            )
+            assert got["grads"] == want_grads, (
+                f"{said}: rank {rank}'s full gradients of block.x are {got['grads']}, not the "
+                f"world mean {want_grads}"
+            )
+
+    rows = st.integers(1, 3).flatmap(
+        lambda width: st.lists(
+            st.lists(st.integers(-600, 600).map(float), min_size=width, max_size=width),
+            min_size=size, max_size=size,
+        )
+    )  # fmt: skip
+    # Never left to chance: values that float16 holds and bfloat16 rounds, each order.
+    wide = [[float(257 + 2 * r)] for r in range(size)]
+    prove(
+        st.tuples(rows, dtypes),
+        check,
+        examples=[(wide, ("float16", "bfloat16")), (wide, ("bfloat16", "float16"))],
+    )
+
+
 def test_post_accumulate_grad_hooks_run_in_order_on_the_reduced_gradient(world, fsdp, prove):
     # A sharded parameter's post-accumulate-grad hooks run as autograd runs a plain leaf's
     # (the autograd notes' "Backward Hooks execution": once, after the gradient is final, in
