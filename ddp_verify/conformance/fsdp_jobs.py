@@ -391,7 +391,10 @@ def fully_shard_groups_a_forward_skips(
     device = rank_device()
     model = _SkipsItsHead(len(inputs[0]))
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
-    cast = lambda name: MixedPrecisionPolicy(output_dtype=getattr(torch, name))  # noqa: E731
+
+    def cast(name: str) -> MixedPrecisionPolicy:
+        return MixedPrecisionPolicy(output_dtype=getattr(torch, name))
+
     fully_shard([model.block.x, model.block.y], mesh=mesh, mp_policy=cast(inner))
     fully_shard([model.block, model.head], mesh=mesh, mp_policy=cast(outer))
     fully_shard(model, mesh=mesh)
