@@ -37,6 +37,7 @@ import ast
 import collections
 import dataclasses
 import fnmatch
+import hashlib
 import importlib
 import importlib.util
 import inspect
@@ -51,11 +52,13 @@ import sys
 import tempfile
 import textwrap
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from tests.mutation.equivalent import why_equivalent
-from tests.mutation.generated_patch import ENV, FIRST_ENV, compiled
+from tests.mutation.generated_patch import ENV, FIRST_ENV, ONLY_ENV, compiled
 from tests.mutation.operators import Site, mutated, sites
+from tests.mutation.reach import MARKS_ENV, OUT_ENV, marked, reached
 from tests.mutation.trace import trace
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -198,12 +201,25 @@ EXTERNAL = (-signal.SIGTERM, -signal.SIGKILL)
 
 
 def suite(
-    mutant: Mutant, directory: Path, world_size: int, timeout: float, first: tuple[str, ...] = ()
+    mutant: Mutant,
+    directory: Path,
+    world_size: int,
+    timeout: float,
+    first: tuple[str, ...] = (),
+    only: list[str] | None = None,
 ) -> tuple[str, str]:
-    """The conformance suite against ``mutant`` (the test modules ``first`` run first):
-    ("killed", the failing test) or ("survived", "") or ("timed out", "")."""
+    """The conformance suite against ``mutant`` (the test modules ``first`` run first; only
+    the tests ``only`` names where given, none where it is empty): ("killed", the failing
+    test) or ("survived", "") or ("timed out", "")."""
+    if only is not None and not only:
+        return "survived", ""  # no test calls the function: each runs what torch runs
     env = {**os.environ, ENV: str(_write(mutant, directory)), FIRST_ENV: ",".join(first),
            "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}  # fmt: skip
+    env.pop(ONLY_ENV, None)
+    if only is not None:
+        selection = directory / "only.json"
+        selection.write_text(json.dumps(only))
+        env[ONLY_ENV] = str(selection)
     command = [sys.executable, "-m", "pytest", "--pyargs", "ddp_verify.conformance",
                "--world-size", str(world_size), "-x", "-q", "-p", "no:cacheprovider",
                "-p", "tests.mutation.generated_patch",
@@ -233,20 +249,96 @@ def judge(
     world_sizes: list[int],
     timeout: float,
     first: tuple[str, ...] = (),
+    only: Callable[[int], list[str] | None] = lambda size: None,
 ) -> tuple[str, str]:
     """:func:`suite` at each world size in turn until one kills (or times out on) the mutant;
     past the first size, what killed it says the size. ``timeout`` is the first size's: a
     larger world's suite is given it in proportion (its ranks share the same cores), so that
-    a slower suite is not read as a hang."""
+    a slower suite is not read as a hang. ``only(size)``: the tests to run at that size
+    (every one where None)."""
     outcome, by = "survived", ""
     for index, world_size in enumerate(world_sizes):
         scaled = timeout * max(1.0, world_size / world_sizes[0])
-        outcome, by = suite(mutant, directory, world_size, scaled, first)
+        outcome, by = suite(mutant, directory, world_size, scaled, first, only(world_size))
         if outcome != "survived":
             if index:
                 by = f"{by} (at world size {world_size})"
             break
     return outcome, by
+
+
+def marks(traced: dict[str, list[int]]) -> list[dict[str, str]]:
+    """Each function of ``traced``'s modules with a mutant on a line the trainings run, marked
+    (:func:`tests.mutation.reach.marked`): where its mark cannot take its code's place, left
+    out (its mutants then run every test)."""
+    made = []
+    for module, lines in traced.items():
+        names = {m.qualname for m in mutants(module, set(lines))}
+        for qualname, function, _ in functions(module):
+            if qualname not in names:
+                continue
+            mark = {"module": module, "qualname": qualname,
+                    "source": marked(function, f"{module}:{qualname}")}  # fmt: skip
+            try:
+                compiled(mark)
+            except (ValueError, KeyError, AttributeError, SyntaxError, TypeError):
+                continue
+            made.append(mark)
+    return made
+
+
+def _sources_digest(made: list[dict[str, str]], world_size: int) -> str:
+    import torch
+
+    digest = hashlib.sha256(f"{torch.__version__}:{world_size}".encode())
+    digest.update(json.dumps(made, sort_keys=True).encode())
+    for path in sorted([*(ROOT / "ddp_verify").rglob("*.py"), ROOT / "tests/mutation/reach.py"]):
+        digest.update(str(path.relative_to(ROOT)).encode() + path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def reach(
+    made: list[dict[str, str]], world_size: int, timeout: float
+) -> dict[str, list[str] | None]:
+    """The tests that call each marked function at ``world_size``
+    (:func:`tests.mutation.reach.reached`), from one run of the whole suite on unmodified
+    torch with the marks in place: cached under ``.cache/mutation-reach`` while torch, the
+    suite and the marks stay as they are. A ``SystemExit`` where the suite fails there: no
+    mutant's outcome means anything against a suite that fails on torch itself."""
+    cache = ROOT / ".cache" / "mutation-reach" / f"{_sources_digest(made, world_size)}.json"
+    if cache.exists():
+        return dict(json.loads(cache.read_text()))
+    with tempfile.TemporaryDirectory() as work:
+        out = Path(work)
+        (out / "marks.json").write_text(json.dumps(made))
+        env = {**os.environ, MARKS_ENV: str(out / "marks.json"), OUT_ENV: str(out),
+               "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}  # fmt: skip
+        for name in (ENV, ONLY_ENV, FIRST_ENV):
+            env.pop(name, None)
+        command = [sys.executable, "-m", "pytest", "--pyargs", "ddp_verify.conformance",
+                   "--world-size", str(world_size), "-q", "-p", "no:cacheprovider",
+                   "-p", "tests.mutation.reach", "--ddp-preload", "tests.mutation.reach",
+                   "-n", "0"]  # fmt: skip
+        print(f"which tests call which function, at world size {world_size}: the suite on "
+              f"unmodified torch with {len(made)} functions marked", flush=True)  # fmt: skip
+        try:
+            done = subprocess.run(command, env=env, cwd=out, capture_output=True, text=True,
+                                  timeout=timeout * 4)  # fmt: skip
+        except subprocess.TimeoutExpired as exc:
+            raise SystemExit(
+                f"the conformance suite on unmodified torch at world size {world_size} ran past "
+                f"{timeout * 4:.0f} s: give --timeout more"
+            ) from exc
+        if done.returncode != 0:
+            raise SystemExit(
+                f"the conformance suite fails on unmodified torch at world size {world_size} "
+                f"(exit {done.returncode}): fix that first, no mutant's outcome means anything "
+                f"against it\n{done.stdout[-3000:]}"
+            )
+        found = reached(out)
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    cache.write_text(json.dumps(found, indent=0, sort_keys=True))
+    return found
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -265,6 +357,9 @@ def main(argv: list[str] | None = None) -> int:
                         "stay so while declared, the rest run again against the suite as it "
                         "stands "
                         "(the same --samples and --seed draw the same mutants)")  # fmt: skip
+    parser.add_argument("--every-test", action="store_true",
+                        help="run every test against each mutant, not only those that call "
+                        "the function it changes (tests.mutation.reach)")  # fmt: skip
     parser.add_argument("--write", default=None)
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
@@ -275,6 +370,27 @@ def main(argv: list[str] | None = None) -> int:
     if args.rerun:
         before = {(o["mutant"], o["change"]): o for o in json.loads(Path(args.rerun).read_text())}
     reached = trace()
+    made: list[dict[str, str]] | None = None
+    reaches: dict[int, dict[str, list[str] | None]] = {}
+
+    def only(mutant: Mutant) -> Callable[[int], list[str] | None]:
+        # The tests that call the mutated function at each size (measured when first needed):
+        # every test where its function has no mark.
+        def at(size: int) -> list[str] | None:
+            nonlocal made
+            if args.every_test:
+                return None
+            if made is None:
+                made = marks(reached)
+            key = f"{mutant.module}:{mutant.qualname}"
+            if not any(f"{m['module']}:{m['qualname']}" == key for m in made):
+                return None
+            if size not in reaches:
+                reaches[size] = reach(made, size, args.timeout)
+            return reaches[size].get(key, [])
+
+        return at
+
     with tempfile.TemporaryDirectory() as work:
         directory = Path(work)
         for module, lines in reached.items():
@@ -314,7 +430,15 @@ def main(argv: list[str] | None = None) -> int:
                     # A declared mutant that survives is equivalent whatever a larger world
                     # says (killed there or not, it leaves no survivor): judged at one size.
                     sizes = args.world_size[:1] if reason else args.world_size
-                    outcome, by = judge(mutant, directory, sizes, args.timeout, first_for(module))
+                    outcome, by = judge(
+                        mutant, directory, sizes, args.timeout, first_for(module), only(mutant)
+                    )
+                    if outcome == "survived" and not reason and not args.every_test:
+                        # A survivor of the tests that call it runs every test once more: what
+                        # a measured reach could miss (a closure made in one test, called in
+                        # another) cannot leave a survivor that the whole suite kills.
+                        outcome, by = suite(mutant, directory, sizes[0], args.timeout,
+                                            first_for(module))  # fmt: skip
                 if outcome == "survived" and reason:
                     outcome, by = "equivalent", reason
                 counts[outcome] += 1

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 from typing import Any
 
 from tests.mutation.mutants import compile_like
@@ -15,9 +16,19 @@ ENV = "DDP_VERIFY_GENERATED_MUTANT"
 # Test modules to run first (comma-separated names): the mutated module's own properties, so
 # that a killed mutant is found killed sooner. The whole suite still runs for a survivor.
 FIRST_ENV = "DDP_VERIFY_GENERATED_FIRST"
+# The tests to run (a JSON list of names as tests.mutation.reach.key_of gives them): those that
+# call the mutated function. Every test without it.
+ONLY_ENV = "DDP_VERIFY_GENERATED_ONLY"
 
 
-def pytest_collection_modifyitems(items: list[Any]) -> None:
+def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
+    only = os.environ.get(ONLY_ENV)
+    if only:
+        from tests.mutation.reach import key_of
+
+        keep = set(json.loads(Path(only).read_text()))
+        config.hook.pytest_deselected(items=[i for i in items if key_of(i) not in keep])
+        items[:] = [i for i in items if key_of(i) in keep]
     first = [name for name in os.environ.get(FIRST_ENV, "").split(",") if name]
     if first:
         rank = {name: i for i, name in enumerate(first)}

@@ -197,7 +197,7 @@ def test_a_rerun_keeps_what_was_judged_and_runs_the_survivors_again(tmp_path):
     (tmp_path / "before.json").write_text(json.dumps([*earlier, other]))
     before, after_json = str(tmp_path / "before.json"), str(tmp_path / "after.json")
     main(["--modules", module, "--samples", "3", "--seed", "0", "--timeout", "0.01",
-          "--rerun", before, "--json", after_json])  # fmt: skip
+          "--every-test", "--rerun", before, "--json", after_json])  # fmt: skip
     after = {o["mutant"]: o for o in json.loads((tmp_path / "after.json").read_text())}
     kept, again, ended = earlier
     assert after[kept["mutant"]]["outcome"] == "killed"
@@ -264,7 +264,7 @@ def test_a_survivor_is_judged_again_at_the_next_world_size(monkeypatch, tmp_path
     runs: list[int] = []
     timeouts: list[float] = []
 
-    def suite(mutant, directory, world_size, timeout, first=()):
+    def suite(mutant, directory, world_size, timeout, first=(), only=None):
         runs.append(world_size)
         timeouts.append(timeout)
         return ("killed", "test_fsdp.py::t") if world_size == 4 else ("survived", "")
@@ -283,3 +283,115 @@ def test_a_survivor_is_judged_again_at_the_next_world_size(monkeypatch, tmp_path
     runs.clear()
     assert generated.judge(mutant, tmp_path, [2], 1.0) == ("survived", "")
     assert runs == [2]
+
+
+MARKED = textwrap.dedent(
+    """
+    import threading
+
+    def direct(x):
+        return x + 1
+
+    def threaded(x):
+        return x * 2
+
+    def forked(x):
+        return x - 1
+
+    def at_import(x):
+        return x
+
+    def never(x):
+        return x
+
+    at_import(0)
+    """
+)
+
+TESTS = textwrap.dedent(
+    """
+    import multiprocessing
+    import threading
+
+    import marked_mod
+
+    marked_mod.at_import(1)  # while the tests are collected, before any runs
+
+    def test_direct():
+        assert marked_mod.direct(1) == 2
+
+    def test_threaded():
+        out = []
+        t = threading.Thread(target=lambda: out.append(marked_mod.threaded(2)))
+        t.start()
+        t.join(30)
+        assert out == [4]
+
+    def test_forked():
+        p = multiprocessing.get_context("fork").Process(target=marked_mod.forked, args=(1,))
+        p.start()
+        p.join(30)
+        assert p.exitcode == 0
+
+    def test_nothing():
+        assert marked_mod.direct is not marked_mod.never
+    """
+)
+
+
+def _session(tmp_path, env_extra, *args):
+    import os
+    import subprocess
+    import sys
+
+    from tests.mutation.generated import ROOT
+
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}", **env_extra}
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0",
+         "test_calls.py", *args],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+def test_the_reach_names_the_tests_that_call_each_marked_function(tmp_path):
+    # Calls made in the session's process, in a thread it starts, and in a forked child are
+    # each the running test's; a call while no test runs (an import during collection) may
+    # reach every test; a function nobody calls is in no test's reach.
+    from tests.mutation.reach import MARKS_ENV, OUT_ENV, marked, reached
+
+    (tmp_path / "marked_mod.py").write_text(MARKED)
+    (tmp_path / "test_calls.py").write_text(TESTS)
+    tree = ast.parse(MARKED)
+    defs = [node for node in tree.body if isinstance(node, ast.FunctionDef)]
+    made = [{"module": "marked_mod", "qualname": d.name,
+             "source": marked(d, f"marked_mod:{d.name}")} for d in defs]  # fmt: skip
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "marks.json").write_text(json.dumps(made))
+    # The marks go in as the tool puts them: the test module imports marked_mod at collection,
+    # after the plugin has installed them (it imports the module to mark it).
+    done = _session(
+        tmp_path,
+        {MARKS_ENV: str(out / "marks.json"), OUT_ENV: str(out)},
+        "-p", "tests.mutation.reach",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    found = reached(out)
+    assert found["marked_mod:direct"] == ["test_calls::test_direct"]
+    assert found["marked_mod:threaded"] == ["test_calls::test_threaded"]
+    assert found["marked_mod:forked"] == ["test_calls::test_forked"]
+    assert found["marked_mod:at_import"] is None
+    assert "marked_mod:never" not in found
+
+
+def test_a_mutant_runs_only_the_tests_named(tmp_path):
+    from tests.mutation.generated_patch import ONLY_ENV
+
+    (tmp_path / "marked_mod.py").write_text(MARKED)
+    (tmp_path / "test_calls.py").write_text(TESTS)
+    (tmp_path / "only.json").write_text(json.dumps(["test_calls::test_forked"]))
+    done = _session(tmp_path, {ONLY_ENV: str(tmp_path / "only.json")},
+                    "-p", "tests.mutation.generated_patch")  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "1 passed, 3 deselected" in done.stdout, done.stdout
