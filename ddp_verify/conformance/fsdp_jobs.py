@@ -365,19 +365,23 @@ class _Block(torch.nn.Module):
 
 class _SkipsItsHead(torch.nn.Module):
     """A :class:`_Block` and a head the forward never runs (the loss computed outside, in
-    chunks, as a chunked cross-entropy does)."""
+    chunks, as a chunked cross-entropy does), the head registered first where
+    ``head_first`` (which decides the order ``named_modules()`` meets them in)."""
 
-    def __init__(self, width: int) -> None:
+    def __init__(self, width: int, head_first: bool) -> None:
         super().__init__()
+        if head_first:
+            self.head = _numbered_linear(width, width, 2.5)
         self.block = _Block(width)
-        self.head = _numbered_linear(width, width, 2.5)
+        if not head_first:
+            self.head = _numbered_linear(width, width, 2.5)
 
     def forward(self, inp: torch.Tensor) -> torch.Tensor:
         return self.block(inp)
 
 
 def fully_shard_groups_a_forward_skips(
-    inputs: list[list[float]], inner: str, outer: str
+    inputs: list[list[float]], inner: str, outer: str, head_first: bool
 ) -> dict[str, Any]:
     """:class:`_SkipsItsHead` over float64 parameters with two nested ``fully_shard`` groups
     whose forward skips a member: ``[block.x, block.y]`` with
@@ -389,7 +393,7 @@ def fully_shard_groups_a_forward_skips(
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     device = rank_device()
-    model = _SkipsItsHead(len(inputs[0]))
+    model = _SkipsItsHead(len(inputs[0]), head_first)
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
 
     def cast(name: str) -> MixedPrecisionPolicy:

@@ -611,7 +611,9 @@ def test_groups_a_forward_skips_finish_innermost_first_and_train(world, fsdp, pr
     # finishes every such group when the root's forward ends, the innermost first, as the
     # groups would have unwound had every member run. So the output is cast to the inner
     # group's output_dtype and then to the outer's, which is its dtype, and the backward
-    # gathers and reduces the skipped groups' parameters as any others'.
+    # gathers and reduces the skipped groups' parameters as any others'. Whichever order the
+    # model registers the outer group's members in: the nesting decides, not the order
+    # named_modules() meets the groups in.
     from torch.distributed.fsdp._fully_shard._fsdp_state import FSDPState
 
     if not hasattr(FSDPState, "_force_complete_incomplete_states"):
@@ -621,15 +623,18 @@ def test_groups_a_forward_skips_finish_innermost_first_and_train(world, fsdp, pr
     dtypes = st.permutations(("float16", "bfloat16", "float32")).map(lambda p: tuple(p[:2]))
 
     def check(case):
-        inputs, (inner, outer) = case
+        inputs, (inner, outer), head_first = case
         width = len(inputs[0])
         weight, bias = numbered(width, width, 0.5)
         said = (
             f"fully_shard([block.x, block.y], output_dtype={inner}) inside "
-            f"fully_shard([block, head], output_dtype={outer}), the forward running block.x "
-            f"only, at {size} ranks"
+            f"fully_shard([block, head], output_dtype={outer}) (the head registered "
+            f"{'first' if head_first else 'last'}), the forward running block.x only, at "
+            f"{size} ranks"
         )
-        results = world.run(fsdp_jobs.fully_shard_groups_a_forward_skips, inputs, inner, outer)
+        results = world.run(
+            fsdp_jobs.fully_shard_groups_a_forward_skips, inputs, inner, outer, head_first
+        )
         want_grads = [
             [[sum(row[j] for row in inputs) / size for j in range(width)] for _ in range(width)],
             [1.0] * width,
@@ -660,9 +665,12 @@ def test_groups_a_forward_skips_finish_innermost_first_and_train(world, fsdp, pr
     # Never left to chance: values that float16 holds and bfloat16 rounds, each order.
     wide = [[float(257 + 2 * r)] for r in range(size)]
     prove(
-        st.tuples(rows, dtypes),
+        st.tuples(rows, dtypes, st.booleans()),
         check,
-        examples=[(wide, ("float16", "bfloat16")), (wide, ("bfloat16", "float16"))],
+        examples=[
+            (wide, ("float16", "bfloat16"), False),
+            (wide, ("bfloat16", "float16"), True),
+        ],
     )
 
 
