@@ -439,6 +439,9 @@ def main(argv: list[str] | None = None) -> int:
                         # another) cannot leave a survivor that the whole suite kills.
                         outcome, by = suite(mutant, directory, sizes[0], args.timeout,
                                             first_for(module))  # fmt: skip
+                        if outcome != "survived":
+                            # Said, so that a reach that misses a caller is seen and mended.
+                            by = f"{by} (a test the reach did not name)"
                 if outcome == "survived" and reason:
                     outcome, by = "equivalent", reason
                 counts[outcome] += 1

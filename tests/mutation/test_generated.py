@@ -395,3 +395,36 @@ def test_a_mutant_runs_only_the_tests_named(tmp_path):
                     "-p", "tests.mutation.generated_patch")  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     assert "1 passed, 3 deselected" in done.stdout, done.stdout
+
+
+def test_a_survivor_of_the_tests_that_call_it_runs_every_test_once_more(monkeypatch, tmp_path):
+    # The suite's runs stand in (a real run is the tool's own work): the tests the reach names
+    # let the mutant through, every test kills it. It is killed, and the outcome says the
+    # reach missed the test that did.
+    import random
+
+    from tests.mutation import generated
+    from tests.mutation.trace import trace
+
+    module = "torch.utils.data.distributed"
+    every = [m for m in mutants(module, set(trace()[module])) if installable(m)]
+    (drawn,) = random.Random(f"0:{module}").sample(every, 1)
+    key = f"{drawn.module}:{drawn.qualname}"
+    runs: list[tuple[int, list[str] | None]] = []
+
+    def suite(mutant, directory, world_size, timeout, first=(), only=None):
+        runs.append((world_size, only))
+        return ("survived", "") if only is not None else ("killed", "test_data.py::t")
+
+    monkeypatch.setattr(generated, "suite", suite)
+    monkeypatch.setattr(generated, "marks", lambda traced: [{"module": drawn.module,
+                        "qualname": drawn.qualname, "source": ""}])  # fmt: skip
+    monkeypatch.setattr(generated, "reach", lambda made, size, timeout: {key: ["test_data::t"]})
+    monkeypatch.setattr(generated, "why_equivalent", lambda *a: None)
+    out = tmp_path / "out.json"
+    generated.main(["--modules", module, "--samples", "1", "--world-size", "2", "4",
+                    "--json", str(out)])  # fmt: skip
+    (outcome,) = json.loads(out.read_text())
+    assert runs == [(2, ["test_data::t"]), (4, ["test_data::t"]), (2, None)]
+    assert outcome["outcome"] == "killed"
+    assert outcome["by"] == "test_data.py::t (a test the reach did not name)"
