@@ -59,6 +59,8 @@ from tests.mutation.equivalent import why_equivalent
 from tests.mutation.generated_patch import ENV, FIRST_ENV, ONLY_ENV, compiled
 from tests.mutation.operators import Site, mutated, sites
 from tests.mutation.reach import MARKS_ENV, OUT_ENV, marked, reached
+from tests.mutation.source_patch import ENV as SOURCE_ENV
+from tests.mutation.source_patch import SITECUSTOMIZE
 from tests.mutation.trace import trace
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -131,6 +133,34 @@ class Mutant:
         path = importlib.util.find_spec(self.module).origin  # type: ignore[union-attr]
         return linecache.getline(str(path), self.line).strip()
 
+    def module_source(self) -> str:
+        """The module's whole source with this mutant's function in place of the original's
+        ``def`` (its decorators kept, applied to it as the module is imported): what
+        :mod:`tests.mutation.source_patch` imports the module from."""
+        path = importlib.util.find_spec(self.module).origin  # type: ignore[union-attr]
+        text = Path(str(path)).read_text()
+        node: ast.AST = ast.parse(text)
+        for part in self.qualname.split("."):
+            node = _defined(node, part)
+        assert isinstance(node, ast.FunctionDef) and node.end_lineno is not None
+        lines = text.splitlines(keepends=True)
+        made = textwrap.indent(self.source.rstrip("\n") + "\n", " " * node.col_offset)
+        return "".join(lines[: node.lineno - 1]) + made + "".join(lines[node.end_lineno :])
+
+
+def _defined(scope: ast.AST, name: str) -> ast.AST:
+    # The def or class ``name`` in ``scope``'s own body, behind an if or a try at most (not
+    # in a nested function's body).
+    bodies = [getattr(scope, "body", [])]
+    while bodies:
+        for statement in bodies.pop(0):
+            if isinstance(statement, (ast.FunctionDef, ast.ClassDef)) and statement.name == name:
+                return statement
+            if isinstance(statement, (ast.If, ast.Try)):
+                bodies += [statement.body, statement.orelse]
+                bodies += [h.body for h in getattr(statement, "handlers", [])]
+    raise KeyError(f"no {name} defined in {getattr(scope, 'name', 'the module')}")
+
 
 def functions(module: str) -> list[tuple[str, ast.FunctionDef, int]]:
     """The module's functions and methods defined in its own file: (qualname, parsed def,
@@ -196,6 +226,31 @@ def _write(mutant: Mutant, directory: Path) -> Path:
     return path
 
 
+def _write_source(mutant: Mutant, directory: Path) -> Path:
+    # The module's mutated source, and a sitecustomize that every process of the run imports
+    # at its start (before torch) to import the module from it.
+    (directory / "site").mkdir(exist_ok=True)
+    (directory / "site" / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    path = directory / "mutant-source.json"
+    path.write_text(json.dumps({"module": mutant.module, "source": mutant.module_source()}))
+    return path
+
+
+def raises_at_import(mutant: Mutant, directory: Path, timeout: float) -> str:
+    """What importing ``mutant``'s module from its mutated source raises ("" where it
+    imports): a mutant that cannot be imported is not a regression anyone ships."""
+    env = {k: v for k, v in os.environ.items() if k not in (ENV, ONLY_ENV)}
+    env[SOURCE_ENV] = str(_write_source(mutant, directory))
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(directory / "site"), str(ROOT), os.environ.get("PYTHONPATH", "")]
+    )
+    command = [sys.executable, "-c", f"import {mutant.module}"]
+    done = subprocess.run(
+        command, env=env, cwd=directory, capture_output=True, text=True, timeout=timeout
+    )
+    return "" if done.returncode == 0 else (done.stderr.strip().splitlines() or ["?"])[-1]
+
+
 # Return codes of a suite ended by a signal from outside rather than by what it ran.
 EXTERNAL = (-signal.SIGTERM, -signal.SIGKILL)
 
@@ -207,15 +262,25 @@ def suite(
     timeout: float,
     first: tuple[str, ...] = (),
     only: list[str] | None = None,
+    at_import: bool = False,
 ) -> tuple[str, str]:
     """The conformance suite against ``mutant`` (the test modules ``first`` run first; only
     the tests ``only`` names where given, none where it is empty): ("killed", the failing
-    test) or ("survived", "") or ("timed out", "")."""
+    test) or ("survived", "") or ("timed out", ""). ``at_import``: the mutant is its module's
+    source from before the module is imported (:mod:`tests.mutation.source_patch`), for a
+    function that runs as its module is imported; else its function's code is swapped once
+    the module is (:mod:`tests.mutation.generated_patch`)."""
     if only is not None and not only:
         return "survived", ""  # no test calls the function: each runs what torch runs
-    env = {**os.environ, ENV: str(_write(mutant, directory)), FIRST_ENV: ",".join(first),
+    env = {**os.environ, FIRST_ENV: ",".join(first),
            "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}  # fmt: skip
-    env.pop(ONLY_ENV, None)
+    for name in (ONLY_ENV, ENV, SOURCE_ENV):
+        env.pop(name, None)
+    if at_import:
+        env[SOURCE_ENV] = str(_write_source(mutant, directory))
+        env["PYTHONPATH"] = f"{directory / 'site'}{os.pathsep}{env['PYTHONPATH']}"
+    else:
+        env[ENV] = str(_write(mutant, directory))
     if only is not None:
         selection = directory / "only.json"
         selection.write_text(json.dumps(only))
@@ -250,6 +315,7 @@ def judge(
     timeout: float,
     first: tuple[str, ...] = (),
     only: Callable[[int], list[str] | None] = lambda size: None,
+    at_import: bool = False,
 ) -> tuple[str, str]:
     """:func:`suite` at each world size in turn until one kills (or times out on) the mutant;
     past the first size, what killed it says the size. ``timeout`` is the first size's: a
@@ -259,7 +325,9 @@ def judge(
     outcome, by = "survived", ""
     for index, world_size in enumerate(world_sizes):
         scaled = timeout * max(1.0, world_size / world_sizes[0])
-        outcome, by = suite(mutant, directory, world_size, scaled, first, only(world_size))
+        outcome, by = suite(
+            mutant, directory, world_size, scaled, first, only(world_size), at_import
+        )
         if outcome != "survived":
             if index:
                 by = f"{by} (at world size {world_size})"
@@ -430,10 +498,27 @@ def main(argv: list[str] | None = None) -> int:
                     # A declared mutant that survives is equivalent whatever a larger world
                     # says (killed there or not, it leaves no survivor): judged at one size.
                     sizes = args.world_size[:1] if reason else args.world_size
-                    outcome, by = judge(
-                        mutant, directory, sizes, args.timeout, first_for(module), only(mutant)
-                    )
-                    if outcome == "survived" and not reason and not args.every_test:
+                    calls = only(mutant)
+                    if not args.every_test and calls(sizes[0]) == []:
+                        # Never called once its module is imported: it runs as the module is
+                        # imported (or no test calls it), where a swap of its code would change
+                        # nothing that runs. Judged as its module's source, by every test.
+                        failure = raises_at_import(mutant, directory, args.timeout)
+                        if failure:
+                            outcome, by = "equivalent", f"raises at import: {failure}"
+                        else:
+                            outcome, by = judge(mutant, directory, sizes, args.timeout,
+                                                first_for(module), at_import=True)  # fmt: skip
+                    else:
+                        outcome, by = judge(
+                            mutant, directory, sizes, args.timeout, first_for(module), calls
+                        )
+                    if (
+                        outcome == "survived"
+                        and not reason
+                        and not args.every_test
+                        and calls(sizes[0]) != []
+                    ):
                         # A survivor of the tests that call it runs every test once more: what
                         # a measured reach could miss (a closure made in one test, called in
                         # another) cannot leave a survivor that the whole suite kills.

@@ -428,3 +428,40 @@ def test_a_survivor_of_the_tests_that_call_it_runs_every_test_once_more(monkeypa
     assert runs == [(2, ["test_data::t"]), (4, ["test_data::t"]), (2, None)]
     assert outcome["outcome"] == "killed"
     assert outcome["by"] == "test_data.py::t (a test the reach did not name)"
+
+
+def test_a_mutant_of_what_runs_at_import_runs_as_its_modules_source(tmp_path):
+    # _use_grad_for_differentiable wraps every optimizer's step as torch.optim is imported: a
+    # swap of its code afterwards changes no wrapper already made, while the module imported
+    # from the mutated source wraps every step with the mutated wrapper (self read from the
+    # second argument: a step with no argument fails).
+    import os
+    import subprocess
+    import sys
+
+    from tests.mutation.generated import ROOT, _write_source, raises_at_import
+    from tests.mutation.source_patch import ENV as SOURCE_ENV
+
+    (mutant,) = [m for m in mutants("torch.optim.optimizer")
+                 if m.qualname == "_use_grad_for_differentiable"]  # fmt: skip
+    source = mutant.module_source()
+    assert "self = cast(Optimizer, args[1])" in source
+    assert source.count("@_use_grad_for_differentiable") == 0  # defined here, applied elsewhere
+    compile(source, "optimizer.py", "exec")
+    step = (
+        "import torch; p = torch.nn.Parameter(torch.ones(1)); p.grad = torch.ones(1); "
+        "torch.optim.SGD([p], lr=0.5).step(); print(float(p))"
+    )
+
+    def run(installed: bool) -> subprocess.CompletedProcess[str]:
+        env = {**os.environ, "PYTHONPATH": f"{ROOT}"}
+        if installed:
+            env[SOURCE_ENV] = str(_write_source(mutant, tmp_path))
+            env["PYTHONPATH"] = f"{tmp_path / 'site'}{os.pathsep}{ROOT}"
+        return subprocess.run([sys.executable, "-c", step], env=env, cwd=tmp_path,
+                              capture_output=True, text=True, timeout=300)  # fmt: skip
+
+    plain, mutated = run(False), run(True)
+    assert plain.returncode == 0 and plain.stdout.strip() == "0.5", plain.stderr
+    assert mutated.returncode != 0 and "IndexError" in mutated.stderr, mutated.stderr[-2000:]
+    assert raises_at_import(mutant, tmp_path, 300) == ""  # it imports; only a step fails
