@@ -112,6 +112,7 @@ APIS: dict[str, str] = {
     "torch.distributed.fsdp.MixedPrecisionPolicy": "init",
     "torch.distributed.fsdp.FSDPModule": "methods",
     "torch.utils.data.DistributedSampler": "init",
+    "torch.utils.data.BatchSampler": "init",
     "torch.nn.utils.clip_grad_norm_": "call",
     "torch.distributed.checkpoint.state_dict.get_state_dict": "call",
     "torch.distributed.checkpoint.state_dict.set_state_dict": "call",
@@ -940,6 +941,15 @@ ENTRIES: tuple[Entry, ...] = (
     _e("torch.utils.data.DistributedSampler", "drop_last", COVERED, _SAMPLER, _SAMPLER_PAD),
     _e("torch.utils.data.DistributedSampler", "set_epoch()", COVERED,
        "test_data::test_set_epoch_reshuffles_and_forgetting_it_does_not"),
+    *(
+        _e("torch.utils.data.BatchSampler", arg, COVERED,
+           "test_data::test_a_loader_batches_each_ranks_shard_as_documented", why=why)
+        for arg, why in (
+            ("sampler", "a DistributedSampler's shard, as DataLoader(sampler=...) builds it"),
+            ("batch_size", "1 to 6; refused: 0, negative, a bool, a float"),
+            ("drop_last", "True and False; refused: an int"),
+        )
+    ),
     # -- clipping ------------------------------------------------------------------------------
     _e("torch.nn.utils.clip_grad_norm_", "parameters", COVERED, _CLIP, _CLIP_NORMS,
        why="a list, and a lone tensor"),

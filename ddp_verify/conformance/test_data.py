@@ -251,3 +251,43 @@ def test_a_sampler_given_its_replicas_and_rank_shards_as_documented(prove):
         ),
         check,
     )
+
+
+def test_a_loader_batches_each_ranks_shard_as_documented(prove):
+    # DataLoader(batch_size=b, sampler=DistributedSampler(...), drop_last=...) as data-parallel
+    # loops build it: its BatchSampler cuts the rank's shard, in order, into batches of b, the
+    # last one shorter or dropped (drop_last), and its len() counts them. BatchSampler refuses
+    # a batch_size that is not a positive int (0, negative, a bool, a float) and a drop_last
+    # that is not a bool, with ValueError, as its code documents.
+    from torch.utils.data import BatchSampler, DataLoader
+    from torch.utils.data.distributed import DistributedSampler
+
+    def check(case):
+        length, replicas, batch, drop_last, shard_drop_last, shuffle = case
+        data = list(range(length))
+        for rank in range(replicas):
+            sampler = DistributedSampler(data, num_replicas=replicas, rank=rank,
+                                         shuffle=shuffle, drop_last=shard_drop_last)  # fmt: skip
+            shard = list(sampler)
+            loader = DataLoader(data, batch_size=batch, sampler=sampler, drop_last=drop_last)
+            want = [shard[i : i + batch] for i in range(0, len(shard), batch)]
+            if drop_last and want and len(want[-1]) < batch:
+                want.pop()
+            got = [b.tolist() for b in loader]
+            said = (f"DataLoader({length} items, batch_size={batch}, drop_last={drop_last}, "
+                    f"sampler=DistributedSampler(num_replicas={replicas}, rank={rank}, "
+                    f"shuffle={shuffle}, drop_last={shard_drop_last}))")  # fmt: skip
+            assert got == want, f"{said}: batches {got}, not the shard {shard} cut into {want}"
+            assert len(loader) == len(want), f"{said}: len() is {len(loader)}, not {len(want)}"
+        for bad in (0, -batch, True, float(batch)):
+            with pytest.raises(ValueError, match="batch_size should be a positive integer"):
+                BatchSampler(data, bad, drop_last)
+        with pytest.raises(ValueError, match="drop_last should be a boolean"):
+            BatchSampler(data, batch, int(drop_last))
+
+    prove(
+        st.tuples(LENGTHS, st.integers(1, 4), st.integers(1, 6), st.booleans(), st.booleans(),
+                  st.booleans()),
+        check,
+        examples=[(7, 2, 1, False, False, False), (7, 2, 3, True, False, False)],
+    )  # fmt: skip
