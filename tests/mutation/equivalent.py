@@ -21,6 +21,12 @@ _PLACEHOLDER = (
     "(whose own value it sends): its first value is never read"
 )
 
+_HASH = (
+    "a placement's hash stays a function of the reduce op alone, as its __eq__ compares: equal "
+    "placements hash equal (all the hash contract asks); which integer it is is "
+    "documented nowhere"
+)
+
 _FSDP = "torch.distributed.fsdp._fully_shard._fsdp_collectives"
 _FSDP_COMMON = "torch.distributed.fsdp._fully_shard._fsdp_common"
 _FSDP_INIT = "torch.distributed.fsdp._fully_shard._fsdp_init"
@@ -621,6 +627,11 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "wait_for_unshard treats it as the synchronous one it is (an explicit prefetch only "
         "loses its overlap)"
     ),
+    **{
+        ("torch.distributed.tensor.placement_types", f"{cls}.__hash__", op, change): _HASH
+        for cls, what in (("Partial", "hash(self.reduce_op)"), ("_Partial", "hash(self.reduce_op)"))
+        for op, change in (("arithmetic", f"1 + {what} -> 1 - {what}"), ("off-by-one", "1 -> 2"))
+    },
 }  # fmt: skip
 
 
