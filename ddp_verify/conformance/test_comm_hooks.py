@@ -475,6 +475,13 @@ def _records_hold(world, data_parallel, prove, start: int, feedback: bool) -> No
                     )
                 offset += size
 
+    # Never left to chance: a 6 x 3 weight, where the rule's two sides are equal
+    # ((6 + 3) * 1 * 2 = 18 = 6 * 3): documented strict, so it is not compressed.
+    edge = Scenario(
+        world_size=world.size,
+        schedule=(((2,),) * world.size,),
+        model=ModelSpec(kind="mlp", in_features=3, hidden=(6,)),
+    )
     prove(
         scenarios(
             world_size=world.size,
@@ -482,6 +489,7 @@ def _records_hold(world, data_parallel, prove, start: int, feedback: bool) -> No
             models=models(kinds=("mlp",), features=False, min_width=6, max_width=8),
         ),
         check,
+        examples=[edge],
     )
     # Every path ran: matrices compressed, tensors left uncompressed, residuals carried over.
     assert all(seen.values()), f"a path of PowerSGD never ran: {seen}"
