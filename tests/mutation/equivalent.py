@@ -125,6 +125,12 @@ _EMPTY_REST = (
 EQUIVALENT: dict[tuple[str, str, str, str], str] = {
     (_POWER, "powerSGD_hook", "reversed-iteration",
      "for ... in tensors_to_compress -> reversed(list(...))"): _DRAWS,
+    (_POWER, "_orthogonalize", "off-by-one",
+     "0 -> 1 at `num_matrices = matrices.shape[0]`"): (
+        "num_matrices sizes only the buffer torch.linalg.qr is given for R, which the hook "
+        "discards: qr resizes an out tensor of another shape (with a deprecation warning) and "
+        "Q, written into the matrices, is the same"
+    ),
     (_POWER, "powerSGD_hook", "reversed-iteration",
      "for ... in shape_to_tensors.values() -> reversed(list(...))"): _DRAWS,
     (_POWER, "powerSGD_hook", "reversed-iteration",
