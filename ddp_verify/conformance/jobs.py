@@ -965,11 +965,12 @@ class _GradientIsInput(torch.nn.Module):
 
 
 def powersgd_on_a_fixed_gradient(
-    gradients: list[list[list[float]]], warm_start: bool, steps: int
+    gradients: list[list[list[float]]], warm_start: bool, steps: int, epsilon: float = 0.0
 ) -> list[list[list[float]]]:
     """DDP over one ``rows x cols`` weight whose gradient on rank r is ``gradients[r]`` at
     every step, with ``powerSGD_hook`` at rank 1 (every matrix compressed, no error feedback,
-    ``warm_start`` as given, from iteration 2): the gradient DDP applies at each step."""
+    ``warm_start`` as given, ``orthogonalization_epsilon=epsilon``, from iteration 2): the
+    gradient DDP applies at each step."""
     from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import (
         PowerSGDState,
         powerSGD_hook,
@@ -985,6 +986,7 @@ def powersgd_on_a_fixed_gradient(
         min_compression_rate=0,
         use_error_feedback=False,
         warm_start=warm_start,
+        orthogonalization_epsilon=epsilon,
     )
     model.register_comm_hook(state, powerSGD_hook)
     g = torch.tensor(gradients[dist.get_rank()], dtype=torch.float64, device=rank_device())

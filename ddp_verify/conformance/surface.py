@@ -587,7 +587,9 @@ ENTRIES: tuple[Entry, ...] = (
                "accepted; a new random start each step)")
         for name in ("use_error_feedback", "warm_start")
     ),
-    _e(_POWER + "PowerSGDState", "orthogonalization_epsilon", COVERED, _POWERSGD),
+    _e(_POWER + "PowerSGDState", "orthogonalization_epsilon", COVERED, _POWERSGD,
+       "test_comm_hooks::test_powersgd_orthogonalization_epsilon_keeps_a_zero_gradient_zero",
+       why="1e-30 (exact at full rank), and 1e-8 to 2 keeping a zero-mean gradient zero"),
     _e(_POWER + "PowerSGDState", "random_seed", COVERED, _POWERSGD_WIDE, why="the default and 7"),
     _e(_POWER + "PowerSGDState", "compression_stats_logging_frequency", OUT,
        why="how often statistics are logged; no arithmetic"),

@@ -495,6 +495,35 @@ def _records_hold(world, data_parallel, prove, start: int, feedback: bool) -> No
     assert all(seen.values()), f"a path of PowerSGD never ran: {seen}"
 
 
+def test_powersgd_orthogonalization_epsilon_keeps_a_zero_gradient_zero(world, prove):
+    # PowerSGDState's orthogonalization_epsilon is "added to every normalized matrix column
+    # in orthogonalization step, to prevent div-by-zero error if any column has all 0s": a
+    # gradient whose ranks' mean is zero makes P = M Q all zeros, and with epsilon > 0 its
+    # columns normalise to zeros (0 / (0 + epsilon)), so the compressed gradient applied is
+    # zero, not NaN. The ranks' own gradients differ (their offsets cancel in the mean).
+    def check(case):
+        rows, cols, epsilon = case
+        gradients = [
+            [[(r - (world.size - 1) / 2) * (i + j + 1) for j in range(cols)] for i in range(rows)]
+            for r in range(world.size)
+        ]
+        results = world.run(jobs.powersgd_on_a_fixed_gradient, gradients, False, 3, epsilon)
+        zero = [[0.0] * cols for _ in range(rows)]
+        for rank, applied in enumerate(results):
+            assert applied[-1] == zero, (
+                f"powerSGD_hook at rank 1, orthogonalization_epsilon={epsilon}, on a {rows}x"
+                f"{cols} gradient whose mean over {world.size} ranks is zero: rank {rank} "
+                f"applied {applied[-1]}, not zeros"
+            )
+
+    prove(
+        st.tuples(st.integers(2, 4), st.integers(2, 4),
+                  st.sampled_from((1e-8, 1e-3, 0.5, 1.0, 2.0))),
+        check,
+        examples=[(2, 3, 1.0), (3, 2, 1e-8)],
+    )  # fmt: skip
+
+
 def test_powersgd_with_warm_start_converges_to_the_best_rank_1_approximation(world, prove):
     # PowerSGD is one step of power iteration a call: P = orth(M Q), Q = M^T P, applied P Q^T,
     # M the ranks' mean gradient. warm_start reuses the last step's Q, so on a fixed gradient
