@@ -135,7 +135,22 @@ def zero_refusals() -> dict[str, str | None]:
         ),
         "state_dict before it was consolidated": lambda: made.state_dict(),
     }
+    # overlap_with_ddp=True defers the local optimizer until DDP's buckets are rebuilt (its
+    # hook's first iterations): the state methods document a RuntimeError until then.
+    for method in ("consolidate_state_dict", "state_dict", "load_state_dict"):
+        calls[f"{method} with overlap_with_ddp before DDP's buckets are rebuilt"] = (
+            lambda method=method: _overlapped_zero(method)
+        )
     return refusals(calls)
+
+
+def _overlapped_zero(method: str) -> Any:
+    from torch.distributed.optim import ZeroRedundancyOptimizer as ZeRO
+
+    zero = ZeRO([torch.nn.Parameter(torch.ones(3))], optimizer_class=torch.optim.SGD,
+                overlap_with_ddp=True, lr=0.1)  # fmt: skip
+    call = getattr(zero, method)
+    return call({"state": {}, "param_groups": []}) if method == "load_state_dict" else call()
 
 
 def _functional_sgd() -> type:

@@ -773,9 +773,11 @@ ENTRIES: tuple[Entry, ...] = (
     _e("torch.distributed.optim.ZeroRedundancyOptimizer", "overlap_with_ddp", COVERED,
        "test_zero::test_zero_overlapped_with_ddp_steps_inside_the_hook_after_its_warm_up",
        "test_zero::test_zero_overlapped_with_ddp_sharding_its_buckets",
+       "test_zero::test_every_construction_and_call_zero_refuses_is_refused",
        why="on nccl only (torch refuses gloo: pytorch#62300); both hooks, one bucket or one "
        "per parameter; shard_buckets=True a known torch issue "
-       "(findings/zero_overlap_shard_buckets.py)"),
+       "(findings/zero_overlap_shard_buckets.py); on every backend, the state methods "
+       "refused until DDP's buckets are rebuilt"),
     _e("torch.distributed.optim.ZeroRedundancyOptimizer", "defaults", COVERED, _ZERO,
        why="the optimizer's hyperparameters"),
     _e("torch.distributed.optim.ZeroRedundancyOptimizer", "step()", COVERED, _ZERO),

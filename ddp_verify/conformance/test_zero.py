@@ -275,6 +275,12 @@ ZERO_REFUSED = {
     "a functional optimizer without overlap": r"ValueError: Passing in a functional optimizer",
     "state_dict before it was consolidated": r"RuntimeError: Optimizer state has not been "
     r"consolidated on this rank",
+    **{
+        f"{method} with overlap_with_ddp before DDP's buckets are rebuilt": r"RuntimeError: "
+        r"This method should not be called until this ZeroRedundancyOptimizer instance has "
+        r"been fully initialized"
+        for method in ("consolidate_state_dict", "state_dict", "load_state_dict")
+    },
 }
 
 
