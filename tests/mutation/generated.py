@@ -245,9 +245,12 @@ def raises_at_import(mutant: Mutant, directory: Path, timeout: float) -> str:
         [str(directory / "site"), str(ROOT), os.environ.get("PYTHONPATH", "")]
     )
     command = [sys.executable, "-c", f"import {mutant.module}"]
-    done = subprocess.run(
-        command, env=env, cwd=directory, capture_output=True, text=True, timeout=timeout
-    )
+    try:
+        done = subprocess.run(
+            command, env=env, cwd=directory, capture_output=True, text=True, timeout=timeout
+        )
+    except subprocess.TimeoutExpired:
+        return ""  # no raise seen: the suite's own time-out judges a mutant that hangs
     return "" if done.returncode == 0 else (done.stderr.strip().splitlines() or ["?"])[-1]
 
 
@@ -513,11 +516,12 @@ def main(argv: list[str] | None = None) -> int:
                         outcome, by = judge(
                             mutant, directory, sizes, args.timeout, first_for(module), calls
                         )
+                    # Only where the tests that ran were a selection (not all, not none).
                     if (
                         outcome == "survived"
                         and not reason
                         and not args.every_test
-                        and calls(sizes[0]) != []
+                        and calls(sizes[0])
                     ):
                         # A survivor of the tests that call it runs every test once more: what
                         # a measured reach could miss (a closure made in one test, called in

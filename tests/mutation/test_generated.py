@@ -264,7 +264,7 @@ def test_a_survivor_is_judged_again_at_the_next_world_size(monkeypatch, tmp_path
     runs: list[int] = []
     timeouts: list[float] = []
 
-    def suite(mutant, directory, world_size, timeout, first=(), only=None):
+    def suite(mutant, directory, world_size, timeout, first=(), only=None, at_import=False):
         runs.append(world_size)
         timeouts.append(timeout)
         return ("killed", "test_fsdp.py::t") if world_size == 4 else ("survived", "")
@@ -412,7 +412,7 @@ def test_a_survivor_of_the_tests_that_call_it_runs_every_test_once_more(monkeypa
     key = f"{drawn.module}:{drawn.qualname}"
     runs: list[tuple[int, list[str] | None]] = []
 
-    def suite(mutant, directory, world_size, timeout, first=(), only=None):
+    def suite(mutant, directory, world_size, timeout, first=(), only=None, at_import=False):
         runs.append((world_size, only))
         return ("survived", "") if only is not None else ("killed", "test_data.py::t")
 
