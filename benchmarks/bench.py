@@ -60,7 +60,6 @@ import os
 import platform
 import resource
 import select
-import socket
 import statistics
 import subprocess
 import sys
@@ -98,6 +97,7 @@ from ddp_verify.usercode.diagnosis.coupled import coupled_bounds  # noqa: E402
 from ddp_verify.usercode.search import bounds_for  # noqa: E402
 from ddp_verify.usercode.verdict import NotEquivalent  # noqa: E402
 from ddp_verify.world import World, rank_device  # noqa: E402
+from ddp_verify.world.ports import free_port  # noqa: E402
 from ddp_verify.world.runtime import set_rank_device  # noqa: E402
 
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "bench.json"
@@ -289,7 +289,7 @@ class FloorWorkers:
 
     def __init__(self, size: int, device: str, *, reference: bool = True) -> None:
         context = multiprocessing.get_context("spawn")
-        port = _free_port()
+        port = free_port()
         self.conns, self.procs = [], []
         for rank in range(size):
             ours, theirs = context.Pipe()
@@ -351,7 +351,7 @@ def _usual_rank(
 
 def usual_way(size: int, kind: str, scenario: Scenario, device: str) -> float:
     start = time.perf_counter()
-    args = (size, _free_port(), kind, scenario, device)
+    args = (size, free_port(), kind, scenario, device)
     context = mp.spawn(_usual_rank, args=args, nprocs=size, join=False)
     try:
         # join() raises when a rank dies (the SIGABRT this yardstick sometimes ends in).
@@ -384,7 +384,7 @@ sys.stdin.read()
 def bare_start(size: int) -> float:
     """Spawn ``size`` plain interpreters that import torch, init a process group and build
     torch's first optimizer: ready to train."""
-    port = _free_port()
+    port = free_port()
     start = time.perf_counter()
     procs = [
         subprocess.Popen(
@@ -912,12 +912,6 @@ def measure(size: int, args: argparse.Namespace) -> dict[str, Any]:
     if failures:
         out["failures"] = failures
     return out
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 COLUMNS = [

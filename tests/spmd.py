@@ -11,13 +11,14 @@ import dataclasses
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+
+from ddp_verify.world.ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 # torchrun's own chatter on stderr (its start banner, its failure summary) is not the report.
@@ -33,13 +34,6 @@ class Job:
     @property
     def output(self) -> str:
         return self.stdout + self.stderr
-
-
-def free_port() -> int:
-    """A port nothing listens on now (bound to port 0, as worlds choose theirs)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def environment(**extra: str) -> dict[str, str]:

@@ -16,13 +16,13 @@ import os
 import re
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from ..world.ports import collided, free_port
 from .launchers import DEFAULT_LAUNCHER, Launcher, parse_launcher
 from .layouts import Layout, LayoutError, fill
 from .loopback import ENV_LOOPBACK
@@ -160,6 +160,7 @@ def launch(
     perturb: int | None = None,
     perturb_dtype: str | None = None,
     nnodes: int = 1,
+    ports: Callable[[], int] = free_port,
 ) -> Run:
     """Run ``command`` at ``layout``, recording ``steps`` optimizer steps into ``directory``;
     at most ``timeout`` seconds, after which the run's whole process group is ended.
@@ -168,18 +169,15 @@ def launch(
     a :class:`~.launchers.Launcher` or ``--launcher``'s text. ``nnodes``: the nodes a layout
     of more than one rank spans (torchrun, accelerate and fabric then start one agent per node
     on this machine; srun and a template of the user's are given ``{nnodes}`` and
-    ``{nproc_per_node}`` and start them)."""
+    ``{nproc_per_node}`` and start them). ``ports``: where each start's port comes from; a
+    start whose store found its port taken (another process bound it first) is made again on
+    the next, up to three times."""
     script = fill(script_of(command), layout, global_batch=global_batch, nnodes=nnodes)
     if not isinstance(launcher, Launcher):
         launcher = parse_launcher(launcher)
-    starts, added = launcher.commands(
-        layout, nnodes, port=_free_port(), run_id=f"ddp-verify-{os.getpid()}-{layout}"
-    )
-    argvs = [(*start, *script) for start in starts]
     directory.mkdir(parents=True, exist_ok=True)
     env = {
         **os.environ,
-        **added,
         ENV_DIR: str(directory),
         ENV_STEPS: str(steps),
         ENV_DTYPE: "float64" if float64 else "native",
@@ -194,7 +192,34 @@ def launch(
             env.setdefault("GLOO_SOCKET_IFNAME", "lo")
             env.setdefault("NCCL_SOCKET_IFNAME", "lo")
     started = time.monotonic()
-    with open(directory / "output.log", "wb") as output:
+    deadline = started + timeout
+    for attempt in range(1, _STARTS + 1):
+        starts, added = launcher.commands(
+            layout, nnodes, port=ports(), run_id=f"ddp-verify-{os.getpid()}-{layout}-{attempt}"
+        )
+        argvs = [(*start, *script) for start in starts]
+        returncode = _run(argvs, {**env, **added}, directory / "output.log", deadline)
+        # A store that found its port taken by another process (see world.ports): the run
+        # never began; started again on another port, its recordings (if any) gone.
+        if returncode in (0, None) or attempt == _STARTS:
+            break
+        if not collided((directory / "output.log").read_text(errors="replace")):
+            break
+        for stale in directory.glob("rank*.pt"):
+            stale.unlink()
+    return Run(layout, tuple(argvs[0]), returncode, time.monotonic() - started, directory)
+
+
+# How many times a run whose store found its port taken is started (each on a fresh port).
+_STARTS = 3
+
+
+def _run(
+    argvs: Sequence[Sequence[str]], env: dict[str, str], log: Path, deadline: float
+) -> int | None:
+    """Start ``argvs`` together, their output to ``log``; the first non-zero exit code, 0, or
+    None where they outlast ``deadline``. Every process they started is ended after."""
+    with open(log, "wb") as output:
         procs: list[subprocess.Popen[bytes]] = []
         try:
             # One agent per node where the nodes are simulated here, each in a session of its
@@ -209,21 +234,13 @@ def launch(
                         start_new_session=True,
                     )
                 )
-            deadline = started + timeout
             codes = [p.wait(timeout=max(0.0, deadline - time.monotonic())) for p in procs]
-            returncode: int | None = next((c for c in codes if c), 0)
+            return next((c for c in codes if c), 0)
         except subprocess.TimeoutExpired:
-            returncode = None
+            return None
         finally:
             for proc in procs:
                 _end(proc)
-    return Run(layout, tuple(argvs[0]), returncode, time.monotonic() - started, directory)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _end(proc: subprocess.Popen[bytes]) -> None:

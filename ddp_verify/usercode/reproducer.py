@@ -37,7 +37,6 @@ import importlib.machinery
 import importlib.util
 import os
 import pickle
-import socket
 import sys
 
 import cloudpickle
@@ -51,6 +50,7 @@ from ddp_verify.methods import Method
 from ddp_verify.engine.scenario import ModelSpec, OptimizerSpec, Recipe, Scenario
 from ddp_verify.engine.trace import Trace, stepped_gradients
 from ddp_verify.world.backends import BACKEND as BACKENDS, DEVICE as DEVICES
+from ddp_verify.world.ports import free_port
 from ddp_verify.world.runtime import set_up_device
 
 SCENARIO = {scenario!r}
@@ -137,9 +137,8 @@ class Spawned:
     name = f"{{KIND}} plug-in"
 
     def run(self, scenario):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        # Below the ephemeral range: no outgoing connection takes it before rank 0 binds it.
+        port = free_port()
         # On the CPU the ranks are forked from this process, torch already imported (nothing
         # has run a torch op here yet, so no thread pool is copied): no rank imports torch
         # again. CUDA cannot be forked into: spawned there.

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from ddp_verify.parity.launch import _free_port
 from ddp_verify.parity.launchers import Launcher, parse_launcher
 from ddp_verify.parity.layouts import Layout, LayoutError
 from ddp_verify.parity.recording import Recording
 from ddp_verify.parity.run import run_parity
+from ddp_verify.world.ports import free_port
 from tests.frontends.in_process import ddp_verify_here
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "fixtures" / "scripts"
@@ -103,7 +103,7 @@ def test_srun_gives_every_task_the_layout_and_the_boot_maps_slurms_variables(tmp
     base = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR")}
     base.update(
         SLURM_NTASKS="2", SLURM_NNODES="1", SLURM_NODEID="0", SLURM_JOB_ID="7",
-        SLURM_JOB_NODELIST="127.0.0.1", MASTER_PORT=str(_free_port()), DDP_VERIFY_STEPS="1",
+        SLURM_JOB_NODELIST="127.0.0.1", MASTER_PORT=str(free_port()), DDP_VERIFY_STEPS="1",
         DDP_VERIFY_RECORD=str(tmp_path), GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1",
     )  # fmt: skip
     tasks = [
