@@ -685,13 +685,16 @@ def zero_in_a_group(
     group_size: int,
     momentum: float,
     bucket_view: bool,
+    trainable: list[list[bool]] | None = None,
 ) -> dict[str, Any]:
     """``ZeroRedundancyOptimizer`` around ``SGD(lr=0.5, momentum)`` over the subgroup of
     ``group_size`` consecutive ranks holding rank r (``process_group``): its parameters
     (one tensor per entry) start at ``starts[g]``, g its group's index, and step t gives them
     the gradients ``gradients[t][g]``. The parameters after each step, flattened; then the
     state consolidated (``consolidate_state_dict(to=0)``, within the group) on each group's
-    first rank: its momentum buffers by parameter index and its lr, None elsewhere."""
+    first rank: its momentum buffers by parameter index and its lr, None elsewhere.
+    ``trainable[t][i]``: whether tensor i requires a gradient (and is given one) at step t,
+    as it is when ZeRO is built at step 0's; all of them where None."""
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
     rank, device = dist.get_rank(), rank_device()
@@ -701,6 +704,9 @@ def zero_in_a_group(
         torch.nn.Parameter(torch.tensor(values, dtype=torch.float64, device=device))
         for values in starts[group_index]
     ]
+    masks = trainable or [[True] * len(params)] * len(gradients)
+    for param, wanted in zip(params, masks[0], strict=True):
+        param.requires_grad_(wanted)
     optimizer = ZeroRedundancyOptimizer(
         params,
         optimizer_class=torch.optim.SGD,
@@ -710,9 +716,11 @@ def zero_in_a_group(
         momentum=momentum,
     )
     after = []
-    for step in gradients:
-        for param, grad in zip(params, step[group_index], strict=True):
-            param.grad = torch.tensor(grad, dtype=torch.float64, device=device)
+    for step, mask in zip(gradients, masks, strict=True):
+        for param, grad, wanted in zip(params, step[group_index], mask, strict=True):
+            # A frozen parameter has no gradient, as backward leaves it.
+            param.requires_grad_(wanted)
+            param.grad = torch.tensor(grad, dtype=torch.float64, device=device) if wanted else None
         optimizer.step()
         after.append(torch.cat([p.detach().reshape(-1) for p in params]).tolist())
     optimizer.consolidate_state_dict(to=0)

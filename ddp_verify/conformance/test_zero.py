@@ -93,25 +93,26 @@ def test_zero_resumes_from_its_consolidated_state(world, data_parallel, prove):
     )
 
 
-def sgd_steps(starts, gradients, momentum, lr=0.5):
+def sgd_steps(starts, gradients, momentum, lr=0.5, trainable=None):
     """SGD with momentum (torch's form: the first buffer is the gradient itself) from
     ``starts`` through ``gradients`` (one list of tensors' values per step): the flattened
-    parameters after each step."""
+    parameters after each step. ``trainable[t][i]``: whether tensor i has a gradient at step
+    t (a frozen one has none: SGD leaves it, and its momentum buffer, as they are)."""
     params = [list(p) for p in starts]
-    buffers = None
+    buffers: list[list[float] | None] = [None] * len(params)
     after = []
-    for step in gradients:
-        if buffers is None:
-            buffers = [list(g) for g in step]
-        else:
-            buffers = [
-                [momentum * b + g for b, g in zip(bs, gs, strict=True)]
-                for bs, gs in zip(buffers, step, strict=True)
-            ]
-        params = [
-            [x - lr * b for x, b in zip(ps, bs, strict=True)]
-            for ps, bs in zip(params, buffers, strict=True)
-        ]
+    for t, step in enumerate(gradients):
+        for i, gradient in enumerate(step):
+            if trainable is not None and not trainable[t][i]:
+                continue
+            previous = buffers[i]
+            buffer = (
+                list(gradient)
+                if previous is None
+                else [momentum * b + g for b, g in zip(previous, gradient, strict=True)]
+            )
+            buffers[i] = buffer
+            params[i] = [x - lr * b for x, b in zip(params[i], buffer, strict=True)]
         after.append([x for p in params for x in p])
     return after
 
@@ -119,6 +120,9 @@ def sgd_steps(starts, gradients, momentum, lr=0.5):
 def test_the_sgd_oracle_steps_with_torchs_momentum():
     # lr 0.5, momentum 0.5: buffers 2 then 0.5*2+4 = 5; parameters 10-1 = 9, then 9-2.5.
     assert sgd_steps([[10.0]], [[[2.0]], [[4.0]]], momentum=0.5) == [[9.0], [6.5]]
+    # Frozen at the first step: no buffer yet, so the second step's is its gradient, 4.
+    frozen_first = [[False], [True]]
+    assert sgd_steps([[10.0]], [[[2.0]], [[4.0]]], 0.5, trainable=frozen_first) == [[10.0], [8.0]]
 
 
 def test_zero_over_a_subgroup_steps_and_broadcasts_within_that_group(world, prove):
@@ -188,6 +192,56 @@ def test_zero_over_a_subgroup_steps_and_broadcasts_within_that_group(world, prov
             )
 
     prove(draw(), check)
+
+
+def test_zero_follows_trainability_changed_between_its_steps(world, prove):
+    # "Changing parameter trainability at run time" (ZeRO's documentation of
+    # _build_param_buckets): a parameter frozen (requires_grad=False, no gradient) or unfrozen
+    # between steps is stepped by its owner only while it has a gradient, and every rank must
+    # then hold the owner's value: with parameters_as_bucket_view the buckets each owner
+    # broadcasts are rebuilt to hold the parameters trainable now. Closed form: plain SGD
+    # (lr 0.5) where each tensor steps only while trainable, its momentum buffer kept frozen.
+    size = world.size
+    values = st.integers(-8, 8).map(float)
+
+    @st.composite
+    def draw(draw_):
+        shapes = draw_(st.lists(st.integers(1, 3), min_size=1, max_size=size + 1))
+        tensors = st.tuples(*(st.lists(values, min_size=n, max_size=n) for n in shapes))
+        steps = draw_(st.integers(2, 3))
+        masks = st.lists(st.booleans(), min_size=len(shapes), max_size=len(shapes))
+        return (
+            [draw_(tensors.map(list))],
+            [[draw_(tensors.map(list))] for _ in range(steps)],
+            draw_(st.lists(masks, min_size=steps, max_size=steps)),
+            draw_(st.sampled_from((0.0, 0.5))),
+            draw_(st.booleans()),
+        )
+
+    def check(case):
+        starts, gradients, trainable, momentum, bucket_view = case
+        results = world.run(
+            jobs.zero_in_a_group, starts, gradients, size, momentum, bucket_view, trainable
+        )
+        said = (
+            f"ZeroRedundancyOptimizer(SGD, lr=0.5, momentum={momentum}, "
+            f"parameters_as_bucket_view={bucket_view}), trainable tensors by step {trainable}"
+        )
+        want = sgd_steps(starts[0], [step[0] for step in gradients], momentum, trainable=trainable)
+        assert_every_rank_and_step(
+            [got["after"] for got in results],
+            lambda rank, step: want[step],
+            lambda rank, step: (
+                f"{said}: rank {rank}'s parameters after step {step} are not the SGD step of "
+                "the tensors trainable then."
+            ),
+        )
+
+    # One one-element tensor a rank (each rank owns one), the last rank's frozen when ZeRO is
+    # built and unfrozen for the second step, in buckets: never left to chance.
+    unfrozen = [[True] * (size - 1) + [False], [True] * size]
+    ones = [[1.0]] * size
+    prove(draw(), check, examples=[([ones], [[ones], [ones]], unfrozen, 0.0, True)])
 
 
 # What torch says where it refuses overlap_with_ddp's hooks (hook_with_zero_step).
