@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Any
 
@@ -686,6 +687,7 @@ def zero_in_a_group(
     momentum: float,
     bucket_view: bool,
     trainable: list[list[bool]] | None = None,
+    default_device: str | None = None,
 ) -> dict[str, Any]:
     """``ZeroRedundancyOptimizer`` around ``SGD(lr=0.5, momentum)`` over the subgroup of
     ``group_size`` consecutive ranks holding rank r (``process_group``): its parameters
@@ -694,7 +696,10 @@ def zero_in_a_group(
     state consolidated (``consolidate_state_dict(to=0)``, within the group) on each group's
     first rank: its momentum buffers by parameter index and its lr, None elsewhere.
     ``trainable[t][i]``: whether tensor i requires a gradient (and is given one) at step t,
-    as it is when ZeRO is built at step 0's; all of them where None."""
+    as it is when ZeRO is built at step 0's; all of them where None. ``default_device``: the
+    device a factory call without one would use (``with torch.device(...)``) while the state
+    is consolidated: the shards are sent and received on the parameters' device whatever it
+    is."""
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
     rank, device = dist.get_rank(), rank_device()
@@ -723,7 +728,8 @@ def zero_in_a_group(
             param.grad = torch.tensor(grad, dtype=torch.float64, device=device) if wanted else None
         optimizer.step()
         after.append(torch.cat([p.detach().reshape(-1) for p in params]).tolist())
-    optimizer.consolidate_state_dict(to=0)
+    with torch.device(default_device) if default_device else contextlib.nullcontext():
+        optimizer.consolidate_state_dict(to=0)
     consolidated: dict[str, Any] | str | None = None
     if dist.get_rank(group) == 0:
         try:

@@ -148,14 +148,22 @@ def test_zero_over_a_subgroup_steps_and_broadcasts_within_that_group(world, prov
         starts = draw_(per_group())
         gradients = draw_(st.lists(per_group(), min_size=1, max_size=3))
         momentum = draw_(st.sampled_from((0.0, 0.5)))
-        return starts, gradients, group_size, momentum, draw_(st.booleans())
+        # The state consolidated under a default device that is not the parameters' (a
+        # device context, as scripts that build models on a device use): meta, which holds no
+        # data, so a shard received on the default device rather than the parameters' fails.
+        default = draw_(st.sampled_from((None, "meta")))
+        return starts, gradients, group_size, momentum, draw_(st.booleans()), default
 
     def check(case):
-        starts, gradients, group_size, momentum, bucket_view = case
-        results = world.run(jobs.zero_in_a_group, *case)
+        starts, gradients, group_size, momentum, bucket_view, default = case
+        results = world.run(
+            jobs.zero_in_a_group, starts, gradients, group_size, momentum, bucket_view,
+            default_device=default,
+        )  # fmt: skip
         said = (
             f"ZeroRedundancyOptimizer(SGD, lr=0.5, momentum={momentum}, process_group=<"
             f"{group_size} consecutive ranks>, parameters_as_bucket_view={bucket_view})"
+            + (f", consolidated under torch.device({default!r})" if default else "")
         )
         want = [
             sgd_steps(starts[g], [step[g] for step in gradients], momentum)
@@ -191,7 +199,10 @@ def test_zero_over_a_subgroup_steps_and_broadcasts_within_that_group(world, prov
                 f"{got['consolidated']}, expected {{'buffers': {buffers}, 'lr': [0.5]}}"
             )
 
-    prove(draw(), check)
+    # The whole world one group, its state consolidated under the meta device: never left to
+    # chance.
+    whole = ([[[1.0], [2.0]]], [[[[1.0], [-1.0]]], [[[2.0], [3.0]]]], size, 0.5, False, "meta")
+    prove(draw(), check, examples=[whole])
 
 
 def test_zero_follows_trainability_changed_between_its_steps(world, prove):
