@@ -94,6 +94,7 @@ APIS: dict[str, str] = {
     "torch.distributed.algorithms.model_averaging.utils."
     "average_parameters_or_parameter_groups": "call",
     "torch.distributed.optim.ZeroRedundancyOptimizer": "init",
+    "torch.optim.Optimizer": "init",
     "torch.optim.SGD": "init",
     "torch.optim.Adam": "init",
     "torch.optim.AdamW": "init",
@@ -639,6 +640,37 @@ ENTRIES: tuple[Entry, ...] = (
         for arg in args
     ),
     # -- torch.optim -------------------------------------------------------------------------
+    *(
+        _e("torch.optim.Optimizer", member, COVERED, *(f"test_optimizer_base::{t}" for t in tests),
+           why=why)
+        for member, tests, why in (
+            ("params", ("test_the_state_dict_is_packed_by_index_in_group_order",
+                        "test_named_parameters_are_kept_by_name_in_the_state_dict",
+                        "test_every_documented_refusal_of_parameters_is_made"),
+             "tensors, groups and named parameters; every documented refusal"),
+            ("defaults", ("test_an_added_group_takes_the_defaults_and_trains_by_its_own",),
+             "what an added group takes"),
+            ("add_param_group()", ("test_an_added_group_takes_the_defaults_and_trains_by_its_own",),
+             ""),
+            ("state_dict()", ("test_the_state_dict_is_packed_by_index_in_group_order",
+                              "test_a_loaded_state_continues_as_the_uninterrupted_optimizer"),
+             ""),
+            ("load_state_dict()", ("test_a_loaded_state_continues_as_the_uninterrupted_optimizer",
+                                   "test_a_loaded_state_takes_the_parameters_dtype",
+                                   "test_a_state_of_other_groups_is_refused"), ""),
+            ("zero_grad()", ("test_zero_grad_drops_or_zeroes_as_asked",), ""),
+            ("step()", ("test_a_loaded_state_continues_as_the_uninterrupted_optimizer",),
+             "defined by each optimizer (SGD, Adam, AdamW), through the base's hooks"),
+            *(
+                (f"register_{kind}_hook()",
+                 ("test_hooks_fire_in_the_documented_order_and_hand_on_what_they_return",),
+                 "prepend on and off, handles removed, returns handed on"
+                 if "state_dict" in kind else "in registration order, new (args, kwargs) handed on")
+                for kind in ("step_pre", "step_post", "state_dict_pre", "state_dict_post",
+                             "load_state_dict_pre", "load_state_dict_post")
+            ),
+        )
+    ),
     *_optimizer(
         "torch.optim.SGD",
         {"params": "three shapes, one without a gradient every other step",

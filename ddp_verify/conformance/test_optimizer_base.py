@@ -4,8 +4,9 @@ parameters), ``load_state_dict`` into an optimizer over other tensors of the sam
 continues exactly as the uninterrupted one would (its state cast to the parameters' dtype,
 the step count kept), and refuses a state of other groups or group sizes;
 ``add_param_group`` fills a new group's settings from the defaults and trains it by its own;
-``zero_grad`` drops or zeroes gradients as asked; and every documented refusal of parameters
-is made. A resumed optimizer that continues differently trains something else, on every rank
+``zero_grad`` drops or zeroes gradients as asked; every documented refusal of parameters is
+made; and its step and state-dict hooks fire in the documented order (``prepend``) and hand on
+what they return. A resumed optimizer that continues differently trains something else, on every rank
 alike."""
 
 from __future__ import annotations
@@ -190,3 +191,140 @@ def _refusals() -> list[tuple[str, Any, type[BaseException], str]]:
 def test_every_documented_refusal_of_parameters_is_made(make, error, words):
     with pytest.raises(error, match=re.escape(words)):
         make()
+
+
+# The hooks an optimizer takes with ``prepend``, by the name of their register_ method.
+_PREPENDED = ("state_dict_pre", "state_dict_post", "load_state_dict_pre", "load_state_dict_post")
+
+
+def _documented_order(hooks: list[tuple[bool, bool]]) -> list[int]:
+    """The hooks registered in turn as ``(prepend, removed)``, in the order they fire: one
+    registered with ``prepend=True`` before every hook registered so far, otherwise after
+    them; a removed one not at all."""
+    order: list[int] = []
+    for index, (prepend, _) in enumerate(hooks):
+        order.insert(0 if prepend else len(order), index)
+    return [index for index in order if not hooks[index][1]]
+
+
+def test_the_documented_order_of_hooks_fires_last_first():
+    assert _documented_order([(False, False), (True, False), (False, True), (True, False)]) == [
+        3,
+        1,
+        0,
+    ]
+
+
+def test_hooks_fire_in_the_documented_order_and_hand_on_what_they_return(prove):
+    # register_{state_dict,load_state_dict}_{pre,post}_hook: prepend=True fires the hook before
+    # every hook registered so far, otherwise after them; a removed handle's hook never fires;
+    # the state dict a hook returns is what the next hook gets, then state_dict()'s caller or
+    # the load. register_step_{pre,post}_hook: in the order registered; a pre hook's returned
+    # (args, kwargs) are what the step, the next hooks and the post hooks get. A checkpoint
+    # whose hooks run out of order (a rename before the migration it needs) loads another
+    # state.
+    hooks = st.lists(st.tuples(st.booleans(), st.booleans()), max_size=3)
+    steps = st.lists(st.booleans(), max_size=3)
+    cases = st.fixed_dictionaries(
+        {**{kind: hooks for kind in _PREPENDED}, "step_pre": steps, "step_post": steps}
+    )
+
+    def check(case: dict[str, Any]) -> None:
+        params = _params(8)
+        optimizer = torch.optim.SGD(params, lr=0.1, momentum=0.9)
+        fired: list[tuple[str, int]] = []
+
+        def hook_of(kind: str, index: int) -> Any:
+            def state_only(_optimizer: Any) -> None:
+                fired.append((kind, index))
+
+            def handed_on(_optimizer: Any, state: dict[str, Any]) -> dict[str, Any]:
+                fired.append((kind, index))
+                if kind == "state_dict_post":
+                    return {**state, "handed": [*state.get("handed", []), index]}
+                # What is loaded tells which hooks' returns it went through, in which order.
+                groups = [{**g, "lr": g["lr"] * 10 + index + 1} for g in state["param_groups"]]
+                return {**state, "param_groups": groups}
+
+            return handed_on if kind in ("state_dict_post", "load_state_dict_pre") else state_only
+
+        for kind in _PREPENDED:
+            register = getattr(optimizer, f"register_{kind}_hook")
+            handles = [
+                register(hook_of(kind, index), prepend=prepend)
+                for index, (prepend, _) in enumerate(case[kind])
+            ]
+            for handle, (_, removed) in zip(handles, case[kind], strict=True):
+                if removed:
+                    handle.remove()
+
+        def closure_of(value: float) -> Any:
+            return lambda: torch.tensor(value)
+
+        def step_pre(index: int, replaces: bool) -> Any:
+            def hook(_optimizer: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+                fired.append(("step_pre", index))
+                # args as the hook is given them (the optimizer first), a new closure.
+                return (args, {**kwargs, "closure": closure_of(float(index))}) if replaces else None
+
+            return hook
+
+        def step_post(index: int) -> Any:
+            def hook(_optimizer: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+                fired.append(("step_post", index))
+                seen.append(float(kwargs["closure"]()))
+
+            return hook
+
+        seen: list[float] = []
+        for index, replaces in enumerate(case["step_pre"]):
+            optimizer.register_step_pre_hook(step_pre(index, replaces))
+        for index, _ in enumerate(case["step_post"]):
+            optimizer.register_step_post_hook(step_post(index))
+
+        for p in params:
+            p.grad = torch.ones_like(p)
+        loss = optimizer.step(closure=closure_of(-1.0))
+        replacing = [i for i, replaces in enumerate(case["step_pre"]) if replaces]
+        closure_value = float(replacing[-1]) if replacing else -1.0
+        assert loss is not None and float(loss) == closure_value, (
+            f"step pre hooks {case['step_pre']} (True: returns a new closure): the step ran "
+            f"the closure that returns {float(loss) if loss is not None else None}, not the "
+            f"last one returned ({closure_value})"
+        )
+        assert seen == [closure_value] * len(case["step_post"]), (
+            f"the step post hooks were given closures returning {seen}, not the step's "
+            f"({closure_value})"
+        )
+
+        state = optimizer.state_dict()
+        handed = _documented_order(case["state_dict_post"])
+        assert state.get("handed", []) == handed, (
+            f"state_dict post hooks {case['state_dict_post']} (prepend, removed): the state "
+            f"dict went through hooks {state.get('handed', [])}, expected {handed}"
+        )
+        saved = {**state, "param_groups": [{**g, "lr": 0.0} for g in state["param_groups"]]}
+        optimizer.load_state_dict(saved)
+        lr = 0.0
+        for index in _documented_order(case["load_state_dict_pre"]):
+            lr = lr * 10 + index + 1
+        assert optimizer.param_groups[0]["lr"] == lr, (
+            f"load_state_dict pre hooks {case['load_state_dict_pre']} (prepend, removed): "
+            f"loaded lr {optimizer.param_groups[0]['lr']}, which the hooks' returns in their "
+            f"documented order make {lr}"
+        )
+
+        expected = [("step_pre", i) for i in range(len(case["step_pre"]))]
+        expected += [("step_post", i) for i in range(len(case["step_post"]))]
+        for kind in _PREPENDED:
+            expected += [(kind, i) for i in _documented_order(case[kind])]
+        assert fired == expected, (
+            f"hooks {case} fired as {fired}, not in the documented order {expected}"
+        )
+
+    every_kind = {
+        **{kind: [(False, False), (True, False), (False, False)] for kind in _PREPENDED},
+        "step_pre": [True, False, True],
+        "step_post": [False, False],
+    }
+    prove(cases, check, examples=[every_kind])
