@@ -6,8 +6,8 @@ the step count kept), and refuses a state of other groups or group sizes;
 ``add_param_group`` fills a new group's settings from the defaults and trains it by its own;
 ``zero_grad`` drops or zeroes gradients as asked; every documented refusal of parameters is
 made; and its step and state-dict hooks fire in the documented order (``prepend``) and hand on
-what they return. A resumed optimizer that continues differently trains something else, on every rank
-alike."""
+what they return. A resumed optimizer that continues differently trains something else, on
+every rank alike."""
 
 from __future__ import annotations
 
