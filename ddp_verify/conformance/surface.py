@@ -674,7 +674,8 @@ ENTRIES: tuple[Entry, ...] = (
     *_optimizer(
         "torch.optim.SGD",
         {"params": "three shapes, one without a gradient every other step",
-         "lr": "a float and a one-element tensor; negative refused; 0 accepted",
+         "lr": "a float, a scalar tensor and a tensor of shape (1,); negative refused; 0 "
+               "accepted",
          "momentum": "0, 0.5, 0.9; negative refused", "dampening": "0 and 0.3",
          "weight_decay": "0, 0.01, 0.1; negative refused",
          "nesterov": "on with momentum and no dampening; refused otherwise",
@@ -694,8 +695,10 @@ ENTRIES: tuple[Entry, ...] = (
         for row in _optimizer(
             api,
             {"params": "three shapes, one without a gradient every other step",
-             "lr": "a float and a one-element tensor (refused on foreach without capturable)",
-             "betas": "0, 0.5, 0.9 and 0.5, 0.99, floats or tensors; [0, 1) else refused",
+             "lr": "a float, a scalar tensor and a tensor of shape (1,) (refused on foreach "
+                   "without capturable)",
+             "betas": "0, 0.5, 0.9 and 0.5, 0.99, floats or tensors of both shapes; [0, 1) "
+                      "else refused",
              "eps": "1e-8, 1e-3, 0; negative refused",
              "weight_decay": "0, 0.01, 0.1; negative refused", "amsgrad": "on and off",
              "maximize": "on and off", "foreach": "the for-loop and foreach paths",

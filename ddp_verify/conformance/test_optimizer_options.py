@@ -49,16 +49,22 @@ class Setting:
     decoupled: bool = False  # Adam's decoupled_weight_decay: AdamW's rule
     tensor_lr: bool = False
     tensor_betas: bool = False
+    # The shape of a hyperparameter given as a tensor: () a scalar, (1,) one element (both
+    # documented: "Tensor lr must be 1-element").
+    tensor_shape: tuple[int, ...] = ()
+
+    def _tensor(self, value: float) -> torch.Tensor:
+        return torch.tensor(value, dtype=torch.float64).reshape(self.tensor_shape)
 
     def kwargs(self) -> dict[str, Any]:
-        lr: Any = torch.tensor(self.lr, dtype=torch.float64) if self.tensor_lr else self.lr
+        lr: Any = self._tensor(self.lr) if self.tensor_lr else self.lr
         common = {"lr": lr, "weight_decay": self.weight_decay, "maximize": self.maximize}
         if self.name == "sgd":
             return {**common, "momentum": self.momentum, "dampening": self.dampening,
                     "nesterov": self.nesterov}  # fmt: skip
         betas: Any = self.betas
         if self.tensor_betas:
-            betas = tuple(torch.tensor(b, dtype=torch.float64) for b in self.betas)
+            betas = tuple(self._tensor(b) for b in self.betas)
         adam = {"decoupled_weight_decay": True} if self.decoupled else {}
         return {**common, "betas": betas, "eps": self.eps, "amsgrad": self.amsgrad, **adam}
 
@@ -132,6 +138,7 @@ def settings(draw: st.DrawFn) -> Setting:
     lr = draw(st.sampled_from([0.01, 0.05, 0.3]))
     weight_decay = draw(st.sampled_from([0.0, 0.01, 0.1]))
     tensor_lr = draw(st.booleans())
+    tensor_shape = draw(st.sampled_from([(), (1,)]))
     if name == "sgd":
         momentum = draw(st.sampled_from([0.0, 0.5, 0.9]))
         nesterov = momentum > 0 and draw(st.booleans())
@@ -145,6 +152,7 @@ def settings(draw: st.DrawFn) -> Setting:
             weight_decay=weight_decay,
             maximize=maximize,
             tensor_lr=tensor_lr,
+            tensor_shape=tensor_shape,
         )
     return Setting(
         name,
@@ -157,6 +165,7 @@ def settings(draw: st.DrawFn) -> Setting:
         weight_decay=weight_decay,
         maximize=maximize,
         tensor_lr=tensor_lr,
+        tensor_shape=tensor_shape,
     )
 
 
@@ -170,6 +179,9 @@ EVERY_OPTION = [
     (Setting("adam", weight_decay=0.1, decoupled=True, amsgrad=True), 7),
     (Setting("adamw", betas=(0.0, 0.5), amsgrad=True, weight_decay=0.1, maximize=True), 5),
     (Setting("adamw", weight_decay=0.1, tensor_lr=True), 6),
+    (Setting("sgd", momentum=0.9, weight_decay=0.01, tensor_lr=True, tensor_shape=(1,)), 8),
+    (Setting("adam", amsgrad=True, tensor_lr=True, tensor_betas=True, tensor_shape=(1,)), 9),
+    (Setting("adamw", weight_decay=0.1, tensor_lr=True, tensor_shape=(1,)), 10),
 ]
 OPTIMIZERS = {"sgd": "SGD", "adam": "Adam", "adamw": "AdamW"}
 
