@@ -264,6 +264,11 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "each parameter's saved state is cast and entered under its parameter on its own: "
         "the same state for every parameter, only the dict's order changes"
     ),
+    ("torch.optim.optimizer", "Optimizer.zero_grad", "reversed-iteration",
+     "for ... in self.param_groups -> reversed(list(...))"): (
+        "each gradient is dropped or zeroed on its own (the foreach path zeroes the lists it "
+        "gathers, each gradient once): the same gradients whichever group comes first"
+    ),
     ("torch.nn.parallel.distributed", "DistributedDataParallel.__init__", "ignored-argument",
      "argument skip_all_reduce_unused_params ignored for its default False"): (
         "the option requires the unused parameters to stay the same, unused on every rank "
