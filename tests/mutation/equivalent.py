@@ -265,6 +265,11 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "the same state for every parameter, only the dict's order changes"
     ),
     ("torch.optim.optimizer", "Optimizer.zero_grad", "reversed-iteration",
+     "for ... in group['params'] -> reversed(list(...))"): (
+        "each gradient is dropped or zeroed on its own (the foreach path zeroes the lists it "
+        "gathers, each gradient once): the same gradients whichever parameter comes first"
+    ),
+    ("torch.optim.optimizer", "Optimizer.zero_grad", "reversed-iteration",
      "for ... in self.param_groups -> reversed(list(...))"): (
         "each gradient is dropped or zeroed on its own (the foreach path zeroes the lists it "
         "gathers, each gradient once): the same gradients whichever group comes first"
