@@ -646,8 +646,10 @@ ENTRIES: tuple[Entry, ...] = (
         for member, tests, why in (
             ("params", ("test_the_state_dict_is_packed_by_index_in_group_order",
                         "test_named_parameters_are_kept_by_name_in_the_state_dict",
-                        "test_every_documented_refusal_of_parameters_is_made"),
-             "tensors, groups and named parameters; every documented refusal"),
+                        "test_every_documented_refusal_of_parameters_is_made",
+                        "test_a_group_holding_a_parameter_twice_is_warned_of_and_no_other"),
+             "tensors, groups and named parameters; every documented refusal; the warning of "
+             "a parameter twice in a group"),
             ("defaults", ("test_an_added_group_takes_the_defaults_and_trains_by_its_own",),
              "what an added group takes"),
             ("add_param_group()", ("test_an_added_group_takes_the_defaults_and_trains_by_its_own",),

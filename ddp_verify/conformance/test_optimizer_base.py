@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import io
 import re
+import warnings
 from typing import Any
 
 import pytest
@@ -191,6 +192,19 @@ def _refusals() -> list[tuple[str, Any, type[BaseException], str]]:
 def test_every_documented_refusal_of_parameters_is_made(make, error, words):
     with pytest.raises(error, match=re.escape(words)):
         make()
+
+
+@pytest.mark.parametrize("twice", [True, False])
+def test_a_group_holding_a_parameter_twice_is_warned_of_and_no_other(twice):
+    # A parameter listed twice in one group is stepped twice a step (pytorch#40967): torch
+    # warns of it (an error to come), and of nothing in a group without one.
+    p, q = _params(9)[:2]
+    params = [p, q, p] if twice else [p, q]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.optim.SGD(params, lr=0.1)
+    duplicates = [w for w in caught if "duplicate parameters" in str(w.message)]
+    assert len(duplicates) == int(twice), [str(w.message) for w in caught]
 
 
 # The hooks an optimizer takes with ``prepend``, by the name of their register_ method.
