@@ -1,13 +1,13 @@
 """``torch.optim.Optimizer``'s own contract, which every optimizer inherits: ``state_dict`` packs
 the state by parameter index in group order (and names, where the optimizer was given named
 parameters), ``load_state_dict`` into an optimizer over other tensors of the same shapes
-continues exactly as the uninterrupted one would (its state cast to the parameters' dtype,
-the step count kept), and refuses a state of other groups or group sizes;
-``add_param_group`` fills a new group's settings from the defaults and trains it by its own;
-``zero_grad`` drops or zeroes gradients as asked; every documented refusal of parameters is
-made; and its step and state-dict hooks fire in the documented order (``prepend``) and hand on
-what they return. A resumed optimizer that continues differently trains something else, on
-every rank alike."""
+continues exactly as the uninterrupted one would (its state cast to the parameters' dtype, the
+step count kept, never rounded to theirs, in the precision torch gives it), and refuses a state
+of other groups or group sizes; ``add_param_group`` fills a new group's settings from the
+defaults and trains it by its own; ``zero_grad`` drops or zeroes gradients as asked; every
+documented refusal of parameters is made; and its step and state-dict hooks fire in the
+documented order (``prepend``) and hand on what they return. A resumed optimizer that continues
+differently trains something else, on every rank alike."""
 
 from __future__ import annotations
 
@@ -127,6 +127,58 @@ def test_a_loaded_state_takes_the_parameters_dtype(dtype):
         assert state["exp_avg"].dtype == dtype and state["exp_avg_sq"].dtype == dtype, state
         # The step count is kept as it was saved (a float32 tensor on the CPU), not cast.
         assert float(state["step"]) == 1.0
+
+
+_IMPLEMENTATIONS = {"for_loop": {"foreach": False}, "foreach": {"foreach": True},
+                    "fused": {"fused": True}}  # fmt: skip
+
+
+def _adam(params: list[torch.nn.Parameter], implementation: str) -> torch.optim.Adam:
+    try:
+        return torch.optim.Adam(params, lr=0.05, **_IMPLEMENTATIONS[implementation])
+    except RuntimeError as error:  # a torch without a fused path for these parameters
+        pytest.skip(f"torch {torch.__version__}: {error}")
+
+
+@pytest.mark.parametrize("implementation", sorted(_IMPLEMENTATIONS))
+@pytest.mark.parametrize("default", [torch.float32, torch.float64])
+def test_the_step_count_is_kept_in_the_precision_torch_gives_it(default, implementation):
+    # The count is a tensor of the default dtype (a float64 run counts in float64), except that
+    # the fused kernels take theirs in float32 (the note "special device hosting for step").
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(default)
+    try:
+        params = _params(3, default)
+        optimizer = _adam(params, implementation)
+        _step(params, optimizer, 0)
+    finally:
+        torch.set_default_dtype(previous)
+    expected = torch.float32 if implementation == "fused" else default
+    for p in params:
+        step = optimizer.state[p]["step"]
+        assert (step.dtype, step.shape, float(step)) == (expected, (), 1.0), (default, step)
+
+
+@pytest.mark.parametrize("implementation", sorted(_IMPLEMENTATIONS))
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_a_loaded_step_count_is_never_rounded_to_the_parameters_dtype(dtype, implementation):
+    # pytorch#74424: a count cast to the parameters' bfloat16 turns 257 into 256 and the bias
+    # corrections with it. Kept as saved (float64 here), unless fused, whose kernels take it
+    # as float32 on the parameter's device, where loading puts it. (The saved groups' settings
+    # are the ones loaded, "fused" among them: the state is saved by the same implementation.)
+    source = _params(4)
+    optimizer = _adam(source, implementation)
+    _step(source, optimizer, 0)
+    saved = optimizer.state_dict()
+    for state in saved["state"].values():
+        state["step"] = torch.tensor(257.0, dtype=torch.float64)
+    loaded = _adam(_params(4, dtype), implementation)
+    loaded.load_state_dict(saved)
+    expected = torch.float32 if implementation == "fused" else torch.float64
+    for p, state in loaded.state.items():
+        step = state["step"]
+        assert (step.dtype, step.device, float(step)) == (expected, p.device, 257.0), step
+        assert state["exp_avg"].dtype == dtype, state["exp_avg"].dtype
 
 
 def test_a_state_of_other_groups_is_refused():
