@@ -4,7 +4,8 @@ compute them): SGD's momentum, dampening, Nesterov momentum and ``maximize``; Ad
 AdamW's betas, eps, AMSGrad and ``maximize``; weight decay in both, and Adam's decoupled
 from the gradient (``decoupled_weight_decay``, AdamW's rule); the learning rate (and
 the betas) given as one-element tensors, as the documentation allows. Each implementation
-torch has (the for-loop, foreach and, where it exists, fused paths) must follow them. And
+torch has (the for-loop, foreach and, where it exists, fused paths), chosen as users choose
+it (the other switch left out or given as False), must follow them. And
 every refusal the documentation and the constructors give for an impossible setting must
 still be made: a regression that stops refusing lets a wrong run start.
 
@@ -52,6 +53,16 @@ class Setting:
     # The shape of a hyperparameter given as a tensor: () a scalar, (1,) one element (both
     # documented: "Tensor lr must be 1-element").
     tensor_shape: tuple[int, ...] = ()
+    # The implementation switch not chosen given as False rather than left at its default None
+    # (``fused=False`` beside ``foreach``): documented the same, a form users write.
+    outright: bool = False
+
+    def implementation(self, name: str) -> dict[str, Any]:
+        """The keyword arguments that choose implementation ``name``."""
+        chosen = dict(IMPLEMENTATIONS[name])
+        if self.outright:
+            chosen.setdefault("foreach" if "fused" in chosen else "fused", False)
+        return chosen
 
     def _tensor(self, value: float) -> torch.Tensor:
         return torch.tensor(value, dtype=torch.float64).reshape(self.tensor_shape)
@@ -139,6 +150,7 @@ def settings(draw: st.DrawFn) -> Setting:
     weight_decay = draw(st.sampled_from([0.0, 0.01, 0.1]))
     tensor_lr = draw(st.booleans())
     tensor_shape = draw(st.sampled_from([(), (1,)]))
+    outright = draw(st.booleans())
     if name == "sgd":
         momentum = draw(st.sampled_from([0.0, 0.5, 0.9]))
         nesterov = momentum > 0 and draw(st.booleans())
@@ -153,6 +165,7 @@ def settings(draw: st.DrawFn) -> Setting:
             maximize=maximize,
             tensor_lr=tensor_lr,
             tensor_shape=tensor_shape,
+            outright=outright,
         )
     return Setting(
         name,
@@ -166,6 +179,7 @@ def settings(draw: st.DrawFn) -> Setting:
         maximize=maximize,
         tensor_lr=tensor_lr,
         tensor_shape=tensor_shape,
+        outright=outright,
     )
 
 
@@ -182,6 +196,8 @@ EVERY_OPTION = [
     (Setting("sgd", momentum=0.9, weight_decay=0.01, tensor_lr=True, tensor_shape=(1,)), 8),
     (Setting("adam", amsgrad=True, tensor_lr=True, tensor_betas=True, tensor_shape=(1,)), 9),
     (Setting("adamw", weight_decay=0.1, tensor_lr=True, tensor_shape=(1,)), 10),
+    (Setting("sgd", momentum=0.9, dampening=0.3, outright=True), 11),
+    (Setting("adam", amsgrad=True, weight_decay=0.1, outright=True), 12),
 ]
 OPTIMIZERS = {"sgd": "SGD", "adam": "Adam", "adamw": "AdamW"}
 
@@ -196,7 +212,7 @@ def test_every_documented_option_follows_its_published_rule(prove, implementatio
         theirs = [torch.nn.Parameter(p.clone()) for p in params]
         cls = getattr(torch.optim, OPTIMIZERS[setting.name])
         try:
-            optimizer = cls(theirs, **setting.kwargs(), **IMPLEMENTATIONS[implementation])
+            optimizer = cls(theirs, **setting.kwargs(), **setting.implementation(implementation))
         except (RuntimeError, ValueError) as exc:
             # A combination this implementation documents it refuses (a tensor lr on the
             # foreach path without capturable; no fused path here): its refusal is checked
@@ -458,7 +474,7 @@ def test_a_complex_parameter_follows_the_rule_on_its_real_view(setting, implemen
     rule(setting, expected, [[torch.view_as_real(g)] for (g,) in grads])
     theirs = [torch.nn.Parameter(start.clone())]
     optimizer = getattr(torch.optim, OPTIMIZERS[setting.name])(
-        theirs, **setting.kwargs(), **IMPLEMENTATIONS[implementation]
+        theirs, **setting.kwargs(), **setting.implementation(implementation)
     )
     for (g,) in grads:
         theirs[0].grad = g.clone()
