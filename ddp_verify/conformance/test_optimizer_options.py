@@ -240,6 +240,49 @@ def test_every_documented_option_follows_its_published_rule(prove, implementatio
     prove(st.tuples(settings(), st.integers(0, 2**16)), check, examples=EVERY_OPTION)
 
 
+@pytest.mark.parametrize("implementation", list(IMPLEMENTATIONS))
+def test_sparse_gradients_follow_sgds_rule_or_are_refused(prove, implementation):
+    # nn.Embedding(sparse=True) gives sparse gradients, and SGD is documented among the
+    # optimizers that take them: the update is the rule's on the dense gradient. The fused
+    # path refuses them, as it says. Weight decay is left out: it adds the dense parameter to
+    # the sparse gradient, which torch refuses (add(sparse, dense)).
+    rows, width = 6, 3
+
+    def sparse(generator: torch.Generator) -> torch.Tensor:
+        index = torch.randint(0, rows, (4,), generator=generator)  # repeats add up
+        values = torch.randn(4, width, generator=generator, dtype=torch.float64)
+        return torch.sparse_coo_tensor(index[None], values, (rows, width))
+
+    def check(case: tuple[Setting, int]) -> None:
+        setting, seed = dataclasses.replace(case[0], weight_decay=0.0), case[1]
+        generator = torch.Generator().manual_seed(seed)
+        start = torch.randn(rows, width, generator=generator, dtype=torch.float64)
+        grads = [sparse(generator) for _ in range(STEPS)]
+        expected = [start.clone()]
+        sgd_rule(setting, expected, [[g.to_dense()] for g in grads])
+        theirs = torch.nn.Parameter(start.clone())
+        optimizer = torch.optim.SGD([theirs], **setting.kwargs(),
+                                    **setting.implementation(implementation))  # fmt: skip
+        for g in grads:
+            theirs.grad = g.clone()
+            if implementation == "fused":
+                with pytest.raises(RuntimeError, match="sparse"):
+                    optimizer.step()
+                return
+            optimizer.step()
+        torch.testing.assert_close(
+            theirs.detach(), expected[0], rtol=RTOL, atol=ATOL,
+            msg=lambda m: f"SGD ({implementation}) {setting}, sparse gradients:\n{m}",
+        )  # fmt: skip
+
+    prove(
+        st.tuples(settings().filter(lambda s: s.name == "sgd"), st.integers(0, 2**16)),
+        check,
+        examples=[(Setting("sgd", momentum=0.9, nesterov=True, outright=True), 0),
+                  (Setting("sgd", momentum=0.5, dampening=0.3, maximize=True), 1)],
+    )  # fmt: skip
+
+
 def test_a_differentiable_optimizer_gives_the_derivative_by_its_learning_rate(prove):
     # differentiable=True keeps the step in autograd's graph (learned optimizers,
     # meta-learning): the final parameters' derivative by a learning rate that requires grad
