@@ -274,6 +274,13 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "each gradient is dropped or zeroed on its own (the foreach path zeroes the lists it "
         "gathers, each gradient once): the same gradients whichever group comes first"
     ),
+    ("torch.optim.sgd", "SGD._init_group", "reversed-iteration",
+     "for ... in group['params'] -> reversed(list(...))"): (
+        "the parameters, their gradients and momentum buffers are gathered in the one loop, "
+        "paired by position, and each is updated on its own and its buffer stored back under "
+        "it: the same update in any order (the fused kernels' device and dtype check, made on "
+        "the first parameter gathered, is one every parameter of a fused group must pass)"
+    ),
     ("torch.nn.parallel.distributed", "DistributedDataParallel.__init__", "ignored-argument",
      "argument skip_all_reduce_unused_params ignored for its default False"): (
         "the option requires the unused parameters to stay the same, unused on every rank "
