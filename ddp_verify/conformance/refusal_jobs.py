@@ -115,6 +115,49 @@ def ddp_refusals() -> dict[str, str | None]:
     return {**said, **refusals(registered, (ValueError, TypeError))}
 
 
+class _Towers(torch.nn.Module):
+    """Three layers, of which the forward runs all but ``skipped`` (None: all)."""
+
+    def __init__(self, skipped: str | None) -> None:
+        super().__init__()
+        self.first, self.second, self.third = (torch.nn.Linear(2, 2) for _ in range(3))
+        self.skipped = skipped
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for name in ("first", "second", "third"):
+            if name != self.skipped:
+                x = getattr(self, name)(x)
+        return x
+
+
+def ddp_unused_parameters(skipped: str | None) -> dict[str, str | None]:
+    """DDP without ``find_unused_parameters`` over a model whose forward leaves layer
+    ``skipped`` unused: per debug level (``TORCH_DISTRIBUTED_DEBUG``'s OFF, INFO, DETAIL, set
+    for the construction and restored), the RuntimeError's message at the second iteration,
+    or None where both trained."""
+    from ..world.runtime import rank_device
+
+    device = rank_device()
+    said: dict[str, str | None] = {}
+    for level in (dist.DebugLevel.OFF, dist.DebugLevel.INFO, dist.DebugLevel.DETAIL):
+        before = dist.get_debug_level()
+        dist.set_debug_level(level)
+        try:
+            ddp = torch.nn.parallel.DistributedDataParallel(
+                _Towers(skipped).to(device),
+                device_ids=[device.index] if device.type == "cuda" else None,
+            )
+            for _ in range(2):
+                ddp(torch.ones(1, 2, device=device)).sum().backward()
+        except RuntimeError as exc:
+            said[level.name] = str(exc)
+        else:
+            said[level.name] = None
+        finally:
+            dist.set_debug_level(before)
+    return said
+
+
 def zero_refusals() -> dict[str, str | None]:
     """Each ZeroRedundancyOptimizer construction and call its code refuses, made alike on
     every rank before any collective: ``Type: message``, or None where accepted."""

@@ -599,6 +599,34 @@ def test_every_construction_and_comm_hook_ddp_refuses_is_refused(world):
             assert said[accepted] is None, f"{accepted}: refused on rank {rank}: {said[accepted]}"
 
 
+@pytest.mark.parametrize("skipped", [None, "first", "third"])
+def test_parameters_a_forward_left_unused_are_refused_and_named_when_debugging(world, skipped):
+    # Without find_unused_parameters, DDP waits for every parameter's gradient: the next
+    # iteration after a forward that left some unused raises, naming their indices (the
+    # order of module.parameters()), and their names under TORCH_DISTRIBUTED_DEBUG=INFO or
+    # DETAIL (documented). A regression here fails the debugging run or names the wrong layer.
+    results = world.run(refusal_jobs.ddp_unused_parameters, skipped)
+    names = ["first.weight", "first.bias", "second.weight", "second.bias", "third.weight",
+             "third.bias"]  # fmt: skip
+    unused = [i for i, name in enumerate(names) if name.split(".")[0] == skipped]
+    for rank, said in enumerate(results):
+        for level, message in said.items():
+            if skipped is None:
+                assert message is None, f"rank {rank}, debug {level}: all used, refused: {message}"
+                continue
+            assert message is not None, f"rank {rank}, debug {level}: {skipped} unused, accepted"
+            found = re.search(rf"Parameter indices which did not receive grad for rank {rank}: "
+                              r"([\d ]+)", message)  # fmt: skip
+            assert found and sorted(map(int, found[1].split())) == unused, (rank, level, message)
+            named = re.search(rf"Parameters which did not receive grad for rank {rank}: "
+                              r"([\w., ]+)", message)  # fmt: skip
+            if level == "OFF":
+                assert named is None, (rank, level, message)
+            else:
+                expected = sorted(names[i] for i in unused)
+                assert named and sorted(named[1].split(", ")) == expected, (rank, level, message)
+
+
 @pytest.mark.parametrize("as_views", [True, False], ids=["bucket_views", "own_storage"])
 def test_gradient_as_bucket_view_makes_gradients_views_of_the_bucket(world, as_views):
     # Documented: with gradient_as_bucket_view=True the gradients are views into the
