@@ -287,6 +287,43 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "and every iteration (its documentation): their gradients are never written either "
         "way (None), so skipping their all-reduce changes only what is sent"
     ),
+    ("torch.nn.parallel.distributed", "DistributedDataParallel.__init__", "ignored-argument",
+     "argument dim ignored for its default 0"): (
+        "dim is read only by DDP's scatter() and gather(), kept for backward compatibility and "
+        "called by nothing its forward runs (inputs are moved whole to the module's device, "
+        "never scattered): no training reads it"
+    ),
+    ("torch.nn.parallel.distributed", "DistributedDataParallel.__init__", "reversed-iteration",
+     "for ... in self._module_parameters -> reversed(list(...))"): (
+        "each parameter is checked for being uninitialized, and any one raises the same error: "
+        "the same refusal in any order"
+    ),
+    ("torch.nn.parallel.distributed", "DistributedDataParallel._ddp_init_helper",
+     "reversed-iteration", "for ... in self.module.modules() -> reversed(list(...))"): (
+        "the loop only asks whether any submodule is a SyncBatchNorm, for the construction "
+        "data DDP logs: the same answer in any order"
+    ),
+    ("torch.nn.parallel.distributed", "DistributedDataParallel._ddp_init_helper", "off-by-one",
+     "1 -> 2"): (
+        "the output device DDP's logger records where none was given (-1 made -2): logging "
+        "data only, which nothing that trains reads"
+    ),
+    ("torch.nn.parallel.distributed", "DistributedDataParallel._build_debug_param_to_name_mapping",
+     "reversed-iteration",
+     "for ... in module.named_parameters(recurse=False) " "-> reversed(list(...))"): (
+        "each of a module's own parameters (named_parameters drops duplicates) is entered under "
+        "its own index with its own name: the same mapping in either order"
+    ),
+    ("torch.nn.parallel.distributed", "DistributedDataParallel._passing_sync_batchnorm_handle",
+     "reversed-iteration", "for ... in module.modules() -> reversed(list(...))"): (
+        "each layer is checked for SyncBatchNorm, which DDP refuses on a CPU module, and the "
+        "first found raises the same error: the same refusal in any order"
+    ),
+    ("torch.nn.parallel.distributed", "DistributedDataParallel.will_sync_module_buffers",
+     "comparison", "len(self.modules_buffers) > 0 -> len(self.modules_buffers) >= 0"): (
+        "a module without buffers is then 'synced' by a broadcast of no tensors, which sends "
+        "nothing and changes nothing; every rank decides it alike, so no rank waits"
+    ),
     # -- BatchNorm ----------------------------------------------------------------------------
     ("torch.nn.modules.batchnorm", "_NormBase.__init__", "off-by-one", "0 -> 1 at `0,`"): (
         "num_batches_tracked's first value: __init__ ends with reset_parameters, whose "
