@@ -965,6 +965,37 @@ def gradient_storages(gradient_as_bucket_view: bool) -> tuple[int, int]:
     return len({g.untyped_storage().data_ptr() for g in grads}), len(grads)
 
 
+def bucket_layout(bucket_cap_mb: float | None, iterations: int = 3) -> list[list[list[int]]]:
+    """DDP (``bucket_cap_mb``; None: left out) over three Linear layers, an all-reduce comm
+    hook recording the buckets it is handed: per iteration, each bucket (by index) as the byte
+    sizes of its parameters' gradients, in the bucket's order."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    device = rank_device()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(64, 32), torch.nn.Linear(32, 16), torch.nn.Linear(16, 4)
+    ).to(device)
+    options: dict[str, Any] = {} if bucket_cap_mb is None else {"bucket_cap_mb": bucket_cap_mb}
+    wrapped = DistributedDataParallel(
+        model, device_ids=[device.index] if device.type == "cuda" else None, **options
+    )
+    seen: list[dict[int, list[int]]] = []
+
+    # Unannotated: DDP refuses annotations other than its own (this module's are strings).
+    def hook(state, bucket):  # type: ignore[no-untyped-def]
+        seen[-1][bucket.index()] = [p.numel() * p.element_size() for p in bucket.parameters()]
+        work = dist.all_reduce(bucket.buffer(), async_op=True)
+        assert work is not None
+        return work.get_future().then(lambda f: f.value()[0])
+
+    wrapped.register_comm_hook(None, hook)
+    for _ in range(iterations):
+        seen.append({})
+        wrapped(torch.ones(2, 64, device=device)).sum().backward()
+    return [[buckets[i] for i in sorted(buckets)] for buckets in seen]
+
+
 class _GradientIsInput(torch.nn.Module):
     """A ``rows x cols`` weight whose gradient is the input: ``loss = (weight * g).sum()``."""
 

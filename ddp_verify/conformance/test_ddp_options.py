@@ -599,6 +599,28 @@ def test_every_construction_and_comm_hook_ddp_refuses_is_refused(world):
             assert said[accepted] is None, f"{accepted}: refused on rank {rank}: {said[accepted]}"
 
 
+@pytest.mark.parametrize("cap_mb", [TINY_BUCKET_MB, 0.001, 0.004, 1, 25, None])
+def test_bucket_cap_mb_sets_the_size_of_the_buckets_a_comm_hook_is_handed(world, cap_mb):
+    # Documented: DDP puts the gradients in buckets of bucket_cap_mb MiB (25 if None) to
+    # overlap their all-reduce with backward, and rebuilds them in the order gradients become
+    # ready after the first iteration. From then on, every gradient is in exactly one bucket
+    # each iteration; a bucket holds its gradients up to the cap (past it by its last one at
+    # most); and only the last bucket stops short of it (else it would have taken the next).
+    # A cap read wrong (a bucket per parameter, or one for all) reduces the same sums in
+    # other all-reduces: only this tells it.
+    cap = 25 * 2**20 if cap_mb is None else int(cap_mb * 2**20)
+    for rank, iterations in enumerate(world.run(jobs.bucket_layout, cap_mb)):
+        for iteration, buckets in enumerate(iterations[1:], start=2):
+            where = f"rank {rank}, bucket_cap_mb={cap_mb}, iteration {iteration}: {buckets}"
+            assert sorted(size for bucket in buckets for size in bucket) == sorted(
+                [64 * 32 * 4, 32 * 4, 32 * 16 * 4, 16 * 4, 16 * 4 * 4, 4 * 4]
+            ), f"{where}: not every gradient once"
+            for index, bucket in enumerate(buckets):
+                assert sum(bucket[:-1]) < cap, f"{where}: bucket {index} is past its cap of {cap}"
+                if index < len(buckets) - 1:
+                    assert sum(bucket) >= cap, f"{where}: bucket {index} stops short of {cap}"
+
+
 @pytest.mark.parametrize("skipped", [None, "first", "third"])
 def test_parameters_a_forward_left_unused_are_refused_and_named_when_debugging(world, skipped):
     # Without find_unused_parameters, DDP waits for every parameter's gradient: the next
