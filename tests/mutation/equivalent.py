@@ -324,6 +324,28 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "a module without buffers is then 'synced' by a broadcast of no tensors, which sends "
         "nothing and changes nothing; every rank decides it alike, so no rank waits"
     ),
+    ("torch.nn.parallel.distributed", "DistributedDataParallel.__init__", "ignored-argument",
+     "argument static_graph ignored for its default False at `static_graph,`"): (
+        "(the argument handed to _ddp_init_helper, at its call) read there only for the first "
+        "iteration's bucket assignment and the construction data DDP logs; static_graph itself "
+        "is still set: which gradients the first iteration reduces together (DDP rebuilds the "
+        "buckets in gradient-ready order after it), each to the same sum"
+    ),
+    ("torch.nn.parallel.distributed", "DistributedDataParallel._ddp_init_helper",
+     "dropped-keyword",
+     "self._bucket_config.compute_bucket_size_limits(static_graph=static_graph, find_u "
+     "-> self._bucket_config.compute_bucket_size_limits(find_unused_parameters=self.find_"): (
+        "static_graph read as False for the first iteration's bucket assignment only (one "
+        "bucket for all, or buckets of bucket_cap_mb, when find_unused_parameters is on): "
+        "which gradients the first iteration reduces together (DDP rebuilds the buckets in "
+        "gradient-ready order after it), each to the same sum"
+    ),
+    ("torch.nn.parallel.distributed", "DistributedDataParallel.__init__", "comparison",
+     "self._bucket_config.first_bucket_bytes_cap < self._bucket_config.bucket_bytes_ca "
+     "-> self._bucket_config.first_bucket_bytes_cap <= self._bucket_config.bucket_bytes_c"): (
+        "bucket_bytes_cap_default is an attribute kept for backward compatibility (its "
+        "comment) that nothing in torch reads: the buckets are made from the bucket config"
+    ),
     # -- BatchNorm ----------------------------------------------------------------------------
     ("torch.nn.modules.batchnorm", "_NormBase.__init__", "off-by-one", "0 -> 1 at `0,`"): (
         "num_batches_tracked's first value: __init__ ends with reset_parameters, whose "
