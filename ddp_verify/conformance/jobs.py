@@ -996,6 +996,35 @@ def bucket_layout(bucket_cap_mb: float | None, iterations: int = 3) -> list[list
     return [[buckets[i] for i in sorted(buckets)] for buckets in seen]
 
 
+def join_buffer_sources(batches: list[int]) -> tuple[list[list[float]], list[list[float]]]:
+    """DDP (``broadcast_buffers``, the default) over ``Linear`` then ``BatchNorm1d`` in training
+    mode under ``Join``, rank r training ``batches[r]`` iterations on data of its own: the
+    norm's running mean as each of its forwards starts (after DDP's buffer broadcast) and
+    after each of its iterations."""
+    from torch.distributed.algorithms.join import Join
+    from torch.nn.parallel import DistributedDataParallel
+
+    rank, device = dist.get_rank(), rank_device()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4)).to(device)
+    wrapped = DistributedDataParallel(
+        model, device_ids=[device.index] if device.type == "cuda" else None
+    )
+    starts: list[list[float]] = []
+    model[1].register_forward_pre_hook(lambda norm, _: starts.append(norm.running_mean.tolist()))
+    optimizer = torch.optim.SGD(wrapped.parameters(), lr=0.1)
+    generator = torch.Generator().manual_seed(1000 + rank)
+    after = []
+    with Join([wrapped]):
+        for _ in range(batches[rank]):
+            optimizer.zero_grad()
+            x = (torch.randn(5, 3, generator=generator) + rank).to(device)
+            wrapped(x).pow(2).sum().backward()
+            optimizer.step()
+            after.append(model[1].running_mean.tolist())
+    return starts, after
+
+
 class _GradientIsInput(torch.nn.Module):
     """A ``rows x cols`` weight whose gradient is the input: ``loss = (weight * g).sum()``."""
 

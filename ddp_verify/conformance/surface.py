@@ -546,7 +546,8 @@ ENTRIES: tuple[Entry, ...] = (
        why="as Join([model], ...) and as model.join(...), divide_by_initial_world_size "
        "drawn both ways; enable and throw_on_early_termination at their defaults"),
     _e(_DDP, "join_hook()", COVERED,
-       "test_join::test_join_with_uneven_batch_counts_follows_the_documented_semantics"),
+       "test_join::test_join_with_uneven_batch_counts_follows_the_documented_semantics",
+       "test_join::test_join_starts_each_forward_from_the_buffers_of_a_rank_still_training"),
     _e(_DDP, "register_comm_hook()", COVERED, "test_comm_hooks::test_allreduce_hook_is_exact"),
     _e(_DDP, "_register_fused_optim()", COVERED,
        "test_fused_optimizer::test_ddp_fused_sgd_follows_the_published_rule_on_the_averaged_gradient",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from ddp_verify.conformance import jobs
 from ddp_verify.conformance.known import known_torch_issue
 from ddp_verify.conformance.uneven_batches import JoinRun, check_join, join_runs
 from ddp_verify.engine.scenario import Scenario
@@ -45,3 +46,30 @@ def test_join_with_zero_redundancy_optimizer_follows_the_documented_semantics(
         lambda run: check_join(world, run, method),
         examples=[one_short],
     )
+
+
+@pytest.mark.parametrize("shortest", ["rank_0", "the_last_rank", "every_other_rank"])
+def test_join_starts_each_forward_from_the_buffers_of_a_rank_still_training(world, shortest):
+    # With broadcast_buffers, each forward starts from one rank's buffers; under Join the ranks
+    # agree on one that still trains (torch's code: rank 0 "may already have been joined and
+    # have stale module buffers"). Every rank still training at iteration t must start it from
+    # the running statistics some such rank held after iteration t - 1, all from the same.
+    if world.size < 2:
+        pytest.skip("a world of 1 has no rank to run out of batches first")
+    last = world.size - 1
+    batches = {
+        "rank_0": [1] + [3] * last,
+        "the_last_rank": [3] * last + [1],
+        "every_other_rank": [3 if r % 2 else 1 for r in range(world.size)],
+    }[shortest]
+    starts, after = zip(*world.run(jobs.join_buffer_sources, batches), strict=True)
+    for t in range(1, max(batches)):
+        active = [r for r in range(world.size) if batches[r] > t]
+        begun = {tuple(starts[r][t]) for r in active}
+        held = {r: after[r][t - 1] for r in active}
+        assert len(begun) == 1, f"batches {batches}, iteration {t}: {active} began from {begun}"
+        assert list(next(iter(begun))) in held.values(), (
+            f"batches {batches}, iteration {t}: the ranks still training began from running "
+            f"means {begun}, none of which a rank still training held after the iteration "
+            f"before ({held}); each rank's after each iteration: {after}"
+        )
