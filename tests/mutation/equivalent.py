@@ -319,11 +319,6 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "each layer is checked for SyncBatchNorm, which DDP refuses on a CPU module, and the "
         "first found raises the same error: the same refusal in any order"
     ),
-    ("torch.nn.parallel.distributed", "DistributedDataParallel.will_sync_module_buffers",
-     "comparison", "len(self.modules_buffers) > 0 -> len(self.modules_buffers) >= 0"): (
-        "a module without buffers is then 'synced' by a broadcast of no tensors, which sends "
-        "nothing and changes nothing; every rank decides it alike, so no rank waits"
-    ),
     ("torch.nn.parallel.distributed", "DistributedDataParallel.__init__", "ignored-argument",
      "argument static_graph ignored for its default False at `static_graph,`"): (
         "(the argument handed to _ddp_init_helper, at its call) read there only for the first "
