@@ -326,15 +326,6 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "is still set: which gradients the first iteration reduces together (DDP rebuilds the "
         "buckets in gradient-ready order after it), each to the same sum"
     ),
-    ("torch.nn.parallel.distributed", "DistributedDataParallel._ddp_init_helper",
-     "dropped-keyword",
-     "self._bucket_config.compute_bucket_size_limits(static_graph=static_graph, find_u "
-     "-> self._bucket_config.compute_bucket_size_limits(find_unused_parameters=self.find_"): (
-        "static_graph read as False for the first iteration's bucket assignment only (one "
-        "bucket for all, or buckets of bucket_cap_mb, when find_unused_parameters is on): "
-        "which gradients the first iteration reduces together (DDP rebuilds the buckets in "
-        "gradient-ready order after it), each to the same sum"
-    ),
     ("torch.nn.parallel.distributed", "DistributedDataParallel.__init__", "comparison",
      "self._bucket_config.first_bucket_bytes_cap < self._bucket_config.bucket_bytes_ca "
      "-> self._bucket_config.first_bucket_bytes_cap <= self._bucket_config.bucket_bytes_c"): (
