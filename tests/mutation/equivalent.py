@@ -288,6 +288,13 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "way (None), so skipping their all-reduce changes only what is sent"
     ),
     ("torch.nn.parallel.distributed", "DistributedDataParallel.__init__", "ignored-argument",
+     "argument batched_grad_copy ignored for its default False"): (
+        "a throughput option (its documentation): the per-parameter copies of gradients into "
+        "their bucket and their division are made each as the gradient is ready instead of "
+        "as one batched copy and one division when the bucket is: the same values in the same "
+        "places (training with it on is held to the reference by test_ddp_options)"
+    ),
+    ("torch.nn.parallel.distributed", "DistributedDataParallel.__init__", "ignored-argument",
      "argument dim ignored for its default 0"): (
         "dim is read only by DDP's scatter() and gather(), kept for backward compatibility and "
         "called by nothing its forward runs (inputs are moved whole to the module's device, "
