@@ -20,6 +20,8 @@ import pytest
 import torch
 from hypothesis import strategies as st
 
+from ddp_verify.conformance.implementations import IMPLEMENTATIONS
+
 SHAPES = ((3, 2), (2,), (1,))
 OPTIMIZERS: dict[str, Any] = {
     "sgd": lambda params, **kw: torch.optim.SGD(params, lr=0.1, momentum=0.9, **kw),
@@ -129,18 +131,14 @@ def test_a_loaded_state_takes_the_parameters_dtype(dtype):
         assert float(state["step"]) == 1.0
 
 
-_IMPLEMENTATIONS = {"for_loop": {"foreach": False}, "foreach": {"foreach": True},
-                    "fused": {"fused": True}}  # fmt: skip
-
-
 def _adam(params: list[torch.nn.Parameter], implementation: str) -> torch.optim.Adam:
     try:
-        return torch.optim.Adam(params, lr=0.05, **_IMPLEMENTATIONS[implementation])
+        return torch.optim.Adam(params, lr=0.05, **IMPLEMENTATIONS[implementation])
     except RuntimeError as error:  # a torch without a fused path for these parameters
         pytest.skip(f"torch {torch.__version__}: {error}")
 
 
-@pytest.mark.parametrize("implementation", sorted(_IMPLEMENTATIONS))
+@pytest.mark.parametrize("implementation", sorted(IMPLEMENTATIONS))
 @pytest.mark.parametrize("default", [torch.float32, torch.float64])
 def test_the_step_count_is_kept_in_the_precision_torch_gives_it(default, implementation):
     # The count is a tensor of the default dtype (a float64 run counts in float64), except that
@@ -159,7 +157,7 @@ def test_the_step_count_is_kept_in_the_precision_torch_gives_it(default, impleme
         assert (step.dtype, step.shape, float(step)) == (expected, (), 1.0), (default, step)
 
 
-@pytest.mark.parametrize("implementation", sorted(_IMPLEMENTATIONS))
+@pytest.mark.parametrize("implementation", sorted(IMPLEMENTATIONS))
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_a_loaded_step_count_is_never_rounded_to_the_parameters_dtype(dtype, implementation):
     # pytorch#74424: a count cast to the parameters' bfloat16 turns 257 into 256 and the bias

@@ -23,14 +23,13 @@ import pytest
 import torch
 from hypothesis import strategies as st
 
+from ddp_verify.conformance.implementations import IMPLEMENTATIONS
 from ddp_verify.conformance.known import known_torch_issue
 
 # Parameter shapes: a matrix, a vector, a scalar-like one, as a model's layers give them.
 SHAPES = ((3, 4), (4,), (1,))
 STEPS = 4
 RTOL, ATOL = 1e-10, 1e-13
-IMPLEMENTATIONS = {"for_loop": {"foreach": False}, "foreach": {"foreach": True},
-                   "fused": {"fused": True}}  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)

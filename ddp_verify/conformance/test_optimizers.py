@@ -14,6 +14,7 @@ import pytest
 import torch
 from hypothesis import strategies as st
 
+from ddp_verify.conformance.implementations import IMPLEMENTATIONS
 from ddp_verify.engine.models import optimizer_settings, scheduling, torch_param_groups
 from ddp_verify.engine.optimizers import ReferenceOptimizer, clip_total_norm
 from ddp_verify.engine.scenario import OPTIMIZERS, OptimizerSpec
@@ -24,12 +25,6 @@ SHAPES = ((3, 4), (4,), (1,))
 # Bit-for-bit agreement is not promised (torch orders its operations its own way); a wrong
 # rule is off by far more than float64's rounding over a few steps.
 RTOL, ATOL = 1e-10, 1e-13
-
-IMPLEMENTATIONS = {
-    "for_loop": {"foreach": False},
-    "foreach": {"foreach": True},
-    "fused": {"fused": True},
-}
 
 
 def _parameters(seed: int) -> list[torch.nn.Parameter]:

@@ -317,7 +317,7 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
     ),
     ("torch.nn.parallel.distributed", "DistributedDataParallel._build_debug_param_to_name_mapping",
      "reversed-iteration",
-     "for ... in module.named_parameters(recurse=False) " "-> reversed(list(...))"): (
+     "for ... in module.named_parameters(recurse=False) -> reversed(list(...))"): (
         "each of a module's own parameters (named_parameters drops duplicates) is entered under "
         "its own index with its own name: the same mapping in either order"
     ),
