@@ -210,6 +210,9 @@ _SYNC_CPU = (
     "test_batch_norm::test_sync_batch_norm_refuses_to_train_on_cpu_tensors_under_a_process_group"
 )
 _SCALER = "test_grad_scaler::test_the_scaler_steps_skips_and_schedules_as_documented"
+_SHARED_SCALER = (
+    "test_grad_scaler::test_one_scaler_shared_by_two_optimizers_skips_each_on_its_own_gradients"
+)
 _COLLECTIVES = "test_collectives::test_tensor_collectives_leave_what_is_documented_on_every_rank"
 _OPS = "every ReduceOp gloo takes (SUM, PRODUCT, MIN, MAX, AVG; BAND, BOR, BXOR on int64)"
 _GROUPS = "None, new_group, new_subgroups, new_subgroups_by_enumeration; non-members"
@@ -768,11 +771,26 @@ ENTRIES: tuple[Entry, ...] = (
         for member, why in (
             ("init_scale", "2**4 and 2**10"), ("growth_factor", "2 and 4"),
             ("backoff_factor", "0.5 and 0.25"), ("growth_interval", "1 to 3"),
-            ("scale()", "a float64 loss"), ("step()", "skipped on inf and NaN, taken otherwise"),
-            ("update()", "the schedule after every step"), ("get_scale()", "after every step"),
-            ("unscale_()", "before step, as before clipping"),
+            ("get_scale()", "after every step"),
         )
     ),
+    _e("torch.amp.GradScaler", "scale()", COVERED, _SCALER,
+       "test_grad_scaler::test_scale_multiplies_each_tensor_of_an_iterable_keeping_its_shape",
+       why="a float64 loss; nested lists and tuples, a generator; a non-tensor refused"),
+    _e("torch.amp.GradScaler", "step()", COVERED, _SCALER, _SHARED_SCALER,
+       "test_grad_scaler::test_calls_out_of_their_documented_order_are_refused",
+       why="skipped on inf and NaN, taken otherwise; each of two optimizers on its own "
+       "gradients; a second step, a closure, no gradients refused"),
+    _e("torch.amp.GradScaler", "update()", COVERED, _SCALER, _SHARED_SCALER,
+       "test_grad_scaler::test_update_takes_a_new_scale_as_a_float_or_a_one_element_tensor",
+       "test_grad_scaler::test_update_takes_a_new_scale_as_a_tensor_of_shape_one",
+       why="the schedule after every step, from the infs of every optimizer; new_scale as a "
+       "float, a 0-dim and a (1,) tensor (torch refuses the last: a known issue); other "
+       "tensors and an update with no inf checks refused"),
+    _e("torch.amp.GradScaler", "unscale_()", COVERED, _SCALER,
+       "test_grad_scaler::test_calls_out_of_their_documented_order_are_refused",
+       "test_grad_scaler::test_half_precision_gradients_are_refused_by_unscale",
+       why="before step, as before clipping; after step and on float16 gradients refused"),
     _e("torch.amp.GradScaler", "device", OUT, why="placement: 'cpu' here, CUDA by the GPU check"),
     _e("torch.amp.GradScaler", "enabled", COVERED,
        "test_grad_scaler::test_a_disabled_scaler_changes_nothing"),

@@ -18,6 +18,8 @@ import pytest
 import torch
 from hypothesis import strategies as st
 
+from ddp_verify.conformance.known import known_torch_issue
+
 LR = 0.1
 
 
@@ -184,3 +186,150 @@ def test_a_schedule_changed_between_steps_runs_on_from_then():
     want = [s for _, s in _documented(gradients[:2], 16.0, 2.0, 0.5, 2)]
     want += [s for _, s in _documented(gradients[2:], want[-1], 4.0, 0.25, 3)]
     assert [s for _, s in first + rest] == want, ([s for _, s in first + rest], want)
+
+
+def _documented_shared(
+    gradients: list[tuple[float, float]], init: float, growth: float, backoff: float, interval: int
+) -> list[tuple[float, float, float]]:
+    """Two optimizers, one scaler (AMP's "multiple models, losses and optimizers"): each
+    optimizer steps unless its own gradients hold an inf or NaN; the scale backs off once if
+    either's did and counts the step towards growth only if neither's did."""
+    values, scale, unskipped, out = [1.0, 1.0], init, 0, []
+    for pair in gradients:
+        finite = [math.isfinite(g * scale) for g in pair]
+        for i, g in enumerate(pair):
+            if finite[i]:
+                values[i] -= LR * g
+        if all(finite):
+            unskipped += 1
+            if unskipped == interval:
+                scale, unskipped = scale * growth, 0
+        else:
+            scale, unskipped = scale * backoff, 0
+        out.append((values[0], values[1], scale))
+    return out
+
+
+def test_one_scaler_shared_by_two_optimizers_skips_each_on_its_own_gradients(prove):
+    # The scale is updated once an iteration from the infs every optimizer found: a scaler that
+    # consulted one optimizer's would grow on an overflow the other saw.
+    def check(case):
+        gradients, (init, growth, backoff, interval) = case
+        params = [torch.nn.Parameter(torch.ones(3, dtype=torch.float64)) for _ in range(2)]
+        optimizers = [torch.optim.SGD([p], lr=LR) for p in params]
+        scaler = torch.amp.GradScaler("cpu", init_scale=init, growth_factor=growth,
+                                      backoff_factor=backoff, growth_interval=interval)  # fmt: skip
+        want = _documented_shared(gradients, init, growth, backoff, interval)
+        for step, (pair, (a, b, expected_scale)) in enumerate(zip(gradients, want, strict=True)):
+            for optimizer in optimizers:
+                optimizer.zero_grad()
+            loss = sum((p * torch.tensor(g, dtype=torch.float64)).sum()
+                       for p, g in zip(params, pair, strict=True))  # fmt: skip
+            scaler.scale(loss).backward()
+            for optimizer in optimizers:
+                scaler.step(optimizer)
+            scaler.update()
+            said = (f"after step {step} of gradients {gradients} (init {init}, growth {growth}, "
+                    f"backoff {backoff}, interval {interval})")  # fmt: skip
+            assert scaler.get_scale() == expected_scale, (
+                f"{said}: the scale is {scaler.get_scale()}, documented {expected_scale}"
+            )
+            for i, value in enumerate((a, b)):
+                torch.testing.assert_close(
+                    params[i].detach(), torch.full((3,), value, dtype=torch.float64),
+                    msg=lambda m, i=i, said=said: f"{said}: optimizer {i}'s parameter is not "
+                    f"SGD's on its own finite unscaled gradients.\n{m}")  # fmt: skip
+
+    pair = st.tuples(st.sampled_from([1.0, -2.0, math.inf, math.nan]),
+                     st.sampled_from([0.5, 3.0, math.inf]))  # fmt: skip
+    example = ([(1.0, math.inf), (math.nan, 0.5), (1.0, 0.5)], (16.0, 2.0, 0.5, 1))
+    prove(st.tuples(st.lists(pair, min_size=1, max_size=6), SETTINGS), check, examples=[example])
+
+
+def test_scale_multiplies_each_tensor_of_an_iterable_keeping_its_shape():
+    # Documented: "a tensor or list of tensors", "outputs (Tensor or iterable of Tensors)": a
+    # list or tuple comes back as one (nested ones too), any other iterable as an iterable.
+    scaler = torch.amp.GradScaler("cpu", init_scale=8.0)
+    a, b, c = (torch.tensor(v, dtype=torch.float64) for v in (1.0, -2.0, 0.25))
+    got = scaler.scale([a, (b, [c])])
+    assert isinstance(got, list) and isinstance(got[1], tuple) and isinstance(got[1][1], list)
+    for out, x in ((got[0], a), (got[1][0], b), (got[1][1][0], c)):
+        torch.testing.assert_close(out, x * 8.0)
+    generated = list(scaler.scale(x for x in (a, b)))
+    torch.testing.assert_close(generated, [a * 8.0, b * 8.0])
+    with pytest.raises(ValueError, match="outputs must be a Tensor or an iterable of Tensors"):
+        scaler.scale([a, 3.0])
+
+
+def _updated_to(new_scale: float | torch.Tensor) -> tuple[float, float]:
+    """The scale after ``update(new_scale)`` on a grown scale, and after one step more."""
+    run = GradScalerRun({"init_scale": 16.0, "growth_interval": 1})
+    run.steps([1.0])  # grown to 32
+    run.optimizer.zero_grad()
+    run.scaler.scale(run.param.sum()).backward()
+    run.scaler.step(run.optimizer)
+    run.scaler.update(new_scale)
+    given = run.scaler.get_scale()
+    run.steps([1.0])  # the schedule runs on from the scale given
+    return given, run.scaler.get_scale()
+
+
+@pytest.mark.parametrize("new_scale", [4.0, torch.tensor(4.0)], ids=["float", "0-dim"])
+def test_update_takes_a_new_scale_as_a_float_or_a_one_element_tensor(new_scale):
+    # update(new_scale=...) replaces the scale (no backoff or growth that step), given as a
+    # float or as a one-element float tensor without grad; any other tensor is refused.
+    assert _updated_to(new_scale) == (4.0, 8.0), new_scale
+    words = "new_scale should be a float or a 1-element"
+    for bad in (torch.tensor([4.0, 4.0]), torch.tensor(4.0, requires_grad=True)):
+        run = GradScalerRun({"init_scale": 16.0})
+        run.steps([1.0])
+        with pytest.raises(AssertionError, match=words):
+            run.scaler.update(bad)
+
+
+@known_torch_issue(
+    "GradScaler.update(new_scale) refuses the 1-element tensor of shape (1,) its documentation "
+    "names: the scale is 0-dim and copy_ does not broadcast (1,) into it",
+    raises=RuntimeError,
+    match=r"output with shape \[\] doesn't match the broadcast shape \[1\]",
+    repro="s = torch.amp.GradScaler('cpu'); s.scale(torch.ones(())); s.update(torch.tensor([4.0]))",
+)
+def test_update_takes_a_new_scale_as_a_tensor_of_shape_one():
+    assert _updated_to(torch.tensor([4.0])) == (4.0, 8.0)
+
+
+def test_calls_out_of_their_documented_order_are_refused():
+    # step() once per optimizer between updates, unscale_() before step() and not after, no
+    # closure, and an update() or step() with no inf checks behind it: each refused, naming it.
+    def scaled():
+        run = GradScalerRun({"init_scale": 16.0})
+        run.optimizer.zero_grad()
+        run.scaler.scale(run.param.sum()).backward()
+        return run
+
+    run = scaled()
+    run.scaler.step(run.optimizer)
+    with pytest.raises(RuntimeError, match=re.escape("step() has already been called since")):
+        run.scaler.step(run.optimizer)
+    with pytest.raises(RuntimeError, match=re.escape("unscale_() is being called after step()")):
+        run.scaler.unscale_(run.optimizer)
+    run = scaled()
+    with pytest.raises(RuntimeError, match="Closure use is not currently supported"):
+        run.scaler.step(run.optimizer, closure=lambda: None)
+    run = scaled()
+    run.param.grad = None  # nothing to check for infs: a step on it checked nothing
+    with pytest.raises(AssertionError, match="No inf checks were recorded for this optimizer"):
+        run.scaler.step(run.optimizer)
+    run = scaled()
+    with pytest.raises(AssertionError, match="No inf checks were recorded prior to update"):
+        run.scaler.update()
+
+
+def test_half_precision_gradients_are_refused_by_unscale():
+    # Unscaling float16 gradients in place would lose what the scale protected: refused.
+    p = torch.nn.Parameter(torch.ones(2, dtype=torch.float16))
+    optimizer = torch.optim.SGD([p], lr=LR)
+    scaler = torch.amp.GradScaler("cpu")
+    scaler.scale(p.float().sum()).backward()
+    with pytest.raises(ValueError, match="Attempting to unscale FP16 gradients"):
+        scaler.unscale_(optimizer)

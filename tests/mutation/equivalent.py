@@ -165,6 +165,11 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "scale and checked into its device's found_inf, which only ever becomes 1: the order "
         "the groups are visited in leaves the same gradients and the same flags"
     ),
+    ("torch.amp.grad_scaler", "GradScaler.update", "comparison",
+     "len(found_infs) > 1 -> len(found_infs) >= 1"): (
+        "the branch only loops over range(1, len(found_infs)), which is empty for one found_inf: "
+        "entering it for one adds nothing, the same combined flag"
+    ),
     # -- c10d ---------------------------------------------------------------------------------
     (_C10D, "_new_process_group_helper", "reversed-iteration",
      "for ... in backend_config.get_device_backend_map().items() -> reversed(list(...))"): (
