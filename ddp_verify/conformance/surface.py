@@ -1020,7 +1020,9 @@ ENTRIES: tuple[Entry, ...] = (
     ),
     # -- clipping ------------------------------------------------------------------------------
     _e("torch.nn.utils.clip_grad_norm_", "parameters", COVERED, _CLIP, _CLIP_NORMS,
-       why="a list, and a lone tensor"),
+       "test_optimizers::test_clip_grad_norm_of_no_gradients_is_zero_and_warns_on_an_empty_generator",
+       why="a list, and a lone tensor; a generator, an empty one (warned about), none with a "
+       "gradient"),
     _e("torch.nn.utils.clip_grad_norm_", "max_norm", COVERED, _CLIP),
     _e("torch.nn.utils.clip_grad_norm_", "norm_type", COVERED, _CLIP_NORMS,
        why="1, 2, 3 and inf (a float and the string 'inf'); and through get_total_norm and "

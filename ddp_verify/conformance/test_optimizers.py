@@ -8,6 +8,7 @@ regression here would move both sides alike; this is where it fails."""
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any
 
 import pytest
@@ -239,3 +240,28 @@ def test_clip_grad_norm_raises_on_a_nonfinite_norm_only_when_asked(foreach, bad)
         f"clip_grad_norm_(foreach={foreach}) returned {float(total)} for gradients holding "
         f"{bad}: the norm is not finite"
     )
+
+
+@pytest.mark.parametrize("foreach", [False, True], ids=["for_loop", "foreach"])
+def test_clip_grad_norm_of_no_gradients_is_zero_and_warns_on_an_empty_generator(foreach):
+    # The documented "Iterable[Tensor]" includes a generator (model.parameters()) and one with
+    # nothing in it: the norm of no gradients is 0, nothing is clipped, and an empty generator
+    # (a model's parameters() already consumed) is warned about; a nonempty one is not.
+    params = _parameters(0)
+    total = torch.nn.utils.clip_grad_norm_(params, 1.0, foreach=foreach)
+    assert float(total) == 0.0 and all(p.grad is None for p in params), total
+    for empty in ([], ()):
+        assert float(torch.nn.utils.clip_grad_norm_(empty, 1.0, foreach=foreach)) == 0.0
+    with pytest.warns(UserWarning, match="empty generator"):
+        total = torch.nn.utils.clip_grad_norm_((p for p in params[:0]), 1.0, foreach=foreach)
+    assert float(total) == 0.0
+    for p in params:
+        p.grad = torch.full_like(p, 3.0)
+    want = _p_norm([p.grad for p in params], 2.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        total = torch.nn.utils.clip_grad_norm_((p for p in params), 1.0, foreach=foreach)
+    assert float(total) == pytest.approx(want, rel=RTOL), (float(total), want)
+    for p in params:
+        torch.testing.assert_close(p.grad, torch.full_like(p, 3.0 / (want + 1e-6)),
+                                   rtol=RTOL, atol=ATOL)  # fmt: skip
