@@ -1,7 +1,7 @@
 """Jobs run on every rank for the suite's refusal properties: each call torch's data-parallel
 API refuses (SyncBatchNorm training on CPU tensors, DDP's constructions and comm hooks,
-ZeroRedundancyOptimizer's and fully_shard's), made alike on every rank before any collective,
-its error returned as ``Type: message`` (None where accepted)."""
+ZeroRedundancyOptimizer's, fully_shard's and the model averagers'), made alike on every rank
+before any collective, its error returned as ``Type: message`` (None where accepted)."""
 
 from __future__ import annotations
 
@@ -185,6 +185,40 @@ def zero_refusals() -> dict[str, str | None]:
             lambda method=method: _overlapped_zero(method)
         )
     return refusals(calls)
+
+
+def averager_refusals() -> dict[str, str | None]:
+    """Each model averager construction its code refuses or warns about, and the edge cases
+    it accepts, over the world (no subgroup made, so nothing collective runs): ``Type:
+    message`` for an error or a warning, None where accepted without one."""
+    import warnings
+
+    from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
+    from torch.distributed.algorithms.model_averaging.hierarchical_model_averager import (
+        HierarchicalModelAverager as Hierarchical,
+    )
+
+    world = dist.get_world_size()
+    calls: dict[str, Any] = {
+        "periodic, warmup_steps -1": lambda: PeriodicModelAverager(period=2, warmup_steps=-1),
+        "periodic, period 0": lambda: PeriodicModelAverager(period=0),
+        "periodic, period 1": lambda: PeriodicModelAverager(period=1),
+        "periodic, period 2 from step 0": lambda: PeriodicModelAverager(period=2, warmup_steps=0),
+        "hierarchical, no levels": lambda: Hierarchical({}),
+        "hierarchical, a period 0": lambda: Hierarchical({0: world}),
+        "hierarchical, a largest period of 1": lambda: Hierarchical({1: world}),
+        "hierarchical, a last size not the group's": lambda: Hierarchical({2: world + 1}),
+        "hierarchical, warmup_steps -1": lambda: Hierarchical({2: world}, warmup_steps=-1),
+        "hierarchical, period 2 from step 0": lambda: Hierarchical({2: world}, warmup_steps=0),
+    }
+    said: dict[str, str | None] = {}
+    for name, call in calls.items():
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            said.update(refusals({name: call}))
+        if said[name] is None and caught:
+            said[name] = f"{caught[0].category.__name__}: {caught[0].message}"
+    return said
 
 
 def _overlapped_zero(method: str) -> Any:

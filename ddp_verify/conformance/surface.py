@@ -210,6 +210,9 @@ _SYNC_CPU = (
     "test_batch_norm::test_sync_batch_norm_refuses_to_train_on_cpu_tensors_under_a_process_group"
 )
 _SCALER = "test_grad_scaler::test_the_scaler_steps_skips_and_schedules_as_documented"
+_AVERAGER_REFUSALS = (
+    "test_model_averaging::test_the_averagers_refuse_and_warn_of_what_their_documentation_does"
+)
 _SHARED_SCALER = (
     "test_grad_scaler::test_one_scaler_shared_by_two_optimizers_skips_each_on_its_own_gradients"
 )
@@ -623,13 +626,20 @@ ENTRIES: tuple[Entry, ...] = (
     *(_e(_LOCAL + "post_localSGD_hook", arg, COVERED, _POST_LOCAL) for arg in ("state", "bucket")),
     # -- model averaging ---------------------------------------------------------------------
     *(
-        _e(_AVG + "averagers.PeriodicModelAverager", arg, COVERED, _AVERAGING)
+        _e(_AVG + "averagers.PeriodicModelAverager", arg, COVERED, _AVERAGING,
+           *((_AVERAGER_REFUSALS,) if arg in ("period", "warmup_steps") else ()),
+           why="1 warned of, below 1 refused" if arg == "period" else
+           "negative refused" if arg == "warmup_steps" else "")
         for arg in ("period", "warmup_steps", "process_group", "average_parameters()")
     ),
     *(
         _e(_AVG + "hierarchical_model_averager.HierarchicalModelAverager", arg, COVERED,
            "test_model_averaging::"
-           "test_hierarchical_model_averager_averages_the_largest_dividing_periods_groups")
+           "test_hierarchical_model_averager_averages_the_largest_dividing_periods_groups",
+           *((_AVERAGER_REFUSALS,) if arg != "average_parameters()" else ()),
+           why="empty, a period 0, a last size not the group's refused; a largest period of 1 "
+           "warned of" if arg == "period_group_size_dict" else
+           "negative refused" if arg == "warmup_steps" else "")
         for arg in ("period_group_size_dict", "warmup_steps", "average_parameters()")
     ),
     _e(_AVG + "hierarchical_model_averager.HierarchicalModelAverager", "process_group",

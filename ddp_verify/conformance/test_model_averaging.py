@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from ddp_verify.conformance import jobs
+from ddp_verify.conformance import jobs, refusal_jobs
 from ddp_verify.conformance.closed_forms import assert_every_rank_and_step
 
 # Small integers: means of up to 4 ranks are exact enough for a tight bound in float64.
@@ -276,3 +276,27 @@ def test_post_local_sgd_hook_averages_over_the_world_then_over_the_subgroup(worl
     gradients = [[[float(r + 1 + 2 * t)] for r in range(size)] for t in range(4)]
     boundary = (gradients, 2, divisors[len(divisors) // 2], True, None)
     prove(draw(), check, examples=[boundary])
+
+
+AVERAGER_REFUSED = {
+    "periodic, warmup_steps -1": r"ValueError: Arg ``warmup_steps`` must be a non-negative",
+    "periodic, period 0": r"ValueError: Arg ``period`` must be a positive value",
+    "periodic, period 1": r"UserWarning: When period is 1, no need to use model averaging",
+    "hierarchical, no levels": r"ValueError: Arg ``period_group_size_dict`` must not be empty",
+    "hierarchical, a period 0": r"ValueError: The minimum period in arg ``period_group_size_dict``",
+    "hierarchical, a largest period of 1": r"UserWarning: When the maximum period in arg",
+    "hierarchical, a last size not the group's": r"ValueError: The last value in arg "
+    r"``period_group_size_dict`` \d+ must be equal to the size of arg ``process_group``",
+    "hierarchical, warmup_steps -1": r"ValueError: Arg ``warmup_steps`` must be a non-negative",
+}
+
+
+def test_the_averagers_refuse_and_warn_of_what_their_documentation_does(world):
+    # A negative warmup or a period below 1 would average at steps no schedule names (or at
+    # none); a period of 1 is accepted with the documented warning that DDP alone does it
+    # cheaper; the edges just inside (warmup 0, period 2) are accepted without a word.
+    results = world.run(refusal_jobs.averager_refusals)
+    refusal_jobs.assert_refused(results, AVERAGER_REFUSED, "the model averagers")
+    for rank, said in enumerate(results):
+        for name in ("periodic, period 2 from step 0", "hierarchical, period 2 from step 0"):
+            assert said[name] is None, f"{name}: refused or warned of on rank {rank}: {said[name]}"
