@@ -378,6 +378,44 @@ def differentiable_collective(
     return [y.tolist() for y in outputs], x.grad.tolist()
 
 
+def _caller(function: Any, *args: Any) -> Any:
+    return function(*args)  # the line a deprecation of ``function`` is to be attributed to
+
+
+def differentiable_deprecations() -> dict[str, Any]:
+    """Each of ``torch.distributed.nn.functional``'s collectives called once over the world
+    (one element a rank) from one line of :func:`_caller`, with the warnings each raised
+    recorded: ``(category, message, file, line)`` for each, by collective, and the caller's
+    ``(file, line)`` under ``"caller"``: the frame a deprecation's ``stacklevel`` should name."""
+    import warnings
+
+    from torch.distributed.nn import functional as differentiable
+
+    size, device = dist.get_world_size(), rank_device()
+
+    def x() -> torch.Tensor:
+        return torch.ones(size, dtype=torch.float64, device=device, requires_grad=True)
+
+    def out(n: int) -> torch.Tensor:
+        return torch.empty(n, dtype=torch.float64, device=device)
+
+    calls: dict[str, tuple[Any, ...]] = {
+        "all_reduce": (differentiable.all_reduce, x()),
+        "broadcast": (differentiable.broadcast, x(), 0),
+        "all_gather": (differentiable.all_gather, x()),
+        "reduce_scatter": (differentiable.reduce_scatter, out(1), list(x().chunk(size))),
+        "all_to_all_single": (differentiable.all_to_all_single, out(size), x()),
+    }
+    code = _caller.__code__
+    said: dict[str, Any] = {"caller": (code.co_filename, code.co_firstlineno + 1)}
+    for name, call in calls.items():
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            _caller(*call)
+        said[name] = [(w.category.__name__, str(w.message), w.filename, w.lineno) for w in caught]
+    return said
+
+
 def periodic_averaging(
     values: list[list[float]],
     deltas: list[list[list[float]]],

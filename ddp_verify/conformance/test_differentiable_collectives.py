@@ -10,8 +10,10 @@ where a sum belongs, or a gradient left local, trains the towers at 1/W of their
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
+import torch
 from hypothesis import strategies as st
 
 from ddp_verify.conformance import jobs
@@ -274,3 +276,24 @@ def test_differentiable_averages_give_the_gradient_of_an_average(world, prove, k
         _checker(world, kind),
         examples=[(*ones, 0, None, None, "avg")],
     )
+
+
+def test_a_deprecated_collective_warns_the_line_that_called_it(world):
+    # Where torch deprecates a collective of torch.distributed.nn.functional, its
+    # FutureWarning is attributed to the caller's line (its stacklevel), so that a project's
+    # warning filters by module (-W error::FutureWarning:mypackage) and pytest's summary name
+    # the call to change, not torch's own file or a frame above the call.
+    deprecated = 0
+    for rank, said in enumerate(world.run(jobs.differentiable_deprecations)):
+        file, line = said.pop("caller")
+        for name, caught in said.items():
+            mine = [w for w in caught if w[0] == "FutureWarning" and "is deprecated" in w[1]]
+            deprecated += len(mine)
+            for _, message, filename, lineno in mine:
+                assert (os.path.samefile(filename, file), lineno) == (True, line), (
+                    f"rank {rank}: torch.distributed.nn.functional.{name}'s warning "
+                    f"{message!r} is attributed to {filename}:{lineno}, not to the line that "
+                    f"called it ({file}:{line})"
+                )
+    if not deprecated:
+        pytest.skip(f"torch {torch.__version__} deprecates none of these collectives")
