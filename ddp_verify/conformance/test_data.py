@@ -234,22 +234,24 @@ def test_a_sampler_given_its_replicas_and_rank_shards_as_documented(prove):
         if not drop_last:
             assert sorted(order) == data, f"{said}: the dataset not covered: {shards}"
             padding = interleaved[length:]
-            assert padding == (order * (total // length + 1))[: len(padding)], (
+            assert padding == (order * (total // max(length, 1) + 1))[: len(padding)], (
                 f"{said}: padded with {padding}, not from the start of {order}"
             )
         for bad in (replicas, -1):
             with pytest.raises(ValueError, match=r"Invalid rank"):
                 DistributedSampler(data, num_replicas=replicas, rank=bad)
 
+    # An empty dataset too: every rank's shard is empty (nothing to pad from).
     prove(
         st.tuples(
-            st.integers(1, 30),
+            st.integers(0, 30),
             st.integers(1, 6),
             st.booleans(),
             st.booleans(),
             st.integers(0, 2**16),
         ),
         check,
+        examples=[(0, 3, True, False, 0), (2, 4, True, False, 0)],
     )
 
 
