@@ -1006,7 +1006,8 @@ ENTRIES: tuple[Entry, ...] = (
     # -- data ----------------------------------------------------------------------------------
     _e("torch.utils.data.DistributedSampler", "dataset", COVERED, _SAMPLER,
        "test_data::test_a_sampler_given_its_replicas_and_rank_shards_as_documented",
-       why="0 to 40 items; an empty one gives every rank an empty shard"),
+       why="1 to 40 items on the world; 0 to 30 given the replicas and rank, an empty one "
+       "giving every rank an empty shard"),
     *(
         _e("torch.utils.data.DistributedSampler", arg, COVERED, _SAMPLER,
            "test_data::test_a_sampler_given_its_replicas_and_rank_shards_as_documented",
