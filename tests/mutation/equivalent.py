@@ -165,6 +165,24 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "scale and checked into its device's found_inf, which only ever becomes 1: the order "
         "the groups are visited in leaves the same gradients and the same flags"
     ),
+    ("torch.amp.grad_scaler", "GradScaler._unscale_grads_", "reversed-iteration",
+     "for ... in optimizer.param_groups -> reversed(list(...))"): (
+        "the loop only files each gradient under its (device, dtype); each is then unscaled on "
+        "its own by the same inverse scale, and the device's found_inf set if any is not "
+        "finite: the order gradients are filed in leaves the same gradients and flags"
+    ),
+    ("torch.amp.grad_scaler", "GradScaler._unscale_grads_", "reversed-iteration",
+     "for ... in group['params'] -> reversed(list(...))"): (
+        "the loop only files each gradient under its (device, dtype); each is then unscaled on "
+        "its own by the same inverse scale, and the device's found_inf set if any is not "
+        "finite: the order gradients are filed in leaves the same gradients and flags"
+    ),
+    ("torch.amp.grad_scaler", "GradScaler._unscale_grads_", "reversed-iteration",
+     "for ... in per_device_and_dtype_grads.items() -> reversed(list(...))"): (
+        "each device's gradients are unscaled into that device's own found_inf; the order "
+        "the devices are visited in orders only the dict of flags, which update() sums (0 or "
+        "1 each, exact in any order) and step() reads for any nonzero"
+    ),
     ("torch.amp.grad_scaler", "GradScaler.update", "comparison",
      "len(found_infs) > 1 -> len(found_infs) >= 1"): (
         "the branch only loops over range(1, len(found_infs)), which is empty for one found_inf: "
