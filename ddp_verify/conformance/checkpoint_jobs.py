@@ -290,6 +290,45 @@ def refusals() -> dict[str, str | None]:
         return said
 
 
+def over_subgroups(seed: int, block: int, rows: int) -> dict[str, Any]:
+    """The world cut in blocks of ``block`` consecutive ranks (a 2-D mesh, its inner
+    dimension a block): each block saves, over its own group (``process_group``), a DTensor
+    of ``rows`` x 2 sharded by rows over the block (fewer rows than ranks: some shards empty),
+    a plain tensor and a step, all its own (seeded ``seed`` + the block's index); after a
+    barrier of the world, each block loads its own checkpoint back into zeros of the same
+    placement, and the next block's into a replicated DTensor, over its group again. What
+    each rank loaded: the DTensors' full tensors, the plain tensor and the step."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    size = dist.get_world_size()
+    blocks = size // block
+    mesh = init_device_mesh("cpu", (blocks, block), mesh_dim_names=("blocks", "inner"))
+    inner = mesh["inner"]
+    group = inner.get_group()
+    mine, other = dist.get_rank() // block, (dist.get_rank() // block + 1) % blocks
+
+    def state(b: int, placement: Any, zeros: bool) -> dict[str, Any]:
+        full, plain = value(seed + b, 0, (rows, 2), "float64"), value(seed + b, 1, (3,), "int64")
+        if zeros:
+            full, plain = torch.zeros_like(full), torch.zeros_like(plain)
+        return {"w": distribute_tensor(full, inner, [placement]), "plain": plain,
+                "step": -1 if zeros else seed + b}  # fmt: skip
+
+    loaded: dict[str, Any] = {}
+    with shared_directory() as directory:
+        dcp.save(state(mine, Shard(0), zeros=False), checkpoint_id=f"{directory}/block{mine}",
+                 process_group=group)  # fmt: skip
+        dist.barrier()  # every block's checkpoint is written before any is read
+        for which, b, placement in (("own", mine, Shard(0)), ("next", other, Replicate())):
+            into = state(b, placement, zeros=True)
+            dcp.load(into, checkpoint_id=f"{directory}/block{b}", process_group=group)
+            loaded[which] = {"w": into["w"].full_tensor().tolist(),
+                             "plain": into["plain"].tolist(), "step": into["step"]}  # fmt: skip
+    return loaded
+
+
 def cached_plan_over_another_group() -> list[float]:
     """Each rank saves with a caching planner over a group of its own, then over the world
     with a new caching planner, and loads the world's checkpoint back: the values loaded."""

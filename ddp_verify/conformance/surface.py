@@ -299,6 +299,9 @@ _COLLECTIVE_OUT = (
 )
 _DCP_API = "torch.distributed.checkpoint."
 _ROUND_TRIP = ("test_checkpoint::test_a_checkpoint_loads_back_what_every_rank_saved",)
+_SUBGROUP_DCP = (
+    "test_checkpoint::test_a_checkpoint_saved_and_loaded_over_a_subgroup_is_that_subgroups",
+)
 _STREAMS = ("test_checkpoint::test_a_checkpoint_written_through_two_stream_extensions_loads_back",)
 _DCP_REFUSED = (
     "test_checkpoint::test_the_loads_and_saves_torch_refuses_are_refused_on_every_rank",
@@ -325,6 +328,16 @@ _CHECKPOINT_ROWS = (
     ("load", "checkpoint_id", _ROUND_TRIP + _DCP_REFUSED, ""),
     ("load", "planner", _ROUND_TRIP, "DefaultLoadPlanner"),
     ("load", "no_dist", _ROUND_TRIP, "into whole tensors in one process"),
+    *(
+        (
+            fn,
+            "process_group",
+            _SUBGROUP_DCP,
+            "blocks of consecutive ranks (the world too), "
+            "each its own checkpoint; its own and another block's loaded back, resharded",
+        )
+        for fn in ("save", "load")
+    ),
     ("FileSystemWriter", "path", _ROUND_TRIP, ""),
     ("FileSystemWriter", "single_file_per_rank", _ROUND_TRIP, "on and off"),
     ("FileSystemWriter", "sync_files", _ROUND_TRIP, "on and off"),
@@ -421,14 +434,6 @@ _CHECKPOINT_ROWS = (
     ),
 )
 _CHECKPOINT_OTHERS = (
-    (
-        "save",
-        "process_group",
-        GAP,
-        "a save over a subgroup: only the known issue's test "
-        "(a cached plan reused over another group) makes one",
-    ),
-    ("load", "process_group", GAP, "a load over a subgroup: no property yet"),
     (
         "FileSystemWriter",
         "cache_staged_state_dict",

@@ -183,6 +183,38 @@ def test_a_cached_save_plan_is_not_reused_over_another_group(world):
         assert loaded == [1.0, 2.0, 3.0], f"rank {rank} loaded {loaded}, saved [1.0, 2.0, 3.0]"
 
 
+def test_a_checkpoint_saved_and_loaded_over_a_subgroup_is_that_subgroups(world, prove):
+    # dcp.save and dcp.load over a process_group that is not the world (as each replica of
+    # a hybrid layout checkpoints its own): each block of ranks writes its own checkpoint,
+    # with its own coordinator, and reads back its own and another block's, resharded.
+    _skip_across_nodes(world)
+    divisors = [d for d in range(1, world.size + 1) if world.size % d == 0]
+
+    def check(case):
+        seed, block, rows = case
+        results = world.run(checkpoint_jobs.over_subgroups, seed, block, rows)
+        blocks = world.size // block
+        for rank, loaded in enumerate(results):
+            mine = rank // block
+            for which, b in (("own", mine), ("next", (mine + 1) % blocks)):
+                got, want_seed = loaded[which], seed + b
+                said = (f"rank {rank} (block {mine} of {blocks}, {block} ranks each, {rows} "
+                        f"rows), loading block {b}'s checkpoint ({which})")  # fmt: skip
+                want = {
+                    "w": checkpoint_jobs.value(want_seed, 0, (rows, 2), "float64").tolist(),
+                    "plain": checkpoint_jobs.value(want_seed, 1, (3,), "int64").tolist(),
+                    "step": want_seed,
+                }
+                assert got == want, f"{said}: loaded {got}, block {b} saved {want}"
+
+    # Blocks smaller than the world first (the world's own group is the round trip's).
+    prove(
+        st.tuples(st.integers(0, 2**16), st.sampled_from(divisors), st.integers(1, 5)),
+        check,
+        examples=[(0, divisors[-2] if len(divisors) > 1 else 1, 1)],
+    )
+
+
 @known_torch_issue(
     "FileSystemWriter(_extensions=[a, b]) (experimental) wraps the stream in each extension in "
     "turn, so b's transform is applied first and a's last, but records the descriptors "
