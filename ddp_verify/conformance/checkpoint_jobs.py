@@ -290,9 +290,10 @@ def refusals() -> dict[str, str | None]:
         return said
 
 
-def over_subgroups(seed: int, block: int, rows: int) -> dict[str, Any]:
+def over_subgroups(seed: int, block: int, rows: int, asynchronously: bool) -> dict[str, Any]:
     """The world cut in blocks of ``block`` consecutive ranks (a 2-D mesh, its inner
-    dimension a block): each block saves, over its own group (``process_group``), a DTensor
+    dimension a block): each block saves (``async_save`` and waits, where ``asynchronously``),
+    over its own group (``process_group``), a DTensor
     of ``rows`` x 2 sharded by rows over the block (fewer rows than ranks: some shards empty),
     a plain tensor and a step, all its own (seeded ``seed`` + the block's index); after a
     barrier of the world, each block loads its own checkpoint back into zeros of the same
@@ -318,8 +319,11 @@ def over_subgroups(seed: int, block: int, rows: int) -> dict[str, Any]:
 
     loaded: dict[str, Any] = {}
     with shared_directory() as directory:
-        dcp.save(state(mine, Shard(0), zeros=False), checkpoint_id=f"{directory}/block{mine}",
-                 process_group=group)  # fmt: skip
+        saved, where = state(mine, Shard(0), zeros=False), f"{directory}/block{mine}"
+        if asynchronously:
+            dcp.async_save(saved, checkpoint_id=where, process_group=group).result()
+        else:
+            dcp.save(saved, checkpoint_id=where, process_group=group)
         dist.barrier()  # every block's checkpoint is written before any is read
         for which, b, placement in (("own", mine, Shard(0)), ("next", other, Replicate())):
             into = state(b, placement, zeros=True)

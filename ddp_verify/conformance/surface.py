@@ -336,7 +336,7 @@ _CHECKPOINT_ROWS = (
             "blocks of consecutive ranks (the world too), "
             "each its own checkpoint; its own and another block's loaded back, resharded",
         )
-        for fn in ("save", "load")
+        for fn in ("save", "async_save", "load")
     ),
     ("FileSystemWriter", "path", _ROUND_TRIP, ""),
     ("FileSystemWriter", "single_file_per_rank", _ROUND_TRIP, "on and off"),
@@ -447,7 +447,6 @@ _CHECKPOINT_OTHERS = (
         GAP,
         "the round trip passes its writer; a path alone: no property yet",
     ),
-    ("async_save", "process_group", GAP, "an asynchronous save over a subgroup: no property yet"),
     ("async_save", "async_stager", GAP, "a stager of one's own: no property yet"),
     ("async_save", "no_dist", GAP, "an asynchronous save from one process: no property yet"),
     (

@@ -184,15 +184,15 @@ def test_a_cached_save_plan_is_not_reused_over_another_group(world):
 
 
 def test_a_checkpoint_saved_and_loaded_over_a_subgroup_is_that_subgroups(world, prove):
-    # dcp.save and dcp.load over a process_group that is not the world (as each replica of
-    # a hybrid layout checkpoints its own): each block of ranks writes its own checkpoint,
-    # with its own coordinator, and reads back its own and another block's, resharded.
+    # dcp.save (and async_save) and dcp.load over a process_group that is not the world (as
+    # each replica of a hybrid layout checkpoints its own): each block of ranks writes its own
+    # checkpoint, with its own coordinator, and reads back its own and another's, resharded.
     _skip_across_nodes(world)
     divisors = [d for d in range(1, world.size + 1) if world.size % d == 0]
 
     def check(case):
-        seed, block, rows = case
-        results = world.run(checkpoint_jobs.over_subgroups, seed, block, rows)
+        seed, block, rows, asynchronously = case
+        results = world.run(checkpoint_jobs.over_subgroups, seed, block, rows, asynchronously)
         blocks = world.size // block
         for rank, loaded in enumerate(results):
             mine = rank // block
@@ -209,9 +209,11 @@ def test_a_checkpoint_saved_and_loaded_over_a_subgroup_is_that_subgroups(world, 
 
     # Blocks smaller than the world first (the world's own group is the round trip's).
     prove(
-        st.tuples(st.integers(0, 2**16), st.sampled_from(divisors), st.integers(1, 5)),
+        st.tuples(
+            st.integers(0, 2**16), st.sampled_from(divisors), st.integers(1, 5), st.booleans()
+        ),
         check,
-        examples=[(0, divisors[-2] if len(divisors) > 1 else 1, 1)],
+        examples=[(0, divisors[-2] if len(divisors) > 1 else 1, 1, a) for a in (False, True)],
     )
 
 
