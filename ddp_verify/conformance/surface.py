@@ -338,6 +338,7 @@ _CHECKPOINT_ROWS = (
         )
         for fn in ("save", "async_save", "load")
     ),
+    ("async_save", "checkpoint_id", _SUBGROUP_DCP, "a path alone (the round trip passes a writer)"),
     ("FileSystemWriter", "path", _ROUND_TRIP, ""),
     ("FileSystemWriter", "single_file_per_rank", _ROUND_TRIP, "on and off"),
     ("FileSystemWriter", "sync_files", _ROUND_TRIP, "on and off"),
@@ -440,12 +441,6 @@ _CHECKPOINT_OTHERS = (
         GAP,
         "staging into pinned memory for "
         "asynchronous saves: a CPU-only build refuses it (no accelerator); the GPU check's",
-    ),
-    (
-        "async_save",
-        "checkpoint_id",
-        GAP,
-        "the round trip passes its writer; a path alone: no property yet",
     ),
     ("async_save", "async_stager", GAP, "a stager of one's own: no property yet"),
     ("async_save", "no_dist", GAP, "an asynchronous save from one process: no property yet"),
