@@ -575,3 +575,19 @@ def test_powersgd_with_warm_start_converges_to_the_best_rank_1_approximation(wor
         check,
         examples=[(2, 3, True), (3, 2, False)],
     )
+
+
+@pytest.mark.parametrize("hook", [None, "fp16_compress_hook"], ids=["no_hook", "fp16_compress"])
+def test_compiled_ddp_averages_with_the_hooks_it_takes(world, hook):
+    # Compiled DDP (torch.compile with compiled autograd and dynamo's Python reducer) calls
+    # a comm hook with each gradient and its parameter as a tuple, not a GradBucket: the
+    # compression hooks take that form (allreduce_hook does not). Each rank's loss is the sum
+    # of a Linear over two rows of rank + 1: every weight's gradient is 2 (r + 1) on rank r,
+    # the bias's 2; their mean, exact in float16, is what every rank must hold.
+    size = world.size
+    want = [[2.0 * sum(r + 1 for r in range(size)) / size] * 3, [2.0]]
+    for rank, got in enumerate(world.run(jobs.compiled_ddp_gradients, hook)):
+        assert got == want, (
+            f"compiled DDP with {hook or 'no comm hook'}: rank {rank}'s gradients are {got}, "
+            f"the ranks' mean is {want}"
+        )
