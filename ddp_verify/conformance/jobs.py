@@ -378,32 +378,35 @@ def differentiable_collective(
     return [y.tolist() for y in outputs], x.grad.tolist()
 
 
-def compiled_ddp_gradients(hook: str | None) -> list[list[float]]:
-    """Compiled DDP: a ``Linear(3, 1)`` under DDP (its comm ``hook`` from ``default_hooks``,
-    None for none) with dynamo's Python reducer (``optimize_ddp="python_reducer"``) and
-    compiled autograd, forward and backward compiled by ``torch.compile`` (``aot_eager``:
-    eager's kernels) on two rows of ``rank + 1``; the gradients it leaves. The configuration
-    is patched for this job only and dynamo reset after it, as the rank process runs others."""
+def python_reducer_gradients(hook: str | None, compiled: bool) -> list[list[float]]:
+    """DDP with dynamo's Python reducer (``optimize_ddp="python_reducer"``): a ``Linear(3, 1)``
+    (its comm ``hook`` from ``default_hooks``, None for none), forward and backward on two
+    rows of ``rank + 1``, compiled (``compiled``: ``torch.compile`` with compiled autograd,
+    the ``aot_eager`` backend, eager's kernels) or eager; the gradients as ``backward()``
+    leaves them. The configuration is patched for this job only and dynamo reset after it,
+    as the rank process runs others."""
     import torch._dynamo
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     from torch.nn.parallel import DistributedDataParallel
 
     torch.manual_seed(0)
     model = torch.nn.Linear(3, 1)
+    x = torch.full((2, 3), float(dist.get_rank() + 1))
     try:
-        with torch._dynamo.config.patch(optimize_ddp="python_reducer", compiled_autograd=True):
+        with torch._dynamo.config.patch(optimize_ddp="python_reducer", compiled_autograd=compiled):
             wrapped = DistributedDataParallel(model)
             if hook is not None:
                 wrapped.register_comm_hook(None, getattr(default_hooks, hook))
 
-            @torch.compile(backend="aot_eager")
             def step(x: torch.Tensor) -> None:
                 wrapped(x).sum().backward()
 
-            step(torch.full((2, 3), float(dist.get_rank() + 1)))
+            (torch.compile(step, backend="aot_eager") if compiled else step)(x)
+            said = [p.grad.reshape(-1).tolist() for p in model.parameters() if p.grad is not None]
+        dist.barrier()  # no rank's hooks outlive the job
     finally:
         torch._dynamo.reset()
-    return [p.grad.reshape(-1).tolist() for p in model.parameters() if p.grad is not None]
+    return said
 
 
 def _caller(function: Any, *args: Any) -> Any:

@@ -569,9 +569,9 @@ ENTRIES: tuple[Entry, ...] = (
        "test_comm_hooks::test_allreduce_hook_is_exact"),
     *(
         _e(_DEFAULT_HOOKS + hook, arg, COVERED, _HOOK_FORMAT, _HOOK_SCALE,
-           *(("test_comm_hooks::test_compiled_ddp_averages_with_the_hooks_it_takes",)
+           *(("test_comm_hooks::test_ddp_with_the_python_reducer_averages_with_the_hooks_it_takes",)
              if (hook, arg) == ("fp16_compress_hook", "bucket") else ()),
-           why="a GradBucket; and compiled DDP's (gradient, parameter) tuple"
+           why="a GradBucket; and the Python reducer's (gradient, parameter) tuple"
            if (hook, arg) == ("fp16_compress_hook", "bucket") else "")
         for hook in ("fp16_compress_hook", "bf16_compress_hook")
         for arg in ("process_group", "bucket")
