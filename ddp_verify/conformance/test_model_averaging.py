@@ -97,6 +97,9 @@ def test_periodic_model_averager_averages_its_group_at_the_steps_it_names(world,
     subgroup = [0, size - 1] if size > 2 else [0]  # smaller than the world
     boundary = [
         (values, deltas, 2, 1, None, "averager", 0, False),
+        # A warm-up whose double is not a multiple of the period either: counting from its
+        # end, not its start, is what tells steps 1 and 4 from 2 and 5.
+        (values, deltas, 3, 1, None, "groups", 0, False),
         (values, deltas, 3, 1, subgroup, "optimizer", 0, False),
         # resumed at an averaging step (3: past the warm-up of 1, a period of 2 after it),
         # which only the restored step count tells from step 0

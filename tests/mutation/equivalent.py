@@ -196,6 +196,12 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "the branch only loops over range(1, len(found_infs)), which is empty for one found_inf: "
         "entering it for one adds nothing, the same combined flag"
     ),
+    ("torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook",
+     "PostLocalSGDState.maybe_increase_iter", "comparison",
+     "self.iter == self.start_localSGD_iter -> self.iter != self.start_localSGD_iter"): (
+        "the branch only logs that local SGD starts (logger.info); the count it tests is "
+        "moved before it, the same either way"
+    ),
     # -- c10d ---------------------------------------------------------------------------------
     (_C10D, "_new_process_group_helper", "reversed-iteration",
      "for ... in backend_config.get_device_backend_map().items() -> reversed(list(...))"): (
