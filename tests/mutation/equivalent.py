@@ -202,6 +202,12 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "the branch only logs that local SGD starts (logger.info); the count it tests is "
         "moved before it, the same either way"
     ),
+    ("torch.distributed.nn.functional", "_AlltoAll.forward", "reversed-iteration",
+     "for ... in range(dist.get_world_size(group=group)) -> reversed(list(...))"): (
+        "on gloo every rank of the group makes the same scatters, one from each rank i into "
+        "its out_tensor_list[i]: made in the reverse order on every rank alike, each fills "
+        "the same slot from the same source"
+    ),
     # -- c10d ---------------------------------------------------------------------------------
     (_C10D, "_new_process_group_helper", "reversed-iteration",
      "for ... in backend_config.get_device_backend_map().items() -> reversed(list(...))"): (
