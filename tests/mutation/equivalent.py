@@ -16,6 +16,7 @@ _DRAWS = (
 )
 
 _C10D = "torch.distributed.distributed_c10d"
+_AVERAGING = "torch.distributed.algorithms.model_averaging."
 _PLACEHOLDER = (
     "a placeholder the collective right after it overwrites on every rank but the source "
     "(whose own value it sends): its first value is never read"
@@ -207,6 +208,26 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "on gloo every rank of the group makes the same scatters, one from each rank i into "
         "its out_tensor_list[i]: made in the reverse order on every rank alike, each fills "
         "the same slot from the same source"
+    ),
+    (_AVERAGING + "hierarchical_model_averager", "HierarchicalModelAverager.__init__",
+     "reversed-iteration", "for ... in period_group_size_dict.items() -> reversed(list(...))"): (
+        "each level's subgroups made in the other order, alike on every rank: the same "
+        "members under the same period, which _find_process_group looks up by key (it walks "
+        "self._periods, the dict's keys as given, not the groups' dict)"
+    ),
+    (_AVERAGING + "utils", "get_params_to_average", "reversed-iteration",
+     "for ... in params -> reversed(list(...))"): (
+        "the parameters to average listed in reverse, alike on every rank: average_parameters "
+        "concatenates them in that order, all-reduces elementwise and writes each back from "
+        "its own offset, so each parameter gets the same mean (cat's dtype promotion does "
+        "not depend on the order)"
+    ),
+    (_AVERAGING + "utils", "get_params_to_average", "reversed-iteration",
+     "for ... in param['params'] -> reversed(list(...))"): (
+        "the parameters to average listed in reverse, alike on every rank: average_parameters "
+        "concatenates them in that order, all-reduces elementwise and writes each back from "
+        "its own offset, so each parameter gets the same mean (cat's dtype promotion does "
+        "not depend on the order)"
     ),
     # -- c10d ---------------------------------------------------------------------------------
     (_C10D, "_new_process_group_helper", "reversed-iteration",
