@@ -229,6 +229,12 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "its own offset, so each parameter gets the same mean (cat's dtype promotion does "
         "not depend on the order)"
     ),
+    ("torch.nn.utils.clip_grad", "_clip_grads_with_norm_", "reversed-iteration",
+     "for ... in grouped_grads.items() -> reversed(list(...))"): (
+        "each (device, dtype) group of gradients is multiplied in place by the same clamped "
+        "coefficient, computed before the loop: the order the groups are visited in leaves "
+        "the same gradients"
+    ),
     # -- c10d ---------------------------------------------------------------------------------
     (_C10D, "_new_process_group_helper", "reversed-iteration",
      "for ... in backend_config.get_device_backend_map().items() -> reversed(list(...))"): (
