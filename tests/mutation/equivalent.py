@@ -229,6 +229,13 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "its own offset, so each parameter gets the same mean (cat's dtype promotion does "
         "not depend on the order)"
     ),
+    ("torch.nn.utils.clip_grad", "_get_total_norm", "reversed-iteration",
+     "for ... in grouped_tensors.items() -> reversed(list(...))"): (
+        "the per-(device, dtype) norms are stacked in reverse before the norm of norms: one "
+        "group wherever the gradients share a dtype and device, and for several the same "
+        "p-norm of the same values summed in another order (a sum of two is the same either "
+        "way; torch promises no order: its foreach and for-loop paths already sum differently)"
+    ),
     ("torch.nn.utils.clip_grad", "_clip_grads_with_norm_", "reversed-iteration",
      "for ... in grouped_grads.items() -> reversed(list(...))"): (
         "each (device, dtype) group of gradients is multiplied in place by the same clamped "
