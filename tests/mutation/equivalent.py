@@ -17,6 +17,7 @@ _DRAWS = (
 
 _C10D = "torch.distributed.distributed_c10d"
 _AVERAGING = "torch.distributed.algorithms.model_averaging."
+_DCP = "torch.distributed.checkpoint."
 _PLACEHOLDER = (
     "a placeholder the collective right after it overwrites on every rank but the source "
     "(whose own value it sends): its first value is never read"
@@ -241,6 +242,43 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "each (device, dtype) group of gradients is multiplied in place by the same clamped "
         "coefficient, computed before the loop: the order the groups are visited in leaves "
         "the same gradients"
+    ),
+    (_DCP + "state_dict_saver", "_save_state_dict", "dictionary-key",
+     "ckpt_kwargs['checkpoint_id'] -> ckpt_kwargs['process_group']"): (
+        "a key of ckpt_kwargs, which only _dcp_method_logger reads, to build the log record "
+        "(_get_msg_dict); the wrapped step is called with its own arguments: the same "
+        "checkpoint, another log line"
+    ),
+    (_DCP + "state_dict_saver", "_save_state_dict", "dictionary-key",
+     "ckpt_kwargs['process_group'] -> ckpt_kwargs['checkpoint_id']"): (
+        "a key of ckpt_kwargs, which only _dcp_method_logger reads, to build the log record "
+        "(_get_msg_dict); the wrapped step is called with its own arguments: the same "
+        "checkpoint, another log line"
+    ),
+    (_DCP + "state_dict_loader", "_load_state_dict", "dictionary-key",
+     "ckpt_kwargs['checkpoint_id'] -> ckpt_kwargs['process_group']"): (
+        "a key of ckpt_kwargs, which only _dcp_method_logger reads, to build the log record "
+        "(_get_msg_dict); the wrapped step is called with its own arguments: the same "
+        "checkpoint, another log line"
+    ),
+    (_DCP + "state_dict_loader", "_load_state_dict", "dictionary-key",
+     "ckpt_kwargs['process_group'] -> ckpt_kwargs['checkpoint_id']"): (
+        "a key of ckpt_kwargs, which only _dcp_method_logger reads, to build the log record "
+        "(_get_msg_dict); the wrapped step is called with its own arguments: the same "
+        "checkpoint, another log line"
+    ),
+    (_DCP + "state_dict_saver", "_stateful_to_state_dict", "reversed-iteration",
+     "for ... in state_dict.items() -> reversed(list(...))"): (
+        "the shallow copy holds the same keys and values in reverse order, alike on every rank; "
+        "the planner addresses every item by its fully qualified name, and metadata and load "
+        "find them by it: the same checkpoint reads back"
+    ),
+    (_DCP + "state_dict_loader", "load", "reversed-iteration",
+     "for ... in keys -> reversed(list(...))"): (
+        "the keys are sorted so that every rank builds the state to load in one order; "
+        "reversed alike on every rank, still one order; each key is then loaded, and written "
+        "back, from its own entry (the write-back makes no collective, and DCP promises no "
+        "order among Stateful loads)"
     ),
     # -- c10d ---------------------------------------------------------------------------------
     (_C10D, "_new_process_group_helper", "reversed-iteration",
