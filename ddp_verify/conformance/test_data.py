@@ -255,33 +255,6 @@ def test_a_sampler_given_its_replicas_and_rank_shards_as_documented(prove):
     )
 
 
-def test_an_epoch_shuffles_as_its_seed_moved_on_by_the_epoch(prove):
-    # "Deterministically shuffle based on epoch and seed": epoch e of seed s is epoch 0 of
-    # seed s + e on every rank. Samplers that stand in for DistributedSampler where it cannot
-    # be used (accelerate's seedable sampler; a resumed run's skip-ahead) reproduce its order
-    # by this rule, so a change to it silently gives a resumed or mixed run other data.
-    from torch.utils.data.distributed import DistributedSampler
-
-    def check(case):
-        length, replicas, seed, epoch = case
-        data = list(range(length))
-        for rank in range(replicas):
-            moved = DistributedSampler(data, num_replicas=replicas, rank=rank, seed=seed)
-            moved.set_epoch(epoch)
-            fresh = DistributedSampler(data, num_replicas=replicas, rank=rank, seed=seed + epoch)
-            assert list(moved) == list(fresh), (
-                f"DistributedSampler({length} items, num_replicas={replicas}, rank={rank}): "
-                f"epoch {epoch} of seed {seed} gave {list(moved)}, epoch 0 of seed "
-                f"{seed + epoch} gave {list(fresh)}"
-            )
-
-    # At least 8 items: the orders of other seeds do not coincide by chance.
-    prove(
-        st.tuples(st.integers(8, 30), st.integers(1, 4), st.integers(0, 2**16), st.integers(1, 5)),
-        check,
-    )
-
-
 def test_a_loader_batches_each_ranks_shard_as_documented(prove):
     # DataLoader(batch_size=b, sampler=DistributedSampler(...), drop_last=...) as data-parallel
     # loops build it: its BatchSampler cuts the rank's shard, in order, into batches of b, the
