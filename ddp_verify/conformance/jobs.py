@@ -383,15 +383,25 @@ def python_reducer_gradients(hook: str | None, compiled: bool) -> list[list[floa
     (its comm ``hook`` from ``default_hooks``, None for none), forward and backward on two
     rows of ``rank + 1``, compiled (``compiled``: ``torch.compile`` with compiled autograd,
     the ``aot_eager`` backend, eager's kernels) or eager; the gradients as ``backward()``
-    leaves them. The configuration is patched for this job only and dynamo reset after it,
-    as the rank process runs others."""
+    leaves them. The configuration is patched for this job only, and what DDP changes
+    process-wide restored and dynamo reset after it, as the rank process runs others."""
     import torch._dynamo
+    import torch._inductor.config
+    from torch._dynamo import trace_rules
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     from torch.nn.parallel import DistributedDataParallel
 
     torch.manual_seed(0)
     model = torch.nn.Linear(3, 1)
     x = torch.full((2, 3), float(dist.get_rank() + 1))
+    # Constructing DDP with the Python reducer also changes process-wide state that no config
+    # patch restores (dynamo inlines DDP's module from then on; inductor fuses its
+    # collectives): restored after, or every later compiled DDP in this process is traced
+    # another way.
+    inlined = set(trace_rules.LEGACY_MOD_INLINELIST)
+    fusion = {k: getattr(torch._inductor.config, k)
+              for k in ("_fuse_ddp_communication", "_fuse_ddp_bucket_size")}  # fmt: skip
+    torch._dynamo.reset()
     try:
         with torch._dynamo.config.patch(optimize_ddp="python_reducer", compiled_autograd=compiled):
             wrapped = DistributedDataParallel(model)
@@ -405,6 +415,11 @@ def python_reducer_gradients(hook: str | None, compiled: bool) -> list[list[floa
             said = [p.grad.reshape(-1).tolist() for p in model.parameters() if p.grad is not None]
         dist.barrier()  # no rank's hooks outlive the job
     finally:
+        trace_rules.LEGACY_MOD_INLINELIST.clear()
+        trace_rules.LEGACY_MOD_INLINELIST.update(inlined)
+        trace_rules.get_legacy_mod_inlinelist.cache_clear()
+        for key, value in fusion.items():
+            setattr(torch._inductor.config, key, value)
         torch._dynamo.reset()
     return said
 
