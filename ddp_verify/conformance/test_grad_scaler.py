@@ -292,7 +292,7 @@ def test_update_takes_a_new_scale_as_a_float_or_a_one_element_tensor(new_scale):
     "names: the scale is 0-dim and copy_ does not broadcast (1,) into it",
     raises=RuntimeError,
     match=r"output with shape \[\] doesn't match the broadcast shape \[1\]",
-    repro="s = torch.amp.GradScaler('cpu'); s.scale(torch.ones(())); s.update(torch.tensor([4.0]))",
+    repro="findings/grad_scaler_update_one_element_tensor.py",
 )
 def test_update_takes_a_new_scale_as_a_tensor_of_shape_one():
     assert _updated_to(torch.tensor([4.0])) == (4.0, 8.0)
