@@ -398,9 +398,10 @@ def python_reducer_gradients(hook: str | None, compiled: bool) -> list[list[floa
     # patch restores (dynamo inlines DDP's module from then on; inductor fuses its
     # collectives): restored after, or every later compiled DDP in this process is traced
     # another way.
-    inlined = set(trace_rules.LEGACY_MOD_INLINELIST)
+    inlined = set(getattr(trace_rules, "LEGACY_MOD_INLINELIST", ()))
     fusion = {k: getattr(torch._inductor.config, k)
-              for k in ("_fuse_ddp_communication", "_fuse_ddp_bucket_size")}  # fmt: skip
+              for k in ("_fuse_ddp_communication", "_fuse_ddp_bucket_size")
+              if hasattr(torch._inductor.config, k)}  # fmt: skip
     torch._dynamo.reset()
     try:
         with torch._dynamo.config.patch(optimize_ddp="python_reducer", compiled_autograd=compiled):
@@ -415,9 +416,10 @@ def python_reducer_gradients(hook: str | None, compiled: bool) -> list[list[floa
             said = [p.grad.reshape(-1).tolist() for p in model.parameters() if p.grad is not None]
         dist.barrier()  # no rank's hooks outlive the job
     finally:
-        trace_rules.LEGACY_MOD_INLINELIST.clear()
-        trace_rules.LEGACY_MOD_INLINELIST.update(inlined)
-        trace_rules.get_legacy_mod_inlinelist.cache_clear()
+        if hasattr(trace_rules, "LEGACY_MOD_INLINELIST"):  # not in every torch
+            trace_rules.LEGACY_MOD_INLINELIST.clear()
+            trace_rules.LEGACY_MOD_INLINELIST.update(inlined)
+            trace_rules.get_legacy_mod_inlinelist.cache_clear()
         for key, value in fusion.items():
             setattr(torch._inductor.config, key, value)
         torch._dynamo.reset()
