@@ -33,6 +33,8 @@ from typing import Any
 import pytest
 
 MARKS_ENV = "DDP_VERIFY_REACH_MARKS"
+# The global a marked function reaches this module by.
+GLOBAL = "__ddp_verify_reach__"
 OUT_ENV = "DDP_VERIFY_REACH_OUT"
 # The counter's value while no test runs.
 OUTSIDE = 0
@@ -46,9 +48,18 @@ _log_pid = 0
 _next_test = 0
 
 
+def compiling() -> bool:
+    """Whether dynamo is tracing: ``torch.compiler.is_compiling`` once marks are installed."""
+    return False
+
+
 def marked(function: ast.FunctionDef, key: str) -> str:
     """The source of ``function`` without its decorators, a call to :func:`hit` with ``key``
-    made first (after its docstring): what :func:`install` puts in place of its code.
+    made first (after its docstring), outside code dynamo compiles: what :func:`install` puts
+    in place of its code. It reaches this module by :data:`GLOBAL`, which :func:`install`
+    puts in the function's globals: dynamo cannot trace ``__import__``, and a call it cannot
+    trace breaks the graph (a comm hook under compiled autograd then runs eagerly, and the
+    future it returns is never waited on).
 
     Example::
 
@@ -56,12 +67,13 @@ def marked(function: ast.FunctionDef, key: str) -> str:
         >>> print(marked(tree.body[0], "m:f"))
         def f(x):
             \"\"\"Doc.\"\"\"
-            __import__('tests.mutation.reach', fromlist=['hit']).hit('m:f')
+            if not __ddp_verify_reach__.compiling():
+                __ddp_verify_reach__.hit('m:f')
             return x
     """
     trial = ast.parse(ast.unparse(function)).body[0]
     assert isinstance(trial, ast.FunctionDef)
-    call = ast.parse(f"__import__('tests.mutation.reach', fromlist=['hit']).hit({key!r})").body
+    call = ast.parse(f"if not {GLOBAL}.compiling():\n    {GLOBAL}.hit({key!r})").body
     body = trial.body
     docstring = (
         bool(body)
@@ -116,14 +128,21 @@ def install() -> None:
     path = os.environ.get(MARKS_ENV)
     if not path:
         return
+    import sys
+
+    import torch
+
     from tests.mutation.generated_patch import compiled
 
+    global compiling
+    compiling = torch.compiler.is_compiling  # dynamo folds it to True: no note in a graph
     for mark in json.loads(Path(path).read_text()):
         try:
             target, code = compiled(mark)
         except (ValueError, KeyError, AttributeError, SyntaxError, TypeError, ImportError):
             continue
         if not getattr(target, "_reach_mark", False):
+            target.__globals__[GLOBAL] = sys.modules[__name__]
             target.__code__ = code
             target._reach_mark = True
 
