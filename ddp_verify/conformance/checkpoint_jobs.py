@@ -333,6 +333,32 @@ def over_subgroups(seed: int, block: int, rows: int, asynchronously: bool) -> di
     return loaded
 
 
+def replicated_writers(sizes: list[int], lowest: bool) -> dict[str, int]:
+    """Every rank saves the same plain tensors (replicated: ``w{i}`` of ``sizes[i]`` float64
+    elements) with a ``DefaultSavePlanner(dedup_save_to_lowest_rank=lowest)``; what each
+    rank is asked to write is read from the central plan its ``finish_plan`` is handed (the
+    documented planner protocol): each tensor's key, with the bytes of the items this rank
+    writes of it."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import DefaultSavePlanner
+
+    written: dict[str, int] = {}
+
+    class Recording(DefaultSavePlanner):
+        def finish_plan(self, new_plan: Any) -> Any:
+            for item in new_plan.items:
+                written[item.index.fqn] = written.get(item.index.fqn, 0) + (
+                    item.tensor_storage_size() or 0
+                )
+            return super().finish_plan(new_plan)
+
+    state = {f"w{i}": torch.ones(n, dtype=torch.float64) for i, n in enumerate(sizes)}
+    with shared_directory() as directory:
+        dcp.save(state, checkpoint_id=directory,
+                 planner=Recording(dedup_save_to_lowest_rank=lowest))  # fmt: skip
+    return written
+
+
 def cached_plan_over_another_group() -> list[float]:
     """Each rank saves with a caching planner over a group of its own, then over the world
     with a new caching planner, and loads the world's checkpoint back: the values loaded."""

@@ -299,6 +299,9 @@ _COLLECTIVE_OUT = (
 )
 _DCP_API = "torch.distributed.checkpoint."
 _ROUND_TRIP = ("test_checkpoint::test_a_checkpoint_loads_back_what_every_rank_saved",)
+_REPLICATED = (
+    "test_checkpoint::test_a_replicated_tensor_is_written_once_by_the_rank_the_planner_names"
+)
 _SUBGROUP_DCP = (
     "test_checkpoint::test_a_checkpoint_saved_and_loaded_over_a_subgroup_is_that_subgroups",
 )
@@ -373,7 +376,12 @@ _CHECKPOINT_ROWS = (
         )
     ),
     ("DefaultSavePlanner", "flatten_state_dict", _ROUND_TRIP, "on and off"),
-    ("DefaultSavePlanner", "dedup_save_to_lowest_rank", _ROUND_TRIP, "on and off"),
+    (
+        "DefaultSavePlanner",
+        "dedup_save_to_lowest_rank",
+        (*_ROUND_TRIP, _REPLICATED),
+        "on and off; a replicated tensor written once, by rank 0 or by the least-loaded rank",
+    ),
     (
         "DefaultSavePlanner",
         "enable_plan_caching",

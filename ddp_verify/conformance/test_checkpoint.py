@@ -217,6 +217,36 @@ def test_a_checkpoint_saved_and_loaded_over_a_subgroup_is_that_subgroups(world, 
     )
 
 
+def test_a_replicated_tensor_is_written_once_by_the_rank_the_planner_names(world, prove):
+    # Every rank holds the same plain tensors: the planner writes each once. With
+    # dedup_save_to_lowest_rank, rank 0 (the lowest holding them all) writes them; without,
+    # each goes to the rank with the least planned so far, so that no rank writes more than
+    # the least-loaded one plus the largest tensor (what that greedy rule guarantees).
+    _skip_across_nodes(world)
+
+    def check(case):
+        sizes, lowest = case
+        results = world.run(checkpoint_jobs.replicated_writers, sizes, lowest)
+        said = f"{len(sizes)} replicated tensors of {sizes} float64 elements, lowest={lowest}"
+        keys = [f"w{i}" for i in range(len(sizes))]
+        writers = {key: [r for r, w in enumerate(results) if key in w] for key in keys}
+        assert sorted(k for r in results for k in r) == sorted(keys), (
+            f"{said}: written by {[sorted(r) for r in results]}: each must be written once"
+        )
+        if lowest:
+            assert all(w == [0] for w in writers.values()), f"{said}: written by {writers}"
+        else:
+            load = [sum(r.values()) for r in results]
+            assert max(load) - min(load) <= 8 * max(sizes), (
+                f"{said}: the ranks write {load} bytes: more apart than the largest tensor "
+                f"({8 * max(sizes)} bytes)"
+            )
+
+    sizes = st.lists(st.integers(1, 64), min_size=1, max_size=8)
+    prove(st.tuples(sizes, st.booleans()), check,
+          examples=[([8, 8, 8, 8], True), ([8, 8, 8, 8], False)])  # fmt: skip
+
+
 @known_torch_issue(
     "FileSystemWriter(_extensions=[a, b]) (experimental) wraps the stream in each extension in "
     "turn, so b's transform is applied first and a's last, but records the descriptors "

@@ -280,6 +280,25 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "back, from its own entry (the write-back makes no collective, and DCP promises no "
         "order among Stateful loads)"
     ),
+    (_DCP + "_dedup_save_plans", "dedup_save_plans", "reversed-iteration",
+     "for ... in enumerate(all_plans) -> reversed(list(...))"): (
+        "the duplicated items are visited in another order; each still goes to the plan with "
+        "the least storage planned at its turn (or the lowest rank, where asked), all that "
+        "the rule says: 'only the smallest SavePlan in terms of planned storage keeps the "
+        "entry'; written once each, balanced to within the largest item"
+    ),
+    (_DCP + "_dedup_save_plans", "dedup_save_plans", "reversed-iteration",
+     "for ... in plan.items -> reversed(list(...))"): (
+        "the duplicated items are visited in another order; each still goes to the plan with "
+        "the least storage planned at its turn (or the lowest rank, where asked), all that "
+        "the rule says: 'only the smallest SavePlan in terms of planned storage keeps the "
+        "entry'; written once each, balanced to within the largest item"
+    ),
+    (_DCP + "_dedup_save_plans", "dedup_save_plans", "off-by-one",
+     "0 -> 1 at `plan_to_size = [0] * len(all_plans)`"): (
+        "every plan's planned storage starts at 1 instead of 0: the same offset on every plan, "
+        "so the least-loaded plan at each turn is the same one"
+    ),
     # -- c10d ---------------------------------------------------------------------------------
     (_C10D, "_new_process_group_helper", "reversed-iteration",
      "for ... in backend_config.get_device_backend_map().items() -> reversed(list(...))"): (
