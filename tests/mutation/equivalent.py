@@ -294,6 +294,17 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "the rule says: 'only the smallest SavePlan in terms of planned storage keeps the "
         "entry'; written once each, balanced to within the largest item"
     ),
+    (_DCP + "_dedup_save_plans", "dedup_save_plans", "reversed-iteration",
+     "for ... in plan_indices - {select_plan_idx} -> reversed(list(...))"): (
+        "the item is discarded from each other plan that held it, in another order: the same "
+        "sets of items are left"
+    ),
+    (_DCP + "_dedup_save_plans", "dedup_save_plans", "off-by-one",
+     "1 -> 2 at `plan_to_size[select_plan_idx] += write_item.tensor_storage_size() or 1`"): (
+        "a plain value (not a tensor) counted as 2 units of planned storage instead of 1: its "
+        "size is unknown ('we don't know how much storage they represent'), either count is a "
+        "placeholder; every tensor is still counted by its bytes"
+    ),
     (_DCP + "_dedup_save_plans", "dedup_save_plans", "off-by-one",
      "0 -> 1 at `plan_to_size = [0] * len(all_plans)`"): (
         "every plan's planned storage starts at 1 instead of 0: the same offset on every plan, "
