@@ -295,6 +295,13 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "entry'; written once each, balanced to within the largest item"
     ),
     (_DCP + "_dedup_save_plans", "dedup_save_plans", "reversed-iteration",
+     "for ... in write_item_to_plan_indices.items() -> reversed(list(...))"): (
+        "the duplicated items are visited in another order; each still goes to the plan with "
+        "the least storage planned at its turn (or the lowest rank, where asked), all that "
+        "the rule says: 'only the smallest SavePlan in terms of planned storage keeps the "
+        "entry'; written once each, balanced to within the largest item"
+    ),
+    (_DCP + "_dedup_save_plans", "dedup_save_plans", "reversed-iteration",
      "for ... in plan_indices - {select_plan_idx} -> reversed(list(...))"): (
         "the item is discarded from each other plan that held it, in another order: the same "
         "sets of items are left"
