@@ -18,6 +18,23 @@ _DRAWS = (
 _C10D = "torch.distributed.distributed_c10d"
 _AVERAGING = "torch.distributed.algorithms.model_averaging."
 _DCP = "torch.distributed.checkpoint."
+_DCP_LOG = (
+    "a key of ckpt_kwargs, which only _dcp_method_logger reads, to build the log record "
+    "(_get_msg_dict); the wrapped step is called with its own arguments: the same "
+    "checkpoint, another log line"
+)
+_DEDUP_ORDER = (
+    "the duplicated items are visited in another order; each still goes to the plan with "
+    "the least storage planned at its turn (or the lowest rank, where asked), all that "
+    "the rule says: 'only the smallest SavePlan in terms of planned storage keeps the "
+    "entry'; written once each, balanced to within the largest item"
+)
+_AVERAGED_IN_REVERSE = (
+    "the parameters to average listed in reverse, alike on every rank: average_parameters "
+    "concatenates them in that order, all-reduces elementwise and writes each back from "
+    "its own offset, so each parameter gets the same mean (cat's dtype promotion does "
+    "not depend on the order)"
+)
 _PLACEHOLDER = (
     "a placeholder the collective right after it overwrites on every rank but the source "
     "(whose own value it sends): its first value is never read"
@@ -217,19 +234,9 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "self._periods, the dict's keys as given, not the groups' dict)"
     ),
     (_AVERAGING + "utils", "get_params_to_average", "reversed-iteration",
-     "for ... in params -> reversed(list(...))"): (
-        "the parameters to average listed in reverse, alike on every rank: average_parameters "
-        "concatenates them in that order, all-reduces elementwise and writes each back from "
-        "its own offset, so each parameter gets the same mean (cat's dtype promotion does "
-        "not depend on the order)"
-    ),
+     "for ... in params -> reversed(list(...))"): _AVERAGED_IN_REVERSE,
     (_AVERAGING + "utils", "get_params_to_average", "reversed-iteration",
-     "for ... in param['params'] -> reversed(list(...))"): (
-        "the parameters to average listed in reverse, alike on every rank: average_parameters "
-        "concatenates them in that order, all-reduces elementwise and writes each back from "
-        "its own offset, so each parameter gets the same mean (cat's dtype promotion does "
-        "not depend on the order)"
-    ),
+     "for ... in param['params'] -> reversed(list(...))"): _AVERAGED_IN_REVERSE,
     ("torch.nn.utils.clip_grad", "_get_total_norm", "reversed-iteration",
      "for ... in grouped_tensors.items() -> reversed(list(...))"): (
         "the per-(device, dtype) norms are stacked in reverse before the norm of norms: one "
@@ -244,29 +251,13 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "the same gradients"
     ),
     (_DCP + "state_dict_saver", "_save_state_dict", "dictionary-key",
-     "ckpt_kwargs['checkpoint_id'] -> ckpt_kwargs['process_group']"): (
-        "a key of ckpt_kwargs, which only _dcp_method_logger reads, to build the log record "
-        "(_get_msg_dict); the wrapped step is called with its own arguments: the same "
-        "checkpoint, another log line"
-    ),
+     "ckpt_kwargs['checkpoint_id'] -> ckpt_kwargs['process_group']"): _DCP_LOG,
     (_DCP + "state_dict_saver", "_save_state_dict", "dictionary-key",
-     "ckpt_kwargs['process_group'] -> ckpt_kwargs['checkpoint_id']"): (
-        "a key of ckpt_kwargs, which only _dcp_method_logger reads, to build the log record "
-        "(_get_msg_dict); the wrapped step is called with its own arguments: the same "
-        "checkpoint, another log line"
-    ),
+     "ckpt_kwargs['process_group'] -> ckpt_kwargs['checkpoint_id']"): _DCP_LOG,
     (_DCP + "state_dict_loader", "_load_state_dict", "dictionary-key",
-     "ckpt_kwargs['checkpoint_id'] -> ckpt_kwargs['process_group']"): (
-        "a key of ckpt_kwargs, which only _dcp_method_logger reads, to build the log record "
-        "(_get_msg_dict); the wrapped step is called with its own arguments: the same "
-        "checkpoint, another log line"
-    ),
+     "ckpt_kwargs['checkpoint_id'] -> ckpt_kwargs['process_group']"): _DCP_LOG,
     (_DCP + "state_dict_loader", "_load_state_dict", "dictionary-key",
-     "ckpt_kwargs['process_group'] -> ckpt_kwargs['checkpoint_id']"): (
-        "a key of ckpt_kwargs, which only _dcp_method_logger reads, to build the log record "
-        "(_get_msg_dict); the wrapped step is called with its own arguments: the same "
-        "checkpoint, another log line"
-    ),
+     "ckpt_kwargs['process_group'] -> ckpt_kwargs['checkpoint_id']"): _DCP_LOG,
     (_DCP + "state_dict_saver", "_stateful_to_state_dict", "reversed-iteration",
      "for ... in state_dict.items() -> reversed(list(...))"): (
         "the shallow copy holds the same keys and values in reverse order, alike on every rank; "
@@ -281,26 +272,11 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "order among Stateful loads)"
     ),
     (_DCP + "_dedup_save_plans", "dedup_save_plans", "reversed-iteration",
-     "for ... in enumerate(all_plans) -> reversed(list(...))"): (
-        "the duplicated items are visited in another order; each still goes to the plan with "
-        "the least storage planned at its turn (or the lowest rank, where asked), all that "
-        "the rule says: 'only the smallest SavePlan in terms of planned storage keeps the "
-        "entry'; written once each, balanced to within the largest item"
-    ),
+     "for ... in enumerate(all_plans) -> reversed(list(...))"): _DEDUP_ORDER,
     (_DCP + "_dedup_save_plans", "dedup_save_plans", "reversed-iteration",
-     "for ... in plan.items -> reversed(list(...))"): (
-        "the duplicated items are visited in another order; each still goes to the plan with "
-        "the least storage planned at its turn (or the lowest rank, where asked), all that "
-        "the rule says: 'only the smallest SavePlan in terms of planned storage keeps the "
-        "entry'; written once each, balanced to within the largest item"
-    ),
+     "for ... in plan.items -> reversed(list(...))"): _DEDUP_ORDER,
     (_DCP + "_dedup_save_plans", "dedup_save_plans", "reversed-iteration",
-     "for ... in write_item_to_plan_indices.items() -> reversed(list(...))"): (
-        "the duplicated items are visited in another order; each still goes to the plan with "
-        "the least storage planned at its turn (or the lowest rank, where asked), all that "
-        "the rule says: 'only the smallest SavePlan in terms of planned storage keeps the "
-        "entry'; written once each, balanced to within the largest item"
-    ),
+     "for ... in write_item_to_plan_indices.items() -> reversed(list(...))"): _DEDUP_ORDER,
     (_DCP + "_dedup_save_plans", "dedup_save_plans", "reversed-iteration",
      "for ... in plan_indices - {select_plan_idx} -> reversed(list(...))"): (
         "the item is discarded from each other plan that held it, in another order: the same "
