@@ -392,8 +392,9 @@ def python_reducer_gradients(hook: str | None, compiled: bool) -> list[list[floa
     from torch.nn.parallel import DistributedDataParallel
 
     torch.manual_seed(0)
-    model = torch.nn.Linear(3, 1)
-    x = torch.full((2, 3), float(dist.get_rank() + 1))
+    device = rank_device()
+    model = torch.nn.Linear(3, 1).to(device)
+    x = torch.full((2, 3), float(dist.get_rank() + 1), device=device)
     # Constructing DDP with the Python reducer also changes process-wide state that no config
     # patch restores (dynamo inlines DDP's module from then on; inductor fuses its
     # collectives): restored after, or every later compiled DDP in this process is traced
