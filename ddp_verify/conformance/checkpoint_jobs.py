@@ -333,6 +333,37 @@ def over_subgroups(seed: int, block: int, rows: int, asynchronously: bool) -> di
     return loaded
 
 
+def across_world_sizes(seed: int, saved_by: int, loaded_by: int, shape: tuple[int, ...],
+                       saved: str, loaded: str) -> list[Any] | None:  # fmt: skip
+    """The first ``saved_by`` ranks save a DTensor of ``shape`` (placement ``saved`` over
+    their own 1-D mesh, ``process_group`` their group); after a barrier of the world, the
+    first ``loaded_by`` ranks load it into zeros of placement ``loaded`` over theirs: a
+    checkpoint written by one world size read by another, its shards cut at other boundaries
+    along the same dimension. What a loading rank loaded (the full tensor); ``None`` on the
+    ranks that do not load."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import distribute_tensor
+
+    rank = dist.get_rank()
+    # Every rank takes part in creating every group (new_group is collective over the world).
+    groups = {n: dist.new_group(list(range(n))) for n in sorted({saved_by, loaded_by})}
+    full = value(seed, 0, shape, "float64")
+    got: list[Any] | None = None
+    with shared_directory() as directory:
+        if rank < saved_by:
+            mesh = DeviceMesh.from_group(groups[saved_by], "cpu")
+            state = {"w": distribute_tensor(full, mesh, [_placement(saved)])}
+            dcp.save(state, checkpoint_id=directory, process_group=groups[saved_by])
+        dist.barrier()  # written before it is read
+        if rank < loaded_by:
+            mesh = DeviceMesh.from_group(groups[loaded_by], "cpu")
+            into = {"w": distribute_tensor(torch.zeros_like(full), mesh, [_placement(loaded)])}
+            dcp.load(into, checkpoint_id=directory, process_group=groups[loaded_by])
+            got = into["w"].full_tensor().tolist()
+    return got
+
+
 def replicated_writers(sizes: list[int], lowest: bool) -> dict[str, int]:
     """Every rank saves the same plain tensors (replicated: ``w{i}`` of ``sizes[i]`` float64
     elements) with a ``DefaultSavePlanner(dedup_save_to_lowest_rank=lowest)``; what each

@@ -305,6 +305,7 @@ _REPLICATED = (
 _SUBGROUP_DCP = (
     "test_checkpoint::test_a_checkpoint_saved_and_loaded_over_a_subgroup_is_that_subgroups",
 )
+_ACROSS_SIZES = ("test_checkpoint::test_a_checkpoint_saved_by_one_world_size_loads_at_another",)
 _STREAMS = ("test_checkpoint::test_a_checkpoint_written_through_two_stream_extensions_loads_back",)
 _DCP_REFUSED = (
     "test_checkpoint::test_the_loads_and_saves_torch_refuses_are_refused_on_every_rank",
@@ -327,7 +328,12 @@ _CHECKPOINT_ROWS = (
     ("async_save", "planner", _ROUND_TRIP, "DefaultSavePlanner"),
     ("async_save", "async_checkpointer_type", _ROUND_TRIP, "the default, a thread"),
     ("async_save", "use_collectives", _ROUND_TRIP, "True and False"),
-    ("load", "state_dict", _ROUND_TRIP, "the placements saved, others, whole tensors"),
+    (
+        "load",
+        "state_dict",
+        _ROUND_TRIP + _ACROSS_SIZES,
+        "the placements saved, others, whole tensors, at another world size",
+    ),
     ("load", "checkpoint_id", _ROUND_TRIP + _DCP_REFUSED, ""),
     ("load", "planner", _ROUND_TRIP, "DefaultLoadPlanner"),
     ("load", "no_dist", _ROUND_TRIP, "into whole tensors in one process"),
@@ -335,9 +341,10 @@ _CHECKPOINT_ROWS = (
         (
             fn,
             "process_group",
-            _SUBGROUP_DCP,
+            _SUBGROUP_DCP + (_ACROSS_SIZES if fn != "async_save" else ()),
             "blocks of consecutive ranks (the world too), "
-            "each its own checkpoint; its own and another block's loaded back, resharded",
+            "each its own checkpoint; its own and another block's loaded back, resharded"
+            + ("; saved by k ranks, loaded by m" if fn != "async_save" else ""),
         )
         for fn in ("save", "async_save", "load")
     ),

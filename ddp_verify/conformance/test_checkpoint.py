@@ -217,6 +217,30 @@ def test_a_checkpoint_saved_and_loaded_over_a_subgroup_is_that_subgroups(world, 
     )
 
 
+def test_a_checkpoint_saved_by_one_world_size_loads_at_another(world, prove):
+    # What resuming on more or fewer ranks does: a checkpoint written by the first k ranks
+    # read by the first m, its shards cut at other boundaries (a loaded shard starting inside
+    # a saved one that does not start at 0 takes a slice of it: three ranks or more).
+    _skip_across_nodes(world)
+    sizes = st.integers(1, world.size)
+    placements = st.sampled_from(["shard0", "shard1", "replicate"])
+    shapes = st.tuples(st.integers(0, 2 * world.size + 1), st.integers(1, 3))
+
+    def check(case):
+        seed, saved_by, loaded_by, shape, saved, loaded = case
+        results = world.run(checkpoint_jobs.across_world_sizes, *case)
+        want = checkpoint_jobs.value(seed, 0, shape, "float64").tolist()
+        said = (f"a float64 DTensor of {shape} saved {saved} by {saved_by} ranks, loaded "
+                f"{loaded} by {loaded_by}")  # fmt: skip
+        for rank, got in enumerate(results[:loaded_by]):
+            assert got == want, f"{said}: rank {rank} loaded {got}, saved {want}"
+
+    more = min(3, world.size)
+    prove(st.tuples(st.integers(0, 2**16), sizes, sizes, shapes, placements, placements), check,
+          examples=[(0, max(more - 1, 1), more, (2 * more, 2), "shard0", "shard0"),
+                    (0, more, max(more - 1, 1), (2 * more, 2), "shard0", "shard0")])  # fmt: skip
+
+
 def test_a_replicated_tensor_is_written_once_by_the_rank_the_planner_names(world, prove):
     # Every rank holds the same plain tensors: the planner writes each once. With
     # dedup_save_to_lowest_rank, rank 0 (the lowest holding them all) writes them; without,
