@@ -467,7 +467,7 @@ def main(argv: list[str] | None = None) -> int:
         for module, lines in reached.items():
             if not any(fnmatch.fnmatch(module, g) for g in args.modules):
                 continue
-            every = [m for m in mutants(module, set(lines)) if installable(m)]
+            every = mutants(module, set(lines))
             if args.match:
                 drawn = [m for m in every if args.match in f"{m.name} ({m.site.change})"]
             else:
@@ -502,35 +502,39 @@ def main(argv: list[str] | None = None) -> int:
                     # says (killed there or not, it leaves no survivor): judged at one size.
                     sizes = args.world_size[:1] if reason else args.world_size
                     calls = only(mutant)
-                    if not args.every_test and calls(sizes[0]) == []:
+                    whole = False  # whether every test has run it as its module's source
+                    if not installable(mutant) or (not args.every_test and calls(sizes[0]) == []):
                         # Never called once its module is imported: it runs as the module is
                         # imported (or no test calls it), where a swap of its code would change
-                        # nothing that runs. Judged as its module's source, by every test.
+                        # nothing that runs; or its code cannot take the original's place.
+                        # Judged as its module's source, by every test.
                         failure = raises_at_import(mutant, directory, args.timeout)
                         if failure:
                             outcome, by = "equivalent", f"raises at import: {failure}"
                         else:
                             outcome, by = judge(mutant, directory, sizes, args.timeout,
                                                 first_for(module), at_import=True)  # fmt: skip
+                        whole = True
                     else:
                         outcome, by = judge(
                             mutant, directory, sizes, args.timeout, first_for(module), calls
                         )
-                    # Only where the tests that ran were a selection (not all, not none).
-                    if (
-                        outcome == "survived"
-                        and not reason
-                        and not args.every_test
-                        and calls(sizes[0])
-                    ):
-                        # A survivor of the tests that call it runs every test once more: what
-                        # a measured reach could miss (a closure made in one test, called in
-                        # another) cannot leave a survivor that the whole suite kills.
-                        outcome, by = suite(mutant, directory, sizes[0], args.timeout,
-                                            first_for(module))  # fmt: skip
-                        if outcome != "survived":
-                            # Said, so that a reach that misses a caller is seen and mended.
-                            by = f"{by} (a test the reach did not name)"
+                    if outcome == "survived" and not reason and not whole:
+                        # A survivor runs every test once more, its module imported from the
+                        # mutated source: neither a call the reach missed (a closure made in
+                        # one test, called in another) nor one a swap of the function's code
+                        # cannot change (a decorator applied, a closure built, as the module
+                        # is imported, perhaps inside a test) leaves a survivor that the whole
+                        # suite kills.
+                        failure = raises_at_import(mutant, directory, args.timeout)
+                        if failure:
+                            outcome, by = "equivalent", f"raises at import: {failure}"
+                        else:
+                            outcome, by = suite(mutant, directory, sizes[0], args.timeout,
+                                                first_for(module), at_import=True)  # fmt: skip
+                        if outcome != "survived" and not failure:
+                            # Said, so that a reach or a swap that misses is seen and mended.
+                            by = f"{by} (every test, its module imported mutated)"
                 if outcome == "survived" and reason:
                     outcome, by = "equivalent", reason
                 counts[outcome] += 1

@@ -24,6 +24,7 @@ import dataclasses
 import functools
 import importlib
 import os
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -56,11 +57,37 @@ class PatchDoesNotApply(Exception):
     """The line a source patch changes is not in this torch's function, exactly once."""
 
 
+_OWN = "_ddp_verify_mutated_"
+
+
 def compile_like(original: Callable[..., Any], source: str) -> Any:
     """``source`` (a ``def`` with its decorators) compiled as ``original`` was: in its module's
     globals, under its file name, inside a function whose parameters are the original's free
     variables, so that it closes over the same names (zero-argument ``super()`` too). Returns
     what the ``def`` with its decorators makes (a ``staticmethod`` for a static method)."""
+    name = original.__name__
+    patched = _rebound(original, source, name)
+    function = getattr(patched, "__func__", patched)
+    if name in function.__code__.co_freevars and name not in original.__code__.co_freevars:  # type: ignore[attr-defined]
+        # A function that calls itself by name (a recursion, as ``_pycute``'s and some of
+        # c10d's do) closes, defined inside _rebind, over _rebind's local of that name where
+        # the original reads its module's global: defined under another name and named back,
+        # it reads the global as the original does.
+        renamed = re.sub(rf"^(\s*(?:async\s+)?def\s+){re.escape(name)}\b", rf"\g<1>{_OWN}",
+                         source, count=1, flags=re.MULTILINE)  # fmt: skip
+        patched = _rebound(original, renamed, _OWN)
+        function = getattr(patched, "__func__", patched)
+        function.__code__ = function.__code__.replace(co_name=name)
+        function.__name__ = name
+    function.__qualname__ = original.__qualname__
+    for target in (patched, function):  # a staticmethod object holds attributes too
+        target.__patched_source__ = source
+    return patched
+
+
+def _rebound(original: Callable[..., Any], source: str, defined: str) -> Any:
+    """What ``source``'s ``def`` of ``defined`` makes, compiled inside a function whose
+    parameters are ``original``'s free variables, called with what its cells hold."""
     import inspect
     import textwrap
 
@@ -68,18 +95,13 @@ def compile_like(original: Callable[..., Any], source: str) -> Any:
     wrapped = (
         f"def _rebind({', '.join(code.co_freevars)}):\n"
         + textwrap.indent(source, "    ")
-        + f"\n    return {original.__name__}\n"
+        + f"\n    return {defined}\n"
     )
     namespace: dict[str, Any] = {}
     compiled = compile(wrapped, inspect.getsourcefile(original) or "", "exec")
     exec(compiled, original.__globals__, namespace)  # type: ignore[attr-defined]
     cells = original.__closure__ or ()  # type: ignore[attr-defined]
-    patched = namespace["_rebind"](*(cell.cell_contents for cell in cells))
-    function = getattr(patched, "__func__", patched)
-    function.__qualname__ = original.__qualname__
-    for target in (patched, function):  # a staticmethod object holds attributes too
-        target.__patched_source__ = source
-    return patched
+    return namespace["_rebind"](*(cell.cell_contents for cell in cells))
 
 
 def _source_patch(

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from tests.mutation import operators
-from tests.mutation.generated import installable, mutants
+from tests.mutation.generated import mutants
 from tests.mutation.generated_patch import compiled, install_mutant
 
 SOURCE = textwrap.dedent(
@@ -68,6 +68,27 @@ def test_a_mutant_runs_wherever_torchs_function_is_called_from():
         del target._generated_mutant
     total = torch.nn.utils.clip_grad_norm_(params, 100.0, norm_type=1.0)
     assert float(total) == pytest.approx(7.0)
+
+
+def test_a_mutant_of_a_function_that_calls_itself_runs_in_its_recursion_too():
+    # _pycute's product calls itself by name (from a lambda): the mutated code must read that
+    # name from its module, as the original does, so that every level of the recursion runs
+    # the mutant (compiled inside a function that defines the same name, it closed over that
+    # name and was refused, and such mutants were never drawn).
+    module = "torch.distributed._pycute.int_tuple"
+    (mutant,) = [m for m in mutants(module)
+                 if m.qualname == "product" and m.site.operator == "off-by-one"]  # fmt: skip
+    target, code = compiled(mutant.as_json())
+    assert code.co_freevars == () and code.co_name == "product"
+    original = target.__code__
+    try:
+        install_mutant(mutant.as_json())
+        # reduce starts at 2, not 1, at each level: 2 * 2 * (2 * 3 * 4).
+        assert target((2, (3, 4))) == 2 * 2 * (2 * 3 * 4)
+    finally:
+        target.__code__ = original
+        del target._generated_mutant
+    assert target((2, (3, 4))) == 24
 
 
 def _closing(k: int):
@@ -184,7 +205,7 @@ def test_a_rerun_keeps_what_was_judged_and_runs_the_survivors_again(tmp_path):
     from tests.mutation.trace import trace
 
     module = "torch.utils.data.distributed"
-    every = [m for m in mutants(module, set(trace()[module])) if installable(m)]
+    every = mutants(module, set(trace()[module]))
     drawn = random.Random(f"0:{module}").sample(every, 3)  # what --seed 0 --samples 3 draws
     said = ("the earlier run", "the earlier run", "exit -15")
     earlier = [
@@ -397,37 +418,74 @@ def test_a_mutant_runs_only_the_tests_named(tmp_path):
     assert "1 passed, 3 deselected" in done.stdout, done.stdout
 
 
-def test_a_survivor_of_the_tests_that_call_it_runs_every_test_once_more(monkeypatch, tmp_path):
-    # The suite's runs stand in (a real run is the tool's own work): the tests the reach names
-    # let the mutant through, every test kills it. It is killed, and the outcome says the
-    # reach missed the test that did.
+@pytest.mark.parametrize("named", [True, False], ids=["reach named", "no mark"])
+def test_a_survivor_runs_every_test_once_more_as_its_modules_source(monkeypatch, tmp_path,
+                                                                     named):  # fmt: skip
+    # The suite's runs stand in (a real run is the tool's own work): the runs with the
+    # function's code swapped (the tests the reach names, or every test where the function
+    # has no mark) let the mutant through; every test with the module imported from the
+    # mutated source kills it (a decorator's closure, say, built as the module is imported).
+    # It is killed, and the outcome says how.
     import random
 
     from tests.mutation import generated
     from tests.mutation.trace import trace
 
     module = "torch.utils.data.distributed"
-    every = [m for m in mutants(module, set(trace()[module])) if installable(m)]
+    every = mutants(module, set(trace()[module]))
     (drawn,) = random.Random(f"0:{module}").sample(every, 1)
     key = f"{drawn.module}:{drawn.qualname}"
-    runs: list[tuple[int, list[str] | None]] = []
+    runs: list[tuple[int, list[str] | None, bool]] = []
 
     def suite(mutant, directory, world_size, timeout, first=(), only=None, at_import=False):
-        runs.append((world_size, only))
-        return ("survived", "") if only is not None else ("killed", "test_data.py::t")
+        runs.append((world_size, only, at_import))
+        return ("killed", "test_data.py::t") if at_import else ("survived", "")
 
     monkeypatch.setattr(generated, "suite", suite)
-    monkeypatch.setattr(generated, "marks", lambda traced: [{"module": drawn.module,
-                        "qualname": drawn.qualname, "source": ""}])  # fmt: skip
+    monkeypatch.setattr(generated, "raises_at_import", lambda *a: "")
+    mark = {"module": drawn.module, "qualname": drawn.qualname, "source": ""}
+    monkeypatch.setattr(generated, "marks", lambda traced: [mark] if named else [])
     monkeypatch.setattr(generated, "reach", lambda made, size, timeout: {key: ["test_data::t"]})
     monkeypatch.setattr(generated, "why_equivalent", lambda *a: None)
     out = tmp_path / "out.json"
     generated.main(["--modules", module, "--samples", "1", "--world-size", "2", "4",
                     "--json", str(out)])  # fmt: skip
     (outcome,) = json.loads(out.read_text())
-    assert runs == [(2, ["test_data::t"]), (4, ["test_data::t"]), (2, None)]
+    selected = ["test_data::t"] if named else None
+    assert runs == [(2, selected, False), (4, selected, False), (2, None, True)]
     assert outcome["outcome"] == "killed"
-    assert outcome["by"] == "test_data.py::t (a test the reach did not name)"
+    assert outcome["by"] == "test_data.py::t (every test, its module imported mutated)"
+
+
+def test_a_mutant_whose_code_cannot_be_swapped_is_judged_as_its_modules_source(
+    monkeypatch, tmp_path
+):
+    # Not set aside: where the mutated code cannot take the original's place, the module's
+    # mutated source runs against every test, at each world size.
+    import random
+
+    from tests.mutation import generated
+    from tests.mutation.trace import trace
+
+    module = "torch.utils.data.distributed"
+    (drawn,) = random.Random(f"0:{module}").sample(mutants(module, set(trace()[module])), 1)
+    runs: list[tuple[int, list[str] | None, bool]] = []
+
+    def suite(mutant, directory, world_size, timeout, first=(), only=None, at_import=False):
+        runs.append((world_size, only, at_import))
+        return "survived", ""
+
+    monkeypatch.setattr(generated, "suite", suite)
+    monkeypatch.setattr(generated, "installable", lambda mutant: False)
+    monkeypatch.setattr(generated, "raises_at_import", lambda *a: "")
+    monkeypatch.setattr(generated, "marks", lambda traced: [])
+    monkeypatch.setattr(generated, "why_equivalent", lambda *a: None)
+    out = tmp_path / "out.json"
+    generated.main(["--modules", module, "--samples", "1", "--world-size", "2", "4",
+                    "--json", str(out)])  # fmt: skip
+    (outcome,) = json.loads(out.read_text())
+    assert outcome["mutant"] == drawn.name and outcome["outcome"] == "survived"
+    assert runs == [(2, None, True), (4, None, True)]
 
 
 def test_a_mutant_of_what_runs_at_import_runs_as_its_modules_source(tmp_path):
