@@ -474,7 +474,32 @@ def device_mesh_views(shape: tuple[int, ...], names: tuple[str, ...]) -> dict[st
         "all dimensions": mesh[names].mesh.tolist() if len(names) > 1 else None,
         "equal to another of the same shape": mesh
         == init_device_mesh("cpu", shape, mesh_dim_names=names),
+        "all groups": [dist.get_process_group_ranks(g) for g in mesh.get_all_groups()],
+        "shape": list(mesh.shape),
+        "rank": mesh.get_rank(),
     }
+    # Submeshes of every ordered choice of dimensions, and (where this torch has them, as
+    # torchtitan's layouts use them) each choice flattened into one dimension and each
+    # dimension unflattened into two: what this rank's groups hold.
+    ordered = [s for s in _ordered_subsets(len(names)) if len(s) > 1]
+    chosen = {",".join(names[d] for d in s): mesh[tuple(names[d] for d in s)] for s in ordered}
+    out["ordered submeshes"] = {k: m.mesh.tolist() for k, m in chosen.items()}
+    if hasattr(mesh, "_flatten"):
+        flat = {}
+        for s in _ordered_subsets(len(names)):
+            key = ",".join(names[d] for d in s)
+            made = (mesh[names[s[0]]] if len(s) == 1 else chosen[key])._flatten("_".join(key))
+            flat[key] = [made.mesh.tolist(), dist.get_process_group_ranks(made.get_group())]
+        out["flattened"] = flat
+    if hasattr(mesh, "_unflatten"):
+        split = {}
+        for d, n in enumerate(shape):
+            for a in (a for a in range(1, n + 1) if n % a == 0):
+                made = mesh._unflatten(d, (a, n // a), (f"u{d}a{a}", f"u{d}b{a}"))
+                split[f"{d}:{a}"] = [made.mesh.tolist(), list(made.get_coordinate() or ()),
+                                     [dist.get_process_group_ranks(made.get_group(e))
+                                      for e in range(made.ndim)]]  # fmt: skip
+        out["unflattened"] = split
     size = dist.get_world_size()
     refused: dict[str, Any] = {
         "a mesh of more ranks than the world": lambda: init_device_mesh("cpu", (size + 1,)),
@@ -488,6 +513,11 @@ def device_mesh_views(shape: tuple[int, ...], names: tuple[str, ...]) -> dict[st
         del refused["dimensions out of order"]
     out["refused"] = refusals(refused, (RuntimeError, ValueError, KeyError))
     return out
+
+
+def _ordered_subsets(n: int) -> list[tuple[int, ...]]:
+    """Every non-empty choice of ``range(n)``, each in ascending order."""
+    return [tuple(d for d in range(n) if bits >> d & 1) for bits in range(1, 2**n)]
 
 
 def meshes_given_outright(order: list[int]) -> dict[str, Any]:

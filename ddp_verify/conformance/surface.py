@@ -131,6 +131,8 @@ APIS: dict[str, str] = {
     "torch.nn.SyncBatchNorm": "init",
     "torch.nn.SyncBatchNorm.convert_sync_batchnorm": "call",
     "torch.amp.GradScaler": "init",
+    "torch.distributed.device_mesh.init_device_mesh": "call",
+    "torch.distributed.device_mesh.DeviceMesh": "init",
     **{
         f"torch.distributed.{name}": "call"
         for name in (*_TENSOR_COLLECTIVES, *_GROUP_CALLS)
@@ -139,6 +141,10 @@ APIS: dict[str, str] = {
 }
 
 _OPTIONS = "test_ddp_options::test_ddp_option_keeps_training_equivalent"
+_INIT_MESH = "torch.distributed.device_mesh.init_device_mesh"
+_DEVICE_MESH = "torch.distributed.device_mesh.DeviceMesh"
+_MESH = "test_device_mesh::test_a_device_mesh_is_the_layout_it_stands_for"
+_MESH_OUTRIGHT = "test_device_mesh::test_a_mesh_given_outright_is_the_layout_its_tensor_says"
 _HOOK_SCALE = "test_comm_hooks::test_compression_hook_averages_large_gradients"
 _HOOK_FORMAT = "test_comm_hooks::test_compression_hook_is_within_its_formats_precision"
 _POWERSGD = "test_comm_hooks::test_powersgd_at_full_rank_is_exact"
@@ -798,6 +804,41 @@ ENTRIES: tuple[Entry, ...] = (
        why="nested BatchNorm1d/2d, frozen, in evaluation, with a qconfig; a BatchNorm itself"),
     _e("torch.nn.SyncBatchNorm.convert_sync_batchnorm", "process_group", COVERED, _CONVERT,
        why="None and the world"),
+    # -- DeviceMesh -----------------------------------------------------------------------------
+    _e(_INIT_MESH, "device_type", COVERED, _MESH, why="'cpu' (CUDA by the GPU check)"),
+    _e(_INIT_MESH, "mesh_shape", COVERED, _MESH,
+       why="every way the world factors into one to three dimensions; one larger than the "
+       "world refused"),
+    _e(_INIT_MESH, "mesh_dim_names", COVERED, _MESH,
+       why="named; names of another length, a name twice refused"),
+    *(
+        _gap(api, "backend_override", "a dimension's own backend or options: not drawn")
+        for api in (_INIT_MESH, _DEVICE_MESH)
+    ),
+    _e(_DEVICE_MESH, "device_type", COVERED, _MESH_OUTRIGHT, why="'cpu'"),
+    _e(_DEVICE_MESH, "mesh", COVERED, _MESH_OUTRIGHT,
+       "test_device_mesh::test_a_mesh_of_ranks_in_another_order_shards_by_its_coordinates",
+       why="the world in order, the first rank alone, the world reversed (a known issue)"),
+    _e(_DEVICE_MESH, "mesh_dim_names", COVERED, _MESH),
+    *(
+        _e(_DEVICE_MESH, member, OUT,
+           why="private: what torch passes when it slices, flattens or unflattens a mesh "
+           "(those are covered)")
+        for member in ("_init_backend", "_rank", "_layout", "_rank_map", "_root_mesh")
+    ),
+    *(
+        _e(_DEVICE_MESH, member, COVERED, _MESH, why=why)
+        for member, why in (
+            ("get_all_groups()", "every dimension's group, in order"),
+            ("get_coordinate()", "the rank's index unravelled"),
+            ("get_group()", "by index and by name, of submeshes and flattened ones too"),
+            ("get_local_rank()", "by name"),
+            ("get_rank()", ""),
+            ("size()", "the whole and each dimension's"),
+            ("_flatten()", "every ordered choice of dimensions, one dimension alone too"),
+            ("_unflatten()", "every dimension split in two, by each factor"),
+        )
+    ),
     # -- torch.amp.GradScaler -----------------------------------------------------------------
     *(
         _e("torch.amp.GradScaler", member, COVERED, _SCALER, why=why)
@@ -1146,7 +1187,11 @@ def _public_methods(cls: type) -> list[str]:
 
 # Members with a leading underscore that users call all the same (torch's own docs and
 # tutorials use them): part of the surface.
-_USED_PRIVATE: dict[str, tuple[str, ...]] = {_DDP: ("_register_fused_optim",)}
+_USED_PRIVATE: dict[str, tuple[str, ...]] = {
+    _DDP: ("_register_fused_optim",),
+    # torchtitan's layouts flatten and unflatten their meshes' dimensions.
+    "torch.distributed.device_mesh.DeviceMesh": ("_flatten", "_unflatten"),
+}
 
 
 def members(api: str) -> list[str]:

@@ -1,11 +1,14 @@
-"""DeviceMesh, the layout FSDP2, HSDP and tensor parallelism name their groups by, against
-the arithmetic it stands for: a mesh of shape ``(d0, d1, ...)`` lays the world's ranks out
-in row-major order; a rank's coordinate is its index unravelled; the group (and the one-
-dimensional submesh) of a dimension holds the ranks that differ from it in that coordinate
-alone; sizes and local ranks follow; a submesh of every dimension in order is the mesh
-again. The meshes it documents as invalid (more ranks than the world, names of another
-length or repeated, two dimensions of more than one rank out of order) are refused. A mesh
-whose groups hold other ranks reduces over the wrong replicas, on every rank alike."""
+"""DeviceMesh, the layout FSDP2, HSDP and tensor parallelism name their groups by, against the
+arithmetic it stands for: a mesh of shape ``(d0, d1, ...)`` lays the world's ranks out in
+row-major order; a rank's coordinate is its index unravelled; the group (and the one-dimensional
+submesh) of a dimension holds the ranks that differ from it in that coordinate alone; sizes and
+local ranks follow; a submesh of every dimension in order is the mesh again, one of any
+dimensions in order is the layout with the others fixed at the rank's coordinate, and so is
+that choice flattened into one dimension (row-major); a dimension unflattened into two is the
+layout viewed with one more dimension. The meshes it documents as invalid (more ranks than the
+world, names of another length or repeated, two dimensions of more than one rank out of order)
+are refused. A mesh whose groups hold other ranks reduces over the wrong replicas, on every
+rank alike."""
 
 from __future__ import annotations
 
@@ -43,6 +46,21 @@ def _shapes(world_size: int) -> list[tuple[int, ...]]:
 def _documented(shape: tuple[int, ...], names: tuple[str, ...], rank: int) -> dict[str, Any]:
     layout = torch.arange(math.prod(shape)).view(shape)
     coordinate = [int(c) for c in torch.unravel_index(torch.tensor(rank), shape)]
+
+    def held(dims: tuple[int, ...]) -> torch.Tensor:
+        # The layout with every coordinate outside ``dims`` fixed at this rank's.
+        index = [slice(None) if e in dims else coordinate[e] for e in range(len(shape))]
+        return layout[tuple(index)]
+
+    def unflattened(d: int, a: int) -> list[Any]:
+        split = (*shape[:d], a, shape[d] // a, *shape[d + 1 :])
+        view = layout.view(split)
+        where = [int(c) for c in torch.unravel_index(torch.tensor(rank), split)]
+        return [view.tolist(), where, [
+            view[tuple(slice(None) if f == e else where[f] for f in range(len(split)))].tolist()
+            for e in range(len(split))
+        ]]  # fmt: skip
+
     groups = []
     for d in range(len(shape)):
         index = [slice(None) if e == d else coordinate[e] for e in range(len(shape))]
@@ -59,6 +77,28 @@ def _documented(shape: tuple[int, ...], names: tuple[str, ...], rank: int) -> di
         "submeshes": groups,
         "all dimensions": layout.tolist() if len(shape) > 1 else None,
         "equal to another of the same shape": True,
+        "all groups": groups,
+        "shape": list(shape),
+        "rank": rank,
+        "ordered submeshes": {
+            ",".join(names[d] for d in s): held(s).tolist()
+            for s in collective_jobs._ordered_subsets(len(shape))
+            if len(s) > 1
+        },
+        # A flattened choice of dimensions: the ranks that differ from this one in those
+        # coordinates alone, in row-major order of them, one group.
+        "flattened": {
+            ",".join(names[d] for d in s): [held(s).flatten().tolist()] * 2
+            for s in collective_jobs._ordered_subsets(len(shape))
+        },
+        # A dimension of n unflattened into (a, n / a): the same ranks in the same order, the
+        # layout viewed with one more dimension.
+        "unflattened": {
+            f"{d}:{a}": unflattened(d, a)
+            for d, n in enumerate(shape)
+            for a in range(1, n + 1)
+            if n % a == 0
+        },
     }
 
 
