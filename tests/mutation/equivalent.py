@@ -831,6 +831,20 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "loses its overlap)"
     ),
     **{
+        ("torch.distributed._composable.contract", "contract", "reversed-iteration",
+         f"for ... in zip(all_orig_named_{what}, all_new_named_{what}) -> reversed(list(...))"): (
+            f"the modules' {what} names are checked in another order: every pair is still "
+            "checked, and a pair that differs still raises (only which of two differing pairs "
+            "the error names could change)"
+        )
+        for what in ("params", "buffers", "modules")
+    },
+    ("torch.distributed._composable.contract", "generate_state_key", "ignored-argument",
+     "argument string ignored for its default '__composable_api_state_key'"): (
+        "every caller (contract's STATE_KEY and REGISTRY_KEY, made once at import) passes no "
+        "argument: the default is what it reads either way"
+    ),
+    **{
         ("torch.distributed.tensor.placement_types", f"{cls}.__hash__", op, change): _HASH
         for cls, what in (("Partial", "hash(self.reduce_op)"), ("_Partial", "hash(self.reduce_op)"))
         for op, change in (("arithmetic", f"1 + {what} -> 1 - {what}"), ("off-by-one", "1 -> 2"))
