@@ -111,3 +111,62 @@ def operations(case: dict[str, Any]) -> dict[str, Any]:
 
 def _replicated(result: Any) -> tuple[str, ...]:
     return ("replicate",) * result.device_mesh.ndim
+
+
+def api_forms(seed: int, shape: tuple[int, int]) -> dict[str, Any]:
+    """DTensor's documented keyword forms on a 1-D mesh over the world, rank r holding its
+    own tensor ``T_r`` (tensor 0 of the case plus r) where the form says whose data counts:
+    ``distribute_tensor`` with ``src_data_rank`` 0, the last rank and None, and with no
+    placements; ``from_local`` with ``run_check`` on replicas that differ, and with the whole
+    ``shape`` and ``stride`` of an uneven sharding; ``redistribute`` with ``forward_dtype``,
+    ``backward_dtype`` and ``async_op``; ``to_local`` and ``full_tensor`` with
+    ``grad_placements`` hinting a partial gradient. What this rank holds of each (local
+    tensors, dtypes, gradients)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
+
+    size, rank = dist.get_world_size(), dist.get_rank()
+    mesh = init_device_mesh("cpu", (size,))
+    own = full_value(seed, 0, shape) + rank
+    out: dict[str, Any] = {}
+    # Each from a copy: a replica is broadcast into the tensor given (it is the DTensor's
+    # storage, as a parameter's is), which would leave every later form rank 0's data.
+    for source in (0, size - 1, None):
+        for name, placement in (("shard0", Shard(0)), ("replicate", Replicate())):
+            made = distribute_tensor(own.clone(), mesh, [placement], src_data_rank=source)
+            out[f"distributed {name} from {source}"] = made.to_local()
+    out["distributed, no placements"] = distribute_tensor(own.clone(), mesh).to_local()
+    for check in (False, True):
+        made = DTensor.from_local(own.clone(), mesh, [Replicate()], run_check=check)
+        out[f"from_local replicas, run_check={check}"] = made.to_local()
+    whole = full_value(seed, 1, shape)
+    mine = whole.chunk(size)[rank] if rank < len(whole.chunk(size)) else whole[:0]
+    uneven = DTensor.from_local(mine, mesh, [Shard(0)], shape=whole.shape, stride=whole.stride())
+    out["from_local uneven, whole"] = uneven.full_tensor()
+    out["from_local uneven, shape"] = list(uneven.shape)
+    # forward_dtype: the result in that dtype; backward_dtype: the gradient's collective in
+    # that dtype (its rounding visible), the gradient cast back to the input's dtype.
+    sharded = distribute_tensor(whole, mesh, [Shard(0)])
+    cast = sharded.redistribute(mesh, [Replicate()], forward_dtype=torch.float32)
+    out["forward_dtype"] = [str(cast.dtype), cast.to_local()]
+    grad = full_value(seed, 2, shape) * (1 + 2.0**-12)  # not a bfloat16
+    for backward in (None, torch.bfloat16):
+        leaf = distribute_tensor(whole, mesh, [Replicate()]).requires_grad_()
+        moved = leaf.redistribute(mesh, [Shard(0)], backward_dtype=backward)
+        weights = distribute_tensor(grad, mesh, [Shard(0)]).to_local()
+        (moved.to_local() * weights).sum().backward()
+        out[f"backward_dtype={backward}"] = [str(leaf.grad.dtype), leaf.grad.to_local()]
+    waited = sharded.redistribute(mesh, [Replicate()], async_op=True).to_local()
+    out["async_op"] = waited.wait() if hasattr(waited, "wait") else waited
+    # A gradient hinted partial: the ranks' own contributions, summed in the whole gradient;
+    # unhinted, each rank's own taken as the replica (or its shard of it) it is said to be.
+    mine_grad = grad + rank
+    for hint in (None, [Partial()]):
+        leaf = distribute_tensor(whole, mesh, [Replicate()]).requires_grad_()
+        (leaf.to_local(grad_placements=hint) * mine_grad).sum().backward()
+        out[f"to_local grad_placements={hint is not None}"] = leaf.grad.full_tensor()
+        leaf = distribute_tensor(whole, mesh, [Shard(0)]).requires_grad_()
+        (leaf.full_tensor(grad_placements=hint) * mine_grad).sum().backward()
+        out[f"full_tensor grad_placements={hint is not None}"] = leaf.grad.full_tensor()
+    dist.barrier()
+    return out

@@ -133,6 +133,11 @@ APIS: dict[str, str] = {
     "torch.amp.GradScaler": "init",
     "torch.distributed.device_mesh.init_device_mesh": "call",
     "torch.distributed.device_mesh.DeviceMesh": "init",
+    "torch.distributed.tensor.distribute_tensor": "call",
+    "torch.distributed.tensor.DTensor.from_local": "call",
+    "torch.distributed.tensor.DTensor.redistribute": "call",
+    "torch.distributed.tensor.DTensor.full_tensor": "call",
+    "torch.distributed.tensor.DTensor.to_local": "call",
     **{
         f"torch.distributed.{name}": "call"
         for name in (*_TENSOR_COLLECTIVES, *_GROUP_CALLS)
@@ -141,6 +146,9 @@ APIS: dict[str, str] = {
 }
 
 _OPTIONS = "test_ddp_options::test_ddp_option_keeps_training_equivalent"
+_DT = "torch.distributed.tensor."
+_DT_WHOLE = "test_dtensor::test_dtensor_is_the_whole_tensor_it_stands_for"
+_DT_FORMS = "test_dtensor::test_dtensor_keyword_forms_do_what_they_document"
 _INIT_MESH = "torch.distributed.device_mesh.init_device_mesh"
 _DEVICE_MESH = "torch.distributed.device_mesh.DeviceMesh"
 _MESH = "test_device_mesh::test_a_device_mesh_is_the_layout_it_stands_for"
@@ -838,6 +846,42 @@ ENTRIES: tuple[Entry, ...] = (
             ("_flatten()", "every ordered choice of dimensions, one dimension alone too"),
             ("_unflatten()", "every dimension split in two, by each factor"),
         )
+    ),
+    # -- DTensor ---------------------------------------------------------------------------------
+    _e(_DT + "distribute_tensor", "tensor", COVERED, _DT_WHOLE, _DT_FORMS,
+       why="1-D and 2-D, uneven, fewer rows than ranks"),
+    _e(_DT + "distribute_tensor", "device_mesh", COVERED, _DT_WHOLE, why="1-D and 2-D meshes"),
+    _e(_DT + "distribute_tensor", "placements", COVERED, _DT_WHOLE, _DT_FORMS,
+       why="shard either dimension, replicate; none (replicated from the first rank)"),
+    _e(_DT + "distribute_tensor", "src_data_rank", COVERED, _DT_FORMS,
+       why="0, the last rank, None (each rank's own data), every rank holding other data"),
+    _e(_DT + "DTensor.from_local", "local_tensor", COVERED, _DT_WHOLE, _DT_FORMS,
+       why="partial sums, uneven shards"),
+    _e(_DT + "DTensor.from_local", "device_mesh", COVERED, _DT_WHOLE),
+    _e(_DT + "DTensor.from_local", "placements", COVERED, _DT_WHOLE, _DT_FORMS,
+       why="partial, shard, replicate"),
+    _e(_DT + "DTensor.from_local", "run_check", COVERED, _DT_FORMS,
+       why="False and True over replicas that differ (True: the first rank's broadcast)"),
+    *(
+        _e(_DT + "DTensor.from_local", member, COVERED, _DT_WHOLE, _DT_FORMS,
+           why="the whole tensor's, given for uneven shards")
+        for member in ("shape", "stride")
+    ),
+    _gap(_DT + "DTensor.from_local", "grad_placements",
+         "the input gradient redistributed to a hinted placement: not drawn"),
+    _e(_DT + "DTensor.redistribute", "device_mesh", COVERED, _DT_WHOLE, why="its own mesh"),
+    _e(_DT + "DTensor.redistribute", "placements", COVERED, _DT_WHOLE,
+       why="every placement to every other (to a partial sum: as torch documents)"),
+    _e(_DT + "DTensor.redistribute", "async_op", COVERED, _DT_FORMS, why="True, waited"),
+    _e(_DT + "DTensor.redistribute", "forward_dtype", COVERED, _DT_FORMS,
+       why="float32 from float64: the result's dtype and values"),
+    _e(_DT + "DTensor.redistribute", "backward_dtype", COVERED, _DT_FORMS,
+       why="None and bfloat16: the gradient's collective rounds, the gradient comes back "
+       "in float64"),
+    *(
+        _e(_DT + f"DTensor.{fn}", "grad_placements", COVERED, _DT_FORMS,
+           why="none (the gradient taken as the layout said) and a partial hint (summed)")
+        for fn in ("full_tensor", "to_local")
     ),
     # -- torch.amp.GradScaler -----------------------------------------------------------------
     *(

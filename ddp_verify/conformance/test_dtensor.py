@@ -4,8 +4,11 @@ against the plain tensors it stands for: a tensor laid out on a one- or two-dime
 partial sum) must be whole again as it was; redistributed to any other layout, the same; (to
 a partial sum: refused, as documented); and every operation training runs on it
 (elementwise, reductions, a matrix product, softmax, layout changes) must give what the
-operation gives on the whole tensors, and its gradient what autograd gives there. A wrong
-sharding rule or redistribution trains every rank alike on wrong values."""
+operation gives on the whole tensors, and its gradient what autograd gives there. The
+keyword forms its constructors and conversions document (whose data a source rank names, a
+replica check, an uneven shape given, the dtypes of a redistribution and of its gradient, a
+gradient hinted partial) do what their docstrings say. A wrong sharding rule or
+redistribution trains every rank alike on wrong values."""
 
 from __future__ import annotations
 
@@ -154,6 +157,69 @@ def test_dtensor_is_the_whole_tensor_it_stands_for(world, prove):
             },
         ],
     )
+
+
+def _api_forms(seed: int, shape: tuple[int, int], size: int, rank: int) -> dict[str, Any]:
+    """What each of :func:`dtensor_jobs.api_forms`'s forms documents rank ``rank`` holds."""
+
+    def own(r: int) -> torch.Tensor:
+        return dtensor_jobs.full_value(seed, 0, shape) + r
+
+    def chunk(t: torch.Tensor, r: int) -> torch.Tensor:
+        # torch.chunk's r-th piece; empty past the last (fewer rows than ranks).
+        pieces = t.chunk(size)
+        return pieces[r] if r < len(pieces) else t[:0]
+
+    whole = dtensor_jobs.full_value(seed, 1, shape)
+    grad = dtensor_jobs.full_value(seed, 2, shape) * (1 + 2.0**-12)
+    summed = sum((grad + r for r in range(size)), torch.zeros(shape, dtype=torch.float64))
+    want: dict[str, Any] = {}
+    for source in (0, size - 1, None):
+        # An int: that rank's tensor, scattered or broadcast; None: each rank's own data.
+        held = own(rank if source is None else source)
+        want[f"distributed shard0 from {source}"] = chunk(held, rank)
+        want[f"distributed replicate from {source}"] = held
+    want["distributed, no placements"] = own(0)  # replicated from the first rank
+    want["from_local replicas, run_check=False"] = own(rank)
+    want["from_local replicas, run_check=True"] = own(0)  # broadcast from the first rank
+    want["from_local uneven, whole"] = whole
+    want["from_local uneven, shape"] = list(shape)
+    want["forward_dtype"] = ["torch.float32", whole.float()]
+    want["backward_dtype=None"] = ["torch.float64", grad]
+    rounded = grad.to(torch.bfloat16).to(torch.float64)
+    want["backward_dtype=torch.bfloat16"] = ["torch.float64", rounded]
+    want["async_op"] = whole
+    # Unhinted, a rank's own gradient is taken for the replica it is said to be (for a
+    # sharded leaf, its shard of it); hinted partial, the ranks' gradients are summed.
+    want["to_local grad_placements=False"] = grad + rank
+    want["to_local grad_placements=True"] = summed
+    want["full_tensor grad_placements=False"] = torch.cat([chunk(grad + r, r) for r in range(size)])
+    want["full_tensor grad_placements=True"] = summed
+    return want
+
+
+def test_dtensor_keyword_forms_do_what_they_document(world, prove):
+    # Whose data distribute_tensor's src_data_rank takes, what from_local's run_check,
+    # shape and stride do, redistribute's dtypes and async_op, and the gradient placements
+    # to_local and full_tensor are hinted: each against its docstring, computed here.
+    def check(case: tuple[int, tuple[int, int]]) -> None:
+        seed, shape = case
+        for rank, got in enumerate(world.run(dtensor_jobs.api_forms, seed, shape)):
+            for name, want in _api_forms(seed, shape, world.size, rank).items():
+                said = f"{name}, a float64 {shape} on a mesh of {world.size}, rank {rank}"
+                held = got[name]
+                if isinstance(want, list) and len(want) == 2 and isinstance(want[1], torch.Tensor):
+                    assert held[0] == want[0], f"{said}: dtype {held[0]}, documented {want[0]}"
+                    held, want = held[1], want[1]
+                if isinstance(want, torch.Tensor):
+                    torch.testing.assert_close(held, want, rtol=0, atol=0,
+                                               msg=lambda m, said=said: f"{said}: {m}")  # fmt: skip
+                else:
+                    assert held == want, f"{said}: {held}, documented {want}"
+
+    shapes = st.tuples(st.integers(0, 2 * world.size + 1), st.integers(1, 3))
+    prove(st.tuples(st.integers(0, 2**16), shapes), check,
+          examples=[(0, (2 * world.size + 1, 2)), (1, (1, 1))])  # fmt: skip
 
 
 @known_torch_issue(
