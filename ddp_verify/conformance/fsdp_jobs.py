@@ -5,7 +5,8 @@ of a world and returns plain values the test judges against a closed form."""
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -411,3 +412,139 @@ def fully_shard_groups_a_forward_skips(
         "output": out.detach().double().cpu()[0].tolist(),
         "grads": [None if g is None else g.full_tensor().cpu().tolist() for g in (weight, bias)],
     }
+
+
+# The containers a module's grad-requiring inputs arrive in (FSDP2 finds them there to hook
+# its post-backward, and must hand each back where it was).
+CONTAINERS = ("dict", "list", "tuple", "namedtuple", "dataclass")
+
+
+class _Pair(NamedTuple):
+    b: torch.Tensor
+    c: torch.Tensor
+
+
+@dataclasses.dataclass
+class _Held:
+    b: torch.Tensor
+    c: torch.Tensor
+
+
+def _pack(kind: str, b: torch.Tensor, c: torch.Tensor) -> Any:
+    if kind == "dict":
+        return {"c": [c], "b": b}
+    if kind == "list":
+        return [b, [c]]
+    if kind == "tuple":
+        return (b, (c,))
+    return _Pair(b, c) if kind == "namedtuple" else _Held(b, c)
+
+
+def _unpack(kind: str, rest: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    if kind == "dict":
+        return rest["b"], rest["c"][0]
+    if kind in ("list", "tuple"):
+        return rest[0], rest[1][0]
+    return rest.b, rest.c
+
+
+class _TakesNested(torch.nn.Module):
+    """``forward(a, rest, *, d)``, ``rest`` holding ``b`` and ``c`` in a container of
+    ``kind``: ``inner(a) + 2 inner(b) + 3 c + 4 d``, each input weighted apart (two handed
+    back in each other's place give another output and other gradients)."""
+
+    def __init__(self, width: int, kind: str) -> None:
+        super().__init__()
+        self.kind = kind
+        self.inner = _numbered_linear(width, width, 0.5)
+
+    def forward(self, a: torch.Tensor, rest: Any, *, d: torch.Tensor) -> torch.Tensor:
+        b, c = _unpack(self.kind, rest)
+        return self.inner(a) + 2 * self.inner(b) + 3 * c + 4 * d
+
+
+class NestedInputs(torch.nn.Module):
+    """Four numbered projections of the input (a stem the root holds), handed to a
+    :class:`_TakesNested` block as ``block(a, <b and c in a container>, d=d)``: every input
+    of the block requires grad. Float64, on the rank's device (the CPU outside a world)."""
+
+    def __init__(self, width: int, kind: str) -> None:
+        super().__init__()
+        self.kind = kind
+        self.stem = torch.nn.ModuleList(
+            [_numbered_linear(width, width, first) for first in (1.5, -2.5, 3.5, -4.5)]
+        )
+        self.block = _TakesNested(width, kind)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a, b, c, d = (layer(x) for layer in self.stem)
+        return self.block(a, _pack(self.kind, b, c), d=d)
+
+
+def fully_shard_nested_inputs(inputs: list[list[float]], kind: str) -> dict[str, Any]:
+    """:class:`NestedInputs` with its block ``fully_shard``-ed, then the root, over the world;
+    rank r's loss the sum of ``model(inputs[r])``. Rank r's output, and every parameter's
+    full gradient by name."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    device = rank_device()
+    model = NestedInputs(len(inputs[0]), kind)
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    fully_shard(model.block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    x = torch.tensor([inputs[dist.get_rank()]], dtype=torch.float64, device=device)
+    out = model(x)
+    out.sum().backward()
+    return {
+        "output": out.detach().cpu()[0].tolist(),
+        "grads": {n: p.grad.full_tensor().cpu().tolist() for n, p in model.named_parameters()},
+    }
+
+
+class _TakesDeep(torch.nn.Module):
+    """``forward(a, rest)``: ``inner(a) + 2 b``, ``b`` the first tensor of the nested lists
+    ``rest`` (each list's first element the next)."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.inner = _numbered_linear(width, width, 0.5)
+
+    def forward(self, a: torch.Tensor, rest: Any) -> torch.Tensor:
+        while isinstance(rest, list):
+            rest = rest[0]
+        return self.inner(a) + 2 * rest
+
+
+def fully_shard_deep_inputs(levels: int) -> dict[str, str | None]:
+    """A ``fully_shard``-ed :class:`_TakesDeep` handed a grad-requiring tensor inside
+    ``levels`` nested lists, and one inside a list that holds itself: what each raised
+    (``None`` where it ran, with its gradient the closed form's)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    device = rank_device()
+    block = _TakesDeep(2)
+    fully_shard(block, mesh=init_device_mesh(device.type, (dist.get_world_size(),)))
+    said: dict[str, str | None] = {}
+    for name in ("nested", "circular"):
+        a = torch.ones(1, 2, dtype=torch.float64, device=device, requires_grad=True)
+        b = torch.ones(1, 2, dtype=torch.float64, device=device, requires_grad=True)
+        rest: Any = b
+        if name == "nested":
+            for _ in range(levels):
+                rest = [rest]
+        else:
+            rest = [b]
+            rest.append(rest)
+        try:
+            block(a, rest).sum().backward()
+        except RuntimeError as exc:
+            said[name] = str(exc).splitlines()[0]
+        else:
+            said[name] = (
+                None
+                if b.grad is not None and b.grad.tolist() == [[2.0, 2.0]]
+                else (f"b's gradient {None if b.grad is None else b.grad.tolist()}, not 2s")
+            )
+    return said

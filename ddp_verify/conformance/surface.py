@@ -1030,7 +1030,11 @@ ENTRIES: tuple[Entry, ...] = (
        "test_fsdp::test_a_state_dict_taken_while_unsharded_holds_the_shards",
        "test_fsdp::test_a_model_holding_an_empty_parameter_trains_and_resumes",
        "test_fsdp::test_groups_a_forward_skips_finish_innermost_first_and_train",
-       why="a module (one holding a frozen parameter with no elements too), a list of "
+       "test_fsdp::test_a_module_taking_nested_inputs_gets_each_back_in_its_place",
+       "test_fsdp::test_inputs_nested_within_the_traversal_limit_are_taken_and_a_cycle_refused",
+       why="a module (one taking its inputs nested in dicts, lists, tuples, NamedTuples, "
+           "dataclasses, deep or in a cycle, refused; one holding a frozen parameter with no "
+           "elements too), a list of "
            "modules (one group; refused as the root; nested groups whose forward skips a "
            "member, torch 2.13+), on the world's "
            "device or on the meta device then materialised (to_empty); nested, each module "

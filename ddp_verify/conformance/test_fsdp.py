@@ -674,6 +674,65 @@ def test_groups_a_forward_skips_finish_innermost_first_and_train(world, fsdp, pr
     )
 
 
+def test_a_module_taking_nested_inputs_gets_each_back_in_its_place(world, fsdp, prove):
+    # FSDP2 finds a module's grad-requiring inputs in its args and kwargs (dicts, lists,
+    # tuples, NamedTuples, dataclasses) to hook its post-backward, and hands each back where
+    # it was: the output and every gradient as the same model computes without FSDP, on one
+    # process, the loss the mean of every rank's.
+    size = world.size
+
+    def check(case: tuple[list[list[float]], str]) -> None:
+        inputs, kind = case
+        said = f"a block taking inputs in a {kind} ({size} ranks, inputs {inputs})"
+        plain = fsdp_jobs.NestedInputs(len(inputs[0]), kind)
+        outputs = [plain(torch.tensor([row], dtype=torch.float64)) for row in inputs]
+        (sum(o.sum() for o in outputs) / size).backward()
+        want = {n: p.grad.tolist() for n, p in plain.named_parameters()}
+        for rank, got in enumerate(world.run(fsdp_jobs.fully_shard_nested_inputs, inputs, kind)):
+            torch.testing.assert_close(
+                torch.tensor(got["output"], dtype=torch.float64), outputs[rank].detach()[0],
+                rtol=1e-12, atol=1e-12,
+                msg=lambda m, rank=rank: f"{said}: rank {rank}'s output: {m}",
+            )  # fmt: skip
+            for name, grad in want.items():
+                torch.testing.assert_close(
+                    torch.tensor(got["grads"][name], dtype=torch.float64),
+                    torch.tensor(grad, dtype=torch.float64), rtol=1e-12, atol=1e-12,
+                    msg=lambda m, name=name: f"{said}: the gradient of {name}: {m}",
+                )  # fmt: skip
+
+    rows = st.integers(1, 3).flatmap(
+        lambda width: st.lists(
+            st.lists(st.integers(-8, 8).map(float), min_size=width, max_size=width),
+            min_size=size, max_size=size,
+        )
+    )  # fmt: skip
+    ones = [[1.0 + r, -2.0] for r in range(size)]
+    prove(st.tuples(rows, st.sampled_from(fsdp_jobs.CONTAINERS)), check,
+          examples=[(ones, kind) for kind in fsdp_jobs.CONTAINERS])  # fmt: skip
+
+
+def test_inputs_nested_within_the_traversal_limit_are_taken_and_a_cycle_refused(world):
+    # FSDP2 walks a module's inputs to a depth limit (_MAX_TRAVERSE_DEPTH, its guard against
+    # a structure that holds itself): an input nested half as deep is taken, its gradient
+    # reaching it; one inside a list that holds itself is refused with that limit's error,
+    # not a RecursionError or a hang.
+    from torch.distributed.fsdp import _common_utils
+
+    limit = getattr(_common_utils, "_MAX_TRAVERSE_DEPTH", None)
+    if limit is None:
+        pytest.skip(f"torch {torch.__version__}'s fully_shard walks its inputs without a limit")
+    for rank, said in enumerate(world.run(fsdp_jobs.fully_shard_deep_inputs, limit // 2)):
+        assert said["nested"] is None, (
+            f"rank {rank}: an input nested {limit // 2} lists deep (the limit {limit}): "
+            f"{said['nested']}"
+        )
+        assert said["circular"] is not None and "exceeded max depth" in said["circular"], (
+            f"rank {rank}: an input in a list holding itself: {said['circular']!r}, not the "
+            "depth limit's refusal"
+        )
+
+
 def test_post_accumulate_grad_hooks_run_in_order_on_the_reduced_gradient(world, fsdp, prove):
     # A sharded parameter's post-accumulate-grad hooks run as autograd runs a plain leaf's
     # (the autograd notes' "Backward Hooks execution": once, after the gradient is final, in

@@ -18,6 +18,7 @@ _DRAWS = (
 _C10D = "torch.distributed.distributed_c10d"
 _AVERAGING = "torch.distributed.algorithms.model_averaging."
 _DCP = "torch.distributed.checkpoint."
+_DEPTH_IGNORED = "argument _depth ignored for its default 0"
 _DCP_LOG = (
     "a key of ckpt_kwargs, which only _dcp_method_logger reads, to build the log record "
     "(_get_msg_dict); the wrapped step is called with its own arguments: the same "
@@ -838,6 +839,30 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
             "the error names could change)"
         )
         for what in ("params", "buffers", "modules")
+    },
+    **{
+        ("torch.distributed.fsdp._common_utils", fn, "comparison",
+         "_depth >= _MAX_TRAVERSE_DEPTH -> _depth > _MAX_TRAVERSE_DEPTH"): (
+            "the traversal limit (a private constant, its guard against a structure holding "
+            "itself) one level deeper: a cycle is refused all the same, a level later; only "
+            "an input nested exactly to the limit, which the limit reads as a likely cycle, "
+            "is taken"
+        )
+        for fn in ("_collect_grad_tensors", "_replace_grad_tensors")
+    },
+    **{
+        ("torch.distributed.fsdp._common_utils", "_replace_grad_tensors", op, change): (
+            "replace_grad_tensors runs only on the structure collect_grad_tensors has just "
+            "walked, by the same branches to the same depth (FSDP2's post-backward hook): "
+            "collect refuses a structure past the limit first, so replace's own depth check "
+            "never fires and its depth counts nothing else"
+        )
+        for op, change in (
+            ("ignored-argument", f"{_DEPTH_IGNORED} at `if _depth >= _MAX_TRAVERSE_DEPTH:`"),
+            ("ignored-argument", f"{_DEPTH_IGNORED} at `new_item = _replace_grad_tensors(item, "
+             "tensor_iter, _depth + 1)`"),
+            ("arithmetic", "_depth + 1 -> _depth - 1"),
+        )
     },
     ("torch.distributed._composable.contract", "generate_state_key", "ignored-argument",
      "argument string ignored for its default '__composable_api_state_key'"): (
