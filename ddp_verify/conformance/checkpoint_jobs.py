@@ -253,12 +253,18 @@ def _as_loaded(state: dict[str, Any], entries: list[Entry], nested: bool) -> dic
     return got
 
 
-def refusals() -> dict[str, str | None]:
+def refusals() -> dict[str, Any]:
     """Each load or save ``torch.distributed.checkpoint`` documents as refused, on every rank:
-    its error (the last line of the ranks' tracebacks it gathers), or None where accepted;
-    and whether a partial load left the key the checkpoint lacks alone."""
+    its error (the last line of the ranks' tracebacks it gathers), or None where accepted; the
+    ranks a ``CheckpointException`` names where the storage fails on the last rank alone, at
+    the write and at the read; and whether a partial load left the key the checkpoint lacks
+    alone."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemWriter
+    from torch.distributed.checkpoint import (
+        DefaultLoadPlanner,
+        FileSystemReader,
+        FileSystemWriter,
+    )
     from torch.distributed.checkpoint.api import CheckpointException
 
     with shared_directory() as directory:
@@ -280,6 +286,36 @@ def refusals() -> dict[str, str | None]:
                 attempt()
             except CheckpointException as exc:
                 said[name] = str(exc).strip().splitlines()[-1]
+            else:
+                said[name] = None
+        # A storage that fails on the last rank alone (a full disk, a lost mount): every
+        # rank is told, with that rank named, at the write and at the read.
+        last = dist.get_world_size() - 1
+
+        class FailingWriter(FileSystemWriter):
+            def write_data(self, plan: Any, planner: Any) -> Any:
+                if dist.get_rank() == last:
+                    raise OSError("no space left on the device (a stand-in)")
+                return super().write_data(plan, planner)
+
+        class FailingReader(FileSystemReader):
+            def read_data(self, plan: Any, planner: Any) -> Any:
+                if dist.get_rank() == last:
+                    raise OSError("the mount went away (a stand-in)")
+                return super().read_data(plan, planner)
+
+        for name, attempt in {
+            "a write failing on the last rank": lambda: dcp.save(
+                {"w": torch.ones(3)}, storage_writer=FailingWriter(f"{directory}/failing")
+            ),
+            "a read failing on the last rank": lambda: dcp.load(
+                {"w": torch.zeros(3)}, storage_reader=FailingReader(directory)
+            ),
+        }.items():
+            try:
+                attempt()
+            except CheckpointException as exc:
+                said[name] = sorted(exc.failures)
             else:
                 said[name] = None
         partial = {"w": torch.zeros(3), "extra": torch.full((2,), 7.0)}

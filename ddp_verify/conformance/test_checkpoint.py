@@ -143,7 +143,20 @@ def _check(world: Any, case: dict[str, Any]) -> None:
 
 def test_a_checkpoint_loads_back_what_every_rank_saved(world, prove):
     _skip_across_nodes(world)
-    prove(cases(world.size), lambda case: _check(world, case))
+    # Never left to chance: several items in one file per rank read back through a stream
+    # extension, which reads each item's view of the file to its end (a view that let it
+    # read on would hand it the next item's bytes).
+    entries = [("w0", "dtensor", (world.size + 1, 2), "float64", "shard0", "replicate"),
+               ("w1", "tensor", (3,), "int64", "-", "-")]  # fmt: skip
+    streamed = {"seed": 5, "entries": entries, "nested": False, "with_extras": True,
+                "writer": {"single_file_per_rank": True, "thread_count": 1, "sync_files": False},
+                "saved_by_one_process": False, "asynchronously": False, "save": {},
+                "reshardable": True, "twice": False,
+                "save_planner": {"flatten_state_dict": True, "dedup_save_to_lowest_rank": False},
+                "load_planner": {"flatten_state_dict": True, "flatten_sharded_tensors": True,
+                                 "allow_partial_load": False},
+                "extensions": ["xor5a"] if _streams() else []}  # fmt: skip
+    prove(cases(world.size), lambda case: _check(world, case), examples=[streamed])
 
 
 @known_torch_issue(
@@ -313,6 +326,13 @@ def test_the_loads_and_saves_torch_refuses_are_refused_on_every_rank(world):
             assert said[name].startswith(start), (
                 f"{name}: rank {rank} said {said[name]!r}, expected {start!r}"
             )
+        for step in ("write", "read"):
+            name = f"a {step} failing on the last rank"
+            assert said[name] == [world.size - 1], (
+                f"{name} (its storage raising there alone): rank {rank} "
+                + ("returned as if the checkpoint were whole" if said[name] is None
+                   else f"was told of ranks {said[name]}, not rank {world.size - 1}")
+            )  # fmt: skip
         assert said["partial load"] == ([1.0, 1.0, 1.0], [7.0, 7.0]), (
             f"a partial load on rank {rank} left {said['partial load']}: the saved key "
             "loaded, the one the checkpoint lacks as it was"

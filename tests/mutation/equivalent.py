@@ -864,6 +864,33 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
             ("arithmetic", "_depth + 1 -> _depth - 1"),
         )
     },
+    **{
+        (_DCP + "utils", "_ReaderView.readinto", op, change): (
+            "readinto is called only by torch.load's buffer reader, which learns the view's "
+            "size from the view's own end and reads only within it (so the bound never cuts "
+            "a buffer: equal sizes cut to the same), and which takes a readinto that returns "
+            "0 for a short read and reads the same bytes through read(n) instead"
+        )
+        for op, change in (
+            ("comparison", "max_size == 0 -> max_size != 0"),
+            ("comparison", "len(b) > max_size -> len(b) >= max_size"),
+            ("arithmetic", "self.len - self.tell() -> self.len + self.tell()"),
+            ("off-by-one", "0 -> 1"),
+        )
+    },
+    (_DCP + "utils", "_ReaderView.read", "comparison", "size > max_size -> size >= max_size"): (
+        "a read of exactly the bytes left is cut to the bytes left: the same size"
+    ),
+    **{
+        (_DCP + "utils", "_profile", op, change): (
+            "profiling runs only where the module's private ENABLE_PROFILE flag is set (False, "
+            "never set by torch): which rank prints the profile then, nothing a checkpoint holds"
+        )
+        for op, change in (
+            ("comparison", "dist.get_rank() == 0 -> dist.get_rank() != 0"),
+            ("off-by-one", "0 -> 1"),
+        )
+    },
     ("torch.distributed._composable.contract", "generate_state_key", "ignored-argument",
      "argument string ignored for its default '__composable_api_state_key'"): (
         "every caller (contract's STATE_KEY and REGISTRY_KEY, made once at import) passes no "
