@@ -9,6 +9,7 @@ import inspect
 import io
 import shutil
 import tempfile
+import warnings
 from collections.abc import Callable, Iterator
 from typing import IO, Any
 
@@ -318,6 +319,21 @@ def refusals() -> dict[str, Any]:
                 said[name] = sorted(exc.failures)
             else:
                 said[name] = None
+        # Saved and loaded by this rank alone (no_dist), in a directory of its own: torch
+        # warns that it assumes a single process (a run that forgot its process group would
+        # otherwise write one whole checkpoint per rank, silently).
+        alone = f"{directory}/alone{dist.get_rank()}"
+        for step, attempt in (
+            ("save", lambda: dcp.save({"w": torch.ones(2)}, checkpoint_id=alone, no_dist=True)),
+            ("load", lambda: dcp.load({"w": torch.zeros(2)}, checkpoint_id=alone, no_dist=True)),
+        ):
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                attempt()
+            said[f"{step} in one process warned"] = any(
+                f"assuming the intent is to {step} in a single process" in str(w.message)
+                for w in caught
+            )
         partial = {"w": torch.zeros(3), "extra": torch.full((2,), 7.0)}
         dcp.load(
             partial, checkpoint_id=directory, planner=DefaultLoadPlanner(allow_partial_load=True)

@@ -333,6 +333,11 @@ def test_the_loads_and_saves_torch_refuses_are_refused_on_every_rank(world):
                 + ("returned as if the checkpoint were whole" if said[name] is None
                    else f"was told of ranks {said[name]}, not rank {world.size - 1}")
             )  # fmt: skip
+        for step in ("save", "load"):
+            assert said[f"{step} in one process warned"], (
+                f"a {step} with no_dist=True on rank {rank}: no warning that it assumes a "
+                "single process"
+            )
         assert said["partial load"] == ([1.0, 1.0, 1.0], [7.0, 7.0]), (
             f"a partial load on rank {rank} left {said['partial load']}: the saved key "
             "loaded, the one the checkpoint lacks as it was"
