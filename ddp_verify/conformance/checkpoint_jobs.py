@@ -322,10 +322,13 @@ def refusals() -> dict[str, Any]:
         # Saved and loaded by this rank alone (no_dist), in a directory of its own: torch
         # warns that it assumes a single process (a run that forgot its process group would
         # otherwise write one whole checkpoint per rank, silently).
-        alone = f"{directory}/alone{dist.get_rank()}"
+        # Each rank's of its own length: a load that coordinated the ranks would plan every
+        # rank's read from one rank's checkpoint.
+        alone, mine = f"{directory}/alone{dist.get_rank()}", 2 + dist.get_rank()
+        into = {"w": torch.zeros(mine)}
         for step, attempt in (
-            ("save", lambda: dcp.save({"w": torch.ones(2)}, checkpoint_id=alone, no_dist=True)),
-            ("load", lambda: dcp.load({"w": torch.zeros(2)}, checkpoint_id=alone, no_dist=True)),
+            ("save", lambda: dcp.save({"w": torch.ones(mine)}, checkpoint_id=alone, no_dist=True)),
+            ("load", lambda: dcp.load(into, checkpoint_id=alone, no_dist=True)),
         ):
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
@@ -334,6 +337,11 @@ def refusals() -> dict[str, Any]:
                 f"assuming the intent is to {step} in a single process" in str(w.message)
                 for w in caught
             )
+        said["loaded in one process"] = into["w"].tolist()
+        # And by the first rank alone while the others wait: no rank is asked to take part.
+        if dist.get_rank() == 0:
+            dcp.load(into, checkpoint_id=alone, no_dist=True)
+        dist.barrier()
         partial = {"w": torch.zeros(3), "extra": torch.full((2,), 7.0)}
         dcp.load(
             partial, checkpoint_id=directory, planner=DefaultLoadPlanner(allow_partial_load=True)

@@ -338,6 +338,9 @@ def test_the_loads_and_saves_torch_refuses_are_refused_on_every_rank(world):
                 f"a {step} with no_dist=True on rank {rank}: no warning that it assumes a "
                 "single process"
             )
+        assert said["loaded in one process"] == [1.0] * (2 + rank), (
+            f"rank {rank}'s own checkpoint (no_dist=True) loaded as {said['loaded in one process']}"
+        )
         assert said["partial load"] == ([1.0, 1.0, 1.0], [7.0, 7.0]), (
             f"a partial load on rank {rank} left {said['partial load']}: the saved key "
             "loaded, the one the checkpoint lacks as it was"
