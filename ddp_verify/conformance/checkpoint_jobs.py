@@ -424,6 +424,21 @@ def across_world_sizes(seed: int, saved_by: int, loaded_by: int, shape: tuple[in
     return got
 
 
+def saved_alone_without_collectives() -> bool:
+    """The first rank saves with ``use_collectives=False`` (experimental: "without using
+    cross-rank synchronization") while the others wait at a barrier: whether it saved."""
+    import torch.distributed.checkpoint as dcp
+
+    saved = False
+    with shared_directory() as directory:
+        if dist.get_rank() == 0:
+            dcp.save({"w": torch.ones(2)}, checkpoint_id=f"{directory}/solo",
+                     use_collectives=False)  # fmt: skip
+            saved = True
+        dist.barrier()
+    return saved
+
+
 def replicated_writers(sizes: list[int], lowest: bool) -> dict[str, int]:
     """Every rank saves the same plain tensors (replicated: ``w{i}`` of ``sizes[i]`` float64
     elements) with a ``DefaultSavePlanner(dedup_save_to_lowest_rank=lowest)``; what each

@@ -347,6 +347,27 @@ def test_the_loads_and_saves_torch_refuses_are_refused_on_every_rank(world):
         )
 
 
+@known_torch_issue(
+    "dcp.save(use_collectives=False) (experimental), documented to save 'without using "
+    "cross-rank synchronization', ends with a barrier over its group: a rank that saves "
+    "alone waits for the others, or its barrier completes against a collective they make "
+    "next, leaving the program's collectives out of step",
+    raises=RankError,
+    match=r"waited in a collective|can never complete|Connection closed",
+    repro="findings/dcp_save_without_collectives_barrier.py",
+)
+def test_a_rank_saves_alone_without_collectives(world):
+    _skip_across_nodes(world)
+    import torch.distributed.checkpoint as dcp
+
+    if world.size < 2:
+        pytest.skip("a rank saving alone needs others that do not")
+    if not _has(dcp.save, "use_collectives"):
+        pytest.skip(f"torch {torch.__version__}'s dcp.save has no use_collectives")
+    saved = world.run(checkpoint_jobs.saved_alone_without_collectives)
+    assert saved == [True] + [False] * (world.size - 1), saved
+
+
 def test_a_save_plan_that_spoils_a_tensor_is_refused(world):
     # A planner of one's own (or a regression in the default one) that leaves part of a
     # sharded tensor unwritten, writes two shards over each other or one beyond the tensor
