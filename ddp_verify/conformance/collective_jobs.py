@@ -511,6 +511,13 @@ def device_mesh_views(shape: tuple[int, ...], names: tuple[str, ...]) -> dict[st
     }
     if len(names) < 2:
         del refused["dimensions out of order"]
+    wide = [name for name, n in zip(names, shape, strict=True) if n > 1]
+    if len(wide) >= 2 and hasattr(mesh, "_flatten"):
+        # A dimension flattened from two, sliced beside one of those two: the same ranks
+        # twice over.
+        joined = "_".join(wide[:2]) + "_again"
+        mesh[tuple(wide[:2])]._flatten(joined)
+        refused["a flattened dimension beside one of its own"] = lambda: mesh[(joined, wide[1])]
     out["refused"] = refusals(refused, (RuntimeError, ValueError, KeyError))
     return out
 
