@@ -891,6 +891,29 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
             ("off-by-one", "0 -> 1"),
         )
     },
+    **{
+        ("torch.distributed._mesh_layout", "_FlatLayout.__init__", op, change): (
+            "a layout of one element (pycute's coalesce gives every such layout shape 1, "
+            "stride 0, so the 0-dimensional form is taken for all of them or for none) is "
+            "kept as shape (1,), stride (0,) instead of (): one element at offset 0 either "
+            "way, the same numel, the same rank listed, the same pycute map, alike for every "
+            "layout made (so equal ones still compare equal); the suite's meshes of every "
+            "shape, size-1 dimensions included, see no difference"
+        )
+        for op, change in (
+            ("comparison", "flat_shape == (1,) -> flat_shape != (1,)"),
+            ("comparison", "flat_stride == (0,) -> flat_stride != (0,)"),
+            ("off-by-one", "1 -> 2"),
+            ("off-by-one", "0 -> 1"),
+        )
+    },
+    ("torch.distributed._mesh_layout", "_MeshLayout.to_pycute", "off-by-one", "0 -> 1"): (
+        "a one-axis mesh layout's pycute form taken as one element: it feeds only cosize, "
+        "which only guards against a rank map smaller than the layout (DeviceMesh's private "
+        "_rank_map, remap_to_tensor's root map); the public constructors hand the root "
+        "mesh's map, which every layout sliced from it fits, so a smaller cosize lets "
+        "nothing through that arrives"
+    ),
     ("torch.distributed._composable.contract", "generate_state_key", "ignored-argument",
      "argument string ignored for its default '__composable_api_state_key'"): (
         "every caller (contract's STATE_KEY and REGISTRY_KEY, made once at import) passes no "
