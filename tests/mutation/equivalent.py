@@ -914,6 +914,11 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "mesh's map, which every layout sliced from it fits, so a smaller cosize lets "
         "nothing through that arrives"
     ),
+    ("torch.distributed._local_tensor", "local_tensor_mode", "off-by-one", "0 -> 1"): (
+        "LocalTensorMode (private: every rank simulated in one process, for torch's own tests) "
+        "is entered by no training; its stack is empty there, and 'more than 0' and 'more "
+        "than 1' agree on an empty stack: None either way"
+    ),
     ("torch.distributed._composable.contract", "generate_state_key", "ignored-argument",
      "argument string ignored for its default '__composable_api_state_key'"): (
         "every caller (contract's STATE_KEY and REGISTRY_KEY, made once at import) passes no "
