@@ -548,3 +548,46 @@ def fully_shard_deep_inputs(levels: int) -> dict[str, str | None]:
                 else (f"b's gradient {None if b.grad is None else b.grad.tolist()}, not 2s")
             )
     return said
+
+
+def numbered_mlp(width: int) -> torch.nn.Sequential:
+    """Two numbered float64 ``Linear(width, width)`` layers with a tanh between (the rank's
+    device; the CPU outside a world)."""
+    return torch.nn.Sequential(
+        _numbered_linear(width, width, 0.25), torch.nn.Tanh(), _numbered_linear(width, width, -0.5)
+    )
+
+
+def optimizer_kwargs(name: str) -> tuple[type[torch.optim.Optimizer], dict[str, Any]]:
+    """The optimizer ``name`` ("sgd" with momentum, "adam", "adamw") and its settings, on
+    neither path (the caller adds ``foreach``)."""
+    return {
+        "sgd": (torch.optim.SGD, {"lr": 0.05, "momentum": 0.9, "weight_decay": 0.01}),
+        "adam": (torch.optim.Adam, {"lr": 0.01, "weight_decay": 0.01}),
+        "adamw": (torch.optim.AdamW, {"lr": 0.01, "weight_decay": 0.1}),
+    }[name]
+
+
+def fully_shard_foreach_steps(inputs: list[list[list[float]]], name: str) -> list[Any]:
+    """:func:`numbered_mlp` ``fully_shard``-ed per layer and as the root over the world, its
+    optimizer ``name`` on the foreach path (``foreach=True``: the multi-tensor kernels over
+    DTensor shards, the path GPUs default to), one step per batch of ``inputs[step][rank]``
+    rows (the loss their mean squared output). Every parameter's full value after the
+    steps."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    device = rank_device()
+    model = numbered_mlp(len(inputs[0][0][0]))
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    for layer in (model[0], model[2]):
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    cls, kwargs = optimizer_kwargs(name)
+    optimizer = cls(model.parameters(), foreach=True, **kwargs)
+    for batch in inputs:
+        x = torch.tensor(batch[dist.get_rank()], dtype=torch.float64, device=device)
+        model(x).pow(2).mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    return [p.full_tensor().cpu().tolist() for p in model.parameters()]

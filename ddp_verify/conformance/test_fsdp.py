@@ -733,6 +733,48 @@ def test_inputs_nested_within_the_traversal_limit_are_taken_and_a_cycle_refused(
         )
 
 
+def test_an_optimizer_on_its_foreach_path_steps_sharded_parameters_as_whole_ones(
+    world, fsdp, prove
+):
+    # The foreach path (multi-tensor kernels; what GPUs default to) runs DTensor's foreach
+    # strategies over the shards: the parameters after each step are what the same optimizer
+    # on its for-loop path gives the whole model on one process, the loss the mean of every
+    # rank's equal batches.
+    size = world.size
+
+    def check(case: tuple[list[list[list[float]]], str]) -> None:
+        inputs, name = case
+        plain = fsdp_jobs.numbered_mlp(len(inputs[0][0][0]))
+        cls, kwargs = fsdp_jobs.optimizer_kwargs(name)
+        optimizer = cls(plain.parameters(), foreach=False, **kwargs)
+        for batch in inputs:
+            whole = torch.tensor([row for rows in batch for row in rows], dtype=torch.float64)
+            plain(whole).pow(2).mean().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        said = f"{name}(foreach=True) over fully_shard, {size} ranks, {len(inputs)} steps"
+        for rank, got in enumerate(world.run(fsdp_jobs.fully_shard_foreach_steps, inputs, name)):
+            for index, (held, param) in enumerate(zip(got, plain.parameters(), strict=True)):
+                torch.testing.assert_close(
+                    torch.tensor(held, dtype=torch.float64), param.detach(), rtol=1e-10,
+                    atol=1e-12, msg=lambda m, i=index, r=rank: f"{said}: parameter {i} on "
+                    f"rank {r}: {m}",
+                )  # fmt: skip
+
+    def batches(width: int) -> st.SearchStrategy[list[list[list[float]]]]:
+        row = st.lists(st.integers(-4, 4).map(float), min_size=width, max_size=width)
+        rank_rows = st.lists(row, min_size=2, max_size=2)
+        return st.lists(st.lists(rank_rows, min_size=size, max_size=size), min_size=1,
+                        max_size=3)  # fmt: skip
+
+    steps = [[[[1.0, -2.0], [0.5 + r, 3.0]] for r in range(size)]] * 2
+    prove(
+        st.tuples(st.integers(1, 3).flatmap(batches), st.sampled_from(["sgd", "adam", "adamw"])),
+        check,
+        examples=[(steps, name) for name in ("sgd", "adam", "adamw")],
+    )
+
+
 def test_post_accumulate_grad_hooks_run_in_order_on_the_reduced_gradient(world, fsdp, prove):
     # A sharded parameter's post-accumulate-grad hooks run as autograd runs a plain leaf's
     # (the autograd notes' "Backward Hooks execution": once, after the gradient is final, in
