@@ -568,7 +568,7 @@ def optimizer_kwargs(name: str) -> tuple[type[torch.optim.Optimizer], dict[str, 
     }[name]
 
 
-def fully_shard_foreach_steps(inputs: list[list[list[float]]], name: str) -> list[Any]:
+def fully_shard_foreach_steps(inputs: list[list[list[list[float]]]], name: str) -> list[Any]:
     """:func:`numbered_mlp` ``fully_shard``-ed per layer and as the root over the world, its
     optimizer ``name`` on the foreach path (``foreach=True``: the multi-tensor kernels over
     DTensor shards, the path GPUs default to), one step per batch of ``inputs[step][rank]``

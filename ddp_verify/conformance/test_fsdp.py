@@ -742,7 +742,7 @@ def test_an_optimizer_on_its_foreach_path_steps_sharded_parameters_as_whole_ones
     # rank's equal batches.
     size = world.size
 
-    def check(case: tuple[list[list[list[float]]], str]) -> None:
+    def check(case: tuple[list[list[list[list[float]]]], str]) -> None:
         inputs, name = case
         plain = fsdp_jobs.numbered_mlp(len(inputs[0][0][0]))
         cls, kwargs = fsdp_jobs.optimizer_kwargs(name)
@@ -761,7 +761,7 @@ def test_an_optimizer_on_its_foreach_path_steps_sharded_parameters_as_whole_ones
                     f"rank {r}: {m}",
                 )  # fmt: skip
 
-    def batches(width: int) -> st.SearchStrategy[list[list[list[float]]]]:
+    def batches(width: int) -> st.SearchStrategy[list[list[list[list[float]]]]]:
         row = st.lists(st.integers(-4, 4).map(float), min_size=width, max_size=width)
         rank_rows = st.lists(row, min_size=2, max_size=2)
         return st.lists(st.lists(rank_rows, min_size=size, max_size=size), min_size=1,
