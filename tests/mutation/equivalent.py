@@ -919,6 +919,32 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "is entered by no training; its stack is empty there, and 'more than 0' and 'more "
         "than 1' agree on an empty stack: None either way"
     ),
+    **{
+        (_DCP + "logger", fn, op, change): (
+            "a key or value of the record _dcp_method_logger logs (debug, or error on an "
+            "exception): the wrapped step runs with its own arguments, and its result is "
+            "returned, or its exception raised, as it was"
+        )
+        for fn, op, change in (
+            ("_msg_dict_from_dcp_method_args", "dictionary-key",
+             "msg_dict['checkpoint_id'] -> msg_dict['planner']"),
+            ("_msg_dict_from_dcp_method_args", "dictionary-key",
+             "msg_dict['uuid'] -> msg_dict['checkpoint_id']"),
+            ("_dcp_method_logger", "dictionary-key", "msg_dict['event'] -> msg_dict['error']"),
+            ("_dcp_method_logger", "dictionary-key", "msg_dict['time'] -> msg_dict['error']"),
+            ("_dcp_method_logger", "dictionary-key",
+             "msg_dict['log_exceptions'] -> msg_dict['error']"),
+            ("_dcp_method_logger", "dictionary-key",
+             "msg_dict['times_spent'] -> msg_dict['error']"),
+            ("_dcp_method_logger", "ignored-argument",
+             "argument log_exceptions ignored for its default False"),
+            ("_dcp_method_logger", "arithmetic", "t1 - t0 -> t1 + t0"),
+        )
+    },
+    ("torch.distributed.c10d_logger", "_get_msg_dict", "world-divisor",
+     "dist.get_world_size(group) -> dist.get_world_size()"): (
+        "the group size written into a log record: what the logged call does is untouched"
+    ),
     ("torch.distributed._composable.contract", "generate_state_key", "ignored-argument",
      "argument string ignored for its default '__composable_api_state_key'"): (
         "every caller (contract's STATE_KEY and REGISTRY_KEY, made once at import) passes no "
