@@ -1112,6 +1112,33 @@ def join_buffer_sources(batches: list[int]) -> tuple[list[list[float]], list[lis
     return starts, after
 
 
+def join_throwing(batches: list[int]) -> dict[str, Any]:
+    """DDP over a ``Linear(2, 1)`` under ``Join([model], throw_on_early_termination=True)``,
+    rank r stepping through ``batches[r]`` batches: how many steps it finished and what it
+    raised (its type and first line), or None."""
+    from torch.distributed.algorithms.join import Join
+    from torch.nn.parallel import DistributedDataParallel
+
+    rank, device = dist.get_rank(), rank_device()
+    torch.manual_seed(0)
+    wrapped = DistributedDataParallel(
+        torch.nn.Linear(2, 1).to(device),
+        device_ids=[device.index] if device.type == "cuda" else None,
+    )
+    optimizer = torch.optim.SGD(wrapped.parameters(), lr=0.1)
+    done, raised = 0, None
+    try:
+        with Join([wrapped], throw_on_early_termination=True):
+            for _ in range(batches[rank]):
+                optimizer.zero_grad()
+                wrapped(torch.ones(3, 2, device=device)).sum().backward()
+                optimizer.step()
+                done += 1
+    except RuntimeError as exc:
+        raised = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
+    return {"done": done, "raised": raised}
+
+
 class _GradientIsInput(torch.nn.Module):
     """A ``rows x cols`` weight whose gradient is the input: ``loss = (weight * g).sum()``."""
 

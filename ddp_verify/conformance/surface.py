@@ -133,6 +133,7 @@ APIS: dict[str, str] = {
     "torch.amp.GradScaler": "init",
     "torch.distributed.device_mesh.init_device_mesh": "call",
     "torch.distributed.device_mesh.DeviceMesh": "init",
+    "torch.distributed.algorithms.Join": "init",
     "torch.distributed.tensor.distribute_tensor": "call",
     "torch.distributed.tensor.DTensor.from_local": "call",
     "torch.distributed.tensor.DTensor.redistribute": "call",
@@ -812,6 +813,18 @@ ENTRIES: tuple[Entry, ...] = (
        why="nested BatchNorm1d/2d, frozen, in evaluation, with a qconfig; a BatchNorm itself"),
     _e("torch.nn.SyncBatchNorm.convert_sync_batchnorm", "process_group", COVERED, _CONVERT,
        why="None and the world"),
+    # -- Join ---------------------------------------------------------------------------------
+    _e("torch.distributed.algorithms.Join", "joinables", COVERED,
+       "test_join::test_join_with_uneven_batch_counts_follows_the_documented_semantics",
+       "test_join::test_join_with_zero_redundancy_optimizer_follows_the_documented_semantics",
+       why="[model] and [model, ZeroRedundancyOptimizer], divide_by_initial_world_size (a "
+       "keyword it passes on) both ways"),
+    _gap("torch.distributed.algorithms.Join", "enable",
+         "False (the context does nothing) not drawn: the default only"),
+    _e("torch.distributed.algorithms.Join", "throw_on_early_termination", COVERED,
+       "test_join::test_join_throwing_on_early_termination_stops_every_rank_where_the_first_"
+       "runs_out", why="True: every rank raises once one runs out, after the shortest's steps; "
+       "even batches, none; False: the default, in the other properties"),
     # -- DeviceMesh -----------------------------------------------------------------------------
     _e(_INIT_MESH, "device_type", COVERED, _MESH, why="'cpu' (CUDA by the GPU check)"),
     _e(_INIT_MESH, "mesh_shape", COVERED, _MESH,

@@ -73,3 +73,29 @@ def test_join_starts_each_forward_from_the_buffers_of_a_rank_still_training(worl
             f"means {begun}, none of which a rank still training held after the iteration "
             f"before ({held}); each rank's after each iteration: {after}"
         )
+
+
+def test_join_throwing_on_early_termination_stops_every_rank_where_the_first_runs_out(world, prove):
+    # Join(throw_on_early_termination=True): once a rank has run out of batches, every rank
+    # raises a RuntimeError instead of shadowing it, having finished as many steps as the
+    # shortest; with batches even, none raises.
+    from hypothesis import strategies as st
+
+    def check(batches: list[int]) -> None:
+        shortest, uneven = min(batches), len(set(batches)) > 1
+        for rank, got in enumerate(world.run(jobs.join_throwing, batches)):
+            said = f"batches {batches}, rank {rank}"
+            assert got["done"] == shortest, (
+                f"{said}: finished {got['done']} steps, not the shortest rank's {shortest}"
+            )
+            if uneven:
+                assert got["raised"] is not None, f"{said}: no error once a rank ran out"
+            else:
+                assert got["raised"] is None, f"{said}: raised {got['raised']}, inputs even"
+
+    size = world.size
+    prove(
+        st.lists(st.integers(0, 3), min_size=size, max_size=size),
+        check,
+        examples=[[1] * size, [2 + (r % 2) for r in range(size)]],
+    )
