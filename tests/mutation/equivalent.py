@@ -945,6 +945,16 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
      "dist.get_world_size(group) -> dist.get_world_size()"): (
         "the group size written into a log record: what the logged call does is untouched"
     ),
+    ("torch.distributed._pycute.int_tuple", "crd2idx", "arithmetic",
+     "result += crd2idx(crd, shape[0], stride[0]) -> "
+     "result -= crd2idx(crd, shape[0], stride[0])"): (
+        "an integer index into a layout of several modes (the only branch this changes) is "
+        "taken, in DeviceMesh's code, only by Layout.cosize (its last index), and cosize only "
+        "guards against a rank map smaller than the layout (DeviceMesh's private _rank_map, "
+        "remap_to_tensor's root map), which the public constructors never hand it: the "
+        "smaller cosize this makes lets nothing through that arrives (a spy on crd2idx over "
+        "meshes of 1 to 3 dimensions, sliced, flattened and unflattened, saw no other caller)"
+    ),
     ("torch.distributed._composable.contract", "generate_state_key", "ignored-argument",
      "argument string ignored for its default '__composable_api_state_key'"): (
         "every caller (contract's STATE_KEY and REGISTRY_KEY, made once at import) passes no "
