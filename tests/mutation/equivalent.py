@@ -955,6 +955,16 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "smaller cosize this makes lets nothing through that arrives (a spy on crd2idx over "
         "meshes of 1 to 3 dimensions, sliced, flattened and unflattened, saw no other caller)"
     ),
+    **{
+        ("torch.distributed._pycute.int_tuple", "suffix_product", "ignored-argument",
+         f"argument init ignored for its default 1 at `{where}`"): (
+            "init is a tuple only where a caller passes one, and none does: every caller in "
+            "torch (Layout, make_layout, _FlatLayout, _MeshLayout.from_sizes_strides) passes "
+            "no init, and the recursion passes an integer, so is_tuple(init) reads False "
+            "either way"
+        )
+        for where in ('if is_tuple(init):  # tuple tuple', 'if is_tuple(init):  # "int" tuple')
+    },
     ("torch.distributed._composable.contract", "generate_state_key", "ignored-argument",
      "argument string ignored for its default '__composable_api_state_key'"): (
         "every caller (contract's STATE_KEY and REGISTRY_KEY, made once at import) passes no "
