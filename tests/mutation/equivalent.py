@@ -955,6 +955,13 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "smaller cosize this makes lets nothing through that arrives (a spy on crd2idx over "
         "meshes of 1 to 3 dimensions, sliced, flattened and unflattened, saw no other caller)"
     ),
+    ("torch.distributed._pycute.int_tuple", "crd2idx", "comparison",
+     "len(shape) > 0 -> len(shape) >= 0"): (
+        "differs only for a layout whose shape is the empty tuple, which the mesh code never "
+        "makes (a layout of no dimensions is Layout(1, 0): _FlatLayout.to_pycute, "
+        "_MeshLayout.to_pycute), and this integer-over-modes branch is reached only by "
+        "cosize's guard (see crd2idx's subtraction above)"
+    ),
     **{
         ("torch.distributed._pycute.int_tuple", "suffix_product", "ignored-argument",
          f"argument init ignored for its default 1 at `{where}`"): (
