@@ -962,6 +962,18 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "_MeshLayout.to_pycute), and this integer-over-modes branch is reached only by "
         "cosize's guard (see crd2idx's subtraction above)"
     ),
+    ("torch.distributed._pycute.int_tuple", "crd2idx", "reversed-iteration",
+     "for ... in range(len(shape) - 1, 0, -1) -> reversed(list(...))"): (
+        "this integer-over-modes branch is reached only by cosize (see crd2idx's subtraction "
+        "above), whose index is the layout's last, size - 1: unravelled in either order "
+        "every coordinate is its mode's largest, so the index it gives is the same"
+    ),
+    ("torch.distributed._pycute.int_tuple", "crd2idx", "off-by-one",
+     "0 -> 1 at `if len(shape) > 0:`"): (
+        "the leading mode's part left out where the shape has one mode: a smaller index, "
+        "reached only by cosize's guard, which a smaller cosize lets nothing through (see "
+        "crd2idx's subtraction above)"
+    ),
     **{
         ("torch.distributed._pycute.int_tuple", "suffix_product", "ignored-argument",
          f"argument init ignored for its default 1 at `{where}`"): (
