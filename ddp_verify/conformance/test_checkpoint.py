@@ -148,15 +148,21 @@ def test_a_checkpoint_loads_back_what_every_rank_saved(world, prove):
     # read on would hand it the next item's bytes).
     entries = [("w0", "dtensor", (world.size + 1, 2), "float64", "shard0", "replicate"),
                ("w1", "tensor", (3,), "int64", "-", "-")]  # fmt: skip
-    streamed = {"seed": 5, "entries": entries, "nested": False, "with_extras": True,
-                "writer": {"single_file_per_rank": True, "thread_count": 1, "sync_files": False},
-                "saved_by_one_process": False, "asynchronously": False, "save": {},
-                "reshardable": True, "twice": False,
-                "save_planner": {"flatten_state_dict": True, "dedup_save_to_lowest_rank": False},
-                "load_planner": {"flatten_state_dict": True, "flatten_sharded_tensors": True,
-                                 "allow_partial_load": False},
-                "extensions": ["xor5a"] if _streams() else []}  # fmt: skip
+    streamed = _one_file_per_rank(5, entries, ["xor5a"] if _streams() else [])
     prove(cases(world.size), lambda case: _check(world, case), examples=[streamed])
+
+
+def _one_file_per_rank(seed: int, entries: list[Any], extensions: list[str]) -> dict[str, Any]:
+    """A round-trip case with plain values beside ``entries``, one file per rank (every item
+    of a rank in it), through the stream ``extensions``, with the planners' defaults."""
+    return {"seed": seed, "entries": entries, "nested": False, "with_extras": True,
+            "writer": {"single_file_per_rank": True, "thread_count": 1, "sync_files": False},
+            "saved_by_one_process": False, "asynchronously": False, "save": {},
+            "reshardable": True, "twice": False,
+            "save_planner": {"flatten_state_dict": True, "dedup_save_to_lowest_rank": False},
+            "load_planner": {"flatten_state_dict": True, "flatten_sharded_tensors": True,
+                             "allow_partial_load": False},
+            "extensions": extensions}  # fmt: skip
 
 
 @known_torch_issue(
@@ -299,15 +305,7 @@ def test_a_checkpoint_written_through_two_stream_extensions_loads_back(world):
     if not _streams():
         pytest.skip(f"torch {torch.__version__}'s checkpoint files take no stream extensions")
     entry = ("w0", "dtensor", (world.size + 1, 2), "float64", "shard0", "replicate")
-    case = {"seed": 11, "entries": [entry], "nested": False, "with_extras": True,
-            "writer": {"single_file_per_rank": True, "thread_count": 1, "sync_files": False},
-            "saved_by_one_process": False, "asynchronously": False, "save": {},
-            "reshardable": True, "twice": False,
-            "save_planner": {"flatten_state_dict": True, "dedup_save_to_lowest_rank": False},
-            "load_planner": {"flatten_state_dict": True, "flatten_sharded_tensors": True,
-                             "allow_partial_load": False},
-            "extensions": ["add3", "xor5a"]}  # fmt: skip
-    _check(world, case)
+    _check(world, _one_file_per_rank(11, [entry], ["add3", "xor5a"]))
 
 
 # torch's words for each refusal (the last line of the ranks' tracebacks it gathers).
