@@ -975,6 +975,37 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "crd2idx's subtraction above)"
     ),
     **{
+        ("torch.distributed._pycute.layout", "Layout.cosize", op, change): (
+            "a smaller cosize (the last index, or one less than it): cosize only guards "
+            "against a rank map smaller than the layout (DeviceMesh.__init__, "
+            "_MeshLayout.remap_to_tensor), and the public constructors never hand it one (a "
+            "mesh tensor's own flattening is exactly its layout's cosize, a slice gets the "
+            "root's whole map): a weaker guard lets nothing through that arrives (a larger "
+            "cosize, its other mutants, refuses every mesh and is killed)"
+        )
+        for op, change in (
+            ("arithmetic", "self(self.size() - 1) + 1 -> self(self.size() - 1) - 1"),
+            ("off-by-one#2",
+             "1 -> 2 at `return self(self.size() - 1) + 1  # type: ignore[operator]`"),
+        )
+    },
+    ("torch.distributed._pycute.layout", "complement", "comparison",
+     "current_idx <= shape * stride -> current_idx < shape * stride"): (
+        "the bound differs only where a mode's span equals the span of the modes of smaller "
+        "stride before it (current_idx), which only an overlapping layout has: every layout "
+        "complement is given (_FlatLayout.complement) is a mesh's, a slice's or a "
+        "flattening's of one DeviceMesh.__init__ checked orthogonal (check_orthogonal: each "
+        "stride at least the span below it, so current_idx <= stride < shape * stride)"
+    ),
+    ("torch.distributed._pycute.layout", "coalesce", "off-by-one",
+     "0 -> 1 at `result_stride = [0]`"): (
+        "the stride a coalesced layout starts from is replaced by the first mode of more than "
+        "one element, so only a layout of one element keeps it: every such layout becomes "
+        "1:1 instead of 1:0 (and _FlatLayout keeps it as shape (1,), as its declared "
+        "__init__ mutants do), alike for every layout made; one element at offset 0 either "
+        "way, the same numel, cosize, complement and ranks"
+    ),
+    **{
         ("torch.distributed._pycute.int_tuple", "suffix_product", "ignored-argument",
          f"argument init ignored for its default 1 at `{where}`"): (
             "init is a tuple only where a caller passes one, and none does: every caller in "
@@ -998,16 +1029,21 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
 
 
 def why_equivalent(module: str, qualname: str, operator: str, change: str,
-                   where: str = "") -> str | None:  # fmt: skip
+                   where: str = "", nth: int = 0) -> str | None:  # fmt: skip
     """The reason a mutant is declared equivalent, or None. A declaration whose change ends
     in ``at `<line>``` holds for the mutant of that line alone (``where``, the mutated line
-    stripped); one without, for every mutant of the function making that change.
+    stripped); one without, for every mutant of the function making that change. Where one
+    line holds the same change twice (``self(self.size() - 1) + 1``'s two ones), a
+    declaration whose operator carries the twin's number (``off-by-one#2``, as the mutant is
+    named; ``nth`` counts from 0) holds for that one alone.
 
     Example::
 
         >>> why_equivalent("torch.optim.sgd", "SGD.step", "off-by-one", "0 -> 1") is None
         True
     """
-    return EQUIVALENT.get((module, qualname, operator, f"{change} at `{where}`")) or EQUIVALENT.get(
-        (module, qualname, operator, change)
-    )
+    keys = [(operator, f"{change} at `{where}`"), (operator, change)]
+    if nth:
+        keys.insert(0, (f"{operator}#{nth + 1}", f"{change} at `{where}`"))
+    found = [EQUIVALENT.get((module, qualname, op, said)) for op, said in keys]
+    return next((why for why in found if why), None)

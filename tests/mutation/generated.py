@@ -484,6 +484,7 @@ def main(argv: list[str] | None = None) -> int:
                     mutant.site.operator,
                     mutant.site.change,
                     mutant.where,
+                    mutant.nth,
                 )
                 # Killed stays killed (unless a signal from outside ended its suite);
                 # equivalent stays so while it is declared (in the declaration's words as they

@@ -187,6 +187,12 @@ def test_every_declared_equivalent_is_a_mutant_of_this_torch():
         for key in (
             (m.module, m.qualname, m.site.operator, m.site.change),
             (m.module, m.qualname, m.site.operator, f"{m.site.change} at `{m.where}`"),
+            (
+                m.module,
+                m.qualname,
+                f"{m.site.operator}#{m.nth + 1}",
+                f"{m.site.change} at `{m.where}`",
+            ),
         )
     }
     stale = [key for key in EQUIVALENT if key not in made]
@@ -237,6 +243,26 @@ def test_a_declaration_of_one_line_excuses_no_other_line():
     placeholder = "obj_tensor_size = torch.tensor([0], dtype=torch.long, device=pg_device)"
     assert why_equivalent(*args, placeholder)
     assert why_equivalent(*args, "scatter_object_output_list[0] = _tensor_to_object(") is None
+
+
+def test_a_declaration_of_one_twin_excuses_not_the_other():
+    # cosize's `self(self.size() - 1) + 1` makes "1 -> 2" twice on one line: the first raises
+    # cosize (every mesh refused, killed), the second lowers it (a weaker guard, declared).
+    from tests.mutation.equivalent import why_equivalent
+
+    made = [
+        m for m in mutants("torch.distributed._pycute.layout")
+        if m.qualname == "Layout.cosize" and m.site.change == "1 -> 2"
+    ]  # fmt: skip
+    assert sorted(m.nth for m in made) == [0, 1]
+    said = {
+        m.source.strip().splitlines()[-1].split("#")[0].strip(): why_equivalent(
+            m.module, m.qualname, m.site.operator, m.site.change, m.where, m.nth
+        )
+        for m in made
+    }
+    assert said["return self(self.size() - 1) + 2"] is None
+    assert said["return self(self.size() - 2) + 1"]
 
 
 def test_two_mutants_of_one_line_making_the_same_change_are_named_apart():
