@@ -545,3 +545,45 @@ def invalid_plans() -> dict[str, str | None]:
             except CheckpointException as exc:
                 said[how or "unspoiled"] = str(exc).strip().splitlines()[-1]
         return said
+
+
+def layouts_read(seed: int) -> dict[str, Any]:
+    """Two checkpoints ``load`` must read as saved, each loaded into zeros: one laid out as
+    torch 2.3 flattened a state (a mapping of no tensors kept as one value: ``extra``), saved
+    here as a state given flat to a planner that does not flatten, loaded into today's nested
+    state (``load``'s planner flattens it into ``extra.epoch``, ``extra.name`` and must read
+    the checkpoint's ``extra`` whole, as torch keeps loading checkpoints saved before 2.4);
+    and one saved and loaded by a ``file://`` URL alone, no writer or reader named (``save``
+    and ``load`` infer them from the id: fsspec's). What each load left in its state, or its
+    error (the last line)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import DefaultSavePlanner
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    weights = value(seed, 0, (3, 2), "float64")
+    extra = {"epoch": seed % 11, "name": f"run-{seed}"}
+
+    def loaded(state: dict[str, Any]) -> dict[str, Any]:
+        return {"w": state["model"]["w"].tolist(), "extra": state["extra"]}
+
+    said: dict[str, Any] = {}
+    with shared_directory() as directory:
+        older = {"model.w": weights.clone(), "extra": dict(extra)}
+        dcp.save(older, checkpoint_id=f"{directory}/2.3",
+                 planner=DefaultSavePlanner(flatten_state_dict=False))  # fmt: skip
+        by_url = {"model": {"w": weights.clone()}, "extra": dict(extra)}
+        dcp.save(by_url, checkpoint_id=f"file://{directory}/url")
+        for name, checkpoint_id in (
+            ("2.3", f"{directory}/2.3"),
+            ("url", f"file://{directory}/url"),
+        ):
+            state = {"model": {"w": torch.zeros(3, 2, dtype=torch.float64)},
+                     "extra": {"epoch": -1, "name": ""}}  # fmt: skip
+            try:
+                dcp.load(state, checkpoint_id=checkpoint_id)
+                said[name] = loaded(state)
+            # Every rank fails alike (a CheckpointException is a BaseException): said.
+            except (Exception, CheckpointException) as exc:
+                said[name] = str(exc).strip().splitlines()[-1]
+    said["saved"] = {"w": weights.tolist(), "extra": extra}
+    return said

@@ -366,6 +366,21 @@ def test_a_rank_saves_alone_without_collectives(world):
     assert saved == [True] + [False] * (world.size - 1), saved
 
 
+def test_a_checkpoint_as_older_torch_laid_it_out_and_one_named_by_url_load_back(world):
+    # torch flattens a state's mappings of no tensors into their keys since 2.4 and keeps
+    # loading checkpoints that hold such a mapping whole (the layout 2.3 wrote); and a
+    # checkpoint id that is a URL picks fsspec's writer and reader, each of its own kind.
+    # The values do not choose the path: one case.
+    _skip_across_nodes(world)
+    for rank, said in enumerate(world.run(checkpoint_jobs.layouts_read, 3)):
+        for name, what in (("2.3", "laid out as torch 2.3 flattened it"),
+                           ("url", "named by a file:// URL alone")):  # fmt: skip
+            assert said[name] == said["saved"], (
+                f"a checkpoint {what}, loaded on rank {rank}: {said[name]!r}, "
+                f"saved {said['saved']!r}"
+            )
+
+
 def test_a_save_plan_that_spoils_a_tensor_is_refused(world):
     # A planner of one's own (or a regression in the default one) that leaves part of a
     # sharded tensor unwritten, writes two shards over each other or one beyond the tensor

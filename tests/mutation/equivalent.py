@@ -989,6 +989,31 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
              "1 -> 2 at `return self(self.size() - 1) + 1  # type: ignore[operator]`"),
         )
     },
+    ("torch.distributed._shard._utils", "narrow_tensor_by_index", "reversed-iteration",
+     "for ... in enumerate(zip(offsets, sizes)) -> reversed(list(...))"): (
+        "each dimension is narrowed on its own (its condition reads the unnarrowed tensor's "
+        "size): narrowing dimensions in the other order gives the same view"
+    ),
+    ("torch.distributed._shard._utils", "narrow_tensor_by_index", "comparison",
+     "size < tensor.size(idx) -> size <= tensor.size(idx)"): (
+        "also narrows a dimension to its whole length, whose offset is then 0 (any other "
+        "reaches past the tensor and is refused by narrow either way): narrow(idx, 0, n) of "
+        "a dimension of n is the same elements, a view of the same storage"
+    ),
+    (_DCP + "_traverse", "traverse_state_dict", "reversed-iteration",
+     "for ... in enumerate(value) -> reversed(list(...))"): (
+        "a list's entries are visited last to first, each still under its own index (the "
+        "path holds it): the flattened state has the same keys and values in another order, "
+        "which nothing reads as meaning (plans, metadata and loads are keyed by path, and "
+        "set_element extends a list to whatever index it sets)"
+    ),
+    (_DCP + "_storage_utils", "_storage_setup", "reversed-iteration",
+     "for ... in targets -> reversed(list(...))"): (
+        "fsspec's writer (reader) is tried first: a URL only it takes either way, and a local "
+        "path given as a string, which both take, goes to it instead of FileSystemWriter "
+        "(FileSystemReader), its own subclass with the same defaults, writing (reading) the "
+        "same files through fsspec's local filesystem; a Path only FileSystem's takes"
+    ),
     ("torch.distributed._pycute.layout", "complement", "comparison",
      "current_idx <= shape * stride -> current_idx < shape * stride"): (
         "the bound differs only where a mode's span equals the span of the modes of smaller "
