@@ -1007,6 +1007,17 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "which nothing reads as meaning (plans, metadata and loads are keyed by path, and "
         "set_element extends a list to whatever index it sets)"
     ),
+    (_DCP + "_traverse", "traverse_state_dict", "reversed-iteration",
+     "for ... in value.items() -> reversed(list(...))"): (
+        "a mapping's entries are visited last to first, each under its own key: the same "
+        "keys and values in another order (see the list's entries above), and a duplicated "
+        "flattened key is refused in either order"
+    ),
+    (_DCP + "_traverse", "traverse_state_dict", "reversed-iteration",
+     "for ... in values -> reversed(list(...))"): (
+        "_is_terminal asks whether any entry of a list is a tensor or a container that is "
+        "not terminal (it returns False at the first): the same answer in either order"
+    ),
     (_DCP + "_storage_utils", "_storage_setup", "reversed-iteration",
      "for ... in targets -> reversed(list(...))"): (
         "fsspec's writer (reader) is tried first: a URL only it takes either way, and a local "
