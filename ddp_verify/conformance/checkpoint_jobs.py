@@ -439,12 +439,15 @@ def saved_alone_without_collectives() -> bool:
     return saved
 
 
-def replicated_writers(sizes: list[int], lowest: bool) -> dict[str, int]:
-    """Every rank saves the same plain tensors (replicated: ``w{i}`` of ``sizes[i]`` float64
-    elements) with a ``DefaultSavePlanner(dedup_save_to_lowest_rank=lowest)``; what each
-    rank is asked to write is read from the central plan its ``finish_plan`` is handed (the
-    documented planner protocol): each tensor's key, with the bytes of the items this rank
-    writes of it."""
+def replicated_writers(tensors: list[tuple[int, str]], lowest: bool) -> dict[str, int]:
+    """Every rank saves the same plain tensors (replicated: ``w{i}`` of ``tensors[i]``'s
+    count of elements in its dtype) with a ``DefaultSavePlanner(dedup_save_to_lowest_rank=
+    lowest)``; what each rank is asked to write is read from the central plan its
+    ``finish_plan`` is handed (the documented planner protocol): each tensor's key, with the
+    bytes of the items this rank writes of it (counted here from each item's chunk and
+    dtype, not by the planner's own sizes)."""
+    import math
+
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import DefaultSavePlanner
 
@@ -453,12 +456,14 @@ def replicated_writers(sizes: list[int], lowest: bool) -> dict[str, int]:
     class Recording(DefaultSavePlanner):
         def finish_plan(self, new_plan: Any) -> Any:
             for item in new_plan.items:
-                written[item.index.fqn] = written.get(item.index.fqn, 0) + (
-                    item.tensor_storage_size() or 0
-                )
+                data = item.tensor_data
+                size = 0 if data is None else (
+                    math.prod(data.chunk.sizes) * data.properties.dtype.itemsize)  # fmt: skip
+                written[item.index.fqn] = written.get(item.index.fqn, 0) + size
             return super().finish_plan(new_plan)
 
-    state = {f"w{i}": torch.ones(n, dtype=torch.float64) for i, n in enumerate(sizes)}
+    state = {f"w{i}": torch.ones(n, dtype=getattr(torch, dtype))
+             for i, (n, dtype) in enumerate(tensors)}  # fmt: skip
     with shared_directory() as directory:
         dcp.save(state, checkpoint_id=directory,
                  planner=Recording(dedup_save_to_lowest_rank=lowest))  # fmt: skip

@@ -263,15 +263,17 @@ def test_a_checkpoint_saved_by_one_world_size_loads_at_another(world, prove):
 def test_a_replicated_tensor_is_written_once_by_the_rank_the_planner_names(world, prove):
     # Every rank holds the same plain tensors: the planner writes each once. With
     # dedup_save_to_lowest_rank, rank 0 (the lowest holding them all) writes them; without,
-    # each goes to the rank with the least planned so far, so that no rank writes more than
-    # the least-loaded one plus the largest tensor (what that greedy rule guarantees).
+    # each goes to the rank with the fewest bytes planned so far, so that no rank writes more
+    # than the least-loaded one plus the largest tensor (what that greedy rule guarantees),
+    # in bytes whatever the dtypes (a tensor of int8 weighs an eighth of one of float64).
     _skip_across_nodes(world)
+    itemsize = {"float64": 8, "float32": 4, "bfloat16": 2, "int8": 1}
 
     def check(case):
-        sizes, lowest = case
-        results = world.run(checkpoint_jobs.replicated_writers, sizes, lowest)
-        said = f"{len(sizes)} replicated tensors of {sizes} float64 elements, lowest={lowest}"
-        keys = [f"w{i}" for i in range(len(sizes))]
+        tensors, lowest = case
+        results = world.run(checkpoint_jobs.replicated_writers, tensors, lowest)
+        said = f"{len(tensors)} replicated tensors of (elements, dtype) {tensors}, lowest={lowest}"
+        keys = [f"w{i}" for i in range(len(tensors))]
         writers = {key: [r for r, w in enumerate(results) if key in w] for key in keys}
         assert sorted(k for r in results for k in r) == sorted(keys), (
             f"{said}: written by {[sorted(r) for r in results]}: each must be written once"
@@ -280,14 +282,20 @@ def test_a_replicated_tensor_is_written_once_by_the_rank_the_planner_names(world
             assert all(w == [0] for w in writers.values()), f"{said}: written by {writers}"
         else:
             load = [sum(r.values()) for r in results]
-            assert max(load) - min(load) <= 8 * max(sizes), (
+            largest = max(n * itemsize[dtype] for n, dtype in tensors)
+            assert max(load) - min(load) <= largest, (
                 f"{said}: the ranks write {load} bytes: more apart than the largest tensor "
-                f"({8 * max(sizes)} bytes)"
+                f"({largest} bytes)"
             )
 
-    sizes = st.lists(st.integers(1, 64), min_size=1, max_size=8)
-    prove(st.tuples(sizes, st.booleans()), check,
-          examples=[([8, 8, 8, 8], True), ([8, 8, 8, 8], False)])  # fmt: skip
+    tensors = st.lists(st.tuples(st.integers(1, 64), st.sampled_from(sorted(itemsize))),
+                       min_size=1, max_size=8)  # fmt: skip
+    float64s = [(8, "float64")] * 4
+    # Bytes, not elements: by elements the int8 tensor would weigh the most, and the two of
+    # float64 go to one rank.
+    mixed = [(64, "int8"), (64, "float64"), (64, "float64")]
+    prove(st.tuples(tensors, st.booleans()), check,
+          examples=[(float64s, True), (float64s, False), (mixed, False)])  # fmt: skip
 
 
 @known_torch_issue(
