@@ -1014,6 +1014,11 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "flattened key is refused in either order"
     ),
     (_DCP + "_traverse", "traverse_state_dict", "reversed-iteration",
+     "for ... in state_dict.items() -> reversed(list(...))"): (
+        "the state's top-level entries are visited last to first, alike on every rank: the "
+        "same keys and values in another order (see the list's entries above)"
+    ),
+    (_DCP + "_traverse", "traverse_state_dict", "reversed-iteration",
      "for ... in values -> reversed(list(...))"): (
         "_is_terminal asks whether any entry of a list is a tensor or a container that is "
         "not terminal (it returns False at the first): the same answer in either order"
