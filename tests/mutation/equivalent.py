@@ -1013,6 +1013,11 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "keys and values in another order (see the list's entries above), and a duplicated "
         "flattened key is refused in either order"
     ),
+    (_DCP + "resharding", "_shards_get_overlap_region_wrt_saved_tensor", "comparison",
+     "saved_shard_offset > current_shard_offset -> saved_shard_offset >= current_shard_offset"): (
+        "where the two offsets are equal both branches give 0 for both offsets (the "
+        "difference of equal offsets): the same narrows"
+    ),
     (_DCP + "_traverse", "traverse_state_dict", "reversed-iteration",
      "for ... in state_dict.items() -> reversed(list(...))"): (
         "the state's top-level entries are visited last to first, alike on every rank: the "
