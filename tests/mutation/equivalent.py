@@ -1013,6 +1013,14 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "keys and values in another order (see the list's entries above), and a duplicated "
         "flattened key is refused in either order"
     ),
+    (_DCP + "resharding", "_check_shard_metadata_pair_overlap", "comparison",
+     "shard2.offsets[i] >= shard1.offsets[i] + shard1.sizes[i] -> "
+     "shard2.offsets[i] > shard1.offsets[i] + shard1.sizes[i]"): (
+        "a stored chunk that starts where a local one ends reads as overlapping it (its only "
+        "caller, create_read_items_for_chunk_list, pairs local chunks with stored ones): the "
+        "read item made for the pair is 0 long along that dimension (the overlap's end minus "
+        "its start) and copies nothing, so the same values load"
+    ),
     (_DCP + "resharding", "_shards_get_overlap_region_wrt_saved_tensor", "comparison",
      "saved_shard_offset > current_shard_offset -> saved_shard_offset >= current_shard_offset"): (
         "where the two offsets are equal both branches give 0 for both offsets (the "
