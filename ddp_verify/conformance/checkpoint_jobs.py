@@ -592,3 +592,70 @@ def layouts_read(seed: int) -> dict[str, Any]:
                 said[name] = str(exc).strip().splitlines()[-1]
     said["saved"] = {"w": weights.tolist(), "extra": extra}
     return said
+
+
+def own_stager_and_coordinator(seed: int) -> dict[str, Any]:
+    """Two documented arguments a plain save never passes. ``async_save`` with a stager of
+    one's own (``async_stager``, closed by its owner): a ``BlockingAsyncStager(type_check=
+    True)`` refuses a state holding a value DCP does not save (a set: what it said, the last
+    line), one with ``type_check=False`` stages it, and what that save wrote loads back;
+    and the deprecated ``save_state_dict`` and ``load_state_dict`` with ``coordinator_rank``
+    the last rank: the ranks whose planners were told they coordinate, and what loaded."""
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import (
+        DefaultLoadPlanner,
+        DefaultSavePlanner,
+        FileSystemReader,
+        FileSystemWriter,
+    )
+    from torch.distributed.checkpoint.staging import BlockingAsyncStager
+
+    weights = value(seed, 0, (4,), "float64")
+    told: dict[str, bool] = {}
+
+    class SaveRecording(DefaultSavePlanner):
+        def set_up_planner(self, *args: Any, **kwargs: Any) -> None:
+            told["save"] = bool(kwargs.get("is_coordinator", args[-1] if args else False))
+            super().set_up_planner(*args, **kwargs)
+
+    class LoadRecording(DefaultLoadPlanner):
+        def set_up_planner(self, *args: Any, **kwargs: Any) -> None:
+            told["load"] = bool(kwargs.get("is_coordinator", args[-1] if args else False))
+            super().set_up_planner(*args, **kwargs)
+
+    said: dict[str, Any] = {}
+    last = dist.get_world_size() - 1
+    with shared_directory() as directory:
+        checking = BlockingAsyncStager(type_check=True)
+        try:
+            odd = {"w": weights.clone(), "odd": {1, 2}}
+            where = f"{directory}/checked"
+            dcp.async_save(odd, checkpoint_id=where, async_stager=checking).result()
+            said["checked"] = None
+        except ValueError as exc:
+            said["checked"] = str(exc).strip().splitlines()[-1]
+        finally:
+            checking.close()
+        dist.barrier()  # every rank past the refused save (or its write) before the next
+        stager = BlockingAsyncStager(type_check=False)
+        state = {"w": weights.clone(), "kept": {seed % 5, 7}}
+        future = dcp.async_save(state, checkpoint_id=f"{directory}/staged", async_stager=stager)
+        state["w"].zero_()  # staged already: the save writes what it was given
+        future.result()
+        stager.close()
+        into = {"w": torch.zeros(4, dtype=torch.float64), "kept": set()}
+        dcp.load(into, checkpoint_id=f"{directory}/staged")
+        said["staged"] = {"w": into["w"].tolist(), "kept": sorted(into["kept"])}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # deprecated: still documented
+            dcp.save_state_dict({"w": weights.clone()}, FileSystemWriter(f"{directory}/old"),
+                                coordinator_rank=last, planner=SaveRecording())  # fmt: skip
+            back = {"w": torch.zeros(4, dtype=torch.float64)}
+            dcp.load_state_dict(back, FileSystemReader(f"{directory}/old"),
+                                coordinator_rank=last, planner=LoadRecording())  # fmt: skip
+        said["coordinated"] = dict(told)
+        said["old"] = back["w"].tolist()
+    said["saved"] = weights.tolist()
+    return said

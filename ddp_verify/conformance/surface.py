@@ -344,6 +344,14 @@ _CHECKPOINT_ROWS = (
     ("async_save", "async_checkpointer_type", _ROUND_TRIP, "the default, a thread"),
     ("async_save", "use_collectives", _ROUND_TRIP, "True and False"),
     (
+        "async_save",
+        "async_stager",
+        (
+            "test_checkpoint::test_a_stager_of_ones_own_and_a_coordinator_other_than_rank_0_do_what_they_say",
+        ),
+        "BlockingAsyncStager: type_check refusing a set, and staging it without",
+    ),
+    (
         "load",
         "state_dict",
         _ROUND_TRIP + _ACROSS_SIZES,
@@ -472,7 +480,6 @@ _CHECKPOINT_OTHERS = (
         "staging into pinned memory for "
         "asynchronous saves: a CPU-only build refuses it (no accelerator); the GPU check's",
     ),
-    ("async_save", "async_stager", GAP, "a stager of one's own: no property yet"),
     ("async_save", "no_dist", GAP, "an asynchronous save from one process: no property yet"),
     (
         "FileSystemWriter",

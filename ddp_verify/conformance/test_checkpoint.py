@@ -389,6 +389,32 @@ def test_a_checkpoint_as_older_torch_laid_it_out_and_one_named_by_url_load_back(
             )
 
 
+def test_a_stager_of_ones_own_and_a_coordinator_other_than_rank_0_do_what_they_say(world):
+    # async_save's own stager: type_check refuses what DCP does not save, and without it a
+    # set is staged, saved and loaded back (staged before async_save returns: the state
+    # zeroed after it is not what loads). The deprecated save_state_dict / load_state_dict
+    # name their coordinator: the planner of that rank alone is told so, on both sides.
+    _skip_across_nodes(world)
+    last = world.size - 1
+    for rank, said in enumerate(world.run(checkpoint_jobs.own_stager_and_coordinator, 4)):
+        assert said["checked"] is not None and "Unexpected value type" in said["checked"], (
+            f"async_save with BlockingAsyncStager(type_check=True) on rank {rank}, a set in "
+            f"the state: {said['checked']!r}, expected the value type refused"
+        )
+        assert said["staged"] == {"w": said["saved"], "kept": [4, 7]}, (
+            f"async_save with a stager of its own (type_check=False) on rank {rank} loaded "
+            f"back as {said['staged']!r}, saved {said['saved']} and [4, 7]"
+        )
+        want = {"save": rank == last, "load": rank == last}
+        assert said["coordinated"] == want, (
+            f"save_state_dict / load_state_dict with coordinator_rank={last}: rank {rank}'s "
+            f"planners were told is_coordinator={said['coordinated']!r}, expected {want}"
+        )
+        assert said["old"] == said["saved"], (
+            f"coordinated by rank {last}, rank {rank} loaded {said['old']}, saved {said['saved']}"
+        )
+
+
 def test_a_save_plan_that_spoils_a_tensor_is_refused(world):
     # A planner of one's own (or a regression in the default one) that leaves part of a
     # sharded tensor unwritten, writes two shards over each other or one beyond the tensor
