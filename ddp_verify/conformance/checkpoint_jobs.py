@@ -659,3 +659,34 @@ def own_stager_and_coordinator(seed: int) -> dict[str, Any]:
         said["old"] = back["w"].tolist()
     said["saved"] = weights.tolist()
     return said
+
+
+def readers_told() -> dict[str, Any]:
+    """What ``load`` tells a storage reader that takes keyword arguments (the protocol's
+    ``set_up_storage_reader(metadata, is_coordinator, **kwargs)``), loading a checkpoint
+    saved with collectives and one saved without (experimental: each rank's own metadata):
+    the ``rank`` and ``use_collectives`` it was given, and what it loaded."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import FileSystemReader
+
+    told: dict[str, Any] = {}
+
+    class Recording(FileSystemReader):
+        def set_up_storage_reader(self, metadata: Any, is_coordinator: bool, *args: Any,
+                                  **kwargs: Any) -> None:  # fmt: skip
+            told[self.name] = {k: kwargs.get(k) for k in ("rank", "use_collectives")}
+            super().set_up_storage_reader(metadata, is_coordinator, *args, **kwargs)
+
+    rank = dist.get_rank()
+    said: dict[str, Any] = {}
+    with shared_directory() as directory:
+        for name, collectives in (("with collectives", True), ("without", False)):
+            path = f"{directory}/{'with' if collectives else 'without'}"
+            dcp.save({"w": torch.full((2,), float(rank))}, checkpoint_id=path,
+                     use_collectives=collectives)  # fmt: skip
+            reader = Recording(path)
+            reader.name = name
+            into = {"w": torch.zeros(2)}
+            dcp.load(into, storage_reader=reader)
+            said[name] = {**told[name], "loaded": into["w"].tolist()}
+    return said

@@ -415,6 +415,29 @@ def test_a_stager_of_ones_own_and_a_coordinator_other_than_rank_0_do_what_they_s
         )
 
 
+def test_a_storage_reader_is_told_its_rank_and_whether_the_load_is_collective(world):
+    # The storage protocol: a reader whose set_up_storage_reader takes keyword arguments is
+    # given its rank and whether the load coordinates (a checkpoint saved without
+    # collectives holds each rank's own metadata, read without). Each rank saved its own
+    # value; without collectives each loads its own back.
+    _skip_across_nodes(world)
+    import torch.distributed.checkpoint as dcp
+
+    if not _has(dcp.save, "use_collectives"):
+        pytest.skip(f"torch {torch.__version__}'s dcp.save has no use_collectives")
+    for rank, said in enumerate(world.run(checkpoint_jobs.readers_told)):
+        for name, collectives in (("with collectives", True), ("without", False)):
+            got = said[name]
+            assert (got["rank"], got["use_collectives"]) == (rank, collectives), (
+                f"loading a checkpoint saved {name}, rank {rank}'s reader was told rank="
+                f"{got['rank']}, use_collectives={got['use_collectives']}"
+            )
+        assert said["without"]["loaded"] == [float(rank)] * 2, (
+            f"rank {rank} loaded {said['without']['loaded']} from its own checkpoint saved "
+            f"without collectives, saved {[float(rank)] * 2}"
+        )
+
+
 def test_a_save_plan_that_spoils_a_tensor_is_refused(world):
     # A planner of one's own (or a regression in the default one) that leaves part of a
     # sharded tensor unwritten, writes two shards over each other or one beyond the tensor
