@@ -1013,6 +1013,32 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "keys and values in another order (see the list's entries above), and a duplicated "
         "flattened key is refused in either order"
     ),
+    (_DCP + "utils", "_ReaderView.seek", "arithmetic",
+     "self.offset + self.len - offset -> self.offset + self.len + offset"): (
+        "a seek from the view's end is made only by torch.load's reader learning the "
+        "stream's size, at offset 0 (a spy on every seek of a save and load of tensors, "
+        "nested values and lists, one file per rank and one per item, saw no other), where "
+        "adding and subtracting 0 agree"
+    ),
+    (_DCP + "utils", "_DistWrapper.all_gather_object", "world-divisor",
+     "dist.get_world_size(self.group) -> dist.get_world_size()"): (
+        "over a subgroup the output list is the world's length, not the group's: "
+        "all_gather_object fills the group's places and leaves the rest None, which "
+        "_get_failure_dict reads as no failure (its only caller, all_gather, whose result "
+        "load discards): the same failures named, by the same ranks"
+    ),
+    (_DCP + "resharding", "_check_shard_metadata_pair_overlap", "reversed-iteration",
+     "for ... in range(ndims) -> reversed(list(...))"): (
+        "two chunks overlap unless they are apart along some dimension (False at the first "
+        "found): the same answer whichever dimension is looked at first"
+    ),
+    (_DCP + "resharding", "_check_shard_metadata_pair_overlap", "comparison",
+     "shard1.offsets[i] >= shard2.offsets[i] + shard2.sizes[i] -> "
+     "shard1.offsets[i] > shard2.offsets[i] + shard2.sizes[i]"): (
+        "a local chunk that starts where a stored one ends reads as overlapping it: the read "
+        "item made for the pair is 0 long along that dimension and copies nothing (as for "
+        "the other order, below)"
+    ),
     (_DCP + "resharding", "_check_shard_metadata_pair_overlap", "comparison",
      "shard2.offsets[i] >= shard1.offsets[i] + shard1.sizes[i] -> "
      "shard2.offsets[i] > shard1.offsets[i] + shard1.sizes[i]"): (
