@@ -558,11 +558,17 @@ def layouts_read(seed: int) -> dict[str, Any]:
     here as a state given flat to a planner that does not flatten, loaded into today's nested
     state (``load``'s planner flattens it into ``extra.epoch``, ``extra.name`` and must read
     the checkpoint's ``extra`` whole, as torch keeps loading checkpoints saved before 2.4);
-    and one saved and loaded by a ``file://`` URL alone, no writer or reader named (``save``
-    and ``load`` infer them from the id: fsspec's). What each load left in its state, or its
-    error (the last line)."""
+    one saved and loaded by a ``file://`` URL alone, no writer or reader named (``save``
+    and ``load`` infer them from the id: fsspec's); and one saved and loaded with the writer
+    and reader second and positional (the order before ``checkpoint_id``, still taken with
+    a warning). What each load left in its state, or its error (the last line), and how many
+    warnings told of the old order."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint import DefaultSavePlanner
+    from torch.distributed.checkpoint import (
+        DefaultSavePlanner,
+        FileSystemReader,
+        FileSystemWriter,
+    )
     from torch.distributed.checkpoint.api import CheckpointException
 
     weights = value(seed, 0, (3, 2), "float64")
@@ -590,6 +596,17 @@ def layouts_read(seed: int) -> dict[str, Any]:
             # Every rank fails alike (a CheckpointException is a BaseException): said.
             except (Exception, CheckpointException) as exc:
                 said[name] = str(exc).strip().splitlines()[-1]
+        # The order before the checkpoint id came first: the writer (reader) second and
+        # positional, still taken, with a warning that the order changed.
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            old_order = {"model": {"w": weights.clone()}, "extra": dict(extra)}
+            dcp.save(old_order, FileSystemWriter(f"{directory}/positional"))
+            state = {"model": {"w": torch.zeros(3, 2, dtype=torch.float64)},
+                     "extra": {"epoch": -1, "name": ""}}  # fmt: skip
+            dcp.load(state, FileSystemReader(f"{directory}/positional"))
+        said["positional"] = loaded(state)
+        said["positional warned"] = sum("argument order" in str(w.message) for w in caught)
     said["saved"] = {"w": weights.tolist(), "extra": extra}
     return said
 

@@ -376,17 +376,24 @@ def test_a_rank_saves_alone_without_collectives(world):
 
 def test_a_checkpoint_as_older_torch_laid_it_out_and_one_named_by_url_load_back(world):
     # torch flattens a state's mappings of no tensors into their keys since 2.4 and keeps
-    # loading checkpoints that hold such a mapping whole (the layout 2.3 wrote); and a
-    # checkpoint id that is a URL picks fsspec's writer and reader, each of its own kind.
+    # loading checkpoints that hold such a mapping whole (the layout 2.3 wrote); a checkpoint
+    # id that is a URL picks fsspec's writer and reader, each of its own kind; and the older
+    # argument order (writer, reader second and positional) is still taken, with a warning.
     # The values do not choose the path: one case.
     _skip_across_nodes(world)
     for rank, said in enumerate(world.run(checkpoint_jobs.layouts_read, 3)):
         for name, what in (("2.3", "laid out as torch 2.3 flattened it"),
-                           ("url", "named by a file:// URL alone")):  # fmt: skip
+                           ("url", "named by a file:// URL alone"),
+                           ("positional", "saved and loaded with the writer and reader "
+                            "positional (the older order)")):  # fmt: skip
             assert said[name] == said["saved"], (
                 f"a checkpoint {what}, loaded on rank {rank}: {said[name]!r}, "
                 f"saved {said['saved']!r}"
             )
+        assert said["positional warned"] == 2, (
+            f"save and load in the older argument order on rank {rank}: "
+            f"{said['positional warned']} warnings of it, expected one each"
+        )
 
 
 def test_a_stager_of_ones_own_and_a_coordinator_other_than_rank_0_do_what_they_say(world):
