@@ -553,7 +553,7 @@ def invalid_plans() -> dict[str, str | None]:
 
 
 def layouts_read(seed: int) -> dict[str, Any]:
-    """Two checkpoints ``load`` must read as saved, each loaded into zeros: one laid out as
+    """Three checkpoints ``load`` must read as saved, each loaded into zeros: one laid out as
     torch 2.3 flattened a state (a mapping of no tensors kept as one value: ``extra``), saved
     here as a state given flat to a planner that does not flatten, loaded into today's nested
     state (``load``'s planner flattens it into ``extra.epoch``, ``extra.name`` and must read
@@ -618,8 +618,6 @@ def own_stager_and_coordinator(seed: int) -> dict[str, Any]:
     line), one with ``type_check=False`` stages it, and what that save wrote loads back;
     and the deprecated ``save_state_dict`` and ``load_state_dict`` with ``coordinator_rank``
     the last rank: the ranks whose planners were told they coordinate, and what loaded."""
-    import warnings
-
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import (
         DefaultLoadPlanner,
