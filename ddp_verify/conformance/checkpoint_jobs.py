@@ -552,7 +552,7 @@ def invalid_plans() -> dict[str, str | None]:
         return said
 
 
-def layouts_read(seed: int) -> dict[str, Any]:
+def layouts_read(seed: int, cases: list[str]) -> dict[str, Any]:
     """Three checkpoints ``load`` must read as saved, each loaded into zeros: one laid out as
     torch 2.3 flattened a state (a mapping of no tensors kept as one value: ``extra``), saved
     here as a state given flat to a planner that does not flatten, loaded into today's nested
@@ -561,8 +561,9 @@ def layouts_read(seed: int) -> dict[str, Any]:
     one saved and loaded by a ``file://`` URL alone, no writer or reader named (``save``
     and ``load`` infer them from the id: fsspec's); and one saved and loaded with the writer
     and reader second and positional (the order before ``checkpoint_id``, still taken with
-    a warning). What each load left in its state, or its error (the last line), and how many
-    warnings told of the old order."""
+    a warning). ``cases``: those of "2.3", "url", "positional" to make (a torch that has
+    dropped a compatibility path is not held to it). What each load left in its state, or
+    its error (the last line), and how many warnings told of the old order."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import (
         DefaultSavePlanner,
@@ -579,15 +580,15 @@ def layouts_read(seed: int) -> dict[str, Any]:
 
     said: dict[str, Any] = {}
     with shared_directory() as directory:
-        older = {"model.w": weights.clone(), "extra": dict(extra)}
-        dcp.save(older, checkpoint_id=f"{directory}/2.3",
-                 planner=DefaultSavePlanner(flatten_state_dict=False))  # fmt: skip
-        by_url = {"model": {"w": weights.clone()}, "extra": dict(extra)}
-        dcp.save(by_url, checkpoint_id=f"file://{directory}/url")
-        for name, checkpoint_id in (
-            ("2.3", f"{directory}/2.3"),
-            ("url", f"file://{directory}/url"),
-        ):
+        if "2.3" in cases:
+            older = {"model.w": weights.clone(), "extra": dict(extra)}
+            dcp.save(older, checkpoint_id=f"{directory}/2.3",
+                     planner=DefaultSavePlanner(flatten_state_dict=False))  # fmt: skip
+        if "url" in cases:
+            by_url = {"model": {"w": weights.clone()}, "extra": dict(extra)}
+            dcp.save(by_url, checkpoint_id=f"file://{directory}/url")
+        ids = {"2.3": f"{directory}/2.3", "url": f"file://{directory}/url"}
+        for name, checkpoint_id in [(n, i) for n, i in ids.items() if n in cases]:
             state = {"model": {"w": torch.zeros(3, 2, dtype=torch.float64)},
                      "extra": {"epoch": -1, "name": ""}}  # fmt: skip
             try:
@@ -598,26 +599,29 @@ def layouts_read(seed: int) -> dict[str, Any]:
                 said[name] = str(exc).strip().splitlines()[-1]
         # The order before the checkpoint id came first: the writer (reader) second and
         # positional, still taken, with a warning that the order changed.
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            old_order = {"model": {"w": weights.clone()}, "extra": dict(extra)}
-            dcp.save(old_order, FileSystemWriter(f"{directory}/positional"))
-            state = {"model": {"w": torch.zeros(3, 2, dtype=torch.float64)},
-                     "extra": {"epoch": -1, "name": ""}}  # fmt: skip
-            dcp.load(state, FileSystemReader(f"{directory}/positional"))
-        said["positional"] = loaded(state)
-        said["positional warned"] = sum("argument order" in str(w.message) for w in caught)
+        if "positional" in cases:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                old_order = {"model": {"w": weights.clone()}, "extra": dict(extra)}
+                dcp.save(old_order, FileSystemWriter(f"{directory}/positional"))
+                state = {"model": {"w": torch.zeros(3, 2, dtype=torch.float64)},
+                         "extra": {"epoch": -1, "name": ""}}  # fmt: skip
+                dcp.load(state, FileSystemReader(f"{directory}/positional"))
+            said["positional"] = loaded(state)
+            said["positional warned"] = sum("argument order" in str(w.message) for w in caught)
     said["saved"] = {"w": weights.tolist(), "extra": extra}
     return said
 
 
-def own_stager_and_coordinator(seed: int) -> dict[str, Any]:
+def own_stager_and_coordinator(seed: int, stager: bool,
+                               coordinator: bool) -> dict[str, Any]:  # fmt: skip
     """Two documented arguments a plain save never passes. ``async_save`` with a stager of
     one's own (``async_stager``, closed by its owner): a ``BlockingAsyncStager(type_check=
     True)`` refuses a state holding a value DCP does not save (a set: what it said, the last
     line), one with ``type_check=False`` stages it, and what that save wrote loads back;
     and the deprecated ``save_state_dict`` and ``load_state_dict`` with ``coordinator_rank``
-    the last rank: the ranks whose planners were told they coordinate, and what loaded."""
+    the last rank: the ranks whose planners were told they coordinate, and what loaded.
+    ``stager``, ``coordinator``: which of the two this torch has to check."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import (
         DefaultLoadPlanner,
@@ -643,35 +647,38 @@ def own_stager_and_coordinator(seed: int) -> dict[str, Any]:
     said: dict[str, Any] = {}
     last = dist.get_world_size() - 1
     with shared_directory() as directory:
-        checking = BlockingAsyncStager(type_check=True)
-        try:
-            odd = {"w": weights.clone(), "odd": {1, 2}}
-            where = f"{directory}/checked"
-            dcp.async_save(odd, checkpoint_id=where, async_stager=checking).result()
-            said["checked"] = None
-        except ValueError as exc:
-            said["checked"] = str(exc).strip().splitlines()[-1]
-        finally:
-            checking.close()
-        dist.barrier()  # every rank past the refused save (or its write) before the next
-        stager = BlockingAsyncStager(type_check=False)
-        state = {"w": weights.clone(), "kept": {seed % 5, 7}}
-        future = dcp.async_save(state, checkpoint_id=f"{directory}/staged", async_stager=stager)
-        state["w"].zero_()  # staged already: the save writes what it was given
-        future.result()
-        stager.close()
-        into = {"w": torch.zeros(4, dtype=torch.float64), "kept": set()}
-        dcp.load(into, checkpoint_id=f"{directory}/staged")
-        said["staged"] = {"w": into["w"].tolist(), "kept": sorted(into["kept"])}
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)  # deprecated: still documented
-            dcp.save_state_dict({"w": weights.clone()}, FileSystemWriter(f"{directory}/old"),
-                                coordinator_rank=last, planner=SaveRecording())  # fmt: skip
-            back = {"w": torch.zeros(4, dtype=torch.float64)}
-            dcp.load_state_dict(back, FileSystemReader(f"{directory}/old"),
-                                coordinator_rank=last, planner=LoadRecording())  # fmt: skip
-        said["coordinated"] = dict(told)
-        said["old"] = back["w"].tolist()
+        if stager:
+            checking = BlockingAsyncStager(type_check=True)
+            try:
+                odd = {"w": weights.clone(), "odd": {1, 2}}
+                where = f"{directory}/checked"
+                dcp.async_save(odd, checkpoint_id=where, async_stager=checking).result()
+                said["checked"] = None
+            except ValueError as exc:
+                said["checked"] = str(exc).strip().splitlines()[-1]
+            finally:
+                checking.close()
+            dist.barrier()  # every rank past the refused save (or its write) before the next
+            own = BlockingAsyncStager(type_check=False)
+            state = {"w": weights.clone(), "kept": {seed % 5, 7}}
+            future = dcp.async_save(state, checkpoint_id=f"{directory}/staged", async_stager=own)
+            state["w"].zero_()  # staged already: the save writes what it was given
+            future.result()
+            own.close()
+            into = {"w": torch.zeros(4, dtype=torch.float64), "kept": set()}
+            dcp.load(into, checkpoint_id=f"{directory}/staged")
+            said["staged"] = {"w": into["w"].tolist(), "kept": sorted(into["kept"])}
+        if coordinator:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", FutureWarning)  # deprecated: still documented
+                dcp.save_state_dict({"w": weights.clone()},
+                                    FileSystemWriter(f"{directory}/old"),
+                                    coordinator_rank=last, planner=SaveRecording())  # fmt: skip
+                back = {"w": torch.zeros(4, dtype=torch.float64)}
+                dcp.load_state_dict(back, FileSystemReader(f"{directory}/old"),
+                                    coordinator_rank=last, planner=LoadRecording())  # fmt: skip
+            said["coordinated"] = dict(told)
+            said["old"] = back["w"].tolist()
     said["saved"] = weights.tolist()
     return said
 
