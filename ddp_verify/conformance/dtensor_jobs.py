@@ -170,3 +170,33 @@ def api_forms(seed: int, shape: tuple[int, int]) -> dict[str, Any]:
         out[f"full_tensor grad_placements={hint is not None}"] = leaf.grad.full_tensor()
     dist.barrier()
     return out
+
+
+def communication(case: dict[str, Any]) -> dict[str, Any]:
+    """Run one operation of :data:`OPERATIONS` on the case's two tensors, laid out (outside
+    the count) as its placements say, under ``CommDebugMode``: the collectives the operation
+    itself issued, the placements of its result, and the result whole."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.debug import CommDebugMode
+
+    mesh = init_device_mesh("cpu", tuple(case["mesh"]))
+    a = laid_out(full_value(case["seed"], 0, tuple(case["a_shape"])), mesh,
+                 tuple(case["a_placements"]))  # fmt: skip
+    b = laid_out(full_value(case["seed"], 1, tuple(case["b_shape"])), mesh,
+                 tuple(case["b_placements"]))  # fmt: skip
+    counting = CommDebugMode()
+    with counting:
+        result = OPERATIONS[case["operation"]](a, b)
+    out = {
+        "collectives": {str(op): n for op, n in counting.get_comm_counts().items()},
+        "placements": [_name(p) for p in result.placements],
+        "whole": result.full_tensor(),
+    }
+    dist.barrier()
+    return out
+
+
+def _name(placement: Any) -> str:
+    if placement.is_shard():
+        return f"shard{placement.dim}"
+    return "partial" if placement.is_partial() else "replicate"

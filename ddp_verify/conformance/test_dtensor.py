@@ -7,8 +7,10 @@ a partial sum: refused, as documented); and every operation training runs on it
 operation gives on the whole tensors, and its gradient what autograd gives there. The
 keyword forms its constructors and conversions document (whose data a source rank names, a
 replica check, an uneven shape given, the dtypes of a redistribution and of its gradient, a
-gradient hinted partial) do what their docstrings say. A wrong sharding rule or
-redistribution trains every rank alike on wrong values."""
+gradient hinted partial) do what their docstrings say. An operation whose inputs' pieces
+are all each rank needs runs without communication, its result laid out as the arithmetic
+leaves it. A wrong sharding rule or redistribution trains every rank alike on wrong
+values; a wrong choice among them moves whole tensors a step needs none of."""
 
 from __future__ import annotations
 
@@ -241,3 +243,106 @@ def test_dtensor_amax_over_a_dimension_some_rank_holds_none_of(world):
         torch.testing.assert_close(
             got["amax_rows"], want, msg=lambda m, rank=rank: f"rank {rank}: {m}"
         )
+
+
+# What each operation's result is laid out as, a mesh dimension at a time, when every rank
+# can compute its piece of it from the pieces it holds (a missing entry: some rank needs
+# another's data). Read from the operations' arithmetic: an elementwise result is cut as its
+# input is; a sum over the cut dimension leaves each rank a partial sum; a row-cut matrix
+# times a whole one is row-cut, a whole one times a column-cut one column-cut, and a
+# column-cut times a row-cut one a partial sum of outer blocks.
+_SAME = {"shard0": "shard0", "shard1": "shard1", "replicate": "replicate"}
+FITTING: dict[str, dict[tuple[str, ...], str]] = {
+    **{name: {(p,): q for p, q in _SAME.items()} for name in ("add", "neg", "relu", "exp")},
+    "sum": {("shard0",): "partial", ("shard1",): "partial", ("replicate",): "replicate"},
+    "sum_rows": {("shard0",): "partial", ("shard1",): "shard0", ("replicate",): "replicate"},
+    "sum_columns": {("shard0",): "shard0", ("shard1",): "partial", ("replicate",): "replicate"},
+    "softmax": {("shard0",): "shard0", ("replicate",): "replicate"},
+    "transpose": {("shard0",): "shard1", ("shard1",): "shard0", ("replicate",): "replicate"},
+    "slice_columns": {("shard0",): "shard0", ("replicate",): "replicate"},
+    "cat": {("shard1",): "shard1", ("replicate",): "replicate"},
+    "matmul": {("shard0", "replicate"): "shard0", ("replicate", "shard1"): "shard1",
+               ("shard1", "shard0"): "partial", ("replicate", "replicate"): "replicate"},
+}  # fmt: skip
+
+
+def _fitting(case: dict[str, Any]) -> tuple[str, ...] | None:
+    """The result's placements if no rank needs another's data, else None."""
+    table = FITTING[case["operation"]]
+    binary = case["operation"] == "matmul"
+    out = []
+    for i in range(len(case["mesh"])):
+        key = (case["a_placements"][i], case["b_placements"][i])[: 2 if binary else 1]
+        if key not in table:
+            return None
+        out.append(table[key])
+    return tuple(out)
+
+
+@st.composite
+def fitting_cases(draw: st.DrawFn, world_size: int) -> dict[str, Any]:
+    mesh = draw(st.sampled_from(_meshes(world_size)))
+    operation = draw(st.sampled_from(sorted(FITTING)))
+    keys = sorted(FITTING[operation])
+    # Per mesh dimension, a pair of placements that needs no other rank's data.
+    chosen = [draw(st.sampled_from(keys)) for _ in mesh]
+    a_placements = tuple(c[0] for c in chosen)
+    b_placements = tuple(c[-1] if len(c) > 1 else "replicate" for c in chosen)
+    # Unevenly cut, but never into more pieces than a dimension has elements: a strategy
+    # leaving a rank none of a dimension it cuts is one torch documents it does not pick
+    # (``is_tensor_shardable``), so the whole is gathered instead.
+    a_cuts, b_cuts = _shards(mesh, a_placements), _shards(mesh, b_placements)
+    most = 2 * world_size + 1
+    rows = draw(st.integers(a_cuts[0], most))
+    columns = draw(st.integers(max(a_cuts[1], b_cuts[0]), most))
+    k = draw(st.integers(b_cuts[1], most))
+    return {
+        "seed": draw(st.integers(0, 2**16)),
+        "mesh": mesh,
+        "operation": operation,
+        "a_shape": (rows, columns),
+        "b_shape": (columns, k),
+        "a_placements": a_placements,
+        "b_placements": b_placements,
+    }
+
+
+def test_an_operation_whose_inputs_fit_communicates_nothing(world, prove):
+    # DTensor picks, of an operation's sharding strategies, the one its cost model rates
+    # cheapest: where every rank can compute its piece of the result from its own pieces, that
+    # is no communication at all, and the result laid out as the arithmetic leaves it.
+    def check(case: dict[str, Any]) -> None:
+        want_placements = _fitting(case)
+        assert want_placements is not None  # drawn so
+        a = dtensor_jobs.full_value(case["seed"], 0, tuple(case["a_shape"]))
+        b = dtensor_jobs.full_value(case["seed"], 1, tuple(case["b_shape"]))
+        whole = dtensor_jobs.OPERATIONS[case["operation"]](a, b)
+        said = (
+            f"{case['operation']} of {case['a_shape']} as {case['a_placements']} "
+            f"(b {case['b_shape']} as {case['b_placements']}) on mesh {case['mesh']}"
+        )
+        for rank, got in enumerate(world.run(dtensor_jobs.communication, case)):
+            assert got["collectives"] == {}, (
+                f"{said}, rank {rank}: issued {got['collectives']} where each rank holds what "
+                f"its piece of the result needs ({list(want_placements)})"
+            )
+            assert tuple(got["placements"]) == want_placements, (
+                f"{said}, rank {rank}: result laid out as {got['placements']}, where the "
+                f"placement needing no communication is {list(want_placements)}"
+            )
+            torch.testing.assert_close(
+                got["whole"], whole, rtol=1e-12, atol=1e-12,
+                msg=lambda m, rank=rank: f"{said}, rank {rank}: {m}",
+            )  # fmt: skip
+
+    ws = world.size
+    prove(
+        fitting_cases(ws),
+        check,
+        examples=[
+            {"seed": 0, "mesh": (ws,), "operation": "matmul", "a_shape": (3, 5), "b_shape": (5, 2),
+             "a_placements": ("shard1",), "b_placements": ("shard0",)},
+            {"seed": 1, "mesh": (ws,), "operation": "sum_rows", "a_shape": (ws + 1, 2),
+             "b_shape": (2, 1), "a_placements": ("shard0",), "b_placements": ("replicate",)},
+        ],
+    )  # fmt: skip
