@@ -344,5 +344,11 @@ def test_an_operation_whose_inputs_fit_communicates_nothing(world, prove):
              "a_placements": ("shard1",), "b_placements": ("shard0",)},
             {"seed": 1, "mesh": (ws,), "operation": "sum_rows", "a_shape": (ws + 1, 2),
              "b_shape": (2, 1), "a_placements": ("shard0",), "b_placements": ("replicate",)},
+            # Megabytes: where a gather's estimated time is its bandwidth more than its
+            # latency, so a cost model gone wrong in the bandwidth term shows.
+            {"seed": 2, "mesh": (ws,), "operation": "sum_columns", "a_shape": (512, 1024),
+             "b_shape": (1024, 1), "a_placements": ("shard1",), "b_placements": ("replicate",)},
+            {"seed": 3, "mesh": (ws,), "operation": "matmul", "a_shape": (4, 2**16),
+             "b_shape": (2**16, 4), "a_placements": ("shard1",), "b_placements": ("shard0",)},
         ],
     )  # fmt: skip
