@@ -141,6 +141,95 @@ _EMPTY_REST = (
     "matrix (matrices[:, :, i + 1:]) is an empty slice: subtracting from it changes nothing"
 )
 
+_DT_COST = "torch.distributed.tensor._collective_utils"
+_COST = (
+    "only the estimated cost of a redistribution that communicates changes, and never to below "
+    "zero at any number of ranks: DTensor still runs a strategy that needs no redistribution "
+    "wherever there is one (_select_min_cost_strategy takes a negative cost first, then a "
+    "strategy whose inputs already fit, before it compares costs), as "
+    "test_an_operation_whose_inputs_fit_communicates_nothing holds from a few elements to "
+    "megabytes; elsewhere it changes which of the operation's strategies, all of which "
+    "communicate, runs: each gives the operation's value, moved at another cost"
+)
+_COSTS = {
+    (
+        "spec_to_bytes",
+        "arithmetic",
+        "spec.tensor_meta.dtype.itemsize * math.prod(spec.shape) -> "
+        "spec.tensor_meta.dtype.itemsize / math.prod(spec.shape)",
+    ),
+    ("allgather_cost", "arithmetic", "num_devices_on_mesh_dim - 1 -> num_devices_on_mesh_dim + 1"),
+    (
+        "allgather_cost",
+        "arithmetic",
+        "bytes_gb * num_hops / num_devices_on_mesh_dim / "
+        "mesh_dim_bandwidth -> bytes_gb * num_hops / num_devices_on_mesh_dim * mesh_dim_bandwidth",
+    ),
+    (
+        "allgather_cost",
+        "arithmetic",
+        "num_hops * mesh_topo.mesh_dim_latency[mesh_dim] -> "
+        "num_hops / mesh_topo.mesh_dim_latency[mesh_dim]",
+    ),
+    (
+        "allgather_cost",
+        "arithmetic",
+        "bytes_gb * num_hops / num_devices_on_mesh_dim -> "
+        "bytes_gb * num_hops * num_devices_on_mesh_dim",
+    ),
+    ("allgather_cost", "arithmetic", "bw * 1000000.0 -> bw / 1000000.0"),
+    (
+        "_compute_placement_transition_cost",
+        "comparison",
+        "current_placement == target_placement -> current_placement != target_placement",
+    ),
+    (
+        "_compute_placement_transition_cost",
+        "arithmetic",
+        "comm_bytes_gb *= num_devices_on_mesh_dim -> comm_bytes_gb /= num_devices_on_mesh_dim",
+    ),
+    (
+        "_compute_placement_transition_cost",
+        "arithmetic",
+        "allgather_cost(comm_bytes_gb, mesh_topo, mesh_dim) + 1.0 -> "
+        "allgather_cost(comm_bytes_gb, mesh_topo, mesh_dim) - 1.0",
+    ),
+    (
+        "redistribute_cost",
+        "comparison",
+        "current_spec.placements == target_spec.placements -> "
+        "current_spec.placements != target_spec.placements",
+    ),
+    (
+        "redistribute_cost",
+        "comparison",
+        "current_spec.shard_order == target_spec.shard_order -> "
+        "current_spec.shard_order != target_spec.shard_order",
+    ),
+    ("redistribute_cost", "comparison", "step_cost == float('inf') -> step_cost != float('inf')"),
+    (
+        "redistribute_cost",
+        "reversed-iteration",
+        "for ... in transform_infos -> reversed(list(...))",
+    ),
+    ("redistribute_cost", "off-by-one", "1024 -> 1025"),
+    ("redistribute_cost", "off-by-one", "0 -> 1"),
+    *(
+        (
+            "redistribute_cost",
+            "arithmetic",
+            f"spec_to_bytes(current_spec) / current_spec.num_shards{a} -> "
+            f"spec_to_bytes(current_spec) {b}",
+        )
+        for a, b in (
+            (" / 1024 / 1024 / 1024", "/ current_spec.num_shards / 1024 / 1024 * 1024"),
+            (" / 1024 / 1024", "/ current_spec.num_shards / 1024 * 1024"),
+            (" / 1024", "/ current_spec.num_shards * 1024"),
+            ("", "* current_spec.num_shards"),
+        )
+    ),
+}
+
 # (module, qualname, operator, change) -> why the contract cannot tell it from torch.
 EQUIVALENT: dict[tuple[str, str, str, str], str] = {
     (_POWER, "powerSGD_hook", "reversed-iteration",
@@ -1105,6 +1194,14 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         for cls, what in (("Partial", "hash(self.reduce_op)"), ("_Partial", "hash(self.reduce_op)"))
         for op, change in (("arithmetic", f"1 + {what} -> 1 - {what}"), ("off-by-one", "1 -> 2"))
     },
+    **{(_DT_COST, qualname, op, change): _COST for qualname, op, change in _COSTS},
+    (_DT_COST, "allgather_cost", "off-by-one", "1 -> 2"): (
+        "the hops of a gather one fewer: below zero only over a mesh dimension of one rank, where "
+        "the gather it prices moves nothing (every placement over one rank is the same tensor), "
+        "so a strategy relabelling that dimension runs, with no collective; at two or more ranks "
+        "a cost still positive, so as the other cost-model mutants: which communicating "
+        "strategy runs, each giving the operation's value"
+    ),
 }  # fmt: skip
 
 
