@@ -200,3 +200,121 @@ def _name(placement: Any) -> str:
     if placement.is_shard():
         return f"shard{placement.dim}"
     return "partial" if placement.is_partial() else "replicate"
+
+
+def _out(op: Callable[..., Any]) -> Callable[..., Any]:
+    def call(*args: Any, **kwargs: Any) -> Any:
+        out = torch.empty_like(args[0])
+        op(*args, **kwargs, out=out)
+        return out
+
+    return call
+
+
+def _inplace(method: str) -> Callable[..., Any]:
+    def call(x: Any, *args: Any, **kwargs: Any) -> Any:
+        held = x.clone()
+        getattr(held, method)(*args, **kwargs)
+        return held
+
+    return call
+
+
+def _foreach(name: str, *, inplace: bool = False) -> Callable[..., Any]:
+    def call(x: Any, *args: Any, **kwargs: Any) -> Any:
+        # Two tensors in the list: the second is what is checked, so a form that reads the
+        # wrong list entry shows.
+        held = [x.clone() * 0 + 1, x.clone()]
+        listed = [[a, a] if isinstance(a, torch.Tensor) else a for a in args]
+        result = getattr(torch, name)(held, *listed, **kwargs)
+        return (held if inplace else result)[1]
+
+    return call
+
+
+# The forms optimizers and training steps write an update in (functional, in place, into an
+# ``out`` tensor, over a list at once), of ``x`` with ``y`` and ``z`` (z never zero); each is
+# what the same form does on the whole tensors.
+FORMS: dict[str, Callable[[Any, Any, Any], Any]] = {
+    "add": lambda x, y, z: torch.add(x, y, alpha=2),
+    "add out": lambda x, y, z: _out(torch.add)(x, y, alpha=2),
+    "add_": lambda x, y, z: _inplace("add_")(x, y, alpha=2),
+    "_foreach_add": lambda x, y, z: _foreach("_foreach_add")(x, y, alpha=2),
+    "_foreach_add_": lambda x, y, z: _foreach("_foreach_add_", inplace=True)(x, y, alpha=2),
+    "mul out": lambda x, y, z: _out(torch.mul)(x, y),
+    "mul_": lambda x, y, z: _inplace("mul_")(x, y),
+    "_foreach_mul_ scalar": lambda x, y, z: _foreach("_foreach_mul_", inplace=True)(x, 3.0),
+    "div out": lambda x, y, z: _out(torch.div)(x, z),
+    "_foreach_div": lambda x, y, z: _foreach("_foreach_div")(x, z),
+    "lerp_": lambda x, y, z: _inplace("lerp_")(x, y, 0.25),
+    "_foreach_lerp_": lambda x, y, z: _foreach("_foreach_lerp_", inplace=True)(x, y, 0.25),
+    "addcmul_": lambda x, y, z: _inplace("addcmul_")(x, y, y, value=0.5),
+    "_foreach_addcmul_": lambda x, y, z: _foreach("_foreach_addcmul_", inplace=True)(
+        x, y, y, value=0.5
+    ),
+    "addcdiv out": lambda x, y, z: _out(torch.addcdiv)(x, y, z, value=-0.5),
+    "_foreach_addcdiv_": lambda x, y, z: _foreach("_foreach_addcdiv_", inplace=True)(
+        x, y, z, value=-0.5
+    ),
+    "sqrt out": lambda x, y, z: _out(torch.sqrt)(z),
+    "_foreach_sqrt": lambda x, y, z: _foreach("_foreach_sqrt")(z),
+    "maximum out": lambda x, y, z: _out(torch.maximum)(x, y),
+    # Forms a release derives from the operation's own rule (DERIVED) rather than lists.
+    "_foreach_add_ scalar tensor": lambda x, y, z: _foreach("_foreach_add_", inplace=True)(
+        x, torch.tensor(2.5, dtype=x.dtype)
+    ),
+    "_foreach_add scalars": lambda x, y, z: _foreach("_foreach_add")(x, [1.5, -2.0]),
+    "_foreach_clamp_max_": lambda x, y, z: _foreach("_foreach_clamp_max_", inplace=True)(x, y),
+    "_foreach_clamp_min scalars": lambda x, y, z: _foreach("_foreach_clamp_min")(x, [0.5, -1.0]),
+    "gt_": lambda x, y, z: _inplace("gt_")(x, y),
+    "ge_ scalar": lambda x, y, z: _inplace("ge_")(x, 0.5),
+}
+
+
+# The out forms and the rest past the optimizers' own: those a release that derives its
+# variants of an operation from the operation (``_ops.autogen``) has, and older ones may not.
+DERIVED = ("add out", "mul out", "div out", "addcdiv out", "sqrt out", "maximum out",
+           "_foreach_add_ scalar tensor", "_foreach_add scalars", "_foreach_clamp_max_",
+           "_foreach_clamp_min scalars", "gt_", "ge_ scalar")  # fmt: skip
+
+
+def derives_forms() -> bool:
+    """Whether the installed release derives an operation's in-place, out and list forms
+    from the operation's own rule (so every form of :data:`FORMS` is one it has)."""
+    import importlib.util
+
+    return importlib.util.find_spec("torch.distributed.tensor._ops.autogen") is not None
+
+
+def form_values(seed: int, shape: tuple[int, ...]) -> tuple[torch.Tensor, ...]:
+    """``x``, ``y`` and ``z`` of :data:`FORMS`, whole (``z`` positive: a divisor, a root)."""
+    x, y = full_value(seed, 0, shape), full_value(seed, 1, shape)
+    return x, y, full_value(seed, 2, shape).abs() + 1
+
+
+def forms(case: dict[str, Any]) -> dict[str, Any]:
+    """Each of :data:`FORMS` on the case's three tensors, all laid out with its placements:
+    per form, the collectives it issued, its result's placements and the result whole (or
+    the error it raised)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.debug import CommDebugMode
+
+    mesh = init_device_mesh("cpu", tuple(case["mesh"]))
+    laid = [laid_out(t, mesh, tuple(case["placements"]))
+            for t in form_values(case["seed"], tuple(case["shape"]))]  # fmt: skip
+    out: dict[str, Any] = {}
+    for name in case["forms"]:
+        counting = CommDebugMode()
+        try:
+            with counting:
+                result = FORMS[name](*laid)
+        except (RuntimeError, NotImplementedError) as exc:
+            out[name] = f"{type(exc).__name__}: {exc}".splitlines()[0]
+            continue
+        out[name] = {
+            "collectives": {str(op): n for op, n in counting.get_comm_counts().items()},
+            "placements": [_name(p) for p in result.placements],
+            "whole": result.full_tensor(),
+        }
+    dist.barrier()
+    return out

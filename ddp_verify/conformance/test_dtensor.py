@@ -9,7 +9,8 @@ keyword forms its constructors and conversions document (whose data a source ran
 replica check, an uneven shape given, the dtypes of a redistribution and of its gradient, a
 gradient hinted partial) do what their docstrings say. An operation whose inputs' pieces
 are all each rank needs runs without communication, its result laid out as the arithmetic
-leaves it. A wrong sharding rule or redistribution trains every rank alike on wrong
+leaves it; an update written in place, into an out tensor or over a list of tensors at once
+(as optimizers write theirs) is its functional form. A wrong sharding rule or redistribution trains every rank alike on wrong
 values; a wrong choice among them moves whole tensors a step needs none of."""
 
 from __future__ import annotations
@@ -360,4 +361,57 @@ def test_an_operation_whose_inputs_fit_communicates_nothing(world, prove):
              "b_shape": (1024, 1), "a_placements": ("shard1", "shard1"),
              "b_placements": ("replicate", "replicate")},
         ],
+    )  # fmt: skip
+
+
+def _forms() -> list[str]:
+    every = sorted(dtensor_jobs.FORMS)
+    if dtensor_jobs.derives_forms():
+        return every
+    return [name for name in every if name not in dtensor_jobs.DERIVED]
+
+
+@st.composite
+def form_cases(draw: st.DrawFn, world_size: int) -> dict[str, Any]:
+    mesh = draw(st.sampled_from(_meshes(world_size)))
+    sides = st.integers(1, world_size + 2)  # fewer rows than ranks, and uneven shards
+    return {
+        "seed": draw(st.integers(0, 2**16)),
+        "mesh": mesh,
+        "shape": (draw(sides), draw(sides)),
+        "placements": draw(st.tuples(*[st.sampled_from(PLACEMENTS[:3])] * len(mesh))),
+        "forms": draw(st.lists(st.sampled_from(_forms()), min_size=1, max_size=6,
+                               unique=True)),
+    }  # fmt: skip
+
+
+def test_an_update_written_in_place_into_out_or_over_lists_is_its_functional_form(world, prove):
+    # An optimizer on sharded parameters (FSDP2's, tensor parallelism's) writes its update in
+    # place, into out tensors or over lists at once (foreach): forms DTensor registers from
+    # each operation's own rule. Each must give what the same form gives on the whole
+    # tensors, laid out as its inputs, with no communication (every input holds its piece).
+    def check(case: dict[str, Any]) -> None:
+        whole = dtensor_jobs.form_values(case["seed"], tuple(case["shape"]))
+        layout = f"{case['shape']} as {case['placements']} on mesh {case['mesh']}"
+        for rank, got in enumerate(world.run(dtensor_jobs.forms, case)):
+            for name in case["forms"]:
+                said = f"{name} of {layout}, rank {rank}"
+                held = got[name]
+                assert isinstance(held, dict), f"{said}: {held}"
+                want = dtensor_jobs.FORMS[name](*whole)
+                torch.testing.assert_close(held["whole"], want, rtol=1e-12, atol=1e-12,
+                                           msg=lambda m, said=said: f"{said}: {m}")  # fmt: skip
+                assert held["collectives"] == {}, f"{said}: issued {held['collectives']}"
+                placed, wanted = (
+                    tuple(p if n > 1 else "any" for p, n in zip(ps, case["mesh"], strict=True))
+                    for ps in (held["placements"], case["placements"])
+                )
+                assert placed == wanted, f"{said}: result laid out as {held['placements']}"
+
+    ws = world.size
+    prove(
+        form_cases(ws),
+        check,
+        examples=[{"seed": 0, "mesh": (ws,), "shape": (ws + 1, 2), "placements": ("shard0",),
+                   "forms": _forms()}],
     )  # fmt: skip
