@@ -318,3 +318,17 @@ def forms(case: dict[str, Any]) -> dict[str, Any]:
         }
     dist.barrier()
     return out
+
+
+def pieces(case: dict[str, Any]) -> dict[str, Any]:
+    """The case's tensor laid out by ``distribute_tensor`` with its placements on a mesh of
+    its shape: this rank's coordinate on the mesh and the piece it holds (``to_local``)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import distribute_tensor
+
+    mesh = init_device_mesh("cpu", tuple(case["mesh"]))
+    full = full_value(case["seed"], 0, tuple(case["shape"]))
+    laid = distribute_tensor(full, mesh, [_placement(p) for p in case["placements"]])
+    out = {"coordinate": mesh.get_coordinate(), "piece": laid.to_local().clone()}
+    dist.barrier()
+    return out

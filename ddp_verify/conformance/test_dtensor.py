@@ -10,7 +10,8 @@ replica check, an uneven shape given, the dtypes of a redistribution and of its 
 gradient hinted partial) do what their docstrings say. An operation whose inputs' pieces
 are all each rank needs runs without communication, its result laid out as the arithmetic
 leaves it; an update written in place, into an out tensor or over a list of tensors at once
-(as optimizers write theirs) is its functional form. A wrong sharding rule or redistribution trains every rank alike on wrong
+(as optimizers write theirs) is its functional form; each rank holds the piece its
+placements name. A wrong sharding rule or redistribution trains every rank alike on wrong
 values; a wrong choice among them moves whole tensors a step needs none of."""
 
 from __future__ import annotations
@@ -414,4 +415,54 @@ def test_an_update_written_in_place_into_out_or_over_lists_is_its_functional_for
         check,
         examples=[{"seed": 0, "mesh": (ws,), "shape": (ws + 1, 2), "placements": ("shard0",),
                    "forms": _forms()}],
+    )  # fmt: skip
+
+
+def _piece(full: torch.Tensor, mesh: tuple[int, ...], placements: tuple[str, ...],
+           coordinate: list[int]) -> torch.Tensor:  # fmt: skip
+    """What a rank at ``coordinate`` holds, as DTensor documents it: the placements applied
+    one mesh dimension after another, left to right, each shard ``torch.chunk``'s piece
+    (empty past the last)."""
+    piece = full
+    for size, placement, index in zip(mesh, placements, coordinate, strict=True):
+        if placement.startswith("shard"):
+            dim = int(placement[-1])
+            chunks = piece.chunk(size, dim=dim)
+            piece = chunks[index] if index < len(chunks) else piece.narrow(dim, 0, 0)
+    return piece
+
+
+@st.composite
+def piece_cases(draw: st.DrawFn, world_size: int) -> dict[str, Any]:
+    mesh = draw(st.sampled_from(_meshes(world_size)))
+    sides = st.integers(1, world_size + 2)
+    return {
+        "seed": draw(st.integers(0, 2**16)),
+        "mesh": mesh,
+        "shape": (draw(sides), draw(sides)),
+        "placements": draw(st.tuples(*[st.sampled_from(PLACEMENTS[:3])] * len(mesh))),
+    }
+
+
+def test_each_rank_holds_the_piece_its_placements_name(world, prove):
+    # A round trip (laid out, made whole) cannot tell which rank holds which piece; a
+    # checkpoint written by one layout and read by another, a local optimizer state or a
+    # rank's own loss can. Placements go left to right over the mesh's dimensions, a tensor
+    # dimension cut by two of them cut by the first, then each piece by the second.
+    def check(case: dict[str, Any]) -> None:
+        full = dtensor_jobs.full_value(case["seed"], 0, tuple(case["shape"]))
+        for rank, got in enumerate(world.run(dtensor_jobs.pieces, case)):
+            want = _piece(full, case["mesh"], case["placements"], got["coordinate"])
+            said = (f"{case['shape']} as {case['placements']} on mesh {case['mesh']}, rank "
+                    f"{rank} at {got['coordinate']}")  # fmt: skip
+            torch.testing.assert_close(got["piece"], want, rtol=0, atol=0,
+                                       msg=lambda m, said=said: f"{said}: {m}")  # fmt: skip
+
+    ws = world.size
+    twos = [m for m in _meshes(ws) if len(m) == 2 and min(m) > 1] or [(ws, 1)]
+    prove(
+        piece_cases(ws),
+        check,
+        examples=[{"seed": 0, "mesh": twos[0], "shape": (ws + 1, 3),
+                   "placements": ("shard0", "shard0")}],
     )  # fmt: skip

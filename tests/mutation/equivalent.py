@@ -230,6 +230,21 @@ _COSTS = {
     ),
 }
 
+_DT_SPEC = "torch.distributed.tensor._dtensor_spec"
+_SHARD_ORDER_CHECK = (
+    "an assertion on a shard order, weakened or its checks taken in another order: every "
+    "shard order DTensor makes (compute_default_shard_order, its redistribution planner) "
+    "passes it either way, and no public entry (distribute_tensor, from_local, redistribute) "
+    "takes one from a user"
+)
+_SPEC_EQUALS = (
+    "two specs alike in every field now compare unequal (and two differing in that field "
+    "equal only where their hashes, which include it, coincide): a cached sharding strategy "
+    "is looked up, missed and computed again, the same; an input whose spec is its "
+    "strategy's is 'redistributed' to the placements it has, which moves nothing "
+    "(test_an_operation_whose_inputs_fit_communicates_nothing counts no collective)"
+)
+
 # (module, qualname, operator, change) -> why the contract cannot tell it from torch.
 EQUIVALENT: dict[tuple[str, str, str, str], str] = {
     (_POWER, "powerSGD_hook", "reversed-iteration",
@@ -1195,6 +1210,36 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         for op, change in (("arithmetic", f"1 + {what} -> 1 - {what}"), ("off-by-one", "1 -> 2"))
     },
     **{(_DT_COST, qualname, op, change): _COST for qualname, op, change in _COSTS},
+    **{
+        (_DT_SPEC, "DTensorSpec._verify_shard_order", op, change): _SHARD_ORDER_CHECK
+        for op, change in (
+            ("comparison", "len(mesh_dims) <= 0 -> len(mesh_dims) < 0"),
+            ("comparison", "tensor_dim <= prev_tensor_dim -> tensor_dim < prev_tensor_dim"),
+            ("reversed-iteration", "for ... in mesh_dims -> reversed(list(...))"),
+            ("off-by-one", "1 -> 2 at `prev_tensor_dim = -1`"),
+        )
+    },
+    **{
+        (_DT_SPEC, "DTensorSpec._check_equals", "comparison",
+         f"self.{f} == other.{f} -> self.{f} != other.{f}"): _SPEC_EQUALS
+        for f in ("tensor_meta.shape", "tensor_meta.stride", "tensor_meta.dtype", "mesh",
+                  "shard_order")
+    },
+    (_DT_SPEC, "DTensorSpec._check_equals", "ignored-argument",
+     "argument skip_shapes ignored for its default False"): (
+        "skip_shapes is passed by torch.compile's DTensor guard alone (check_dtensor_spec): "
+        "shapes compared there too, a compiled function is compiled again for a DTensor of "
+        "another shape, the same values"
+    ),
+    (_DT_SPEC, "DTensorSpec.is_default_device_order", "comparison", "prev < nxt -> prev <= nxt"): (
+        "a shard order names each mesh dimension once, so two neighbours are never equal: < "
+        "and <= read alike"
+    ),
+    (_DT_SPEC, "DTensorSpec.is_default_device_order", "reversed-iteration",
+     "for ... in shard_order -> reversed(list(...))"): (
+        "the order is default if every entry's mesh dimensions increase, each entry checked "
+        "on its own: in any order the same answer"
+    ),
     (_DT_COST, "allgather_cost", "off-by-one", "1 -> 2"): (
         "the hops of a gather one fewer: below zero only over a mesh dimension of one rank, where "
         "the gather it prices moves nothing (every placement over one rank is the same tensor), "
