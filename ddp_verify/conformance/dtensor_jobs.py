@@ -32,7 +32,18 @@ OPERATIONS: dict[str, Callable[[Any, Any], Any]] = {
     "flatten": lambda a, b: a.reshape(-1),
     "slice_columns": lambda a, b: a[:, 1:] * 2,
     "select_row": lambda a, b: a[0] * 2,
+    # Two results at once (as a norm computes its statistics), summed to one.
+    "var_mean_columns": lambda a, b: _summed(torch.var_mean(a, 1, correction=0)),
 }
+
+
+def _summed(results: tuple[Any, ...]) -> Any:
+    first, *rest = results
+    for result in rest:
+        first = first + result
+    return first
+
+
 # Operations autograd goes through in training (the rest are taken forward only).
 DIFFERENTIABLE = ("add", "neg", "relu", "exp", "sum", "sum_rows", "sum_columns", "mean",
                   "mean_rows", "norm", "softmax", "matmul", "transpose", "cat", "slice_columns",
@@ -244,6 +255,8 @@ FORMS: dict[str, Callable[[Any, Any, Any], Any]] = {
     "mul out": lambda x, y, z: _out(torch.mul)(x, y),
     "mul_": lambda x, y, z: _inplace("mul_")(x, y),
     "_foreach_mul_ scalar": lambda x, y, z: _foreach("_foreach_mul_", inplace=True)(x, 3.0),
+    # In place, the dimensions renumbered (the shard's dimension with them).
+    "squeeze_": lambda x, y, z: _inplace("squeeze_")(x.unsqueeze(0), 0),
     "div out": lambda x, y, z: _out(torch.div)(x, z),
     "_foreach_div": lambda x, y, z: _foreach("_foreach_div")(x, z),
     "lerp_": lambda x, y, z: _inplace("lerp_")(x, y, 0.25),
