@@ -1225,6 +1225,21 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         for f in ("tensor_meta.shape", "tensor_meta.stride", "tensor_meta.dtype", "mesh",
                   "shard_order")
     },
+    ("torch.distributed.tensor._dispatch", "OpDispatcher._unwrap_to_op_info_impl",
+     "reversed-iteration", "for ... in kwargs.items() -> reversed(list(...))"): (
+        "an operation's keyword arguments are filed by name (their local tensors and specs in "
+        "dicts passed on by keyword): the order changes only which DTensor keyword's mesh is "
+        "recorded first, and an operation's DTensors all share one mesh"
+    ),
+    ("torch.distributed.tensor._op_schema", "OpSpec.__hash__", "off-by-one", "0 -> 1"): (
+        "the hash of a strategy without input specs is built from another constant, alike for "
+        "every such strategy: equal strategies still hash equal (all the hash contract asks)"
+    ),
+    ("torch.distributed.tensor._ops._tensor_ops", "create_like_strategy", "reversed-iteration",
+     "for ... in select_strategy.strategies -> reversed(list(...))"): (
+        "a *_like operation's first argument is the input's own strategy, made at dispatch "
+        "from the input's one spec: a list of one, the same reversed"
+    ),
     (_DT_SPEC, "DTensorSpec._check_equals", "ignored-argument",
      "argument skip_shapes ignored for its default False"): (
         "skip_shapes is passed by torch.compile's DTensor guard alone (check_dtensor_spec): "
