@@ -337,13 +337,17 @@ def forms(case: dict[str, Any]) -> dict[str, Any]:
 
 def pieces(case: dict[str, Any]) -> dict[str, Any]:
     """The case's tensor laid out by ``distribute_tensor`` with its placements on a mesh of
-    its shape: this rank's coordinate on the mesh and the piece it holds (``to_local``)."""
+    its shape: this rank's coordinate on the mesh, the piece it holds (``to_local``) and the
+    chunk a checkpoint records it as (``__create_chunk_list__``: its offsets and sizes)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import distribute_tensor
 
     mesh = init_device_mesh("cpu", tuple(case["mesh"]))
     full = full_value(case["seed"], 0, tuple(case["shape"]))
     laid = distribute_tensor(full, mesh, [_placement(p) for p in case["placements"]])
-    out = {"coordinate": mesh.get_coordinate(), "piece": laid.to_local().clone()}
+    out: dict[str, Any] = {"coordinate": mesh.get_coordinate(), "piece": laid.to_local().clone()}
+    if hasattr(laid, "__create_chunk_list__"):
+        # Where a checkpoint says the piece lies in the whole (its chunk: offsets, sizes).
+        out["chunks"] = [(list(c.offsets), list(c.sizes)) for c in laid.__create_chunk_list__()]
     dist.barrier()
     return out

@@ -441,6 +441,19 @@ def _piece(full: torch.Tensor, mesh: tuple[int, ...], placements: tuple[str, ...
     return piece
 
 
+def _span(shape: tuple[int, ...], mesh: tuple[int, ...], placements: tuple[str, ...],
+          coordinate: list[int]) -> tuple[list[int], list[int]]:  # fmt: skip
+    """Where :func:`_piece`'s piece lies in the whole: its offsets and sizes."""
+    low, high = [0] * len(shape), list(shape)
+    for size, placement, index in zip(mesh, placements, coordinate, strict=True):
+        if placement.startswith("shard"):
+            dim = int(placement[-1])
+            step = -(-(high[dim] - low[dim]) // size)  # torch.chunk's piece
+            start = min(low[dim] + index * step, high[dim])
+            low[dim], high[dim] = start, min(start + step, high[dim])
+    return low, [h - lo for lo, h in zip(low, high, strict=True)]
+
+
 @st.composite
 def piece_cases(draw: st.DrawFn, world_size: int) -> dict[str, Any]:
     mesh = draw(st.sampled_from(_meshes(world_size)))
@@ -456,8 +469,9 @@ def piece_cases(draw: st.DrawFn, world_size: int) -> dict[str, Any]:
 def test_each_rank_holds_the_piece_its_placements_name(world, prove):
     # A round trip (laid out, made whole) cannot tell which rank holds which piece; a
     # checkpoint written by one layout and read by another, a local optimizer state or a
-    # rank's own loss can. Placements go left to right over the mesh's dimensions, a tensor
-    # dimension cut by two of them cut by the first, then each piece by the second.
+    # rank's own loss can, and a checkpoint records each piece where the rank says it lies.
+    # Placements go left to right over the mesh's dimensions, a tensor dimension cut by two
+    # of them cut by the first, then each piece by the second.
     def check(case: dict[str, Any]) -> None:
         full = dtensor_jobs.full_value(case["seed"], 0, tuple(case["shape"]))
         for rank, got in enumerate(world.run(dtensor_jobs.pieces, case)):
@@ -466,6 +480,16 @@ def test_each_rank_holds_the_piece_its_placements_name(world, prove):
                     f"{rank} at {got['coordinate']}")  # fmt: skip
             torch.testing.assert_close(got["piece"], want, rtol=0, atol=0,
                                        msg=lambda m, said=said: f"{said}: {m}")  # fmt: skip
+            if "chunks" not in got:
+                continue
+            offsets, sizes = _span(tuple(case["shape"]), case["mesh"], case["placements"],
+                                   got["coordinate"])  # fmt: skip
+            assert [c[1] for c in got["chunks"]] == [sizes], f"{said}: chunks {got['chunks']}"
+            if 0 not in sizes:  # an empty chunk lies nowhere: any offset says so
+                assert got["chunks"][0][0] == offsets, (
+                    f"{said}: its chunk recorded at {got['chunks'][0][0]}, where its piece "
+                    f"lies at {offsets}"
+                )
 
     ws = world.size
     twos = [m for m in _meshes(ws) if len(m) == 2 and min(m) > 1] or [(ws, 1)]
