@@ -1240,6 +1240,39 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "a *_like operation's first argument is the input's own strategy, made at dispatch "
         "from the input's one spec: a list of one, the same reversed"
     ),
+    **{
+        ("torch.distributed.tensor._utils", qualname, "ignored-argument",
+         "argument skip_offset ignored for its default False"): (
+            "offsets computed where a caller asked them skipped: every caller passing "
+            "skip_offset=True (sharding propagation, DTensor's factories, the matrix and math "
+            "rules, the common rules' cost) unpacks `local_shape, _ =` and discards them; the "
+            "local shape is the same"
+        )
+        for qualname in ("compute_local_shape_and_global_offset",
+                         "_compute_local_shape_and_global_offset")
+    },
+    ("torch.distributed.tensor._utils", "_get_shard_size_and_offsets", "off-by-one",
+     "1 -> 2 at `return shard_size, torch.arange(zero_global_offset, zero_global_offset + 1)`"): (
+        "an empty shard's offsets run one element further past the dimension's end: only the "
+        "first (_get_first_offset) is ever read, the same, and an empty chunk lies nowhere"
+    ),
+    ("torch.distributed.tensor._utils", "_compute_local_shape_and_global_offset",
+     "reversed-iteration",
+     "for ... in shard_dim_to_global_offsets.items() -> reversed(list(...))"): (
+        "each sharded dimension's first offset is written to its own slot of global_offset: "
+        "in any order the same offsets"
+    ),
+    ("torch.distributed.tensor._utils", "_compute_local_shape_and_global_offset", "comparison",
+     "shard_dim >= len(local_shape) -> shard_dim > len(local_shape)"): (
+        "a shard dimension equal to the tensor's rank, which a Shard placement normalised "
+        "against its tensor never holds, would still fail on the next line (local_shape "
+        "indexed past its end): a refusal of another type, of nothing a run makes"
+    ),
+    ("torch.distributed.tensor._utils", "try_find_mesh_from_args", "reversed-iteration",
+     "for ... in args -> reversed(list(...))"): (
+        "the mesh of the last DTensor argument rather than the first: an operation's DTensor "
+        "arguments share one mesh (sharding propagation refuses mixed meshes), the same mesh"
+    ),
     (_DT_SPEC, "DTensorSpec._check_equals", "ignored-argument",
      "argument skip_shapes ignored for its default False"): (
         "skip_shapes is passed by torch.compile's DTensor guard alone (check_dtensor_spec): "
