@@ -1273,6 +1273,22 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "the mesh of the last DTensor argument rather than the first: an operation's DTensor "
         "arguments share one mesh (sharding propagation refuses mixed meshes), the same mesh"
     ),
+    **{
+        ("torch.distributed.tensor._ops._pointwise_ops", "_get_pointwise_ops_from_tag",
+         "reversed-iteration", f"for ... in {over} -> reversed(list(...))"): (
+            "the operations tagged pointwise are listed in another order: each is registered "
+            "once, with the same rule (_register_single_dim_pointwise with no extra rules), "
+            "whatever its turn; the ops listed besides them still come after"
+        )
+        for over in ("[torch.ops.aten, torch.ops.prims]", "dir(ns)", "attr.overloads()")
+    },
+    ("torch.distributed.tensor._ops._pointwise_ops", "_register_single_dim_pointwise",
+     "ignored-argument", "argument static_argnum ignored for its default 0"): (
+        "the scalar-linear operations (mul and div by a scalar, and their foreach forms) have "
+        "their sharding cached under a key hashing every argument from the first (the "
+        "tensor's spec, hashed anyway) rather than from the scalar on: a key as fine, the "
+        "same strategy for every call"
+    ),
     (_DT_SPEC, "DTensorSpec._check_equals", "ignored-argument",
      "argument skip_shapes ignored for its default False"): (
         "skip_shapes is passed by torch.compile's DTensor guard alone (check_dtensor_spec): "
