@@ -224,6 +224,15 @@ def _out(op: Callable[..., Any]) -> Callable[..., Any]:
     return call
 
 
+def _max_out(x: Any) -> Any:
+    # The largest of each row into out tensors (values and indices); the values held (which
+    # of two equal entries an index names is the implementation's).
+    values = torch.empty_like(x[:, 0])
+    indices = torch.empty_like(x[:, 0], dtype=torch.long)
+    torch.max(x, 1, out=(values, indices))
+    return values
+
+
 def _inplace(method: str) -> Callable[..., Any]:
     def call(x: Any, *args: Any, **kwargs: Any) -> Any:
         held = x.clone()
@@ -281,6 +290,9 @@ FORMS: dict[str, Callable[[Any, Any, Any], Any]] = {
     "_foreach_add scalars": lambda x, y, z: _foreach("_foreach_add")(x, [1.5, -2.0]),
     "_foreach_clamp_max_": lambda x, y, z: _foreach("_foreach_clamp_max_", inplace=True)(x, y),
     "_foreach_clamp_min scalars": lambda x, y, z: _foreach("_foreach_clamp_min")(x, [0.5, -1.0]),
+    "max out": lambda x, y, z: _max_out(x),
+    "_foreach_expm1": lambda x, y, z: _foreach("_foreach_expm1")(x / 8),
+    "_foreach_erf_": lambda x, y, z: _foreach("_foreach_erf_", inplace=True)(x / 4),
     "gt_": lambda x, y, z: _inplace("gt_")(x, y),
     "ge_ scalar": lambda x, y, z: _inplace("ge_")(x, 0.5),
 }
@@ -290,7 +302,11 @@ FORMS: dict[str, Callable[[Any, Any, Any], Any]] = {
 # variants of an operation from the operation (``_ops.autogen``) has, and older ones may not.
 DERIVED = ("add out", "mul out", "div out", "addcdiv out", "sqrt out", "maximum out",
            "_foreach_add_ scalar tensor", "_foreach_add scalars", "_foreach_clamp_max_",
-           "_foreach_clamp_min scalars", "gt_", "ge_ scalar")  # fmt: skip
+           "_foreach_clamp_min scalars", "gt_", "ge_ scalar", "_foreach_expm1",
+           "_foreach_erf_", "max out")  # fmt: skip
+# Forms whose result is laid out otherwise than their input (a reduction), communicating
+# where the input is cut along what they reduce.
+REDUCING = ("max out",)
 
 
 def derives_forms() -> bool:

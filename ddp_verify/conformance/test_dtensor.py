@@ -385,14 +385,19 @@ def _forms() -> list[str]:
 def form_cases(draw: st.DrawFn, world_size: int) -> dict[str, Any]:
     mesh = draw(st.sampled_from(_meshes(world_size)))
     sides = st.integers(1, world_size + 2)  # fewer rows than ranks, and uneven shards
+    placements = draw(st.tuples(*[st.sampled_from(PLACEMENTS)] * len(mesh)))
+    forms = _forms()
+    if "partial" in placements:
+        # An out tensor laid out as a partial sum cannot take a result that needs the sum
+        # first (it is written where it lies): refused, so not drawn.
+        forms = [name for name in forms if not name.endswith(" out")]
     return {
         "seed": draw(st.integers(0, 2**16)),
         "mesh": mesh,
         "shape": (draw(sides), draw(sides)),
-        "placements": draw(st.tuples(*[st.sampled_from(PLACEMENTS[:3])] * len(mesh))),
-        "forms": draw(st.lists(st.sampled_from(_forms()), min_size=1, max_size=6,
-                               unique=True)),
-    }  # fmt: skip
+        "placements": placements,
+        "forms": draw(st.lists(st.sampled_from(forms), min_size=1, max_size=6, unique=True)),
+    }
 
 
 def test_an_update_written_in_place_into_out_or_over_lists_is_its_functional_form(world, prove):
@@ -411,6 +416,10 @@ def test_an_update_written_in_place_into_out_or_over_lists_is_its_functional_for
                 want = dtensor_jobs.FORMS[name](*whole)
                 torch.testing.assert_close(held["whole"], want, rtol=1e-12, atol=1e-12,
                                            msg=lambda m, said=said: f"{said}: {m}")  # fmt: skip
+                if "partial" in case["placements"] or name in dtensor_jobs.REDUCING:
+                    # A partial sum: linear forms keep it, the rest sum it first; the values
+                    # are what is held.
+                    continue
                 assert held["collectives"] == {}, f"{said}: issued {held['collectives']}"
                 placed, wanted = (
                     tuple(p if n > 1 else "any" for p, n in zip(ps, case["mesh"], strict=True))
