@@ -159,8 +159,25 @@ def test_dtensor_is_the_whole_tensor_it_stands_for(world, prove):
                 "target": ("shard1",),
                 "operations": ["matmul", "sum_rows", "softmax"],
             },
+            # One tensor dimension cut by both dimensions of a mesh (the first, then the second).
+            {
+                "seed": 2,
+                "mesh": _two_dimensional(world_size),
+                "a_shape": (world_size + 1, 3),
+                "b_shape": (3, 2),
+                "a_placements": ("shard0", "shard0"),
+                "b_placements": ("shard0", "shard1"),
+                "target": ("replicate", "shard0"),
+                "operations": ["add", "sum_rows", "matmul"],
+            },
         ],
     )
+
+
+def _two_dimensional(world_size: int) -> tuple[int, int]:
+    """The squarest two-dimensional mesh of the world (one of its sides 1 where prime)."""
+    return max(((a, world_size // a) for a in range(1, world_size + 1) if world_size % a == 0),
+               key=min)  # fmt: skip
 
 
 def _api_forms(seed: int, shape: tuple[int, int], size: int, rank: int) -> dict[str, Any]:
@@ -501,10 +518,9 @@ def test_each_rank_holds_the_piece_its_placements_name(world, prove):
                 )
 
     ws = world.size
-    twos = [m for m in _meshes(ws) if len(m) == 2 and min(m) > 1] or [(ws, 1)]
     prove(
         piece_cases(ws),
         check,
-        examples=[{"seed": 0, "mesh": twos[0], "shape": (ws + 1, 3),
+        examples=[{"seed": 0, "mesh": _two_dimensional(ws), "shape": (ws + 1, 3),
                    "placements": ("shard0", "shard0")}],
     )  # fmt: skip
