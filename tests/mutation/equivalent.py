@@ -1289,6 +1289,28 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "tensor's spec, hashed anyway) rather than from the scalar on: a key as fine, the "
         "same strategy for every call"
     ),
+    **{
+        ("torch.distributed.tensor._ops.autogen", qualname, "reversed-iteration",
+         f"for ... in {over} -> reversed(list(...))"): (
+            "one base operation's variants are found (or registered) in another order: every "
+            "finder collects all its matches (none stops at the first), no variant appears "
+            "twice in one base's list, and each is registered once with that base's rule "
+            "whatever its turn (which base claims a variant two bases share is the order of "
+            "the bases, not of one base's list)"
+        )
+        for qualname, over in (
+            ("_iter_packet_overloads", "packet.overloads()"),
+            ("_find_inplace_variant_overloads", "_iter_packet_overloads(packet)"),
+            ("_find_out_variant_overloads", "_iter_packet_overloads(packet)"),
+            ("_find_functional_variant_overloads", "_iter_packet_overloads(packet)"),
+            ("_find_foreach_variants", "(f'_foreach_{base_name}', f'_foreach_{base_name}_')"),
+            ("_find_foreach_variants", "packet.overloads()"),
+            ("auto_register_op_variants", "_find_inplace_variant_overloads(base_op)"),
+            ("auto_register_op_variants", "_find_out_variant_overloads(base_op)"),
+            ("auto_register_op_variants", "_find_functional_variant_overloads(base_op)"),
+            ("auto_register_op_variants", "_find_foreach_variants(base_op)"),
+        )
+    },
     (_DT_SPEC, "DTensorSpec._check_equals", "ignored-argument",
      "argument skip_shapes ignored for its default False"): (
         "skip_shapes is passed by torch.compile's DTensor guard alone (check_dtensor_spec): "
