@@ -152,12 +152,6 @@ _COST = (
     "communicate, runs: each gives the operation's value, moved at another cost"
 )
 _COSTS = {
-    (
-        "spec_to_bytes",
-        "arithmetic",
-        "spec.tensor_meta.dtype.itemsize * math.prod(spec.shape) -> "
-        "spec.tensor_meta.dtype.itemsize / math.prod(spec.shape)",
-    ),
     ("allgather_cost", "arithmetic", "num_devices_on_mesh_dim - 1 -> num_devices_on_mesh_dim + 1"),
     (
         "allgather_cost",
@@ -213,7 +207,6 @@ _COSTS = {
         "for ... in transform_infos -> reversed(list(...))",
     ),
     ("redistribute_cost", "off-by-one", "1024 -> 1025"),
-    ("redistribute_cost", "off-by-one", "0 -> 1"),
     *(
         (
             "redistribute_cost",
