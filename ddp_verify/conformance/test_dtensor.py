@@ -273,7 +273,7 @@ def test_dtensor_amax_over_a_dimension_some_rank_holds_none_of(world):
 # A linear operation of a partial sum is the partial sum of its results (where torch keeps it
 # so: the mean of one it reduces first, a choice, not a need, and not held here).
 _SAME = {"shard0": "shard0", "shard1": "shard1", "replicate": "replicate"}
-_LINEAR = {("partial",): "partial"}
+_LINEAR: dict[tuple[str, ...], str] = {("partial",): "partial"}
 FITTING: dict[str, dict[tuple[str, ...], str]] = {
     **{name: {(p,): q for p, q in _SAME.items()} for name in ("relu", "exp")},
     **{name: {**{(p,): q for p, q in _SAME.items()}, **_LINEAR} for name in ("add", "neg")},
