@@ -294,6 +294,12 @@ FITTING: dict[str, dict[tuple[str, ...], str]] = {
 }  # fmt: skip
 
 
+def _labelled(placements: Any, mesh: tuple[int, ...]) -> tuple[str, ...]:
+    """``placements`` as compared: over a mesh dimension of one rank every placement is the
+    same tensor (a sum of one, a shard that is the whole), so any label is right there."""
+    return tuple(p if n > 1 else "any" for p, n in zip(placements, mesh, strict=True))
+
+
 def _fitting(case: dict[str, Any]) -> tuple[str, ...] | None:
     """The result's placements if no rank needs another's data, else None."""
     table = FITTING[case["operation"]]
@@ -354,13 +360,8 @@ def test_an_operation_whose_inputs_fit_communicates_nothing(world, prove):
                 f"{said}, rank {rank}: issued {got['collectives']} where each rank holds what "
                 f"its piece of the result needs ({list(want_placements)})"
             )
-            # Over a mesh dimension of one rank every placement is the same tensor (a sum
-            # of one, a shard that is the whole): any label is right there.
-            held, wanted = (
-                tuple(p if n > 1 else "any" for p, n in zip(ps, case["mesh"], strict=True))
-                for ps in (got["placements"], want_placements)
-            )
-            assert held == wanted, (
+            held = _labelled(got["placements"], case["mesh"])
+            assert held == _labelled(want_placements, case["mesh"]), (
                 f"{said}, rank {rank}: result laid out as {got['placements']}, where the "
                 f"placement needing no communication is {list(want_placements)}"
             )
@@ -438,11 +439,10 @@ def test_an_update_written_in_place_into_out_or_over_lists_is_its_functional_for
                     # are what is held.
                     continue
                 assert held["collectives"] == {}, f"{said}: issued {held['collectives']}"
-                placed, wanted = (
-                    tuple(p if n > 1 else "any" for p, n in zip(ps, case["mesh"], strict=True))
-                    for ps in (held["placements"], case["placements"])
+                placed = _labelled(held["placements"], case["mesh"])
+                assert placed == _labelled(case["placements"], case["mesh"]), (
+                    f"{said}: result laid out as {held['placements']}"
                 )
-                assert placed == wanted, f"{said}: result laid out as {held['placements']}"
 
     ws = world.size
     prove(
