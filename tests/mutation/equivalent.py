@@ -174,11 +174,6 @@ _COSTS = {
     ("allgather_cost", "arithmetic", "bw * 1000000.0 -> bw / 1000000.0"),
     (
         "_compute_placement_transition_cost",
-        "comparison",
-        "current_placement == target_placement -> current_placement != target_placement",
-    ),
-    (
-        "_compute_placement_transition_cost",
         "arithmetic",
         "comm_bytes_gb *= num_devices_on_mesh_dim -> comm_bytes_gb /= num_devices_on_mesh_dim",
     ),
