@@ -150,12 +150,19 @@ class Mutant:
 
 def _defined(scope: ast.AST, name: str) -> ast.AST:
     # The def or class ``name`` in ``scope``'s own body, behind an if or a try at most (not
-    # in a nested function's body).
+    # in a nested function's body); through an alias (``_Partial = Partial``: the class is
+    # found, and its methods traced, under both names).
     bodies = [getattr(scope, "body", [])]
     while bodies:
         for statement in bodies.pop(0):
             if isinstance(statement, (ast.FunctionDef, ast.ClassDef)) and statement.name == name:
                 return statement
+            if (
+                isinstance(statement, ast.Assign)
+                and [getattr(t, "id", None) for t in statement.targets] == [name]
+                and isinstance(statement.value, ast.Name)
+            ):
+                return _defined(scope, statement.value.id)
             if isinstance(statement, (ast.If, ast.Try)):
                 bodies += [statement.body, statement.orelse]
                 bodies += [h.body for h in getattr(statement, "handlers", [])]

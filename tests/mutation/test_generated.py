@@ -549,3 +549,29 @@ def test_a_mutant_of_what_runs_at_import_runs_as_its_modules_source(tmp_path):
     assert plain.returncode == 0 and plain.stdout.strip() == "0.5", plain.stderr
     assert mutated.returncode != 0 and "IndexError" in mutated.stderr, mutated.stderr[-2000:]
     assert raises_at_import(mutant, tmp_path, 300) == ""  # it imports; only a step fails
+
+
+def test_a_mutant_of_a_class_found_under_an_alias_is_written_into_the_class():
+    # placement_types keeps ``_Partial = Partial`` for old callers: its methods are traced
+    # under both names, and a mutant drawn under the alias is written into the class the
+    # alias names (before, rebuilding its source raised KeyError and stopped the run).
+    import importlib.util
+    import inspect
+    from pathlib import Path
+
+    from torch.distributed.tensor.placement_types import Partial
+
+    module = "torch.distributed.tensor.placement_types"
+    drawn = [m for m in mutants(module) if m.qualname == "_Partial.__hash__"]
+    assert drawn, "placement_types no longer has _Partial.__hash__ to draw"
+    for mutant in drawn:
+        source = mutant.module_source()
+        compile(source, "placement_types.py", "exec")
+        # The mutated method replaced Partial's own, where it stood; the rest is as it was.
+        lines, start = inspect.getsourcelines(Partial.__hash__)
+        origin = importlib.util.find_spec(module).origin
+        assert origin is not None
+        original = Path(origin).read_text().splitlines(keepends=True)
+        before, after = original[: start - 1], original[start - 1 + len(lines) :]
+        assert source.startswith("".join(before)) and source.endswith("".join(after))
+        assert source != "".join(original)
