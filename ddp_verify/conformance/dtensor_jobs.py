@@ -233,6 +233,28 @@ def _max_out(x: Any) -> Any:
     return values
 
 
+def _statistics(x: Any) -> list[Any]:
+    """A batch norm's weight, bias, running mean and running variance for ``x``'s columns
+    (its channels), fixed values, replicated over ``x``'s mesh where ``x`` is a DTensor (every
+    rank holds them already: nothing is sent)."""
+    from torch.distributed.tensor import DTensor, Replicate
+
+    channels = x.shape[1]
+    stats = [torch.linspace(low, high, channels, dtype=x.dtype)
+             for low, high in ((0.5, 1.5), (-1.0, 1.0), (-0.5, 0.5), (0.5, 2.0))]  # fmt: skip
+    if not isinstance(x, DTensor):
+        return stats
+    every = [Replicate()] * x.device_mesh.ndim
+    return [DTensor.from_local(t, x.device_mesh, every, run_check=False) for t in stats]
+
+
+def _functionalized(name: str, *args: Any, returned: int = 0) -> Any:
+    # aten's ``*_functional`` operation: what functionalization (``torch.compile``, export)
+    # makes of an operation that writes an input: the written inputs come back as new
+    # tensors after its own results; ``returned`` picks one.
+    return getattr(torch.ops.aten, f"{name}_functional")(*args)[returned]
+
+
 def _inplace(method: str) -> Callable[..., Any]:
     def call(x: Any, *args: Any, **kwargs: Any) -> Any:
         held = x.clone()
@@ -295,6 +317,25 @@ FORMS: dict[str, Callable[[Any, Any, Any], Any]] = {
     "_foreach_erf_": lambda x, y, z: _foreach("_foreach_erf_", inplace=True)(x / 4),
     "gt_": lambda x, y, z: _inplace("gt_")(x, y),
     "ge_ scalar": lambda x, y, z: _inplace("ge_")(x, 0.5),
+    "threshold out": lambda x, y, z: _out(torch.threshold)(x, 0.25, -1.0),
+    # The functional forms of operations that write an input (a running statistic, a noise
+    # buffer, a tensor filled at random: here with no spread, so its value is known).
+    "normal_functional": lambda x, y, z: torch.ops.aten.normal_functional(x, 2.0, 0.0),
+    "rrelu_with_noise_functional": lambda x, y, z: _functionalized(
+        "rrelu_with_noise", x, z, 0.125, 0.375, False
+    ),
+    "rrelu_with_noise_functional noise": lambda x, y, z: _functionalized(
+        "rrelu_with_noise", x, z, 0.125, 0.375, False, returned=1
+    ),
+    "_native_batch_norm_legit_functional eval": lambda x, y, z: _functionalized(
+        "_native_batch_norm_legit", x, *_statistics(x), False, 0.1, 1e-5
+    ),
+    "_batch_norm_with_update_functional": lambda x, y, z: _functionalized(
+        "_batch_norm_with_update", x, *_statistics(x), 0.1, 1e-5
+    ),
+    "_batch_norm_with_update_functional running var": lambda x, y, z: _functionalized(
+        "_batch_norm_with_update", x, *_statistics(x), 0.1, 1e-5, returned=4
+    ),
 }
 
 
@@ -303,10 +344,20 @@ FORMS: dict[str, Callable[[Any, Any, Any], Any]] = {
 DERIVED = ("add out", "mul out", "div out", "addcdiv out", "sqrt out", "maximum out",
            "_foreach_add_ scalar tensor", "_foreach_add scalars", "_foreach_clamp_max_",
            "_foreach_clamp_min scalars", "gt_", "ge_ scalar", "_foreach_expm1",
-           "_foreach_erf_", "max out")  # fmt: skip
-# Forms whose result is laid out otherwise than their input (a reduction), communicating
-# where the input is cut along what they reduce.
-REDUCING = ("max out",)
+           "_foreach_erf_", "max out", "threshold out", "normal_functional",
+           "rrelu_with_noise_functional", "rrelu_with_noise_functional noise",
+           "_native_batch_norm_legit_functional eval", "_batch_norm_with_update_functional",
+           "_batch_norm_with_update_functional running var")  # fmt: skip
+# Forms whose result is laid out otherwise than their input (a reduction, a batch norm's
+# statistics over the batch and per channel), communicating where the input is cut along
+# what they reduce.
+REDUCING = ("max out", "_native_batch_norm_legit_functional eval",
+            "_batch_norm_with_update_functional",
+            "_batch_norm_with_update_functional running var")  # fmt: skip
+# Forms that take statistics over a batch, which needs more than one sample (``batch_norm``
+# refuses one in training: "Expected more than 1 value per channel").
+BATCHED = ("_batch_norm_with_update_functional",
+           "_batch_norm_with_update_functional running var")  # fmt: skip
 
 
 def derives_forms() -> bool:

@@ -16,6 +16,7 @@ values; a wrong choice among them moves whole tensors a step needs none of."""
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import pytest
@@ -392,11 +393,25 @@ def test_an_operation_whose_inputs_fit_communicates_nothing(world, prove):
     )  # fmt: skip
 
 
-def _forms() -> list[str]:
-    every = sorted(dtensor_jobs.FORMS)
-    if dtensor_jobs.derives_forms():
-        return every
-    return [name for name in every if name not in dtensor_jobs.DERIVED]
+def _forms(shape: tuple[int, int], mesh: tuple[int, ...], placements: tuple[str, ...]) -> list[str]:
+    """The forms of :data:`dtensor_jobs.FORMS` that apply to a case of ``shape`` laid out as
+    ``placements`` over ``mesh``."""
+    forms = sorted(dtensor_jobs.FORMS)
+    if not dtensor_jobs.derives_forms():
+        forms = [name for name in forms if name not in dtensor_jobs.DERIVED]
+    if "partial" in placements:
+        # An out tensor laid out as a partial sum cannot take a result that needs the sum
+        # first (it is written where it lies): refused, so not drawn.
+        forms = [name for name in forms if not name.endswith(" out")]
+    whole = torch.empty(shape)
+    coordinates = itertools.product(*(range(size) for size in mesh))
+    if shape[0] < 2 or any(_piece(whole, mesh, placements, list(at)).shape[1] == 0
+                           for at in coordinates):  # fmt: skip
+        # Statistics over a batch need two samples; and a rank holding no channel runs
+        # aten's batch norm on its empty piece, which aten refuses ("input tensor must have
+        # at least one element"; 2.13: the functional form only, F.batch_norm replicates).
+        forms = [name for name in forms if name not in dtensor_jobs.BATCHED]
+    return forms
 
 
 @st.composite
@@ -404,15 +419,12 @@ def form_cases(draw: st.DrawFn, world_size: int) -> dict[str, Any]:
     mesh = draw(st.sampled_from(_meshes(world_size)))
     sides = st.integers(1, world_size + 2)  # fewer rows than ranks, and uneven shards
     placements = draw(st.tuples(*[st.sampled_from(PLACEMENTS)] * len(mesh)))
-    forms = _forms()
-    if "partial" in placements:
-        # An out tensor laid out as a partial sum cannot take a result that needs the sum
-        # first (it is written where it lies): refused, so not drawn.
-        forms = [name for name in forms if not name.endswith(" out")]
+    shape = (draw(sides), draw(sides))
+    forms = _forms(shape, mesh, placements)
     return {
         "seed": draw(st.integers(0, 2**16)),
         "mesh": mesh,
-        "shape": (draw(sides), draw(sides)),
+        "shape": shape,
         "placements": placements,
         "forms": draw(st.lists(st.sampled_from(forms), min_size=1, max_size=6, unique=True)),
     }
@@ -449,7 +461,10 @@ def test_an_update_written_in_place_into_out_or_over_lists_is_its_functional_for
         form_cases(ws),
         check,
         examples=[{"seed": 0, "mesh": (ws,), "shape": (ws + 1, 2), "placements": ("shard0",),
-                   "forms": _forms()}],
+                   "forms": _forms((ws + 1, 2), (ws,), ("shard0",))},
+                  # Cut by columns: a batch norm's channels, each rank's own statistics.
+                  {"seed": 1, "mesh": (ws,), "shape": (3, ws + 1), "placements": ("shard1",),
+                   "forms": _forms((3, ws + 1), (ws,), ("shard1",))}],
     )  # fmt: skip
 
 

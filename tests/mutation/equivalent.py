@@ -1299,6 +1299,14 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
             ("auto_register_op_variants", "_find_foreach_variants(base_op)"),
         )
     },
+    ("torch.distributed.tensor._ops.autogen", "auto_register_op_variants", "reversed-iteration",
+     "for ... in list(registry.items()) -> reversed(list(...))"): (
+        "a variant two base operations share is claimed by the other base: the two are an "
+        "operation and its own in-place form (add and add_ both find add.out), registered "
+        "with one rule (one registration function, the same arguments), and no rule reads "
+        "of the operation it is given more than its count of tensor returns, which every "
+        "finder requires equal between a base and its variant"
+    ),
     (_DT_SPEC, "DTensorSpec._check_equals", "ignored-argument",
      "argument skip_shapes ignored for its default False"): (
         "skip_shapes is passed by torch.compile's DTensor guard alone (check_dtensor_spec): "
