@@ -402,6 +402,42 @@ def forms(case: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+# Operations written into an ``out`` tensor laid out otherwise than their inputs: ``x``,
+# ``y``, ``z`` as in :data:`FORMS`, then the out tensor.
+INTO: dict[str, Callable[..., Any]] = {
+    "add": lambda x, y, z, out: torch.add(x, y, alpha=2, out=out),
+    "mul": lambda x, y, z, out: torch.mul(x, y, out=out),
+    "sqrt": lambda x, y, z, out: torch.sqrt(z, out=out),
+    "threshold": lambda x, y, z, out: torch.threshold(x, 0.25, -1.0, out=out),
+}
+
+
+def written_into(case: dict[str, Any]) -> list[Any]:
+    """The case's three tensors laid out with its placements, then each of its writes (an
+    :data:`INTO` operation into a new out tensor laid out as the write names), one after
+    another in one process: per write, whether the operation returned its out tensor, the
+    out tensor's placements after it and its value whole (or the error it raised)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", tuple(case["mesh"]))
+    shape = tuple(case["shape"])
+    laid = [laid_out(t, mesh, tuple(case["placements"]))
+            for t in form_values(case["seed"], shape)]  # fmt: skip
+    out: list[Any] = []
+    for name, placements in case["writes"]:
+        target = laid_out(torch.zeros(shape, dtype=torch.float64), mesh, tuple(placements))
+        try:
+            returned = INTO[name](*laid, target)
+        except (RuntimeError, NotImplementedError) as exc:
+            out.append(f"{type(exc).__name__}: {exc}".splitlines()[0])
+            continue
+        out.append({"returned out": returned is target,
+                    "placements": [_name(p) for p in target.placements],
+                    "whole": target.full_tensor()})  # fmt: skip
+    dist.barrier()
+    return out
+
+
 def pieces(case: dict[str, Any]) -> dict[str, Any]:
     """The case's tensor laid out by ``distribute_tensor`` with its placements on a mesh of
     its shape: this rank's coordinate on the mesh, the piece it holds (``to_local``) and the

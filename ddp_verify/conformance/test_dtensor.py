@@ -468,6 +468,78 @@ def test_an_update_written_in_place_into_out_or_over_lists_is_its_functional_for
     )  # fmt: skip
 
 
+@st.composite
+def write_cases(draw: st.DrawFn, world_size: int) -> dict[str, Any]:
+    mesh = draw(st.sampled_from(_meshes(world_size)))
+    sides = st.integers(1, world_size + 2)
+    layouts = st.tuples(*[st.sampled_from(PLACEMENTS)] * len(mesh))
+    # An out tensor is never a partial sum (it is written where it lies: refused).
+    out_layouts = st.tuples(*[st.sampled_from(PLACEMENTS[:-1])] * len(mesh))
+    shape = (draw(sides), draw(sides))
+    placements = draw(layouts)
+    names = st.sampled_from(sorted(dtensor_jobs.INTO))
+    if _every_rank_holds_some(shape, mesh, placements):
+        writes = st.tuples(names, out_layouts).filter(
+            lambda write: _every_rank_holds_some(shape, mesh, write[1])
+        )
+    else:
+        # Where a rank holds nothing (of the inputs or the out tensor), torch 2.13 plans no
+        # redistribution into an out tensor (a cut changed, a sum reduced: "min() arg is an
+        # empty sequence"): there inputs and out tensors are laid out alike, none a sum, as
+        # what is checked is the layout kept and the values, not that refusal.
+        placements = tuple("replicate" if p == "partial" else p for p in placements)
+        writes = st.tuples(names, st.just(placements))
+    return {
+        "seed": draw(st.integers(0, 2**16)),
+        "mesh": mesh,
+        "shape": shape,
+        "placements": placements,
+        "writes": draw(st.lists(writes, min_size=1, max_size=4)),
+    }  # fmt: skip
+
+
+def _every_rank_holds_some(shape: tuple[int, int], mesh: tuple[int, ...],
+                           placements: tuple[str, ...]) -> bool:  # fmt: skip
+    whole = torch.empty(shape)
+    return all(_piece(whole, mesh, placements, list(at)).numel() > 0
+               for at in itertools.product(*(range(size) for size in mesh)))  # fmt: skip
+
+
+def test_an_out_tensor_keeps_its_layout_and_takes_the_result(world, prove):
+    # ``out=`` writes the result into the tensor given, laid out as it is: the inputs are
+    # redistributed to it, never it to them. Several writes of the same inputs into out
+    # tensors laid out in turn otherwise, in one process: a plan cached for one out tensor
+    # must not be taken for the next (the out tensor's layout is part of what is planned).
+    if not dtensor_jobs.derives_forms():
+        pytest.skip("this torch does not derive DTensor's out forms from each operation")
+
+    def check(case: dict[str, Any]) -> None:
+        whole = dtensor_jobs.form_values(case["seed"], tuple(case["shape"]))
+        layout = f"{case['shape']} as {case['placements']} on mesh {case['mesh']}"
+        for rank, got in enumerate(world.run(dtensor_jobs.written_into, case)):
+            for (name, placements), held in zip(case["writes"], got, strict=True):
+                said = f"{name} of {layout} into an out tensor as {placements}, rank {rank}"
+                assert isinstance(held, dict), f"{said}: {held}"
+                assert held["returned out"], f"{said}: returned another tensor than out"
+                placed = _labelled(held["placements"], case["mesh"])
+                assert placed == _labelled(placements, case["mesh"]), (
+                    f"{said}: the out tensor is now laid out as {held['placements']}"
+                )
+                blank = torch.empty(case["shape"], dtype=torch.float64)
+                want = dtensor_jobs.INTO[name](*whole, blank)
+                torch.testing.assert_close(held["whole"], want, rtol=1e-12, atol=1e-12,
+                                           msg=lambda m, said=said: f"{said}: {m}")  # fmt: skip
+
+    ws = world.size
+    prove(
+        write_cases(ws),
+        check,
+        examples=[{"seed": 0, "mesh": (ws,), "shape": (2 * ws, ws), "placements": ("shard0",),
+                   "writes": [("add", ("shard0",)), ("add", ("replicate",)),
+                              ("add", ("shard1",))]}],
+    )  # fmt: skip
+
+
 def _piece(full: torch.Tensor, mesh: tuple[int, ...], placements: tuple[str, ...],
            coordinate: list[int]) -> torch.Tensor:  # fmt: skip
     """What a rank at ``coordinate`` holds, as DTensor documents it: the placements applied

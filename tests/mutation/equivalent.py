@@ -1270,6 +1270,23 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         )
         for over in ("[torch.ops.aten, torch.ops.prims]", "dir(ns)", "attr.overloads()")
     },
+    **{
+        ("torch.distributed.tensor._ops._pointwise_ops", "_common_pointwise_single_dim_strategy",
+         "reversed-iteration", f"for ... in {over} -> reversed(list(...))"): (
+            "a pointwise operation's rules listed in another order: no two ask the same input "
+            "placements (each shard rule cuts every input along its own image of one output "
+            "dimension; each partial rule list's inputs are pairwise distinct), so the search "
+            "that matches an input layout to a rule finds the same one; only where all plans "
+            "are costed at once (tensors passed as keywords, lists) may two plans of equal "
+            "modelled cost trade places: the same values, the same modelled communication"
+        )
+        for over in ("range(len(common_shape))", "partial_extra_rules")
+    },
+    ("torch.distributed.tensor.placement_types", "Replicate.__hash__", "off-by-one",
+     "1 -> 2"): (
+        "-1 made -2: CPython maps a __hash__ of -1 to -2 (-1 signals an error in C), so "
+        "hash(Replicate()) was -2 already"
+    ),
     ("torch.distributed.tensor._ops._pointwise_ops", "_register_single_dim_pointwise",
      "ignored-argument", "argument static_argnum ignored for its default 0"): (
         "the scalar-linear operations (mul and div by a scalar, and their foreach forms) have "
