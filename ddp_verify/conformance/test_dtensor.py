@@ -10,8 +10,10 @@ replica check, an uneven shape given, the dtypes of a redistribution and of its 
 gradient hinted partial) do what their docstrings say. An operation whose inputs' pieces
 are all each rank needs runs without communication, its result laid out as the arithmetic
 leaves it; an update written in place, into an out tensor or over a list of tensors at once
-(as optimizers write theirs) is its functional form; each rank holds the piece its
-placements name. A wrong sharding rule or redistribution trains every rank alike on wrong
+(as optimizers write theirs), and aten's functional form of an operation that writes an
+input (as ``torch.compile`` makes of it), is its functional form; an out tensor keeps its
+layout, whatever was written into another before; each rank holds the piece its placements
+name. A wrong sharding rule or redistribution trains every rank alike on wrong
 values; a wrong choice among them moves whole tensors a step needs none of."""
 
 from __future__ import annotations
