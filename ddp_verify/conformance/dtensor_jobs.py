@@ -12,6 +12,12 @@ import torch.distributed as dist
 
 # Operations on a (rows, columns) tensor ``a`` and a (columns, k) tensor ``b``, as training
 # meets them: elementwise, reductions, a matrix product, layout changes.
+# Upsampling's modes, by the dimensions upsampled ("aa": antialiased).
+_MODES_1D = ("nearest", "nearest-exact", "linear")
+_MODES_2D = ("nearest", "nearest-exact", "bilinear", "bicubic", "bilinear aa", "bicubic aa",
+             "lanczos aa")  # fmt: skip
+_MODES_3D = ("nearest", "nearest-exact", "trilinear")
+
 OPERATIONS: dict[str, Callable[[Any, Any], Any]] = {
     "add": lambda a, b: a + a * 2,
     "neg": lambda a, b: -a,
@@ -34,9 +40,44 @@ OPERATIONS: dict[str, Callable[[Any, Any], Any]] = {
     "reshaped": lambda a, b: a.reshape(1, -1),
     "slice_columns": lambda a, b: a[:, 1:] * 2,
     "select_row": lambda a, b: a[0] * 2,
+    "select_column": lambda a, b: a[:, 0] * 2,
     # Two results at once (as a norm computes its statistics), summed to one.
     "var_mean_columns": lambda a, b: _summed(torch.var_mean(a, 1, correction=0)),
+    # Tensors made from another (its dtype, device and layout), of a shape given whole.
+    "new_tensors": lambda a, b: _new_tensors(a),
+    "expand": lambda a, b: a.sum(0, keepdim=True).expand(3, -1),
+    # Views given the whole tensor's sizes (each rank's own are what it holds): a view, a
+    # batched matrix product (its result viewed back to the batch's shape), and the
+    # copying forms of a view and an expansion.
+    "view_sizes": lambda a, b: a.view(a.shape[0], 1, a.shape[1]) * 2,
+    "matmul_batched": lambda a, b: a[:, None, :] @ b,
+    "view_copy": lambda a, b: torch.view_copy(a, (a.shape[0], 1, a.shape[1])),
+    "expand_copy": lambda a, b: torch.expand_copy(a[None], (3, a.shape[0], a.shape[1])),
+    # Upsampling (an image model's decoder), each row a sample of one channel: every mode
+    # of a dimensionality, summed.
+    "upsample_1d": lambda a, b: _upsampled(a[:, None, :], _MODES_1D),
+    "upsample_2d": lambda a, b: _upsampled(a[:, None, :, None], _MODES_2D),
+    "upsample_3d": lambda a, b: _upsampled(a[:, None, :, None, None], _MODES_3D),
 }
+
+
+def _new_tensors(a: Any) -> Any:
+    # An empty one is written over whole (copy_), as autograd does with it: DTensor lays it
+    # out as ``a``, a partial sum included (torch#180511), so what is written is ``a``'s kind.
+    made = (a.new_full(a.shape, 2.5), a.new_ones(a.shape) * a, a.new_zeros(a.shape),
+            a.new_empty(a.shape).copy_(a * 3))  # fmt: skip
+    return _summed(made)
+
+
+def _upsampled(images: Any, modes: tuple[str, ...]) -> Any:
+    results = []
+    for mode in modes:
+        name, _, antialias = mode.partition(" ")
+        smooth = {} if name.startswith("nearest") else {"align_corners": False}
+        interpolate = torch.nn.functional.interpolate
+        results.append(interpolate(images, scale_factor=2, mode=name,
+                                   antialias=bool(antialias), **smooth))  # fmt: skip
+    return _summed(tuple(results))
 
 
 def _summed(results: tuple[Any, ...]) -> Any:
@@ -49,7 +90,9 @@ def _summed(results: tuple[Any, ...]) -> Any:
 # Operations autograd goes through in training (the rest are taken forward only).
 DIFFERENTIABLE = ("add", "neg", "relu", "exp", "sum", "sum_rows", "sum_columns", "mean",
                   "mean_rows", "norm", "softmax", "matmul", "transpose", "cat", "slice_columns",
-                  "select_row")  # fmt: skip
+                  "select_row", "select_column", "new_tensors", "expand", "view_sizes",
+                  "matmul_batched", "view_copy", "expand_copy", "upsample_1d",
+                  "upsample_2d", "upsample_3d")  # fmt: skip
 
 
 def full_value(seed: int, which: int, shape: tuple[int, ...]) -> torch.Tensor:
@@ -61,8 +104,9 @@ def full_value(seed: int, which: int, shape: tuple[int, ...]) -> torch.Tensor:
 def _placement(name: str) -> Any:
     from torch.distributed.tensor import Partial, Replicate, Shard
 
-    return {"shard0": Shard(0), "shard1": Shard(1), "replicate": Replicate(),
-            "partial": Partial()}[name]  # fmt: skip
+    if name.startswith("shard"):
+        return Shard(int(name[len("shard") :]))
+    return {"replicate": Replicate(), "partial": Partial()}[name]
 
 
 def laid_out(full: torch.Tensor, mesh: Any, placements: tuple[str, ...]) -> Any:
@@ -116,7 +160,10 @@ def operations(case: dict[str, Any]) -> dict[str, Any]:
             leaf.requires_grad_()
             result = OPERATIONS[name](leaf, b)
             weights = full_value(case["seed"], 2, tuple(result.shape))
-            (result * laid_out(weights, mesh, _replicated(result))).sum().backward()
+            # The weights replicated, or laid out as the result (its gradient then arrives
+            # cut as the result is, as from a loss over sharded outputs).
+            laid = _replicated(result) if case.get("weights") != "as result" else _kept(result)
+            (result * laid_out(weights, mesh, laid)).sum().backward()
             out[f"{name} gradient"] = leaf.grad.full_tensor()
     dist.barrier()
     return out
@@ -124,6 +171,11 @@ def operations(case: dict[str, Any]) -> dict[str, Any]:
 
 def _replicated(result: Any) -> tuple[str, ...]:
     return ("replicate",) * result.device_mesh.ndim
+
+
+def _kept(result: Any) -> tuple[str, ...]:
+    # The result's layout, a partial sum's replicated (weights are never a partial sum).
+    return tuple("replicate" if p.is_partial() else _name(p) for p in result.placements)
 
 
 def api_forms(seed: int, shape: tuple[int, int]) -> dict[str, Any]:

@@ -1282,6 +1282,13 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         )
         for over in ("range(len(common_shape))", "partial_extra_rules")
     },
+    ("torch.distributed.tensor._sharding_prop", "ShardingPropagator.__init__", "off-by-one",
+     "1 -> 2 at `aten.reshape.default: 1,`"): (
+        "the index of reshape's shape argument: aten.reshape is CompositeImplicitAutograd, "
+        "decomposed (into view, or a copy and _unsafe_view) above the dispatch DTensor "
+        "intercepts, so an eager DTensor never propagates reshape itself (its view and "
+        "_unsafe_view entries are the ones read, each killed)"
+    ),
     ("torch.distributed.tensor.placement_types", "Replicate.__hash__", "off-by-one",
      "1 -> 2"): (
         "-1 made -2: CPython maps a __hash__ of -1 to -2 (-1 signals an error in C), so "
