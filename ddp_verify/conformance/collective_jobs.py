@@ -453,6 +453,25 @@ def objects_in_a_group(objects: tuple[object, ...], grouping: tuple[Any, ...], r
         return out
 
 
+def _made_in_a_thread(mesh: Any, shape: tuple[int, ...], names: tuple[str, ...]) -> bool:
+    # The same mesh made by another thread of this process (a checkpointing or data thread):
+    # equal, and hashed alike, as the mesh made by the main thread (only the test-only
+    # "threaded" backend, a rank a thread, tells threads apart).
+    import threading
+
+    from torch.distributed.device_mesh import init_device_mesh
+
+    made: list[Any] = []
+    worker = threading.Thread(
+        target=lambda: made.append(init_device_mesh("cpu", shape, mesh_dim_names=names))
+    )
+    worker.start()
+    worker.join(timeout=300)
+    if worker.is_alive() or not made:
+        raise RuntimeError("making a mesh in another thread did not finish in 300 s")
+    return bool(mesh == made[0] and hash(mesh) == hash(made[0]))
+
+
 def device_mesh_views(shape: tuple[int, ...], names: tuple[str, ...]) -> dict[str, Any]:
     """A DeviceMesh of ``shape`` (named ``names``) over the world, as this rank sees it: its
     layout, coordinate, sizes, each dimension's local rank, group and one-dimensional
@@ -474,6 +493,10 @@ def device_mesh_views(shape: tuple[int, ...], names: tuple[str, ...]) -> dict[st
         "all dimensions": mesh[names].mesh.tolist() if len(names) > 1 else None,
         "equal to another of the same shape": mesh
         == init_device_mesh("cpu", shape, mesh_dim_names=names),
+        "equal to one made in another thread": _made_in_a_thread(mesh, shape, names),
+        # Each dimension's one-dimensional submesh, asked for its group without naming a
+        # dimension (its only one, as get_group documents).
+        "submesh groups": [dist.get_process_group_ranks(mesh[name].get_group()) for name in names],
         "all groups": [dist.get_process_group_ranks(g) for g in mesh.get_all_groups()],
         "shape": list(mesh.shape),
         "rank": mesh.get_rank(),
@@ -508,9 +531,11 @@ def device_mesh_views(shape: tuple[int, ...], names: tuple[str, ...]) -> dict[st
         ),
         "a name twice": lambda: init_device_mesh("cpu", (1, size), mesh_dim_names=("a", "a")),
         "dimensions out of order": lambda: mesh[tuple(reversed(names))],
+        "a group of no dimension named": lambda: mesh.get_group(),
     }
     if len(names) < 2:
         del refused["dimensions out of order"]
+        del refused["a group of no dimension named"]  # a 1-D mesh's only group: given
     wide = [name for name, n in zip(names, shape, strict=True) if n > 1]
     if len(wide) >= 2 and hasattr(mesh, "_flatten"):
         # A dimension flattened from two, sliced beside one of those two: the same ranks

@@ -1289,6 +1289,12 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "intercepts, so an eager DTensor never propagates reshape itself (its view and "
         "_unsafe_view entries are the ones read, each killed)"
     ),
+    ("torch.distributed.device_mesh", "DeviceMesh.__init__", "reversed-iteration",
+     "for ... in self._dim_group_names -> reversed(list(...))"): (
+        "the mesh's groups entered in its registry in another order: a dict keyed by each "
+        "group's name, each name mapped to the group resolved from that name, so any order "
+        "writes the same entries (a name two dimensions share, the same group twice)"
+    ),
     ("torch.distributed.tensor.placement_types", "Replicate.__hash__", "off-by-one",
      "1 -> 2"): (
         "-1 made -2: CPython maps a __hash__ of -1 to -2 (-1 signals an error in C), so "
