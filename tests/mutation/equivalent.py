@@ -218,6 +218,8 @@ _COSTS = {
     ),
 }
 
+_SINGLE_DIM = "torch.distributed.tensor._ops.single_dim_strategy"
+_REVERSED = "reversed(list(...))"
 _DT_SPEC = "torch.distributed.tensor._dtensor_spec"
 _SHARD_ORDER_CHECK = (
     "an assertion on a shard order, weakened or its checks taken in another order: every "
@@ -1289,6 +1291,33 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "intercepts, so an eager DTensor never propagates reshape itself (its view and "
         "_unsafe_view entries are the ones read, each killed)"
     ),
+    **{
+        (_SINGLE_DIM, qualname, "reversed-iteration", f"for ... in {over} -> {_REVERSED}"): why
+        for qualname, over, why in (
+            ("_get_unique_placements", "op_schema.args_schema",
+             "the inputs' placements gathered into a set in another order: the same set"),
+            ("_get_unique_placements", "op_schema.kwargs_schema.values()",
+             "the keyword inputs' placements gathered into a set in another order: the same set"),
+            ("_get_num_tensor_inputs", "op_schema.args_schema",
+             "the tensor inputs counted in another order: the same count"),
+            ("_insert_single_dim_replication_strategy", "single_dim_strategies_with_placeholders",
+             "whether some rule is already all replicas, asked of the rules in another order: "
+             "the same answer (a search that stops at the first found, for the same property)"),
+            ("_insert_single_dim_replication_strategy", "enumerate(output_tensor_meta)",
+             "the masked-off outputs' entries set to None in another order: each written at "
+             "its own index, the same rule"),
+            ("_PreparedSingleDimStrategy.__init__", "self.expanded_strategies",
+             "each input's allowed placements gathered into sets from the rules in another "
+             "order: the same sets"),
+            ("_PreparedSingleDimStrategy.__init__", "range(num_inputs)",
+             "each input's allowed placements gathered into its own sets in another order: "
+             "the same sets"),
+            ("_PreparedSingleDimStrategy.__init__", "enumerate(op_schema.args_schema)",
+             "the inputs' meshes checked against the first's in another order: refused (the "
+             "same ValueError) exactly when some input is on another mesh; where two are, the "
+             "message names the other one"),
+        )
+    },
     ("torch.distributed.device_mesh", "DeviceMesh.__init__", "reversed-iteration",
      "for ... in self._dim_group_names -> reversed(list(...))"): (
         "the mesh's groups entered in its registry in another order: a dict keyed by each "
