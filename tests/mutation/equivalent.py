@@ -1312,6 +1312,12 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
             ("_PreparedSingleDimStrategy.__init__", "range(num_inputs)",
              "each input's allowed placements gathered into its own sets in another order: "
              "the same sets"),
+            ("_fill_single_dim_strategy_placeholders", "unique_input_placements",
+             "the kinds of sharding the inputs hold (plain, or strided by a split factor) "
+             "visited in another order: one kind (every layout but a strided shard beside "
+             "another kind) makes one builder and the same rules; two make the same rules in "
+             "another order, which only the full expansion (taken where an input is strided) "
+             "reads, and only to choose between plans of equal modelled cost"),
             ("_PreparedSingleDimStrategy.__init__", "enumerate(op_schema.args_schema)",
              "the inputs' meshes checked against the first's in another order: refused (the "
              "same ValueError) exactly when some input is on another mesh; where two are, the "
