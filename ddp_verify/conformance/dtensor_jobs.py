@@ -65,7 +65,8 @@ def _new_tensors(a: Any) -> Any:
     # An empty one is written over whole (copy_), as autograd does with it: DTensor lays it
     # out as ``a``, a partial sum included (torch#180511), so what is written is ``a``'s kind.
     made = (a.new_full(a.shape, 2.5), a.new_ones(a.shape) * a, a.new_zeros(a.shape),
-            a.new_empty(a.shape).copy_(a * 3))  # fmt: skip
+            a.new_empty(a.shape).copy_(a * 3),
+            a.new_empty_strided(a.shape, a.stride()).copy_(a * -2))  # fmt: skip
     return _summed(made)
 
 
