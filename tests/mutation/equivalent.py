@@ -1318,12 +1318,25 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
              "another kind) makes one builder and the same rules; two make the same rules in "
              "another order, which only the full expansion (taken where an input is strided) "
              "reads, and only to choose between plans of equal modelled cost"),
+            ("_schema_args_match", "zip(base_args, candidate_args)",
+             "two schemas' arguments compared pair by pair in another order, the first "
+             "mismatch answering no: no exactly when some pair differs, in any order"),
             ("_PreparedSingleDimStrategy.__init__", "enumerate(op_schema.args_schema)",
              "the inputs' meshes checked against the first's in another order: refused (the "
              "same ValueError) exactly when some input is on another mesh; where two are, the "
              "message names the other one"),
         )
     },
+    (_SINGLE_DIM, "_op_namespace_and_base_name", "off-by-one",
+     '1 -> 2 at `namespace, op_name = op.name().split("::", 1)`'): (
+        "an operation's name split at two '::' rather than one: aten's names hold one (the "
+        "namespace's), so the same two parts"
+    ),
+    (_SINGLE_DIM, "_op_namespace_and_base_name", "off-by-one",
+     '1 -> 2 at `return namespace, op_name.split(".", 1)[0]`'): (
+        "the name split at two dots rather than one, of which only the first piece (the "
+        "name before the overload's) is kept: the same piece"
+    ),
     ("torch.distributed.device_mesh", "DeviceMesh.__init__", "reversed-iteration",
      "for ... in self._dim_group_names -> reversed(list(...))"): (
         "the mesh's groups entered in its registry in another order: a dict keyed by each "
