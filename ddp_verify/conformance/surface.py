@@ -861,7 +861,6 @@ ENTRIES: tuple[Entry, ...] = (
             ("get_coordinate()", "the rank's index unravelled"),
             ("get_group()", "by index and by name, of submeshes and flattened ones too; "
              "a 1-D mesh's unasked, a wider one's refused"),
-            ("__eq__()", "another of the same shape, and one made in another thread"),
             ("get_local_rank()", "by name"),
             ("get_rank()", ""),
             ("size()", "the whole and each dimension's"),

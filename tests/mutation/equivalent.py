@@ -1337,6 +1337,11 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "the name split at two dots rather than one, of which only the first piece (the "
         "name before the overload's) is kept: the same piece"
     ),
+    (_SINGLE_DIM, "_insert_single_dim_replication_strategy", "comparison",
+     "i < num_outputs -> i <= num_outputs"): (
+        "i indexes output_tensor_meta, one entry per output the operation returns, which "
+        "the rules' length check makes num_outputs: i < num_outputs always, and <= reads alike"
+    ),
     ("torch.distributed.device_mesh", "DeviceMesh.__init__", "reversed-iteration",
      "for ... in self._dim_group_names -> reversed(list(...))"): (
         "the mesh's groups entered in its registry in another order: a dict keyed by each "
