@@ -88,6 +88,22 @@ def _summed(results: tuple[Any, ...]) -> Any:
     return first
 
 
+# Operations first held here on torch 2.13 (tensors made from a DTensor, views given whole
+# sizes, upsampling): drawn from that release on, older ones' DTensor not checked for them.
+FROM_2_13 = ("new_tensors", "expand", "view_sizes", "matmul_batched", "view_copy",
+             "expand_copy", "select_column", "upsample_1d", "upsample_2d",
+             "upsample_3d")  # fmt: skip
+
+
+def operations_held() -> list[str]:
+    """The names of :data:`OPERATIONS` held against the installed torch."""
+    from torch.torch_version import TorchVersion
+
+    if TorchVersion(torch.__version__) >= "2.13":
+        return sorted(OPERATIONS)
+    return sorted(set(OPERATIONS) - set(FROM_2_13))
+
+
 # Operations autograd goes through in training (the rest are taken forward only).
 DIFFERENTIABLE = ("add", "neg", "relu", "exp", "sum", "sum_rows", "sum_columns", "mean",
                   "mean_rows", "norm", "softmax", "matmul", "transpose", "cat", "slice_columns",
