@@ -10,14 +10,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-# Operations on a (rows, columns) tensor ``a`` and a (columns, k) tensor ``b``, as training
-# meets them: elementwise, reductions, a matrix product, layout changes.
 # Upsampling's modes, by the dimensions upsampled ("aa": antialiased).
 _MODES_1D = ("nearest", "nearest-exact", "linear")
 _MODES_2D = ("nearest", "nearest-exact", "bilinear", "bicubic", "bilinear aa", "bicubic aa",
              "lanczos aa")  # fmt: skip
 _MODES_3D = ("nearest", "nearest-exact", "trilinear")
 
+# Operations on a (rows, columns) tensor ``a`` and a (columns, k) tensor ``b``, as training
+# meets them: elementwise, reductions, a matrix product, layout changes.
 OPERATIONS: dict[str, Callable[[Any, Any], Any]] = {
     "add": lambda a, b: a + a * 2,
     "neg": lambda a, b: -a,

@@ -468,10 +468,7 @@ def _forms(shape: tuple[int, int], mesh: tuple[int, ...], placements: tuple[str,
         # An out tensor laid out as a partial sum cannot take a result that needs the sum
         # first (it is written where it lies): refused, so not drawn.
         forms = [name for name in forms if not name.endswith(" out")]
-    whole = torch.empty(shape)
-    coordinates = itertools.product(*(range(size) for size in mesh))
-    if shape[0] < 2 or any(_piece(whole, mesh, placements, list(at)).shape[1] == 0
-                           for at in coordinates):  # fmt: skip
+    if shape[0] < 2 or any(p.shape[1] == 0 for p in _pieces(shape, mesh, placements)):
         # Statistics over a batch need two samples; and a rank holding no channel runs
         # aten's batch norm on its empty piece, which aten refuses ("input tensor must have
         # at least one element"; 2.13: the functional form only, F.batch_norm replicates).
@@ -565,9 +562,15 @@ def write_cases(draw: st.DrawFn, world_size: int) -> dict[str, Any]:
 
 def _every_rank_holds_some(shape: tuple[int, int], mesh: tuple[int, ...],
                            placements: tuple[str, ...]) -> bool:  # fmt: skip
+    return all(p.numel() > 0 for p in _pieces(shape, mesh, placements))
+
+
+def _pieces(shape: tuple[int, int], mesh: tuple[int, ...],
+            placements: tuple[str, ...]) -> list[torch.Tensor]:  # fmt: skip
+    """What each rank of ``mesh`` holds of a tensor of ``shape`` laid out as ``placements``."""
     whole = torch.empty(shape)
-    return all(_piece(whole, mesh, placements, list(at)).numel() > 0
-               for at in itertools.product(*(range(size) for size in mesh)))  # fmt: skip
+    return [_piece(whole, mesh, placements, list(at))
+            for at in itertools.product(*(range(size) for size in mesh))]  # fmt: skip
 
 
 def test_an_out_tensor_keeps_its_layout_and_takes_the_result(world, prove):
