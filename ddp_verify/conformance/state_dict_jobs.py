@@ -87,6 +87,14 @@ def _wrapped(seed: int, wrapper: str, optimizer: str, step: bool, shared: bool) 
 
         fully_shard(model.embed)
         fully_shard(model)
+    elif wrapper == "fsdp1":
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+        # FSDP1, unit by unit as FSDP2 above; on the CPU it needs its device named, and a
+        # unit holding frozen and trained parameters together needs the original parameters.
+        cpu = torch.device("cpu")
+        model.embed = FSDP(model.embed, device_id=cpu, use_orig_params=True)
+        model = FSDP(model, device_id=cpu, use_orig_params=True)
     optim = optimizer_for(model, optimizer)
     if step:
         model(batch()).pow(2).mean().backward()
@@ -97,6 +105,18 @@ def _wrapped(seed: int, wrapper: str, optimizer: str, step: bool, shared: bool) 
 def _whole(value: Any) -> Any:
     if hasattr(value, "full_tensor"):
         return value.full_tensor()
+    if hasattr(value, "local_shards"):
+        # FSDP1's sharded state: a ShardedTensor, put together here from every rank's shards
+        # at the offsets each names (not by torch's own gathering, which is under test).
+        pieces = [(shard.metadata.shard_offsets, shard.tensor.detach().clone())
+                  for shard in value.local_shards()]  # fmt: skip
+        every: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(every, pieces)
+        whole = torch.zeros(value.size(), dtype=value.dtype)
+        for offsets, tensor in (piece for rank in every for piece in rank):
+            at = zip(offsets, tensor.shape, strict=True)
+            whole[tuple(slice(start, start + size) for start, size in at)] = tensor
+        return whole
     if isinstance(value, torch.Tensor):
         return value.detach().clone()
     if isinstance(value, dict):
@@ -144,3 +164,35 @@ def state_dicts(case: dict[str, Any]) -> dict[str, Any]:
     out["loaded model"] = _whole(loaded_model)
     out["loaded optimizer"] = _whole(loaded_optim)
     return out
+
+
+def _fsdp1_tree(tree: Any) -> torch.nn.Module:
+    """A module tree from its description: ``("linear", wrap)`` or ``("seq", wrap, [...])``,
+    each wrapped in FSDP1 where ``wrap`` says (on the CPU, its device named)."""
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    kind, wrap, *children = tree
+    module: torch.nn.Module
+    if kind == "linear":
+        module = torch.nn.Linear(3, 3, dtype=torch.float64)
+    else:
+        module = torch.nn.Sequential(*(_fsdp1_tree(child) for child in children[0]))
+    return FSDP(module, device_id=torch.device("cpu")) if wrap else module
+
+
+def fsdp1_found(tree: Any) -> dict[str, list[str]]:
+    """The tree built (FSDP1 where described), and, by the names ``named_modules`` gives them:
+    every module in its order and which of them are FSDP1's, what ``fsdp_modules`` finds,
+    and, after a forward (which makes the outermost units roots), what it finds ``root_only``."""
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    torch.manual_seed(0)
+    model = _fsdp1_tree(tree)
+    name_of = {id(m): name for name, m in model.named_modules()}
+    found = [name_of[id(m)] for m in FSDP.fsdp_modules(model)]
+    model(torch.ones(2, 3, dtype=torch.float64)).sum().backward()
+    return {
+        "units": [name for name, m in model.named_modules() if isinstance(m, FSDP)],
+        "found": found,
+        "roots": [name_of[id(m)] for m in FSDP.fsdp_modules(model, root_only=True)],
+    }

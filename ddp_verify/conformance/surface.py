@@ -112,6 +112,7 @@ APIS: dict[str, str] = {
     "torch.distributed.fsdp.fully_shard": "call",
     "torch.distributed.fsdp.MixedPrecisionPolicy": "init",
     "torch.distributed.fsdp.FSDPModule": "methods",
+    "torch.distributed.fsdp.FullyShardedDataParallel.fsdp_modules": "call",
     "torch.utils.data.DistributedSampler": "init",
     "torch.utils.data.BatchSampler": "init",
     "torch.nn.utils.clip_grad_norm_": "call",
@@ -1179,9 +1180,9 @@ ENTRIES: tuple[Entry, ...] = (
     # -- checkpointing -------------------------------------------------------------------------
     *(
         _e(_STATE + fn, arg, COVERED, _DCP, _DSD,
-           why="plain, DDP, checkpointed DDP and FSDP2 models (one with a layer shared "
-               "by two blocks: loaded back into DDP or from a full state into FSDP2, a known "
-               "torch issue); Adam and SGD")
+           why="plain, DDP, checkpointed DDP, FSDP2 and FSDP1 models (one with a layer "
+               "shared by two blocks: loaded back into DDP or from a full state into FSDP2, a "
+               "known torch issue); Adam and SGD")
         for fn, args in (("get_state_dict", ("model", "optimizers")),
                          ("set_state_dict", ("model", "optimizers", "model_state_dict",
                                              "optim_state_dict")))
@@ -1201,7 +1202,8 @@ ENTRIES: tuple[Entry, ...] = (
             ("strict", "True and False"),
             ("broadcast_from_rank0", "with full state dicts of FSDP2 models; through "
              "set_model_state_dict and set_optimizer_state_dict apart"),
-            ("flatten_optimizer_state_dict", "True and False"),
+            ("flatten_optimizer_state_dict", "True and False; into FSDP1 where a rank holds "
+             "none of a parameter, a known torch issue (test_state_dict marks it)"),
         )
     ),
     _e(_STATE + "StateDictOptions", "ignore_frozen_params", COVERED, _DSD,
@@ -1210,6 +1212,16 @@ ENTRIES: tuple[Entry, ...] = (
        why="only with get_state_dict's deprecated submodules"),
     _e(_STATE + "StateDictOptions", "dsd_fqn_modifiers", OUT,
        why="how parameters are named in the state dict; no arithmetic of its own"),
+    # FSDP1 (deprecated for FSDP2) is on a training's path through get_state_dict, which
+    # asks fsdp_modules whether a model holds FSDP1 units.
+    *(
+        _e("torch.distributed.fsdp.FullyShardedDataParallel.fsdp_modules", arg, COVERED,
+           "test_state_dict::test_fsdp1_modules_are_found_in_module_order_and_roots_after_a_forward",
+           why=why)
+        for arg, why in (("module", "trees of FSDP1 units nested and side by side, in "
+                                    "modules() order"),
+                         ("root_only", "True and False, after a forward"))
+    ),
 )  # fmt: skip
 
 

@@ -20,7 +20,7 @@ from ddp_verify.conformance import state_dict_jobs
 from ddp_verify.conformance.known import known_torch_issue
 from ddp_verify.world import RankError
 
-WRAPPERS = ("plain", "ddp", "checkpointed_ddp", "fully_shard")
+WRAPPERS = ("plain", "ddp", "checkpointed_ddp", "fully_shard", "fsdp1")
 STRICT_FULL = {"full_state_dict": True, "cpu_offload": False, "ignore_frozen_params": False,
                "flatten_optimizer_state_dict": False, "broadcast_from_rank0": False,
                "strict": True}  # fmt: skip
@@ -38,7 +38,8 @@ def cases(draw: st.DrawFn) -> dict[str, Any]:
         "ignore_frozen_params": draw(st.booleans()),
         # A full state dict flattened cannot be loaded back (KeyError 'param_groups.0.params.0':
         # the known issue test_fsdp checks), so flattening is drawn for sharded ones.
-        "flatten_optimizer_state_dict": not full and draw(st.booleans()),
+        # Flattened under FSDP1 too, where a rank holds none of a parameter: the known issue.
+        "flatten_optimizer_state_dict": not full and wrapper != "fsdp1" and draw(st.booleans()),
         # Broadcasting from rank 0 is documented for DTensors: FSDP2's.
         "broadcast_from_rank0": full and wrapper == "fully_shard" and draw(st.booleans()),
     }
@@ -200,3 +201,74 @@ def test_set_state_dict_broadcast_from_rank_0_loads_every_rank(world):
         world.timeout = full
     for rank, got in enumerate(results):
         _same(got["loaded model"], model_state, f"rank {rank}'s model after loading")
+
+
+@known_torch_issue(
+    "set_state_dict of an optimizer state flattened (flatten_optimizer_state_dict=True) into "
+    "an FSDP1 model (use_orig_params=True): unflattening names each parameter's states from "
+    "the local optimizer, which holds none for a parameter this rank holds no element of; "
+    "that rank then loads an empty state where the others load a full one, and FSDP1's "
+    "load, gathering state by state, runs collectives the other ranks do not (gloo aborts: "
+    "'Received data size doesn't match'). Unflattened, the same state loads",
+    raises=RankError,
+    match=r"doesn't match expected size|collective|SIGABRT|Connection reset",
+    repro="findings/dsd_fsdp1_flattened_optimizer_empty_shard.py",
+)
+def test_a_flattened_optimizer_state_loads_into_fsdp1_where_a_rank_holds_none_of_a_parameter(
+    world,
+):
+    if world.size < 2:
+        pytest.skip("every rank holds every parameter in a world of one")
+    _check(world, {"seed": 5, "wrapper": "fsdp1", "optimizer": "adam", "shared": False,
+                   "options": {**STRICT_FULL, "full_state_dict": False,
+                               "flatten_optimizer_state_dict": True}})  # fmt: skip
+
+
+def fsdp1_trees() -> st.SearchStrategy[Any]:
+    """Module trees of Linear layers and Sequentials, any of them wrapped in FSDP1."""
+    leaf = st.tuples(st.just("linear"), st.booleans())
+    return st.recursive(
+        leaf,
+        lambda inner: st.tuples(
+            st.just("seq"), st.booleans(), st.lists(inner, min_size=1, max_size=3)
+        ),
+        max_leaves=6,
+    )
+
+
+def _roots(units: list[str]) -> list[str]:
+    """The units no other unit holds (a unit's name extends its holder's with a dot)."""
+
+    def held(name: str, by: str) -> bool:
+        return by == "" or name.startswith(by + ".")
+
+    return [u for u in units if not any(held(u, other) for other in units if other != u)]
+
+
+def test_fsdp1_modules_are_found_in_module_order_and_roots_after_a_forward(world, prove):
+    """``FullyShardedDataParallel.fsdp_modules`` (which ``get_state_dict`` asks whether a
+    model holds FSDP1 units) returns every FSDP1 instance of the tree once, in the order
+    ``modules()`` walks it, as torch's traversal states; ``root_only`` after a forward, the
+    outermost ones."""
+
+    def holds(tree: Any) -> None:
+        for rank, got in enumerate(world.run(state_dict_jobs.fsdp1_found, tree)):
+            assert got["found"] == got["units"], (
+                f"rank {rank}: fsdp_modules found {got['found']}, the FSDP1 units in "
+                f"modules() order are {got['units']}"
+            )
+            assert got["roots"] == _roots(got["units"]), (
+                f"rank {rank}: fsdp_modules(root_only=True) found {got['roots']}, the "
+                f"outermost units are {_roots(got['units'])}"
+            )
+
+    two_siblings = (
+        "seq",
+        False,
+        [
+            ("seq", False, [("linear", True), ("linear", True)]),
+            ("seq", True, [("linear", True)]),
+            ("linear", False),
+        ],
+    )
+    prove(fsdp1_trees(), holds, examples=[two_siblings])
