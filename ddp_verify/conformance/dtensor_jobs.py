@@ -58,6 +58,9 @@ OPERATIONS: dict[str, Callable[[Any, Any], Any]] = {
     "upsample_1d": lambda a, b: _upsampled(a[:, None, :], _MODES_1D),
     "upsample_2d": lambda a, b: _upsampled(a[:, None, :, None], _MODES_2D),
     "upsample_3d": lambda a, b: _upsampled(a[:, None, :, None, None], _MODES_3D),
+    # Linear algebra on a matrix made invertible (a whitening step, a second-order
+    # optimizer's preconditioner): the factorizations that check their input for errors.
+    "linear_algebra": lambda a, b: _solved(a, b),
 }
 
 
@@ -67,6 +70,19 @@ def _new_tensors(a: Any) -> Any:
     made = (a.new_full(a.shape, 2.5), a.new_ones(a.shape) * a, a.new_zeros(a.shape),
             a.new_empty(a.shape).copy_(a * 3),
             a.new_empty_strided(a.shape, a.stride()).copy_(a * -2))  # fmt: skip
+    return _summed(made)
+
+
+def _solved(a: Any, b: Any) -> Any:
+    gram = a.t() @ a
+    ones = torch.ones_like(gram)
+    # Integers plus four times the identity (made of the upper triangle of ones less its
+    # part above the diagonal): positive definite and exact, so each rank's factorization is
+    # the whole matrix's.
+    spd = gram + 4 * (ones.triu() - ones.triu(1))
+    made = (torch.linalg.inv(spd) @ b, torch.linalg.solve(spd, b),
+            torch.linalg.cholesky(spd) @ b, torch.linalg.lu_factor(spd)[0] @ b,
+            torch.linalg.ldl_factor(spd)[0] @ b)  # fmt: skip
     return _summed(made)
 
 
@@ -89,10 +105,11 @@ def _summed(results: tuple[Any, ...]) -> Any:
 
 
 # Operations first held here on torch 2.13 (tensors made from a DTensor, views given whole
-# sizes, upsampling): drawn from that release on, older ones' DTensor not checked for them.
+# sizes, upsampling, linear algebra): drawn from that release on, older ones' DTensor not
+# checked for them.
 FROM_2_13 = ("new_tensors", "expand", "view_sizes", "matmul_batched", "view_copy",
              "expand_copy", "select_column", "upsample_1d", "upsample_2d",
-             "upsample_3d")  # fmt: skip
+             "upsample_3d", "linear_algebra")  # fmt: skip
 
 
 def operations_held() -> list[str]:
