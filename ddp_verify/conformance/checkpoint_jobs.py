@@ -501,9 +501,9 @@ def cached_plan_over_another_group() -> list[float]:
 
 def invalid_plans() -> dict[str, str | None]:
     """Saves whose global plan the last rank spoils (its shard of a sharded tensor left
-    unwritten, written over the first rank's, or placed beyond the tensor), as a planner of
-    one's own could: what each save said (the last line of the ranks' tracebacks), or None
-    where it saved; then a save by the same planner unspoiled."""
+    unwritten, written over the first rank's, placed beyond the tensor or running past its
+    end), as a planner of one's own could: what each save said (the last line of the ranks'
+    tracebacks), or None where it saved; then a save by the same planner unspoiled."""
     import dataclasses
 
     import torch.distributed.checkpoint as dcp
@@ -531,8 +531,13 @@ def invalid_plans() -> dict[str, str | None]:
                 if self.how == "a shard left unwritten":
                     continue
                 chunk = item.tensor_data.chunk
-                offsets = [0, 0] if self.how == "a shard over another" else [
-                    chunk.offsets[0] + 10, 0]  # fmt: skip
+                # Beyond: starting past the end; past the end: starting inside, one row
+                # further than its own, so that it ends past the tensor's last row.
+                start = {
+                    "a shard over another": 0,
+                    "a shard beyond its tensor": chunk.offsets[0] + 10,
+                }.get(self.how, chunk.offsets[0] + 1)
+                offsets = [start, 0]
                 chunk = dataclasses.replace(chunk, offsets=torch.Size(offsets))
                 data = dataclasses.replace(item.tensor_data, chunk=chunk)
                 items.append(dataclasses.replace(item, tensor_data=data))
@@ -541,7 +546,13 @@ def invalid_plans() -> dict[str, str | None]:
     mesh = init_device_mesh("cpu", (dist.get_world_size(),))
     with shared_directory() as directory:
         said: dict[str, str | None] = {}
-        hows = ["a shard left unwritten", "a shard over another", "a shard beyond its tensor", None]
+        hows = [
+            "a shard left unwritten",
+            "a shard over another",
+            "a shard beyond its tensor",
+            "a shard past its tensor's end",
+            None,
+        ]
         for i, how in enumerate(hows):
             state = {"w": distribute_tensor(torch.ones(2 * (last + 1), 2), mesh, [Shard(0)])}
             try:
@@ -563,7 +574,8 @@ def layouts_read(seed: int, cases: list[str]) -> dict[str, Any]:
     and reader second and positional (the order before ``checkpoint_id``, still taken with
     a warning). ``cases``: those of "2.3", "url", "positional" to make (a torch that has
     dropped a compatibility path is not held to it). What each load left in its state, or
-    its error (the last line), and how many warnings told of the old order."""
+    its error (the last line), how many warnings told of the old order, and the keys the
+    2.3 layout's checkpoint was saved under."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import (
         DefaultSavePlanner,
@@ -584,6 +596,9 @@ def layouts_read(seed: int, cases: list[str]) -> dict[str, Any]:
             older = {"model.w": weights.clone(), "extra": dict(extra)}
             dcp.save(older, checkpoint_id=f"{directory}/2.3",
                      planner=DefaultSavePlanner(flatten_state_dict=False))  # fmt: skip
+            # A planner that does not flatten keys the checkpoint by the state's own keys.
+            metadata = FileSystemReader(f"{directory}/2.3").read_metadata()
+            said["2.3 keys"] = sorted(metadata.state_dict_metadata)
         if "url" in cases:
             by_url = {"model": {"w": weights.clone()}, "extra": dict(extra)}
             dcp.save(by_url, checkpoint_id=f"file://{directory}/url")
@@ -634,15 +649,22 @@ def own_stager_and_coordinator(seed: int, stager: bool,
     weights = value(seed, 0, (4,), "float64")
     told: dict[str, bool] = {}
 
+    # set_up_planner as the planners document it (one taking no storage_meta is called in
+    # an older form, positionally); what each is told, and what the default planner keeps
+    # for a subclass to read (its public attribute).
     class SaveRecording(DefaultSavePlanner):
-        def set_up_planner(self, *args: Any, **kwargs: Any) -> None:
-            told["save"] = bool(kwargs.get("is_coordinator", args[-1] if args else False))
-            super().set_up_planner(*args, **kwargs)
+        def set_up_planner(self, state_dict: Any, storage_meta: Any = None,
+                           is_coordinator: bool = False) -> None:  # fmt: skip
+            told["save"] = is_coordinator
+            super().set_up_planner(state_dict, storage_meta, is_coordinator)
+            told["save kept"] = self.is_coordinator
 
     class LoadRecording(DefaultLoadPlanner):
-        def set_up_planner(self, *args: Any, **kwargs: Any) -> None:
-            told["load"] = bool(kwargs.get("is_coordinator", args[-1] if args else False))
-            super().set_up_planner(*args, **kwargs)
+        def set_up_planner(self, state_dict: Any, metadata: Any = None,
+                           is_coordinator: bool = False) -> None:  # fmt: skip
+            told["load"] = is_coordinator
+            super().set_up_planner(state_dict, metadata, is_coordinator)
+            told["load kept"] = self.is_coordinator
 
     said: dict[str, Any] = {}
     last = dist.get_world_size() - 1

@@ -397,6 +397,10 @@ def test_a_checkpoint_as_older_torch_laid_it_out_and_one_named_by_url_load_back(
                 f"a checkpoint {whats[name]}, loaded on rank {rank}: {said[name]!r}, "
                 f"saved {said['saved']!r}"
             )
+        assert "2.3" not in cases or said["2.3 keys"] == ["extra", "model.w"], (
+            f"a state saved by DefaultSavePlanner(flatten_state_dict=False) on rank {rank} "
+            f"keyed {said['2.3 keys']}, given as ['extra', 'model.w']"
+        )
         assert "positional" not in cases or said["positional warned"] == 2, (
             f"save and load in the older argument order on rank {rank}: "
             f"{said['positional warned']} warnings of it, expected one each"
@@ -431,7 +435,7 @@ def test_a_stager_of_ones_own_and_a_coordinator_other_than_rank_0_do_what_they_s
             )
         if not coordinator:
             continue
-        want = {"save": rank == last, "load": rank == last}
+        want = {told: rank == last for told in ("save", "save kept", "load", "load kept")}
         assert said["coordinated"] == want, (
             f"save_state_dict / load_state_dict with coordinator_rank={last}: rank {rank}'s "
             f"planners were told is_coordinator={said['coordinated']!r}, expected {want}"
@@ -475,6 +479,7 @@ def test_a_save_plan_that_spoils_a_tensor_is_refused(world):
         "a shard left unwritten": "invalid fill",
         "a shard over another": "overlapping chunks",
         "a shard beyond its tensor": "out of bounds chunk",
+        "a shard past its tensor's end": "out of bounds chunk",
     }
     for rank, said in enumerate(world.run(checkpoint_jobs.invalid_plans)):
         for how, words in spoiled.items():

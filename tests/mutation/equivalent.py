@@ -449,6 +449,12 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "into a new dict that is only read: without ShardedTensors the same items are "
         "written either way"
     ),
+    ("torch.distributed.checkpoint.default_planner", "_check_box_overlap",
+     "reversed-iteration", "for ... in range(ndims) -> reversed(list(...))"): (
+        "two boxes overlap unless some dimension separates them: the loop returns False at "
+        "the first dimension that does and True after all, so visiting the dimensions in "
+        "another order finds the same answer"
+    ),
     ("torch.distributed.checkpoint.default_planner", "create_default_global_save_plan",
      "reversed-iteration", "for ... in plan.items -> reversed(list(...))"): (
         "a rank's items are entered in the metadata in reverse: each chunk keeps its offsets "
