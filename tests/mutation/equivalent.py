@@ -449,6 +449,12 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "into a new dict that is only read: without ShardedTensors the same items are "
         "written either way"
     ),
+    ("torch.distributed.checkpoint.default_planner", "_validate_global_plan",
+     "reversed-iteration", "for ... in active -> reversed(list(...))"): (
+        "the chunk is compared with every chunk still active and each overlap found is "
+        "collected: visited the other way, the same overlaps are found and only their "
+        "messages' order differs, so the same plans are refused"
+    ),
     ("torch.distributed.checkpoint.default_planner", "_check_box_overlap",
      "reversed-iteration", "for ... in range(ndims) -> reversed(list(...))"): (
         "two boxes overlap unless some dimension separates them: the loop returns False at "
