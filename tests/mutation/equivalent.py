@@ -1339,6 +1339,17 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
              "message names the other one"),
         )
     },
+    (_SINGLE_DIM, "_expand_single_dim_strategy_to_mesh", "dropped-keyword",
+     "expand_to_full_mesh_op_strategy(element_mesh, op_schema, prepared_strategy.expan -> "
+     "expand_to_full_mesh_op_strategy(element_mesh, op_schema, prepared_strategy.expan"): (
+        "the first keyword passed on by name, output_tensor_meta, dropped: the expanded "
+        "strategies' output specs carry no tensor metadata. Within the expansion none is "
+        "read (shardability and costs are the inputs', the in-place and out= checks "
+        "compare placements, and this path passes no validity callback), and once a "
+        "strategy is chosen propagate_op_sharding_non_cached gives the output specs the same "
+        "precomputed metadata again (_create_output_spec_with_new_tensor_meta), tuples "
+        "included"
+    ),
     (_SINGLE_DIM, "_op_namespace_and_base_name", "off-by-one",
      '1 -> 2 at `namespace, op_name = op.name().split("::", 1)`'): (
         "an operation's name split at two '::' rather than one: aten's names hold one (the "
