@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import io
+import itertools
 import shutil
 import tempfile
 import warnings
@@ -502,8 +503,9 @@ def cached_plan_over_another_group() -> list[float]:
 def invalid_plans() -> dict[str, str | None]:
     """Saves whose global plan the last rank spoils (its shard of a sharded tensor left
     unwritten, written over the first rank's, placed beyond the tensor or running past its
-    end), as a planner of one's own could: what each save said (the last line of the ranks'
-    tracebacks), or None where it saved; then a save by the same planner unspoiled."""
+    end), as a planner of one's own could, of a matrix and of a vector: what each save said
+    (the last line of the ranks' tracebacks), or None where it saved, keyed "<how>, <n>-D";
+    then saves by the same planner unspoiled."""
     import dataclasses
 
     import torch.distributed.checkpoint as dcp
@@ -537,7 +539,7 @@ def invalid_plans() -> dict[str, str | None]:
                     "a shard over another": 0,
                     "a shard beyond its tensor": chunk.offsets[0] + 10,
                 }.get(self.how, chunk.offsets[0] + 1)
-                offsets = [start, 0]
+                offsets = [start, *chunk.offsets[1:]]
                 chunk = dataclasses.replace(chunk, offsets=torch.Size(offsets))
                 data = dataclasses.replace(item.tensor_data, chunk=chunk)
                 items.append(dataclasses.replace(item, tensor_data=data))
@@ -553,13 +555,16 @@ def invalid_plans() -> dict[str, str | None]:
             "a shard past its tensor's end",
             None,
         ]
-        for i, how in enumerate(hows):
-            state = {"w": distribute_tensor(torch.ones(2 * (last + 1), 2), mesh, [Shard(0)])}
+        # A matrix and a vector: the plan of each is validated.
+        shapes = {"2-D": (2 * (last + 1), 2), "1-D": (2 * (last + 1),)}
+        for i, (how, (dims, shape)) in enumerate(itertools.product(hows, shapes.items())):
+            state = {"w": distribute_tensor(torch.ones(shape), mesh, [Shard(0)])}
+            name = f"{how or 'unspoiled'}, {dims}"
             try:
                 dcp.save(state, checkpoint_id=f"{directory}/{i}", planner=Spoiling(how))
-                said[how or "unspoiled"] = None
+                said[name] = None
             except CheckpointException as exc:
-                said[how or "unspoiled"] = str(exc).strip().splitlines()[-1]
+                said[name] = str(exc).strip().splitlines()[-1]
         return said
 
 

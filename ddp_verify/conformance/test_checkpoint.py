@@ -19,6 +19,7 @@ values than it saved is the most expensive way to train something else."""
 from __future__ import annotations
 
 import inspect
+import itertools
 from typing import Any
 
 import pytest
@@ -482,9 +483,13 @@ def test_a_save_plan_that_spoils_a_tensor_is_refused(world):
         "a shard past its tensor's end": "out of bounds chunk",
     }
     for rank, said in enumerate(world.run(checkpoint_jobs.invalid_plans)):
-        for how, words in spoiled.items():
-            assert said[how] is not None and "Failed to validate global plan" in said[how], (
-                f"a save plan with {how} on rank {rank}: {said[how]!r}"
+        for (how, words), dims in itertools.product(spoiled.items(), ("2-D", "1-D")):
+            got = said[f"{how}, {dims}"]
+            assert got is not None and "Failed to validate global plan" in got, (
+                f"a save plan of a {dims} tensor with {how} on rank {rank}: {got!r}"
             )
-            assert words in said[how], f"{how} on rank {rank}: {said[how]!r}, not {words!r}"
-        assert said["unspoiled"] is None, f"the same planner unspoiled refused: {said}"
+            assert words in got, f"{how}, {dims}, on rank {rank}: {got!r}, not {words!r}"
+        for dims in ("2-D", "1-D"):
+            assert said[f"unspoiled, {dims}"] is None, (
+                f"the same planner unspoiled refused a {dims} tensor: {said}"
+            )

@@ -455,6 +455,43 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "collected: visited the other way, the same overlaps are found and only their "
         "messages' order differs, so the same plans are refused"
     ),
+    ("torch.distributed.checkpoint.default_planner", "_validate_global_plan", "comparison",
+     "len(chunks) > 1 -> len(chunks) >= 1"): (
+        "the overlap sweep run for a tensor of one chunk too: a chunk is compared only with "
+        "the chunks before it, of which there are none, so no overlap is found"
+    ),
+    ("torch.distributed.checkpoint.default_planner", "_validate_global_plan",
+     "reversed-iteration", "for ... in sorted_indices -> reversed(list(...))"): (
+        "the sweep taken from the last start back: a chunk already passed starts no "
+        "earlier than the current one, so only one of no extent ending where the current "
+        "one starts leaves the active list, and the pairs compared differ from the forward "
+        "sweep's only in pairs one of which ends, along the sweep dimension, where or before "
+        "the other starts, which the overlap test separates. The same overlaps are found "
+        "(each pair named the other way round), and the same plans refused"
+    ),
+    ("torch.distributed.checkpoint.default_planner", "_validate_global_plan", "off-by-one",
+     "0 -> 1 at `sweep_dim = max(range(dims), default=0, key=lambda d: value.size[d])`"): (
+        "max()'s default is taken only for an empty range, a tensor of no dimensions, which "
+        "the loop has already skipped (len(value.size) == 0: continue)"
+    ),
+    ("torch.distributed.checkpoint.default_planner", "_validate_global_plan",
+     "reversed-iteration", "for ... in chunks -> reversed(list(...))"): (
+        "each chunk's bounds checked and its volume added in another order: every error is "
+        "collected and the sum is the same, so the same plans are refused"
+    ),
+    ("torch.distributed.checkpoint.default_planner", "create_default_local_load_plan",
+     "reversed-iteration", "for ... in state_dict.items() -> reversed(list(...))"): (
+        "the read requests listed in another order: each reads into its own entry, and the "
+        "storage reader reads them by file and offset, so the same state loads; a strict "
+        "load missing several keys refuses it either way, naming another of them"
+    ),
+    ("torch.distributed.checkpoint.default_planner", "create_default_global_save_plan",
+     "ignored-argument", "argument rewrite_index_hints ignored for its default True"): (
+        "every caller in torch (DefaultSavePlanner.create_global_plan, "
+        "_create_default_local_metadata) passes the default; one that asks for no rewriting "
+        "gets the index hints rewritten, and a hint only speeds a load's search for a chunk, "
+        "which finds it by its offsets: the same checkpoint reads back"
+    ),
     ("torch.distributed.checkpoint.default_planner", "_check_box_overlap",
      "reversed-iteration", "for ... in range(ndims) -> reversed(list(...))"): (
         "two boxes overlap unless some dimension separates them: the loop returns False at "
