@@ -739,3 +739,23 @@ def readers_told() -> dict[str, Any]:
             dcp.load(into, storage_reader=reader)
             said[name] = {**told[name], "loaded": into["w"].tolist()}
     return said
+
+
+def files_written(single_file_per_rank: bool) -> dict[str, Any]:
+    """A state of more plain tensors than ranks (each written once, by one rank), saved by a
+    ``FileSystemWriter`` with one writing thread and ``single_file_per_rank`` as given: the
+    data files in the checkpoint (every name but the metadata's), and the tensors saved."""
+    import os
+
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import FileSystemWriter
+
+    tensors = 2 * dist.get_world_size() + 1
+    state = {f"t{i}": torch.full((i + 1,), float(i)) for i in range(tensors)}
+    with shared_directory() as directory:
+        writer = FileSystemWriter(directory, single_file_per_rank=single_file_per_rank,
+                                  thread_count=1)  # fmt: skip
+        dcp.save(state, storage_writer=writer)
+        names = sorted(name for name in os.listdir(directory) if name != ".metadata")
+        dist.barrier()  # every rank listed the directory before rank 0 removes it
+    return {"files": names, "tensors": tensors}

@@ -374,7 +374,15 @@ _CHECKPOINT_ROWS = (
     ),
     ("async_save", "checkpoint_id", _SUBGROUP_DCP, "a path alone (the round trip passes a writer)"),
     ("FileSystemWriter", "path", _ROUND_TRIP, ""),
-    ("FileSystemWriter", "single_file_per_rank", _ROUND_TRIP, "on and off"),
+    (
+        "FileSystemWriter",
+        "single_file_per_rank",
+        (
+            *_ROUND_TRIP,
+            "test_checkpoint::test_a_writer_writes_one_file_a_rank_or_one_a_tensor_as_asked",
+        ),
+        "on and off: loaded back, and one file a rank or one a tensor as documented",
+    ),
     ("FileSystemWriter", "sync_files", _ROUND_TRIP, "on and off"),
     ("FileSystemWriter", "thread_count", _ROUND_TRIP, "1 to 3"),
     ("FileSystemWriter", "per_thread_copy_ahead", _ROUND_TRIP, "1 byte and the default"),

@@ -469,6 +469,24 @@ def test_a_storage_reader_is_told_its_rank_and_whether_the_load_is_collective(wo
         )
 
 
+def test_a_writer_writes_one_file_a_rank_or_one_a_tensor_as_asked(world):
+    # FileSystemWriter's single_file_per_rank: "Produce one file per rank instead of one file
+    # per tensor/blob" (one writing thread). More tensors than ranks tell the two apart.
+    _skip_across_nodes(world)
+    for single in (True, False):
+        for rank, got in enumerate(world.run(checkpoint_jobs.files_written, single)):
+            said = f"FileSystemWriter(single_file_per_rank={single}) on rank {rank}"
+            files = len(got["files"])
+            if single:
+                assert 1 <= files <= world.size, (
+                    f"{said}: {files} data files for {world.size} ranks: {got['files']}"
+                )
+            else:
+                assert files == got["tensors"], (
+                    f"{said}: {files} data files for {got['tensors']} tensors: {got['files']}"
+                )
+
+
 def test_a_save_plan_that_spoils_a_tensor_is_refused(world):
     # A planner of one's own (or a regression in the default one) that leaves part of a
     # sharded tensor unwritten, writes two shards over each other or one beyond the tensor
