@@ -505,6 +505,18 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "chunk by its offsets (the hint only speeds the search): the same checkpoint reads "
         "back"
     ),
+    ("torch.distributed.checkpoint.filesystem", "_FileSystemWriter._write_data", "off-by-one",
+     "1 -> 2"): (
+        "one writing thread fewer is started: every thread, the caller's included, takes "
+        "files from the one queue until it is empty, so the same files are written with the "
+        "same items, by fewer threads"
+    ),
+    ("torch.distributed.checkpoint.filesystem", "_FileSystemWriter.__init__",
+     "ignored-argument", "argument per_thread_copy_ahead ignored for its default 10000000"): (
+        "how many bytes the overlapping loader copies from a GPU ahead of writing them: "
+        "taken only with an accelerator and one thread (a CPU build's serial loader never "
+        "reads it); it bounds what is in flight, not what is written or where"
+    ),
     ("torch.distributed.checkpoint.filesystem", "_item_size", "reversed-iteration",
      "for ... in item.tensor_data.size -> reversed(list(...))"): (
         "the product of a tensor's sizes, taken in the other order: the same number of "
