@@ -517,6 +517,18 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "taken only with an accelerator and one thread (a CPU build's serial loader never "
         "reads it); it bounds what is in flight, not what is written or where"
     ),
+    ("torch.distributed.checkpoint.filesystem", "_FileSystemWriter.finish",
+     "reversed-iteration", "for ... in results -> reversed(list(...))"): (
+        "the ranks' write results merged into the storage map in another order: each is "
+        "keyed by its own item's index, which a deduplicated plan writes once, so the same "
+        "map is built"
+    ),
+    ("torch.distributed.checkpoint.filesystem", "_write_files_from_queue",
+     "reversed-iteration", "for ... in loader.values() -> reversed(list(...))"): (
+        "a file's tensors written in another order: each write result records where its "
+        "bytes start and how many there are, and a load reads each by that record (the "
+        "safetensors dict is keyed by name), so the same state reads back"
+    ),
     ("torch.distributed.checkpoint.filesystem", "_item_size", "reversed-iteration",
      "for ... in item.tensor_data.size -> reversed(list(...))"): (
         "the product of a tensor's sizes, taken in the other order: the same number of "
