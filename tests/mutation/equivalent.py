@@ -529,6 +529,12 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "bytes start and how many there are, and a load reads each by that record (the "
         "safetensors dict is keyed by name), so the same state reads back"
     ),
+    ("torch.distributed.checkpoint.filesystem", "_item_size", "off-by-one", "1 -> 2"): (
+        "every tensor's size counted twice over: the writer sorts items by size and gives "
+        "each to the bucket of least total, comparisons a common factor leaves alone, so the "
+        "same items go to the same files; the overlapping loader (GPU only) bounds bytes in "
+        "flight by it, which orders no write"
+    ),
     ("torch.distributed.checkpoint.filesystem", "_item_size", "reversed-iteration",
      "for ... in item.tensor_data.size -> reversed(list(...))"): (
         "the product of a tensor's sizes, taken in the other order: the same number of "
