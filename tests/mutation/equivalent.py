@@ -529,6 +529,26 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "bytes start and how many there are, and a load reads each by that record (the "
         "safetensors dict is keyed by name), so the same state reads back"
     ),
+    ("torch.distributed.checkpoint.filesystem", "_FileSystemWriter.write_data", "off-by-one",
+     "1 -> 2"): (
+        "a rank's files numbered 0, 2, 4 rather than 0, 1, 2: still distinct under the "
+        "rank's own prefix, and each is named in the metadata with the items it holds, "
+        "which is how a load finds them: the same checkpoint reads back"
+    ),
+    ("torch.distributed.checkpoint.filesystem", "FileSystemReader.read_data",
+     "reversed-iteration", "for ... in per_file.items() -> reversed(list(...))"): (
+        "the files read in another order: each read request copies its own item into its "
+        "own destination, so the same state loads"
+    ),
+    ("torch.distributed.checkpoint.filesystem", "_SerialCpuLoader.values", "comparison",
+     "tensor.untyped_storage().size() != tensor.nbytes -> "
+     "tensor.untyped_storage().size() == tensor.nbytes"): (
+        "which tensors are copied before writing inverted: a tensor filling its storage is "
+        "copied (the same values), and a view of a larger storage is written as it is, "
+        "which torch.save stores with its storage, offset and strides and loads as the same "
+        "view's values (safetensors, not the default, takes the view's own elements): the "
+        "same values read back, only the file's size differs"
+    ),
     ("torch.distributed.checkpoint.filesystem", "_item_size", "off-by-one", "1 -> 2"): (
         "every tensor's size counted twice over: the writer sorts items by size and gives "
         "each to the bucket of least total, comparisons a common factor leaves alone, so the "
