@@ -549,6 +549,31 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "view's values (safetensors, not the default, takes the view's own elements): the "
         "same values read back, only the file's size differs"
     ),
+    ("torch.distributed.checkpoint.filesystem", "_split_by_size_and_type", "off-by-one",
+     "1 -> 2"): (
+        "two writing threads given one bucket of every item, as one thread is: a rank's "
+        "items go to one file rather than two, each item's file and offset recorded in the "
+        "metadata, so the same checkpoint reads back"
+    ),
+    ("torch.distributed.checkpoint.filesystem", "_split_by_size_and_type", "comparison",
+     "bins == 1 -> bins != 1"): (
+        "every thread count but one given a single bucket of every item, and one thread the "
+        "same single bucket by splitting into one: a rank's items in one file, each item's "
+        "file and offset recorded in the metadata, so the same checkpoint reads back"
+    ),
+    ("torch.distributed.checkpoint.filesystem", "FileSystemWriter.__init__",
+     "ignored-argument", "argument per_thread_copy_ahead ignored for its default 10000000"): (
+        "the public writer's copy-ahead, passed to _FileSystemWriter's (declared above): "
+        "read only by the overlapping loader an accelerator takes, it bounds what is in "
+        "flight, not what is written or where"
+    ),
+    ("torch.distributed.checkpoint.filesystem", "_write_files_from_queue", "comparison",
+     "thread_count == 1 -> thread_count != 1"): (
+        "which loader copies a file's tensors to the CPU: the overlapping one is taken only "
+        "with an accelerator (a CPU build never takes it), and both yield every item's "
+        "tensor, whose place in the file each write result records: the same checkpoint "
+        "reads back"
+    ),
     ("torch.distributed.checkpoint.filesystem", "_item_size", "off-by-one", "1 -> 2"): (
         "every tensor's size counted twice over: the writer sorts items by size and gives "
         "each to the bucket of least total, comparisons a common factor leaves alone, so the "
