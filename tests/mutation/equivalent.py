@@ -574,6 +574,13 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "tensor, whose place in the file each write result records: the same checkpoint "
         "reads back"
     ),
+    ("torch.distributed.checkpoint.filesystem", "FileSystemWriter.__init__",
+     "ignored-argument", "argument thread_count ignored for its default 1"): (
+        "the writer given one thread whatever it is asked: a rank's items written by one "
+        "thread into one file rather than split among several, each item's file and offset "
+        "recorded in the metadata, so the same checkpoint reads back (the documented effect "
+        "of the argument is the number of IO threads, not what is written)"
+    ),
     ("torch.distributed.checkpoint.filesystem", "_item_size", "off-by-one", "1 -> 2"): (
         "every tensor's size counted twice over: the writer sorts items by size and gives "
         "each to the bucket of least total, comparisons a common factor leaves alone, so the "
