@@ -581,6 +581,22 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "recorded in the metadata, so the same checkpoint reads back (the documented effect "
         "of the argument is the number of IO threads, not what is written)"
     ),
+    ("torch.distributed.checkpoint.filesystem", "_write_files_from_queue",
+     "reversed-iteration", "for ... in bytes_w -> reversed(list(...))"): (
+        "a file's non-tensor values written in another order: each write result records "
+        "where its bytes start and how many there are, and a load reads each by that "
+        "record, so the same state reads back"
+    ),
+    ("torch.distributed.checkpoint.filesystem", "FileSystemWriter.__init__",
+     "ignored-argument", "argument sync_files ignored for its default True"): (
+        "files flushed to the disk (os.fsync) even when asked not to: what durability a "
+        "crash leaves, not what is written or read back"
+    ),
+    ("torch.distributed.checkpoint.filesystem", "_FileSystemWriter._write_data",
+     "reversed-iteration", "for ... in range(1, self.thread_count) -> reversed(list(...))"): (
+        "the writing threads started in another order: they are alike, each taking files "
+        "from the one queue until it is empty, and their results are gathered whole"
+    ),
     ("torch.distributed.checkpoint.filesystem", "_item_size", "off-by-one", "1 -> 2"): (
         "every tensor's size counted twice over: the writer sorts items by size and gives "
         "each to the bucket of least total, comparisons a common factor leaves alone, so the "
