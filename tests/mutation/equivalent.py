@@ -530,6 +530,12 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "safetensors dict is keyed by name), so the same state reads back"
     ),
     ("torch.distributed.checkpoint.filesystem", "_FileSystemWriter.write_data", "off-by-one",
+     "0 -> 1"): (
+        "a rank's files numbered from 1 rather than 0: still distinct under the rank's own "
+        "prefix, and each is named in the metadata with the items it holds, which is how a "
+        "load finds them: the same checkpoint reads back"
+    ),
+    ("torch.distributed.checkpoint.filesystem", "_FileSystemWriter.write_data", "off-by-one",
      "1 -> 2"): (
         "a rank's files numbered 0, 2, 4 rather than 0, 1, 2: still distinct under the "
         "rank's own prefix, and each is named in the metadata with the items it holds, "
@@ -596,6 +602,23 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
      "reversed-iteration", "for ... in range(1, self.thread_count) -> reversed(list(...))"): (
         "the writing threads started in another order: they are alike, each taking files "
         "from the one queue until it is empty, and their results are gathered whole"
+    ),
+    ("torch.distributed.checkpoint.filesystem", "_write_files_from_queue", "off-by-one",
+     "1 -> 2"): (
+        "the overlapping loader taken for two threads rather than one, and only with an "
+        "accelerator (a CPU build never takes it): either loader yields every item's tensor, "
+        "whose place in the file each write result records, so the same checkpoint reads "
+        "back"
+    ),
+    ("torch.distributed.checkpoint.filesystem", "FileSystemReader.read_data",
+     "reversed-iteration", "for ... in reqs -> reversed(list(...))"): (
+        "a file's items read in another order: each is read at its recorded offset into its "
+        "own destination, so the same state loads"
+    ),
+    ("torch.distributed.checkpoint.filesystem", "_FileSystemWriter.__init__",
+     "ignored-argument", "argument sync_files ignored for its default True"): (
+        "files flushed to the disk (os.fsync) even when asked not to: what durability a "
+        "crash leaves, not what is written or read back"
     ),
     ("torch.distributed.checkpoint.filesystem", "_item_size", "off-by-one", "1 -> 2"): (
         "every tensor's size counted twice over: the writer sorts items by size and gives "
