@@ -1,7 +1,8 @@
 """Jobs of ``test_state_dict``, run on every rank: a small model trained one step as it is
-wrapped for data-parallel training (not at all, DDP, FSDP2, activation checkpointing inside
-DDP), its state taken with ``torch.distributed.checkpoint.state_dict`` and loaded into a
-fresh copy; returned whole and keyed as the state dict gives it."""
+wrapped for data-parallel training (not at all, DDP, FSDP2, FSDP1, activation checkpointing
+inside DDP), its state taken with ``torch.distributed.checkpoint.state_dict`` and loaded into
+a fresh copy; returned whole and keyed as the state dict gives it; and trees of FSDP1 units,
+as ``fsdp_modules`` finds them."""
 
 from __future__ import annotations
 
