@@ -343,11 +343,18 @@ def refusals() -> dict[str, Any]:
         if dist.get_rank() == 0:
             dcp.load(into, checkpoint_id=alone, no_dist=True)
         dist.barrier()
-        partial = {"w": torch.zeros(3), "extra": torch.full((2,), 7.0)}
+        # The keys it lacks a plain tensor and a DTensor (which the planner sets up apart).
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor import Shard, distribute_tensor
+
+        mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+        sevens = distribute_tensor(torch.full((2 * dist.get_world_size(),), 7.0), mesh, [Shard(0)])
+        partial = {"w": torch.zeros(3), "extra": torch.full((2,), 7.0), "sharded": sevens}
         dcp.load(
             partial, checkpoint_id=directory, planner=DefaultLoadPlanner(allow_partial_load=True)
         )
-        said["partial load"] = (partial["w"].tolist(), partial["extra"].tolist())
+        said["partial load"] = (partial["w"].tolist(), partial["extra"].tolist(),
+                                set(partial["sharded"].full_tensor().tolist()))  # fmt: skip
         return said
 
 
@@ -394,14 +401,43 @@ def over_subgroups(seed: int, block: int, rows: int, asynchronously: bool) -> di
     return loaded
 
 
+def _interleaved(full: torch.Tensor, group: Any) -> Any:
+    """``full`` as a ShardedTensor over ``group`` (the world's first ranks) whose rank ``r``
+    of ``n`` holds rows ``r, r + n, r + 2n, ...``, each row a shard of its own: a rank with
+    several chunks of one tensor, as row-wise sharded embedding tables lay them out."""
+    from torch.distributed._shard.sharded_tensor import Shard, init_from_local_shards
+
+    rank, ranks = dist.get_rank(group), dist.get_world_size(group)
+    shards = [Shard.from_tensor_and_offsets(full[row : row + 1].clone(), [row, 0], rank)
+              for row in range(rank, full.shape[0], ranks)]  # fmt: skip
+    return init_from_local_shards(shards, *full.shape, process_group=group)
+
+
+def _gathered(value: Any, group: Any) -> torch.Tensor:
+    """The whole of ``value`` (a DTensor, or a ShardedTensor over ``group``): the latter put
+    together here from every rank's shards at the offsets each names, not by torch's own
+    gathering."""
+    if hasattr(value, "full_tensor"):
+        return value.full_tensor()
+    pieces = [(shard.metadata.shard_offsets, shard.tensor.clone())
+              for shard in value.local_shards()]  # fmt: skip
+    every: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(every, pieces, group=group)
+    whole = torch.zeros(value.size(), dtype=value.dtype)
+    for offsets, tensor in (piece for rank in every for piece in rank):
+        at = zip(offsets, tensor.shape, strict=True)
+        whole[tuple(slice(start, start + size) for start, size in at)] = tensor
+    return whole
+
+
 def across_world_sizes(seed: int, saved_by: int, loaded_by: int, shape: tuple[int, ...],
                        saved: str, loaded: str) -> list[Any] | None:  # fmt: skip
-    """The first ``saved_by`` ranks save a DTensor of ``shape`` (placement ``saved`` over
-    their own 1-D mesh, ``process_group`` their group); after a barrier of the world, the
-    first ``loaded_by`` ranks load it into zeros of placement ``loaded`` over theirs: a
-    checkpoint written by one world size read by another, its shards cut at other boundaries
-    along the same dimension. What a loading rank loaded (the full tensor); ``None`` on the
-    ranks that do not load."""
+    """The first ``saved_by`` ranks save a tensor of ``shape`` (a DTensor of placement
+    ``saved`` over their own 1-D mesh, or, ``"interleaved"``, a ShardedTensor whose ranks hold
+    every n-th row; ``process_group`` their group); after a barrier of the world, the first
+    ``loaded_by`` ranks load it into zeros laid out as ``loaded`` over theirs: a checkpoint
+    written by one world size read by another, its shards cut at other boundaries. What a
+    loading rank loaded (the full tensor); ``None`` on the ranks that do not load."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.tensor import distribute_tensor
@@ -410,18 +446,24 @@ def across_world_sizes(seed: int, saved_by: int, loaded_by: int, shape: tuple[in
     # Every rank takes part in creating every group (new_group is collective over the world).
     groups = {n: dist.new_group(list(range(n))) for n in sorted({saved_by, loaded_by})}
     full = value(seed, 0, shape, "float64")
+
+    def laid_out(tensor: torch.Tensor, placement: str, group: Any) -> Any:
+        if placement == "interleaved":
+            return _interleaved(tensor, group)
+        return distribute_tensor(
+            tensor, DeviceMesh.from_group(group, "cpu"), [_placement(placement)]
+        )
+
     got: list[Any] | None = None
     with shared_directory() as directory:
         if rank < saved_by:
-            mesh = DeviceMesh.from_group(groups[saved_by], "cpu")
-            state = {"w": distribute_tensor(full, mesh, [_placement(saved)])}
+            state = {"w": laid_out(full, saved, groups[saved_by])}
             dcp.save(state, checkpoint_id=directory, process_group=groups[saved_by])
         dist.barrier()  # written before it is read
         if rank < loaded_by:
-            mesh = DeviceMesh.from_group(groups[loaded_by], "cpu")
-            into = {"w": distribute_tensor(torch.zeros_like(full), mesh, [_placement(loaded)])}
+            into = {"w": laid_out(torch.zeros_like(full), loaded, groups[loaded_by])}
             dcp.load(into, checkpoint_id=directory, process_group=groups[loaded_by])
-            got = into["w"].full_tensor().tolist()
+            got = _gathered(into["w"], groups[loaded_by]).tolist()
     return got
 
 

@@ -243,22 +243,27 @@ def test_a_checkpoint_saved_by_one_world_size_loads_at_another(world, prove):
     # a saved one that does not start at 0 takes a slice of it: three ranks or more).
     _skip_across_nodes(world)
     sizes = st.integers(1, world.size)
-    placements = st.sampled_from(["shard0", "shard1", "replicate"])
+    # "interleaved": a ShardedTensor whose ranks each hold several rows apart (every n-th),
+    # where a saved chunk that spans two of a rank's chunks is read into both.
+    placements = st.sampled_from(["shard0", "shard1", "replicate", "interleaved"])
     shapes = st.tuples(st.integers(0, 2 * world.size + 1), st.integers(1, 3))
 
     def check(case):
         seed, saved_by, loaded_by, shape, saved, loaded = case
         results = world.run(checkpoint_jobs.across_world_sizes, *case)
         want = checkpoint_jobs.value(seed, 0, shape, "float64").tolist()
-        said = (f"a float64 DTensor of {shape} saved {saved} by {saved_by} ranks, loaded "
+        said = (f"a float64 tensor of {shape} saved {saved} by {saved_by} ranks, loaded "
                 f"{loaded} by {loaded_by}")  # fmt: skip
         for rank, got in enumerate(results[:loaded_by]):
             assert got == want, f"{said}: rank {rank} loaded {got}, saved {want}"
 
     more = min(3, world.size)
-    prove(st.tuples(st.integers(0, 2**16), sizes, sizes, shapes, placements, placements), check,
+    # A ShardedTensor of no rows has no shards anywhere, which torch refuses to build.
+    cases = st.tuples(st.integers(0, 2**16), sizes, sizes, shapes, placements, placements)
+    prove(cases.filter(lambda c: c[3][0] > 0 or "interleaved" not in c[4:]), check,
           examples=[(0, max(more - 1, 1), more, (2 * more, 2), "shard0", "shard0"),
-                    (0, more, max(more - 1, 1), (2 * more, 2), "shard0", "shard0")])  # fmt: skip
+                    (0, more, max(more - 1, 1), (2 * more, 2), "shard0", "shard0"),
+                    (0, more, more, (2 * more, 2), "replicate", "interleaved")])  # fmt: skip
 
 
 def test_a_replicated_tensor_is_written_once_by_the_rank_the_planner_names(world, prove):
@@ -348,9 +353,9 @@ def test_the_loads_and_saves_torch_refuses_are_refused_on_every_rank(world):
         assert said["loaded in one process"] == [1.0] * (2 + rank), (
             f"rank {rank}'s own checkpoint (no_dist=True) loaded as {said['loaded in one process']}"
         )
-        assert said["partial load"] == ([1.0, 1.0, 1.0], [7.0, 7.0]), (
+        assert said["partial load"] == ([1.0, 1.0, 1.0], [7.0, 7.0], {7.0}), (
             f"a partial load on rank {rank} left {said['partial load']}: the saved key "
-            "loaded, the one the checkpoint lacks as it was"
+            "loaded, the ones the checkpoint lacks (a tensor of 7s, a DTensor of 7s) as they were"
         )
 
 

@@ -42,8 +42,12 @@ def cases(draw: st.DrawFn) -> dict[str, Any]:
         # the known issue test_fsdp checks), so flattening is drawn for sharded ones.
         # Flattened under FSDP1 too, where a rank holds none of a parameter: the known issue.
         "flatten_optimizer_state_dict": not full and wrapper != "fsdp1" and draw(st.booleans()),
-        # Broadcasting from rank 0 is documented for DTensors: FSDP2's.
-        "broadcast_from_rank0": full and wrapper == "fully_shard" and draw(st.booleans()),
+        # Broadcasting from rank 0 is documented for DTensors (FSDP2's) and not the legacy
+        # ShardedTensor (FSDP1's); DDP's plain tensors are broadcast whole, its keys renamed
+        # to its "module." prefix on rank 0 alone, which holds the state.
+        "broadcast_from_rank0": (
+            full and wrapper in ("fully_shard", "ddp", "checkpointed_ddp") and draw(st.booleans())
+        ),
     }
     # A state without the frozen parameters loads only where missing keys are allowed.
     options["strict"] = not options["ignore_frozen_params"] and draw(st.booleans())
@@ -154,6 +158,15 @@ def test_state_dicts_are_the_plain_models_whatever_the_wrapping(world, prove):
                 "optimizer": "sgd",
                 "shared": True,
                 "options": {**STRICT_FULL, "full_state_dict": False},
+            },
+            # DDP's full state broadcast from rank 0, the only rank that holds it: there
+            # alone its keys take DDP's "module." prefix.
+            {
+                "seed": 5,
+                "wrapper": "ddp",
+                "optimizer": "adam",
+                "shared": False,
+                "options": {**STRICT_FULL, "broadcast_from_rank0": True},
             },
         ],
     )

@@ -637,6 +637,128 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "its active set one chunk early: the overlap test skips it for this local chunk and "
         "the next one would take it in anyway, so the same reads are made"
     ),
+    # The sweep dimension only prunes which saved chunks are compared with a local one:
+    # every pair is still tested by its true overlap, so any dimension finds the same reads.
+    ("torch.distributed.checkpoint.planner_helpers", "create_read_items_for_chunk_list",
+     "comparison",
+     "num_dims > 1 -> num_dims >= 1"): (
+        "a 1-D tensor's sweep dimension chosen among its one dimension rather than left at "
+        "it: dimension 0 either way, the same reads"
+    ),
+    ("torch.distributed.checkpoint.planner_helpers", "create_read_items_for_chunk_list",
+     "off-by-one",
+     "1 -> 2 at `if num_dims > 1:`"): (
+        "a 2-D tensor swept along dimension 0 rather than its longest: the sweep only prunes "
+        "the saved chunks compared with a local one, each pair kept is tested by its true "
+        "overlap, so the same reads are made"
+    ),
+    ("torch.distributed.checkpoint.planner_helpers", "create_read_items_for_chunk_list",
+     "reversed-iteration",
+     "for ... in range(num_dims) -> reversed(list(...))"): (
+        "of dimensions equally long, the last rather than the first taken to sweep along: the "
+        "sweep only prunes, every pair kept is tested by its true overlap, the same reads"
+    ),
+    ("torch.distributed.checkpoint.planner_helpers", "create_read_items_for_chunk_list",
+     "arithmetic",
+     "chunk.offsets[dim] + chunk.sizes[dim] -> chunk.offsets[dim] - chunk.sizes[dim]"): (
+        "the dimension to sweep along chosen by another measure of extent: the sweep only "
+        "prunes, every pair kept is tested by its true overlap, so the same reads are made"
+    ),
+    # A 0-d tensor has one chunk on each side: every bound lets the one pair meet.
+    ("torch.distributed.checkpoint.planner_helpers", "create_read_items_for_chunk_list",
+     "off-by-one",
+     "1 -> 2 at `saved_bounds = [(0, 1)] * len(saved_chunks)`"): (
+        "a 0-d tensor's saved chunk given the span 0 to 2: it still starts before the local "
+        "chunk ends, so the one pair is compared and read as before"
+    ),
+    ("torch.distributed.checkpoint.planner_helpers", "create_read_items_for_chunk_list",
+     "off-by-one",
+     "1 -> 2 at `local_bounds = [(0, 1)] * len(local_chunks)`"): (
+        "a 0-d tensor's local chunk given the span 0 to 2: the saved chunk still starts "
+        "before it ends, so the one pair is compared and read as before"
+    ),
+    ("torch.distributed.checkpoint.planner_helpers", "create_read_items_for_chunk_list",
+     "off-by-one",
+     "0 -> 1 at `local_bounds = [(0, 1)] * len(local_chunks)`"): (
+        "a 0-d tensor's one local chunk given the span 1 to 1: the chunks passed are cut "
+        "before any saved chunk is taken in, and the saved chunk starts before 1, so the one "
+        "pair is compared and read as before"
+    ),
+    ("torch.distributed.checkpoint.planner_helpers", "create_read_items_for_chunk_list",
+     "off-by-one",
+     "0 -> 1 at `key=lambda idx: local_bounds[idx][0],`"): (
+        "a rank's local chunks of one tensor sorted by where they end rather than start: they "
+        "do not overlap, so both orders are the same"
+    ),
+    ("torch.distributed.checkpoint.planner_helpers", "create_read_items_for_chunk_list",
+     "reversed-iteration",
+     "for ... in local_sorted_indices -> reversed(list(...))"): (
+        "the local chunks swept from the last start back: the first taken in every saved "
+        "chunk that starts before its end, which is all an earlier one needs, and a later "
+        "cut removes only saved chunks ending before an earlier start; each pair kept is "
+        "tested by its true overlap, so the same reads are made in another order"
+    ),
+    ("torch.distributed.checkpoint.planner_helpers", "create_read_items_for_chunk_list",
+     "off-by-one",
+     "1 -> 2 at `cutoff = bisect_right(active_saved, (local_start, -1))`"): (
+        "the cut key (start, -2) rather than (start, -1): the active entries are (end, index) "
+        "with indices from 0, so both keys fall between the same entries"
+    ),
+    ("torch.distributed.checkpoint.planner_helpers", "create_read_items_for_chunk_list",
+     "reversed-iteration",
+     "for ... in active_saved -> reversed(list(...))"): (
+        "the saved chunks overlapping a local chunk read in the other order: each read fills "
+        "its own part of the local chunk, so the same values land"
+    ),
+    # A bytes read item's offsets and length: the filesystem reader reads the whole slice
+    # its storage index names (FileSystemReader.read_data), never these.
+    ("torch.distributed.checkpoint.planner_helpers", "_create_read_items",
+     "off-by-one",
+     "0 -> 1 at `dest_offset=0,`"): (
+        "a bytes read item's destination offset: the filesystem reader reads the whole "
+        "slice its storage index names and the planner loads it whole, never this offset"
+    ),
+    ("torch.distributed.checkpoint.planner_helpers", "_create_read_items",
+     "off-by-one",
+     "0 -> 1 at `storage_offset=0,`"): (
+        "a bytes read item's storage offset: the filesystem reader reads the whole slice "
+        "its storage index's recorded offset and length name, never this one"
+    ),
+    ("torch.distributed.checkpoint.planner_helpers", "_create_read_items",
+     "off-by-one",
+     "0 -> 1 at `length=0,`"): (
+        "a bytes read item's length: the filesystem reader reads the whole slice its storage "
+        "index's recorded offset and length name, never this one"
+    ),
+    ("torch.distributed.checkpoint.planner_helpers", "_iterate_state_dict", "reversed-iteration",
+     "for ... in iter_object.items() -> reversed(list(...))"): (
+        "each entry replaced by what the functions make of its own value (meta tensors "
+        "allocated), none of which reads another entry or communicates: visited the other "
+        "way, the same dict results"
+    ),
+    ("torch.distributed.checkpoint.state_dict", "_iterate_valid_model_state", "reversed-iteration",
+     "for ... in chain(module.named_buffers(recurse=False), module.named_parameters(recurse=False "
+     "-> reversed(list(...))"): (
+        "one module's own buffers and parameters visited in the other order: every mapping "
+        "built from them is keyed by name or by tensor, the names of a tensor seen twice are "
+        "collected as a set, and the dict loaded is applied by key, so the same states result"
+    ),
+    ("torch.distributed.checkpoint.state_dict", "_verify_options",
+     "reversed-iteration",
+     "for ... in fqns -> reversed(list(...))"): (
+        "each of a parameter's names mapped to it, in the other order: one entry per name, "
+        "none depending on another, the same mapping"
+    ),
+    ("torch.distributed.checkpoint.state_dict", "_verify_options", "reversed-iteration",
+     "for ... in list(shared_params_mapping.items()) -> reversed(list(...))"): (
+        "each name of a shared parameter mapped to it, the parameters taken in the other "
+        "order: the names of two parameters are distinct keys, so the same mapping results"
+    ),
+    ("torch.distributed.checkpoint.state_dict", "_load_model_state_dict", "reversed-iteration",
+     "for ... in zip(fqns, fqns_with_prefix) -> reversed(list(...))"): (
+        "a state's names renamed to the wrapped model's, pair by pair in the other order: "
+        "each pair moves its own key to its own new key, so the same dict is loaded"
+    ),
     ("torch.nn.parallel.distributed", "DistributedDataParallel.__init__", "ignored-argument",
      "argument check_reduction ignored for its default False"): (
         "check_reduction is deprecated: DDP only warns that it is (FutureWarning) when it is "
