@@ -54,21 +54,33 @@ def batch() -> torch.Tensor:
     return torch.randn(6, 3, generator=generator, dtype=torch.float64)
 
 
-def optimizer_for(model: torch.nn.Module, name: str) -> torch.optim.Optimizer:
-    trainable = [p for p in model.parameters() if p.requires_grad]
+def optimizer_for(model: torch.nn.Module, name: str) -> Any:
+    """The optimizer ``name`` names over the model's trained parameters; ``"two"``: a tuple of
+    two (SGD with momentum over the first layer, Adam at another rate over the rest), as
+    models trained by several optimizers hand them to the state-dict API together."""
+    trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     if name == "adam":
-        return torch.optim.Adam(trainable, lr=0.05)
-    return torch.optim.SGD(trainable, lr=0.05, momentum=0.9)
+        return torch.optim.Adam([p for _, p in trainable], lr=0.05)
+    if name == "two":
+        # "embed" names the first layer under every wrapper's prefixes.
+        first = [p for n, p in trainable if "embed" in n]
+        rest = [p for n, p in trainable if "embed" not in n]
+        return torch.optim.SGD(first, lr=0.1, momentum=0.9), torch.optim.Adam(rest, lr=0.02)
+    return torch.optim.SGD([p for _, p in trainable], lr=0.05, momentum=0.9)
 
 
-def trained(
-    seed: int, optimizer: str, shared: bool = False
-) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+def optimizers_in(optim: Any) -> tuple[torch.optim.Optimizer, ...]:
+    """The optimizers of :func:`optimizer_for`'s result, one or several."""
+    return tuple(optim) if isinstance(optim, tuple) else (optim,)
+
+
+def trained(seed: int, optimizer: str, shared: bool = False) -> tuple[torch.nn.Module, Any]:
     """The plain model, trained one step (the oracle's side, and the ranks' before wrapping)."""
     model = Net(seed, shared)
     optim = optimizer_for(model, optimizer)
     model(batch()).pow(2).mean().backward()
-    optim.step()
+    for each in optimizers_in(optim):
+        each.step()
     return model, optim
 
 
@@ -99,7 +111,8 @@ def _wrapped(seed: int, wrapper: str, optimizer: str, step: bool, shared: bool) 
     optim = optimizer_for(model, optimizer)
     if step:
         model(batch()).pow(2).mean().backward()
-        optim.step()
+        for each in optimizers_in(optim):
+            each.step()
     return model, optim
 
 
