@@ -743,6 +743,20 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "built from them is keyed by name or by tensor, the names of a tensor seen twice are "
         "collected as a set, and the dict loaded is applied by key, so the same states result"
     ),
+    ("torch.distributed.checkpoint.state_dict", "_verify_options", "reversed-iteration",
+     "for ... in _iterate_valid_model_state(model) -> reversed(list(...))"): (
+        "the model's states visited from the last: a tensor's names are gathered into one "
+        "set whichever comes first, and every other mapping is keyed by name or by tensor, "
+        "so the same mappings result"
+    ),
+    ("torch.distributed.checkpoint.state_dict", "_split_optim_state_dict",
+     "reversed-iteration",
+     "for ... in cast(ListDictValueType, optim_state_dict[_PG]) -> reversed(list(...))"): (
+        "each loaded group's hyperparameters copied to the optimizer's group that holds its "
+        "parameters, the loaded groups taken from the last: loaded into optimizers grouped as "
+        "the saved ones were (the documented round trip), no two loaded groups name one "
+        "group, so none is written twice and the order is unseen"
+    ),
     ("torch.distributed.checkpoint.state_dict", "_verify_options",
      "reversed-iteration",
      "for ... in fqns -> reversed(list(...))"): (
