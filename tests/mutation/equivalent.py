@@ -749,6 +749,12 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "set whichever comes first, and every other mapping is keyed by name or by tensor, "
         "so the same mappings result"
     ),
+    ("torch.distributed.checkpoint.state_dict", "_get_optim_state_dict",
+     "reversed-iteration", "for ... in list(osd[_STATE].keys()) -> reversed(list(...))"): (
+        "each parameter's state moved from its index to its name, from the last: the names "
+        "are distinct and never an index, so the same entries result, only in another order "
+        "of a dict read by key"
+    ),
     ("torch.distributed.checkpoint.state_dict", "_split_optim_state_dict",
      "reversed-iteration",
      "for ... in cast(ListDictValueType, optim_state_dict[_PG]) -> reversed(list(...))"): (
