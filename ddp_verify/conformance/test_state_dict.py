@@ -2,7 +2,7 @@
 model wrapped for data-parallel training (not at all, DDP, FSDP2 layer by layer, FSDP1 unit
 by unit, activation checkpointing inside DDP) and trained one step must give, under every
 documented option, the model state dict the unwrapped model gives (its keys: the wrappers'
-prefixes gone; its values: whole, whatever the sharding), and the optimizer state keyed by
+prefixes gone, in the unwrapped model's order; its values: whole, whatever the sharding), and the optimizer state keyed by
 those names, as the plain optimizer holds it by index (flattened where asked; two
 optimizers over parts of the model, their states together and their groups in turn); frozen
 parameters left out where asked. Loaded into a fresh wrapped copy with ``set_state_dict``
@@ -129,6 +129,12 @@ def _check(world: Any, case: dict[str, Any]) -> None:
     said = f"{case['wrapper']} with {case['options']} ({case['optimizer']})"
     for rank, got in enumerate(world.run(state_dict_jobs.state_dicts, case)):
         _same(got["model"], model_state, f"{said}: rank {rank}'s model state dict")
+        # In the plain model's order too (Module.state_dict's registration order, on which
+        # code that pairs two state dicts' entries by position relies).
+        assert list(got["model"]) == list(model_state), (
+            f"{said}: rank {rank}'s model state dict in the order {list(got['model'])}, the "
+            f"plain model's {list(model_state)}"
+        )
         _same(got["optimizer"], optim_state, f"{said}: rank {rank}'s optimizer state dict")
         # Loaded: what was saved; a frozen parameter left out keeps the fresh copy's.
         loaded = {k: full_model[k] if k in model_state else fresh_model[k] for k in full_model}

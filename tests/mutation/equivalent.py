@@ -750,6 +750,23 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "so the same mappings result"
     ),
     ("torch.distributed.checkpoint.state_dict", "_get_optim_state_dict",
+     "reversed-iteration", "for ... in model.named_parameters() -> reversed(list(...))"): (
+        "each parameter's index mapped to its name and back, the parameters from the last: "
+        "named_parameters gives a tied parameter once, so every entry is set once and the "
+        "same mappings result"
+    ),
+    ("torch.distributed.checkpoint.state_dict", "_load_optim_state_dict",
+     "reversed-iteration", "for ... in optimizers -> reversed(list(...))"): (
+        "each optimizer initialized (a step at zero rate on zero gradients, which it sets "
+        "back to None) and loaded from its own part of the state, from the last: none reads "
+        "another's state, hyperparameters or gradients, so each ends as before"
+    ),
+    ("torch.distributed.checkpoint.state_dict", "_verify_state_dict", "reversed-iteration",
+     "for ... in model_state_dict -> reversed(list(...))"): (
+        "the keys searched for FSDP1's flat parameter from the last: a state holding one is "
+        "refused either way (the message names another such key where there are several)"
+    ),
+    ("torch.distributed.checkpoint.state_dict", "_get_optim_state_dict",
      "reversed-iteration", "for ... in list(osd[_STATE].keys()) -> reversed(list(...))"): (
         "each parameter's state moved from its index to its name, from the last: the names "
         "are distinct and never an index, so the same entries result, only in another order "
