@@ -2,14 +2,14 @@
 model wrapped for data-parallel training (not at all, DDP, FSDP2 layer by layer, FSDP1 unit
 by unit, activation checkpointing inside DDP) and trained one step must give, under every
 documented option, the model state dict the unwrapped model gives (its keys: the wrappers'
-prefixes gone, in the unwrapped model's order; its values: whole, whatever the sharding), and the optimizer state keyed by
-those names, as the plain optimizer holds it by index (flattened where asked; two
-optimizers over parts of the model, their states together and their groups in turn); frozen
-parameters left out where asked. Loaded into a fresh wrapped copy with ``set_state_dict``
-(from rank 0 by broadcast where asked), the copy must hold what was saved. A state dict
-keyed or loaded wrongly resumes training from something else. FSDP1's ``fsdp_modules``,
-which ``get_state_dict`` asks whether a model holds FSDP1 units, finds them in module
-order."""
+prefixes gone, in the unwrapped model's order, a level its module's state dict hides
+hidden; its values: whole, whatever the sharding), and the optimizer state keyed by those
+names, as the plain optimizer holds it by index (flattened where asked; two optimizers over
+parts of the model, their states together and their groups in turn); frozen parameters
+left out where asked. Loaded into a fresh wrapped copy with ``set_state_dict`` (from rank 0
+by broadcast where asked), the copy must hold what was saved. A state dict keyed or loaded
+wrongly resumes training from something else. FSDP1's ``fsdp_modules``, which
+``get_state_dict`` asks whether a model holds FSDP1 units, finds them in module order."""
 
 from __future__ import annotations
 
@@ -52,7 +52,15 @@ def cases(draw: st.DrawFn) -> dict[str, Any]:
     }
     # A state without the frozen parameters loads only where missing keys are allowed.
     options["strict"] = not options["ignore_frozen_params"] and draw(st.booleans())
+    # A table whose state dict hides a level of its keys, told by a method of the default
+    # name (one the options name otherwise is the known issue below, checked apart). Not
+    # inside FSDP1, whose own state-dict hook asserts each parameter under its full name
+    # (the method is read by the state-dict API alone, since FSDP2).
+    fused = draw(st.sampled_from([None, "_fqn_modifiers"])) if wrapper != "fsdp1" else None
+    if fused is not None:
+        options["dsd_fqn_modifiers"] = fused
     return {"seed": draw(st.integers(0, 2**10)), "wrapper": wrapper, "options": options,
+            "fused": fused,
             "optimizer": draw(st.sampled_from(["adam", "sgd", "two"])),
             # A layer shared by two blocks loads back neither under DDP's prefix nor as a
             # whole tensor into FSDP2 (the known issue below, checked apart).
@@ -63,7 +71,9 @@ def cases(draw: st.DrawFn) -> dict[str, Any]:
 def _documented(case: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """The plain model's state dict and its optimizer's, keyed by parameter name, as the
     options ask for them."""
-    model, optim = state_dict_jobs.trained(case["seed"], case["optimizer"], case["shared"])
+    model, optim = state_dict_jobs.trained(
+        case["seed"], case["optimizer"], case["shared"], case.get("fused")
+    )
     options = case["options"]
     frozen = {name for name, p in model.named_parameters() if not p.requires_grad}
     model_state = {k: v for k, v in model.state_dict().items()
@@ -125,7 +135,8 @@ def _check(world: Any, case: dict[str, Any]) -> None:
             },
         }
     )
-    fresh_model = state_dict_jobs.Net(case["seed"] + 1, case["shared"]).state_dict()
+    fresh_model = state_dict_jobs.Net(case["seed"] + 1, case["shared"], case.get("fused"))
+    fresh_state = fresh_model.state_dict()
     said = f"{case['wrapper']} with {case['options']} ({case['optimizer']})"
     for rank, got in enumerate(world.run(state_dict_jobs.state_dicts, case)):
         _same(got["model"], model_state, f"{said}: rank {rank}'s model state dict")
@@ -137,10 +148,11 @@ def _check(world: Any, case: dict[str, Any]) -> None:
         )
         _same(got["optimizer"], optim_state, f"{said}: rank {rank}'s optimizer state dict")
         # Loaded: what was saved; a frozen parameter left out keeps the fresh copy's.
-        loaded = {k: full_model[k] if k in model_state else fresh_model[k] for k in full_model}
+        loaded = {k: full_model[k] if k in model_state else fresh_state[k] for k in full_model}
         _same(got["loaded model"], loaded, f"{said}: rank {rank}'s model after loading")
-        _same(got["loaded optimizer"], full_optim,
-              f"{said}: rank {rank}'s optimizer after loading")  # fmt: skip
+        if got["loaded optimizer"] is not None or not case.get("fused"):
+            _same(got["loaded optimizer"], full_optim,
+                  f"{said}: rank {rank}'s optimizer after loading")  # fmt: skip
 
 
 def test_state_dicts_are_the_plain_models_whatever_the_wrapping(world, prove):
@@ -200,6 +212,40 @@ def test_a_layer_shared_by_two_blocks_loads_back_into_a_wrapped_model(world):
     for wrapper in ("ddp", "fully_shard"):
         _check(world, {"seed": 4, "wrapper": wrapper, "optimizer": "adam", "shared": True,
                        "options": STRICT_FULL})  # fmt: skip
+
+
+@known_torch_issue(
+    "a module whose state dict hides a level of its keys and says so by _fqn_modifiers "
+    "(StateDictOptions.dsd_fqn_modifiers; torchtune's FusionEmbedding): get_state_dict keys "
+    "the hidden parameter's optimizer state by its full name (named_parameters'), "
+    "set_state_dict looks for it under the shown one: strict, it refuses ('Missing optimizer "
+    "state for parameter'); lenient, the state is silently not loaded (the model's state "
+    "round-trips)",
+    raises=RankError,
+    match=r"Missing optimizer state for parameter",
+    repro="findings/dsd_fqn_modifiers_optimizer_state.py",
+)
+def test_an_optimizer_state_loads_back_where_a_modules_state_dict_hides_a_level(world):
+    hidden = {"fused": "_fqn_modifiers", "fused_optimizer": True, "shared": False,
+              "options": {**STRICT_FULL, "dsd_fqn_modifiers": "_fqn_modifiers"}}  # fmt: skip
+    for wrapper in ("plain", "ddp"):
+        _check(world, {"seed": 6, "wrapper": wrapper, "optimizer": "adam", **hidden})
+
+
+@known_torch_issue(
+    "StateDictOptions(dsd_fqn_modifiers=<name>), the method by which a module says its state "
+    "dict hides a level of its keys, is honoured by set_model_state_dict and not by "
+    "get_state_dict, which asks '_fqn_modifiers' whatever the option names: the shown key's "
+    "owner is looked for without the hidden level (AttributeError)",
+    raises=RankError,
+    match=r"object has no attribute 'weight'",
+    repro="findings/dsd_fqn_modifiers_optimizer_state.py",
+)
+def test_a_modules_hidden_level_is_told_by_the_method_the_options_name(world):
+    named = {"fused": "_hidden_levels", "shared": False,
+             "options": {**STRICT_FULL, "dsd_fqn_modifiers": "_hidden_levels"}}  # fmt: skip
+    for wrapper in ("plain", "ddp"):
+        _check(world, {"seed": 6, "wrapper": wrapper, "optimizer": "adam", **named})
 
 
 @known_torch_issue(
