@@ -227,6 +227,21 @@ def state_dicts(case: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def plain_state_loaded(seed: int, wrapper: str, modifiers: str) -> dict[str, Any]:
+    """The plain model with a :class:`Fused` table (told by the method ``modifiers``) trained
+    one step, its ``state_dict()`` (as a file holds it) loaded into a fresh wrapped copy with
+    ``set_model_state_dict`` (full, strict, ``dsd_fqn_modifiers`` naming the method); the
+    copy's state as its own ``state_dict`` gives it, made whole, the wrapper's prefix gone."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    plain, _ = trained(seed, "adam", fused=modifiers)
+    fresh, _ = _wrapped(seed + 1, wrapper, "adam", False, False, modifiers)
+    options = StateDictOptions(full_state_dict=True, strict=True, dsd_fqn_modifiers=modifiers)
+    set_model_state_dict(fresh, plain.state_dict(), options=options)
+    inner = fresh.module if wrapper in ("ddp", "checkpointed_ddp") else fresh
+    return dict(_whole(dict(inner.state_dict())))
+
+
 def _fsdp1_tree(tree: Any) -> torch.nn.Module:
     """A module tree from its description: ``("linear", wrap)`` or ``("seq", wrap, [...])``,
     each wrapped in FSDP1 where ``wrap`` says (on the CPU, its device named)."""

@@ -1219,9 +1219,12 @@ ENTRIES: tuple[Entry, ...] = (
        "test_fsdp::test_ignore_frozen_params_leaves_frozen_parameters_out_of_the_state_dict"),
     _e(_STATE + "StateDictOptions", "keep_submodule_prefixes", OUT,
        why="only with get_state_dict's deprecated submodules"),
-    _e(_STATE + "StateDictOptions", "dsd_fqn_modifiers", COVERED, _DCP, _DSD,
-       why="the default name, with a module whose state-dict hooks hide a level of its keys "
-           "(its optimizer state's round trip, and another name, are known torch issues)"),
+    _e(_STATE + "StateDictOptions", "dsd_fqn_modifiers", COVERED, _DSD,
+       "test_state_dict::test_a_plain_state_dict_loads_where_a_module_hides_a_level_by_the_"
+       "method_named",
+       why="a module whose state-dict hooks hide a level of its keys, told by the default "
+           "method or another the option names (its optimizer state's round trip, and "
+           "another name where a state dict is taken, are known torch issues)"),
     # FSDP1 (deprecated for FSDP2) is on a training's path through get_state_dict, which
     # asks fsdp_modules whether a model holds FSDP1 units.
     *(

@@ -749,6 +749,12 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "set whichever comes first, and every other mapping is keyed by name or by tensor, "
         "so the same mappings result"
     ),
+    ("torch.distributed.checkpoint.state_dict", "_split_optim_state_dict",
+     "reversed-iteration", "for ... in param_group.items() -> reversed(list(...))"): (
+        "a loaded group's hyperparameters copied key by key from the last: each key is set "
+        "once, so the group holds the same values (its keys in another order, which "
+        "Optimizer.load_state_dict and every step read by name)"
+    ),
     ("torch.distributed.checkpoint.state_dict", "_get_optim_state_dict",
      "reversed-iteration", "for ... in model.named_parameters() -> reversed(list(...))"): (
         "each parameter's index mapped to its name and back, the parameters from the last: "
