@@ -242,6 +242,26 @@ def plain_state_loaded(seed: int, wrapper: str, modifiers: str) -> dict[str, Any
     return dict(_whole(dict(inner.state_dict())))
 
 
+def submodule_states(seed: int, wrapper: str) -> dict[bool, dict[str, Any]]:
+    """The case's model wrapped and trained one step: the model state ``get_state_dict`` gives
+    for its head alone (``submodules``, deprecated: the warning caught), keyed with the
+    head's prefix and without (``keep_submodule_prefixes``), made whole."""
+    import warnings
+
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+    model, optim = _wrapped(seed, wrapper, "adam", True, False)
+    inner = model.module if wrapper in ("ddp", "checkpointed_ddp") else model
+    got: dict[bool, dict[str, Any]] = {}
+    for keep in (True, False):
+        options = StateDictOptions(keep_submodule_prefixes=keep)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            state, _ = get_state_dict(model, optim, submodules={inner.head}, options=options)
+        got[keep] = dict(_whole(dict(state)))
+    return got
+
+
 def _fsdp1_tree(tree: Any) -> torch.nn.Module:
     """A module tree from its description: ``("linear", wrap)`` or ``("seq", wrap, [...])``,
     each wrapped in FSDP1 where ``wrap`` says (on the CPU, its device named)."""

@@ -518,6 +518,9 @@ _AVG = "torch.distributed.algorithms.model_averaging."
 _NN = "torch.distributed.nn.functional."
 _STATE = "torch.distributed.checkpoint.state_dict."
 _DSD = "test_state_dict::test_state_dicts_are_the_plain_models_whatever_the_wrapping"
+_SUBMODULES = (
+    "test_state_dict::test_a_state_dict_of_submodules_holds_theirs_alone_prefixed_as_asked"
+)
 
 
 def _offers(api: str, member: str) -> bool:
@@ -1197,7 +1200,8 @@ ENTRIES: tuple[Entry, ...] = (
                                              "optim_state_dict")))
         for arg in args
     ),
-    _e(_STATE + "get_state_dict", "submodules", OUT, why="deprecated"),
+    _e(_STATE + "get_state_dict", "submodules", COVERED, _SUBMODULES,
+       why="deprecated, and still answered: a model's head alone, under DDP and FSDP2 too"),
     _e(_STATE + "get_state_dict", "options", COVERED, _DCP, _DSD, why="every field below"),
     _e(_STATE + "set_state_dict", "options", COVERED, _DCP, _DSD, why="every field below"),
     *(
@@ -1217,8 +1221,8 @@ ENTRIES: tuple[Entry, ...] = (
     ),
     _e(_STATE + "StateDictOptions", "ignore_frozen_params", COVERED, _DSD,
        "test_fsdp::test_ignore_frozen_params_leaves_frozen_parameters_out_of_the_state_dict"),
-    _e(_STATE + "StateDictOptions", "keep_submodule_prefixes", OUT,
-       why="only with get_state_dict's deprecated submodules"),
+    _e(_STATE + "StateDictOptions", "keep_submodule_prefixes", COVERED, _SUBMODULES,
+       why="with get_state_dict's deprecated submodules: True and False"),
     _e(_STATE + "StateDictOptions", "dsd_fqn_modifiers", COVERED, _DSD,
        "test_state_dict::test_a_plain_state_dict_loads_where_a_module_hides_a_level_by_the_"
        "method_named",

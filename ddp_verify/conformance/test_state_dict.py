@@ -232,6 +232,19 @@ def test_an_optimizer_state_loads_back_where_a_modules_state_dict_hides_a_level(
         _check(world, {"seed": 6, "wrapper": wrapper, "optimizer": "adam", **hidden})
 
 
+def test_a_state_dict_of_submodules_holds_theirs_alone_prefixed_as_asked(world):
+    # get_state_dict(submodules=...) is deprecated, and still answers: the head's state
+    # alone, under its name in the model or its own (keep_submodule_prefixes).
+    plain, _ = state_dict_jobs.trained(9, "adam")
+    head = plain.head.state_dict()
+    for wrapper in ("plain", "ddp", "fully_shard"):
+        for rank, got in enumerate(world.run(state_dict_jobs.submodule_states, 9, wrapper)):
+            for keep, want in ((True, {f"head.{k}": v for k, v in head.items()}), (False, head)):
+                said = f"{wrapper}, keep_submodule_prefixes={keep}: rank {rank}'s head state"
+                assert list(got[keep]) == list(want), f"{said}: keys {list(got[keep])}"
+                _same(got[keep], dict(want), said)
+
+
 @pytest.mark.parametrize("modifiers", ["_fqn_modifiers", "_hidden_levels"])
 def test_a_plain_state_dict_loads_where_a_module_hides_a_level_by_the_method_named(
     world, modifiers

@@ -749,6 +749,11 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "set whichever comes first, and every other mapping is keyed by name or by tensor, "
         "so the same mappings result"
     ),
+    ("torch.distributed.checkpoint.state_dict", "_verify_state_dict", "reversed-iteration",
+     "for ... in info.fsdp_modules -> reversed(list(...))"): (
+        "each FSDP1 module checked for its state from the last: a check that raises on the "
+        "first module without one raises either way"
+    ),
     ("torch.distributed.checkpoint.state_dict", "_split_optim_state_dict",
      "reversed-iteration", "for ... in param_group.items() -> reversed(list(...))"): (
         "a loaded group's hyperparameters copied key by key from the last: each key is set "
