@@ -1688,6 +1688,12 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "the name split at two dots rather than one, of which only the first piece (the "
         "name before the overload's) is kept: the same piece"
     ),
+    (_SINGLE_DIM, "_resolve_foreach_elementwise_overload", "off-by-one",
+     "0 -> 1 at `return min(matches, key=lambda item: item[0])[1]`"): (
+        "the best of the matching element overloads chosen by another key: every foreach "
+        "overload of this torch matches one element overload at most (checked over all of "
+        "aten's _foreach_ and _amp_foreach_ overloads), and min of one candidate is it"
+    ),
     (_SINGLE_DIM, "_insert_single_dim_replication_strategy", "comparison",
      "i < num_outputs -> i <= num_outputs"): (
         "i indexes output_tensor_meta, one entry per output the operation returns, which "
