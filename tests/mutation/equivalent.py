@@ -1694,6 +1694,20 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "overload of this torch matches one element overload at most (checked over all of "
         "aten's _foreach_ and _amp_foreach_ overloads), and min of one candidate is it"
     ),
+    ("torch.distributed.tensor._ops.utils", "infer_broadcast_dims_map", "reversed-iteration",
+     "for ... in range(-1, -1 - input_ndim, -1) -> reversed(list(...))"): (
+        "the input's dimensions matched to the common shape's from the first rather than the "
+        "last: each writes its own entry of the map, so the same map"
+    ),
+    ("torch.distributed.tensor._ops.utils", "expand_to_full_mesh_op_strategy",
+     "ignored-argument",
+     "argument input_index ignored for its default 1 at `if input_index == 0:`"): (
+        "an operation that returns nothing (_linalg_check_errors) given its first input's "
+        "spec as its output's rather than none: the strategy is chosen by its inputs' "
+        "redistribution costs alone, and dispatch wraps no output for it, so the same "
+        "inputs are redistributed and nothing is returned (the linear algebra the suite "
+        "draws runs it)"
+    ),
     (_SINGLE_DIM, "_insert_single_dim_replication_strategy", "comparison",
      "i < num_outputs -> i <= num_outputs"): (
         "i indexes output_tensor_meta, one entry per output the operation returns, which "
