@@ -1708,6 +1708,32 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "inputs are redistributed and nothing is returned (the linear algebra the suite "
         "draws runs it)"
     ),
+    ("torch.distributed.tensor._ops.utils", "_get_registration_wrapper", "reversed-iteration",
+     "for ... in overloads -> reversed(list(...))"): (
+        "a rule registered for each overload of a list from the last: each overload's "
+        "entry is its own, so the same table"
+    ),
+    ("torch.distributed.tensor._ops.utils", "is_tensor_shardable", "comparison",
+     "shape[shard_dim] < lower_bound -> shape[shard_dim] <= lower_bound"): (
+        "the test is reached only where the size's hint does not prove it at least the "
+        "bound: for a concrete size (eager DTensor; the suite compiles nothing) that is "
+        "where it is below, and there < and <= agree"
+    ),
+    ("torch.distributed.tensor._ops.utils", "expand_to_full_mesh_op_strategy", "arithmetic",
+     "output_spec_count += 1 -> output_spec_count -= 1"): (
+        "an output spec's tensor metadata taken from another output's (from the third "
+        "output on): once a strategy is chosen, propagation gives the output specs their "
+        "own precomputed metadata again (_create_output_spec_with_new_tensor_meta), and "
+        "within the expansion only the inputs' is read"
+    ),
+    ("torch.distributed.tensor._ops.utils", "expand_to_full_mesh_op_strategy", "arithmetic",
+     "input_strategy_counter += 1 -> input_strategy_counter -= 1"): (
+        "a target input spec's tensor metadata taken from another input's (from the third "
+        "input on): shardability is judged on the input strategies' own shapes, costs on "
+        "the current specs', and the redistribution is planned from placements and the "
+        "current spec; the target's metadata is read only by the equality that asks whether "
+        "to redistribute, and planning between equal placements moves nothing"
+    ),
     (_SINGLE_DIM, "_insert_single_dim_replication_strategy", "comparison",
      "i < num_outputs -> i <= num_outputs"): (
         "i indexes output_tensor_meta, one entry per output the operation returns, which "
