@@ -93,8 +93,13 @@ if __name__ == "__main__":
     print("model state keys:", list(model_state))
     print("optimizer state keys:", list(optim_state["state"]))
     fresh, fresh_optim = trained()
-    set_state_dict(fresh, fresh_optim, model_state_dict=model_state,
-                   optim_state_dict=optim_state, options=options)
+    set_state_dict(
+        fresh,
+        fresh_optim,
+        model_state_dict=model_state,
+        optim_state_dict=optim_state,
+        options=options,
+    )
     # The table's weight is the optimizer's parameter 0: its state is gone after the load.
     print("the hidden parameter's state loaded:", 0 in fresh_optim.state_dict()["state"])
     dist.destroy_process_group()

@@ -33,7 +33,7 @@ STRICT_FULL = {"full_state_dict": True, "cpu_offload": False, "ignore_frozen_par
 def cases(draw: st.DrawFn) -> dict[str, Any]:
     wrapper = draw(st.sampled_from(WRAPPERS))
     full = draw(st.booleans())
-    options = {
+    options: dict[str, Any] = {
         "full_state_dict": full,
         # A full state offloaded to the CPU is rank 0's alone, to be broadcast: the pair
         # waits forever under FSDP2 here (test_fsdp), so offloading is drawn unsharded only.
