@@ -33,6 +33,8 @@ OPERATIONS: dict[str, Callable[[Any, Any], Any]] = {
     "norm": lambda a, b: a.norm(),
     "softmax": lambda a, b: torch.softmax(a / 4, -1),
     "matmul": lambda a, b: a @ b,
+    # A linear layer: a @ b plus a bias broadcast over the rows (b's first row).
+    "linear": lambda a, b: torch.nn.functional.linear(a, b.t(), b[0]),
     "transpose": lambda a, b: a.t(),
     "cat": lambda a, b: torch.cat([a, a], 0),
     "flatten": lambda a, b: a.reshape(-1),
@@ -109,7 +111,7 @@ def _summed(results: tuple[Any, ...]) -> Any:
 # checked for them.
 FROM_2_13 = ("new_tensors", "expand", "view_sizes", "matmul_batched", "view_copy",
              "expand_copy", "select_column", "upsample_1d", "upsample_2d",
-             "upsample_3d", "linear_algebra")  # fmt: skip
+             "upsample_3d", "linear_algebra", "linear")  # fmt: skip
 
 
 def operations_held() -> list[str]:
@@ -126,7 +128,7 @@ DIFFERENTIABLE = ("add", "neg", "relu", "exp", "sum", "sum_rows", "sum_columns",
                   "mean_rows", "norm", "softmax", "matmul", "transpose", "cat", "slice_columns",
                   "select_row", "select_column", "new_tensors", "expand", "view_sizes",
                   "matmul_batched", "view_copy", "expand_copy", "upsample_1d",
-                  "upsample_2d", "upsample_3d")  # fmt: skip
+                  "upsample_2d", "upsample_3d", "linear")  # fmt: skip
 
 
 def full_value(seed: int, which: int, shape: tuple[int, ...]) -> torch.Tensor:

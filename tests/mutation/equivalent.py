@@ -1734,6 +1734,21 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "current spec; the target's metadata is read only by the equality that asks whether "
         "to redistribute, and planning between equal placements moves nothing"
     ),
+    ("torch.distributed.tensor._ops.utils", "expand_to_full_mesh_op_strategy", "comparison",
+     "position < input_index -> position <= input_index"): (
+        "the first input's spec given metadata as an output's, and the inputs after it each "
+        "the one before's: the specs' metadata within the expansion is read only as said of "
+        "the counters above (outputs given theirs again once a strategy is chosen; a target "
+        "input's read only by the equality that asks whether to redistribute)"
+    ),
+    ("torch.distributed.tensor._ops.utils", "expand_to_full_mesh_op_strategy", "dropped-keyword",
+     "DTensorSpec(mesh, specs, tensor_meta=tensor_meta, use_strided_shard_as_shard_ord -> "
+     "DTensorSpec(mesh, specs, use_strided_shard_as_shard_order=use_strided)"): (
+        "every expanded spec made without tensor metadata: outputs are given theirs again "
+        "once a strategy is chosen, shardability and costs are judged on the input "
+        "strategies' own, and a target input's is read only by the equality that asks "
+        "whether to redistribute, where planning between equal placements moves nothing"
+    ),
     (_SINGLE_DIM, "_insert_single_dim_replication_strategy", "comparison",
      "i < num_outputs -> i <= num_outputs"): (
         "i indexes output_tensor_meta, one entry per output the operation returns, which "
