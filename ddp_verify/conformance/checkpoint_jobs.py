@@ -413,13 +413,13 @@ def _interleaved(full: torch.Tensor, group: Any) -> Any:
     return init_from_local_shards(shards, *full.shape, process_group=group)
 
 
-def _gathered(value: Any, group: Any) -> torch.Tensor:
-    """The whole of ``value`` (a DTensor, or a ShardedTensor over ``group``): the latter put
-    together here from every rank's shards at the offsets each names, not by torch's own
-    gathering."""
+def gathered(value: Any, group: Any = None) -> torch.Tensor:
+    """The whole of ``value`` (a DTensor, or a ShardedTensor over ``group``, the world by
+    default): the latter put together here from every rank's shards at the offsets each
+    names, not by torch's own gathering."""
     if hasattr(value, "full_tensor"):
         return value.full_tensor()
-    pieces = [(shard.metadata.shard_offsets, shard.tensor.clone())
+    pieces = [(shard.metadata.shard_offsets, shard.tensor.detach().clone())
               for shard in value.local_shards()]  # fmt: skip
     every: list[Any] = [None] * dist.get_world_size(group)
     dist.all_gather_object(every, pieces, group=group)
@@ -463,7 +463,7 @@ def across_world_sizes(seed: int, saved_by: int, loaded_by: int, shape: tuple[in
         if rank < loaded_by:
             into = {"w": laid_out(torch.zeros_like(full), loaded, groups[loaded_by])}
             dcp.load(into, checkpoint_id=directory, process_group=groups[loaded_by])
-            got = _gathered(into["w"], groups[loaded_by]).tolist()
+            got = gathered(into["w"], groups[loaded_by]).tolist()
     return got
 
 

@@ -11,6 +11,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ddp_verify.conformance.checkpoint_jobs import gathered
+
 STEP_INPUT_SEED = 7
 
 
@@ -153,20 +155,10 @@ def _wrapped(seed: int, wrapper: str, optimizer: str, step: bool, shared: bool,
 
 
 def _whole(value: Any) -> Any:
-    if hasattr(value, "full_tensor"):
-        return value.full_tensor()
-    if hasattr(value, "local_shards"):
-        # FSDP1's sharded state: a ShardedTensor, put together here from every rank's shards
-        # at the offsets each names (not by torch's own gathering, which is under test).
-        pieces = [(shard.metadata.shard_offsets, shard.tensor.detach().clone())
-                  for shard in value.local_shards()]  # fmt: skip
-        every: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(every, pieces)
-        whole = torch.zeros(value.size(), dtype=value.dtype)
-        for offsets, tensor in (piece for rank in every for piece in rank):
-            at = zip(offsets, tensor.shape, strict=True)
-            whole[tuple(slice(start, start + size) for start, size in at)] = tensor
-        return whole
+    if hasattr(value, "full_tensor") or hasattr(value, "local_shards"):
+        # A DTensor, or FSDP1's sharded state: a ShardedTensor, put together from every
+        # rank's shards at the offsets each names (not by torch's own gathering).
+        return gathered(value)
     if isinstance(value, torch.Tensor):
         return value.detach().clone()
     if isinstance(value, dict):
