@@ -680,9 +680,12 @@ def own_stager_and_coordinator(seed: int, stager: bool,
     """Two documented arguments a plain save never passes. ``async_save`` with a stager of
     one's own (``async_stager``, closed by its owner): a ``BlockingAsyncStager(type_check=
     True)`` refuses a state holding a value DCP does not save (a set: what it said, the last
-    line), one with ``type_check=False`` stages it, and what that save wrote loads back;
+    line), one with ``type_check=False`` stages it, and what that save wrote loads back; one
+    with ``cache_staged_state_dict=True`` stages twice into the one copy it keeps (or what
+    it said refusing, and whether an accelerator is there to pin memory);
     and the deprecated ``save_state_dict`` and ``load_state_dict`` with ``coordinator_rank``
     the last rank: the ranks whose planners were told they coordinate, and what loaded.
+    ``FileSystemWriter`` with ``cache_staged_state_dict=True`` is such a stager too.
     ``stager``, ``coordinator``: which of the two this torch has to check."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import (
@@ -737,6 +740,29 @@ def own_stager_and_coordinator(seed: int, stager: bool,
             into = {"w": torch.zeros(4, dtype=torch.float64), "kept": set()}
             dcp.load(into, checkpoint_id=f"{directory}/staged")
             said["staged"] = {"w": into["w"].tolist(), "kept": sorted(into["kept"])}
+            # A caching stager stages into one pinned copy it keeps; where nothing can pin
+            # memory it must say so, not fall back to a fresh copy each time unsaid.
+            # FileSystemWriter is such a stager too, given the same flag.
+            said["cached"] = {}
+            for name, caching in (
+                ("BlockingAsyncStager", BlockingAsyncStager(cache_staged_state_dict=True)),
+                ("FileSystemWriter",
+                 FileSystemWriter(f"{directory}/cached", cache_staged_state_dict=True)),
+            ):  # fmt: skip
+                try:
+                    first = caching.stage({"w": weights.clone()})
+                    second = caching.stage({"w": weights * 2})
+                    got = {"same": second is first, "w": second["w"].tolist()}
+                except RuntimeError as exc:
+                    got = {"refused": str(exc).strip().splitlines()[-1]}
+                finally:
+                    caching.close()
+                said["cached"][name] = got
+            accelerator = getattr(torch, "accelerator", None)
+            said["accelerator"] = bool(
+                accelerator.is_available() if accelerator is not None
+                else torch.cuda.is_available()
+            )  # fmt: skip
         if coordinator:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", FutureWarning)  # deprecated: still documented

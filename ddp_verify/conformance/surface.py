@@ -352,6 +352,17 @@ _CHECKPOINT_ROWS = (
         ),
         "BlockingAsyncStager: type_check refusing a set, and staging it without",
     ),
+    *(
+        (
+            api,
+            "cache_staged_state_dict",
+            (
+                "test_checkpoint::test_a_stager_of_ones_own_and_a_coordinator_other_than_rank_0_do_what_they_say",
+            ),
+            "one pinned copy kept and staged into again; without an accelerator, refused",
+        )
+        for api in ("staging.BlockingAsyncStager", "FileSystemWriter")
+    ),
     (
         "load",
         "state_dict",
@@ -482,13 +493,6 @@ _CHECKPOINT_ROWS = (
     ),
 )
 _CHECKPOINT_OTHERS = (
-    (
-        "FileSystemWriter",
-        "cache_staged_state_dict",
-        GAP,
-        "staging into pinned memory for "
-        "asynchronous saves: a CPU-only build refuses it (no accelerator); the GPU check's",
-    ),
     ("async_save", "no_dist", GAP, "an asynchronous save from one process: no property yet"),
     (
         "FileSystemWriter",

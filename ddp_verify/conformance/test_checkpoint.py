@@ -416,7 +416,8 @@ def test_a_checkpoint_as_older_torch_laid_it_out_and_one_named_by_url_load_back(
 def test_a_stager_of_ones_own_and_a_coordinator_other_than_rank_0_do_what_they_say(world):
     # async_save's own stager: type_check refuses what DCP does not save, and without it a
     # set is staged, saved and loaded back (staged before async_save returns: the state
-    # zeroed after it is not what loads). The deprecated save_state_dict / load_state_dict
+    # zeroed after it is not what loads); one that caches keeps one copy, or says why it
+    # cannot (no accelerator to pin memory). The deprecated save_state_dict / load_state_dict
     # name their coordinator: the planner of that rank alone is told so, on both sides.
     _skip_across_nodes(world)
     import torch.distributed.checkpoint as dcp
@@ -439,6 +440,20 @@ def test_a_stager_of_ones_own_and_a_coordinator_other_than_rank_0_do_what_they_s
                 f"async_save with a stager of its own (type_check=False) on rank {rank} "
                 f"loaded back as {said['staged']!r}, saved {said['saved']} and [4, 7]"
             )
+            twice = [2 * w for w in said["saved"]]
+            for name, cached in said["cached"].items():
+                if "refused" in cached:
+                    # Pinned memory needs an accelerator: refusing without one says so.
+                    assert not said["accelerator"], (
+                        f"{name}(cache_staged_state_dict=True) on rank {rank}, an "
+                        f"accelerator available, refused to stage: {cached['refused']!r}"
+                    )
+                    continue
+                assert cached == {"same": True, "w": twice}, (
+                    f"{name}(cache_staged_state_dict=True) on rank {rank} staged twice: the "
+                    f"same copy {cached['same']}, holding {cached['w']}, expected the one "
+                    f"cached copy holding the second state {twice}"
+                )
         if not coordinator:
             continue
         want = {told: rank == last for told in ("save", "save kept", "load", "load kept")}

@@ -1708,6 +1708,21 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "inputs are redistributed and nothing is returned (the linear algebra the suite "
         "draws runs it)"
     ),
+    ("torch.distributed.tensor._ops.utils", "infer_broadcast_dims_map", "off-by-one",
+     "1 -> 2 at `broadcast_dims_map = [-1] * common_ndim`"): (
+        "a broadcast dimension marked -2 rather than -1: _pointwise_ops reads the map by "
+        ">= 0, where both are broadcast; map_placements_after_broadcast reads it by != -1, "
+        "but its one caller (_addmm_like_strategy: addmm and baddbmm) is an op strategy, and "
+        "propagation consults those only for operations without a single-dim strategy, and "
+        "both have one"
+    ),
+    ("torch.distributed.tensor._ops.utils", "expand_to_full_mesh_op_strategy", "off-by-one",
+     "0 -> 1 at `output_spec_count = 0`"): (
+        "each output spec's tensor metadata taken from the next output's (none for the "
+        "last): as of the counter's -= mutant, propagation gives the output specs their own "
+        "precomputed metadata again once a strategy is chosen, and within the expansion only "
+        "the inputs' is read (grouped_mm's stride check reads its input strategies')"
+    ),
     ("torch.distributed.tensor._ops.utils", "_get_registration_wrapper", "reversed-iteration",
      "for ... in overloads -> reversed(list(...))"): (
         "a rule registered for each overload of a list from the last: each overload's "
