@@ -166,11 +166,17 @@ def batched_powersgd_full_rank_state(module: torch.nn.Module, **options: object)
 class RecordedPowerSGD:
     """A ``PowerSGDState`` (torch's defaults but ``matrix_approximation_rank``,
     ``start_powerSGD_iter`` and any ``options``) and, per call of the hook, what it was given
-    and what it did. ``PowerSGDState`` has ``__slots__``: the records live beside it, not on
-    it."""
+    and what it did; ``default_device``: the device made the default while the hook runs
+    (``with torch.device(...)``), None for none. ``PowerSGDState`` has ``__slots__``: the
+    records live beside it, not on it."""
 
-    def __init__(self, rank: int, start: int, **options: Any) -> None:
+    def __init__(
+        self, rank: int, start: int, default_device: str | None = None, **options: Any
+    ) -> None:
         from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState
+
+        # The device a factory call without one would use while the hook runs.
+        self.default_device = default_device
 
         self.state = PowerSGDState(
             process_group=None,
@@ -229,7 +235,13 @@ def recording_powersgd_hook(recorded, bucket):  # type: ignore[no-untyped-def]
         return applied
 
     before, after = state.total_numel_before_compression, state.total_numel_after_compression
-    future = module.powerSGD_hook(state, bucket)
+    # Where another device is the default, every buffer must still be made on the bucket's.
+    with (
+        torch.device(recorded.default_device)
+        if recorded.default_device
+        else contextlib.nullcontext()
+    ):
+        future = module.powerSGD_hook(state, bucket)
     record["counted"] = (
         state.total_numel_before_compression - before,
         state.total_numel_after_compression - after,

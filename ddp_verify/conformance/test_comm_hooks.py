@@ -374,14 +374,31 @@ def test_powersgd_with_its_defaults_keeps_what_it_does_not_apply(world, data_par
 
 
 @FINDING_UNUSED
+def test_powersgd_makes_its_buffers_on_the_buckets_device_whatever_the_default(
+    world, data_parallel, prove
+):
+    # The same property, the hook called while another device is the default (as where a
+    # training set torch.set_default_device to a device other than its model's): the residual
+    # it keeps and its P and Q memory must be made on the gradients' device, not the default
+    # ("meta", where a buffer holds no data).
+    _records_hold(world, data_parallel, prove, POWERSGD_START, feedback=True, default_device="meta")
+
+
+@FINDING_UNUSED
 def test_powersgd_without_error_feedback_keeps_nothing(world, data_parallel, prove):
     # use_error_feedback=False and warm_start=False, which alone let PowerSGD start at
     # iteration 1: no residual is kept or carried, and what is not compressed is averaged.
     _records_hold(world, data_parallel, prove, 1, feedback=False)
 
 
-def _records_hold(world, data_parallel, prove, start: int, feedback: bool) -> None:
-    options = {} if feedback else {"use_error_feedback": False, "warm_start": False}
+def _records_hold(
+    world, data_parallel, prove, start: int, feedback: bool, default_device: str | None = None
+) -> None:
+    options: dict[str, object] = (
+        {} if feedback else {"use_error_feedback": False, "warm_start": False}
+    )
+    if default_device:
+        options["default_device"] = default_device
     state = functools.partial(jobs.recorded_powersgd_state, 1, start, **options)
     method = data_parallel(comm_hook=jobs.recording_powersgd_hook, hook_state=state)
     seen = {"compressed": 0, "uncompressed": 0}

@@ -1213,6 +1213,14 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
     (_POWER, "_orthogonalize_gram_schmidt", "arithmetic",
      "i + 1 -> i - 1 at `if i + 1 < num_cols:`"): _EMPTY_REST,
     (_POWER, "powerSGD_hook", "dropped-keyword",
+     "torch.zeros(total_length, device=device, dtype=dtype) -> "
+     "torch.zeros(total_length, dtype=dtype)"): (
+        "the zero residual made at a bucket's first call with error feedback lands on the "
+        "default device: it is never read, as its one reader (add_ at the bucket's next call) "
+        "comes after this call's decompress callback replaced it with input_tensor_cp - "
+        "input_tensor, made on the bucket's device"
+    ),
+    (_POWER, "powerSGD_hook", "dropped-keyword",
      "torch.randn(*q.shape, device='cpu', dtype=dtype) -> torch.randn(*q.shape, device='cpu')"): (
         "Q's random start is drawn in float32 instead of the gradients' dtype, then copied "
         "into Q (cast to its dtype): another random start from the same seed, the same on "
