@@ -17,11 +17,14 @@ read from the code) counts as "equivalent"; nothing else is set aside. The score
 killed / (drawn - equivalent); the raw score, killed / drawn, is shown beside it.
 
     python -m tests.mutation.generated [--samples 40] [--seed 0] [--world-size 2 [4 ...]]
-        [--modules GLOB ...] [--match TEXT] [--rerun RUN.json]
+        [--modules GLOB ...] [--match TEXT] [--rerun RUN.json ...]
         [--write docs/mutation-measured.md] [--json out.json]
 
 ``--rerun`` judges a run's survivors again (after new properties or declarations): its killed
-mutants stay killed, its equivalent ones stay so while declared, the rest run the suite.
+mutants stay killed, its equivalent ones stay so while declared, the rest run the suite. Given
+several runs' files (``benchmarks/mutation/*.json``: the outcomes each measurement kept), it
+judges them as one: a mutant one run killed stays killed whatever another said, and a mutant
+none of them judged runs, so one command over every module gives the whole table.
 ``--json`` is written as each mutant is judged, so a run stopped part-way goes on with
 ``--rerun`` of what it wrote. Given several world sizes, a mutant that survives the suite at
 one runs it again at the next (a regression only a larger world shows: at 2 ranks every group
@@ -100,7 +103,7 @@ def first_for(module: str) -> tuple[str, ...]:
     Example::
 
         >>> first_for("torch.optim.sgd")[0]
-        'test_optimizers'
+        'test_optimizer_options'
     """
     matches = [prefix for prefix in FIRST if module == prefix or module.startswith(prefix + ".")]
     return FIRST[max(matches, key=len)] if matches else ()
@@ -430,10 +433,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--match", default=None,
                         help="run every mutant whose name contains this (a survivor, again) "
                         "instead of a sample")  # fmt: skip
-    parser.add_argument("--rerun", default=None, metavar="JSON",
-                        help="a run's --json: its killed mutants stay killed, its equivalent ones "
-                        "stay so while declared, the rest run again against the suite as it "
-                        "stands "
+    parser.add_argument("--rerun", nargs="+", default=None, metavar="JSON",
+                        help="runs' --json files: their killed mutants stay killed (killed in "
+                        "any of them), their equivalent ones stay so while declared, the rest "
+                        "run again against the suite as it stands "
                         "(the same --samples and --seed draw the same mutants)")  # fmt: skip
     parser.add_argument("--every-test", action="store_true",
                         help="run every test against each mutant, not only those that call "
@@ -446,7 +449,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     before: dict[tuple[str, str], dict[str, str]] = {}
     if args.rerun:
-        before = {(o["mutant"], o["change"]): o for o in json.loads(Path(args.rerun).read_text())}
+        before = kept_outcomes([Path(p) for p in args.rerun])
     reached = trace()
     made: list[dict[str, str]] | None = None
     reaches: dict[int, dict[str, list[str] | None]] = {}
@@ -581,8 +584,9 @@ def main(argv: list[str] | None = None) -> int:
             f"{torch.__version__}, Python {platform.python_version()}, {os.cpu_count()} CPUs; "
             f"{total}"
             + (
-                f", judging again the survivors of `{Path(args.rerun).name}` (its killed "
-                "mutants kept, its declared equivalents kept while declared)."
+                ", judging again the survivors of "
+                + ", ".join(f"`{Path(p).name}`" for p in args.rerun)
+                + " (the killed mutants kept, the declared equivalents kept while declared)."
                 if args.rerun
                 else "."
             ),
@@ -603,6 +607,29 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         _keep(args.json, outcomes, before)
     return 0
+
+
+def kept_outcomes(paths: list[Path]) -> dict[tuple[str, str], dict[str, str]]:
+    """The outcomes several runs' ``--json`` files hold, by (mutant, change): where they differ,
+    a kill (or a time-out) in any of them wins, as a property that killed a mutant once still
+    does; otherwise the last file's word.
+
+    >>> import json, tempfile
+    >>> d = Path(tempfile.mkdtemp())
+    >>> m = {"mutant": "m:f:1:comparison", "change": "a < b -> a <= b", "by": ""}
+    >>> _ = (d / "a.json").write_text(json.dumps([{**m, "outcome": "killed"}]))
+    >>> _ = (d / "b.json").write_text(json.dumps([{**m, "outcome": "survived"}]))
+    >>> [o["outcome"] for o in kept_outcomes([d / "a.json", d / "b.json"]).values()]
+    ['killed']
+    """
+    kept: dict[tuple[str, str], dict[str, str]] = {}
+    for path in paths:
+        for outcome in json.loads(path.read_text()):
+            key = (outcome["mutant"], outcome["change"])
+            if kept.get(key, {}).get("outcome") in ("killed", "timed out"):
+                continue
+            kept[key] = outcome
+    return kept
 
 
 def _keep(
