@@ -222,9 +222,13 @@ def test_a_rerun_keeps_what_was_judged_and_runs_the_survivors_again(tmp_path):
     other = {"mutant": "torch.optim.sgd:SGD.step:1:arithmetic", "change": "+ -> -",
              "outcome": "killed", "by": "another module's run"}  # fmt: skip
     (tmp_path / "before.json").write_text(json.dumps([*earlier, other]))
+    # A later run's file that says the killed one survived: a kill in any file is kept.
+    later = {**earlier[0], "outcome": "survived", "by": "a later run"}
+    (tmp_path / "later.json").write_text(json.dumps([later]))
     before, after_json = str(tmp_path / "before.json"), str(tmp_path / "after.json")
     main(["--modules", module, "--samples", "3", "--seed", "0", "--timeout", "0.01",
-          "--every-test", "--rerun", before, "--json", after_json])  # fmt: skip
+          "--every-test", "--rerun", before, str(tmp_path / "later.json"),
+          "--json", after_json])  # fmt: skip
     after = {o["mutant"]: o for o in json.loads((tmp_path / "after.json").read_text())}
     kept, again, ended = earlier
     assert after[kept["mutant"]]["outcome"] == "killed"
