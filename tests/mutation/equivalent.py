@@ -1757,6 +1757,15 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "current spec; the target's metadata is read only by the equality that asks whether "
         "to redistribute, and planning between equal placements moves nothing"
     ),
+    ("torch.distributed.tensor._ops.utils", "expand_to_full_mesh_op_strategy", "off-by-one",
+     "0 -> 1 at `input_strategy_counter = 0`"): (
+        "each target input spec given the next input's tensor metadata (the last none): the "
+        "costs read the current spec's (redistribute_cost sizes by it, and the transform "
+        "plan reads only the target's placements and shard order), shardability the input "
+        "strategies' shapes; once a strategy is chosen, propagation gives each input spec "
+        "its argument's metadata (shallow_copy_with_tensor_meta) and redistributes by "
+        "placements"
+    ),
     ("torch.distributed.tensor._ops.utils", "expand_to_full_mesh_op_strategy", "comparison",
      "position < input_index -> position <= input_index"): (
         "the first input's spec given metadata as an output's, and the inputs after it each "
