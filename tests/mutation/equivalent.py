@@ -1632,6 +1632,13 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         )
         for over in ("range(len(common_shape))", "partial_extra_rules")
     },
+    ("torch.distributed.tensor._sharding_prop", "_propagate_use_strided_shard_flag",
+     "reversed-iteration", "for ... in op_schema.args_spec -> reversed(list(...))"): (
+        "the flag the strided inputs agree on, or True where any two differ: every value is "
+        "a bool (a spec's __post_init__ settles None), and the fold keeps the common value "
+        "and turns True at the first disagreement, True then staying True: any order gives "
+        "the same"
+    ),
     ("torch.distributed.tensor._sharding_prop", "ShardingPropagator.__init__", "off-by-one",
      "1 -> 2 at `aten.reshape.default: 1,`"): (
         "the index of reshape's shape argument: aten.reshape is CompositeImplicitAutograd, "
