@@ -74,8 +74,9 @@ def group_of(grouping: tuple[Any, ...]) -> tuple[Any, list[Any]]:
     """The group this rank runs collectives over, and the groups made for it (to destroy):
     ``("default",)``, the world; ``("new_group", ranks, sort_ranks)`` (ranks in the order
     given; ``sort_ranks=False`` keeps it); ``("new_subgroups", size)``, the
-    rank's block of ``size``; ``("by_enumeration", ranks_lists)``, the rank's list (None
-    where it is in none)."""
+    rank's block of ``size``; ``("subgroups_of", order, size)``, the rank's block of ``size``
+    among a group's ranks ``order`` (made with ``sort_ranks=False``); ``("by_enumeration",
+    ranks_lists)``, the rank's list (None where it is in none)."""
     kind = grouping[0]
     if kind == "default":
         return None, []
@@ -86,6 +87,10 @@ def group_of(grouping: tuple[Any, ...]) -> tuple[Any, list[Any]]:
     if kind == "new_subgroups":
         mine, every = dist.new_subgroups(group_size=grouping[1])
         return mine, list(every)
+    if kind == "subgroups_of":  # ("subgroups_of", order, size)
+        parent = dist.new_group(list(grouping[1]), sort_ranks=False)
+        mine, every = dist.new_subgroups(group_size=grouping[2], group=parent)
+        return mine, [*every, parent]
     if kind == "by_enumeration":
         mine, every = dist.new_subgroups_by_enumeration([list(r) for r in grouping[1]])
         # None for a rank in no subgroup: it is outside, not in the default group.

@@ -12,13 +12,17 @@ from hypothesis import strategies as st
 
 # new_group's sort_ranks (torch 2.13): False keeps the ranks in the order given.
 SORT_RANKS = "sort_ranks" in inspect.signature(dist.new_group).parameters
+# new_subgroups' group (torch 2.5): subgroups of a group's ranks, in its rank order.
+SUBGROUPS_OF = "group" in inspect.signature(dist.new_subgroups).parameters
 
 
 def groupings(world_size: int) -> st.SearchStrategy[tuple[Any, ...]]:
     """The groupings of :func:`ddp_verify.conformance.collective_jobs.group_of`: the default
     group, any nonempty subset by ``new_group`` (in any order, ``sort_ranks`` both ways where
-    torch has it), blocks by ``new_subgroups``, and a partition of some ranks (others left in
-    no subgroup) by ``new_subgroups_by_enumeration``.
+    torch has it), blocks by ``new_subgroups``, blocks of another group's rank order by
+    ``new_subgroups(group=...)`` (the world's ranks in any order, by ``new_group`` with
+    ``sort_ranks=False``: a non-member cannot call it), and a partition of some ranks (others
+    left in no subgroup) by ``new_subgroups_by_enumeration``.
     """
     ranks = list(range(world_size))
     subset = st.lists(st.sampled_from(ranks), min_size=1, unique=True)
@@ -40,12 +44,19 @@ def groupings(world_size: int) -> st.SearchStrategy[tuple[Any, ...]]:
         ranks = tuple(draw(st.permutations(draw(subset))))
         return ("new_group", ranks, not SORT_RANKS or draw(st.booleans()))
 
-    return st.one_of(
+    forms = [
         st.just(("default",)),
         new_group(),
         st.sampled_from(sizes).map(lambda d: ("new_subgroups", d)),
         enumeration(),
-    )
+    ]
+    if SUBGROUPS_OF and SORT_RANKS:
+        forms.append(
+            st.tuples(st.permutations(ranks), st.sampled_from(sizes)).map(
+                lambda drawn: ("subgroups_of", tuple(drawn[0]), drawn[1])
+            )
+        )
+    return st.one_of(*forms)
 
 
 def members(grouping: tuple[Any, ...], rank: int, world_size: int) -> list[int] | None:
@@ -59,6 +70,8 @@ def members(grouping: tuple[Any, ...], rank: int, world_size: int) -> list[int] 
         [1, 0]
         >>> members(("by_enumeration", ((1,),)), 0, 2) is None
         True
+        >>> members(("subgroups_of", (3, 0, 2, 1), 2), 1, 4)
+        [1, 2]
     """
     kind = grouping[0]
     if kind == "default":
@@ -69,4 +82,8 @@ def members(grouping: tuple[Any, ...], rank: int, world_size: int) -> list[int] 
     if kind == "new_subgroups":
         start = rank // grouping[1] * grouping[1]
         return list(range(start, start + grouping[1]))
+    if kind == "subgroups_of":  # blocks of the parent's rank order, each made by global rank
+        order, size = grouping[1], grouping[2]
+        at = order.index(rank) // size * size
+        return sorted(order[at : at + size])
     return next((list(p) for p in grouping[1] if rank in p), None)

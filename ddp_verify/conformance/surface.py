@@ -972,8 +972,13 @@ ENTRIES: tuple[Entry, ...] = (
         _e(f"torch.distributed.{name}", member, OUT, why=why)
         for name, member, why in _COLLECTIVE_OUT if hasattr(_dist, name)
     ),
-    _gap("torch.distributed.new_subgroups", "group",
-         "subgroups of a group that is not the world: no property yet"),
+    *(
+        [_e("torch.distributed.new_subgroups", "group", COVERED, _COLLECTIVES,
+            why="the world's ranks in any order (new_group with sort_ranks=False), in blocks "
+            "of its rank order; every collective over the subgroup")]
+        if _offers("torch.distributed.new_subgroups", "group")
+        else []
+    ),
     # -- torch.distributed.optim -------------------------------------------------------------
     _e("torch.distributed.optim.ZeroRedundancyOptimizer", "params", COVERED, _ZERO),
     _e("torch.distributed.optim.ZeroRedundancyOptimizer", "optimizer_class", COVERED, _ZERO,

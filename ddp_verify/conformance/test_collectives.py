@@ -128,6 +128,16 @@ def test_tensor_collectives_leave_what_is_documented_on_every_rank(world, prove)
             draw(st.booleans()),
         )
 
+    # Subgroups of a group ranked evens first: at 4 ranks {0, 2} and {1, 3}, not the world's
+    # blocks.
+    interleaved = (*range(0, world_size, 2), *range(1, world_size, 2))
+    halves = 2 if world_size % 4 == 0 else world_size
+    subgroups_of = (
+        [(5, ("subgroups_of", interleaved, halves), "SUM", "float64", 0, True, False)]
+        if groupings.SUBGROUPS_OF and groupings.SORT_RANKS
+        else []
+    )
+
     def check(case: tuple[Any, ...]) -> None:
         seed, grouping, op, dtype, root, by_group_rank, async_op = case
         # The root as a group rank of the group each rank is in (the job takes it as given).
@@ -167,6 +177,7 @@ def test_tensor_collectives_leave_what_is_documented_on_every_rank(world, prove)
                 False,
             ),
             (3, ("by_enumeration", ((world_size - 1,),)), "BXOR", "int64", 0, False, False),
+            *subgroups_of,
         ],
     )
 
