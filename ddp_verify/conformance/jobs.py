@@ -1095,6 +1095,41 @@ def bucket_layout(bucket_cap_mb: float | None, iterations: int = 3) -> list[list
     return [[buckets[i] for i in sorted(buckets)] for buckets in seen]
 
 
+def join_disabled(steps: int, enable: bool) -> dict[str, Any]:
+    """DDP over ``Linear(2, 1)`` (weights and bias from 0) under ``Join([model],
+    enable=enable)``, every rank ``steps`` SGD steps (lr 0.5) on rank r's inputs all ``r + 1``
+    (3 rows; loss the output's sum): whether ``Join.notify_join_context`` gave the model a
+    work handle at each step (the all-reduce that tells the context this rank still trains:
+    none where disabled), and the parameters after."""
+    from torch.distributed.algorithms.join import Join
+    from torch.nn.parallel import DistributedDataParallel
+
+    rank, device = dist.get_rank(), rank_device()
+    layer = torch.nn.Linear(2, 1, dtype=torch.float64).to(device)
+    with torch.no_grad():
+        for param in layer.parameters():
+            param.zero_()
+    wrapped = DistributedDataParallel(
+        layer, device_ids=[device.index] if device.type == "cuda" else None
+    )
+    optimizer = torch.optim.SGD(wrapped.parameters(), lr=0.5)
+    handles = []
+    with Join([wrapped], enable=enable):
+        for _ in range(steps):
+            optimizer.zero_grad()
+            notified = Join.notify_join_context(wrapped)
+            handles.append(notified is not None)
+            if notified is not None:
+                notified.wait()
+            x = torch.full((3, 2), float(rank + 1), dtype=torch.float64, device=device)
+            wrapped(x).sum().backward()
+            optimizer.step()
+    return {
+        "handles": handles,
+        "params": [p.detach().cpu().reshape(-1).tolist() for p in layer.parameters()],
+    }
+
+
 def join_buffer_sources(batches: list[int]) -> tuple[list[list[float]], list[list[float]]]:
     """DDP (``broadcast_buffers``, the default) over ``Linear`` then ``BatchNorm1d`` in training
     mode under ``Join``, rank r training ``batches[r]`` iterations on data of its own: the

@@ -842,8 +842,10 @@ ENTRIES: tuple[Entry, ...] = (
        "test_join::test_join_with_zero_redundancy_optimizer_follows_the_documented_semantics",
        why="[model] and [model, ZeroRedundancyOptimizer], divide_by_initial_world_size (a "
        "keyword it passes on) both ways"),
-    _gap("torch.distributed.algorithms.Join", "enable",
-         "False (the context does nothing) not drawn: the default only"),
+    _e("torch.distributed.algorithms.Join", "enable", COVERED,
+       "test_join::test_join_disabled_does_nothing_and_enabled_tells_the_context_each_step",
+       why="False: no joinable told to notify, training plain DDP's; True: a work handle a "
+       "step (and the default in the other properties)"),
     _e("torch.distributed.algorithms.Join", "throw_on_early_termination", COVERED,
        "test_join::test_join_throwing_on_early_termination_stops_every_rank_where_the_first_"
        "runs_out", why="True: every rank raises once one runs out, after the shortest's steps; "

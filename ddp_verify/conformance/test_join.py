@@ -99,3 +99,24 @@ def test_join_throwing_on_early_termination_stops_every_rank_where_the_first_run
         check,
         examples=[[1] * size, [2 + (r % 2) for r in range(size)]],
     )
+
+
+@pytest.mark.parametrize("enable", [False, True], ids=["disabled", "enabled"])
+def test_join_disabled_does_nothing_and_enabled_tells_the_context_each_step(world, enable):
+    # Join(enable=False) "disables the context manager's functionality": no joinable is told
+    # to notify it (notify_join_context returns None, no all-reduce), and with even batches
+    # training is plain DDP's. Enabled, the first joinable gets a work handle every step.
+    # Rank r's inputs are all r + 1 (3 rows, loss the sum): every step's gradient is the
+    # mean of 3 (r + 1) for each weight and 3 for the bias, whatever the parameters.
+    size, steps = world.size, 2
+    mean_weight = 3 * (size + 1) / 2
+    want = [[-0.5 * steps * mean_weight] * 2, [-0.5 * steps * 3.0]]
+    for rank, got in enumerate(world.run(jobs.join_disabled, steps, enable)):
+        assert got["handles"] == [enable] * steps, (
+            f"Join(enable={enable}) on rank {rank}: notify_join_context gave a work handle at "
+            f"steps {got['handles']}, expected {'every step' if enable else 'none'}"
+        )
+        assert got["params"] == want, (
+            f"Join(enable={enable}), {steps} even steps on rank {rank}: parameters "
+            f"{got['params']}, plain DDP gives {want}"
+        )
