@@ -197,8 +197,14 @@ def round_trip(case: dict[str, Any]) -> dict[str, Any]:
                 # a single-process run (or a conversion) wrote, resharded by the load below.
                 if dist.get_rank() == 0:
                     whole = _state(seed + attempt, entries, None, zeros=False, **shape_of)
-                    dcp.save(whole, storage_writer=FileSystemWriter(f"{directory}/{at}", **writer),
-                             planner=planner, no_dist=True)  # fmt: skip
+                    alone = FileSystemWriter(f"{directory}/{at}", **writer)
+                    if case.get("asynchronously"):
+                        done = dcp.async_save(whole, storage_writer=alone, planner=planner,
+                                              no_dist=True)  # fmt: skip
+                        _scribble(whole)
+                        done.result()
+                    else:
+                        dcp.save(whole, storage_writer=alone, planner=planner, no_dist=True)
                 dist.barrier()
                 continue
             state = _state(seed + attempt, entries, mesh, zeros=False, **shape_of)

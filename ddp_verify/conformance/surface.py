@@ -346,6 +346,12 @@ _CHECKPOINT_ROWS = (
     ("async_save", "use_collectives", _ROUND_TRIP, "True and False"),
     (
         "async_save",
+        "no_dist",
+        _ROUND_TRIP,
+        "rank 0 alone in the background, the state changed at once; loaded resharded",
+    ),
+    (
+        "async_save",
         "async_stager",
         (
             "test_checkpoint::test_a_stager_of_ones_own_and_a_coordinator_other_than_rank_0_do_what_they_say",
@@ -493,7 +499,6 @@ _CHECKPOINT_ROWS = (
     ),
 )
 _CHECKPOINT_OTHERS = (
-    ("async_save", "no_dist", GAP, "an asynchronous save from one process: no property yet"),
     (
         "FileSystemWriter",
         "serialization_format",

@@ -47,6 +47,13 @@ def _has(function: Any, argument: str) -> bool:
     return argument in inspect.signature(function).parameters
 
 
+def _async_no_dist() -> bool:
+    """Whether this torch's ``async_save`` saves from one process (``no_dist``)."""
+    import torch.distributed.checkpoint as dcp
+
+    return _has(dcp.async_save, "no_dist")
+
+
 def _streams() -> bool:
     """Whether this torch's checkpoint files take stream extensions (experimental)."""
     from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
@@ -104,8 +111,9 @@ def cases(draw: st.DrawFn, world_size: int, flatten: bool | None = None,
         },
         # Written by one process without a group (no collectives, no cached plans there).
         "saved_by_one_process": (one := collectives and not caching and draw(st.booleans())),
-        # In a background thread (async_save), the state changed as soon as it returns.
-        "asynchronously": not one and draw(st.booleans()),
+        # In a background thread (async_save), the state changed as soon as it returns; by
+        # one process too (async_save's no_dist) where torch has it.
+        "asynchronously": (not one or _async_no_dist()) and draw(st.booleans()),
         "save": {} if collectives else {"use_collectives": False},
         "reshardable": collectives,
         "save_planner": save_planner,
@@ -150,7 +158,10 @@ def test_a_checkpoint_loads_back_what_every_rank_saved(world, prove):
     entries = [("w0", "dtensor", (world.size + 1, 2), "float64", "shard0", "replicate"),
                ("w1", "tensor", (3,), "int64", "-", "-")]  # fmt: skip
     streamed = _one_file_per_rank(5, entries, ["xor5a"] if _streams() else [])
-    prove(cases(world.size), lambda case: _check(world, case), examples=[streamed])
+    # Nor one process saving in the background (async_save's no_dist), loaded resharded.
+    alone = {**_one_file_per_rank(6, entries, []), "saved_by_one_process": True,
+             "asynchronously": _async_no_dist()}  # fmt: skip
+    prove(cases(world.size), lambda case: _check(world, case), examples=[streamed, alone])
 
 
 def _one_file_per_rank(seed: int, entries: list[Any], extensions: list[str]) -> dict[str, Any]:
