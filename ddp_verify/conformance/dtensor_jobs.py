@@ -220,8 +220,8 @@ def api_forms(seed: int, shape: tuple[int, int]) -> dict[str, Any]:
     ``distribute_tensor`` with ``src_data_rank`` 0, the last rank and None, and with no
     placements; ``from_local`` with ``run_check`` on replicas that differ, and with the whole
     ``shape`` and ``stride`` of an uneven sharding; ``redistribute`` with ``forward_dtype``,
-    ``backward_dtype`` and ``async_op``; ``to_local`` and ``full_tensor`` with
-    ``grad_placements`` hinting a partial gradient. What this rank holds of each (local
+    ``backward_dtype`` and ``async_op``; ``to_local``, ``full_tensor`` and ``from_local``
+    with ``grad_placements`` hinting a partial gradient. What this rank holds of each (local
     tensors, dtypes, gradients)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
@@ -269,6 +269,13 @@ def api_forms(seed: int, shape: tuple[int, int]) -> dict[str, Any]:
         leaf = distribute_tensor(whole, mesh, [Shard(0)]).requires_grad_()
         (leaf.full_tensor(grad_placements=hint) * mine_grad).sum().backward()
         out[f"full_tensor grad_placements={hint is not None}"] = leaf.grad.full_tensor()
+        # from_local's hint: the layout the local tensor's gradient is given in. Each rank's
+        # own contribution (a partial gradient, said so to to_local) left partial, or
+        # unhinted made the replicated whole its placements say.
+        local = whole.clone().requires_grad_()
+        made = DTensor.from_local(local, mesh, [Replicate()], grad_placements=hint)
+        (made.to_local(grad_placements=[Partial()]) * mine_grad).sum().backward()
+        out[f"from_local grad_placements={hint is not None}"] = local.grad
     dist.barrier()
     return out
 

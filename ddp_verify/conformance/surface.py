@@ -911,8 +911,9 @@ ENTRIES: tuple[Entry, ...] = (
            why="the whole tensor's, given for uneven shards")
         for member in ("shape", "stride")
     ),
-    _gap(_DT + "DTensor.from_local", "grad_placements",
-         "the input gradient redistributed to a hinted placement: not drawn"),
+    _e(_DT + "DTensor.from_local", "grad_placements", COVERED, _DT_FORMS,
+       why="a replicated input's gradient hinted partial (each rank's own contribution) and "
+       "unhinted (the replicated sum)"),
     _e(_DT + "DTensor.redistribute", "device_mesh", COVERED, _DT_WHOLE, why="its own mesh"),
     _e(_DT + "DTensor.redistribute", "placements", COVERED, _DT_WHOLE,
        why="every placement to every other (to a partial sum: as torch documents)"),

@@ -255,6 +255,10 @@ def _api_forms(seed: int, shape: tuple[int, int], size: int, rank: int) -> dict[
     want["to_local grad_placements=True"] = summed
     want["full_tensor grad_placements=False"] = torch.cat([chunk(grad + r, r) for r in range(size)])
     want["full_tensor grad_placements=True"] = summed
+    # from_local's hint: the local gradient is each rank's own contribution, left partial;
+    # unhinted, the replicated whole its placements say.
+    want["from_local grad_placements=False"] = summed
+    want["from_local grad_placements=True"] = grad + rank
     return want
 
 
