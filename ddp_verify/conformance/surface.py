@@ -502,8 +502,11 @@ _CHECKPOINT_OTHERS = (
     (
         "FileSystemWriter",
         "serialization_format",
-        GAP,
-        "formats other than torch.save's: no property yet",
+        OUT,
+        "undocumented (FileSystemWriter's docstring lists no such argument): SAFETENSORS is "
+        "the HuggingFace storage's format, written through its own writer; neither "
+        "FileSystemReader nor HuggingFaceStorageReader reads it back from this writer's "
+        "files (checked)",
     ),
     (
         "DefaultSavePlanner",
