@@ -37,6 +37,10 @@ OPERATIONS: dict[str, Callable[[Any, Any], Any]] = {
     "linear": lambda a, b: torch.nn.functional.linear(a, b.t(), b[0]),
     "transpose": lambda a, b: a.t(),
     "cat": lambda a, b: torch.cat([a, a], 0),
+    # Lists of one tensor (a concatenation of one, a foreach step of a single parameter).
+    "list_of_one": lambda a, b: (
+        torch.cat([a]) + torch.stack([a])[0] + torch._foreach_mul([a], 2.0)[0]
+    ),
     "flatten": lambda a, b: a.reshape(-1),
     # Another view of the same tensor by the same operation, its sizes the only difference.
     "reshaped": lambda a, b: a.reshape(1, -1),
@@ -111,7 +115,7 @@ def _summed(results: tuple[Any, ...]) -> Any:
 # checked for them.
 FROM_2_13 = ("new_tensors", "expand", "view_sizes", "matmul_batched", "view_copy",
              "expand_copy", "select_column", "upsample_1d", "upsample_2d",
-             "upsample_3d", "linear_algebra", "linear")  # fmt: skip
+             "upsample_3d", "linear_algebra", "linear", "list_of_one")  # fmt: skip
 
 
 def operations_held() -> list[str]:
@@ -128,7 +132,7 @@ DIFFERENTIABLE = ("add", "neg", "relu", "exp", "sum", "sum_rows", "sum_columns",
                   "mean_rows", "norm", "softmax", "matmul", "transpose", "cat", "slice_columns",
                   "select_row", "select_column", "new_tensors", "expand", "view_sizes",
                   "matmul_batched", "view_copy", "expand_copy", "upsample_1d",
-                  "upsample_2d", "upsample_3d", "linear")  # fmt: skip
+                  "upsample_2d", "upsample_3d", "linear", "list_of_one")  # fmt: skip
 
 
 def full_value(seed: int, which: int, shape: tuple[int, ...]) -> torch.Tensor:
