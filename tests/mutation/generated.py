@@ -222,7 +222,11 @@ def mutants(module: str, lines: set[int] | None = None) -> list[Mutant]:
 
 def installable(mutant: Mutant) -> bool:
     """Whether the mutated code can take the original's place (not where it closes over
-    other names, or its function cannot be found as named)."""
+    other names, or its function cannot be found as named; nor a ``__hash__``: objects
+    already in sets and dicts, hashed by the original, would not be found by the swapped one,
+    a failure no regression makes, as a changed hash holds from the start)."""
+    if mutant.qualname.rpartition(".")[2] == "__hash__":
+        return False
     try:
         compiled(mutant.as_json())
     except (ValueError, KeyError, AttributeError, SyntaxError, TypeError):
