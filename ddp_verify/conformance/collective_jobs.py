@@ -477,6 +477,48 @@ def _made_in_a_thread(mesh: Any, shape: tuple[int, ...], names: tuple[str, ...])
     return bool(mesh == made[0] and hash(mesh) == hash(made[0]))
 
 
+def mesh_backend_overridden(shape: tuple[int, ...], dim: int, by_name: bool, form: str,
+                            outright: bool) -> dict[str, Any]:  # fmt: skip
+    """A mesh of ``shape`` over the world (dimensions named ``d0``, ``d1``, ...) whose
+    dimension ``dim`` (keyed by its name where ``by_name``) has its own backend through
+    ``backend_override``, in the documented ``form``: ``"options"`` (gloo's options with a
+    123 s time-out), ``"both"`` (``("gloo", options)``) or ``"name"`` (``"gloo"``); made by
+    ``init_device_mesh``, or ``DeviceMesh`` given the world's ranks where ``outright`` (a
+    ``(backend, options)`` pair a dimension, ``by_name`` not applying). Each
+    dimension's group: its backend, its options' time-out in seconds (None where this torch
+    shows none) and the sum of its members' ranks by an all-reduce over it."""
+    import datetime
+
+    from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+    names = tuple(f"d{i}" for i in range(len(shape)))
+    options = dist.ProcessGroupGloo._Options()
+    options._timeout = datetime.timedelta(seconds=123)
+    if outright:
+        # DeviceMesh takes a (backend, options) pair for every dimension, by position.
+        pair = {"options": (None, options), "both": ("gloo", options), "name": ("gloo", None)}
+        pairs = tuple(pair[form] if d == dim else (None, None) for d in range(len(shape)))
+        ranks = torch.arange(dist.get_world_size()).reshape(shape)
+        mesh = DeviceMesh("cpu", ranks, mesh_dim_names=names, backend_override=pairs)
+    else:
+        value = {"options": options, "both": ("gloo", options), "name": "gloo"}[form]
+        override = {names[dim] if by_name else dim: value}
+        mesh = init_device_mesh("cpu", shape, mesh_dim_names=names, backend_override=override)
+
+    def timeout(group: Any) -> float | None:
+        held = getattr(group._get_backend(torch.device("cpu")), "options", None)
+        return None if held is None else held._timeout.total_seconds()
+
+    groups = []
+    for d in range(len(shape)):
+        group = mesh.get_group(d)
+        summed = torch.tensor([float(dist.get_rank())])
+        dist.all_reduce(summed, group=group)
+        groups.append({"backend": str(dist.get_backend(group)), "timeout": timeout(group),
+                       "sum": summed.item()})  # fmt: skip
+    return {"groups": groups}
+
+
 def device_mesh_views(shape: tuple[int, ...], names: tuple[str, ...]) -> dict[str, Any]:
     """A DeviceMesh of ``shape`` (named ``names``) over the world, as this rank sees it: its
     layout, coordinate, sizes, each dimension's local rank, group and one-dimensional

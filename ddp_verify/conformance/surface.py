@@ -866,8 +866,14 @@ ENTRIES: tuple[Entry, ...] = (
     _e(_INIT_MESH, "mesh_dim_names", COVERED, _MESH,
        why="named; names of another length, a name twice refused"),
     *(
-        _gap(api, "backend_override", "a dimension's own backend or options: not drawn")
-        for api in (_INIT_MESH, _DEVICE_MESH)
+        _e(api, "backend_override", COVERED,
+           "test_device_mesh::test_a_mesh_dimension_given_its_own_backend_has_it", why=why)
+        for api, why in (
+            (_INIT_MESH, "one dimension, by index or name: gloo's options, ('gloo', options), "
+             "'gloo'; held by that dimension's group alone"),
+            (_DEVICE_MESH, "a (backend, options) pair a dimension, one given its own"),
+        )
+        if _offers(api, "backend_override")
     ),
     _e(_DEVICE_MESH, "device_type", COVERED, _MESH_OUTRIGHT, why="'cpu'"),
     _e(_DEVICE_MESH, "mesh", COVERED, _MESH_OUTRIGHT,

@@ -173,3 +173,52 @@ def test_a_mesh_of_ranks_in_another_order_shards_by_its_coordinates(world):
             f"a mesh of the ranks in another order ({order}): shards given by coordinate "
             f"come back whole as {got['from_local whole']}"
         )
+
+
+def test_a_mesh_dimension_given_its_own_backend_has_it(world, prove):
+    # backend_override: a dimension (by index or name) given its own backend, options, or
+    # both, as init_device_mesh documents (DeviceMesh: a pair a dimension); here gloo with a
+    # time-out of its own. That dimension's group holds them, no other; every group still
+    # reduces over its own members.
+    import inspect
+
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if "backend_override" not in inspect.signature(init_device_mesh).parameters:
+        pytest.skip(f"torch {torch.__version__}'s init_device_mesh has no backend_override")
+
+    @st.composite
+    def cases(draw: st.DrawFn) -> tuple[Any, ...]:
+        shape = draw(st.sampled_from(_shapes(world.size)))
+        dim = draw(st.integers(0, len(shape) - 1))
+        form = draw(st.sampled_from(["options", "both", "name"]))
+        return (shape, dim, draw(st.booleans()), form, draw(st.booleans()))
+
+    def check(case: tuple[Any, ...]) -> None:
+        shape, dim, by_name, form, outright = case
+        made = f"{'DeviceMesh' if outright else 'init_device_mesh'} {shape}"
+        key = f"d{dim}" if by_name else dim
+        layout = torch.arange(world.size).reshape(shape)
+        for rank, got in enumerate(world.run(collective_jobs.mesh_backend_overridden, *case)):
+            coordinate = (layout == rank).nonzero()[0].tolist()
+            for d, held in enumerate(got["groups"]):
+                # The ranks that differ from this one in coordinate d alone.
+                line = tuple(slice(None) if i == d else c for i, c in enumerate(coordinate))
+                members = layout[line].tolist()
+                said = f"{made}, backend_override {{{key!r}: {form}}}, rank {rank}, group {d}"
+                assert held["backend"] == "gloo", f"{said}: backend {held['backend']}"
+                assert held["sum"] == float(sum(members)), (
+                    f"{said}: all-reduce gave {held['sum']}, its members {members} sum to "
+                    f"{sum(members)}"
+                )
+                if held["timeout"] is None:
+                    continue
+                # The options given hold for their dimension alone (the others, and a
+                # backend named without options, keep a default of their own).
+                own = d == dim and form != "name"
+                assert (held["timeout"] == 123.0) == own, (
+                    f"{said}: time-out {held['timeout']} s, "
+                    f"{'the options given say 123 s' if own else 'not the options given'}"
+                )
+
+    prove(cases(), check)
