@@ -7,8 +7,9 @@ dimensions in order is the layout with the others fixed at the rank's coordinate
 that choice flattened into one dimension (row-major); a dimension unflattened into two is the
 layout viewed with one more dimension. The meshes it documents as invalid (more ranks than the
 world, names of another length or repeated, two dimensions of more than one rank out of
-order, a flattened dimension sliced beside one of its own) are refused. A mesh whose groups
-hold other ranks reduces over the wrong replicas, on every rank alike."""
+order, a flattened dimension sliced beside one of its own) are refused. A dimension given its
+own backend or options (``backend_override``) holds them, no other dimension does. A mesh
+whose groups hold other ranks reduces over the wrong replicas, on every rank alike."""
 
 from __future__ import annotations
 
