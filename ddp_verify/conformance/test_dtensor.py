@@ -159,7 +159,8 @@ def test_dtensor_is_the_whole_tensor_it_stands_for(world, prove):
         cases(world_size),
         check,
         examples=[
-            # A matrix with fewer rows than ranks, sharded by rows; a partial sum made whole.
+            # A matrix with fewer rows than ranks, sharded by rows; a partial sum made whole;
+            # lists of one tensor (never left to the draw of operations).
             {
                 "seed": 1,
                 "mesh": (world_size,),
@@ -168,7 +169,7 @@ def test_dtensor_is_the_whole_tensor_it_stands_for(world, prove):
                 "a_placements": ("shard0",),
                 "b_placements": ("partial",),
                 "target": ("shard1",),
-                "operations": ["matmul", "sum_rows", "softmax"],
+                "operations": ["matmul", "sum_rows", "softmax", *_held("list_of_one")],
             },
             # One tensor dimension cut by both dimensions of a mesh (the first, then the second).
             {
