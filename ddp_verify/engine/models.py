@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from .objectives import objective
+from .objectives import window_factor as objectives_window_factor
 from .optimizers import param_groups
 from .scenario import IGNORE_INDEX, ModelSpec, OptimizerSpec, Scenario
 
@@ -411,6 +412,23 @@ def rank_items(scenario: Scenario, step: int) -> list[int]:
 def global_items(scenario: Scenario, step: int) -> int:
     """The loss items of ``step``'s global batch: what its mean loss divides by."""
     return sum(rank_items(scenario, step))
+
+
+def window_factor(scenario: Scenario, step: int) -> float:
+    """How many times ``step``'s objective counts where the declared objective normalises
+    by its window (``token-mean@window``): 1 otherwise (see
+    :func:`ddp_verify.engine.objectives.window_factor`).
+
+    Example::
+
+        window_factor(scenario, 0)  # 1.5: 30 of a two-step window's 40 tokens
+    """
+    if not scenario.objective or scenario.window == 1:
+        return 1.0
+    declared = objective(scenario.objective)
+    window = scenario.window_of(step)
+    units = [global_items(scenario, s) for s in window]
+    return objectives_window_factor(declared, units, step - window.start)
 
 
 def micro_batches(scenario: Scenario, step: int, rank: int, batch: MicroBatch) -> list[MicroBatch]:

@@ -12,6 +12,14 @@ OpenRLHF do):
   constant C declared (a maximum generation length);
 - ``sum``: the sum over all counted tokens.
 
+Each of the means is normalised per optimizer step unless it declares a *window*: the steps
+that share one generation batch (TRL's ``steps_per_generation``, a DAPO normaliser counted
+over the whole rollout). ``token-mean@window`` divides each step's token sum by the window's
+tokens per step (the window's count over its steps, as TRL does); ``token-mean@window-total``
+by the window's whole count, so that the steps of a window add up to its token mean. Against
+the per-step objective a step then counts :func:`window_factor` times: its share of the
+window's units, times the window's steps for ``@window``.
+
 Every one of them is a *share-weighted* combination of its pieces: cut the global batch into
 micro-batches and ranks (each padded to its own width), and the objective of the whole is the
 sum over pieces of ``share x`` the piece's own objective, where a piece's share is its
@@ -39,7 +47,16 @@ from collections.abc import Sequence
 
 import torch
 
-__all__ = ["OBJECTIVES", "SAMPLE_MEAN", "Objective", "combined", "objective", "sample_mean"]
+__all__ = [
+    "OBJECTIVES",
+    "SAMPLE_MEAN",
+    "SCOPES",
+    "Objective",
+    "combined",
+    "objective",
+    "sample_mean",
+    "window_factor",
+]
 
 
 def _invalid(message: str) -> Exception:
@@ -65,14 +82,24 @@ OBJECTIVES: dict[str, str] = {
     "sum": "",
 }
 
+# What a mean's count is taken over, each with what a step's sum is divided by: its own
+# units (the default), the window's units per step, or the window's whole count.
+SCOPES: dict[str, str] = {
+    "step": "the step's own count",
+    "window": "the window's count per step",
+    "window-total": "the window's whole count",
+}
+
 
 @dataclasses.dataclass(frozen=True)
 class Objective:
-    """A declared objective: its ``name`` (one of :data:`OBJECTIVES`) and, for
-    ``seq-mean-token-sum-norm``, the declared ``constant``."""
+    """A declared objective: its ``name`` (one of :data:`OBJECTIVES`), for
+    ``seq-mean-token-sum-norm`` the declared ``constant``, and the ``scope`` its count is
+    taken over (one of :data:`SCOPES`)."""
 
     name: str
     constant: float | None = None
+    scope: str = "step"
 
     def __post_init__(self) -> None:
         if self.name not in OBJECTIVES:
@@ -90,11 +117,30 @@ class Objective:
             )
         if not normalised and self.constant is not None:
             raise _invalid(f"{self.name} takes no constant; got {self.constant!r}")
+        if self.scope not in SCOPES:
+            raise _invalid(
+                f"{self}: the count's scope after '@' is one of {', '.join(SCOPES)} "
+                f"(token-mean@window), got {self.scope!r}"
+            )
+        if self.scope != "step" and not self.unit:
+            raise _invalid(
+                f"{self.name} divides by nothing, so it has no window to count over: declare "
+                f"{self.name} alone"
+            )
 
     def __str__(self) -> str:
-        if self.constant is None:
-            return self.name
-        return f"{self.name}:{self.constant:g}"
+        text = self.name if self.constant is None else f"{self.name}:{self.constant:g}"
+        return text if self.scope == "step" else f"{text}@{self.scope}"
+
+    def scoped(self, scope: str) -> Objective:
+        """The same objective with its count taken over ``scope``.
+
+        Example::
+
+            >>> str(objective("token-mean").scoped("window"))
+            'token-mean@window'
+        """
+        return dataclasses.replace(self, scope=scope)
 
     @property
     def unit(self) -> str:
@@ -178,12 +224,15 @@ def sample_mean(declared: str, token_losses: bool) -> str:
 
 
 def objective(text: str | Objective) -> Objective:
-    """The objective ``text`` declares (``token-mean``, ``seq-mean-token-sum-norm:4096``).
+    """The objective ``text`` declares (``token-mean``, ``seq-mean-token-sum-norm:4096``,
+    ``token-mean@window``).
 
     Example::
 
         >>> objective("seq-mean-token-sum-norm:64")
-        Objective(name='seq-mean-token-sum-norm', constant=64.0)
+        Objective(name='seq-mean-token-sum-norm', constant=64.0, scope='step')
+        >>> objective("token-mean@window").scope
+        'window'
         >>> objective("mean")
         Traceback (most recent call last):
         ...
@@ -197,6 +246,9 @@ def objective(text: str | Objective) -> Objective:
 @functools.lru_cache(maxsize=32)
 def _parsed(text: str) -> Objective:
     # Cached: the engine reads a scenario's declaration for every micro-batch it counts.
+    text, at, scope = text.partition("@")
+    if at:
+        return dataclasses.replace(_parsed(text), scope=scope.strip())
     name, sep, constant = text.partition(":")
     if not sep:
         return Objective(name)
@@ -231,6 +283,27 @@ def combined(
         if declared.units(mask) or not declared.unit
     ]
     return torch.stack(parts).sum() if parts else torch.zeros(())
+
+
+def window_factor(declared: Objective, units: Sequence[int], step: int) -> float:
+    """How many times ``step`` counts under ``declared`` against the same objective
+    normalised per step, ``units`` being the units of each step of its window in order
+    (:meth:`Objective.units` of each step's global batch): 1 per step; the step's share of
+    the window's units, times the window's steps, for ``@window``; the share alone for
+    ``@window-total``.
+
+    Example::
+
+        >>> window_factor(objective("token-mean@window"), [30, 10], step=0)  # 30 / (40 / 2)
+        1.5
+        >>> window_factor(objective("token-mean@window-total"), [30, 10], step=1)
+        0.25
+    """
+    if declared.scope == "step" or not declared.unit:
+        return 1.0
+    total = sum(units)
+    share = units[step] / total if total else 0.0
+    return share * len(units) if declared.scope == "window" else share
 
 
 def _counted(mask: torch.Tensor) -> torch.Tensor:

@@ -34,7 +34,7 @@ def train_reference(
 
 
 def _full_batch(step: Step) -> list[float]:
-    loss = step.loss(step.model, (step.inputs, step.targets))
+    loss = step.loss(step.model, (step.inputs, step.targets)) * step.factor
     loss.backward()
     return [loss.item()]
 

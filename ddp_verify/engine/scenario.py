@@ -330,6 +330,10 @@ class Scenario:
     # Each step's global batch in the order-th seeded order (0: as drawn): a run that differs
     # from order 0 in its sums alone, for a measured bound.
     order: int = 0
+    # The optimizer steps that share one generation batch (TRL's steps_per_generation): the
+    # window a count like window_tokens spans, and the one an objective declared @window
+    # normalises by; the last window may hold fewer. 1: every step is its own.
+    window: int = 1
 
     def __post_init__(self) -> None:
         if self.world_size < 1:
@@ -415,6 +419,8 @@ class Scenario:
                     f"built-in token data (loss 'tokens'), got loss {self.loss!r} and model "
                     f"{self.model.kind!r}"
                 )
+        if self.window < 1:
+            raise ValueError(f"window counts the steps of one window: 1 or more, got {self.window}")
         if self.token_weights and (self.loss != "tokens" or user):
             raise ValueError(
                 "token_weights weight the built-in token data's per-token losses: use them "
@@ -464,6 +470,17 @@ class Scenario:
             order=order,
         )
 
+    def window_of(self, step: int) -> range:
+        """The steps of ``step``'s window, in order.
+
+        Example::
+
+            >>> Scenario(world_size=1, schedule=(((1,),),) * 5, window=2).window_of(4)
+            range(4, 5)
+        """
+        first = step - step % self.window
+        return range(first, min(first + self.window, self.steps))
+
     def samples(self, step: int) -> list[int]:
         """Samples each rank holds at ``step``."""
         return [sum(sizes) for sizes in self.schedule[step]]
@@ -500,6 +517,7 @@ class Scenario:
             f"{f' (forward under autocast to {self.autocast})' if self.autocast else ''}, "
             f"{'labels handed over unshifted, ' if self.labels == 'unshifted' else ''}"
             f"{f'objective {self.objective}, ' if self.objective else ''}"
+            f"{f'windows of {self.window} steps, ' if self.window > 1 else ''}"
             f"{'per-token losses weighted (signed), ' if self.token_weights else ''}"
             f"seed {self.seed}\n"
             f"micro-batch sizes per rank{' (pairs)' if self.loss == COUPLED else ''}:\n{steps}"

@@ -272,7 +272,7 @@ def scenarios(
     min_samples: int = 1,
     max_samples: int = 4,
     max_micro_batches: int = 2,
-    max_steps: int = 3,
+    max_steps: int | None = None,
     even: bool = False,
     same_micro_batch_counts: bool = False,
     dtypes: Sequence[str] = ("float64",),
@@ -288,6 +288,7 @@ def scenarios(
     optimizer: Any = None,
     scheduler: Any = None,
     empty_ranks: bool = False,
+    window_steps: int | tuple[int, int] = 1,
 ) -> st.SearchStrategy[Scenario]:
     """Whole scenarios for a world of ``world_size`` ranks; the drawn one is ``note()``d.
 
@@ -322,6 +323,11 @@ def scenarios(
     two ranks or more, shrinking away; losses over samples, models that can forward nothing):
     each of its micro-batches is empty, its count 0, its gradient 0, and code that divides by
     its own count divides 0 by 0 there.
+    ``window_steps=(2, 4)`` (token losses only) groups the optimizer steps into windows of 2
+    to 4 steps that share one generation batch (an int pins it; 1, the default, makes every
+    step its own): the span of the window counts a loss-agg plug-in is given, and of an
+    objective declared ``@window``. Unless ``max_steps`` is given (3 by default), enough
+    steps are drawn for a window and part of the next.
 
     Example::
 
@@ -330,6 +336,21 @@ def scenarios(
         scenarios(world_size=2, losses=("tokens",), objective="seq-mean-token-mean")
         scenarios(world_size=2, model="my_project.models:tiny_gpt")
     """
+    low, high = (window_steps, window_steps) if isinstance(window_steps, int) else window_steps
+    if not 1 <= low <= high:
+        raise InvalidArgument(
+            f"window_steps={window_steps!r}: the steps of a window, 1 or more (an int, or "
+            "(low, high) with low <= high)"
+        )
+    if high > 1 and (model is not None or tuple(losses) != ("tokens",)):
+        raise InvalidArgument(
+            f"window_steps={window_steps!r} spans the counts of token losses over several "
+            "steps: use it with losses=('tokens',) and no model="
+        )
+    if max_steps is None and high > 1:
+        # A whole window and part of the next, so that both kinds of window are met.
+        max_steps, several_steps = high + 1, True
+    max_steps = 3 if max_steps is None else max_steps
     schedules = accumulation_schedules(
         world_size=world_size,
         min_samples=min_samples,
@@ -413,6 +434,7 @@ def scenarios(
         # A rank without samples: with two ranks or more (one holds them), a model that
         # can forward nothing (no batch norm, not the user's), samples not token sequences
         # (a declared objective counts each micro-batch's sequences).
+        window = draw(st.integers(low, high)) if high > 1 else 1
         if (
             empty_ranks
             and world_size > 1
@@ -434,6 +456,7 @@ def scenarios(
             objective=objective,
             token_weights=token_weights,
             recipe=recipe,
+            window=window,
         )
         note(f"Scenario: {scenario.describe()}")
         return scenario

@@ -28,6 +28,7 @@ from .models import (
     one_thread,
     rank_items,
     training_optimizer,
+    window_factor,
 )
 from .optimizers import ReferenceOptimizer
 from .scenario import Scenario
@@ -46,6 +47,9 @@ class Step:
     optimizers: list[Any]  # ReferenceOptimizer, or the user's recipe's torch optimizer
     loss_fn: torch.nn.Module
     stepped: bool = False
+    # How many times the step's objective counts: its share of its window's, where the
+    # declared objective normalises by the window (models.window_factor); 1 otherwise.
+    factor: float = 1.0
 
     @property
     def model(self) -> torch.nn.Module:
@@ -81,8 +85,9 @@ class Step:
 
     def share(self, batch: MicroBatch) -> float:
         """The weight of ``batch``'s own loss in the step's: its share of the step's loss
-        items, or 1 under a declared sum, whose pieces add unweighted."""
-        return self.weight(batch) / self.normaliser()
+        items, or 1 under a declared sum, whose pieces add unweighted; times the step's
+        :attr:`factor` where the objective normalises by its window."""
+        return self.weight(batch) / self.normaliser() * self.factor
 
     def weight(self, batch: MicroBatch) -> int:
         """What ``batch``'s own loss is multiplied by to give its part of the summed loss:
@@ -143,7 +148,16 @@ def train(
         for index, (inputs, targets) in enumerate(build_data(scenario, dtype, device)):
             for optimizer in optimizers:
                 optimizer.zero_grad(set_to_none=True)
-            step = Step(scenario, index, inputs, targets, models, optimizers, loss_fn)
+            step = Step(
+                scenario,
+                index,
+                inputs,
+                targets,
+                models,
+                optimizers,
+                loss_fn,
+                factor=window_factor(scenario, index),
+            )
             losses = backward(step)
             for model, record in zip(models, records, strict=True):
                 record.record("grads", named_gradients(model))

@@ -396,7 +396,19 @@ def _parser() -> argparse.ArgumentParser:
         "seq-mean-token-sum-norm:C (C declared, a maximum generation length); the count your "
         "code gets is then in the objective's unit (tokens, or sequences with a counted token). "
         "sample-mean is the default of the other losses. sum (any loss, any kind): the losses "
-        "added, no normaliser, so the code must add over micro-batches and ranks",
+        "added, no normaliser, so the code must add over micro-batches and ranks. A mean "
+        "followed by @window (token-mean@window) divides each step by its window's count per "
+        "step, @window-total by the window's whole count (see --window-steps)",
+    )
+    check.add_argument(
+        "--window-steps",
+        metavar="N",
+        type=_positive,
+        default=None,
+        help="the optimizer steps that share one generation batch (TRL's "
+        "steps_per_generation): what window_tokens, window_sequences and window_steps count "
+        "over and what an @window objective normalises by. Default: 2 to 4, drawn, where the "
+        "code takes a window count or the objective is @window; else 1",
     )
     check.add_argument(
         "--model",
@@ -899,6 +911,8 @@ def _run_check(args: argparse.Namespace, fn: Callable[..., Any], context: dict[s
         bounds["losses"] = args.losses
     if args.objective:
         bounds["objective"] = args.objective
+    if args.window_steps is not None:
+        bounds["window_steps"] = args.window_steps
     if args.token_weights:
         bounds["token_weights"] = True
     if args.model:

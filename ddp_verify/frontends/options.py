@@ -332,6 +332,7 @@ SPELLINGS: dict[str, Mapping[str, Spelling]] = {
         "models": "--model-kinds/--exclude-features",
         "losses": "--losses",
         "objective": "--objective",
+        "window_steps": "--window-steps",
         "model": "--model",
         "loss_fn": "--loss-fn",
         "empty_ranks": "--empty-ranks",

@@ -499,7 +499,9 @@ class LossAggregator(UserMethod):
     as DDP does, so ``fn`` must return its micro-batch's share of the declared objective times
     the world size (verl multiplies by ``dp_size``). The loss reported is what it returned,
     summed over micro-batches and averaged over ranks, as such a loop logs it. Counts come by
-    name (``global_tokens``, ``rank_sequences``, ... :data:`~.kinds.AGGREGATION_VALUES`)."""
+    name (``global_tokens``, ``rank_sequences``, ... :data:`~.kinds.AGGREGATION_VALUES`); the
+    ``window_`` counts are every rank's over the steps of the step's window (its generation
+    batch), ``window_steps`` how many steps that window holds."""
 
     call: Call
 
@@ -550,11 +552,27 @@ class LossAggregator(UserMethod):
                 "rank_tokens": sum(tokens.units(m) for m in masks),
                 "rank_sequences": sum(sequences.units(m) for m in masks),
             }
+            # The window's counts are every rank's over the window's steps (a generation
+            # batch's, counted once it is generated): this rank's, summed across ranks.
+            window = scenario.window_of(step)
+            held = [[t != IGNORE_INDEX for _, t in run.micro_batches(s)] for s in window]
             summed = torch.tensor(
-                [counts["rank_tokens"], counts["rank_sequences"]], device=run.device
+                [
+                    counts["rank_tokens"],
+                    counts["rank_sequences"],
+                    sum(tokens.units(m) for ms in held for m in ms),
+                    sum(sequences.units(m) for ms in held for m in ms),
+                ],
+                device=run.device,
             )
             dist.all_reduce(summed)
-            counts["global_tokens"], counts["global_sequences"] = map(int, summed.tolist())
+            (
+                counts["global_tokens"],
+                counts["global_sequences"],
+                counts["window_tokens"],
+                counts["window_sequences"],
+            ) = map(int, summed.tolist())
+            counts["window_steps"] = len(window)
             reported = run.zero()
             for (inputs, targets), mask in zip(batches, masks, strict=True):
                 # Each micro-batch at its own width: its longest sequence's last position

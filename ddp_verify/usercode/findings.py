@@ -517,6 +517,12 @@ OBJECTIVE_OTHER = _finding(
     "{computed} objective's on the whole global batch, exactly",
 )
 
+OBJECTIVE_WINDOW = _finding(
+    "objective:window",
+    "gradient",
+    "each step normalised by {computed} where {declared} was declared ({meant}): {factors}",
+)
+
 # -- whole training scripts (ddp-verify parity) -------------------------------------------------
 DATA_SAME = _finding(
     "data:same-samples",

@@ -113,6 +113,9 @@ AGGREGATION_VALUES = (
     "sequences",
     "rank_sequences",
     "global_sequences",
+    "window_tokens",
+    "window_sequences",
+    "window_steps",
 )
 # The learned loss parameters a coupled-loss plug-in is given by their names alone.
 LEARNED_VALUES = ("logit_scale", "logit_bias")
@@ -428,6 +431,10 @@ BINDABLE: dict[str, str] = {
     "sequences": "this micro-batch's sequences with a token that counts",
     "rank_sequences": "this rank's sequences with a token that counts, this step",
     "global_sequences": "the step's sequences with a token that counts over every rank",
+    "window_tokens": "the tokens that count over every rank and every step of the window",
+    "window_sequences": "the sequences with a counted token over every rank and every step of "
+    "the window",
+    "window_steps": "the optimizer steps of the window (steps_per_generation)",
     # What a coupled-loss plug-in may be given: the loss parameters the harness's model learns.
     "logit_scale": "the logit scale the harness's encoder learns (coupled-loss)",
     "logit_bias": "the logit bias the harness's encoder learns (coupled-loss)",

@@ -20,7 +20,7 @@ from hypothesis.errors import FlakyFailure, Unsatisfiable
 from ..engine.compare import compare, only_the_loss_differs
 from ..engine.compression import CompressionTolerance, along_the_run
 from ..engine.lockstep import in_lockstep
-from ..engine.objectives import SAMPLE_MEAN
+from ..engine.objectives import SAMPLE_MEAN, objective
 from ..engine.outcome import EquivalenceError, Outcome
 from ..engine.scenario import LOSSES, Scenario
 from ..engine.strategies import coupled_scenarios, models, optimizers, scenarios
@@ -44,7 +44,7 @@ from .diagnosis.structural import (
     low_rank_cause,
 )
 from .findings import Cause
-from .kinds import STEP_VALUES, Binds, Kind, as_kind, parse_binds
+from .kinds import STEP_VALUES, Binds, Call, Kind, as_kind, parse_binds
 from .layouts import parse_layout
 from .precision import diverged_precision, held_to, measured, probe_scenario
 from .probe import found_layout
@@ -164,6 +164,7 @@ def search(
         call = adapt(fn, kind, **called, layout=pinned).call
         assert call is not None  # adapt() says how it calls the code
         bounds = coupled_bounds(fn, call, bounds)
+    bounds = window_bounds(kind, checked.call, bounds)
     chosen = found_layout(fn, kind, world, called, pinned, bounds)
     timeline.mark("layout")
     called["layout"] = chosen.layout
@@ -733,7 +734,32 @@ def preflight(
         call = adapt(fn, kind, bind=bind).call
         assert call is not None  # adapt() says how it calls the code
         bounds = coupled_bounds(fn, call, bounds)
+    if kind.token_losses:
+        bounds = window_bounds(kind, adapt(fn, kind, bind=bind).call, bounds)
     return bounds
+
+
+# The window a check draws where the code is handed a window's counts or the objective is
+# normalised by its window, and the user pinned none: TRL's steps_per_generation of 2 to 4.
+DRAWN_WINDOWS = (2, 4)
+
+
+def window_bounds(kind: Kind, call: Call | None, bounds: dict[str, Any]) -> dict[str, Any]:
+    """``bounds`` with windows of several steps drawn (:data:`DRAWN_WINDOWS`) where the
+    code is handed a window's counts (``window_tokens``, by name or bound) or the declared
+    objective normalises by its window, unless the caller pinned ``window_steps``.
+
+    Example::
+
+        window_bounds(KIND["loss-agg"], call, {"objective": "token-mean@window"})
+        # {'objective': 'token-mean@window', 'window_steps': (2, 4)}
+    """
+    if not kind.token_losses or "window_steps" in bounds:
+        return bounds
+    declared = bounds.get("objective") or ""
+    windowed = bool(declared) and objective(declared).scope != "step"
+    takes = call is not None and any((b.source or "").startswith("window_") for b in call.bound)
+    return {**bounds, "window_steps": DRAWN_WINDOWS} if windowed or takes else bounds
 
 
 # What only one family of scenarios draws: the encoder of a coupled loss, and the models,
@@ -832,6 +858,16 @@ def bounds_for(kind: Kind | str, scenario_bounds: Mapping[str, Any]) -> dict[str
         from ..engine.strategies import optimizers
 
         bounds["optimizers"] = optimizers(schedules=True, groups=True)
+    declared = scenario_bounds.get("objective")
+    if declared and declared != SAMPLE_MEAN and not kind.token_losses:
+        per_step = objective(declared).scoped("step")
+        if str(per_step) != str(objective(declared)):
+            raise KindError(
+                f"{option('objective', declared)} normalises each step by its window's "
+                f"count, which only code handed the counts can do: a {kind} plug-in is "
+                f"checked against per-step objectives (declare {per_step}), or check the "
+                f"aggregation with {option('kind', 'loss-agg')}"
+            )
     if scenario_bounds.get("token_weights") and not kind.token_losses:
         # Weights only code that is handed the weighted losses can know of.
         raise KindError(

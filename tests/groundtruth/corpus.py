@@ -1032,6 +1032,60 @@ SHAPES = (
         options={"max_micro_batches": 3, "objective": "seq-mean-token-sum-norm:4"},
         families=frozenset({"loss-agg-norm"}),
     ),
+    # Windows of several optimizer steps sharing one generation batch (TRL's
+    # steps_per_generation): a token mean normalised by the window's count per step, a
+    # sequence mean likewise, and a per-step token mean whose code is handed window counts.
+    Shape(
+        "loss-agg-window",
+        "loss-agg",
+        "agg_loss",
+        """\
+        def agg_loss($signature):
+            return (loss_mat * loss_mask).sum() / ($divide) * $dp
+        """,
+        dict(
+            signature="loss_mat, loss_mask, global_tokens, window_tokens, window_steps, world_size",
+            divide="window_tokens / window_steps",
+            dp="world_size",
+        ),
+        options={"max_micro_batches": 3, "objective": "token-mean@window"},
+        families=frozenset({"loss-agg-window"}),
+    ),
+    Shape(
+        "loss-agg-seq-window",
+        "loss-agg",
+        "agg_loss",
+        """\
+        def agg_loss($signature):
+            tokens = loss_mask.sum(-1)
+            means = (loss_mat * loss_mask).sum(-1) / tokens.clamp(min=1)
+            return means.sum() / ($divide) * $dp
+        """,
+        dict(
+            signature="loss_mat, loss_mask, global_sequences, window_sequences, window_steps, "
+            "world_size",
+            divide="window_sequences / window_steps",
+            dp="world_size",
+        ),
+        options={"max_micro_batches": 3, "objective": "seq-mean-token-mean@window"},
+        families=frozenset({"loss-agg-seq-window"}),
+    ),
+    Shape(
+        "loss-agg-step-window",
+        "loss-agg",
+        "agg_loss",
+        """\
+        def agg_loss($signature):
+            return (loss_mat * loss_mask).sum() / ($divide) * $dp
+        """,
+        dict(
+            signature="loss_mat, loss_mask, global_tokens, window_tokens, window_steps, world_size",
+            divide="global_tokens",
+            dp="world_size",
+        ),
+        options={"max_micro_batches": 3, "objective": "token-mean"},
+        families=frozenset({"loss-agg-step-window"}),
+    ),
     # A declared sum: no normaliser, the dp factor undoing DDP's average.
     Shape(
         "loss-agg-sum",
@@ -1488,6 +1542,8 @@ OPERATORS = (
             "loss-agg-seq": {"dp": "1"},
             "loss-agg-norm": {"dp": "1"},
             "loss-agg-sum": {"dp": "1"},
+            "loss-agg-window": {"dp": "1"},
+            "loss-agg-step-window": {"dp": "1"},
         },
         frozenset({"scale"}),
     ),
@@ -1651,6 +1707,37 @@ OPERATORS = (
         "the per-token losses summed without the mask: prompt and padding counted",
         {"loss-agg": {"masked": "loss_mat"}},
         frozenset({"mask:ignored"}),
+    ),
+    Operator(
+        "window-whole-count",
+        "each step divided by its window's whole count, not the count per step (TRL before "
+        "steps_per_generation was folded in)",
+        {
+            "loss-agg-window": {"divide": "window_tokens"},
+            "loss-agg-seq-window": {"divide": "window_sequences"},
+        },
+        frozenset({"objective:window"}),
+    ),
+    Operator(
+        "step-count-in-window",
+        "each step divided by its own count where the window's normalises",
+        {
+            "loss-agg-window": {"divide": "global_tokens"},
+            "loss-agg-seq-window": {"divide": "global_sequences"},
+        },
+        frozenset({"objective:window"}),
+    ),
+    Operator(
+        "window-count-per-step",
+        "a per-step mean divided by the window's count per step",
+        {"loss-agg-step-window": {"divide": "window_tokens / window_steps"}},
+        frozenset({"objective:window"}),
+    ),
+    Operator(
+        "window-whole-per-step",
+        "a per-step mean divided by the window's whole count",
+        {"loss-agg-step-window": {"divide": "window_tokens"}},
+        frozenset({"objective:window"}),
     ),
     Operator(
         "sum-of-means",

@@ -32,6 +32,7 @@ from ...engine.models import (
     one_thread,
     padded_width,
     sums,
+    window_factor,
 )
 from ...engine.objectives import objective
 from ...engine.scenario import Scenario
@@ -161,6 +162,9 @@ def group_terms(
             mean = "token-mean" if builtin_tokens else ""
             loss_fn = loss_function(dataclasses.replace(scenario, objective=mean))
             scale = float(global_items(scenario, step))
+        # Where the objective normalises by its window, the step's objective counts its
+        # window factor: each column too, so that the shares read as right.
+        factor = window_factor(scenario, step)
         groups, columns, losses = [], [], []
         for rank in range(scenario.world_size):
             model = _model_at(scenario, None if starts is None else starts[rank])
@@ -171,6 +175,7 @@ def group_terms(
                 loss = loss_fn(model(x), y)
                 if summed:
                     loss = loss * scale
+                loss = loss * factor
                 loss.backward()
                 columns.append(flatten(model, {n: p.grad for n, p in model.named_parameters()}))
                 losses.append(float(loss.detach()))

@@ -33,8 +33,9 @@ from ...engine.models import (
     one_thread,
     rank_items,
     torch_dtype,
+    window_factor,
 )
-from ...engine.objectives import objective
+from ...engine.objectives import SCOPES, objective
 from ...engine.optimizers import scheduled_settings
 from ...engine.reference import train_reference
 from ...engine.scenario import IGNORE_INDEX
@@ -806,6 +807,58 @@ def other_objective(evidence: Evidence, found: Found) -> list[Hypothesis]:
 
 # The objectives another one is compared with (those scenarios train).
 OTHER_OBJECTIVES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+
+
+@register("window", says=(f.OBJECTIVE_WINDOW.code,))
+def window_scope(evidence: Evidence, found: Found) -> list[Hypothesis]:
+    """Where steps share windows, the declared objective with its count taken over each other
+    scope (the step's own, the window's per step, the window's whole), trained on the same
+    data: where the ranks' gradients are exactly one of them, the code normalises by that
+    count, and each step counted that scope's factor over the declared one's."""
+    scenario = evidence.scenario
+    if scenario.window == 1 or not scenario.objective or scenario.loss != "tokens":
+        return []
+    declared = objective(scenario.objective)
+    if not declared.unit:
+        return []
+    strict = match_tolerance(scenario.dtype)
+    kept = []
+    for scope in SCOPES:
+        if scope == declared.scope:
+            continue
+        alternative = dataclasses.replace(scenario, objective=str(declared.scoped(scope)))
+        truth = train_reference(alternative, "float64")
+        expected = Trace(truth.method, [truth.ranks[0]] * scenario.world_size)
+        if not matches(expected, evidence.got, strict, losses=False):
+            continue
+        # Where the losses it reports are that objective's too, it explains them as well.
+        with_loss = matches(expected, evidence.got, strict, losses=True)
+        factors = [
+            window_factor(alternative, step) / window_factor(scenario, step)
+            for step in range(scenario.steps)
+        ]
+        cause = f.OBJECTIVE_WINDOW.cause(
+            computed=SCOPES[scope],
+            declared=str(declared),
+            meant=SCOPES[declared.scope],
+            factors=", ".join(
+                f"step {step} counted {factor:.4g}x its declared weight"
+                for step, factor in enumerate(factors)
+            ),
+            evidence=f"training {alternative.objective} on the whole global batch reproduces "
+            f"every rank's gradients and parameters{' and losses' if with_loss else ''}",
+        )
+        kept.append(
+            Hypothesis(
+                "gradient",
+                frozenset({"gradient", "loss"} if with_loss else {"gradient"}),
+                1.0,
+                0.0,
+                causes=(cause,),
+                detail={"factors": factors},
+            )
+        )
+    return kept
 
 
 @register("simulated", says=(f.STEP_EACH.code,))
