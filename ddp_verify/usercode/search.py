@@ -858,6 +858,12 @@ def bounds_for(kind: Kind | str, scenario_bounds: Mapping[str, Any]) -> dict[str
         from ..engine.strategies import optimizers
 
         bounds["optimizers"] = optimizers(schedules=True, groups=True)
+    if scenario_bounds.get("window_steps", 1) != 1 and not kind.token_losses:
+        raise KindError(
+            f"{option('window_steps', scenario_bounds['window_steps'])} spans the counts a "
+            f"loss-agg function is handed (window_tokens, ...); a {kind} plug-in is given none: "
+            "leave it out"
+        )
     declared = scenario_bounds.get("objective")
     if declared and declared != SAMPLE_MEAN and not kind.token_losses:
         per_step = objective(declared).scoped("step")

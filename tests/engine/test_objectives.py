@@ -14,7 +14,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
-from ddp_verify.engine.objectives import OBJECTIVES, Objective, combined, objective
+from ddp_verify.engine.objectives import (
+    OBJECTIVES,
+    SCOPES,
+    Objective,
+    combined,
+    objective,
+    window_factor,
+)
 
 DECLARED = [
     "token-mean",
@@ -144,6 +151,8 @@ def test_every_objective_reads_back_as_declared():
         ("seq-mean-token-sum-norm:0", "C > 0"),
         ("seq-mean-token-sum-norm:wide", "must be a number"),
         ("token-mean:4", "takes no constant"),
+        ("token-mean@generation", "one of step, window, window-total"),
+        ("sum@window", "sum divides by nothing"),
     ],
 )
 def test_a_bad_declaration_says_what_to_declare(text, says):
@@ -154,3 +163,28 @@ def test_a_bad_declaration_says_what_to_declare(text, says):
 def test_a_loss_matrix_and_a_mask_of_other_shapes_are_refused():
     with pytest.raises(ValueError, match=r"must have one shape, \[batch, seq\]"):
         Objective("sum").value(torch.zeros(2, 3), torch.ones(2, 4))
+
+
+@pytest.mark.parametrize("name", [d for d in DECLARED if d != "sum"])
+def test_every_scope_reads_back_as_declared(name):
+    for scope in SCOPES:
+        declared = objective(f"{name}@{scope}")
+        assert declared.scope == scope and declared.scoped("step") == objective(name)
+        assert objective(str(declared)) == declared
+    assert str(objective(f"{name}@step")) == name  # the default, said by leaving it out
+
+
+@given(units=st.lists(st.integers(0, 50), min_size=1, max_size=5).filter(any))
+def test_a_windows_steps_weigh_as_its_scope_says(units):
+    # Against the per-step objective, by plain arithmetic: @window divides each step's sum by
+    # the window's units per step, @window-total by the window's units.
+    total, k = sum(units), len(units)
+    for step, mine in enumerate(units):
+        per_step = window_factor(objective("token-mean@window"), units, step)
+        whole = window_factor(objective("seq-mean-token-mean@window-total"), units, step)
+        assert math.isclose(per_step, mine / (total / k), rel_tol=1e-12)
+        assert math.isclose(whole, mine / total, rel_tol=1e-12)
+        assert window_factor(objective("token-mean"), units, step) == 1.0
+    # A whole window's steps add up to its objective once (@window-total), or k times.
+    shares = [window_factor(objective("token-mean@window-total"), units, s) for s in range(k)]
+    assert math.isclose(sum(shares), 1.0, rel_tol=1e-12)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis.errors import InvalidArgument
 
 from ddp_verify import EquivalenceError, check
 from ddp_verify.engine.models import (
@@ -449,3 +450,112 @@ def test_an_aggregation_that_never_applies_its_mask_is_caught_and_named(tmp_path
     assert caught.value.verdict.causes[0].pattern == "mask:ignored"
     # The same code with the mask applied passes the same search.
     check(trl.dapo, **options)
+
+
+# -- windows of several optimizer steps (TRL's steps_per_generation) -----------------------
+TRL = load("real_style/trl_losses")
+
+
+def test_the_reference_divides_each_step_by_its_windows_count_per_step():
+    # By hand: a step's token sum over the window's tokens per step, at the first step's
+    # parameters, its gradient by autograd on that formula; against the per-step objective
+    # the step counts its share of the window times the window's steps.
+    windowed = dataclasses.replace(
+        _scenario("token-mean@window", schedule=(((2, 1), (3,)),) * 3), window=2
+    )
+    data = build_data(windowed, "float64")
+    tokens = [int((y != IGNORE_INDEX).sum()) for _, y in data]
+    model = build_model(windowed, "float64")
+    inputs, targets = data[0]
+    losses = torch.nn.functional.cross_entropy(
+        model(inputs).transpose(1, 2), targets, ignore_index=IGNORE_INDEX, reduction="none"
+    )
+    loss = losses.sum() / ((tokens[0] + tokens[1]) / 2)
+    loss.backward()
+    truth = train_reference(windowed, "float64").ranks[0]
+    assert truth.losses[0] == pytest.approx(loss.item(), rel=1e-12)
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(truth.grads[0][name], p.grad, rtol=1e-12, atol=1e-15)
+    per_step = train_reference(dataclasses.replace(windowed, objective="token-mean"), "float64")
+    ratio = truth.losses[0] / per_step.ranks[0].losses[0]
+    assert ratio == pytest.approx(tokens[0] / ((tokens[0] + tokens[1]) / 2), rel=1e-12)
+    assert tokens[0] != tokens[1], "a window whose steps hold as many tokens tells nothing"
+
+
+def _per_window_step(loss_mat, loss_mask, window_tokens, window_steps, world_size):
+    return (loss_mat * loss_mask).sum() / (window_tokens / window_steps) * world_size
+
+
+def _per_window_step_in_sequences(loss_mat, loss_mask, window_sequences, window_steps,
+                                  world_size):  # fmt: skip
+    means = (loss_mat * loss_mask).sum(-1) / loss_mask.sum(-1).clamp(min=1)
+    return means.sum() / (window_sequences / window_steps) * world_size
+
+
+def _whole_window(loss_mat, loss_mask, window_tokens, world_size):
+    return (loss_mat * loss_mask).sum() / window_tokens * world_size
+
+
+def test_the_window_counts_are_every_ranks_over_the_windows_steps():
+    # The reference counts each step's units from the data (item_counts); the ranks count
+    # their own micro-batches over the window's steps and all-reduce: code dividing by the
+    # window's count per step agrees on a window and a partial one, in tokens and sequences,
+    # and the window's whole count is 1/2 of it on the full window, as it should be.
+    from ddp_verify.frontends.verifying import VerifyingWorld
+    from ddp_verify.methods.equivalence import check_equivalent
+    from ddp_verify.usercode.adapters import adapt
+
+    schedule = (((2, 1), (3,)), ((1, 2), (2,)), ((3,), (1, 1)))
+    tokens = dataclasses.replace(_scenario("token-mean@window", schedule), window=2)
+    sequences = dataclasses.replace(tokens, objective="seq-mean-token-mean@window")
+    with VerifyingWorld(2) as world:
+        for fn, scenario in (
+            (_per_window_step, tokens),
+            (_per_window_step_in_sequences, sequences),
+        ):
+            outcome = check_equivalent(world, adapt(fn, "loss-agg"), scenario)
+            assert outcome.equivalent, outcome.report()
+        whole = check_equivalent(world, adapt(_whole_window, "loss-agg"), tokens)
+    assert not whole.equivalent
+    assert whole.got.ranks[0].losses[0] == pytest.approx(whole.reference.ranks[0].losses[0] / 2)
+
+
+def test_a_window_normaliser_is_checked_and_each_steps_factor_named(tmp_path, monkeypatch):
+    # TRL's dapo with steps_per_generation: the fixed normaliser is equivalent under a token
+    # mean normalised by the window; the one before the fix, and dapo's per-step code handed
+    # the generation batch's count, are named with each step's factor.
+    monkeypatch.chdir(tmp_path)
+    window = {"num_items_in_batch": "window_tokens", "num_processes": "world_size"}
+    fixed = {**window, "steps_per_generation": "window_steps"}
+    verdict = check(
+        TRL.dapo_generation_batch, kind="loss-agg", world_size=2, max_examples=25, seed=0,
+        objective="token-mean@window", bind=fixed,
+    )  # fmt: skip
+    assert verdict.examples == 25
+    assert "windows of" in repr(verdict.scenario) or verdict.scenario is None
+    for fn, declared, meant in (
+        (TRL.dapo_generation_batch_unscaled, "token-mean@window", "the window's count per step"),
+        (TRL.dapo_step_fed_generation_count, "token-mean", "the step's own count"),
+    ):
+        with pytest.raises(EquivalenceError) as caught:
+            check(fn, kind="loss-agg", world_size=2, max_examples=25, seed=0,
+                  objective=declared, bind=window)  # fmt: skip
+        first = caught.value.causes[0]
+        assert first.pattern == "objective:window", caught.value.cause
+        assert f"by the window's whole count where {declared} was declared ({meant})" in first.text
+        assert "step 0 counted" in first.text and "step 1 counted" in first.text
+        assert caught.value.scenario.window > 1
+
+
+@pytest.mark.parametrize(
+    ("bounds", "says"),
+    [
+        ({"objective": "token-mean@window"}, "only code handed the counts can do"),
+        ({"objective": "sum@window"}, "sum divides by nothing"),
+        ({"window_steps": 2}, "a grad-sync plug-in is given none"),
+    ],
+)
+def test_a_window_where_none_can_be_is_refused_before_any_world(bounds, says):
+    plain = load("grad_sync")
+    with pytest.raises((KindError, InvalidArgument), match=says):
+        check(plain.sample_weighted, kind="grad-sync", world_size=2, backend="nccl", **bounds)
