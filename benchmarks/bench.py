@@ -27,6 +27,9 @@ For each world size, one run measures:
   scenarios judged by the oracle and by its own run on one rank holding the whole batch (the
   harness's loss handed in as the user's: what makes a step's reference its own); the target
   is ``own/oracle`` at most 1.2;
+- a sequence mean over segments (a loss-agg plug-in) checked on the same scenarios padded
+  and packed (flat or in rows): the same tokens, only the layout handed over differs; the
+  target is ``packed/pad`` at most 1.2;
 - the **usual way** for the same work: a fresh ``torch.multiprocessing.spawn`` world per
   example, as spawn-based test suites do (timed last, after every other figure);
 - ``ddp-verify check fixtures/grad_sync.py:sample_weighted --kind grad-sync`` with 100
@@ -532,6 +535,39 @@ def own_reference(
     return harness_ms, own_ms
 
 
+def packed_checks(
+    world: VerifyingWorld, size: int, args: argparse.Namespace
+) -> tuple[list[float], list[float]]:
+    """A sequence mean over segments (``fixtures/real_style/packed_losses.py``) checked on
+    the same scenarios padded and packed (each one's micro-batches in one row, or in rows of
+    the packer's capacity, alternately): the same tokens, the same reference, only the layout
+    the code is handed differs. Per scenario, the fastest of ``args.rounds`` rounds of each,
+    the order reversed every other round (as :func:`timed_rounds`)."""
+    from packed_losses import seq_mean_by_segment_ids
+
+    method = adapt(seq_mean_by_segment_ids, "loss-agg")
+    cases = [
+        dataclasses.replace(s, objective="seq-mean-token-mean", packing="")
+        for s in fixed_scenarios(size, args.examples, "loss-agg")
+    ]
+    pairs = [
+        (s, dataclasses.replace(s, packing=("flat", "rows")[i % 2])) for i, s in enumerate(cases)
+    ]
+    for pair in pairs[:3]:  # warm-up
+        for scenario in pair:
+            world.check_equivalent(method, scenario)
+    taken: list[list[list[float]]] = [[[] for _ in pairs] for _ in range(2)]
+    for round_ in range(args.rounds):
+        for i, pair in enumerate(pairs):
+            for side in (0, 1) if round_ % 2 == 0 else (1, 0):
+                start = time.perf_counter()
+                outcome = world.check_equivalent(method, pair[side])
+                taken[side][i].append(time.perf_counter() - start)
+                assert outcome.equivalent, outcome.report()
+    padded, packed = ([min(t) for t in side] for side in taken)
+    return padded, packed
+
+
 def _peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
@@ -810,6 +846,11 @@ def measure(size: int, args: argparse.Namespace) -> dict[str, Any]:
             out["step_oracle_reference_ms"] = statistics.median(harness_side) * 1e3
             out["step_own_reference_ms"] = statistics.median(own_side) * 1e3
             ratio("own_over_oracle_reference", "step_own_reference_ms", "step_oracle_reference_ms")
+            say(f"world size {size}: a sequence mean checked padded and packed, same tokens")
+            padded, packed = packed_checks(world, size, args)
+            out["padded_check_ms"] = statistics.median(padded) * 1e3
+            out["packed_check_ms"] = statistics.median(packed) * 1e3
+            ratio("packed_over_padded", "packed_check_ms", "padded_check_ms")
             if args.diagnosis:
                 say(f"world size {size}: a mistake found, shrunk and diagnosed (world.check)")
                 taken = samples(
@@ -948,6 +989,9 @@ REFERENCES = [
     ("step_oracle_reference_ms", "oracle ms", "{:.1f}"),
     ("step_own_reference_ms", "own ms", "{:.1f}"),
     ("own_over_oracle_reference", "own/oracle", "{:.2f}"),
+    ("padded_check_ms", "padded ms", "{:.1f}"),
+    ("packed_check_ms", "packed ms", "{:.1f}"),
+    ("packed_over_padded", "packed/pad", "{:.2f}"),
 ]
 PER_KIND = [
     ("check_ms", "check ms", "{:.1f}"),

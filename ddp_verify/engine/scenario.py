@@ -334,6 +334,10 @@ class Scenario:
     # window a count like window_tokens spans, and the one an objective declared @window
     # normalises by; the last window may hold fewer. 1: every step is its own.
     window: int = 1
+    # How each micro-batch's sequences are laid out in rows for code handed the per-token
+    # losses (ddp_verify.engine.packing.PACKINGS): "" padded, a sequence a row; "flat" all in
+    # one row; "rows" packed into rows, never split. A token's loss is the same either way.
+    packing: str = ""
 
     def __post_init__(self) -> None:
         if self.world_size < 1:
@@ -419,6 +423,13 @@ class Scenario:
                     f"built-in token data (loss 'tokens'), got loss {self.loss!r} and model "
                     f"{self.model.kind!r}"
                 )
+        if self.packing not in ("", "flat", "rows"):
+            raise ValueError(f"packing must be '', 'flat' or 'rows', got {self.packing!r}")
+        if self.packing and (self.loss != "tokens" or user):
+            raise ValueError(
+                "packing lays out the built-in token data's sequences: use it with loss "
+                f"'tokens', got loss {self.loss!r} and model {self.model.kind!r}"
+            )
         if self.window < 1:
             raise ValueError(f"window counts the steps of one window: 1 or more, got {self.window}")
         if self.token_weights and (self.loss != "tokens" or user):
@@ -518,6 +529,7 @@ class Scenario:
             f"{'labels handed over unshifted, ' if self.labels == 'unshifted' else ''}"
             f"{f'objective {self.objective}, ' if self.objective else ''}"
             f"{f'windows of {self.window} steps, ' if self.window > 1 else ''}"
+            f"{f'sequences packed ({self.packing}), ' if self.packing else ''}"
             f"{'per-token losses weighted (signed), ' if self.token_weights else ''}"
             f"seed {self.seed}\n"
             f"micro-batch sizes per rank{' (pairs)' if self.loss == COUPLED else ''}:\n{steps}"

@@ -289,6 +289,7 @@ def scenarios(
     scheduler: Any = None,
     empty_ranks: bool = False,
     window_steps: int | tuple[int, int] = 1,
+    packings: Sequence[str] = ("",),
 ) -> st.SearchStrategy[Scenario]:
     """Whole scenarios for a world of ``world_size`` ranks; the drawn one is ``note()``d.
 
@@ -328,6 +329,9 @@ def scenarios(
     step its own): the span of the window counts a loss-agg plug-in is given, and of an
     objective declared ``@window``. Unless ``max_steps`` is given (3 by default), enough
     steps are drawn for a window and part of the next.
+    ``packings=("", "flat", "rows")`` (token losses only) draws how each micro-batch's
+    sequences are laid out for code handed the per-token losses: padded, in one row, or
+    packed into rows (see :mod:`ddp_verify.engine.packing`).
 
     Example::
 
@@ -341,6 +345,12 @@ def scenarios(
         raise InvalidArgument(
             f"window_steps={window_steps!r}: the steps of a window, 1 or more (an int, or "
             "(low, high) with low <= high)"
+        )
+    _check_choices("packings", packings, ("", "flat", "rows"))
+    if set(packings) != {""} and (model is not None or tuple(losses) != ("tokens",)):
+        raise InvalidArgument(
+            f"packings={tuple(packings)!r} lays out the built-in token data's sequences: use "
+            "it with losses=('tokens',) and no model="
         )
     if high > 1 and (model is not None or tuple(losses) != ("tokens",)):
         raise InvalidArgument(
@@ -435,6 +445,7 @@ def scenarios(
         # can forward nothing (no batch norm, not the user's), samples not token sequences
         # (a declared objective counts each micro-batch's sequences).
         window = draw(st.integers(low, high)) if high > 1 else 1
+        packing = draw(st.sampled_from(list(packings)))
         if (
             empty_ranks
             and world_size > 1
@@ -457,6 +468,7 @@ def scenarios(
             token_weights=token_weights,
             recipe=recipe,
             window=window,
+            packing=packing,
         )
         note(f"Scenario: {scenario.describe()}")
         return scenario

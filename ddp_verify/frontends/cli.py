@@ -401,6 +401,17 @@ def _parser() -> argparse.ArgumentParser:
         "step, @window-total by the window's whole count (see --window-steps)",
     )
     check.add_argument(
+        "--packing",
+        metavar="LIST",
+        type=_packings,
+        default=None,
+        help="how each micro-batch's sequences are laid out for a loss-agg function: none "
+        "(padded, a sequence a row), flat (all in one row, as DataCollatorWithFlattening "
+        "does), rows (packed into rows, never split), comma-separated to draw among them. "
+        "Default: all three where the code takes position_ids, segment_ids or cu_seq_lens; "
+        "else none",
+    )
+    check.add_argument(
         "--window-steps",
         metavar="N",
         type=_positive,
@@ -728,6 +739,17 @@ def _losses(text: str) -> tuple[str, ...]:
     return _choices_list(text, ALL_LOSSES, "losses")
 
 
+def _packings(text: str) -> tuple[str, ...]:
+    """``none,flat,rows`` as the packings drawn (none is the padded layout, kept as "")."""
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in names if name not in ("none", "flat", "rows")]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: packings are none, flat and rows, comma-separated (flat,rows)"
+        )
+    return tuple("" if name == "none" else name for name in names)
+
+
 def _objective(text: str) -> str:
     """A declared objective, checked as the parser reads it (a bad one is a usage error)."""
     from hypothesis.errors import InvalidArgument
@@ -913,6 +935,8 @@ def _run_check(args: argparse.Namespace, fn: Callable[..., Any], context: dict[s
         bounds["objective"] = args.objective
     if args.window_steps is not None:
         bounds["window_steps"] = args.window_steps
+    if args.packing is not None:
+        bounds["packings"] = args.packing
     if args.token_weights:
         bounds["token_weights"] = True
     if args.model:

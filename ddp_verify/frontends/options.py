@@ -333,6 +333,7 @@ SPELLINGS: dict[str, Mapping[str, Spelling]] = {
         "losses": "--losses",
         "objective": "--objective",
         "window_steps": "--window-steps",
+        "packings": "--packing",
         "model": "--model",
         "loss_fn": "--loss-fn",
         "empty_ranks": "--empty-ranks",

@@ -23,7 +23,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..engine.models import LOSS_REDUCTIONS, VOCABULARY, loss_function, padded_width, sums
+from ..engine.models import (
+    LOSS_REDUCTIONS,
+    PAD_ID,
+    VOCABULARY,
+    loss_function,
+    padded_width,
+    sums,
+)
 from ..engine.recipes import user_loss
 from ..engine.scenario import IGNORE_INDEX, Scenario
 from ..engine.trace import RankTrace, Settings, optimizer_settings
@@ -582,16 +589,17 @@ class LossAggregator(UserMethod):
                 # advantages exist wherever there is a token): code that forgets the mask
                 # counts them. Where the mask is 0 the loss is the model's against class 0.
                 given = targets if self.zero_under_mask else unmasked_targets(targets)
-                losses = per_token(run.model(inputs), given)[:, :width]
+                losses = per_token(run.model(inputs), given)
                 mine = {
                     **counts,
                     "tokens": tokens.units(mask),
                     "sequences": sequences.units(mask),
                 }
+                losses, mask, layout = laid_out(scenario, inputs, losses, mask, width)
                 if as_tensor:
                     mine = {k: torch.tensor(v, device=run.device) for k, v in mine.items()}
-                values = {**rank_values(run, step), **mine}
-                handed = mask[:, :width].to(mask_dtype or losses.dtype)
+                values = {**rank_values(run, step), **mine, **layout}
+                handed = mask.to(mask_dtype or losses.dtype)
                 args, kwargs = self.call.arguments((losses, handed), 0, values=values)
                 value = as_loss(self.fn(*args, **kwargs))
                 if self.divides:
@@ -603,6 +611,44 @@ class LossAggregator(UserMethod):
             optimizer.step()
             run.record_step(loss)
         return run.trace
+
+
+def laid_out(
+    scenario: Scenario,
+    inputs: torch.Tensor,
+    losses: torch.Tensor,
+    mask: torch.Tensor,
+    width: int,
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+    """A micro-batch's per-token ``losses`` and ``mask`` (``[sequences, positions]``) as the
+    code is handed them: padded to ``width``, a sequence a row, or packed as the scenario's
+    ``packing`` says (:mod:`ddp_verify.engine.packing`); with the boundaries code may take
+    (``position_ids``, ``segment_ids``, ``cu_seq_lens``), each sequence a segment.
+
+    Example::
+
+        losses, mask, boundaries = laid_out(scenario, inputs, losses, mask, width)
+    """
+    from ..engine.packing import pack
+
+    device = losses.device
+    if not scenario.packing:
+        n = losses.shape[0]
+        positions = torch.arange(width, device=device).expand(n, width).clone()
+        segments = torch.arange(n, device=device).unsqueeze(1).expand(n, width).clone()
+        starts = torch.arange(n + 1, device=device, dtype=torch.int32) * width
+        boundaries = {"position_ids": positions, "segment_ids": segments, "cu_seq_lens": starts}
+        return losses[:, :width], mask[:, :width], boundaries
+    # A sequence's positions are its tokens (padding excluded), all of its positions packed.
+    lengths = (inputs != PAD_ID).sum(dim=1).clamp(min=1).tolist()
+    packed = pack(lengths, scenario.packing, width=losses.shape[1])
+    boundaries = {
+        "position_ids": packed.position_ids.to(device),
+        "segment_ids": packed.segment_ids.to(device),
+        "cu_seq_lens": packed.cu_seq_lens.to(device),
+    }
+    # Padding's loss is 0 and counts nowhere: a packed row's tail holds no token.
+    return packed.of(losses, 0.0), packed.of(mask, False), boundaries
 
 
 def unmasked_targets(targets: torch.Tensor) -> torch.Tensor:

@@ -517,6 +517,14 @@ OBJECTIVE_OTHER = _finding(
     "{computed} objective's on the whole global batch, exactly",
 )
 
+PACKED_ROWS = _finding(
+    "packed:rows",
+    "gradient",
+    "a packed row taken for a sequence: each row's {declared} term computed over all its "
+    "segments, the rows' sum divided by the {over} (a sequence mean per row, the boundaries "
+    "it is handed unused)",
+)
+
 OBJECTIVE_WINDOW = _finding(
     "objective:window",
     "gradient",

@@ -116,6 +116,9 @@ AGGREGATION_VALUES = (
     "window_tokens",
     "window_sequences",
     "window_steps",
+    "position_ids",
+    "segment_ids",
+    "cu_seq_lens",
 )
 # The learned loss parameters a coupled-loss plug-in is given by their names alone.
 LEARNED_VALUES = ("logit_scale", "logit_bias")
@@ -435,6 +438,9 @@ BINDABLE: dict[str, str] = {
     "window_sequences": "the sequences with a counted token over every rank and every step of "
     "the window",
     "window_steps": "the optimizer steps of the window (steps_per_generation)",
+    "position_ids": "each position's index in its sequence (packed: restarting at each one)",
+    "segment_ids": "each position's sequence in the micro-batch, -1 on padding",
+    "cu_seq_lens": "where each sequence starts in the rows read end to end, and the end",
     # What a coupled-loss plug-in may be given: the loss parameters the harness's model learns.
     "logit_scale": "the logit scale the harness's encoder learns (coupled-loss)",
     "logit_bias": "the logit bias the harness's encoder learns (coupled-loss)",

@@ -164,7 +164,7 @@ def search(
         call = adapt(fn, kind, **called, layout=pinned).call
         assert call is not None  # adapt() says how it calls the code
         bounds = coupled_bounds(fn, call, bounds)
-    bounds = window_bounds(kind, checked.call, bounds)
+    bounds = taken_bounds(kind, checked.call, bounds)
     chosen = found_layout(fn, kind, world, called, pinned, bounds)
     timeline.mark("layout")
     called["layout"] = chosen.layout
@@ -735,31 +735,41 @@ def preflight(
         assert call is not None  # adapt() says how it calls the code
         bounds = coupled_bounds(fn, call, bounds)
     if kind.token_losses:
-        bounds = window_bounds(kind, adapt(fn, kind, bind=bind).call, bounds)
+        bounds = taken_bounds(kind, adapt(fn, kind, bind=bind).call, bounds)
     return bounds
 
 
 # The window a check draws where the code is handed a window's counts or the objective is
 # normalised by its window, and the user pinned none: TRL's steps_per_generation of 2 to 4.
 DRAWN_WINDOWS = (2, 4)
+# The layouts drawn where the code is handed sequence boundaries: padded, and both packers.
+DRAWN_PACKINGS = ("", "flat", "rows")
+_BOUNDARIES = ("position_ids", "segment_ids", "cu_seq_lens")
 
 
-def window_bounds(kind: Kind, call: Call | None, bounds: dict[str, Any]) -> dict[str, Any]:
-    """``bounds`` with windows of several steps drawn (:data:`DRAWN_WINDOWS`) where the
-    code is handed a window's counts (``window_tokens``, by name or bound) or the declared
-    objective normalises by its window, unless the caller pinned ``window_steps``.
+def taken_bounds(kind: Kind, call: Call | None, bounds: dict[str, Any]) -> dict[str, Any]:
+    """``bounds`` with what the code's parameters ask to be drawn, unless the caller pinned
+    it: windows of several steps (:data:`DRAWN_WINDOWS`) where it is handed a window's
+    counts (``window_tokens``, by name or bound) or the declared objective normalises by its
+    window; packed sequences (:data:`DRAWN_PACKINGS`) where it is handed their boundaries
+    (``position_ids``, ``segment_ids``, ``cu_seq_lens``).
 
     Example::
 
-        window_bounds(KIND["loss-agg"], call, {"objective": "token-mean@window"})
+        taken_bounds(KIND["loss-agg"], call, {"objective": "token-mean@window"})
         # {'objective': 'token-mean@window', 'window_steps': (2, 4)}
     """
-    if not kind.token_losses or "window_steps" in bounds:
+    if not kind.token_losses:
         return bounds
+    sources = {b.source or "" for b in call.bound} if call is not None else set()
+    drawn = dict(bounds)
     declared = bounds.get("objective") or ""
     windowed = bool(declared) and objective(declared).scope != "step"
-    takes = call is not None and any((b.source or "").startswith("window_") for b in call.bound)
-    return {**bounds, "window_steps": DRAWN_WINDOWS} if windowed or takes else bounds
+    if "window_steps" not in bounds and (windowed or any(s.startswith("window_") for s in sources)):
+        drawn["window_steps"] = DRAWN_WINDOWS
+    if "packings" not in bounds and sources & set(_BOUNDARIES):
+        drawn["packings"] = DRAWN_PACKINGS
+    return drawn
 
 
 # What only one family of scenarios draws: the encoder of a coupled loss, and the models,
@@ -858,6 +868,11 @@ def bounds_for(kind: Kind | str, scenario_bounds: Mapping[str, Any]) -> dict[str
         from ..engine.strategies import optimizers
 
         bounds["optimizers"] = optimizers(schedules=True, groups=True)
+    if tuple(scenario_bounds.get("packings", ("",))) != ("",) and not kind.token_losses:
+        raise KindError(
+            f"{option('packings', scenario_bounds['packings'])} lays out the per-token losses "
+            f"a loss-agg function is handed; a {kind} plug-in is handed none: leave it out"
+        )
     if scenario_bounds.get("window_steps", 1) != 1 and not kind.token_losses:
         raise KindError(
             f"{option('window_steps', scenario_bounds['window_steps'])} spans the counts a "

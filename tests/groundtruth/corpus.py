@@ -1086,6 +1086,33 @@ SHAPES = (
         options={"max_micro_batches": 3, "objective": "token-mean"},
         families=frozenset({"loss-agg-step-window"}),
     ),
+    # Packed (padding-free) micro-batches: a sequence mean over segments, each found by the
+    # segment ids handed over; padded, flat and packed layouts drawn alike.
+    Shape(
+        "loss-agg-packed",
+        "loss-agg",
+        "agg_loss",
+        """\
+        def agg_loss($signature):
+            keep = ((segment_ids >= 0) & (loss_mask != 0)).reshape(-1).to(loss_mat.dtype)
+            ids = $segments
+            n = int(ids.max()) + 1
+            sums = torch.zeros(n, dtype=loss_mat.dtype).index_add(
+                0, ids, loss_mat.reshape(-1) * keep
+            )
+            tokens = torch.zeros(n, dtype=loss_mat.dtype).index_add(0, ids, keep)
+            means = sums / tokens.clamp(min=1)
+            return means.sum() / ($divide) * $dp
+        """,
+        dict(
+            signature="loss_mat, loss_mask, segment_ids, global_sequences, world_size",
+            segments="segment_ids.reshape(-1).clamp(min=0)",
+            divide="global_sequences",
+            dp="world_size",
+        ),
+        options={"max_micro_batches": 3, "objective": "seq-mean-token-mean"},
+        families=frozenset({"loss-agg-packed"}),
+    ),
     # A declared sum: no normaliser, the dp factor undoing DDP's average.
     Shape(
         "loss-agg-sum",
@@ -1544,6 +1571,7 @@ OPERATORS = (
             "loss-agg-sum": {"dp": "1"},
             "loss-agg-window": {"dp": "1"},
             "loss-agg-step-window": {"dp": "1"},
+            "loss-agg-packed": {"dp": "1"},
         },
         frozenset({"scale"}),
     ),
@@ -1566,6 +1594,10 @@ OPERATORS = (
             },
             "loss-agg-seq": {
                 "signature": "loss_mat, loss_mask, rank_sequences, world_size",
+                "divide": "rank_sequences",
+            },
+            "loss-agg-packed": {
+                "signature": "loss_mat, loss_mask, segment_ids, rank_sequences, world_size",
                 "divide": "rank_sequences",
             },
             "loss-agg-norm": {
@@ -1707,6 +1739,29 @@ OPERATORS = (
         "the per-token losses summed without the mask: prompt and padding counted",
         {"loss-agg": {"masked": "loss_mat"}},
         frozenset({"mask:ignored"}),
+    ),
+    Operator(
+        "row-as-sequence",
+        "each packed row taken for a sequence (the segment ids unused)",
+        {
+            "loss-agg-packed": {
+                "segments": "torch.arange(loss_mat.shape[0]).repeat_interleave(loss_mat.shape[1])"
+            }
+        },
+        frozenset({"packed:rows"}),
+    ),
+    Operator(
+        "packed-row-count",
+        "a sequence mean over the micro-batch's packed rows, not its sequences (TRL's grpo "
+        "normaliser on packed rows)",
+        {
+            "loss-agg-packed": {
+                "signature": "loss_mat, loss_mask, segment_ids, accumulation_steps",
+                "divide": "loss_mat.shape[0] * accumulation_steps",
+                "dp": "1",
+            }
+        },
+        frozenset({"micro:rows"}),
     ),
     Operator(
         "window-whole-count",

@@ -559,3 +559,41 @@ def test_a_window_where_none_can_be_is_refused_before_any_world(bounds, says):
     plain = load("grad_sync")
     with pytest.raises((KindError, InvalidArgument), match=says):
         check(plain.sample_weighted, kind="grad-sync", world_size=2, backend="nccl", **bounds)
+
+
+# -- packed (padding-free) batches ---------------------------------------------------------
+PACKED = load("real_style/packed_losses")
+
+
+def test_a_sequence_mean_over_segments_holds_on_every_layout_and_a_row_is_no_sequence(
+    tmp_path, monkeypatch
+):
+    # The same verl-style per-row sequence mean is right on padded rows (a row is a
+    # sequence) and wrong packed, named as a packed row taken for a sequence; the segment-id
+    # form is right on both packers.
+    monkeypatch.chdir(tmp_path)
+    kwargs = {"kind": "loss-agg", "world_size": 2, "max_examples": 25, "seed": 0}
+    declared = {"objective": "seq-mean-token-mean"}
+    for packing in ("flat", "rows"):
+        verdict = check(PACKED.seq_mean_by_segment_ids, packings=(packing,), **declared, **kwargs)
+        assert verdict.examples == 25
+    assert check(PACKED.seq_mean_per_row, packings=("",), **declared, **kwargs).examples == 25
+    with pytest.raises(EquivalenceError) as caught:
+        check(PACKED.seq_mean_per_row, **declared, **kwargs)  # its boundaries draw packing
+    first = caught.value.causes[0]
+    assert first.pattern == "packed:rows", caught.value.cause
+    assert "divided by the step's sequences" in first.text
+    assert caught.value.scenario.packing in ("flat", "rows")
+    assert f"sequences packed ({caught.value.scenario.packing})" in str(caught.value)
+
+
+def test_packing_for_code_handed_no_losses_is_refused_before_any_world():
+    plain = load("grad_sync")
+    with pytest.raises(KindError, match="a grad-sync plug-in is handed none"):
+        check(plain.sample_weighted, kind="grad-sync", world_size=2, backend="nccl",
+              packings=("flat",))  # fmt: skip
+    run = ddp_verify_here(
+        "check", "fixtures/real_style/packed_losses.py:seq_mean_by_segment_ids", "--kind",
+        "loss-agg", "--packing", "greedy", "--world-size", "2", cwd=ROOT,
+    )  # fmt: skip
+    assert run.returncode == 2 and "packings are none, flat and rows" in run.stderr

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from ...engine.models import (
+    PAD_ID,
     build_data,
     build_model,
     count_items,
@@ -35,6 +36,7 @@ from ...engine.models import (
     window_factor,
 )
 from ...engine.objectives import objective
+from ...engine.packing import pack
 from ...engine.scenario import Scenario
 from ...engine.tolerances import by_roundoff
 from ...engine.trace import Trace
@@ -179,16 +181,13 @@ def group_terms(
                 loss.backward()
                 columns.append(flatten(model, {n: p.grad for n, p in model.named_parameters()}))
                 losses.append(float(loss.detach()))
-                groups.append(
-                    Group(
-                        rank,
-                        micro,
-                        count_items(scenario, y),
-                        len(y),
-                        padded_width(scenario, y),
-                        constant,
-                    )
-                )
+                rows, width = len(y), padded_width(scenario, y)
+                if scenario.packing:
+                    # The rows and width the code was handed: the packed ones.
+                    lengths = (x != PAD_ID).sum(dim=1).clamp(min=1).tolist()
+                    packed = pack(lengths, scenario.packing, width=y.shape[1])
+                    rows, width = packed.rows, int(packed.source.shape[1])
+                groups.append(Group(rank, micro, count_items(scenario, y), rows, width, constant))
     return groups, torch.stack(columns, dim=1), losses
 
 

@@ -809,6 +809,39 @@ def other_objective(evidence: Evidence, found: Found) -> list[Hypothesis]:
 OTHER_OBJECTIVES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 
 
+@register("packed-rows", says=(f.PACKED_ROWS.code,))
+def packed_rows(evidence: Evidence, found: Found) -> list[Hypothesis]:
+    """Where sequences were packed under a sequence-level objective, the objective with each
+    packed row taken for a sequence (over the declared sequences, or over the rows): where
+    the ranks' gradients are exactly one of them, the code means per row."""
+    from .packed import OVER, rows_as_sequences
+
+    scenario = evidence.scenario
+    if not scenario.packing or not scenario.objective or scenario.loss != "tokens":
+        return []
+    declared = objective(scenario.objective)
+    if declared.unit != "sequence":
+        return []
+    strict = match_tolerance(scenario.dtype)
+    kept = []
+    for over in OVER:
+        truth = rows_as_sequences(scenario, over)
+        expected = Trace(truth.method, [truth.ranks[0]] * scenario.world_size)
+        if not matches(expected, evidence.got, strict, losses=False):
+            continue
+        with_loss = matches(expected, evidence.got, strict, losses=True)
+        cause = f.PACKED_ROWS.cause(
+            declared=declared.name,
+            over="step's sequences" if over == "sequences" else "step's rows",
+            evidence=f"training with each packed ({scenario.packing}) row as a sequence, over "
+            f"the {over}, reproduces every rank's gradients and parameters"
+            f"{' and losses' if with_loss else ''}",
+        )
+        covers = {"gradient", "loss"} if with_loss else {"gradient"}
+        kept.append(Hypothesis("gradient", frozenset(covers), 1.0, 0.0, causes=(cause,)))
+    return kept
+
+
 @register("window", says=(f.OBJECTIVE_WINDOW.code,))
 def window_scope(evidence: Evidence, found: Found) -> list[Hypothesis]:
     """Where steps share windows, the declared objective with its count taken over each other
