@@ -5,6 +5,7 @@ mean is the same packed or not, and a sequence mean is one over segments, not ro
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -47,7 +48,7 @@ def test_every_position_lands_once_in_order_with_its_boundaries(packing, lengths
     ends = packed.cu_seq_lens.tolist()
     assert ends[0] == 0 and ends[-1] == packed.source.numel()
     read = packed.segment_ids.reshape(-1).tolist()
-    for start, end in zip(ends, ends[1:], strict=False):
+    for start, end in itertools.pairwise(ends):
         assert end > start and len(set(read[start:end])) == 1
 
 
