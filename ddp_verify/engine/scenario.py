@@ -336,7 +336,8 @@ class Scenario:
     window: int = 1
     # How each micro-batch's sequences are laid out in rows for code handed the per-token
     # losses (ddp_verify.engine.packing.PACKINGS): "" padded, a sequence a row; "flat" all in
-    # one row; "rows" packed into rows, never split. A token's loss is the same either way.
+    # one row; "rows" packed into rows, never split; "split" cut into rows wherever the row
+    # ends. A token's loss is the same either way.
     packing: str = ""
 
     def __post_init__(self) -> None:
@@ -423,8 +424,10 @@ class Scenario:
                     f"built-in token data (loss 'tokens'), got loss {self.loss!r} and model "
                     f"{self.model.kind!r}"
                 )
-        if self.packing not in ("", "flat", "rows"):
-            raise ValueError(f"packing must be '', 'flat' or 'rows', got {self.packing!r}")
+        if self.packing not in ("", "flat", "rows", "split"):
+            raise ValueError(
+                f"packing must be '', 'flat', 'rows' or 'split', got {self.packing!r}"
+            )
         if self.packing and (self.loss != "tokens" or user):
             raise ValueError(
                 "packing lays out the built-in token data's sequences: use it with loss "

@@ -329,9 +329,10 @@ def scenarios(
     step its own): the span of the window counts a loss-agg plug-in is given, and of an
     objective declared ``@window``. Unless ``max_steps`` is given (3 by default), enough
     steps are drawn for a window and part of the next.
-    ``packings=("", "flat", "rows")`` (token losses only) draws how each micro-batch's
-    sequences are laid out for code handed the per-token losses: padded, in one row, or
-    packed into rows (see :mod:`ddp_verify.engine.packing`).
+    ``packings=("", "flat", "rows", "split")`` (token losses only) draws how each
+    micro-batch's sequences are laid out for code handed the per-token losses: padded, in one
+    row, packed into rows, or cut into rows across sequences (see
+    :mod:`ddp_verify.engine.packing`).
 
     Example::
 
@@ -346,7 +347,7 @@ def scenarios(
             f"window_steps={window_steps!r}: the steps of a window, 1 or more (an int, or "
             "(low, high) with low <= high)"
         )
-    _check_choices("packings", packings, ("", "flat", "rows"))
+    _check_choices("packings", packings, ("", "flat", "rows", "split"))
     if set(packings) != {""} and (model is not None or tuple(losses) != ("tokens",)):
         raise InvalidArgument(
             f"packings={tuple(packings)!r} lays out the built-in token data's sequences: use "

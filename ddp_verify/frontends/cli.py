@@ -407,9 +407,9 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="how each micro-batch's sequences are laid out for a loss-agg function: none "
         "(padded, a sequence a row), flat (all in one row, as DataCollatorWithFlattening "
-        "does), rows (packed into rows, never split), comma-separated to draw among them. "
-        "Default: all three where the code takes position_ids, segment_ids or cu_seq_lens; "
-        "else none",
+        "does), rows (packed into rows, never split), split (cut into rows wherever a row "
+        "ends, a sequence split across two), comma-separated to draw among them. Default: all "
+        "four where the code takes position_ids, segment_ids or cu_seq_lens; else none",
     )
     check.add_argument(
         "--window-steps",
@@ -742,10 +742,10 @@ def _losses(text: str) -> tuple[str, ...]:
 def _packings(text: str) -> tuple[str, ...]:
     """``none,flat,rows`` as the packings drawn (none is the padded layout, kept as "")."""
     names = [name.strip() for name in text.split(",") if name.strip()]
-    unknown = [name for name in names if name not in ("none", "flat", "rows")]
+    unknown = [name for name in names if name not in ("none", "flat", "rows", "split")]
     if unknown or not names:
         raise argparse.ArgumentTypeError(
-            f"{text!r}: packings are none, flat and rows, comma-separated (flat,rows)"
+            f"{text!r}: packings are none, flat, rows and split, comma-separated (flat,rows)"
         )
     return tuple("" if name == "none" else name for name in names)
 

@@ -743,7 +743,7 @@ def preflight(
 # normalised by its window, and the user pinned none: TRL's steps_per_generation of 2 to 4.
 DRAWN_WINDOWS = (2, 4)
 # The layouts drawn where the code is handed sequence boundaries: padded, and both packers.
-DRAWN_PACKINGS = ("", "flat", "rows")
+DRAWN_PACKINGS = ("", "flat", "rows", "split")
 _BOUNDARIES = ("position_ids", "segment_ids", "cu_seq_lens")
 
 

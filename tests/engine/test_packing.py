@@ -19,7 +19,7 @@ from ddp_verify.engine.packing import CAPACITY, pack
 lengths_lists = st.lists(st.integers(1, CAPACITY), min_size=1, max_size=6)
 
 
-@pytest.mark.parametrize("packing", ["flat", "rows"])
+@pytest.mark.parametrize("packing", ["flat", "rows", "split"])
 @given(lengths=lengths_lists)
 def test_every_position_lands_once_in_order_with_its_boundaries(packing, lengths):
     width = CAPACITY
@@ -62,7 +62,7 @@ def test_a_token_mean_is_the_same_packed_and_a_sequence_mean_is_over_segments(le
         torch.rand(len(lengths), width, generator=generator) < 0.7
     )
     token_mean = objective("token-mean")
-    for packing in ("flat", "rows"):
+    for packing in ("flat", "rows", "split"):
         packed = pack(lengths, packing, width=width)
         rows, counted = packed.of(losses, 0.0), packed.of(mask, False)
         unpacked = float(token_mean.value(losses, mask))

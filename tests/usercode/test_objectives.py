@@ -574,7 +574,7 @@ def test_a_sequence_mean_over_segments_holds_on_every_layout_and_a_row_is_no_seq
     monkeypatch.chdir(tmp_path)
     kwargs = {"kind": "loss-agg", "world_size": 2, "max_examples": 25, "seed": 0}
     declared = {"objective": "seq-mean-token-mean"}
-    for packing in ("flat", "rows"):
+    for packing in ("flat", "rows", "split"):
         verdict = check(PACKED.seq_mean_by_segment_ids, packings=(packing,), **declared, **kwargs)
         assert verdict.examples == 25
     assert check(PACKED.seq_mean_per_row, packings=("",), **declared, **kwargs).examples == 25
@@ -583,7 +583,7 @@ def test_a_sequence_mean_over_segments_holds_on_every_layout_and_a_row_is_no_seq
     first = caught.value.causes[0]
     assert first.pattern == "packed:rows", caught.value.cause
     assert "divided by the step's sequences" in first.text
-    assert caught.value.scenario.packing in ("flat", "rows")
+    assert caught.value.scenario.packing in ("flat", "rows", "split")
     assert f"sequences packed ({caught.value.scenario.packing})" in str(caught.value)
 
 
@@ -596,4 +596,4 @@ def test_packing_for_code_handed_no_losses_is_refused_before_any_world():
         "check", "fixtures/real_style/packed_losses.py:seq_mean_by_segment_ids", "--kind",
         "loss-agg", "--packing", "greedy", "--world-size", "2", cwd=ROOT,
     )  # fmt: skip
-    assert run.returncode == 2 and "packings are none, flat and rows" in run.stderr
+    assert run.returncode == 2 and "packings are none, flat, rows and split" in run.stderr
