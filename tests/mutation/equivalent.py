@@ -428,6 +428,31 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "the counter only names groups made without hashed names: counting down names them "
         "as uniquely, and alike on every rank that makes the same groups in the same order"
     ),
+    (_C10D, "_tensor_to_object", "comparison",
+     "get_debug_level() == DebugLevel.DETAIL -> get_debug_level() != DebugLevel.DETAIL"): (
+        "the branch only hashes the received tensor into a logger.warning line, and only on a "
+        "build with NCCL (is_nccl_available() is False on this CPU build) for an NCCL group: "
+        "the object unpickled and returned is the same"
+    ),
+    (_C10D, "broadcast", "off-by-one", "9 -> 10"): (
+        "the compute capability is read only for a CUDA tensor (`tensor.is_cuda and ...`), and "
+        "only decides whether an fp8 tensor is broadcast as bytes on GPUs before sm90: no CPU "
+        "tensor, and no tensor of another dtype, takes another path"
+    ),
+    (_C10D, "all_gather", "ignored-argument", "argument async_op ignored for its default False"): (
+        "the use dropped is `opts.asyncOp = async_op`, which tells a backend whether the op "
+        "may run on a stream of its own (NCCL's); gloo reads no stream, and the work is still "
+        "returned and waited on as async_op says (`if async_op: return work`), so the same "
+        "values arrive, handed back as documented"
+    ),
+    (_C10D, "_new_group_with_tag", "ignored-argument",
+     "argument use_local_synchronization ignored for its default False"): (
+        "the use dropped is the early branch: a rank outside `ranks` that calls new_group "
+        "anyway (non-members need not) gets None there, and without it goes on to "
+        "_new_process_group_helper, which gives a non-member GroupMember.NON_GROUP_MEMBER, the "
+        "value new_group documents for one: no group either way, and the group-local barrier "
+        "at the end still reads the argument; the refusal it skips is MPI's, on no build here"
+    ),
     (_C10D, "_get_default_timeout", "comparison",
      "backend == Backend.NCCL -> backend != Backend.NCCL"): (
         "on a build without NCCL (default_pg_nccl_timeout is None, as on this CPU build) "
