@@ -787,13 +787,15 @@ def zero_in_a_group(
     bucket_view: bool,
     trainable: list[list[bool]] | None = None,
     default_device: str | None = None,
+    to: int = 0,
 ) -> dict[str, Any]:
     """``ZeroRedundancyOptimizer`` around ``SGD(lr=0.5, momentum)`` over the subgroup of
     ``group_size`` consecutive ranks holding rank r (``process_group``): its parameters
     (one tensor per entry) start at ``starts[g]``, g its group's index, and step t gives them
     the gradients ``gradients[t][g]``. The parameters after each step, flattened; then the
-    state consolidated (``consolidate_state_dict(to=0)``, within the group) on each group's
-    first rank: its momentum buffers by parameter index and its lr, None elsewhere.
+    state consolidated (``consolidate_state_dict(to=to)``, ``to`` a rank of the group) on
+    that rank of each group: its momentum buffers by parameter index and its lr, None
+    elsewhere.
     ``trainable[t][i]``: whether tensor i requires a gradient (and is given one) at step t,
     as it is when ZeRO is built at step 0's; all of them where None. ``default_device``: the
     device a factory call without one would use (``with torch.device(...)``) while the state
@@ -828,14 +830,14 @@ def zero_in_a_group(
         optimizer.step()
         after.append(torch.cat([p.detach().reshape(-1) for p in params]).tolist())
     with torch.device(default_device) if default_device else contextlib.nullcontext():
-        optimizer.consolidate_state_dict(to=0)
+        optimizer.consolidate_state_dict(to=to)
     consolidated: dict[str, Any] | str | None = None
-    if dist.get_rank(group) == 0:
+    if dist.get_rank(group) == to:
         try:
             state = optimizer.state_dict()
         except RuntimeError as exc:
-            # Not consolidated where the group's first rank is (a ZeRO that shards over
-            # another group): what the test reports, not a crash of the job.
+            # Not consolidated where the group's rank `to` is (a ZeRO that shards over
+            # another group, or consolidates elsewhere): what the test reports, not a crash.
             consolidated = f"RuntimeError: {exc}"
         else:
             consolidated = {
@@ -847,6 +849,18 @@ def zero_in_a_group(
                 "lr": [g["lr"] for g in state["param_groups"]],
             }
     return {"after": after, "consolidated": consolidated}
+
+
+def zero_partition(sizes: list[int]) -> list[int]:
+    """``ZeroRedundancyOptimizer`` around SGD over one parameter of each of ``sizes``
+    elements (the same on every rank): the indices of the parameters this rank's local
+    optimizer holds, the shard it steps."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    params = [torch.nn.Parameter(torch.zeros(n, dtype=torch.float64)) for n in sizes]
+    optimizer = ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.SGD, lr=0.1)
+    index = {id(p): i for i, p in enumerate(params)}
+    return sorted(index[id(p)] for g in optimizer.optim.param_groups for p in g["params"])
 
 
 class _GivenGradients(torch.nn.Module):

@@ -152,18 +152,21 @@ def test_zero_over_a_subgroup_steps_and_broadcasts_within_that_group(world, prov
         # device context, as scripts that build models on a device use): meta, which holds no
         # data, so a shard received on the default device rather than the parameters' fails.
         default = draw_(st.sampled_from((None, "meta")))
-        return starts, gradients, group_size, momentum, draw_(st.booleans()), default
+        # consolidate_state_dict(to=...) may name any rank of the group.
+        to = draw_(st.integers(0, group_size - 1))
+        return starts, gradients, group_size, momentum, draw_(st.booleans()), default, to
 
     def check(case):
-        starts, gradients, group_size, momentum, bucket_view, default = case
+        starts, gradients, group_size, momentum, bucket_view, default, to = case
         results = world.run(
             jobs.zero_in_a_group, starts, gradients, group_size, momentum, bucket_view,
-            default_device=default,
+            default_device=default, to=to,
         )  # fmt: skip
         said = (
             f"ZeroRedundancyOptimizer(SGD, lr=0.5, momentum={momentum}, process_group=<"
             f"{group_size} consecutive ranks>, parameters_as_bucket_view={bucket_view})"
             + (f", consolidated under torch.device({default!r})" if default else "")
+            + f", consolidate_state_dict(to={to})"
         )
         want = [
             sgd_steps(starts[g], [step[g] for step in gradients], momentum)
@@ -176,12 +179,12 @@ def test_zero_over_a_subgroup_steps_and_broadcasts_within_that_group(world, prov
                 f"{said}: rank {rank}'s parameters after step {step} are not its group's SGD step."
             ),
         )
-        # consolidate_state_dict(to=0) gathers the shards within the group, to its first rank:
+        # consolidate_state_dict(to=to) gathers the shards within the group, to its rank `to`:
         # SGD's momentum buffers, b <- momentum * b + g from b = g (none at momentum 0).
         for rank, got in enumerate(results):
             group = rank // group_size
-            if rank % group_size:
-                assert got["consolidated"] is None, f"{said}: rank {rank} is not its group's 0"
+            if rank % group_size != to:
+                assert got["consolidated"] is None, f"{said}: rank {rank} is not its group's {to}"
                 continue
             buffers: dict[int, list[float]] = {}
             if momentum:
@@ -195,14 +198,44 @@ def test_zero_over_a_subgroup_steps_and_broadcasts_within_that_group(world, prov
                             else [momentum * x + y for x, y in zip(b, g, strict=True)]
                         )
             assert got["consolidated"] == {"buffers": buffers, "lr": [0.5]}, (
-                f"{said}: the state consolidated on rank {rank} (its group's first) is "
+                f"{said}: the state consolidated on rank {rank} (its group's {to}) is "
                 f"{got['consolidated']}, expected {{'buffers': {buffers}, 'lr': [0.5]}}"
             )
 
     # The whole world one group, its state consolidated under the meta device: never left to
     # chance.
-    whole = ([[[1.0], [2.0]]], [[[[1.0], [-1.0]]], [[[2.0], [3.0]]]], size, 0.5, False, "meta")
-    prove(draw(), check, examples=[whole])
+    whole = ([[[1.0], [2.0]]], [[[[1.0], [-1.0]]], [[[2.0], [3.0]]]], size, 0.5, False, "meta", 0)
+    # And consolidated on the world's last rank: never left to chance either.
+    last = ([[[1.0], [2.0]]], [[[[1.0], [-1.0]]]], size, 0.5, False, None, size - 1)
+    prove(draw(), check, examples=[whole, last])
+
+
+def test_zero_shards_every_parameter_once_by_sorted_greedy_packing(world, prove):
+    # Documented: each parameter belongs to a single rank, packed by a sorted-greedy
+    # algorithm so that each local optimizer updates about 1 / world_size of them. Largest
+    # first, each to the least-loaded rank: the ranks' totals then differ by at most the
+    # largest parameter, and no rank's is left empty while another holds two.
+    size = world.size
+
+    def check(sizes):
+        owned = world.run(jobs.zero_partition, sizes)
+        held = sorted(i for mine in owned for i in mine)
+        assert held == list(range(len(sizes))), (
+            f"ZeroRedundancyOptimizer over parameters of {sizes} elements: the ranks' local "
+            f"optimizers hold {owned}, not every parameter once"
+        )
+        totals = [sum(sizes[i] for i in mine) for mine in owned]
+        assert max(totals) - min(totals) <= max(sizes), (
+            f"ZeroRedundancyOptimizer over parameters of {sizes} elements on {size} ranks: "
+            f"the shards hold {totals} elements ({owned}), not packed greedily (their totals "
+            f"differ by more than the largest parameter)"
+        )
+
+    prove(
+        st.lists(st.integers(1, 6), min_size=1, max_size=8),
+        check,
+        examples=[[3] * (2 * size)],
+    )
 
 
 def test_zero_follows_trainability_changed_between_its_steps(world, prove):

@@ -434,10 +434,21 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "build with NCCL (is_nccl_available() is False on this CPU build) for an NCCL group: "
         "the object unpickled and returned is the same"
     ),
-    (_C10D, "broadcast", "off-by-one", "9 -> 10"): (
-        "the compute capability is read only for a CUDA tensor (`tensor.is_cuda and ...`), and "
-        "only decides whether an fp8 tensor is broadcast as bytes on GPUs before sm90: no CPU "
-        "tensor, and no tensor of another dtype, takes another path"
+    **{
+        (_C10D, "broadcast", op, change): (
+            "the compute capability is read only for a CUDA tensor (`tensor.is_cuda and ...`), "
+            "and only decides whether an fp8 tensor is broadcast as bytes on GPUs before "
+            "sm90: no CPU tensor, and no tensor of another dtype, takes another path"
+        )
+        for op, change in (
+            ("off-by-one", "9 -> 10"),
+            ("comparison", "torch.cuda.get_device_capability(tensor.device)[0] >= 9 -> "
+             "torch.cuda.get_device_capability(tensor.device)[0] > 9"),
+        )
+    },
+    (_C10D, "_process_group_name", "off-by-one", "1 -> 2"): (
+        "the counter only names groups made without hashed names: counting by two names them "
+        "as uniquely, and alike on every rank that makes the same groups in the same order"
     ),
     (_C10D, "all_gather", "ignored-argument", "argument async_op ignored for its default False"): (
         "the use dropped is `opts.asyncOp = async_op`, which tells a backend whether the op "
@@ -1203,6 +1214,43 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
      "for ... in self.optim.state[param].items() -> reversed(list(...))"): (
         "each zero-dimensional state value of the parameter is moved to the CPU on its own: "
         "the order leaves the same state"
+    ),
+    (_ZERO, "ZeroRedundancyOptimizer.consolidate_state_dict", "off-by-one", "0 -> 1"): (
+        "the messenger is what a rank that only discards a shard passes to _broadcast_object, "
+        "which on a receiving rank reads the sender's length and bytes and never the object "
+        "it is given"
+    ),
+    (_ZERO, "ZeroRedundancyOptimizer._partition_parameters", "off-by-one", "0 -> 1"): (
+        "every rank's running total starts at 1 instead of 0: the same offset on every rank, "
+        "so the least-loaded rank at each turn, and the partition, are the same"
+    ),
+    (_ZERO, "ZeroRedundancyOptimizer._broadcast_params_from_rank", "reversed-iteration",
+     "for ... in param_groups -> reversed(list(...))"): (
+        "the owner's parameters are broadcast group by group, the groups in reverse order "
+        "alike on every rank (each computes the same partition), so the broadcasts still "
+        "match, and all are waited on: the same parameters arrive"
+    ),
+    (_ZERO, "ZeroRedundancyOptimizer._verify_and_init_params", "reversed-iteration",
+     "for ... in all_params -> reversed(list(...))"): (
+        "the loop only ands whether every entry is a tensor, and whether every entry is a "
+        "dict: conjunctions, the same in any order"
+    ),
+    (_ZERO, "ZeroRedundancyOptimizer._partition_param_group", "reversed-iteration",
+     "for ... in enumerate(params_per_rank) -> reversed(list(...))"): (
+        "each rank's copy of the group is appended to that rank's own list of the cache: the "
+        "order the ranks are visited in leaves every rank's list the same"
+    ),
+    (_ZERO, "ZeroRedundancyOptimizer.load_state_dict", "reversed-iteration",
+     "for ... in state_dict['state'].items() -> reversed(list(...))"): (
+        "each parameter's state is loaded into the local optimizer (its own) or cleared from "
+        "the dict (another rank's) on its own, by its own index: the order leaves the same "
+        "states, and the dict's keys keep their order (values are replaced, none added)"
+    ),
+    (_ZERO, "ZeroRedundancyOptimizer.state_dict", "reversed-iteration",
+     "for ... in enumerate(self._all_state_dicts) -> reversed(list(...))"): (
+        "each rank's consolidated shard writes the state of its own parameters at their own "
+        "global indices (disjoint across ranks), and the state is sorted by index after: the "
+        "order leaves the same state dict"
     ),
     (_ZERO, "ZeroRedundancyOptimizer.state_dict", "reversed-iteration",
      "for ... in zip(local_param_groups, global_param_groups) -> reversed(list(...))"): (
