@@ -997,7 +997,9 @@ ENTRIES: tuple[Entry, ...] = (
         else []
     ),
     # -- torch.distributed.optim -------------------------------------------------------------
-    _e("torch.distributed.optim.ZeroRedundancyOptimizer", "params", COVERED, _ZERO),
+    _e("torch.distributed.optim.ZeroRedundancyOptimizer", "params", COVERED, _ZERO,
+       "test_zero::test_zero_shards_every_parameter_once_by_sorted_greedy_packing",
+       why="each parameter on one rank's local optimizer, packed sorted-greedy"),
     _e("torch.distributed.optim.ZeroRedundancyOptimizer", "optimizer_class", COVERED, _ZERO,
        why="SGD with momentum and AdamW"),
     _e("torch.distributed.optim.ZeroRedundancyOptimizer", "process_group", COVERED,
@@ -1023,7 +1025,8 @@ ENTRIES: tuple[Entry, ...] = (
     _e("torch.distributed.optim.ZeroRedundancyOptimizer", "consolidate_state_dict()", COVERED,
        "test_zero::test_zero_resumes_from_its_consolidated_state",
        "test_zero::test_zero_over_a_subgroup_steps_and_broadcasts_within_that_group",
-       why="within a subgroup; under a default device that is not the parameters' (meta)"),
+       why="within a subgroup, to any of its ranks (to=); under a default device that is "
+       "not the parameters' (meta)"),
     _e("torch.distributed.optim.ZeroRedundancyOptimizer", "state_dict()", COVERED,
        "test_zero::test_zero_resumes_from_its_consolidated_state"),
     _e("torch.distributed.optim.ZeroRedundancyOptimizer", "load_state_dict()", COVERED,

@@ -425,9 +425,7 @@ class Scenario:
                     f"{self.model.kind!r}"
                 )
         if self.packing not in ("", "flat", "rows", "split"):
-            raise ValueError(
-                f"packing must be '', 'flat', 'rows' or 'split', got {self.packing!r}"
-            )
+            raise ValueError(f"packing must be '', 'flat', 'rows' or 'split', got {self.packing!r}")
         if self.packing and (self.loss != "tokens" or user):
             raise ValueError(
                 "packing lays out the built-in token data's sequences: use it with loss "
