@@ -439,7 +439,7 @@ BINDABLE: dict[str, str] = {
     "the window",
     "window_steps": "the optimizer steps of the window (steps_per_generation)",
     "position_ids": "each position's index in its sequence (packed: restarting at each one)",
-    "segment_ids": "each position's sequence in the micro-batch, -1 on padding",
+    "segment_ids": "each position's sequence in the micro-batch (-1 on a packed row's padding)",
     "cu_seq_lens": "where each sequence starts in the rows read end to end, and the end",
     # What a coupled-loss plug-in may be given: the loss parameters the harness's model learns.
     "logit_scale": "the logit scale the harness's encoder learns (coupled-loss)",

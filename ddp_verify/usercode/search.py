@@ -742,7 +742,7 @@ def preflight(
 # The window a check draws where the code is handed a window's counts or the objective is
 # normalised by its window, and the user pinned none: TRL's steps_per_generation of 2 to 4.
 DRAWN_WINDOWS = (2, 4)
-# The layouts drawn where the code is handed sequence boundaries: padded, and both packers.
+# The layouts drawn where the code is handed sequence boundaries: padded, and every packer.
 DRAWN_PACKINGS = ("", "flat", "rows", "split")
 _BOUNDARIES = ("position_ids", "segment_ids", "cu_seq_lens")
 
@@ -880,15 +880,15 @@ def bounds_for(kind: Kind | str, scenario_bounds: Mapping[str, Any]) -> dict[str
             "leave it out"
         )
     declared = scenario_bounds.get("objective")
-    if declared and declared != SAMPLE_MEAN and not kind.token_losses:
+    windowed = declared and declared != SAMPLE_MEAN and objective(declared).scope != "step"
+    if windowed and not kind.token_losses:
         per_step = objective(declared).scoped("step")
-        if str(per_step) != str(objective(declared)):
-            raise KindError(
-                f"{option('objective', declared)} normalises each step by its window's "
-                f"count, which only code handed the counts can do: a {kind} plug-in is "
-                f"checked against per-step objectives (declare {per_step}), or check the "
-                f"aggregation with {option('kind', 'loss-agg')}"
-            )
+        raise KindError(
+            f"{option('objective', declared)} normalises each step by its window's "
+            f"count, which only code handed the counts can do: a {kind} plug-in is "
+            f"checked against per-step objectives (declare {per_step}), or check the "
+            f"aggregation with {option('kind', 'loss-agg')}"
+        )
     if scenario_bounds.get("token_weights") and not kind.token_losses:
         # Weights only code that is handed the weighted losses can know of.
         raise KindError(
