@@ -879,7 +879,7 @@ def bounds_for(kind: Kind | str, scenario_bounds: Mapping[str, Any]) -> dict[str
             f"loss-agg function is handed (window_tokens, ...); a {kind} plug-in is given none: "
             "leave it out"
         )
-    declared = scenario_bounds.get("objective")
+    declared = scenario_bounds.get("objective") or ""
     windowed = declared and declared != SAMPLE_MEAN and objective(declared).scope != "step"
     if windowed and not kind.token_losses:
         per_step = objective(declared).scoped("step")
