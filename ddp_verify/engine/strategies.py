@@ -442,11 +442,11 @@ def scenarios(
                 # Cross-entropy needs classes; the smallest model has one output.
                 model = dataclasses.replace(model, out_features=2)
         schedule = draw(schedules)
+        window = draw(st.integers(low, high)) if high > 1 else 1
+        packing = draw(st.sampled_from(list(packings)))
         # A rank without samples: with two ranks or more (one holds them), a model that
         # can forward nothing (no batch norm, not the user's), samples not token sequences
         # (a declared objective counts each micro-batch's sequences).
-        window = draw(st.integers(low, high)) if high > 1 else 1
-        packing = draw(st.sampled_from(list(packings)))
         if (
             empty_ranks
             and world_size > 1

@@ -740,7 +740,7 @@ def _losses(text: str) -> tuple[str, ...]:
 
 
 def _packings(text: str) -> tuple[str, ...]:
-    """``none,flat,rows`` as the packings drawn (none is the padded layout, kept as "")."""
+    """``none,flat,rows,split`` as the packings drawn (none, the padded layout, kept as "")."""
     names = [name.strip() for name in text.split(",") if name.strip()]
     unknown = [name for name in names if name not in ("none", "flat", "rows", "split")]
     if unknown or not names:

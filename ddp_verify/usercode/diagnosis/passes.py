@@ -866,8 +866,10 @@ def window_scope(evidence: Evidence, found: Found) -> list[Hypothesis]:
             continue
         # Where the losses it reports are that objective's too, it explains them as well.
         with_loss = matches(expected, evidence.got, strict, losses=True)
+        # A step with no unit counts nothing under either scope (never drawn: every
+        # micro-batch's first sequence counts): its factor is said as 1.
         factors = [
-            window_factor(alternative, step) / window_factor(scenario, step)
+            window_factor(alternative, step) / (window_factor(scenario, step) or 1.0)
             for step in range(scenario.steps)
         ]
         cause = f.OBJECTIVE_WINDOW.cause(
