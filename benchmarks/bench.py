@@ -520,19 +520,29 @@ def own_reference(
     losses = {"mse": "torch.nn:MSELoss", "cross_entropy": "torch.nn:CrossEntropyLoss"}
     cases = [s for s in fixed_scenarios(size, args.examples, "step") if s.loss in losses]
     pairs = [(s, dataclasses.replace(s, recipe=Recipe(loss=losses[s.loss]))) for s in cases]
-    for harness, own in pairs[:3]:  # warm-up: the one-rank world starts on first use
-        world.check_equivalent(method, harness)
-        world.check_equivalent(method, own)
+    # Warm-up first: the one-rank world starts on first use.
+    return paired_rounds(world, method, pairs, args.rounds)
+
+
+def paired_rounds(
+    world: VerifyingWorld, method: Any, pairs: list[tuple[Scenario, Scenario]], rounds: int
+) -> tuple[list[float], list[float]]:
+    """Each pair's two scenarios checked ``rounds`` times, the order reversed every other
+    round (as :func:`timed_rounds`), after the first three pairs once as a warm-up: per pair,
+    the fastest round of each side."""
+    for pair in pairs[:3]:
+        for scenario in pair:
+            world.check_equivalent(method, scenario)
     taken: list[list[list[float]]] = [[[] for _ in pairs] for _ in range(2)]
-    for round_ in range(args.rounds):
+    for round_ in range(rounds):
         for i, pair in enumerate(pairs):
             for side in (0, 1) if round_ % 2 == 0 else (1, 0):
                 start = time.perf_counter()
                 outcome = world.check_equivalent(method, pair[side])
                 taken[side][i].append(time.perf_counter() - start)
                 assert outcome.equivalent, outcome.report()
-    harness_ms, own_ms = ([min(t) for t in side] for side in taken)
-    return harness_ms, own_ms
+    first, second = ([min(t) for t in side] for side in taken)
+    return first, second
 
 
 def packed_checks(
@@ -553,19 +563,7 @@ def packed_checks(
     pairs = [
         (s, dataclasses.replace(s, packing=("flat", "rows")[i % 2])) for i, s in enumerate(cases)
     ]
-    for pair in pairs[:3]:  # warm-up
-        for scenario in pair:
-            world.check_equivalent(method, scenario)
-    taken: list[list[list[float]]] = [[[] for _ in pairs] for _ in range(2)]
-    for round_ in range(args.rounds):
-        for i, pair in enumerate(pairs):
-            for side in (0, 1) if round_ % 2 == 0 else (1, 0):
-                start = time.perf_counter()
-                outcome = world.check_equivalent(method, pair[side])
-                taken[side][i].append(time.perf_counter() - start)
-                assert outcome.equivalent, outcome.report()
-    padded, packed = ([min(t) for t in side] for side in taken)
-    return padded, packed
+    return paired_rounds(world, method, pairs, args.rounds)
 
 
 def _peak_rss_mib() -> float:
