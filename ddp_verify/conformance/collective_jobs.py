@@ -297,6 +297,12 @@ def functional_collectives(
 
 
 def _destroy(groups: list[Any]) -> None:
+    """Destroy the groups this rank made, once every rank is done with them: each job calls
+    this once on every rank. Without the wait, a rank that made a group it then never used
+    closed its end while a peer was still connecting gloo's full mesh, and the peer's
+    ``new_group`` failed ("Connection closed by peer"): a false failure of unmodified torch,
+    seen once in CI on a subgroup of one rank each."""
+    dist.barrier()
     for made in groups:
         if made not in (None, dist.GroupMember.NON_GROUP_MEMBER):
             dist.destroy_process_group(made)
