@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import torch
 
+from .models import loss_function
 from .scenario import DTYPES, Scenario
+from .terms import term_values, weighted
 from .trace import Trace
 from .training import Step, train
 
@@ -34,9 +36,29 @@ def train_reference(
 
 
 def _full_batch(step: Step) -> list[float]:
+    if step.scenario.terms:
+        loss = objective_of_terms(step, step.model, step.inputs, step.targets)
+        loss.backward()
+        return [loss.item()]
     loss = step.loss(step.model, (step.inputs, step.targets)) * step.factor
     loss.backward()
     return [loss.item()]
+
+
+def objective_of_terms(
+    step: Step, model: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tensor
+) -> torch.Tensor:
+    """The declared objective of several terms (:mod:`.terms`) on ``step``'s global batch
+    (``inputs`` and ``targets``, in its order): each term's value times its weight, summed.
+
+    Example::
+
+        loss = objective_of_terms(step, step.model, step.inputs, step.targets)
+    """
+    values = term_values(
+        step.scenario, step.index, model(inputs), targets, loss_function(step.scenario, "none")
+    )
+    return weighted(step.scenario, values)
 
 
 def train_per_batch_statistics(scenario: Scenario) -> Trace:

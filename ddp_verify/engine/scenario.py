@@ -339,6 +339,10 @@ class Scenario:
     # one row; "rows" packed into rows, never split; "split" cut into rows wherever the row
     # ends. A token's loss is the same either way.
     packing: str = ""
+    # An objective of several terms (ddp_verify.engine.terms), canonical; "" for one.
+    # ``objective`` is then its first term's aggregation: what the counts handed to code
+    # count, and what the data is drawn for.
+    terms: str = ""
 
     def __post_init__(self) -> None:
         if self.world_size < 1:
@@ -431,12 +435,37 @@ class Scenario:
                 "packing lays out the built-in token data's sequences: use it with loss "
                 f"'tokens', got loss {self.loss!r} and model {self.model.kind!r}"
             )
+        if self.terms:
+            self._check_terms(user)
         if self.window < 1:
             raise ValueError(f"window counts the steps of one window: 1 or more, got {self.window}")
         if self.token_weights and (self.loss != "tokens" or user):
             raise ValueError(
                 "token_weights weight the built-in token data's per-token losses: use them "
                 f"with loss 'tokens', got loss {self.loss!r} and model {self.model.kind!r}"
+            )
+
+    def _check_terms(self, user: bool) -> None:
+        from .terms import term_sum
+
+        try:
+            declared = term_sum(self.terms)
+        except Exception as exc:
+            from hypothesis.errors import InvalidArgument
+
+            if not isinstance(exc, InvalidArgument):
+                raise
+            raise ValueError(str(exc)) from None
+        if self.loss != "tokens" or user:
+            raise ValueError(
+                "an objective of several terms aggregates the built-in token data's per-token "
+                f"values: use it with loss 'tokens', got loss {self.loss!r} and model "
+                f"{self.model.kind!r}"
+            )
+        if self.objective != str(declared.main.aggregation):
+            raise ValueError(
+                f"objective={self.objective!r} must be the first term's aggregation "
+                f"({declared.main.aggregation}) where terms={self.terms!r}"
             )
 
     __repr__ = _compact_repr
@@ -528,7 +557,7 @@ class Scenario:
             f"loss {self._loss_words()}, {self._optimizer_words()}, {self.dtype}"
             f"{f' (forward under autocast to {self.autocast})' if self.autocast else ''}, "
             f"{'labels handed over unshifted, ' if self.labels == 'unshifted' else ''}"
-            f"{f'objective {self.objective}, ' if self.objective else ''}"
+            f"{f'objective {self.terms or self.objective}, ' if self.objective else ''}"
             f"{f'windows of {self.window} steps, ' if self.window > 1 else ''}"
             f"{f'sequences packed ({self.packing}), ' if self.packing else ''}"
             f"{'per-token losses weighted (signed), ' if self.token_weights else ''}"

@@ -43,6 +43,7 @@ from .scenario import (
     Scenario,
     Schedule,
 )
+from .terms import is_term_sum, term_sum
 from .tolerances import BRANCHING_OPTIMIZERS
 
 LEARNING_RATES = (0.1, 0.05, 0.01)
@@ -329,6 +330,9 @@ def scenarios(
     step its own): the span of the window counts a loss-agg plug-in is given, and of an
     objective declared ``@window``. Unless ``max_steps`` is given (3 by default), enough
     steps are drawn for a window and part of the next.
+    ``objective="token-mean(loss) + 0.1*seq-mean-token-mean(kl)"`` declares an objective of
+    several terms (token losses only; see :mod:`ddp_verify.engine.terms`): the reference
+    trains their weighted sum, and a loss-agg plug-in is handed each term's values.
     ``packings=("", "flat", "rows", "split")`` (token losses only) draws how each
     micro-batch's sequences are laid out for code handed the per-token losses: padded, in one
     row, packed into rows, or cut into rows across sequences (see
@@ -382,6 +386,15 @@ def scenarios(
         )
     from .objectives import sample_mean
 
+    terms = ""
+    if objective and is_term_sum(objective):
+        declared_terms = term_sum(objective)  # InvalidArgument where it does not parse
+        if model is not None or tuple(losses) != ("tokens",):
+            raise InvalidArgument(
+                f"objective={objective!r}: an objective of several terms aggregates the built-in "
+                "token data's per-token values: use it with losses=('tokens',) and no model="
+            )
+        terms, objective = str(declared_terms), str(declared_terms.main.aggregation)
     objective = sample_mean(objective, model is None and "tokens" in tuple(losses))
     if objective:
         from .objectives import objective as declared
@@ -470,6 +483,7 @@ def scenarios(
             recipe=recipe,
             window=window,
             packing=packing,
+            terms=terms,
         )
         note(f"Scenario: {scenario.describe()}")
         return scenario

@@ -13,7 +13,7 @@ from collections.abc import Iterator, Mapping, Sequence
 import torch
 
 from ..world.backends import DEVICE
-from .reference import train_reference
+from .reference import objective_of_terms, train_reference
 from .scenario import Scenario
 from .trace import Trace
 from .training import Step, train
@@ -384,6 +384,8 @@ def _variant(
     rng = random.Random(f"{scenario.seed}:{variant}")
 
     def reordered(step: Step) -> list[float]:
+        if step.scenario.terms:
+            return rescaled(step)
         n = len(step.inputs)
         order = torch.tensor(rng.sample(range(n), n), device=step.inputs.device)
         inputs, targets = step.inputs[order], step.targets[order]
@@ -406,6 +408,17 @@ def _variant(
         for p, summed in zip(params, sums, strict=True):
             p.grad = summed
         return [reported]
+
+    def rescaled(step: Step) -> list[float]:
+        # Terms are no share-weighted sum of pieces (a term per micro-batch weighs each
+        # equally): the whole batch's objective times a random factor divided back out.
+        factor = rng.uniform(1.0, 2.0)
+        loss = objective_of_terms(step, step.model, step.inputs, step.targets)
+        (loss * factor).backward()
+        for p in step.model.parameters():
+            if p.grad is not None:
+                p.grad = p.grad / factor
+        return [loss.item()]
 
     return train(scenario, reordered, dtype=dtype, device=device, name=f"{dtype} variant {variant}")
 

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..usercode.kinds import Binds, Kind, as_kind, check_signature
+from ..usercode.kinds import Binds, Kind, as_kind, check_signature, term_binds
 from ..usercode.search import Progress, preflight, search
 from ..usercode.verdict import CheckFailed, Verdict
 from ..world import WorldPool
@@ -105,6 +105,8 @@ def check(
     """
     __tracebackhide__ = True
     kind = as_kind(kind)  # the object from here on (a KindError naming the kinds otherwise)
+    # An objective of several terms hands each one's values by name: bound before anything.
+    bind = term_binds(fn, kind, bind, scenario_bounds.get("objective") or "")
     check_signature(fn, kind, bind=bind)  # before a device is looked for
     # Advice reads as check()'s arguments are spelled, unless the command line, whose flags
     # these arguments are, is the one calling (a pytest session's flags are not check()'s).

@@ -52,6 +52,7 @@ from ..usercode.kinds import (  # noqa: E402
     KindError,
     check_signature,
     kind_named,
+    term_binds,
 )
 from ..world import cleanup  # noqa: E402
 from ..world.backends import BACKENDS, DEVICES, default_device  # noqa: E402
@@ -136,6 +137,7 @@ def _main(argv: list[str]) -> int:
     }
     try:
         fn = load_function(path, name)
+        args.bind = term_binds(fn, args.kind, args.bind, args.objective or "")
         context["call"] = check_signature(fn, args.kind, bind=args.bind).describe()
         args.hook_state_factory = load_factory(args.hook_state) if args.hook_state else None
         args.model = _user_model(args)
@@ -398,7 +400,11 @@ def _parser() -> argparse.ArgumentParser:
         "sample-mean is the default of the other losses. sum (any loss, any kind): the losses "
         "added, no normaliser, so the code must add over micro-batches and ranks. A mean "
         "followed by @window (token-mean@window) divides each step by its window's count per "
-        "step, @window-total by the window's whole count (see --window-steps)",
+        "step, @window-total by the window's whole count (see --window-steps). --kind "
+        "loss-agg takes a weighted sum of terms, each AGGREGATION(TENSOR[MASK]): "
+        "'token-mean(loss) + 0.1*seq-mean-token-mean(kl) + 0.01*token-mean@micro(aux)'; the "
+        "first term's values are the loss matrix, each other's come by the parameter TENSOR "
+        "names (or --bind PARAM=term:TENSOR), @micro computes a term within each micro-batch",
     )
     check.add_argument(
         "--packing",
@@ -755,8 +761,11 @@ def _objective(text: str) -> str:
     from hypothesis.errors import InvalidArgument
 
     from ..engine.objectives import SAMPLE_MEAN, objective
+    from ..engine.terms import is_term_sum, term_sum
 
     try:
+        if is_term_sum(text):
+            return str(term_sum(text))
         return text if text == SAMPLE_MEAN else str(objective(text))
     except InvalidArgument as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None

@@ -589,17 +589,20 @@ class LossAggregator(UserMethod):
                 # advantages exist wherever there is a token): code that forgets the mask
                 # counts them. Where the mask is 0 the loss is the model's against class 0.
                 given = targets if self.zero_under_mask else unmasked_targets(targets)
-                losses = per_token(run.model(inputs), given)
+                logits = run.model(inputs)
+                losses = per_token(logits, given)
                 mine = {
                     **counts,
                     "tokens": tokens.units(mask),
                     "sequences": sequences.units(mask),
                 }
+                dtype = mask_dtype or losses.dtype
+                handed_terms = _term_tensors(scenario, inputs, logits, given, targets, width, dtype)
                 losses, mask, layout = laid_out(scenario, inputs, losses, mask, width)
                 if as_tensor:
                     mine = {k: torch.tensor(v, device=run.device) for k, v in mine.items()}
-                values = {**rank_values(run, step), **mine, **layout}
-                handed = mask.to(mask_dtype or losses.dtype)
+                values = {**rank_values(run, step), **mine, **layout, **handed_terms}
+                handed = mask.to(dtype)
                 args, kwargs = self.call.arguments((losses, handed), 0, values=values)
                 value = as_loss(self.fn(*args, **kwargs))
                 if self.divides:
@@ -611,6 +614,36 @@ class LossAggregator(UserMethod):
             optimizer.step()
             run.record_step(loss)
         return run.trace
+
+
+def _term_tensors(
+    scenario: Scenario,
+    inputs: torch.Tensor,
+    logits: torch.Tensor,
+    given: torch.Tensor,
+    targets: torch.Tensor,
+    width: int,
+    mask_dtype: torch.dtype,
+) -> dict[str, torch.Tensor]:
+    """Under an objective of several terms (:mod:`ddp_verify.engine.terms`), each term's
+    per-token values but the first's, and each subset mask, laid out as the loss matrix is,
+    keyed ``term:NAME`` (what a parameter bound to ``term:NAME`` gets); none otherwise."""
+    if not scenario.terms:
+        return {}
+    from ..engine.terms import term_mask, term_sum, term_targets
+
+    per_token = loss_function(scenario, "none")
+    counted = targets != IGNORE_INDEX
+    handed: dict[str, torch.Tensor] = {}
+    for term in term_sum(scenario.terms).terms:
+        chosen = term_mask(term, targets)
+        if term.index:
+            values = per_token(logits, term_targets(given, term.index, logits.shape[-1]))
+            handed[f"term:{term.tensor}"] = laid_out(scenario, inputs, values, counted, width)[0]
+        if term.mask:
+            mask = laid_out(scenario, inputs, chosen.to(torch.float64), chosen, width)[1]
+            handed[f"term:{term.mask}"] = mask.to(mask_dtype)
+    return handed
 
 
 def laid_out(

@@ -531,6 +531,12 @@ OBJECTIVE_WINDOW = _finding(
     "each step normalised by {computed} where {declared} was declared ({meant}): {factors}",
 )
 
+OBJECTIVE_TERM = _finding(
+    "objective:term",
+    "gradient",
+    "a term of the objective not weighted as declared: {terms}",
+)
+
 # -- whole training scripts (ddp-verify parity) -------------------------------------------------
 DATA_SAME = _finding(
     "data:same-samples",

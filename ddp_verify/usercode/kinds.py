@@ -448,6 +448,68 @@ BINDABLE: dict[str, str] = {
     "scheduler": "the scheduler --scheduler builds on the step's optimizer (step kinds)",
     "lr_scheduler": "the scheduler --scheduler builds on the step's optimizer (step kinds)",
 }
+# A source that names a tensor or mask of the declared objective's terms (term:kl): what a
+# loss-agg plug-in is handed of an objective of several terms (ddp_verify.engine.terms).
+TERM_SOURCE = "term:"
+
+
+def is_term_source(source: str) -> bool:
+    """Whether ``source`` names one of the objective's term tensors or masks.
+
+    Example::
+
+        >>> is_term_source("term:kl"), is_term_source("tokens")
+        (True, False)
+    """
+    return source.startswith(TERM_SOURCE) and source[len(TERM_SOURCE) :].isidentifier()
+
+
+def term_binds(fn: Callable[..., Any], kind: Kind | str, bind: Binds, declared: str) -> Binds:
+    """``bind`` with each tensor and mask the ``declared`` objective's terms hand over by
+    name bound to the parameter of that name, unless a binding already hands it; a
+    :class:`KindError` where ``fn`` has no parameter for one. ``bind`` as it is for an
+    objective of one term.
+
+    Example::
+
+        >>> def agg(loss_mat, loss_mask, kl): ...
+        >>> [b.text() for b in term_binds(agg, "loss-agg", None, "token-mean(l) + sum(kl)")]
+        ['kl=term:kl']
+    """
+    from ..engine.terms import is_term_sum, term_sum
+
+    if not declared or not is_term_sum(declared):
+        return bind
+    spec = as_kind(kind)
+    if spec.name != "loss-agg":
+        raise KindError(
+            f"an objective of several terms ({declared}) hands each term's values to a loss-agg "
+            f"plug-in, which sums them as it likes; a {spec.name} plug-in is handed one loss: "
+            "declare one objective of the table"
+        )
+    binds = list(parse_binds(bind))
+    sources = {b.source for b in binds}
+    taken = {b.parameter for b in binds}
+    try:
+        params = called_signature(fn).parameters
+    except (TypeError, ValueError):
+        params = {}  # type: ignore[assignment]
+    takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
+    for name in term_sum(declared).handed():
+        source = f"{TERM_SOURCE}{name}"
+        if source in sources:
+            continue
+        if (name in params or takes_any) and name not in taken:
+            binds.append(Bound(name, source))
+            continue
+        raise KindError(
+            f"{_name(fn)} takes no parameter {name!r}, which the objective {declared} hands "
+            f"over by that name: name a parameter {name}, or bind the one that takes it: "
+            f"{option('bind', f'PARAMETER={source}')}"
+        )
+    return tuple(binds)
+
+
 # Parameters bound to the scenario's classes without asking: the name says what they are.
 CLASS_NAMES = frozenset({"vocab_size", "num_classes", "n_classes"})
 
@@ -472,6 +534,9 @@ class Bound:
     def describe(self) -> str:
         if self.source is None:
             return f"{self.parameter}={self.literal!r}"
+        if is_term_source(self.source):
+            name = self.source[len(TERM_SOURCE) :]
+            return f"{self.parameter}=<the objective's {name}>"
         return f"{self.parameter}=<{BINDABLE[self.source]}>"
 
     def text(self) -> str:
@@ -520,7 +585,7 @@ def parse_binds(binds: Binds) -> tuple[Bound, ...]:
     for name, value, typed in items:
         if isinstance(value, Bound):
             bound[name] = value
-        elif isinstance(value, str) and value in BINDABLE:
+        elif isinstance(value, str) and (value in BINDABLE or is_term_source(value)):
             bound[name] = Bound(name, value)
         elif typed:
             try:

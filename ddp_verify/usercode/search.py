@@ -24,6 +24,7 @@ from ..engine.objectives import SAMPLE_MEAN, objective
 from ..engine.outcome import EquivalenceError, Outcome
 from ..engine.scenario import LOSSES, Scenario
 from ..engine.strategies import coupled_scenarios, models, optimizers, scenarios
+from ..engine.terms import is_term_sum, term_sum
 from ..engine.tolerances import Float64Tolerance, Tolerance
 from ..methods.base import Method
 from ..methods.equivalence import HarnessError, assert_equivalent, check_equivalent
@@ -764,7 +765,11 @@ def taken_bounds(kind: Kind, call: Call | None, bounds: dict[str, Any]) -> dict[
     sources = {b.source or "" for b in call.bound} if call is not None else set()
     drawn = dict(bounds)
     declared = bounds.get("objective") or ""
-    windowed = bool(declared) and objective(declared).scope != "step"
+    if is_term_sum(declared):
+        scopes = {t.aggregation.scope for t in term_sum(declared).terms}
+    else:
+        scopes = {objective(declared).scope} if declared else set()
+    windowed = bool(scopes - {"step"})
     if "window_steps" not in bounds and (windowed or any(s.startswith("window_") for s in sources)):
         drawn["window_steps"] = DRAWN_WINDOWS
     if "packings" not in bounds and sources & set(_BOUNDARIES):
@@ -880,7 +885,19 @@ def bounds_for(kind: Kind | str, scenario_bounds: Mapping[str, Any]) -> dict[str
             "leave it out"
         )
     declared = scenario_bounds.get("objective") or ""
-    windowed = declared and declared != SAMPLE_MEAN and objective(declared).scope != "step"
+    if is_term_sum(declared) and not kind.token_losses:
+        raise KindError(
+            f"{option('objective', declared)} is a sum of terms, each handed to the code by "
+            f"name: a loss-agg plug-in is, a {kind} plug-in is handed one loss; declare one "
+            f"objective of the table, or check the aggregation with "
+            f"{option('kind', 'loss-agg')}"
+        )
+    windowed = (
+        declared
+        and declared != SAMPLE_MEAN
+        and not is_term_sum(declared)
+        and objective(declared).scope != "step"
+    )
     if windowed and not kind.token_losses:
         per_step = objective(declared).scoped("step")
         raise KindError(

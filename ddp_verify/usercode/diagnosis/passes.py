@@ -74,7 +74,7 @@ class Pass:
     look: Callable[[Evidence, Found], list[Hypothesis]]
     says: tuple[str, ...] = ()
     adds: tuple[Choice, ...] = ()
-    needs: tuple[str, ...] = ("finite",)
+    needs: tuple[str, ...] = ("finite", "one-objective")
 
 
 # What a pass may need of the evidence, and how to tell whether a run holds it.
@@ -82,6 +82,10 @@ NEEDS: dict[str, Callable[[Evidence], bool]] = {
     # Every loss and parameter a rank reported is a number (a NaN divides every weighting
     # by nothing: only the passes that read non-finite values run on it).
     "finite": lambda evidence: evidence.finite,
+    # One objective, whose pieces are share-weighted (the axes' and mistakes' model of
+    # training): an objective of several terms is read term by term instead.
+    "one-objective": lambda evidence: not evidence.scenario.terms,
+    "terms": lambda evidence: bool(evidence.scenario.terms),
 }
 
 _PASSES: list[Pass] = []
@@ -92,7 +96,7 @@ def register(
     *,
     says: tuple[str, ...] = (),
     adds: tuple[Choice, ...] = (),
-    needs: tuple[str, ...] = ("finite",),
+    needs: tuple[str, ...] = ("finite", "one-objective"),
 ) -> Callable[[Callable[[Evidence, Found], list[Hypothesis]]], Pass]:
     """Register a pass, run after those registered before it, on the runs that hold what it
     ``needs``."""
@@ -894,6 +898,60 @@ def window_scope(evidence: Evidence, found: Found) -> list[Hypothesis]:
             )
         )
     return kept
+
+
+@register("terms", says=(f.OBJECTIVE_TERM.code,), needs=("finite", "terms"))
+def term_weights(evidence: Evidence, found: Found) -> list[Hypothesis]:
+    """Under an objective of several terms, each term's effective weight and aggregation
+    read from the ranks' gradients (:mod:`.terms`): where training that reading reproduces
+    the run, the terms it weighs otherwise than declared are named, each with its factor."""
+    from .terms import read_terms, train_reading
+
+    scenario = evidence.scenario
+    strict = match_tolerance(scenario.dtype)
+    reading = read_terms(scenario, evidence.got, strict.rtol)
+    if reading is None or not reading.changed(strict.rtol):
+        return []
+    truth = train_reading(scenario, reading)
+    expected = Trace(truth.method, [truth.ranks[0]] * scenario.world_size)
+    if not matches(expected, evidence.got, strict, losses=False):
+        return []
+    with_loss = matches(expected, evidence.got, strict, losses=True)
+    changed = reading.changed(strict.rtol)
+    said = (
+        "training each term at the weight and aggregation read from the ranks' gradients "
+        f"reproduces every rank's gradients and parameters{' and losses' if with_loss else ''}"
+    )
+    read = {x for t in reading.terms for x in t.factors() if x is not None}
+    first = min(read) if read else 1.0
+    alike = all(abs(x - first) <= strict.rtol * max(1.0, abs(first)) for x in read)
+    if (
+        len(changed) == len(reading.terms) > 1
+        and alike
+        and all(t.aggregates_as_declared for t in changed)
+    ):
+        # Every term at one factor: the whole loss is scaled, whatever its terms.
+        world = scenario.world_size
+        why = f.SCALED
+        if abs(first - world) <= strict.rtol * world:
+            why = f.SUMMED_NOT_DIVIDED_BY_WORLD
+        elif abs(first * world - 1) <= strict.rtol:
+            why = f.DIVIDED_TWICE
+        cause = f.SCALE.cause(why=why, unit=evidence.unit, factor=first, evidence=said)
+    else:
+        words = "; ".join(t.words(scenario) for t in changed)
+        cause = f.OBJECTIVE_TERM.cause(terms=words, evidence=said)
+    covers = {"gradient", "loss"} if with_loss else {"gradient"}
+    return [
+        Hypothesis(
+            "gradient",
+            frozenset(covers),
+            float(len(changed)),
+            0.0,
+            causes=(cause,),
+            detail={"terms": {t.term.name: list(t.factors()) for t in changed}},
+        )
+    ]
 
 
 @register("simulated", says=(f.STEP_EACH.code,))
