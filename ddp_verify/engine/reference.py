@@ -7,7 +7,7 @@ import torch
 
 from .models import loss_function
 from .scenario import DTYPES, Scenario
-from .terms import term_values, weighted
+from .term_values import term_values, weighted
 from .trace import Trace
 from .training import Step, train
 

@@ -630,7 +630,8 @@ def _term_tensors(
     keyed ``term:NAME`` (what a parameter bound to ``term:NAME`` gets); none otherwise."""
     if not scenario.terms:
         return {}
-    from ..engine.terms import term_mask, term_sum, term_targets
+    from ..engine.term_values import term_mask, term_targets
+    from ..engine.terms import term_sum
 
     per_token = loss_function(scenario, "none")
     counted = targets != IGNORE_INDEX

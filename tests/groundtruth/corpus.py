@@ -1113,6 +1113,67 @@ SHAPES = (
         options={"max_micro_batches": 3, "objective": "seq-mean-token-mean"},
         families=frozenset({"loss-agg-packed"}),
     ),
+    # Objectives of several terms: a policy token mean, a KL term's sequence mean and an
+    # auxiliary term computed within each micro-batch over its routed tokens (verl's and
+    # OpenRLHF's actor losses, a MoE load-balancing term); and an SFT term beside a DPO-style
+    # sequence-sum term, each over the whole step.
+    Shape(
+        "loss-agg-terms",
+        "loss-agg",
+        "agg_loss",
+        """\
+        def agg_loss($signature):
+            m = loss_mask.to(loss_mat.dtype)
+            main = (loss_mat * m).sum() / ($divide)
+            kl_term = $kl_sum / ($kl_divide)
+            r = $routed
+            aux_term = (aux * r).sum() / r.sum().clamp(min=1) / ($aux_divide)
+            return (main + $kl_weight * kl_term + 0.01 * aux_term) * $dp
+        """,
+        dict(
+            signature="loss_mat, loss_mask, kl, aux, routed, global_tokens, global_sequences, "
+            "accumulation_steps, world_size",
+            divide="global_tokens",
+            kl_sum="((kl * m).sum(-1) / m.sum(-1).clamp(min=1)).sum()",
+            kl_divide="global_sequences",
+            routed="routed.to(aux.dtype)",
+            aux_divide="accumulation_steps * world_size",
+            kl_weight="0.1",
+            dp="world_size",
+        ),
+        options={
+            "max_micro_batches": 3,
+            "objective": "token-mean(loss) + 0.1*seq-mean-token-mean(kl) "
+            "+ 0.01*token-mean@micro(aux[routed])",
+        },
+        families=frozenset({"loss-agg-terms"}),
+    ),
+    Shape(
+        "loss-agg-terms-nll",
+        "loss-agg",
+        "agg_loss",
+        """\
+        def agg_loss($signature):
+            m = loss_mask.to(loss_mat.dtype)
+            main = (loss_mat * m).sum(-1).sum() / ($divide)
+            nll_term = $nll_sum / ($nll_divide)
+            return (main + $nll_weight * nll_term) * $dp
+        """,
+        dict(
+            signature="loss_mat, loss_mask, nll, global_tokens, global_sequences, "
+            "accumulation_steps, world_size",
+            divide="global_sequences",
+            nll_sum="(nll * m).sum()",
+            nll_divide="global_tokens",
+            nll_weight="0.5",
+            dp="world_size",
+        ),
+        options={
+            "max_micro_batches": 3,
+            "objective": "seq-mean-token-sum(loss) + 0.5*token-mean(nll)",
+        },
+        families=frozenset({"loss-agg-terms-nll"}),
+    ),
     # A declared sum: no normaliser, the dp factor undoing DDP's average.
     Shape(
         "loss-agg-sum",
@@ -1572,6 +1633,8 @@ OPERATORS = (
             "loss-agg-window": {"dp": "1"},
             "loss-agg-step-window": {"dp": "1"},
             "loss-agg-packed": {"dp": "1"},
+            "loss-agg-terms": {"dp": "1"},
+            "loss-agg-terms-nll": {"dp": "1"},
         },
         frozenset({"scale"}),
     ),
@@ -1762,6 +1825,57 @@ OPERATORS = (
             }
         },
         frozenset({"micro:rows"}),
+    ),
+    Operator(
+        "term-times-accumulation",
+        "one term multiplied by the accumulation steps (an NLL term at M times its weight)",
+        {
+            "loss-agg-terms": {"kl_divide": "global_sequences / accumulation_steps"},
+            "loss-agg-terms-nll": {"nll_divide": "global_tokens / accumulation_steps"},
+        },
+        frozenset({"objective:term"}),
+    ),
+    Operator(
+        "aux-not-divided",
+        "the per-micro-batch term not divided by the accumulation steps, the main term right",
+        {"loss-agg-terms": {"aux_divide": "world_size"}},
+        frozenset({"objective:term"}),
+    ),
+    Operator(
+        "term-other-aggregation",
+        "a term aggregated as a token mean where a sequence mean was declared, or the reverse",
+        {
+            "loss-agg-terms": {"kl_sum": "(kl * m).sum()", "kl_divide": "global_tokens"},
+            "loss-agg-terms-nll": {
+                "nll_sum": "((nll * m).sum(-1) / m.sum(-1).clamp(min=1)).sum()",
+                "nll_divide": "global_sequences",
+            },
+        },
+        frozenset({"objective:term"}),
+    ),
+    Operator(
+        "term-unmasked",
+        "a term over every counted token where it declares a mask of its own (routed tokens)",
+        {"loss-agg-terms": {"routed": "m"}},
+        frozenset({"objective:term"}),
+    ),
+    Operator(
+        "term-sign-flipped",
+        "a penalty term added with the wrong sign",
+        {"loss-agg-terms": {"kl_weight": "-0.1"}, "loss-agg-terms-nll": {"nll_weight": "-0.5"}},
+        frozenset({"objective:term"}),
+    ),
+    Operator(
+        "term-local-count",
+        "a term divided by the rank's own count, the main term by the global one",
+        {
+            "loss-agg-terms-nll": {
+                "signature": "loss_mat, loss_mask, nll, global_tokens, global_sequences, "
+                "rank_tokens, accumulation_steps, world_size",
+                "nll_divide": "rank_tokens",
+            },
+        },
+        frozenset({"objective:term"}),
     ),
     Operator(
         "window-whole-count",

@@ -24,7 +24,8 @@ import torch
 from ...engine.models import build_data, loss_function
 from ...engine.objectives import Objective, objective
 from ...engine.scenario import Scenario
-from ...engine.terms import MICRO, PER, Term, aggregated, term_factor, term_losses, term_sum
+from ...engine.term_values import aggregated, term_factor, term_losses
+from ...engine.terms import MICRO, PER, Term, term_sum
 from ...engine.trace import Trace
 from ...engine.training import Step, train
 from .evidence import _model_at, flatten, observed_gradients, starts_of
@@ -108,7 +109,8 @@ class TermReading:
 
 
 def _near(value: float, target: float) -> bool:
-    return abs(value - target) <= 1e-6 * max(1.0, abs(target))
+    # Loose enough for a float32 run's fit; counts' ratios lie much further apart.
+    return abs(value - target) <= 1e-4 * max(1.0, abs(target))
 
 
 def factor_reason(scenario: Scenario, factors: Sequence[float | None]) -> str:
@@ -123,6 +125,11 @@ def factor_reason(scenario: Scenario, factors: Sequence[float | None]) -> str:
     micro = [len(scenario.schedule[s][0]) for s in range(len(factors))]
     said = (
         (
+            [float(m * world) for m in micro] if max(micro) > 1 else [],
+            "x M x W, the micro-batches of every rank: each one's value summed, never divided "
+            "by their number",
+        ),
+        (
             [float(m) for m in micro],
             "x M, the micro-batches each rank accumulates: multiplied by the accumulation "
             "steps, or never divided by them",
@@ -133,6 +140,8 @@ def factor_reason(scenario: Scenario, factors: Sequence[float | None]) -> str:
         ([-1.0] * len(factors), "its sign flipped: added where subtracted, or the reverse"),
     )
     for expected, words in said:
+        if not expected:
+            continue
         pairs = [(f, e) for f, e in zip(factors, expected, strict=True) if f is not None]
         if {e for _, e in pairs} != {1.0} and all(_near(f, e) for f, e in pairs):
             return words
