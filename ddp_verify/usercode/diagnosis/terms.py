@@ -103,7 +103,7 @@ class TermReading:
                 f"{f:.4g}x at step {s}" for s, f in enumerate(self.factors()) if f is not None
             )
             counts = f"counts {steps} its declared weight {weight}"
-        why = factor_reason(scenario, self.factors())
+        why = factor_reason(scenario, self.factors(), self.per)
         counts += f" ({why})" if why else ""
         return f"{said}, and {counts}" if said else f"{name} {counts}"
 
@@ -113,9 +113,10 @@ def _near(value: float, target: float) -> bool:
     return abs(value - target) <= 1e-4 * max(1.0, abs(target))
 
 
-def factor_reason(scenario: Scenario, factors: Sequence[float | None]) -> str:
+def factor_reason(scenario: Scenario, factors: Sequence[float | None], per: str = "step") -> str:
     """What ``factors`` (one per step; None: any) are where each is a count of its step:
-    the accumulation steps M, the world size W, their inverses, -1; "" otherwise.
+    the micro-batches of every rank M x W (first for a term read ``per`` micro-batch), the
+    accumulation steps M, the world size W, their inverses, -1; "" otherwise.
 
     Example::
 
@@ -125,7 +126,9 @@ def factor_reason(scenario: Scenario, factors: Sequence[float | None]) -> str:
     micro = [len(scenario.schedule[s][0]) for s in range(len(factors))]
     said = (
         (
-            [float(m * world) for m in micro] if max(micro) > 1 else [],
+            # Said first where the term is read per micro-batch: with one micro-batch a
+            # rank it is W, and the words say what the code did.
+            [float(m * world) for m in micro] if per == MICRO or max(micro) > 1 else [],
             "x M x W, the micro-batches of every rank: each one's value summed, never divided "
             "by their number",
         ),
