@@ -66,18 +66,20 @@ class Packed:
         return int(self.source.shape[0])
 
     def of(self, values: torch.Tensor, fill: float | bool = 0) -> torch.Tensor:
-        """``values`` (``[sequences, width]``) laid out as the packed rows, ``fill`` on
-        padding; differentiable in ``values``.
+        """``values`` (``[sequences, width, ...]``: a token's logits too) laid out as the
+        packed rows, ``fill`` on padding; differentiable in ``values``.
 
         Example::
 
             >>> pack([1, 2], "flat").of(torch.tensor([[5, 0], [6, 7]])).tolist()
             [[5, 6, 7]]
         """
-        flat = values.reshape(-1)
-        taken = flat[self.source.clamp(min=0).reshape(-1)].reshape(self.source.shape)
-        padding = torch.full_like(taken, fill)
-        return torch.where(self.source >= 0, taken, padding)
+        trailing = tuple(values.shape[2:])
+        flat = values.reshape(-1, *trailing)
+        taken = flat[self.source.clamp(min=0).reshape(-1)]
+        taken = taken.reshape(*self.source.shape, *trailing)
+        kept = (self.source >= 0).reshape(*self.source.shape, *(1,) * len(trailing))
+        return torch.where(kept, taken, torch.full_like(taken, fill))
 
 
 def pack(lengths: Sequence[int], packing: str, width: int | None = None) -> Packed:

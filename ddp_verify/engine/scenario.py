@@ -35,6 +35,10 @@ COUPLED = "coupled"
 LEARNED_PARAMETERS = ("logit_scale", "logit_bias")
 # The target that does not count (torch's CrossEntropyLoss default): padding, prompt tokens.
 IGNORE_INDEX = -100
+# The label of a packed segment's first position, for a loss that shifts its labels: see
+# Scenario.boundary.
+BOUNDARIES = ("dropped", "kept")
+_KEPT_WORDS = "each segment's first label kept (its boundary unmasked), "
 OPTIMIZERS: tuple[OptimizerName, ...] = ("sgd", "adam", "adamw")
 DTYPES: tuple[DType, ...] = ("float64", "float32", "bfloat16")
 # Lower precisions a float32 model's forward may run in under torch.autocast ("" for none).
@@ -339,6 +343,11 @@ class Scenario:
     # one row; "rows" packed into rows, never split; "split" cut into rows wherever the row
     # ends. A token's loss is the same either way.
     packing: str = ""
+    # Where a loss that shifts its labels itself (labels="unshifted") meets packed rows: the
+    # label of each segment's first position, which the previous segment's last position
+    # would predict: "dropped" (ignore_index, as DataCollatorWithFlattening leaves it) or
+    # "kept" (the segment's first token: code masks the boundary from position_ids itself).
+    boundary: str = "dropped"
     # An objective of several terms (ddp_verify.engine.terms), canonical; "" for one.
     # ``objective`` is then its first term's aggregation: what the counts handed to code
     # count, and what the data is drawn for.
@@ -437,6 +446,10 @@ class Scenario:
             )
         if self.terms:
             self._check_terms(user)
+        if self.boundary not in BOUNDARIES:
+            raise ValueError(
+                f"boundary must be one of {', '.join(BOUNDARIES)}, got {self.boundary!r}"
+            )
         if self.window < 1:
             raise ValueError(f"window counts the steps of one window: 1 or more, got {self.window}")
         if self.token_weights and (self.loss != "tokens" or user):
@@ -560,6 +573,7 @@ class Scenario:
             f"{f'objective {self.terms or self.objective}, ' if self.objective else ''}"
             f"{f'windows of {self.window} steps, ' if self.window > 1 else ''}"
             f"{f'sequences packed ({self.packing}), ' if self.packing else ''}"
+            f"{_KEPT_WORDS if self.boundary == 'kept' else ''}"
             f"{'per-token losses weighted (signed), ' if self.token_weights else ''}"
             f"seed {self.seed}\n"
             f"micro-batch sizes per rank{' (pairs)' if self.loss == COUPLED else ''}:\n{steps}"

@@ -31,6 +31,7 @@ from .scenario import (
     ALL_LOSSES,
     ALL_MODEL_KINDS,
     BATCH_NORMS,
+    BOUNDARIES,
     DTYPES,
     FEATURES,
     LABELS,
@@ -291,6 +292,7 @@ def scenarios(
     empty_ranks: bool = False,
     window_steps: int | tuple[int, int] = 1,
     packings: Sequence[str] = ("",),
+    boundaries: Sequence[str] = ("dropped",),
 ) -> st.SearchStrategy[Scenario]:
     """Whole scenarios for a world of ``world_size`` ranks; the drawn one is ``note()``d.
 
@@ -330,6 +332,10 @@ def scenarios(
     step its own): the span of the window counts a loss-agg plug-in is given, and of an
     objective declared ``@window``. Unless ``max_steps`` is given (3 by default), enough
     steps are drawn for a window and part of the next.
+    ``boundaries=("dropped", "kept")`` (packed, ``labels="unshifted"``) draws the label of
+    each packed segment's first position, which the previous segment's last position would
+    predict: ignore_index, as packing collators leave it, or the segment's first token, for
+    code that masks the boundary from ``position_ids`` itself (see ``Scenario.boundary``).
     ``objective="token-mean(loss) + 0.1*seq-mean-token-mean(kl)"`` declares an objective of
     several terms (token losses only; see :mod:`ddp_verify.engine.terms`): the reference
     trains their weighted sum, and a loss-agg plug-in is handed each term's values.
@@ -352,6 +358,11 @@ def scenarios(
             "(low, high) with low <= high)"
         )
     _check_choices("packings", packings, ("", "flat", "rows", "split"))
+    _check_choices("boundaries", boundaries, BOUNDARIES)
+    if set(boundaries) != {"dropped"} and labels != "unshifted":
+        # Only a loss that shifts its labels meets a segment's first label: kept or not,
+        # aligned labels are the same.
+        boundaries = ("dropped",)
     if set(packings) != {""} and (model is not None or tuple(losses) != ("tokens",)):
         raise InvalidArgument(
             f"packings={tuple(packings)!r} lays out the built-in token data's sequences: use "
@@ -457,6 +468,7 @@ def scenarios(
         schedule = draw(schedules)
         window = draw(st.integers(low, high)) if high > 1 else 1
         packing = draw(st.sampled_from(list(packings)))
+        boundary = draw(st.sampled_from(list(boundaries))) if packing else "dropped"
         # A rank without samples: with two ranks or more (one holds them), a model that
         # can forward nothing (no batch norm, not the user's), samples not token sequences
         # (a declared objective counts each micro-batch's sequences).
@@ -483,6 +495,7 @@ def scenarios(
             recipe=recipe,
             window=window,
             packing=packing,
+            boundary=boundary,
             terms=terms,
         )
         note(f"Scenario: {scenario.describe()}")

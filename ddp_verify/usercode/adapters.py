@@ -31,6 +31,7 @@ from ..engine.models import (
     padded_width,
     sums,
 )
+from ..engine.packed_layout import packed_labels, unpacked_boundaries, unshifted_labels
 from ..engine.recipes import user_loss
 from ..engine.scenario import IGNORE_INDEX, Scenario
 from ..engine.trace import RankTrace, Settings, optimizer_settings
@@ -461,12 +462,14 @@ class LossFunction(UserMethod):
             batches = run.micro_batches(step)
             reported = run.zero()
             for inputs, targets in batches:
-                logits, labels = self._laid_out(scenario, run.model(inputs), targets)
+                logits, labels, layout = self._laid_out(
+                    scenario, inputs, run.model(inputs), targets
+                )
                 args, kwargs = self.call.arguments(
                     (logits, labels),
                     run.global_samples(step),
                     samples=run.global_rows(step),
-                    values=rank_values(run, step, classes=logits.shape[-1]),
+                    values={**rank_values(run, step, classes=logits.shape[-1]), **layout},
                 )
                 value = self.fn(*args, **kwargs)
                 value = as_loss(value) / (1 if counted else len(batches))
@@ -480,21 +483,21 @@ class LossFunction(UserMethod):
         return run.trace
 
     def _laid_out(
-        self, scenario: Scenario, logits: torch.Tensor, labels: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+        self, scenario: Scenario, inputs: torch.Tensor, logits: torch.Tensor, labels: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
         """Token logits and labels as the options say: ``(batch, seq, vocab)`` and
         ``(batch, seq)`` or flattened; labels aligned, or unshifted (the target of position
         ``i`` at ``i + 1``, as a loss that shifts them expects; the data's last position
-        never counts, so nothing is lost)."""
+        never counts, so nothing is lost); packed as the scenario says (:func:`packed_labels`),
+        with the boundaries code may take by name."""
         if scenario.loss != "tokens":
-            return logits, labels
+            return logits, labels, {}
         if self.unshifted:
-            unshifted = torch.full_like(labels, IGNORE_INDEX)
-            unshifted[:, 1:] = labels[:, :-1]
-            labels = unshifted
+            labels = unshifted_labels(scenario, inputs, labels)
+        logits, labels, boundaries = packed_labels(scenario, inputs, logits, labels, self.unshifted)
         if self.flat:
-            return logits.reshape(-1, logits.shape[-1]), labels.reshape(-1)
-        return logits, labels
+            return logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), boundaries
+        return logits, labels, boundaries
 
 
 class LossAggregator(UserMethod):
@@ -667,11 +670,7 @@ def laid_out(
 
     device = losses.device
     if not scenario.packing:
-        n = losses.shape[0]
-        positions = torch.arange(width, device=device).expand(n, width).clone()
-        segments = torch.arange(n, device=device).unsqueeze(1).expand(n, width).clone()
-        starts = torch.arange(n + 1, device=device, dtype=torch.int32) * width
-        boundaries = {"position_ids": positions, "segment_ids": segments, "cu_seq_lens": starts}
+        boundaries = unpacked_boundaries(losses.shape[0], width, device)
         return losses[:, :width], mask[:, :width], boundaries
     # A sequence's positions are its tokens (padding excluded), all of its positions packed.
     lengths = (inputs != PAD_ID).sum(dim=1).clamp(min=1).tolist()

@@ -525,6 +525,22 @@ PACKED_ROWS = _finding(
     "it is handed unused)",
 )
 
+PACKED_BOUNDARY = _finding(
+    "packed:boundary",
+    "gradient",
+    "a boundary token counted: each packed sequence's last position also trained to predict "
+    "the next sequence's first token (boundary predictions at step 0: {count}), the labels shifted "
+    "within the row and the boundary never masked where the collator kept that label "
+    "(position_ids restart at 0 there); the sum divided by {over}",
+)
+PACKED_DISAGREES = _finding(
+    "packed:disagrees",
+    "gradient",
+    "right padded, wrong packed: the same scenario with a sequence a row ({unpacked}) "
+    "trains what the reference trains, packed ({packing}) it does not, so the code reads the "
+    "packed layout wrong",
+)
+
 OBJECTIVE_WINDOW = _finding(
     "objective:window",
     "gradient",

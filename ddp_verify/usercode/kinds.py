@@ -73,6 +73,10 @@ class Kind:
     # It is handed the per-token loss matrix and its mask (RL post-training's aggregation):
     # token weights, the Trainer's division and a declared objective act on what it returns.
     token_losses: bool = False
+    # Its code is handed packed rows where a scenario packs its sequences (packings=), with
+    # their boundaries by name (PACKED_VALUES); "split" too where it is handed per-token
+    # values already aligned with their targets (token_losses).
+    packed: bool = False
     # What --bind may fill (a comm hook is called by DDP: its state carries what it needs).
     takes_binds: bool = True
     # The harness calls it with its positional arguments alone: what is bound is added by a
@@ -120,6 +124,8 @@ AGGREGATION_VALUES = (
     "segment_ids",
     "cu_seq_lens",
 )
+# The boundaries of packed sequences, by name (a packed kind's code may take them).
+PACKED_VALUES = ("position_ids", "segment_ids", "cu_seq_lens")
 # The learned loss parameters a coupled-loss plug-in is given by their names alone.
 LEARNED_VALUES = ("logit_scale", "logit_bias")
 # What a step function may take by name: the scheduler of the user's --scheduler, to step.
@@ -249,6 +255,8 @@ REGISTRY: tuple[Kind, ...] = (
         # A loss function takes logits and class labels: language-model tokens (padding and
         # ignore_index included) or one class per sample.
         default_bounds={"losses": ("tokens", "cross_entropy")},
+        packed=True,
+        named_values=PACKED_VALUES,
     ),
     Kind(
         "loss-agg",
@@ -258,6 +266,7 @@ REGISTRY: tuple[Kind, ...] = (
         adapter="loss-agg",
         mistakes="loss-fn",
         token_losses=True,
+        packed=True,
         # RL post-training's loop: every rank the same number of micro-batches, each padded
         # to its own longest sequence, the token-level loss.
         # Judged against a declared objective, token-mean unless the user declares another.
@@ -1043,7 +1052,13 @@ def _counted_call(
         )
     if required:
         only = required[0]
-        if only.kind is inspect.Parameter.KEYWORD_ONLY:
+        # By name where it is keyword-only, or where a parameter bound by name comes first
+        # (fn(logits, labels, position_ids, num_items_in_batch)): by position it would
+        # land in that one.
+        at = list(shown.parameters).index(only.name) if only.name in shown.parameters else lead
+        if only.kind is inspect.Parameter.KEYWORD_ONLY or (
+            at != lead and only.kind is not inspect.Parameter.POSITIONAL_ONLY
+        ):
             return Call(name, spec, lead, count_keyword=only.name)
         return Call(name, spec, lead, count_positional=True, count_parameter=only.name)
     if len(counted) > 1:

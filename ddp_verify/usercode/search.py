@@ -22,7 +22,7 @@ from ..engine.compression import CompressionTolerance, along_the_run
 from ..engine.lockstep import in_lockstep
 from ..engine.objectives import SAMPLE_MEAN, objective
 from ..engine.outcome import EquivalenceError, Outcome
-from ..engine.scenario import LOSSES, Scenario
+from ..engine.scenario import BOUNDARIES, LOSSES, Scenario
 from ..engine.strategies import coupled_scenarios, models, optimizers, scenarios
 from ..engine.terms import is_term_sum, term_sum
 from ..engine.tolerances import Float64Tolerance, Tolerance
@@ -44,6 +44,7 @@ from .diagnosis.structural import (
     known_torch_issue,
     low_rank_cause,
 )
+from .diagnosis.unpacked import packing_probe
 from .findings import Cause
 from .kinds import STEP_VALUES, Binds, Call, Kind, as_kind, parse_binds
 from .layouts import parse_layout
@@ -482,6 +483,10 @@ def _generic_causes(
         )
         found = told_apart(found, tried)
         found = [*found, *every_mistake(found, tried)]
+    # Right padded, wrong packed: said beside what the numbers name.
+    disagrees = packing_probe(world, method, outcome)
+    if disagrees is not None:
+        found = [*found, disagrees]
     return tuple(_causes_first(found)) if state is None else (state.cause, *found)
 
 
@@ -760,10 +765,23 @@ def taken_bounds(kind: Kind, call: Call | None, bounds: dict[str, Any]) -> dict[
         taken_bounds(KIND["loss-agg"], call, {"objective": "token-mean@window"})
         # {'objective': 'token-mean@window', 'window_steps': (2, 4)}
     """
-    if not kind.token_losses:
+    if not kind.packed:
         return bounds
     sources = {b.source or "" for b in call.bound} if call is not None else set()
     drawn = dict(bounds)
+    takes_boundaries = bool(sources & set(_BOUNDARIES))
+    if not kind.token_losses:
+        # A loss handed logits and labels: packed rows where it takes their boundaries, and
+        # both labels at a segment's start (code that masks the boundary itself must meet
+        # labels that do not); never split, as a row-wise shift would lose a cut's target.
+        tokens = "tokens" in tuple(bounds.get("losses", ("tokens",)))
+        if takes_boundaries and tokens and "packings" not in bounds:
+            # Code that takes the boundaries of packed sequences is a language model's loss.
+            drawn["packings"] = tuple(p for p in DRAWN_PACKINGS if p != "split")
+            drawn["losses"] = ("tokens",)
+        if takes_boundaries and tokens and "boundaries" not in bounds:
+            drawn["boundaries"] = BOUNDARIES
+        return drawn
     declared = bounds.get("objective") or ""
     if is_term_sum(declared):
         scopes = {t.aggregation.scope for t in term_sum(declared).terms}
@@ -772,7 +790,7 @@ def taken_bounds(kind: Kind, call: Call | None, bounds: dict[str, Any]) -> dict[
     windowed = bool(scopes - {"step"})
     if "window_steps" not in bounds and (windowed or any(s.startswith("window_") for s in sources)):
         drawn["window_steps"] = DRAWN_WINDOWS
-    if "packings" not in bounds and sources & set(_BOUNDARIES):
+    if "packings" not in bounds and takes_boundaries:
         drawn["packings"] = DRAWN_PACKINGS
     return drawn
 
@@ -873,10 +891,19 @@ def bounds_for(kind: Kind | str, scenario_bounds: Mapping[str, Any]) -> dict[str
         from ..engine.strategies import optimizers
 
         bounds["optimizers"] = optimizers(schedules=True, groups=True)
-    if tuple(scenario_bounds.get("packings", ("",))) != ("",) and not kind.token_losses:
+    packings = tuple(scenario_bounds.get("packings", ("",)))
+    if packings != ("",) and not kind.packed:
         raise KindError(
-            f"{option('packings', scenario_bounds['packings'])} lays out the per-token losses "
-            f"a loss-agg function is handed; a {kind} plug-in is handed none: leave it out"
+            f"{option('packings', scenario_bounds['packings'])} lays out the token logits or "
+            f"per-token losses a loss-fn or loss-agg function is handed; a {kind} plug-in is "
+            "handed none: leave it out"
+        )
+    if "split" in packings and not kind.token_losses:
+        raise KindError(
+            f"{option('packings', scenario_bounds['packings'])}: split cuts a sequence across "
+            f"rows, and a {kind} plug-in that shifts its labels within a row would lose the "
+            "target at each cut (split packers hand labels shifted already); pack with none, "
+            "flat or rows"
         )
     if scenario_bounds.get("window_steps", 1) != 1 and not kind.token_losses:
         raise KindError(

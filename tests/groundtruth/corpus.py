@@ -386,6 +386,28 @@ SHAPES = (
         options={"losses": ("tokens",), "max_micro_batches": 3},
         families=frozenset({"token-loss-causal"}),
     ),
+    # A causal-LM loss over packed rows (padding-free): it shifts its labels within each row
+    # and masks every position whose next one starts a sequence, from position_ids.
+    Shape(
+        "loss-fn-packed",
+        "loss-fn",
+        "packed_causal_loss",
+        """\
+        def packed_causal_loss($signature, ignore_index=-100, **kwargs):
+            scores = logits[:, :-1, :].float().reshape(-1, logits.shape[-1])
+            targets = labels[:, 1:]
+            targets = torch.where($keep, targets, torch.full_like(targets, -100)).reshape(-1)
+            summed = F.cross_entropy(scores, targets, ignore_index=ignore_index, reduction="sum")
+            return summed / ($divide)
+        """,
+        dict(
+            signature="logits, labels, position_ids, num_items_in_batch=None",
+            keep="position_ids[:, 1:] != 0",
+            divide="num_items_in_batch",
+        ),
+        options={"losses": ("tokens",), "max_micro_batches": 3},
+        families=frozenset({"token-loss-packed"}),
+    ),
     Shape(
         "step",
         "step",
@@ -1394,6 +1416,7 @@ OPERATORS = (
             "token-loss-flat": {"divide": "1"},
             "token-loss-3d": {"divide": "1"},
             "token-loss-causal": {"divide": "1"},
+            "token-loss-packed": {"divide": "1"},
             "loss-agg": {"divide": "1"},
             "loss-agg-seq": {"divide": "1"},
             "step-zero": {"divide": "1"},
@@ -1825,6 +1848,13 @@ OPERATORS = (
             }
         },
         frozenset({"micro:rows"}),
+    ),
+    Operator(
+        "boundary-unmasked",
+        "packed rows' boundaries never masked: each sequence's last position trained to "
+        "predict the next one's first token where that label is kept",
+        {"token-loss-packed": {"keep": "position_ids[:, 1:] >= 0"}},
+        frozenset({"packed:boundary"}),
     ),
     Operator(
         "term-times-accumulation",

@@ -29,6 +29,7 @@ ELSEWHERE: dict[str, str] = {
     f.COLLECTIVES_PER_MICRO_BATCH.code: "a failure whose scenario explains it",
     f.TORCH_POWERSGD_UNUSED.code: "a failure with a known torch issue's signature",
     f.MASK_IGNORED.code: "the loss-agg mask probe",
+    f.PACKED_DISAGREES.code: "the counterexample re-run unpacked",
     f.NONLINEAR.code: "no hypothesis fits the gradient",
     f.LOSS_UNEXPLAINED.code: "no hypothesis fits the reported loss",
     f.UNEXPLAINED.code: "nothing diverged that a hypothesis covers",

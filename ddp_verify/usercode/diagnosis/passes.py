@@ -846,6 +846,43 @@ def packed_rows(evidence: Evidence, found: Found) -> list[Hypothesis]:
     return kept
 
 
+@register("packed-boundary", says=(f.PACKED_BOUNDARY.code,))
+def packed_boundary(evidence: Evidence, found: Found) -> list[Hypothesis]:
+    """Where sequences were packed for a loss that shifts its labels and each segment's
+    first label was kept, the loss with every boundary prediction counted (each sequence's
+    last position predicting the next one's first token), over the step's count, over that
+    count and the boundaries, or per micro-batch: where the ranks' gradients are exactly
+    one of them, the code never masks the boundaries."""
+    from .packed import BOUNDARY_OVER, boundaries_counted, boundary_pairs
+
+    scenario = evidence.scenario
+    packed = scenario.packing and scenario.labels == "unshifted"
+    if not packed or scenario.boundary != "kept" or evidence.kind.token_losses:
+        return []
+    strict = match_tolerance(scenario.dtype)
+    said = {
+        "step": "the step's count, as handed",
+        "step-and-boundaries": "the step's count with the boundaries",
+        "micro-batch": "each micro-batch's own count",
+    }
+    kept = []
+    for over in BOUNDARY_OVER:
+        truth = boundaries_counted(scenario, over)
+        expected = Trace(truth.method, [truth.ranks[0]] * scenario.world_size)
+        if not matches(expected, evidence.got, strict, losses=False):
+            continue
+        with_loss = matches(expected, evidence.got, strict, losses=True)
+        cause = f.PACKED_BOUNDARY.cause(
+            count=boundary_pairs(scenario, 0),
+            over=said[over],
+            evidence="training with every boundary prediction counted reproduces every "
+            f"rank's gradients and parameters{' and losses' if with_loss else ''}",
+        )
+        covers = {"gradient", "loss"} if with_loss else {"gradient"}
+        kept.append(Hypothesis("gradient", frozenset(covers), 1.0, 0.0, causes=(cause,)))
+    return kept
+
+
 @register("window", says=(f.OBJECTIVE_WINDOW.code,))
 def window_scope(evidence: Evidence, found: Found) -> list[Hypothesis]:
     """Where steps share windows, the declared objective with its count taken over each other

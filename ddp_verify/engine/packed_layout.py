@@ -1,0 +1,85 @@
+"""A micro-batch's token logits and labels as packed code is handed them: labels unshifted for
+a loss that shifts them itself (each segment's first label dropped or kept, as
+``Scenario.boundary`` says), the sequences packed into rows as ``Scenario.packing`` says
+(:mod:`.packing`), and the boundaries code may take by name.
+
+Example::
+
+    logits, labels, boundaries = packed_labels(scenario, inputs, logits, labels, False)
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .models import PAD_ID, VOCABULARY
+from .packing import pack
+from .scenario import IGNORE_INDEX, Scenario
+
+__all__ = ["packed_labels", "unpacked_boundaries", "unshifted_labels"]
+
+
+def unpacked_boundaries(
+    rows: int, width: int, device: torch.device | str | None = None
+) -> dict[str, torch.Tensor]:
+    """The boundaries of ``rows`` sequences padded to ``width``, a sequence a row.
+
+    Example::
+
+        >>> unpacked_boundaries(2, 3)["cu_seq_lens"].tolist()
+        [0, 3, 6]
+    """
+    positions = torch.arange(width, device=device).expand(rows, width).clone()
+    segments = torch.arange(rows, device=device).unsqueeze(1).expand(rows, width).clone()
+    starts = torch.arange(rows + 1, device=device, dtype=torch.int32) * width
+    return {"position_ids": positions, "segment_ids": segments, "cu_seq_lens": starts}
+
+
+def unshifted_labels(
+    scenario: Scenario, inputs: torch.Tensor, labels: torch.Tensor
+) -> torch.Tensor:
+    """Aligned ``labels`` (position ``i``'s target at ``i``) as a loss that shifts them
+    expects (at ``i + 1``); position 0's is ignore_index, or under ``boundary="kept"`` the
+    sequence's first token (which nothing before it predicts, unless packed after another).
+
+    Example::
+
+        labels = unshifted_labels(scenario, inputs, targets)
+    """
+    unshifted = torch.full_like(labels, IGNORE_INDEX)
+    unshifted[:, 1:] = labels[:, :-1]
+    if scenario.boundary == "kept":
+        unshifted[:, 0] = inputs[:, 0].clamp(min=0) % VOCABULARY
+    return unshifted
+
+
+def packed_labels(
+    scenario: Scenario,
+    inputs: torch.Tensor,
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    unshifted: bool,
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+    """A micro-batch's ``logits`` (``[sequences, width, vocab]``) and ``labels`` laid out as
+    the scenario packs them (:mod:`ddp_verify.engine.packing`), with their boundaries; each
+    sequence's positions are its tokens, plus one where the labels are ``unshifted`` (the
+    last token's target sits one further on), so that the previous segment's last position
+    meets the next segment's first label, as in a packed row. Unpacked: as given, with the
+    trivial boundaries.
+
+    Example::
+
+        logits, labels, boundaries = packed_labels(scenario, inputs, logits, labels, False)
+    """
+    device = labels.device
+    if not scenario.packing:
+        rows, width = labels.shape
+        return logits, labels, unpacked_boundaries(rows, width, device)
+    lengths = ((inputs != PAD_ID).sum(dim=1).clamp(min=1) + int(unshifted)).tolist()
+    packed = pack(lengths, scenario.packing, width=labels.shape[1])
+    boundaries = {
+        "position_ids": packed.position_ids.to(device),
+        "segment_ids": packed.segment_ids.to(device),
+        "cu_seq_lens": packed.cu_seq_lens.to(device),
+    }
+    return packed.of(logits, 0.0), packed.of(labels, IGNORE_INDEX), boundaries
