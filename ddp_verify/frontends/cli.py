@@ -411,11 +411,23 @@ def _parser() -> argparse.ArgumentParser:
         metavar="LIST",
         type=_packings,
         default=None,
-        help="how each micro-batch's sequences are laid out for a loss-agg function: none "
-        "(padded, a sequence a row), flat (all in one row, as DataCollatorWithFlattening "
-        "does), rows (packed into rows, never split), split (cut into rows wherever a row "
-        "ends, a sequence split across two), comma-separated to draw among them. Default: all "
-        "four where the code takes position_ids, segment_ids or cu_seq_lens; else none",
+        help="how each micro-batch's sequences are laid out for a loss-agg or loss-fn "
+        "function: none (padded, a sequence a row), flat (all in one row, as "
+        "DataCollatorWithFlattening does), rows (packed into rows, never split), split (cut "
+        "into rows wherever a row ends, a sequence split across two; loss-agg only), "
+        "comma-separated to draw among them. Default: all where the code takes position_ids, "
+        "segment_ids or cu_seq_lens; else none",
+    )
+    check.add_argument(
+        "--boundary-labels",
+        metavar="LIST",
+        type=_boundaries,
+        default=None,
+        help="for a loss-fn that shifts its labels, over packed rows: the label of each "
+        "sequence's first position, which the previous sequence's last position would "
+        "predict: dropped (-100, as packing collators leave it) or kept (the sequence's first "
+        "token: code must mask the boundary from position_ids itself), comma-separated to draw "
+        "both. Default: both where the code takes the boundaries; else dropped",
     )
     check.add_argument(
         "--window-steps",
@@ -756,6 +768,16 @@ def _packings(text: str) -> tuple[str, ...]:
     return tuple("" if name == "none" else name for name in names)
 
 
+def _boundaries(text: str) -> tuple[str, ...]:
+    """``dropped,kept`` as the labels drawn at a packed segment's start."""
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    if not names or any(name not in ("dropped", "kept") for name in names):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: boundary labels are dropped and kept, comma-separated (dropped,kept)"
+        )
+    return tuple(names)
+
+
 def _objective(text: str) -> str:
     """A declared objective, checked as the parser reads it (a bad one is a usage error)."""
     from hypothesis.errors import InvalidArgument
@@ -946,6 +968,8 @@ def _run_check(args: argparse.Namespace, fn: Callable[..., Any], context: dict[s
         bounds["window_steps"] = args.window_steps
     if args.packing is not None:
         bounds["packings"] = args.packing
+    if args.boundary_labels is not None:
+        bounds["boundaries"] = args.boundary_labels
     if args.token_weights:
         bounds["token_weights"] = True
     if args.model:

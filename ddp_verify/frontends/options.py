@@ -334,6 +334,7 @@ SPELLINGS: dict[str, Mapping[str, Spelling]] = {
         "objective": "--objective",
         "window_steps": "--window-steps",
         "packings": "--packing",
+        "boundaries": "--boundary-labels",
         "model": "--model",
         "loss_fn": "--loss-fn",
         "empty_ranks": "--empty-ranks",
