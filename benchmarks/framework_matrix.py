@@ -247,6 +247,16 @@ def configs() -> list[Config]:
             trl,
             why="a compute_loss_func with the micro-batch's own mean",
         ),
+        Config("trl-sft/padding-free", "trl_sft.py", ("--padding-free",), right, trl),
+        Config("trl-sft/packing", "trl_sft.py", ("--packing",), right, trl),
+        Config(
+            "trl-sft/padding-free/row-mean",
+            "trl_sft.py",
+            ("--padding-free", "--variant", "row-mean"),
+            own_mean,
+            trl,
+            why="a sequence mean per row where the collator flattens each micro-batch into one",
+        ),
     ]
 
 

@@ -710,8 +710,17 @@ def fingerprints(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[st
     tensors = [(k, t) for k, t in tensors if t.dim() >= 1]
     if not tensors:
         return [], []
-    batch = tensors[0][1].shape[0]
+    # The batch is what the inputs along a sequence are laid out by (a 1-d tensor beside them
+    # is flash-attention's cu_seq_lens, say, sorted first by its name): else the first's.
+    along = [t for _, t in tensors if t.dim() >= 2]
+    batch = (along or [tensors[0][1]])[0].shape[0]
+    # A flattened batch says so (flash-attention's cu_seq_lens, a sequence index), also where
+    # it holds one sequence and nothing restarts.
+    flattened = any(_is_varlen(k) for k, _ in tensors)
     tensors = [(k, t.detach().cpu()) for k, t in tensors if t.shape[0] == batch]
+    packed = _packed_samples(tensors, batch, flattened)
+    if packed is not None:
+        return packed
     mask = next((t for k, t in tensors if k.split(".")[-1] == "attention_mask"), None)
     mask = mask.detach().cpu() if isinstance(mask, torch.Tensor) and mask.dim() == 2 else None
     columns = []
@@ -729,6 +738,60 @@ def fingerprints(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[st
         if not t.is_floating_point() and t.dim() >= 2 and (named or bool((t == -100).any())):
             tokens = [int((t[i] != -100).sum()) for i in range(batch)]
             break
+    return rows, tokens
+
+
+# What tells a packed row's sequences apart, and is never part of one (a sequence's index in
+# its row differs from layout to layout).
+_BOUNDARY_KEYS = ("position_ids", "seq_idx", "segment_ids")
+
+
+def _is_varlen(key: str) -> bool:
+    name = key.split(".")[-1]
+    return name.startswith("cu_seq_lens") or name == "seq_idx"
+
+
+def _packed_samples(
+    tensors: list[tuple[str, torch.Tensor]], batch: int, flattened: bool = False
+) -> tuple[list[str], list[int]] | None:
+    """Where the forward gets ``position_ids`` that restart inside a row (packed sequences,
+    padding-free: TRL's ``padding_free=True``, ``packing=True``, ``DataCollatorWithFlattening``),
+    one fingerprint per packed sequence, each of its tensors' positions between two restarts,
+    the boundaries left out, and its tokens that count; None where nothing is packed (unless
+    the batch is ``flattened``, a flash-attention varlen batch of one sequence).
+
+    Example::
+
+        >>> ids = torch.tensor([[5, 6, 7, 5, 6]])
+        >>> rows, tokens = _packed_samples(
+        ...     [("input_ids", ids), ("position_ids", torch.tensor([[0, 1, 2, 0, 1]]))], 1
+        ... )
+        >>> len(rows), rows[0] == fingerprints((torch.tensor([[5, 6, 7]]),), {})[0][0]
+        (2, False)
+    """
+    positions = next(
+        (t for k, t in tensors if k.split(".")[-1] == "position_ids" and t.dim() == 2), None
+    )
+    if positions is None:
+        return None
+    restarts = positions.shape[1] > 1 and bool((positions[:, 1:] == 0).any())
+    if not (restarts or flattened):
+        return None
+    width = positions.shape[1]
+    kept = [
+        (k, t)
+        for k, t in tensors
+        if k.split(".")[-1] not in _BOUNDARY_KEYS and t.dim() >= 2 and t.shape[1] == width
+    ]
+    labels = next((t for k, t in kept if k.split(".")[-1] == "labels"), None)
+    rows: list[str] = []
+    tokens: list[int] = []
+    for i in range(batch):
+        starts = sorted({0, *(positions[i] == 0).nonzero().flatten().tolist()})
+        for start, end in zip(starts, [*starts[1:], width], strict=True):
+            rows.append(" ".join(f"{k}={_digest(t[i, start:end])}" for k, t in kept))
+            if labels is not None:
+                tokens.append(int((labels[i, start:end] != -100).sum()))
     return rows, tokens
 
 

@@ -216,3 +216,30 @@ def test_trl_sft_trainer_as_it_ships(tmp_path, variant, pattern):
     counts = [int(n) for n in re.findall(r": (\d+) of the step's \d+ tokens", said)]
     total = int(re.search(r"of the step's (\d+) tokens", said).group(1))
     assert sum(counts) == total and total < 8 * 11, result.report
+
+
+@pytest.mark.parametrize(
+    ("flags", "pattern"),
+    [
+        (("--padding-free",), None),
+        (("--padding-free", "--variant", "row-mean"), "micro:own-mean"),
+        pytest.param(("--packing",), None, marks=pytest.mark.slow),
+    ],
+)
+def test_trl_sft_trainer_on_packed_rows(tmp_path, flags, pattern):
+    # Issue 65: TRL flattens each micro-batch's sequences into one row (padding_free=True;
+    # packing=True packs the dataset into rows first), told apart by position_ids that
+    # restart at 0. The layouts' samples are the packed sequences, and a sequence mean
+    # written for padded batches takes the flattened row for one.
+    pytest.importorskip("trl", reason="the frameworks extra: pip install -e '.[frameworks]'")
+    result = run_parity(
+        [*TRL, *flags], layouts=[Layout(2, 2)], steps=2, global_batch=8, keep=tmp_path
+    )
+    if pattern is None:
+        assert result.exit_code == 0, result.report
+        if "--padding-free" in flags:
+            # Each packed sequence a sample: the step's 8, not one flattened row.
+            assert "1 micro-batch(es), 8 samples a step" in result.report, result.report
+        return
+    assert result.exit_code == 1, result.report
+    assert result.verdict.causes[0].pattern == pattern, result.report

@@ -42,6 +42,26 @@ def test_a_sample_is_the_same_whatever_its_padding_and_its_last_token():
     )
 
 
+def test_a_packed_sequence_is_the_same_sample_whatever_it_is_packed_with():
+    # TRL's padding-free batch: one row, position_ids restarting, flash-attention's
+    # cu_seq_lens (1-d, sorted first by its name) and each sequence's index in its row.
+    def flattened(sequences):
+        ids = torch.tensor([[t for s in sequences for t in s]])
+        labels = torch.tensor([[-100 if i == 0 else t for s in sequences for i, t in enumerate(s)]])
+        positions = torch.tensor([[i for s in sequences for i in range(len(s))]])
+        index = torch.tensor([[k for k, s in enumerate(sequences) for _ in s]])
+        cu = torch.tensor([0, *torch.tensor([len(s) for s in sequences]).cumsum(0).tolist()])
+        kwargs = {"input_ids": ids, "labels": labels, "position_ids": positions}
+        return fingerprints((), {**kwargs, "cu_seq_lens_q": cu, "seq_idx": index})
+
+    together, tokens = flattened([[5, 6, 7], [8, 9]])
+    first, _ = flattened([[5, 6, 7]])
+    second, _ = flattened([[3], [8, 9]])
+    assert len(together) == 2 and tokens == [2, 1]
+    assert together[0] == first[0] and together[1] == second[1]
+    assert together[0] != together[1]
+
+
 @pytest.mark.parametrize(
     ("mask", "layouts"),
     [
