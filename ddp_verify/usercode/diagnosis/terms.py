@@ -115,7 +115,8 @@ def _near(value: float, target: float) -> bool:
 
 def factor_reason(scenario: Scenario, factors: Sequence[float | None], per: str = "step") -> str:
     """What ``factors`` (one per step; None: any) are where each is a count of its step:
-    the micro-batches of every rank M x W (first for a term read ``per`` micro-batch), the
+    the steps k of its window and their inverse (where steps share windows), the
+    micro-batches of every rank M x W (first for a term read ``per`` micro-batch), the
     accumulation steps M, the world size W, their inverses, -1; "" otherwise.
 
     Example::
@@ -124,7 +125,18 @@ def factor_reason(scenario: Scenario, factors: Sequence[float | None], per: str 
     """
     world = scenario.world_size
     micro = [len(scenario.schedule[s][0]) for s in range(len(factors))]
+    windows = [float(len(scenario.window_of(s))) for s in range(len(factors))]
     said = (
+        (
+            [1.0 / k for k in windows] if scenario.window > 1 else [],
+            "/ k, the steps of its window: divided by the window's whole count where its count "
+            "per step was declared",
+        ),
+        (
+            windows if scenario.window > 1 else [],
+            "x k, the steps of its window: divided by the window's count per step where its "
+            "whole count was declared",
+        ),
         (
             # Said first where the term is read per micro-batch: with one micro-batch a
             # rank it is W, and the words say what the code did.
