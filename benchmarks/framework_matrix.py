@@ -247,6 +247,15 @@ def configs() -> list[Config]:
             trl,
             why="a compute_loss_func with the micro-batch's own mean",
         ),
+        Config("grpo-loop", "grpo_loop.py", (), right, ()),
+        Config(
+            "grpo-loop/kl-per-micro-batch",
+            "grpo_loop.py",
+            ("--variant", "kl-per-micro-batch"),
+            everywhere("grad:differs"),
+            (),
+            why="the KL term averaged over each micro-batch's own tokens, on every one",
+        ),
         Config("trl-sft/padding-free", "trl_sft.py", ("--padding-free",), right, trl),
         Config("trl-sft/packing", "trl_sft.py", ("--packing",), right, trl),
         Config(
