@@ -61,6 +61,11 @@ SAMPLE = (
     # where its count per step was declared, and a per-step mean handed a window's count.
     "loss-agg-window.window-whole-count",
     "loss-agg-step-window.window-count-per-step",
+    # Objectives of several terms: one term at M times its weight, another over every token
+    # where its mask was declared; and a packed causal loss counting its boundaries.
+    "loss-agg-terms.term-times-accumulation",
+    "loss-agg-terms.term-unmasked",
+    "loss-fn-packed.boundary-unmasked",
 )
 
 
