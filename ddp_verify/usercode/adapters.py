@@ -644,6 +644,10 @@ def _term_tensors(
         if term.index:
             values = per_token(logits, term_targets(given, term.index, logits.shape[-1]))
             handed[f"term:{term.tensor}"] = laid_out(scenario, inputs, values, counted, width)[0]
+            if term.micro:
+                # Its value on this micro-batch, as a model hands a router's auxiliary loss.
+                value = term.aggregation.value(values, chosen)
+                handed[f"term:{term.tensor}.value"] = value
         if term.mask:
             mask = laid_out(scenario, inputs, chosen.to(torch.float64), chosen, width)[1]
             handed[f"term:{term.mask}"] = mask.to(mask_dtype)

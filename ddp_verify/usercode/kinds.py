@@ -460,6 +460,9 @@ BINDABLE: dict[str, str] = {
 # A source that names a tensor or mask of the declared objective's terms (term:kl): what a
 # loss-agg plug-in is handed of an objective of several terms (ddp_verify.engine.terms).
 TERM_SOURCE = "term:"
+# The form of a term computed per micro-batch that is its value there (term:aux.value): a
+# 0-d tensor, as a model hands its router's auxiliary loss, not the per-token values.
+TERM_VALUE = "value"
 
 
 def is_term_source(source: str) -> bool:
@@ -467,10 +470,11 @@ def is_term_source(source: str) -> bool:
 
     Example::
 
-        >>> is_term_source("term:kl"), is_term_source("tokens")
-        (True, False)
+        >>> is_term_source("term:kl"), is_term_source("term:aux.value"), is_term_source("tokens")
+        (True, True, False)
     """
-    return source.startswith(TERM_SOURCE) and source[len(TERM_SOURCE) :].isidentifier()
+    name, _, form = source[len(TERM_SOURCE) :].partition(".")
+    return source.startswith(TERM_SOURCE) and name.isidentifier() and form in ("", TERM_VALUE)
 
 
 def term_binds(fn: Callable[..., Any], kind: Kind | str, bind: Binds, declared: str) -> Binds:
@@ -497,19 +501,40 @@ def term_binds(fn: Callable[..., Any], kind: Kind | str, bind: Binds, declared: 
             "declare one objective of the table"
         )
     binds = list(parse_binds(bind))
-    sources = {b.source for b in binds}
+    # A term handed in either form (its values, or its value per micro-batch) is handed.
+    sources = {(b.source or "").partition(".")[0] for b in binds}
     taken = {b.parameter for b in binds}
     try:
         params = called_signature(fn).parameters
     except (TypeError, ValueError):
         params = {}  # type: ignore[assignment]
     takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
+    terms = term_sum(declared).terms
+    for b in binds:
+        name, _, form = (b.source or "").partition(".")
+        if not (form and is_term_source(b.source or "")):
+            continue
+        term = next((t for t in terms if f"{TERM_SOURCE}{t.tensor}" == name), None)
+        if term is None or not term.micro:
+            raise KindError(
+                f"{b.parameter} is bound to {b.source}: a term's value per micro-batch is "
+                f"handed for a term computed within each micro-batch (@micro), which "
+                f"{name[len(TERM_SOURCE) :]} is not in {declared}; bind {name} for its values"
+            )
+    # A term taken as its value per micro-batch is aggregated already: its mask is not needed.
+    valued = {
+        t.mask
+        for t in terms
+        if f"{TERM_SOURCE}{t.tensor}.{TERM_VALUE}" in {b.source for b in binds}
+    }
     for name in term_sum(declared).handed():
         source = f"{TERM_SOURCE}{name}"
         if source in sources:
             continue
         if (name in params or takes_any) and name not in taken:
             binds.append(Bound(name, source))
+            continue
+        if name in valued:
             continue
         raise KindError(
             f"{_name(fn)} takes no parameter {name!r}, which the objective {declared} hands "
@@ -544,8 +569,9 @@ class Bound:
         if self.source is None:
             return f"{self.parameter}={self.literal!r}"
         if is_term_source(self.source):
-            name = self.source[len(TERM_SOURCE) :]
-            return f"{self.parameter}=<the objective's {name}>"
+            name, _, form = self.source[len(TERM_SOURCE) :].partition(".")
+            said = f"{name}'s value on the micro-batch" if form else name
+            return f"{self.parameter}=<the objective's {said}>"
         return f"{self.parameter}=<{BINDABLE[self.source]}>"
 
     def text(self) -> str:

@@ -34,6 +34,21 @@ def test_term_values_are_bound_by_the_parameters_their_names_say():
     assert term_binds(TERMS.right, "loss-agg", None, "token-mean") is None
 
 
+def test_a_term_per_micro_batch_may_come_as_its_value_there():
+    # A router's auxiliary loss as the model returns it: one value per micro-batch, its
+    # routed mask then not needed.
+    def moe(loss_mat, loss_mask, aux_loss, global_tokens):
+        return loss_mat.sum()
+
+    declared = "token-mean(loss) + 0.01*token-mean@micro(aux[routed])"
+    bound = term_binds(moe, "loss-agg", ["aux_loss=term:aux.value"], declared)
+    assert [b.text() for b in bound] == ["aux_loss=term:aux.value"]
+    described = check_signature(moe, "loss-agg", bind=bound).describe()
+    assert "aux_loss=<the objective's aux's value on the micro-batch>" in described
+    with pytest.raises(KindError, match="which kl is not in"):
+        term_binds(TERMS.right, "loss-agg", ["kl=term:kl.value"], DECLARED)
+
+
 def test_code_without_a_terms_parameter_is_told_how_to_bind_it():
     with pytest.raises(KindError, match=r"takes no parameter 'kl'.*PARAMETER=term:kl"):
         term_binds(TERMS.takes_no_kl, "loss-agg", None, DECLARED)
