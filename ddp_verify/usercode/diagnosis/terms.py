@@ -180,30 +180,26 @@ def _aggregation_words(aggregation: Objective, per: str) -> str:
     return f"{aggregation}{where}"
 
 
-def _columns(
+def _column(
     scenario: Scenario,
     step: int,
     params: Mapping[str, torch.Tensor] | None,
-    choices: Sequence[tuple[Term, Objective, str]],
+    choice: tuple[Term, Objective, str],
 ) -> torch.Tensor:
-    """The gradient of each ``(term, aggregation, per)`` at ``step``'s global batch, at
-    ``params``, as the columns of a ``(parameters, choices)`` matrix."""
+    """The gradient of ``choice`` (a term, the aggregation it is read as, and ``per`` which
+    piece) on ``step``'s global batch at ``params``, flattened, float64."""
+    term, aggregation, per = choice
     inputs, targets = build_data(scenario, "float64")[step]
-    per_token = loss_function(scenario, "none")
     model = _model_at(scenario, params)
-    columns = []
-    for term, aggregation, per in choices:
-        model.zero_grad(set_to_none=True)
-        losses, mask = term_losses(term, model(inputs), targets, per_token)
-        value = aggregated(scenario, step, aggregation, per, losses, mask)
-        factor = term_factor(scenario, dataclasses.replace(term, aggregation=aggregation), step)
-        if per != "step":
-            factor = 1.0
-        if value.requires_grad:
-            (value * factor).backward()
-        grads = {n: p.grad for n, p in model.named_parameters()}
-        columns.append(flatten(model, grads))
-    return torch.stack(columns, dim=1)
+    losses, mask = term_losses(term, model(inputs), targets, loss_function(scenario, "none"))
+    value = aggregated(scenario, step, aggregation, per, losses, mask)
+    if per == "step":
+        value = value * term_factor(
+            scenario, dataclasses.replace(term, aggregation=aggregation), step
+        )
+    if value.requires_grad:
+        value.backward()
+    return flatten(model, {n: p.grad for n, p in model.named_parameters()})
 
 
 def _changes(choice: tuple[Term, Objective, str], declared: tuple[Term, Objective, str]) -> int:
@@ -245,14 +241,24 @@ def read_terms(scenario: Scenario, got: Trace, rtol: float) -> Reading | None:
     observed = [observed_gradients(scenario, got, s)[0] for s in range(scenario.steps)]
     if any(o is None for o in observed):
         return None
+    model = _model_at(scenario, None)
+    wanted = [flatten(model, o) for o in observed if o is not None]
+    starts = [starts_of(scenario, got, step)[0] for step in range(scenario.steps)]
+    # Each term's reading differs from the declared in one term: a column, once computed,
+    # serves every reading that holds it.
+    known: dict[tuple[int, tuple[Term, Objective, str]], torch.Tensor] = {}
+
+    def column(step: int, choice: tuple[Term, Objective, str]) -> torch.Tensor:
+        if (step, choice) not in known:
+            known[step, choice] = _column(scenario, step, starts[step], choice)
+        return known[step, choice]
+
     for choice in readings:
         weights: list[list[float | None]] = [[] for _ in terms]
         worst = 0.0
         for step in range(scenario.steps):
-            start = starts_of(scenario, got, step)[0]
-            columns = _columns(scenario, step, start, choice)
-            model = _model_at(scenario, None)
-            solution, rest = _fit(columns, flatten(model, observed[step]))  # type: ignore[arg-type]
+            columns = torch.stack([column(step, c) for c in choice], dim=1)
+            solution, rest = _fit(columns, wanted[step])
             worst = max(worst, rest)
             if rest > rtol:
                 break
