@@ -13,10 +13,16 @@ from __future__ import annotations
 import torch
 
 from .models import PAD_ID, VOCABULARY
-from .packing import pack
+from .packing import Packed, pack
 from .scenario import IGNORE_INDEX, Scenario
 
-__all__ = ["packed_labels", "unpacked_boundaries", "unshifted_labels"]
+__all__ = [
+    "packed_boundaries",
+    "packed_labels",
+    "packing_of",
+    "unpacked_boundaries",
+    "unshifted_labels",
+]
 
 
 def unpacked_boundaries(
@@ -75,11 +81,28 @@ def packed_labels(
     if not scenario.packing:
         rows, width = labels.shape
         return logits, labels, unpacked_boundaries(rows, width, device)
-    lengths = ((inputs != PAD_ID).sum(dim=1).clamp(min=1) + int(unshifted)).tolist()
-    packed = pack(lengths, scenario.packing, width=labels.shape[1])
-    boundaries = {
+    packed = packing_of(scenario, inputs, labels.shape[1], extra=int(unshifted))
+    boundaries = packed_boundaries(packed, device)
+    return packed.of(logits, 0.0), packed.of(labels, IGNORE_INDEX), boundaries
+
+
+def packing_of(scenario: Scenario, inputs: torch.Tensor, width: int, extra: int = 0) -> Packed:
+    """How ``scenario`` packs a micro-batch of ``inputs`` (``[sequences, width]``): each
+    sequence's positions are its tokens (padding excluded), plus ``extra`` (the slot of an
+    unshifted last target).
+
+    Example::
+
+        packed = packing_of(scenario, inputs, targets.shape[1])
+    """
+    lengths = ((inputs != PAD_ID).sum(dim=1).clamp(min=1) + extra).tolist()
+    return pack(lengths, scenario.packing, width=width)
+
+
+def packed_boundaries(packed: Packed, device: torch.device | str | None) -> dict[str, torch.Tensor]:
+    """The boundaries of ``packed`` rows as code takes them by name, on ``device``."""
+    return {
         "position_ids": packed.position_ids.to(device),
         "segment_ids": packed.segment_ids.to(device),
         "cu_seq_lens": packed.cu_seq_lens.to(device),
     }
-    return packed.of(logits, 0.0), packed.of(labels, IGNORE_INDEX), boundaries

@@ -42,28 +42,6 @@ _ALIASES = {"micro-mean": f"token-mean@{MICRO}"}
 # share of it (the ranks' values then averaged). Where a rank holds one micro-batch the last
 # two are one: the micro-batch, what code handed one micro-batch at a time sees, is said.
 PER = ("step", MICRO, "rank")
-# Names the code is handed already: a term's tensor or mask may not take one of them.
-_TAKEN = frozenset(
-    {
-        "loss_mat",
-        "loss_mask",
-        "accumulation_steps",
-        "tokens",
-        "rank_tokens",
-        "global_tokens",
-        "sequences",
-        "rank_sequences",
-        "global_sequences",
-        "window_tokens",
-        "window_sequences",
-        "window_steps",
-        "position_ids",
-        "segment_ids",
-        "cu_seq_lens",
-        "world_size",
-        "rank",
-    }
-)
 _NUMBER = r"(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?"
 _TERM = re.compile(
     rf"\s*(?P<sign>[+-])?\s*(?:(?P<weight>{_NUMBER})\s*\*\s*)?"
@@ -198,17 +176,16 @@ def _parsed(text: str) -> TermSum:
     if not terms:
         raise _invalid(f"objective {text!r} declares no term; as {example}")
     declared_sum = TermSum(tuple(terms))
-    names = [t.tensor for t in terms[1:]] + [t.mask for t in terms if t.mask]
     tensors = [t.tensor for t in terms]
     if len(set(tensors)) != len(tensors):
         raise _invalid(
             f"objective {text!r}: each term aggregates a tensor of its own; "
             f"{', '.join(sorted({n for n in tensors if tensors.count(n) > 1}))} is named twice"
         )
-    clash = sorted((set(names) & _TAKEN) | (set(tensors) & {t.mask for t in terms if t.mask}))
+    clash = sorted(set(tensors) & {t.mask for t in terms if t.mask})
     if clash:
         raise _invalid(
-            f"objective {text!r}: {', '.join(clash)} already names what the code is handed; "
-            "name the term's tensor or mask otherwise"
+            f"objective {text!r}: {', '.join(clash)} names both a term's tensor and a mask; "
+            "name them apart"
         )
     return declared_sum

@@ -25,13 +25,18 @@ import torch.distributed as dist
 
 from ..engine.models import (
     LOSS_REDUCTIONS,
-    PAD_ID,
     VOCABULARY,
     loss_function,
     padded_width,
     sums,
 )
-from ..engine.packed_layout import packed_labels, unpacked_boundaries, unshifted_labels
+from ..engine.packed_layout import (
+    packed_boundaries,
+    packed_labels,
+    packing_of,
+    unpacked_boundaries,
+    unshifted_labels,
+)
 from ..engine.recipes import user_loss
 from ..engine.scenario import IGNORE_INDEX, Scenario
 from ..engine.trace import RankTrace, Settings, optimizer_settings
@@ -670,20 +675,13 @@ def laid_out(
 
         losses, mask, boundaries = laid_out(scenario, inputs, losses, mask, width)
     """
-    from ..engine.packing import pack
-
     device = losses.device
     if not scenario.packing:
         boundaries = unpacked_boundaries(losses.shape[0], width, device)
         return losses[:, :width], mask[:, :width], boundaries
     # A sequence's positions are its tokens (padding excluded), all of its positions packed.
-    lengths = (inputs != PAD_ID).sum(dim=1).clamp(min=1).tolist()
-    packed = pack(lengths, scenario.packing, width=losses.shape[1])
-    boundaries = {
-        "position_ids": packed.position_ids.to(device),
-        "segment_ids": packed.segment_ids.to(device),
-        "cu_seq_lens": packed.cu_seq_lens.to(device),
-    }
+    packed = packing_of(scenario, inputs, losses.shape[1])
+    boundaries = packed_boundaries(packed, device)
     # Padding's loss is 0 and counts nowhere: a packed row's tail holds no token.
     return packed.of(losses, 0.0), packed.of(mask, False), boundaries
 

@@ -510,6 +510,13 @@ def term_binds(fn: Callable[..., Any], kind: Kind | str, bind: Binds, declared: 
         params = {}  # type: ignore[assignment]
     takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
     terms = term_sum(declared).terms
+    handed = {*AGGREGATION_VALUES, *BINDABLE, *spec.parameters}
+    clash = sorted(set(term_sum(declared).handed()) & handed)
+    if clash:
+        raise KindError(
+            f"the objective {declared} names {', '.join(clash)}, which the code is handed "
+            "already; name the term's tensor or mask otherwise"
+        )
     for b in binds:
         name, _, form = (b.source or "").partition(".")
         if not (form and is_term_source(b.source or "")):

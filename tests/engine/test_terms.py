@@ -47,7 +47,7 @@ def test_the_grammar_reads_weights_signs_scopes_masks_and_the_shorthand():
         ("token-mean(loss) 0.1*token-mean(kl)", "joined by \\+ or -"),
         ("token-mean(loss) + 0.1*mean(kl)", "objective 'mean' is none of"),
         ("token-mean(loss) + 0.1*token-mean(loss)", "loss is named twice"),
-        ("token-mean(loss) + 0.1*token-mean(global_tokens)", "already names what the code"),
+        ("token-mean(loss) + 0.1*token-mean(kl[kl])", "names both a term's tensor and a mask"),
         ("token-mean(loss) + 0*token-mean(kl)", "weight 0 counts nothing"),
         ("token-mean(loss) + token-mean@window@micro(kl)", "@micro or @window, not both"),
         ("token-mean(loss) + sum@window(kl)", "divides by nothing"),

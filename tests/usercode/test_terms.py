@@ -52,6 +52,8 @@ def test_a_term_per_micro_batch_may_come_as_its_value_there():
 def test_code_without_a_terms_parameter_is_told_how_to_bind_it():
     with pytest.raises(KindError, match=r"takes no parameter 'kl'.*PARAMETER=term:kl"):
         term_binds(TERMS.takes_no_kl, "loss-agg", None, DECLARED)
+    with pytest.raises(KindError, match="global_tokens, which the code is handed already"):
+        term_binds(TERMS.right, "loss-agg", None, "token-mean(loss) + sum(global_tokens)")
     with pytest.raises(KindError, match="a loss-fn plug-in is handed one loss"):
         term_binds(TERMS.right, "loss-fn", None, DECLARED)
 

@@ -19,10 +19,9 @@ from __future__ import annotations
 
 import torch
 
-from ...engine.models import PAD_ID, loss_function
+from ...engine.models import loss_function
 from ...engine.objectives import objective
-from ...engine.packed_layout import packed_labels, unshifted_labels
-from ...engine.packing import pack
+from ...engine.packed_layout import packed_labels, packing_of, unshifted_labels
 from ...engine.scenario import IGNORE_INDEX, Scenario
 from ...engine.trace import Trace
 from ...engine.training import Step, train
@@ -47,8 +46,7 @@ def rows_as_sequences(scenario: Scenario, over: str) -> Trace:
         pieces = []
         for rank in range(scenario.world_size):
             for inputs, targets in step.micro_batches(rank):
-                lengths = (inputs != PAD_ID).sum(dim=1).clamp(min=1).tolist()
-                packed = pack(lengths, scenario.packing, width=targets.shape[1])
+                packed = packing_of(scenario, inputs, targets.shape[1])
                 losses = packed.of(per_token(step.model(inputs), targets), 0.0)
                 pieces.append((losses, packed.of(targets != IGNORE_INDEX, False)))
         rows = sum(declared.units(mask) for _, mask in pieces)
