@@ -29,7 +29,8 @@ For each world size, one run measures:
   is ``own/oracle`` at most 1.2;
 - a sequence mean over segments (a loss-agg plug-in) checked on the same scenarios padded
   and packed (flat or in rows): the same tokens, only the layout handed over differs; the
-  target is ``packed/pad`` at most 1.2;
+  target is ``packed/pad`` at most 1.2; and likewise a causal-LM loss masking each packed
+  sequence's start (a loss-fn plug-in), ``packed/pad loss-fn`` at most 1.2;
 - the **usual way** for the same work: a fresh ``torch.multiprocessing.spawn`` world per
   example, as spawn-based test suites do (timed last, after every other figure);
 - ``ddp-verify check fixtures/grad_sync.py:sample_weighted --kind grad-sync`` with 100
@@ -566,6 +567,27 @@ def packed_checks(
     return paired_rounds(world, method, pairs, args.rounds)
 
 
+def packed_loss_checks(
+    world: VerifyingWorld, size: int, args: argparse.Namespace
+) -> tuple[list[float], list[float]]:
+    """A causal-LM loss that shifts its labels and masks each packed sequence's start from
+    ``position_ids`` (``fixtures/real_style/packed_lm_losses.py``, a loss-fn plug-in)
+    checked on the same token scenarios padded and packed (flat or in rows, alternately):
+    the same tokens, only the logits' and labels' layout differs. As :func:`packed_checks`."""
+    from packed_lm_losses import causal_lm_loss_masking_boundaries
+
+    method = adapt(causal_lm_loss_masking_boundaries, "loss-fn", layout="labels=unshifted")
+    # Token scenarios, as the loss-agg row draws them: a language model's loss meets those.
+    cases = [
+        dataclasses.replace(s, labels="unshifted", packing="")
+        for s in fixed_scenarios(size, args.examples, "loss-agg")
+    ]
+    pairs = [
+        (s, dataclasses.replace(s, packing=("flat", "rows")[i % 2])) for i, s in enumerate(cases)
+    ]
+    return paired_rounds(world, method, pairs, args.rounds)
+
+
 def _peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
@@ -849,6 +871,11 @@ def measure(size: int, args: argparse.Namespace) -> dict[str, Any]:
             out["padded_check_ms"] = statistics.median(padded) * 1e3
             out["packed_check_ms"] = statistics.median(packed) * 1e3
             ratio("packed_over_padded", "packed_check_ms", "padded_check_ms")
+            say(f"world size {size}: a causal-LM loss checked padded and packed, same tokens")
+            padded, packed = packed_loss_checks(world, size, args)
+            out["padded_loss_check_ms"] = statistics.median(padded) * 1e3
+            out["packed_loss_check_ms"] = statistics.median(packed) * 1e3
+            ratio("packed_loss_over_padded", "packed_loss_check_ms", "padded_loss_check_ms")
             if args.diagnosis:
                 say(f"world size {size}: a mistake found, shrunk and diagnosed (world.check)")
                 taken = samples(
@@ -990,6 +1017,7 @@ REFERENCES = [
     ("padded_check_ms", "padded ms", "{:.1f}"),
     ("packed_check_ms", "packed ms", "{:.1f}"),
     ("packed_over_padded", "packed/pad", "{:.2f}"),
+    ("packed_loss_over_padded", "packed/pad loss-fn", "{:.2f}"),
 ]
 PER_KIND = [
     ("check_ms", "check ms", "{:.1f}"),
