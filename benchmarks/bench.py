@@ -561,10 +561,7 @@ def packed_checks(
         dataclasses.replace(s, objective="seq-mean-token-mean", packing="")
         for s in fixed_scenarios(size, args.examples, "loss-agg")
     ]
-    pairs = [
-        (s, dataclasses.replace(s, packing=("flat", "rows")[i % 2])) for i, s in enumerate(cases)
-    ]
-    return paired_rounds(world, method, pairs, args.rounds)
+    return paired_rounds(world, method, _padded_and_packed(cases), args.rounds)
 
 
 def packed_loss_checks(
@@ -582,10 +579,14 @@ def packed_loss_checks(
         dataclasses.replace(s, labels="unshifted", packing="")
         for s in fixed_scenarios(size, args.examples, "loss-agg")
     ]
-    pairs = [
+    return paired_rounds(world, method, _padded_and_packed(cases), args.rounds)
+
+
+def _padded_and_packed(cases: list[Scenario]) -> list[tuple[Scenario, Scenario]]:
+    """Each padded scenario beside itself packed, in one row or in rows alternately."""
+    return [
         (s, dataclasses.replace(s, packing=("flat", "rows")[i % 2])) for i, s in enumerate(cases)
     ]
-    return paired_rounds(world, method, pairs, args.rounds)
 
 
 def _peak_rss_mib() -> float:
