@@ -99,7 +99,12 @@ class TinyTransformer(nn.Module):
     """One pre-norm causal transformer block over token ids: embedding plus learned positions,
     single-head self-attention, an MLP, a final LayerNorm and per-token logits over the
     vocabulary (from the embedding itself when ``spec.tied``). Padding sits at the end of a
-    sequence, so causal attention never lets a counted token see it."""
+    sequence, so causal attention never lets a counted token see it.
+
+    Given ``position_ids`` (packed rows, as Hugging Face models take them), each position's
+    learned position is its own, and attention stays within its segment: a segment starts
+    where the position id is 0, as padding-free models find the boundaries. A sequence
+    packed with others then gets the logits it gets alone."""
 
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
@@ -114,13 +119,25 @@ class TinyTransformer(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(d, spec.hidden[0]), act(), nn.Linear(spec.hidden[0], d))
         self.head = None if spec.tied else nn.Linear(d, VOCABULARY, bias=False)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, tokens: torch.Tensor, position_ids: torch.Tensor | None = None
+    ) -> torch.Tensor:
         length = tokens.shape[1]
-        h = self.embedding(tokens) + self.position[:length]
+        future = torch.ones(length, length, dtype=torch.bool, device=tokens.device).triu(1)
+        if position_ids is None:
+            # A packed row longer than any sequence (code that forgot its position_ids)
+            # runs, its late positions sharing the last learned one, as a wrong result.
+            at = torch.arange(length, device=tokens.device).clamp(max=TOKENS - 1)
+            h = self.embedding(tokens) + self.position[at]
+            hidden = future
+        else:
+            h = self.embedding(tokens) + self.position[position_ids.clamp(0, TOKENS - 1)]
+            segment = (position_ids == 0).cumsum(dim=1)
+            # Another segment's positions are hidden as the future is (per row: [rows, l, l]).
+            hidden = future | (segment.unsqueeze(2) != segment.unsqueeze(1))
         q, k, v = self.qkv(self.ln1(h)).chunk(3, dim=-1)
         scores = q @ k.transpose(1, 2) / math.sqrt(q.shape[-1])
-        future = torch.ones(length, length, dtype=torch.bool, device=tokens.device).triu(1)
-        attention = scores.masked_fill(future, float("-inf")).softmax(dim=-1)
+        attention = scores.masked_fill(hidden, float("-inf")).softmax(dim=-1)
         h = h + self.proj(attention @ v)
         h = self.ln_f(h + self.mlp(self.ln2(h)))
         return h @ self.embedding.weight.T if self.head is None else self.head(h)

@@ -17,12 +17,49 @@ from .packing import Packed, pack
 from .scenario import IGNORE_INDEX, Scenario
 
 __all__ = [
+    "MICRO_BATCH_KEYS",
+    "micro_batch_dict",
     "packed_boundaries",
     "packed_labels",
     "packing_of",
     "unpacked_boundaries",
     "unshifted_labels",
 ]
+
+
+# The keys of a micro-batch handed as a dict (a step's, as a padding-free collator gives it).
+MICRO_BATCH_KEYS = ("input_ids", "labels", "position_ids", "segment_ids", "cu_seq_lens")
+
+
+def micro_batch_dict(
+    scenario: Scenario, inputs: torch.Tensor, targets: torch.Tensor
+) -> dict[str, torch.Tensor]:
+    """A micro-batch of token ``inputs`` and aligned ``targets`` (``[sequences, width]``) as
+    a padding-free collator hands it to a training step: ``input_ids`` and ``labels`` packed
+    into rows as the scenario says (each position's label is what it predicts, -100 where
+    nothing counts), with the boundaries the model needs to keep each sequence to itself
+    (:data:`MICRO_BATCH_KEYS`); unpacked, the padded batch with the trivial boundaries.
+
+    Example::
+
+        >>> from ddp_verify.engine.scenario import ModelSpec
+        >>> scenario = Scenario(world_size=1, schedule=(((2,),),), loss="tokens",
+        ...                     model=ModelSpec(kind="transformer"), packing="flat")
+        >>> batch = micro_batch_dict(scenario, torch.tensor([[5, 6], [7, 0]]),
+        ...                          torch.tensor([[1, 2], [3, -100]]))
+        >>> batch["input_ids"].tolist(), batch["position_ids"].tolist()
+        ([[5, 6, 7]], [[0, 1, 0]])
+    """
+    if not scenario.packing:
+        rows, width = targets.shape
+        boundaries = unpacked_boundaries(rows, width, targets.device)
+        return {"input_ids": inputs, "labels": targets, **boundaries}
+    packed = packing_of(scenario, inputs, targets.shape[1])
+    return {
+        "input_ids": packed.of(inputs, PAD_ID),
+        "labels": packed.of(targets, IGNORE_INDEX),
+        **packed_boundaries(packed, targets.device),
+    }
 
 
 def unpacked_boundaries(

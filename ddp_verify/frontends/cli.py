@@ -412,11 +412,12 @@ def _parser() -> argparse.ArgumentParser:
         type=_packings,
         default=None,
         help="how each micro-batch's sequences are laid out for a loss-agg or loss-fn "
-        "function: none (padded, a sequence a row), flat (all in one row, as "
-        "DataCollatorWithFlattening does), rows (packed into rows, never split), split (cut "
-        "into rows wherever a row ends, a sequence split across two; loss-agg only), "
-        "comma-separated to draw among them. Default: all where the code takes position_ids, "
-        "segment_ids or cu_seq_lens; else none",
+        "function, or a step that takes dict micro-batches: none (padded, a sequence a row), "
+        "flat (all in one row, as DataCollatorWithFlattening does), rows (packed into rows, "
+        "never split), split (cut into rows wherever a row ends, a sequence split across two; "
+        "loss-agg only), comma-separated to draw among them. Default: all where the code "
+        "takes position_ids, segment_ids or cu_seq_lens, none, flat and rows for a dict "
+        "step; else none",
     )
     check.add_argument(
         "--boundary-labels",

@@ -31,6 +31,7 @@ from ..engine.models import (
     sums,
 )
 from ..engine.packed_layout import (
+    micro_batch_dict,
     packed_boundaries,
     packed_labels,
     packing_of,
@@ -378,10 +379,20 @@ class TrainingStep(UserMethod):
         loss_reduction: str = "mean",
         wrapped: bool = False,
         ddp_wrapper: str | None = None,
+        dicts: bool = False,
     ) -> None:
         super().__init__(fn, name)
         self.loss_reduction, self.wrapped = loss_reduction, wrapped
         self.ddp_wrapper = ddp_wrapper
+        self.dicts = dicts
+
+    def _micro_batches(self, run: RankRun, step: int) -> list[Any]:
+        """The step's micro-batches as the code takes them: pairs, or dicts (packed where
+        the scenario packs its sequences)."""
+        batches = run.micro_batches(step)
+        if not self.dicts:
+            return batches
+        return [micro_batch_dict(run.scenario, inputs, targets) for inputs, targets in batches]
 
     def train_rank(self, scenario: Scenario) -> RankTrace:
         run = RankRun(scenario)
@@ -419,7 +430,7 @@ class TrainingStep(UserMethod):
         )
         for step in range(scenario.steps):
             calls.append([])
-            reported = self.fn(model, optimizer, run.micro_batches(step), loss_fn)
+            reported = self.fn(model, optimizer, self._micro_batches(run, step), loss_fn)
             if not calls[-1]:
                 run.record_gradients()  # never stepped: what it left, for the step's record
             run.record_step(_as_float(reported, "step"))
@@ -795,7 +806,12 @@ ADAPTERS: dict[str, Adapter] = {
         fn, name, call, form="reduce-dict", result_on=o.result_on
     ),
     "step": lambda fn, name, call, kind, o: TrainingStep(
-        fn, name, loss_reduction=o.loss_reduction, wrapped=kind.wrapped, ddp_wrapper=o.ddp_wrapper
+        fn,
+        name,
+        loss_reduction=o.loss_reduction,
+        wrapped=kind.wrapped,
+        ddp_wrapper=o.ddp_wrapper,
+        dicts=o.layout.get("batches") == "dicts",
     ),
     "comm-hook": lambda fn, name, call, kind, o: CommHook(fn, name, o.hook_state),
     "loss-fn": lambda fn, name, call, kind, o: LossFunction(fn, name, call, o),

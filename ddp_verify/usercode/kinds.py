@@ -198,6 +198,8 @@ REGISTRY: tuple[Kind, ...] = (
         # Names do not tell a step from a wrapped step: nanoGPT's DDP model is "model".
         leading_names=("ddp_model",),
         default_bounds=_SAME_COUNTS,
+        # Micro-batches as pairs, or as dicts whose sequences may be packed (probed).
+        layout_axes=("batches",),
         owns_micro_batches=True,
         keeps_state=True,
         named_values=STEP_VALUES,
@@ -213,6 +215,8 @@ REGISTRY: tuple[Kind, ...] = (
         bound_by_wrapper=True,
         leading_names=("model",),
         default_bounds=_SAME_COUNTS,
+        # Micro-batches as pairs, or as dicts whose sequences may be packed (probed).
+        layout_axes=("batches",),
         owns_micro_batches=True,
         wrapped=True,
         keeps_state=True,

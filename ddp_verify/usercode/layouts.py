@@ -2,13 +2,16 @@
 
 A layout is one choice per axis (:data:`AXES`): a token loss's logits flattened to
 ``(positions, vocab)`` or kept ``(batch, seq, vocab)``; its labels aligned with the logits or
-unshifted (it shifts them itself); a reduce helper's input a tensor or a list of tensors. No
+unshifted (it shifts them itself); a training step's micro-batches ``(inputs, targets)``
+pairs or dicts as a padding-free collator gives them (whose sequences a scenario may pack);
+a reduce helper's input a tensor or a list of tensors. No
 layout is assumed: before the search, the code is called in every candidate layout on the
 simplest even scenario (every rank as many loss items, one micro-batch, one step), in one job
 on the world, and the layout kept is chosen by evidence:
 
 1. the layouts that run (no exception on any rank); none: a usage error listing each layout
-   with its error and the option that pins one;
+   with its error and the option that pins one, unless every layout raised the same error
+   (the code fails whatever the layout: the search meets it and reports it);
 2. of those, the ones whose result agrees with the reference there (on an even scenario the
    usual weighting mistakes agree too);
 3. else the ones whose gradient is the reference's up to one overall factor (a mistake in
@@ -81,6 +84,18 @@ AXES: dict[str, Axis] = {
         (
             Choice("aligned", "labels aligned"),
             Choice("unshifted", "labels unshifted (shifted by the code)"),
+        ),
+        tokens_only=True,
+    ),
+    "batches": Axis(
+        "batches",
+        (
+            Choice("pairs", "(inputs, targets) micro-batches"),
+            Choice(
+                "dicts",
+                "dict micro-batches (input_ids, labels, position_ids, segment_ids, "
+                "cu_seq_lens), packed where the scenario packs",
+            ),
         ),
         tokens_only=True,
     ),
@@ -337,6 +352,10 @@ def choose(kind: Kind | str, tried: Iterable[Tried]) -> Chosen:
     """
     tried = tuple(tried)
     ran = [t for t in tried if t.error is None]
+    if not ran and len(tried) > 1 and len({t.error for t in tried}) == 1:
+        # One error whatever the layout: the layout is not what fails. The search meets it
+        # in the first layout and reports it as the code's own.
+        return Chosen(tried[0].layout, "", tried, settled=False)
     if not ran:
         each = "\n".join(f"  {words(kind, t.layout)}: raised {t.error}" for t in tried)
         raise LayoutPinError(

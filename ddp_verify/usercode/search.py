@@ -171,6 +171,7 @@ def search(
     timeline.mark("layout")
     called["layout"] = chosen.layout
     method = adapt(fn, kind, **called)
+    bounds = packed_step_bounds(kind, chosen.layout, scenario_bounds, bounds)
     labels = chosen.layout.get("labels")
     if labels == "unshifted":
         # A loss that shifts its labels is a language model's: token data whose last
@@ -486,7 +487,8 @@ def _generic_causes(
     # Right padded, wrong packed: said beside what the numbers name.
     disagrees = packing_probe(world, method, outcome)
     if disagrees is not None:
-        found = [*found, disagrees]
+        # What no weighting reproduced is explained: how the code reads the packed rows.
+        found = [*(c for c in found if c.pattern not in _NOT_FOUND), disagrees]
     return tuple(_causes_first(found)) if state is None else (state.cause, *found)
 
 
@@ -849,6 +851,66 @@ def _refuse_foreign_bounds(kind: Kind, scenario_bounds: Mapping[str, Any]) -> No
         )
 
 
+# What a step's harness-given loss_fn aggregates the same packed or padded: a token mean (the
+# default's) and a sum; a sequence mean would take a packed row for a sequence.
+_PACKABLE_OBJECTIVES = ("", "token-mean", "sum")
+
+
+def _packed_steps(kind: Kind, bounds: Mapping[str, Any], packings: tuple[str, ...]) -> None:
+    """A :class:`KindError` for packed step micro-batches the harness cannot hand over."""
+    if "split" in packings:
+        raise KindError(
+            f"{option('packings', bounds['packings'])}: split cuts a sequence across rows, "
+            f"and the model a {kind} plug-in runs attends within a row, so the second part "
+            "of a split sequence loses what came before and trains something else; pack "
+            "with none, flat or rows"
+        )
+    if (bounds.get("objective") or "") not in _PACKABLE_OBJECTIVES:
+        raise KindError(
+            f"{option('packings', bounds['packings'])} with "
+            f"{option('objective', bounds['objective'])}: the loss_fn a {kind} plug-in is "
+            "given would take each packed row for a sequence; packed steps are checked "
+            "under a token mean or a sum"
+        )
+    if tuple(bounds.get("losses", ("tokens",))) != ("tokens",) or bounds.get("loss_fn"):
+        raise KindError(
+            f"{option('packings', bounds['packings'])} packs the built-in token data's "
+            "sequences, which the harness's transformer keeps apart by their position_ids: "
+            f"draw {option('losses', 'tokens')} and leave out your own loss"
+        )
+
+
+def packed_step_bounds(
+    kind: Kind, layout: Mapping[str, str], pinned: Mapping[str, Any], bounds: dict[str, Any]
+) -> dict[str, Any]:
+    """``bounds`` for a step called in ``layout``: dict micro-batches come from token data,
+    padded and packed (flat, rows) unless the caller pinned ``packings``; packings pinned for
+    code that takes pairs are a :class:`KindError` (pairs carry no boundaries).
+
+    Example::
+
+        packed_step_bounds(KIND["step"], {"batches": "dicts"}, {}, bounds)["packings"]
+        # ('', 'flat', 'rows')
+    """
+    if "batches" not in kind.layout_axes:
+        return bounds
+    packings = tuple(pinned.get("packings", ("",)))
+    if layout.get("batches") != "dicts":
+        if packings != ("",):
+            raise KindError(
+                f"{option('packings', pinned['packings'])}: packed micro-batches come as "
+                "dicts with their position_ids, and the code was called with (inputs, "
+                "targets) pairs; pin the dicts it takes "
+                f"({option('layout', 'batches=dicts')}) or leave packings out"
+            )
+        return bounds
+    drawn = {**bounds, "losses": ("tokens",)}
+    packable = (bounds.get("objective") or "") in _PACKABLE_OBJECTIVES
+    if "packings" not in pinned and packable and not bounds.get("loss_fn"):
+        drawn["packings"] = ("", "flat", "rows")
+    return drawn
+
+
 def bounds_for(kind: Kind | str, scenario_bounds: Mapping[str, Any]) -> dict[str, Any]:
     """The scenario bounds a check of ``kind`` draws from: the kind's defaults, then the
     caller's, then what a declared objective implies (token data). A :class:`KindError` for
@@ -892,13 +954,16 @@ def bounds_for(kind: Kind | str, scenario_bounds: Mapping[str, Any]) -> dict[str
 
         bounds["optimizers"] = optimizers(schedules=True, groups=True)
     packings = tuple(scenario_bounds.get("packings", ("",)))
-    if packings != ("",) and not kind.packed:
+    steps = "batches" in kind.layout_axes
+    if packings != ("",) and not (kind.packed or steps):
         raise KindError(
             f"{option('packings', scenario_bounds['packings'])} lays out the token logits or "
-            f"per-token losses a loss-fn or loss-agg function is handed; a {kind} plug-in is "
-            "handed none: leave it out"
+            f"per-token losses a loss-fn or loss-agg function is handed, or a step's "
+            f"micro-batches; a {kind} plug-in is handed none: leave it out"
         )
-    if "split" in packings and not kind.token_losses:
+    if steps and packings != ("",):
+        _packed_steps(kind, scenario_bounds, packings)
+    elif "split" in packings and not kind.token_losses:
         raise KindError(
             f"{option('packings', scenario_bounds['packings'])}: split cuts a sequence across "
             f"rows, and a {kind} plug-in that shifts its labels within a row would lose the "

@@ -449,6 +449,43 @@ SHAPES = (
         ),
         families=frozenset({"step"}),
     ),
+    # A step over padding-free micro-batches (dicts, sequences packed into rows, as
+    # DataCollatorWithFlattening gives them): the model told each sequence's positions,
+    # each micro-batch's token mean weighted by its tokens, the sum over every rank's.
+    Shape(
+        "step-packed",
+        "step",
+        "train_step",
+        """\
+        def train_step(model, optimizer, micro_batches, loss_fn):
+            optimizer.zero_grad()
+            local = sum(int((b["labels"] != -100).sum()) for b in micro_batches)
+            total = torch.tensor([float(local)], dtype=torch.float64)
+            dist.all_reduce(total)
+            reported = torch.zeros((), dtype=torch.float64)
+            for b in micro_batches:
+                $zero_inside
+                n = int((b["labels"] != -100).sum())
+                loss = loss_fn(model($forward), b["labels"]) * $mb_weight
+                loss.backward()
+                reported += loss.detach().double()
+            for p in model.parameters():
+                if p.grad is not None:
+                    dist.all_reduce(p.grad)
+                    p.grad.div_($divide)
+            dist.all_reduce(reported)
+            optimizer.step()
+            return reported / total.item()
+        """,
+        dict(
+            zero_inside="",
+            forward='b["input_ids"], position_ids=b["position_ids"]',
+            mb_weight="n",
+            divide="total.item()",
+        ),
+        options={"losses": ("tokens",)},
+        families=frozenset({"step-packed"}),
+    ),
     # A distillation loss of the user's (a teacher's logits as the targets, a temperature),
     # synced by a plain weighted loop.
     Shape(
@@ -1390,6 +1427,7 @@ OPERATORS = (
             "report": {"weight": "1", "divide": "dist.get_world_size()"},
             "metric": {"weight": "1", "divide": "dist.get_world_size()"},
             "step": {"mb_weight": "len(y) / local", "divide": "dist.get_world_size()"},
+            "step-packed": {"mb_weight": "n / local", "divide": "dist.get_world_size()"},
             "step-recipe": {"mb_weight": "len(y) / local", "divide": "dist.get_world_size()"},
             "step-clip": {"mb_weight": "len(y) / local", "divide": "dist.get_world_size()"},
             "step-shard": {"mb_weight": "len(y) / local", "divide": "dist.get_world_size()"},
@@ -1409,6 +1447,7 @@ OPERATORS = (
             "report": {"divide": "1"},
             "metric": {"divide": "1"},
             "step": {"divide": "1"},
+            "step-packed": {"divide": "1"},
             "step-shard": {"divide": "1"},
             "hook": {"divide": "1"},
             "hook-state": {"state_divide": "1"},
@@ -1520,6 +1559,7 @@ OPERATORS = (
         "zero_grad() inside the accumulation loop",
         {
             "step": {"zero_inside": "optimizer.zero_grad()"},
+            "step-packed": {"zero_inside": "optimizer.zero_grad()"},
             "step-recipe": {"zero_inside": "optimizer.zero_grad()"},
             "step-shard": {"zero_inside": "optimizer.zero_grad()"},
             "ddp-step": {"zero_inside": "optimizer.zero_grad()"},
@@ -1848,6 +1888,13 @@ OPERATORS = (
             }
         },
         frozenset({"micro:rows"}),
+    ),
+    Operator(
+        "position-ids-dropped",
+        "the model called on packed rows without their position_ids: each sequence attends "
+        "to the ones packed before it in its row, and takes their positions",
+        {"step-packed": {"forward": 'b["input_ids"]'}},
+        frozenset({"packed:disagrees"}),
     ),
     Operator(
         "boundary-unmasked",

@@ -36,14 +36,19 @@ CASES = [
 # A file's HOOK_STATE (a comm hook's state factory), LOSS_REDUCTION (the loss_fn its step
 # functions are written for) and BIND (parameters bound by name) are check() options for its
 # fixtures; SCENARIO_BOUNDS are the scenarios it is written for (token-level losses, say).
-# LOGITS, LABELS and TENSORS say the layout its functions are written for: never passed, the
-# probe must find it (and the verdict's layout must say it).
+# LOGITS, LABELS, TENSORS and BATCHES say the layout its functions are written for: never
+# passed, the probe must find it (and the verdict's layout must say it).
 FILE_OPTIONS = (
     ("hook_state", "HOOK_STATE"),
     ("loss_reduction", "LOSS_REDUCTION"),
     ("bind", "BIND"),
 )
-LAYOUT_AXES = (("logits", "LOGITS"), ("labels", "LABELS"), ("tensors", "TENSORS"))
+LAYOUT_AXES = (
+    ("logits", "LOGITS"),
+    ("labels", "LABELS"),
+    ("tensors", "TENSORS"),
+    ("batches", "BATCHES"),
+)
 
 
 def _attributes(module, pairs) -> dict:

@@ -19,6 +19,7 @@ from ddp_verify.usercode.layouts import (
 FLAT = {"logits": "2d", "labels": "aligned"}
 FULL = {"logits": "3d", "labels": "aligned"}
 SHIFT = {"logits": "3d", "labels": "unshifted"}
+PAIRS, DICTS = {"batches": "pairs"}, {"batches": "dicts"}
 
 
 def test_agreeing_beats_scaled_beats_running_whatever_the_order():
@@ -64,6 +65,12 @@ def test_no_layout_that_runs_is_a_usage_error_naming_each():
     assert "(batch, seq, vocab) logits, labels aligned: raised ValueError: a" in message
     assert "(positions, vocab) logits, labels aligned: raised TypeError: b" in message
     assert isinstance(info.value, KindError)  # a usage error, exit 2
+
+
+def test_one_error_in_every_layout_is_the_codes_own_for_the_search_to_report():
+    same = "AssertionError: the model is not in the team's wrapper"
+    chosen = choose("step", [Tried(PAIRS, error=same), Tried(DICTS, error=same)])
+    assert chosen.layout == PAIRS and not chosen.settled and chosen.reason == ""
 
 
 def test_pins_narrow_the_candidates_and_bad_pins_say_what_fits():
