@@ -30,7 +30,9 @@ For each world size, one run measures:
 - a sequence mean over segments (a loss-agg plug-in) checked on the same scenarios padded
   and packed (flat or in rows): the same tokens, only the layout handed over differs; the
   target is ``packed/pad`` at most 1.2; and likewise a causal-LM loss masking each packed
-  sequence's start (a loss-fn plug-in), ``packed/pad loss-fn`` at most 1.2;
+  sequence's start (a loss-fn plug-in), ``packed/pad loss-fn`` at most 1.2, and a training
+  step over dict micro-batches whose model is told the ``position_ids`` (a step plug-in, the
+  model run on the packed rows), ``packed/pad step`` at most 1.2;
 - the **usual way** for the same work: a fresh ``torch.multiprocessing.spawn`` world per
   example, as spawn-based test suites do (timed last, after every other figure);
 - ``ddp-verify check fixtures/grad_sync.py:sample_weighted --kind grad-sync`` with 100
@@ -582,6 +584,24 @@ def packed_loss_checks(
     return paired_rounds(world, method, _padded_and_packed(cases), args.rounds)
 
 
+def packed_step_checks(
+    world: VerifyingWorld, size: int, args: argparse.Namespace
+) -> tuple[list[float], list[float]]:
+    """A training step over dict micro-batches that tells the model each packed sequence's
+    ``position_ids`` (``fixtures/real_style/packed_steps.py``) checked on the same token
+    scenarios padded and packed (flat or in rows, alternately): the same tokens, the model
+    run on the packed rows. As :func:`packed_checks`."""
+    from packed_steps import padding_free_step
+
+    method = adapt(padding_free_step, "step", loss_reduction="sum", layout="batches=dicts")
+    # Token scenarios under a token mean: what a packed step is checked under.
+    cases = [
+        dataclasses.replace(s, objective="", terms="", window=1, packing="")
+        for s in fixed_scenarios(size, args.examples, "loss-agg")
+    ]
+    return paired_rounds(world, method, _padded_and_packed(cases), args.rounds)
+
+
 def _padded_and_packed(cases: list[Scenario]) -> list[tuple[Scenario, Scenario]]:
     """Each padded scenario beside itself packed, in one row or in rows alternately."""
     return [
@@ -877,6 +897,11 @@ def measure(size: int, args: argparse.Namespace) -> dict[str, Any]:
             out["padded_loss_check_ms"] = statistics.median(padded) * 1e3
             out["packed_loss_check_ms"] = statistics.median(packed) * 1e3
             ratio("packed_loss_over_padded", "packed_loss_check_ms", "padded_loss_check_ms")
+            say(f"world size {size}: a padding-free step checked padded and packed, same tokens")
+            padded, packed = packed_step_checks(world, size, args)
+            out["padded_step_check_ms"] = statistics.median(padded) * 1e3
+            out["packed_step_check_ms"] = statistics.median(packed) * 1e3
+            ratio("packed_step_over_padded", "packed_step_check_ms", "padded_step_check_ms")
             if args.diagnosis:
                 say(f"world size {size}: a mistake found, shrunk and diagnosed (world.check)")
                 taken = samples(
@@ -1019,6 +1044,7 @@ REFERENCES = [
     ("packed_check_ms", "packed ms", "{:.1f}"),
     ("packed_over_padded", "packed/pad", "{:.2f}"),
     ("packed_loss_over_padded", "packed/pad loss-fn", "{:.2f}"),
+    ("packed_step_over_padded", "packed/pad step", "{:.2f}"),
 ]
 PER_KIND = [
     ("check_ms", "check ms", "{:.1f}"),

@@ -66,6 +66,8 @@ SAMPLE = (
     "loss-agg-terms.term-times-accumulation",
     "loss-agg-terms.term-unmasked",
     "loss-fn-packed.boundary-unmasked",
+    # A step over packed dict micro-batches whose model is not told the position_ids.
+    "step-packed.position-ids-dropped",
 )
 
 
