@@ -26,7 +26,7 @@ from ..world.ports import collided, free_port
 from .launchers import DEFAULT_LAUNCHER, Launcher, parse_launcher
 from .layouts import Layout, LayoutError, fill
 from .loopback import ENV_LOOPBACK
-from .recorder import ENV_DIR, ENV_DTYPE, ENV_PERTURB, ENV_STEPS
+from .recorder import ENV_DIR, ENV_DTYPE, ENV_LAYOUT, ENV_PERTURB, ENV_STEPS
 
 __all__ = ["DEFAULT_LAUNCHER", "Run", "first_failure", "launch", "script_of"]
 
@@ -181,6 +181,7 @@ def launch(
         ENV_DIR: str(directory),
         ENV_STEPS: str(steps),
         ENV_DTYPE: "float64" if float64 else "native",
+        ENV_LAYOUT: str(layout),
     }
     if perturb is not None:
         env[ENV_PERTURB] = f"{perturb}:{perturb_dtype}" if perturb_dtype else str(perturb)

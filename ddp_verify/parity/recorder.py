@@ -46,6 +46,7 @@ import torch
 __all__ = [
     "ENV_DIR",
     "ENV_DTYPE",
+    "ENV_LAYOUT",
     "ENV_PERTURB",
     "ENV_STEPS",
     "Recorder",
@@ -58,6 +59,8 @@ __all__ = [
 ENV_DIR = "DDP_VERIFY_RECORD"
 ENV_STEPS = "DDP_VERIFY_STEPS"
 ENV_DTYPE = "DDP_VERIFY_DTYPE"
+# The layout the launch asked for (``dp2.pp2.a2``), recorded with the run.
+ENV_LAYOUT = "DDP_VERIFY_LAYOUT"
 # A rounding-only variant of the run: every parameter moved by one unit roundoff of its dtype
 # (signs drawn from this seed) before the first forward. Where a script forces its own
 # precision, how far this lands from the plain run bounds what rounding alone can do.
@@ -166,6 +169,11 @@ class Recorder:
             # The same digests as the recorder was installed: a generator whose state did
             # not move before the first forward was not drawn from.
             "generators_at_start": _generator_digests(),
+            # The layout the launch asked for, where it said ("dp2.pp2.a2").
+            "layout": os.environ.get(ENV_LAYOUT) or None,
+            # This rank's pipeline stages, as torch.distributed.pipelining made them:
+            # [stage_index, num_stages] each (empty: not pipelined).
+            "stages": [],
         }
         self._known_modules: set[int] = set()
         # Whether a forward with autograd on (one that trains) has run.
@@ -185,6 +193,8 @@ class Recorder:
         self._watch: _Lower | None = None
         # Inside a closure's re-evaluation (LBFGS): the step's samples again, not recorded.
         self._again = False
+        # Inside a call that is not training (a pipeline stage's shape inference).
+        self._aside_depth = 0
         self._in_loss = False
         self._in_draw = False
         self._step = self._fresh()
@@ -216,6 +226,9 @@ class Recorder:
             "cleared": [],
             "local": [],
             "drawn": {},
+            # What a pipeline schedule divided this rank's gradients by after the step's
+            # backwards (its scale_grads: the micro-batches); 1 where nothing did.
+            "grad_scale": 1,
         }
 
     # -- installing --------------------------------------------------------------------------
@@ -236,6 +249,8 @@ class Recorder:
             # A module run by the autograd engine is activation checkpointing recomputing a
             # forward inside backward: the same samples again, not a micro-batch.
             forward = module.training and torch.is_grad_enabled() and not _in_autograd()
+            # A forward on meta tensors computes shapes only (a pipeline stage's inference).
+            forward = forward and not _on_meta(args, kwargs) and not recorder._aside_depth
             if recorder._depth == 0 and forward:
                 args, kwargs = recorder._at_forward(module, args, kwargs)
             elif recorder._depth and forward:
@@ -255,7 +270,7 @@ class Recorder:
         tensor_backward = torch.Tensor.backward
 
         def backward(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-            if recorder._in_backward:
+            if recorder._in_backward or recorder._aside_depth:
                 # Called again from inside itself: a torch function mode (the recorder's own
                 # precision watch, or the script's) hands Tensor.backward back to it.
                 return tensor_backward(tensor, *args, **kwargs)
@@ -271,13 +286,16 @@ class Recorder:
         autograd_backward = torch.autograd.backward
 
         def autograd(tensors: Any, *args: Any, **kwargs: Any) -> Any:
-            if recorder._in_backward:
+            if recorder._in_backward or recorder._aside_depth:
                 return autograd_backward(tensors, *args, **kwargs)
             for tensor in tensors if isinstance(tensors, (list, tuple)) else [tensors]:
                 recorder._at_backward(tensor)
+            # As Tensor.backward: a torch function mode hands the call back to this wrapper.
+            recorder._in_backward = True
             try:
                 return autograd_backward(tensors, *args, **kwargs)
             finally:
+                recorder._in_backward = False
                 recorder._after_backward()
 
         torch.autograd.backward = autograd
@@ -287,6 +305,8 @@ class Recorder:
             setattr(torch.nn.functional, name, self._counting(getattr(torch.nn.functional, name)))
         self._watch_exchanges()
         self._watch_draws()
+        # torch.distributed.pipelining costs seconds to import: watched once the script does.
+        _after_import("torch.distributed.pipelining.stage", self._watch_stages)
         register_optimizer_step_pre_hook(self._before_step)
         register_optimizer_step_post_hook(self._after_step)
         # What the script logs, read as it goes by.
@@ -329,6 +349,53 @@ class Recorder:
             for module in (dist, distributed_c10d):
                 if getattr(module, name, None) is collective:
                     setattr(module, name, wrapped)
+
+    def _watch_stages(self, module: types.ModuleType) -> None:
+        """Note each pipeline stage this rank builds (its index of how many: which of its
+        forwards see the data, which compute the loss) and what the schedule divides the
+        stage's gradients by after each step's backwards (``scale_grads``)."""
+        base = getattr(module, "_PipelineStageBase", None)
+        if base is None:
+            return
+        recorder = self
+        init, scale = base.__init__, base.scale_grads
+
+        @functools.wraps(init)
+        def made(stage: Any, *args: Any, **kwargs: Any) -> None:
+            init(stage, *args, **kwargs)
+            where = [int(stage.stage_index), int(stage.num_stages)]
+            if where not in recorder.meta["stages"]:
+                recorder.meta["stages"].append(where)
+
+        @functools.wraps(scale)
+        def scaled(stage: Any, grad_scale_factor: int) -> None:
+            scale(stage, grad_scale_factor)
+            recorder._step["grad_scale"] = grad_scale_factor
+
+        base.__init__, base.scale_grads = made, scaled
+        # A stage infers its shapes by a forward (and a backward) of its own before the first
+        # step: neither trains, and neither is recorded.
+        for cls in vars(module).values():
+            if not (isinstance(cls, type) and issubclass(cls, base)):
+                continue
+            for name in ("_forward_metadata_inference", "_backward_metadata_inference"):
+                method = vars(cls).get(name)
+                if callable(method):
+                    setattr(cls, name, self._aside(method))
+
+    def _aside(self, method: Callable[..., Any]) -> Callable[..., Any]:
+        """``method`` with the recorder looking away while it runs."""
+        recorder = self
+
+        @functools.wraps(method)
+        def unrecorded(*args: Any, **kwargs: Any) -> Any:
+            recorder._aside_depth += 1
+            try:
+                return method(*args, **kwargs)
+            finally:
+                recorder._aside_depth -= 1
+
+        return unrecorded
 
     def _watch_draws(self) -> None:
         """Note each draw from torch's global generator made before the model's first
@@ -397,6 +464,8 @@ class Recorder:
             self._keep_local = (
                 sum(p.numel() for p in self.params.values()) <= MAX_SNAPSHOT
                 and self._kept <= MAX_LOCAL_TOTAL
+                # A DTensor's gradient is a shard or a slice: no rank holds its contribution.
+                and not any(_distributed(p) for p in self.params.values())
             )
         autocast = _autocast()
         if autocast is not None:
@@ -601,7 +670,7 @@ class Recorder:
         self._step["settings"] = [_settings(group) for group in optimizer.param_groups]
         grads: dict[str, torch.Tensor | None] = {}
         for name, p in self._optimized(optimizer):
-            grads[name] = None if p.grad is None else p.grad.detach().to("cpu", copy=True)
+            grads[name] = None if p.grad is None else _whole(p.grad).to("cpu", copy=True)
             if not self.steps and str(p.dtype) not in self.meta["param_dtypes"]:
                 self.meta["param_dtypes"].append(str(p.dtype))
         self._step["grads"] = grads
@@ -610,7 +679,7 @@ class Recorder:
         if "grads" not in self._step:
             self._gradients(optimizer)  # a closure the optimizer never called
         self._step["params"] = {
-            name: p.detach().to("cpu", copy=True) for name, p in self._optimized(optimizer)
+            name: _whole(p).to("cpu", copy=True) for name, p in self._optimized(optimizer)
         }
         self.steps.append(self._step)
         self._step = self._fresh()
@@ -971,11 +1040,61 @@ def _weights_digest(module: torch.nn.Module) -> list[tuple[list[int], str]]:
     with torch.no_grad():
         for p in module.parameters():
             value = p.detach()
-            if getattr(value, "full_tensor", None) is not None:
+            if _distributed(value):
                 return []
             data = value.to("cpu", torch.float64).contiguous().numpy().tobytes()
             found.append((list(value.shape), hashlib.sha1(data).hexdigest()[:16]))
     return sorted(found)
+
+
+def _on_meta(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether a call's first tensor argument is on the meta device (shapes, no values)."""
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, torch.Tensor):
+            return value.is_meta
+    return False
+
+
+def _distributed(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` is a DTensor (sharded or sliced over a mesh)."""
+    return callable(getattr(tensor, "full_tensor", None))
+
+
+def _whole(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` detached, and whole where it is a DTensor (an FSDP2 shard, a tensor-parallel
+    slice): gathered from every rank of its mesh, which all reach the same step together."""
+    value = tensor.detach()
+    return value.full_tensor() if _distributed(value) else value
+
+
+def _after_import(name: str, then: Callable[[types.ModuleType], None]) -> None:
+    """Call ``then(module)`` once module ``name`` is imported: now where it is, else as its
+    import ends (a finder ahead of the others that wraps the module's loader)."""
+    if name in sys.modules:
+        then(sys.modules[name])
+        return
+    import importlib.abc
+    import importlib.machinery
+
+    class Watch(importlib.abc.MetaPathFinder):
+        def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+            if fullname != name:
+                return None
+            sys.meta_path.remove(self)
+            spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+            if spec is None or spec.loader is None:
+                return spec
+            loader = spec.loader
+            execute = loader.exec_module
+
+            def exec_module(module: types.ModuleType) -> None:
+                execute(module)
+                then(module)
+
+            loader.exec_module = exec_module  # type: ignore[method-assign]
+            return spec
+
+    sys.meta_path.insert(0, Watch())
 
 
 def _dropout(module: torch.nn.Module) -> list[tuple[str, float]]:

@@ -11,6 +11,7 @@ Example::
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import itertools
 import math
@@ -21,6 +22,7 @@ import torch
 
 from ..engine.trace import RankTrace, Trace
 from ..world.naming import public
+from .layouts import Layout, LayoutError, parse_layout
 from .recorder import recording_path
 
 __all__ = ["Pads", "Recording", "RecordingError", "canonical", "pads_between"]
@@ -149,6 +151,47 @@ class Recording:
         return len(self.ranks)
 
     @property
+    def layout(self) -> Layout:
+        """The layout the run was launched at (recorded, or its label), else what it shows:
+        its ranks, each accumulating rank 0's micro-batches, data parallel.
+
+        Example::
+
+            Recording.load(Path("rec/dp2.tp2")).layout.tp  # 2
+        """
+        for said in (self.ranks[0]["meta"].get("layout"), self.label):
+            with contextlib.suppress(LayoutError, TypeError):
+                layout = parse_layout(str(said))
+                if layout.world_size == self.world_size:
+                    return layout
+        return Layout(self.world_size, max(self.grad_accum, 1))
+
+    def stages(self, rank: int) -> list[tuple[int, int]]:
+        """The pipeline stages ``rank`` ran, as ``(index, count)`` (empty: not pipelined)."""
+        return [(int(i), int(n)) for i, n in self.ranks[rank]["meta"].get("stages") or ()]
+
+    @property
+    def pipelined(self) -> bool:
+        return any(self.stages(r) for r in range(self.world_size))
+
+    @property
+    def data_ranks(self) -> list[int]:
+        """The ranks whose forwards see the samples: a pipeline's first stage (the others see
+        the activations the one before sends), every rank otherwise."""
+        return [
+            r
+            for r in range(self.world_size)
+            if not self.stages(r) or any(i == 0 for i, _ in self.stages(r))
+        ]
+
+    @property
+    def replicas(self) -> int:
+        """How many data ranks train each sample: the ranks of one tensor-parallel (or
+        context-parallel) group all forward the same micro-batches."""
+        layout = self.layout
+        return layout.tp * layout.cp
+
+    @property
     def meta(self) -> dict[str, Any]:
         """Rank 0's record of the run itself (its dtype, what it drew, its dropout)."""
         return dict(self.ranks[0]["meta"])
@@ -216,12 +259,17 @@ class Recording:
         """Every sample that reached the model at ``step``, on every rank, as a multiset:
         each known by what it is, the trailing run of its input's pad value (``pads``, by
         input; see :func:`pads_between`) left out, whatever its padding width."""
-        return collections.Counter(
+        found = collections.Counter(
             canonical(row, pads)
-            for rank in range(self.world_size)
+            for rank in self.data_ranks
             for batch in self.step(rank, step)["batches"]
             for row in batch
         )
+        # Each sample once, where the replicas of a tensor-parallel group each forward it.
+        copies = self.replicas
+        if copies > 1 and all(count % copies == 0 for count in found.values()):
+            found = collections.Counter({row: n // copies for row, n in found.items()})
+        return found
 
     def rank_samples(self, rank: int, step: int, pads: Pads | None = None) -> list[str]:
         return [canonical(row, pads) for batch in self.step(rank, step)["batches"] for row in batch]
@@ -243,10 +291,17 @@ class Recording:
 
     def effective_loss(self, step: int) -> float:
         """The loss the step's gradient is the gradient of, under averaging over ranks: the
-        mean over ranks of the losses each passed to backward, summed over its micro-batches."""
-        return sum(sum(self.backward_losses(r, step)) for r in range(self.world_size)) / (
-            self.world_size
+        mean over ranks of the losses each passed to backward, summed over its micro-batches
+        (and divided by what a pipeline schedule divided the gradients by after them). A
+        pipeline's loss is its last stage's: the mean is over the ranks that computed one."""
+        ranks = list(range(self.world_size))
+        if self.pipelined:
+            ranks = [r for r in ranks if self.backward_losses(r, step)] or ranks
+        total = sum(
+            sum(self.backward_losses(r, step)) / self.step(r, step).get("grad_scale", 1)
+            for r in ranks
         )
+        return total / len(ranks)
 
     def trace(self, steps: int) -> Trace:
         """The first ``steps`` steps as the engine's trace: per rank the effective loss, the
@@ -254,7 +309,7 @@ class Recording:
         losses = [self.effective_loss(s) for s in range(steps)]
         ranks = []
         for rank in range(self.world_size):
-            record = [self.step(rank, s) for s in range(steps)]
+            record = [self._whole_model(rank, s) for s in range(steps)]
             ranks.append(
                 RankTrace(
                     list(losses),
@@ -263,6 +318,21 @@ class Recording:
                 )
             )
         return Trace(self.label, ranks)
+
+    def _whole_model(self, rank: int, step: int) -> dict[str, Any]:
+        """``rank``'s gradients and parameters at ``step``, and for each parameter it does
+        not hold (another pipeline stage's), those of the first rank that does, by name."""
+        own = self.step(rank, step)
+        if not self.pipelined:
+            return own
+        grads, params = dict(own["grads"]), dict(own["params"])
+        for other in range(self.world_size):
+            theirs = self.step(other, step)
+            for name, value in theirs["grads"].items():
+                grads.setdefault(name, value)
+            for name, value in theirs["params"].items():
+                params.setdefault(name, value)
+        return {"grads": grads, "params": params}
 
 
 def _double(value: torch.Tensor | None) -> torch.Tensor | None:

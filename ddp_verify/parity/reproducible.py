@@ -18,13 +18,13 @@ Example::
 from __future__ import annotations
 
 import collections
-import re
 from typing import Any
 
 from ..engine.compare import compare_traces
 from ..engine.tolerances import Float64Tolerance
 from ..usercode import findings as f
 from ..usercode.findings import Cause
+from .layouts import LayoutError, parse_layout
 from .recording import Recording
 
 __all__ = [
@@ -150,10 +150,14 @@ def _same_shapes(a: list[tuple[Any, ...]], b: list[tuple[Any, ...]]) -> bool:
 
 
 def asked_layout(recording: Recording) -> tuple[int, int] | None:
-    """The (world size, accumulation steps) a recording's label asks for (``2x2``), or None
-    for a label that names no layout (a directory of the user's own)."""
-    match = re.fullmatch(r"(\d+)x(\d+)", recording.label)
-    return (int(match[1]), int(match[2])) if match else None
+    """The (world size, accumulation steps) a recording's label asks for (``2x2``,
+    ``dp2.pp2.a2``), or None for a label that names no layout (a directory of the user's
+    own)."""
+    try:
+        layout = parse_layout(recording.label)
+    except LayoutError:
+        return None
+    return layout.world_size, layout.grad_accum
 
 
 def launch_causes(recording: Recording) -> list[Cause]:

@@ -186,7 +186,7 @@ def test_bad_layouts_and_commands_are_usage_errors_before_anything_runs(tmp_path
     from ddp_verify.frontends import parity_command
 
     for argv, said in [
-        (["--layouts", "2y2", "--", *COMMAND], "is not WORLD_SIZExGRAD_ACCUM"),
+        (["--layouts", "2y2", "--", *COMMAND], "is neither WORLD_SIZExGRAD_ACCUM"),
         (["--layouts", "2x3", "--global-batch", "16", "--", *COMMAND], "does not divide"),
         (["--layouts", "2x2", "--", *COMMAND], "{micro_batch} needs --global-batch N"),
         (["--layouts", "2x2", "--", "python", "missing.py"], "missing.py: no such script"),
