@@ -43,7 +43,13 @@ def parser() -> argparse.ArgumentParser:
         "exit 2). "
         "With no script, the bundled example (a correct DDP script) is checked.",
     )
-    p.add_argument("--layouts", default="1x4,2x2,4x1", help="WxA,... (default 1x4,2x2,4x1)")
+    p.add_argument(
+        "--layouts",
+        default="1x4,2x2,4x1",
+        help="WxA (world size x accumulation) or axes joined by dots, each a degree of dp, "
+        "dp_replicate, dp_shard, cp, tp, pp or a (micro-batches): dp2.pp2.a2, "
+        "dp_replicate2.dp_shard2, tp2; comma-separated (default 1x4,2x2,4x1)",
+    )
     p.add_argument("--reference", default="1x1", help="the reference layout (default 1x1)")
     p.add_argument("--steps", type=int, default=3, help="optimizer steps recorded (default 3)")
     p.add_argument(

@@ -416,7 +416,9 @@ def _logged_causes(
         # a difference is the gradient's, said there.
         if abs(value - scale * other.effective_loss(step)) <= allowed + _half_unit(written):
             continue
-        own = other.backward_losses(0, step)
+        # Rank 0's own losses; a pipeline's are its last stage's, the first rank with any.
+        holder = next((r for r in range(other.world_size) if other.backward_losses(r, step)), 0)
+        own = other.backward_losses(holder, step)
         micro = len(other.step(0, step)["batches"])
         world = other.world_size
         evidence = (
@@ -425,7 +427,7 @@ def _logged_causes(
         )
         readings: list[tuple[bool, float, Cause]] = [
             (world > 1, scale * sum(own), f.LOSS_LOCAL.cause()),
-            (micro > 1 and bool(own), scale * micro * own[-1], f.LOSS_LAST_ONLY.cause()),
+            (micro > 1 and bool(own), scale * micro * (own or [0.0])[-1], f.LOSS_LAST_ONLY.cause()),
             (micro > 1, expected * micro, _scaled(micro, "A", _SUMMED_A)),
             (world > 1, expected * world, f.LOSS_SUM.cause()),
             (world > 1, expected / world, _scaled(1 / world, "1/W", _TWICE_W)),

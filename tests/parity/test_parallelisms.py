@@ -1,0 +1,113 @@
+"""Layouts beyond data parallel under ``ddp-verify parity``: the notation (``dp2.pp2.a2``), the
+placeholders a command takes each degree by, and a torchtitan-style script
+(``fixtures/scripts/titan_parallel.py``: FSDP2, HSDP, tensor parallel, pipeline stages, all on
+gloo CPU) held to one process on the whole batch, its gradients and parameters gathered whole
+from the shards and stages, and each planted mistake caught at the layouts where it differs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ddp_verify.parity.layouts import (
+    Layout,
+    LayoutError,
+    check_placeholders,
+    fill,
+    parse_layout,
+    parse_layouts,
+)
+from ddp_verify.parity.run import run_parity
+
+SCRIPT = Path(__file__).resolve().parents[2] / "fixtures" / "scripts" / "titan_parallel.py"
+COMMAND = [
+    "python", str(SCRIPT), "--batch-size", "{micro_batch}", "--grad-accum", "{grad_accum}",
+    "--tp", "{tp}", "--pp", "{pp}", "--dp-shard", "{dp_shard}", "--dp-replicate",
+    "{dp_replicate}",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("text", "shown", "world", "data", "micro_batch"),
+    [
+        ("2x2", "2x2", 2, 2, 4),
+        ("dp2.a2", "2x2", 2, 2, 4),
+        ("tp2", "tp2", 2, 1, 16),
+        ("dp2.pp2.a2", "dp2.pp2.a2", 4, 2, 4),
+        ("dp_shard2.dp_replicate2", "dp_replicate2.dp_shard2", 4, 4, 4),
+        ("a4.tp2.dp_shard2", "dp_shard2.tp2.a4", 4, 2, 2),
+    ],
+)
+def test_a_layout_is_its_degrees_and_splits_the_batch_over_its_data_parallel_ranks(
+    text, shown, world, data, micro_batch
+):
+    layout = parse_layout(text)
+    assert str(layout) == shown and parse_layout(shown) == layout
+    assert layout.world_size == world and layout.data_parallel == data
+    assert layout.micro_batch(16) == micro_batch
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ("dp2.dp_shard2", "dp is plain data parallel"),
+        ("tp2.tp2", "names tp twice"),
+        ("tp0", "degree of at least 1"),
+        ("ep2", "'ep2' is not one"),
+    ],
+)
+def test_a_layout_that_says_nothing_runnable_is_a_usage_error(text, words):
+    with pytest.raises(LayoutError, match=words):
+        parse_layouts(text)
+
+
+def test_each_degree_reaches_the_command_through_its_placeholder():
+    layout = parse_layout("dp_shard2.tp2.a2")
+    filled = fill(["t.py", "--tp={tp}", "{dp_shard}", "{dp}", "{data_parallel}",
+                   "{total_grad_accum}", "{micro_batch}"], layout, global_batch=8)  # fmt: skip
+    assert filled == ["t.py", "--tp=2", "2", "1", "2", "4", "2"]
+    # A degree the command never passes: the script would run plain data parallel.
+    with pytest.raises(LayoutError, match=r"never passes the script that degree: put \{pp\}"):
+        check_placeholders(["t.py", "{micro_batch}", "{grad_accum}"],
+                           [Layout(2, 2, pp=2)], global_batch=8)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("variant", "layouts", "differs", "first"),
+    [
+        ("correct", "tp2,dp_shard2,pp2.a2", set(), None),
+        # Summed over the sharded ranks: exactly the data-parallel degree, 2.
+        ("fsdp-sum", "dp_shard2,pp2.a2", {"dp_shard2"}, "summed across ranks"),
+        # The MLP's output reduced over the tensor-parallel ranks twice.
+        ("tp-double-reduce", "tp2,pp2.a2", {"tp2"}, None),
+        # A mean of micro-batch means (the schedule's scale_grads): off on uneven tokens.
+        ("micro-mean", "pp2.a2,tp2", {"pp2.a2"}, None),
+    ],
+)
+def test_a_torchtitan_style_script_is_judged_at_every_parallel_layout(
+    tmp_path, variant, layouts, differs, first
+):
+    result = run_parity(
+        [*COMMAND, "--variant", variant], layouts=parse_layouts(layouts), steps=2,
+        global_batch=4, keep=tmp_path,
+    )  # fmt: skip
+    assert result.exit_code == (1 if differs else 0), result.report
+    failing = {row["layout"] for row in result.layouts if row["training"] != "equivalent"}
+    assert failing == differs, result.report
+    for row in result.layouts:
+        if row["layout"] not in differs:
+            # Gathered whole from shards and stages: float64 rounding, nothing more.
+            assert row["gradient_difference"] < 1e-10, row
+    if first is not None:
+        cause = result.verdict.causes[0]
+        assert first in cause.text and "2 x the reference's" in cause.evidence, result.report
+
+
+@pytest.mark.slow
+def test_four_rank_layouts_of_two_axes_train_what_one_process_trains(tmp_path):
+    layouts = "dp2.pp2.a2,dp_replicate2.dp_shard2,dp2.tp2,dp_shard2.tp2"
+    result = run_parity(COMMAND, layouts=parse_layouts(layouts), steps=2, global_batch=8,
+                        keep=tmp_path)  # fmt: skip
+    assert result.exit_code == 0, result.report
+    assert {row["layout"] for row in result.layouts} == set(layouts.split(","))
