@@ -20,6 +20,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import fractions
+import itertools
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -38,6 +39,7 @@ from ..usercode import findings as f
 from ..usercode.diagnosis.engine import Hypothesis, choose
 from ..usercode.findings import Cause
 from ..world.naming import option
+from .layouts import Layout
 from .recording import Recording, pads_between
 from .reproducible import dropout_cause, launch_causes, start_cause
 
@@ -569,7 +571,10 @@ def _weights(other: Recording, expected: Any, got: Any, step: int) -> Cause | No
     recorded: the weights that make those contributions the reference's gradient, fitted (more
     gradient entries than contributions), read against the contributions' tokens and samples.
     """
-    names = other.ranks[0]["meta"].get("local_names")
+    # A pipeline's micro-batches are read where their losses are: its last stage's ranks,
+    # each contribution on the parameters that stage holds.
+    ranks = _last_stage(other)
+    names = other.ranks[ranks[0]]["meta"].get("local_names")
     if not names:
         return None
     columns: list[torch.Tensor] = []
@@ -579,7 +584,7 @@ def _weights(other: Recording, expected: Any, got: Any, step: int) -> Cause | No
     # Sequences with a token that counts: the unit of a sequence-level objective's mean.
     answered: list[int] = []
     by_rank: list[int] = []
-    for rank in range(other.world_size):
+    for rank in ranks:
         record = other.step(rank, step)
         local = record.get("local") or []
         if other.ranks[rank]["meta"].get("local_names") != names:
@@ -593,7 +598,7 @@ def _weights(other: Recording, expected: Any, got: Any, step: int) -> Cause | No
             tokens.append(sum(record["tokens"][m]) if record["tokens"][m] else 0)
             answered.append(sum(1 for t in record["tokens"][m] or () if t > 0))
             micro = f"micro-batch {m + 1}"
-            if other.world_size == 1:
+            if len(ranks) == 1:
                 where.append(micro)
             else:
                 where.append(f"rank {rank}" if len(local) == 1 else f"rank {rank} {micro}")
@@ -620,6 +625,13 @@ def _weights(other: Recording, expected: Any, got: Any, step: int) -> Cause | No
         f"gradient, weighted {numbers} x as the layout combined them, give the reference's "
         f"(residual {residual:.2g})"
     )
+    scaled = {other.step(r, step).get("grad_scale", 1) for r in ranks} - {1}
+    if scaled:
+        # Where a pipeline schedule's own division is what weighs the micro-batches alike.
+        evidence += (
+            f"; the pipeline schedule divided the gradients by {scaled.pop()} after the "
+            "step's backwards (scale_grads)"
+        )
     equal = max(applied) - min(applied) <= close * float(applied.abs().max())
     shifted = [t - n for t, n in zip(tokens, samples, strict=True)] if any(tokens) else []
     # Each reading of the weights a hypothesis of the diagnosis's engine, scored by how far
@@ -657,7 +669,7 @@ def _weights(other: Recording, expected: Any, got: Any, step: int) -> Cause | No
         )
         own = (
             f.RANKS_WORLD.cause(unit=unit, evidence=f"{evidence}; {said}")
-            if other.grad_accum == 1 and other.world_size > 1
+            if other.grad_accum == 1 and len(ranks) > 1
             else f.MICRO_OWN_MEAN.cause(
                 unit=unit, numbers=f" ({said}; each counted alike)", evidence=evidence
             )
@@ -668,7 +680,7 @@ def _weights(other: Recording, expected: Any, got: Any, step: int) -> Cause | No
         for c, r in zip(counts, by_rank, strict=True):
             per_rank_total[r] += c
         rank_counts = [per_rank_total[r] for r in by_rank]
-        if other.world_size > 1 and len(set(rank_counts)) > 1:
+        if len(ranks) > 1 and len(set(rank_counts)) > 1:
             per_rank = [float(w) / c for w, c in zip(weights, rank_counts, strict=True)]
             totals = sorted(set(zip(by_rank, rank_counts, strict=True)))
             said = "; ".join(f"rank {r}: {c} of the step's {total} {noun}" for r, c in totals)
@@ -676,6 +688,14 @@ def _weights(other: Recording, expected: Any, got: Any, step: int) -> Cause | No
             made.append(_spread(per_rank, close, cause))
     ((best, ties),), _ = choose(made)
     return dataclasses.replace(best.causes[0], alternatives=tuple(t.keys[0] for t in ties))
+
+
+def _last_stage(recording: Recording) -> list[int]:
+    """The ranks that run a pipeline's last stage (every rank where nothing is pipelined)."""
+    last = [
+        r for r in range(recording.world_size) if any(i == n - 1 for i, n in recording.stages(r))
+    ]
+    return last or list(range(recording.world_size))
 
 
 def _spread(ratios: list[float], close: float, cause: Cause) -> Hypothesis:
@@ -740,11 +760,49 @@ def _scale(
             reading=f"scale:{key}" if key else "scale",
             alternatives=tuple(f"scale:{t.detail['key']}" for t in ties),
             evidence=f"step-{step} gradient of layout {other.label} = {k:.6g} x the reference's "
-            f"(largest departure from that multiple {residual:.3g})",
+            f"(largest departure from that multiple {residual:.3g})" + _axes_of(other.layout, k),
         )
     cosine = float(have @ want) / (float(have.norm()) * norm or math.inf)
     measured = f" (cosine {cosine:.4g} with it, norm ratio {float(have.norm()) / norm:.4g})"
     return f.GRAD_DIFFERS.cause(measured=measured)
+
+
+# Each axis of a layout in words, for the axes a factor is the degree of.
+_AXIS_WORDS = {
+    "dp": "plain data-parallel ranks",
+    "dp_replicate": "FSDP2's replicate degree",
+    "dp_shard": "FSDP2's shard degree",
+    "cp": "context-parallel ranks",
+    "tp": "tensor-parallel ranks",
+    "pp": "pipeline stages",
+    "a": "micro-batches a step",
+}
+
+
+def _axes_of(layout: Layout, factor: float) -> str:
+    """The axes of ``layout`` whose degree (or the product of several) ``factor`` or its
+    inverse is, in words; empty where none is.
+
+    Example::
+
+        >>> print(_axes_of(Layout(4, 1, dp_shard=2, tp=2), 0.5))
+        ; 1/2 is the layout's dp_shard (FSDP2's shard degree) or tp (tensor-parallel ranks)
+    """
+    degrees = {axis: d for axis, d in layout.degrees.items() if d > 1}
+    for value, shown in ((factor, ""), (1 / factor if factor else 0.0, "1/")):
+        n = round(value)
+        if n < 2 or abs(value - n) > 1e-6 * n:
+            continue
+        named = []
+        for size in range(1, len(degrees) + 1):
+            for group in itertools.combinations(degrees, size):
+                if math.prod(degrees[a] for a in group) == n:
+                    named.append(" x ".join(f"{a} ({_AXIS_WORDS[a]})" for a in group))
+            if named:
+                break
+        if named:
+            return f"; {shown}{n} is the layout's {' or '.join(named)}"
+    return ""
 
 
 # A relative difference up to this is a lower format's rounding, not a weighting: float32's
@@ -804,10 +862,12 @@ def _ratio_hypotheses(
 ) -> list[Hypothesis]:
     """Each count ratio between the layout and the reference (not 1) as a hypothesis about
     the factor ``k``, scored in units of ``close``, in the rows' order (plainest first)."""
+    # The ranks that average: the data-parallel ones (tensor-parallel and pipeline ranks
+    # hold the same samples, or other parameters).
     counts = (
-        other.world_size,
+        other.layout.data_parallel,
         max(other.grad_accum, 1),
-        reference.world_size,
+        reference.layout.data_parallel,
         max(reference.grad_accum, 1),
     )
     made = []

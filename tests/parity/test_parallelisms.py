@@ -77,12 +77,23 @@ def test_each_degree_reaches_the_command_through_its_placeholder():
     ("variant", "layouts", "differs", "first"),
     [
         ("correct", "tp2,dp_shard2,pp2.a2", set(), None),
-        # Summed over the sharded ranks: exactly the data-parallel degree, 2.
-        ("fsdp-sum", "dp_shard2,pp2.a2", {"dp_shard2"}, "summed across ranks"),
+        # Summed over the sharded ranks: exactly the data-parallel degree, 2, named as such.
+        (
+            "fsdp-sum",
+            "dp_shard2,pp2.a2",
+            {"dp_shard2"},
+            ("summed across ranks", "2 is the layout's dp_shard (FSDP2's shard degree)"),
+        ),
         # The MLP's output reduced over the tensor-parallel ranks twice.
         ("tp-double-reduce", "tp2,pp2.a2", {"tp2"}, None),
-        # A mean of micro-batch means (the schedule's scale_grads): off on uneven tokens.
-        ("micro-mean", "pp2.a2,tp2", {"pp2.a2"}, None),
+        # A mean of micro-batch means (the schedule's scale_grads): off on uneven tokens,
+        # read on the last stage's contributions.
+        (
+            "micro-mean",
+            "pp2.a2,tp2",
+            {"pp2.a2"},
+            ("averaged over its own tokens", "divided the gradients by 2 after the step's"),
+        ),
     ],
 )
 def test_a_torchtitan_style_script_is_judged_at_every_parallel_layout(
@@ -101,7 +112,7 @@ def test_a_torchtitan_style_script_is_judged_at_every_parallel_layout(
             assert row["gradient_difference"] < 1e-10, row
     if first is not None:
         cause = result.verdict.causes[0]
-        assert first in cause.text and "2 x the reference's" in cause.evidence, result.report
+        assert first[0] in cause.text and first[1] in cause.evidence, result.report
 
 
 @pytest.mark.slow
