@@ -140,6 +140,16 @@ APIS: dict[str, str] = {
     "torch.distributed.tensor.DTensor.redistribute": "call",
     "torch.distributed.tensor.DTensor.full_tensor": "call",
     "torch.distributed.tensor.DTensor.to_local": "call",
+    "torch.distributed.pipelining.PipelineStage": "init",
+    "torch.distributed.pipelining.ScheduleGPipe": "init",
+    "torch.distributed.pipelining.Schedule1F1B": "init",
+    "torch.distributed.pipelining.ScheduleLoopedBFS": "init",
+    "torch.distributed.pipelining.ScheduleInterleaved1F1B": "init",
+    "torch.distributed.tensor.parallel.parallelize_module": "call",
+    "torch.distributed.tensor.parallel.ColwiseParallel": "init",
+    "torch.distributed.tensor.parallel.RowwiseParallel": "init",
+    "torch.distributed.tensor.parallel.SequenceParallel": "init",
+    "torch.distributed.tensor.parallel.PrepareModuleInput": "init",
     **{
         f"torch.distributed.{name}": "call"
         for name in (*_TENSOR_COLLECTIVES, *_GROUP_CALLS)
@@ -148,6 +158,11 @@ APIS: dict[str, str] = {
 }
 
 _OPTIONS = "test_ddp_options::test_ddp_option_keeps_training_equivalent"
+_PP = "torch.distributed.pipelining."
+_PP_TEST = "test_pipelining::test_a_pipeline_schedule_trains_what_one_process_trains"
+_TP = "torch.distributed.tensor.parallel."
+_TP_TEST = "test_tensor_parallel::test_a_tensor_parallel_plan_computes_what_one_process_computes"
+_SCHEDULES = ("ScheduleGPipe", "Schedule1F1B", "ScheduleLoopedBFS", "ScheduleInterleaved1F1B")
 _DT = "torch.distributed.tensor."
 _DT_WHOLE = "test_dtensor::test_dtensor_is_the_whole_tensor_it_stands_for"
 _DT_FORMS = "test_dtensor::test_dtensor_keyword_forms_do_what_they_document"
@@ -1267,6 +1282,122 @@ ENTRIES: tuple[Entry, ...] = (
         for arg, why in (("module", "trees of FSDP1 units nested and side by side, in "
                                     "modules() order"),
                          ("root_only", "True and False, after a forward"))
+    ),
+    # -- pipelining: stages and schedules ----------------------------------------------------
+    *(
+        _e(_PP + "PipelineStage", arg, COVERED, _PP_TEST, why=why)
+        for arg, why in (
+            ("submodule", "each stage a layer of a chain (a linear map and tanh, the last to "
+                          "the classes)"),
+            ("stage_index", "one stage a rank, and two a rank looped over the ranks"),
+            ("num_stages", "the world size, and twice it"),
+            ("device", "CPU"),
+        )
+    ),
+    *(
+        _gap(_PP + "PipelineStage", arg, "shapes given up front instead of inferred at the "
+             "first step: not drawn")
+        for arg in ("input_args", "output_args", "output_grads", "input_grads")
+    ),
+    _gap(_PP + "PipelineStage", "group", "the default group only: a pipeline beside other "
+         "dimensions of a mesh is not drawn"),
+    _gap(_PP + "PipelineStage", "dw_builder", "the zero-bubble schedules' split weight "
+         "gradient: not drawn"),
+    _gap(_PP + "PipelineStage", "get_mesh", "a stage's DTensor parameters on a mesh: not "
+         "drawn"),
+    *(
+        _e(_PP + "PipelineStage", method, COVERED, _PP_TEST,
+           why="called by the schedules drawn, every micro-batch")
+        for method in ("backward_maybe_with_nosync()", "backward_one_chunk()",
+                       "clear_runtime_states()", "forward_maybe_with_nosync()",
+                       "forward_one_chunk()", "get_bwd_recv_ops()", "get_bwd_send_ops()",
+                       "get_fwd_recv_ops()", "get_fwd_send_ops()")
+    ),
+    _e(_PP + "PipelineStage", "scale_grads()", COVERED, _PP_TEST,
+       why="called by the schedules with scale_grads=True: the gradients divided by the "
+           "micro-batches, and not with False"),
+    _gap(_PP + "PipelineStage", "backward_weight_one_chunk()", "the zero-bubble schedules' "
+         "weight gradient: not drawn"),
+    _gap(_PP + "PipelineStage", "perform_reduce_grad()", "the data-parallel reduction of a "
+         "stage wrapped in FSDP or DDP: not drawn"),
+    *(
+        _gap(_PP + "PipelineStage", method, "adjacent stages on one rank (V-shaped "
+             "schedules): the looped schedules drawn place them on other ranks")
+        for method in ("get_local_bwd_output()", "set_local_bwd_input()",
+                       "set_local_fwd_input()")
+    ),
+    *(
+        _e(_PP + schedule, arg, COVERED, _PP_TEST, why=why)
+        for schedule in _SCHEDULES
+        for arg, why in (
+            ("stages" if "Looped" in schedule or "Interleaved" in schedule else "stage",
+             "the rank's stages"),
+            ("n_microbatches", "the stages a rank runs and more (a whole number of rounds for "
+                               "the interleaved schedule)"),
+            ("loss_fn", "each micro-batch's mean over its labels that count, and its sum over "
+                        "the step's count; uneven counts"),
+            ("scale_grads", "True and False with either loss"),
+        )
+    ),
+    *(
+        _e(_PP + schedule, "step()", COVERED, _PP_TEST,
+           why="one step: the inputs on the first stage, the target and the losses list on "
+               "the last")
+        for schedule in _SCHEDULES
+    ),
+    *(
+        _gap(_PP + schedule, arg, "the batch split along its first dimension, outputs merged "
+             "alike (the defaults) only")
+        for schedule in _SCHEDULES
+        for arg in ("args_chunk_spec", "kwargs_chunk_spec", "output_merge_spec")
+        # Looped BFS chunks by the defaults alone: it takes no spec of the arguments.
+        if schedule != "ScheduleLoopedBFS" or arg == "output_merge_spec"
+    ),
+    *(
+        _gap(_PP + schedule, "eval()", "forward-only evaluation: not drawn")
+        for schedule in _SCHEDULES
+    ),
+    *(
+        _gap(_PP + schedule, arg, why)
+        for schedule in ("ScheduleLoopedBFS", "ScheduleInterleaved1F1B")
+        for arg, why in (
+            ("backward_requires_autograd", "a backward without autograd: not drawn"),
+            ("defer_pp_recv", "receives deferred: not drawn"),
+            ("register_custom_function()", "a custom action in the schedule: not drawn"),
+        )
+    ),
+    # -- tensor parallel ---------------------------------------------------------------------
+    _e(_TP + "parallelize_module", "module", COVERED, _TP_TEST,
+       why="a block of a LayerNorm, a linear map up, tanh and one down"),
+    _e(_TP + "parallelize_module", "device_mesh", COVERED, _TP_TEST,
+       why="a 1-D mesh of every rank"),
+    _e(_TP + "parallelize_module", "parallelize_plan", COVERED, _TP_TEST,
+       why="Megatron's column-wise up and row-wise down; the up projection gathered whole; "
+           "sequence parallel; the input gathered first"),
+    _gap(_TP + "parallelize_module", "src_data_rank", "the default (rank 0's weights "
+         "scattered) only; every rank starts from the same weights here"),
+    *(
+        _e(_TP + style, arg, COVERED, _TP_TEST, why=why)
+        for style, arg, why in (
+            ("ColwiseParallel", "input_layouts", "replicated (the default) and sharded along "
+                                                 "the sequence"),
+            ("ColwiseParallel", "output_layouts", "sharded (the default) and replicated"),
+            ("ColwiseParallel", "use_local_output", "the default"),
+            ("RowwiseParallel", "input_layouts", "the default (sharded along the last "
+                                                 "dimension)"),
+            ("RowwiseParallel", "output_layouts", "replicated (the default) and sharded along "
+                                                  "the sequence"),
+            ("RowwiseParallel", "use_local_output", "the default"),
+            ("SequenceParallel", "sequence_dim", "the default (1)"),
+            ("SequenceParallel", "use_local_output", "the default"),
+            ("PrepareModuleInput", "input_layouts", "the sequence in pieces"),
+            ("PrepareModuleInput", "desired_input_layouts", "replicated: gathered whole"),
+            ("PrepareModuleInput", "use_local_output", "True: the module gets a plain tensor"),
+        )
+    ),
+    *(
+        _gap(_TP + "PrepareModuleInput", arg, "keyword inputs: not drawn")
+        for arg in ("input_kwarg_layouts", "desired_input_kwarg_layouts")
     ),
 )  # fmt: skip
 

@@ -1,0 +1,120 @@
+"""Rank jobs of the pipelining properties (``test_pipelining.py``): a chain of small layers cut
+into pipeline stages (one a rank, or several in a loop over the ranks), run by one of
+``torch.distributed.pipelining``'s schedules over the batch's micro-batches, each rank
+returning its stages' gradients and the last stage's losses; and the same chain on one process
+(the oracle: plain autograd, nothing of pipelining), every micro-batch's loss backpropagated
+in turn.
+
+Example::
+
+    world.run(pipelining_jobs.pipelined, case)  # per rank: {stage: gradients, "losses": ...}
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+__all__ = ["SCHEDULES", "layers", "one_process", "pipelined"]
+
+# The schedules drawn: one stage a rank, or several a rank (looped over the ranks).
+SCHEDULES = {
+    "gpipe": ("ScheduleGPipe", 1),
+    "1f1b": ("Schedule1F1B", 1),
+    "looped_bfs": ("ScheduleLoopedBFS", 2),
+    "interleaved_1f1b": ("ScheduleInterleaved1F1B", 2),
+}
+WIDTH, CLASSES = 3, 4
+
+
+def layers(case: dict[str, Any], count: int) -> list[torch.nn.Module]:
+    """The chain's ``count`` layers, the same on every rank and in the oracle (float64): each
+    a linear map and a tanh, the last a linear map to the classes."""
+    generator = torch.Generator().manual_seed(case["seed"])
+    made: list[torch.nn.Module] = []
+    for index in range(count):
+        out = CLASSES if index == count - 1 else WIDTH
+        linear = torch.nn.Linear(WIDTH, out, dtype=torch.float64)
+        with torch.no_grad():
+            linear.weight.copy_(torch.randn(out, WIDTH, generator=generator, dtype=torch.float64))
+            linear.bias.copy_(torch.randn(out, generator=generator, dtype=torch.float64))
+        made.append(linear if index == count - 1 else torch.nn.Sequential(linear, torch.nn.Tanh()))
+    return made
+
+
+def batch(case: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The step's inputs and labels: -100 where a sample does not count (so micro-batches
+    hold uneven counts), never a whole micro-batch of them."""
+    generator = torch.Generator().manual_seed(case["seed"] + 1)
+    rows = case["micro_batches"] * case["micro_batch_size"]
+    inputs = torch.randn(rows, WIDTH, generator=generator, dtype=torch.float64)
+    labels = torch.randint(0, CLASSES, (rows,), generator=generator)
+    for row in case["ignored"]:
+        labels[row] = -100
+    return inputs, labels
+
+
+def loss_fn(case: dict[str, Any]) -> Any:
+    """Each micro-batch's loss: its own mean, or its sum over the step's count of labels."""
+    import torch.nn.functional as F
+
+    counted = int((batch(case)[1] != -100).sum())
+
+    def loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        if case["loss"] == "mean":
+            return F.cross_entropy(output, target, ignore_index=-100)
+        summed = F.cross_entropy(output, target, ignore_index=-100, reduction="sum")
+        return summed / counted
+
+    return loss
+
+
+def one_process(case: dict[str, Any], stages: int) -> dict[str, Any]:
+    """The oracle: the whole chain on one process, each micro-batch's loss backpropagated in
+    turn, the gradients divided by the micro-batches where the schedule scales them."""
+    chain = torch.nn.Sequential(*layers(case, stages))
+    inputs, labels = batch(case)
+    loss = loss_fn(case)
+    losses = []
+    n = case["micro_batches"]
+    for x, y in zip(torch.tensor_split(inputs, n), torch.tensor_split(labels, n), strict=True):
+        value = loss(chain(x), y)
+        value.backward()
+        losses.append(value.detach())
+    if case["scale_grads"]:
+        for p in chain.parameters():
+            assert p.grad is not None
+            p.grad.div_(n)
+    grads = {i: [p.grad for p in chain[i].parameters()] for i in range(stages)}
+    return {"grads": grads, "losses": losses}
+
+
+def pipelined(case: dict[str, Any]) -> dict[str, Any]:
+    """On each rank: its stages of the chain under the case's schedule, one step over the
+    batch; its stages' gradients, and the losses the schedule returns on the last stage."""
+    import torch.distributed as dist
+    from torch.distributed import pipelining
+
+    world, rank = dist.get_world_size(), dist.get_rank()
+    name, per_rank = SCHEDULES[case["schedule"]]
+    stages = world * per_rank
+    chain = layers(case, stages)
+    # Looped schedules place stage i on rank i % world.
+    mine = [i for i in range(stages) if i % world == rank]
+    made = [pipelining.PipelineStage(chain[i], i, stages, torch.device("cpu")) for i in mine]
+    kind = getattr(pipelining, name)
+    schedule = kind(
+        made[0] if per_rank == 1 else made,
+        n_microbatches=case["micro_batches"],
+        loss_fn=loss_fn(case),
+        scale_grads=case["scale_grads"],
+    )
+    inputs, labels = batch(case)
+    losses: list[torch.Tensor] = []
+    first, last = 0 in mine, stages - 1 in mine
+    args = (inputs,) if first else ()
+    kwargs: dict[str, Any] = {"target": labels, "losses": losses} if last else {}
+    schedule.step(*args, **kwargs)
+    grads = {i: [p.grad for p in chain[i].parameters()] for i in mine}
+    return {"grads": grads, "losses": [value.detach() for value in losses]}
