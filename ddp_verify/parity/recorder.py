@@ -195,6 +195,8 @@ class Recorder:
         self._again = False
         # Inside a call that is not training (a pipeline stage's shape inference).
         self._aside_depth = 0
+        # Each pipeline stage's module on this rank, by id: its stage index.
+        self._stage_of: dict[int, int] = {}
         self._in_loss = False
         self._in_draw = False
         self._step = self._fresh()
@@ -366,6 +368,7 @@ class Recorder:
             where = [int(stage.stage_index), int(stage.num_stages)]
             if where not in recorder.meta["stages"]:
                 recorder.meta["stages"].append(where)
+            recorder._stage_of[id(stage.submod)] = int(stage.stage_index)
 
         @functools.wraps(scale)
         def scaled(stage: Any, grad_scale_factor: int) -> None:
@@ -480,6 +483,11 @@ class Recorder:
             # The first step's computation, watched for a lower precision inside.
             self._watch = _Lower(self.meta)
             self._watch.__enter__()
+        if self._stage_of and self._stage_of.get(id(module)) != min(self._stage_of.values()):
+            # A later stage of the rank's loop (an interleaved schedule's): the same
+            # micro-batches again, as the activations of the stages before it.
+            self._outer = 0  # nothing inside it names a micro-batch's samples either
+            return self._cast(first, args, kwargs)
         if torch.is_grad_enabled():
             # A forward without autograd (an evaluation under no_grad) trains nothing: its
             # samples are not the step's, its modes (eval()) not training's.
@@ -489,7 +497,9 @@ class Recorder:
             rows, tokens = fingerprints(args, kwargs)
             self._step["batches"].append(rows)
             self._step["tokens"].append(tokens)
-        self._outer = self._size(module)
+        # A pipeline stage's module is the model's part itself, whatever it holds (one layer,
+        # held whole by the block inside it): no wrapper, whose inner names would be taken.
+        self._outer = 0 if id(module) in self._stage_of else self._size(module)
         return self._cast(first, args, kwargs)
 
     def _cast(

@@ -115,6 +115,19 @@ def test_a_torchtitan_style_script_is_judged_at_every_parallel_layout(
         assert first[0] in cause.text and first[1] in cause.evidence, result.report
 
 
+def test_an_interleaved_schedule_two_stages_a_rank_trains_what_one_process_trains(tmp_path):
+    # Each rank's second stage forwards the same micro-batches again, as activations: not
+    # counted as micro-batches, and its module keeps the whole model's names.
+    command = [*COMMAND, "--schedule", "interleaved"]
+    result = run_parity(command, layouts=parse_layouts("pp2.a2"), steps=2, global_batch=4,
+                        keep=tmp_path)  # fmt: skip
+    assert result.exit_code == 0, result.report
+    assert result.layouts[0]["gradient_difference"] < 1e-10, result.layouts[0]
+    mistaken = run_parity([*command, "--variant", "micro-mean"], layouts=parse_layouts("pp2.a2"),
+                          steps=2, global_batch=4, keep=tmp_path / "micro-mean")  # fmt: skip
+    assert mistaken.exit_code == 1, mistaken.report
+
+
 @pytest.mark.slow
 def test_four_rank_layouts_of_two_axes_train_what_one_process_trains(tmp_path):
     layouts = "dp2.pp2.a2,dp_replicate2.dp_shard2,dp2.tp2,dp_shard2.tp2"
