@@ -251,8 +251,8 @@ class Recorder:
             # A module run by the autograd engine is activation checkpointing recomputing a
             # forward inside backward: the same samples again, not a micro-batch.
             forward = module.training and torch.is_grad_enabled() and not _in_autograd()
-            # A forward on meta tensors computes shapes only (a pipeline stage's inference).
-            forward = forward and not _on_meta(args, kwargs) and not recorder._aside_depth
+            # A pipeline stage's shape inference trains nothing (see _watch_stages).
+            forward = forward and not recorder._aside_depth
             if recorder._depth == 0 and forward:
                 args, kwargs = recorder._at_forward(module, args, kwargs)
             elif recorder._depth and forward:
@@ -1055,14 +1055,6 @@ def _weights_digest(module: torch.nn.Module) -> list[tuple[list[int], str]]:
             data = value.to("cpu", torch.float64).contiguous().numpy().tobytes()
             found.append((list(value.shape), hashlib.sha1(data).hexdigest()[:16]))
     return sorted(found)
-
-
-def _on_meta(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-    """Whether a call's first tensor argument is on the meta device (shapes, no values)."""
-    for value in (*args, *kwargs.values()):
-        if isinstance(value, torch.Tensor):
-            return value.is_meta
-    return False
 
 
 def _distributed(tensor: torch.Tensor) -> bool:
