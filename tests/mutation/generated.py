@@ -87,6 +87,8 @@ FIRST: dict[str, tuple[str, ...]] = {
     "torch.nn.modules.batchnorm": ("test_batch_norm", "test_ddp_options"),
     "torch.distributed.fsdp": ("test_fsdp",),
     "torch.distributed.tensor": ("test_dtensor", "test_fsdp"),
+    "torch.distributed.tensor.parallel": ("test_tensor_parallel",),
+    "torch.distributed.pipelining": ("test_pipelining",),
     "torch.distributed.device_mesh": ("test_device_mesh", "test_dtensor"),
     "torch.distributed._mesh_layout": ("test_device_mesh", "test_dtensor"),
     "torch.distributed._pycute": ("test_device_mesh", "test_dtensor"),

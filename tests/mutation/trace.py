@@ -14,7 +14,13 @@ of torch's Python files it executes; their union is the trace. The trainings:
   trip (``get_state_dict`` / ``dcp.save`` / ``dcp.load`` / ``set_state_dict``);
 - DDP's comm hooks (allreduce, fp16 compression and its wrapper, PowerSGD, post-local SGD;
   bf16 compression needs NCCL) and the
-  model averagers, and ``torch.distributed.nn``'s differentiable collectives.
+  model averagers, and ``torch.distributed.nn``'s differentiable collectives;
+- pipeline parallelism: a chain cut into ``PipelineStage``\ s, one a rank under GPipe and
+  1F1B, two a rank under interleaved 1F1B, each micro-batch's mean loss scaled by the schedule
+  (``scale_grads``, the default) and the step's token sum not, a few optimizer steps;
+- tensor parallelism: a transformer-style block (a norm, an MLP) under ``parallelize_module``
+  with the plans training code writes (column-wise up and row-wise down, sequence-parallel
+  norm, ``PrepareModuleInput``), trained with AdamW.
 
 Only modules within :data:`SCOPE` count: the packages data-parallel training is made of
 (``torch.distributed``, ``torch.nn.parallel``, ``torch.optim``, the norms, the gradient
@@ -266,11 +272,128 @@ def _hooks_and_averagers() -> None:
         collective(x * 2).sum().backward()
 
 
+def _pipeline_training() -> None:
+    from torch.distributed import pipelining
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    generator = torch.Generator().manual_seed(0)
+    inputs = torch.randn(8, 4, generator=generator)
+    labels = torch.randint(0, 3, (8,), generator=generator)
+    labels[1] = -100  # micro-batches of uneven token counts, as padded sequences make them
+    tokens = int((labels != -100).sum())
+
+    def mean(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.cross_entropy(output, target, ignore_index=-100)
+
+    def step_sum(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        summed = torch.nn.functional.cross_entropy(
+            output, target, ignore_index=-100, reduction="sum"
+        )
+        return summed / tokens
+
+    for name, per_rank, loss, scale in (
+        ("ScheduleGPipe", 1, mean, True),
+        ("Schedule1F1B", 1, step_sum, False),
+        ("ScheduleInterleaved1F1B", 2, mean, True),
+    ):
+        count = world * per_rank
+        torch.manual_seed(0)
+        chain = [
+            torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh())
+            if i < count - 1
+            else torch.nn.Linear(4, 3)
+            for i in range(count)
+        ]
+        mine = [i for i in range(count) if i % world == rank]
+        stages = [pipelining.PipelineStage(chain[i], i, count, torch.device("cpu")) for i in mine]
+        schedule = getattr(pipelining, name)(
+            stages[0] if per_rank == 1 else stages,
+            n_microbatches=2 * world,
+            loss_fn=loss,
+            scale_grads=scale,
+        )
+        params = [p for i in mine for p in chain[i].parameters()]
+        optimizer = torch.optim.SGD(params, lr=0.1)
+        for _ in range(2):
+            optimizer.zero_grad()
+            losses: list[torch.Tensor] = []
+            args = (inputs,) if 0 in mine else ()
+            kwargs: dict[str, Any] = (
+                {"target": labels, "losses": losses} if count - 1 in mine else {}
+            )
+            schedule.step(*args, **kwargs)
+            optimizer.step()
+
+
+def _tensor_parallel_training() -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+        SequenceParallel,
+        parallelize_module,
+    )
+
+    class Block(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.norm = torch.nn.LayerNorm(4)
+            self.up = torch.nn.Linear(4, 8)
+            self.down = torch.nn.Linear(8, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x + self.down(torch.relu(self.up(self.norm(x))))
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    mesh = init_device_mesh("cpu", (world,))
+    plans: list[tuple[dict[str, Any], bool]] = [
+        ({"up": ColwiseParallel(), "down": RowwiseParallel()}, False),
+        (
+            {
+                "norm": SequenceParallel(),
+                "up": ColwiseParallel(input_layouts=Shard(1)),
+                "down": RowwiseParallel(output_layouts=Shard(1)),
+            },
+            True,
+        ),
+        (
+            {
+                "norm": PrepareModuleInput(
+                    input_layouts=(Shard(1),),
+                    desired_input_layouts=(Replicate(),),
+                    use_local_output=True,
+                ),
+                "up": ColwiseParallel(),
+                "down": RowwiseParallel(output_layouts=Shard(1)),
+            },
+            True,
+        ),
+    ]
+    for plan, pieces in plans:
+        torch.manual_seed(0)
+        block = parallelize_module(Block(), mesh, plan)
+        optimizer = torch.optim.AdamW(block.parameters(), lr=0.01)
+        for _ in range(2):
+            x = torch.randn(2, 2 * world, 4, generator=torch.Generator().manual_seed(1))
+            if pieces:
+                x = x.chunk(world, dim=1)[rank]
+            optimizer.zero_grad()
+            out = block(x)
+            if callable(getattr(out, "full_tensor", None)):
+                out = out.full_tensor()
+            out.pow(2).mean().backward()
+            optimizer.step()
+
+
 TRAININGS: dict[str, Callable[[], None]] = {
     "ddp": _ddp_training,
     "zero": _zero_training,
     "fsdp": _fsdp_training,
     "hooks": _hooks_and_averagers,
+    "pipeline": _pipeline_training,
+    "tensor_parallel": _tensor_parallel_training,
 }
 
 
