@@ -15,9 +15,9 @@ of torch's Python files it executes; their union is the trace. The trainings:
 - DDP's comm hooks (allreduce, fp16 compression and its wrapper, PowerSGD, post-local SGD;
   bf16 compression needs NCCL) and the
   model averagers, and ``torch.distributed.nn``'s differentiable collectives;
-- pipeline parallelism: a chain cut into ``PipelineStage``\ s, one a rank under GPipe and
-  1F1B, two a rank under interleaved 1F1B, each micro-batch's mean loss scaled by the schedule
-  (``scale_grads``, the default) and the step's token sum not, a few optimizer steps;
+- pipeline parallelism: a chain cut into stages (``PipelineStage``), one a rank under GPipe
+  and 1F1B, two a rank under interleaved 1F1B, each micro-batch's mean loss scaled by the
+  schedule (``scale_grads``, the default) and the step's token sum not, a few optimizer steps;
 - tensor parallelism: a transformer-style block (a norm, an MLP) under ``parallelize_module``
   with the plans training code writes (column-wise up and row-wise down, sequence-parallel
   norm, ``PrepareModuleInput``), trained with AdamW.
