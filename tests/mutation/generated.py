@@ -200,10 +200,35 @@ def functions(module: str) -> list[tuple[str, ast.FunctionDef, int]]:
                 lines, first = inspect.getsourcelines(function)
             except (OSError, TypeError):
                 continue
-            tree = ast.parse(textwrap.dedent("".join(lines)))
-            if tree.body and isinstance(tree.body[0], ast.FunctionDef):
-                found.append((qualname, tree.body[0], first))
+            parsed = _parsed("".join(lines))
+            if parsed is not None:
+                found.append((qualname, parsed, first))
     return found
+
+
+def _parsed(source: str) -> ast.FunctionDef | None:
+    r"""A function's source, as ``inspect`` gives it, parsed, its lines counted from 1.
+
+    A method's source is indented; ``dedent`` leaves it so where a line of it starts at
+    the margin (a line of a string or of an expression in brackets, as in
+    ``pipelining.schedules``), so such a source is parsed as the body of a block instead.
+
+    Example::
+
+        >>> _parsed("    def f(self):\n        s = (\n'a')\n        return s\n").body[1].lineno
+        4
+    """
+    try:
+        tree = ast.parse(textwrap.dedent(source))
+    except SyntaxError:
+        tree = ast.parse("if True:\n" + source)
+        block = tree.body[0]
+        assert isinstance(block, ast.If)
+        tree.body = block.body
+        ast.increment_lineno(tree, -1)
+    if tree.body and isinstance(tree.body[0], ast.FunctionDef):
+        return tree.body[0]
+    return None
 
 
 def mutants(module: str, lines: set[int] | None = None) -> list[Mutant]:
