@@ -26,6 +26,8 @@ FOUND_BY: dict[str, str] = {
     f.SYNC_LEFT_OUT.code: "the ranks' parameters after a step",
     f.MICRO_CLEARED.code: "the gradient recorded after each micro-batch's backward",
     f.MICRO_OWN_MEAN.code: "each micro-batch's share of the step, fitted",
+    f.RANKS_PIECE_MEAN.code: "the ranks' losses weighted by their pieces' tokens, against the "
+    "reference's",
     f.MICRO_WEIGHTS.code: "each micro-batch's share of the step, fitted",
     f.GRAD_DIFFERS.code: "the gradient against the reference's, no multiple of it",
     f.PRECISION_LOWER.code: "the gradient against the reference's, a factor of 1",
@@ -59,6 +61,10 @@ _SYMBOLS = {
 _OWN = {
     f.OPTIMIZER_SETTINGS.code: {"what": "the settings that differ, at which step"},
     f.MICRO_WEIGHTS.code: {"numbers": "w1, w2, ..."},
+    f.RANKS_PIECE_MEAN.code: {
+        "unit": "token",
+        "numbers": " (each rank's tokens, and how many times its share it counted)",
+    },
     f.REFERENCE_UNREPRODUCED.code: {"what": "which samples or tensors, at which step"},
     f.LAUNCH_NO_GROUP.code: {"layout": "L", "what": "which ranks formed which group"},
     f.LAUNCH_MICRO.code: {"layout": "L"},

@@ -40,7 +40,7 @@ from ..usercode.diagnosis.engine import Hypothesis, choose
 from ..usercode.findings import Cause
 from ..world.naming import option
 from .layouts import Layout
-from .recording import Recording, pads_between
+from .recording import Recording, as_seen_by, pads_between
 from .reproducible import dropout_cause, launch_causes, start_cause
 
 __all__ = [
@@ -90,12 +90,15 @@ def compare_layouts(
     if start is not None:
         # Not the reference's model: nothing after the first step can be read.
         return Comparison(other.label, False, None, [start], figures)
-    data = _data_causes(reference, other, min(wanted, other.steps))
+    # The reference's samples as this layout's ranks see them (a context-parallel rank sees
+    # its pieces of each sequence); nothing to hold them to where no pieces were recorded.
+    seen = as_seen_by(reference, other, min(wanted, other.steps))
+    data = _data_causes(seen, other, min(wanted, other.steps)) if seen is not None else []
     dropout = dropout_cause(reference)
     if data and dropout is not None:
         # Dropout draws its masks from torch's global generator, an amount that follows the
         # micro-batch: where the steps before the samples part already differ, it is first.
-        agree = _same_samples(reference, other, min(wanted, other.steps))
+        agree = _same_samples(seen or reference, other, min(wanted, other.steps))
         if agree:
             early = compare_traces(
                 reference.trace(agree), other.trace(agree), agree, tolerance or Float64Tolerance()
@@ -536,6 +539,12 @@ def _gradient_causes(
         weighed = _weights(other, expected, got, step)
         if weighed is not None:
             scale = weighed
+    if other.layout.cp > 1 and not apart and (scale is None or scale.pattern not in _SETTLED):
+        # A context-parallel rank's gradient holds what every rank's loss sends back to its
+        # piece's keys and values: no weights of its own to fit; its loss says instead.
+        pieces = _piece_means(reference, other, step)
+        if pieces is not None:
+            scale = pieces
     if scale is not None:
         causes.append(scale)
     return causes
@@ -543,6 +552,42 @@ def _gradient_causes(
 
 # Readings of the factor that the fitted weights cannot better (a count ratio; rounding).
 _SETTLED = {f.SCALE.code, f.PRECISION_LOWER.code}
+
+
+def _piece_means(reference: Recording, other: Recording, step: int) -> Cause | None:
+    """Where each rank of a context-parallel layout averaged its loss over its own piece's
+    tokens: at ``step`` (the first whose gradient departs, the parameters still the
+    reference's), the ranks' losses weighted by their pieces' tokens give the reference's
+    loss, and their plain average, which is what averaging the gradients over the ranks
+    trains, does not. None where the losses say otherwise, or no tokens were recorded."""
+    if other.pipelined or reference.steps <= step or other.steps <= step:
+        return None
+    losses, counts = [], []
+    for rank in range(other.world_size):
+        record = other.step(rank, step)
+        losses.append(sum(record["losses"]) / record.get("grad_scale", 1))
+        counts.append(sum(sum(t) for t in record["tokens"] if t))
+    if not all(counts) or len(set(counts)) < 2:
+        return None
+    want = reference.effective_loss(step)
+    weighted = sum(x * n for x, n in zip(losses, counts, strict=True)) / sum(counts)
+    plain = sum(losses) / len(losses)
+    close = (1e-9 if other.float64 else 1e-3) * max(abs(want), 1e-12)
+    if abs(weighted - want) > close or abs(plain - want) <= close:
+        return None
+    # Each piece counted 1/R of the step where its share is n/N: N/(R n) times its share.
+    said = "; ".join(
+        f"rank {r}: {n} tokens, counted {sum(counts) / (len(counts) * n):.3g}x its share"
+        for r, n in enumerate(counts[:8])
+    )
+    shown = ", ".join(f"{x:.6g}" for x in losses[:8])
+    evidence = (
+        f"layout {other.label}, step {step}: the ranks' losses {shown}, weighted by their "
+        f"pieces' tokens ({said}), give the reference's loss {want:.6g}; averaged alike, as "
+        f"the gradients are, {plain:.6g}; the layout's cp is {other.layout.cp} (context "
+        "parallel: each rank holds a piece of every sequence)"
+    )
+    return f.RANKS_PIECE_MEAN.cause(unit="token", numbers=f" ({said})", evidence=evidence)
 
 
 def _departing_step(expected: Any, got: Any, tolerance: Tolerance) -> int:

@@ -26,7 +26,7 @@ from ..world.ports import collided, free_port
 from .launchers import DEFAULT_LAUNCHER, Launcher, parse_launcher
 from .layouts import Layout, LayoutError, fill
 from .loopback import ENV_LOOPBACK
-from .recorder import ENV_DIR, ENV_DTYPE, ENV_LAYOUT, ENV_PERTURB, ENV_STEPS
+from .recorder import ENV_DIR, ENV_DTYPE, ENV_LAYOUT, ENV_PERTURB, ENV_PIECES, ENV_STEPS
 
 __all__ = ["DEFAULT_LAUNCHER", "Run", "first_failure", "launch", "script_of"]
 
@@ -158,6 +158,7 @@ def launch(
     launcher: str | Launcher = DEFAULT_LAUNCHER,
     timeout: float = 600.0,
     perturb: int | None = None,
+    pieces: Sequence[int] = (),
     perturb_dtype: str | None = None,
     nnodes: int = 1,
     ports: Callable[[], int] = free_port,
@@ -169,7 +170,9 @@ def launch(
     a :class:`~.launchers.Launcher` or ``--launcher``'s text. ``nnodes``: the nodes a layout
     of more than one rank spans (torchrun, accelerate and fabric then start one agent per node
     on this machine; srun and a template of the user's are given ``{nnodes}`` and
-    ``{nproc_per_node}`` and start them). ``ports``: where each start's port comes from; a
+    ``{nproc_per_node}`` and start them). ``pieces``: the context-parallel degrees of the
+    layouts this run is held against (the reference's run), whose pieces of each sequence
+    the recorder fingerprints too. ``ports``: where each start's port comes from; a
     start whose store found its port taken (another process bound it first) is made again on
     the next, up to three times."""
     script = fill(script_of(command), layout, global_batch=global_batch, nnodes=nnodes)
@@ -183,6 +186,8 @@ def launch(
         ENV_DTYPE: "float64" if float64 else "native",
         ENV_LAYOUT: str(layout),
     }
+    if pieces:
+        env[ENV_PIECES] = ",".join(str(d) for d in sorted(set(pieces)))
     if perturb is not None:
         env[ENV_PERTURB] = f"{perturb}:{perturb_dtype}" if perturb_dtype else str(perturb)
     if launcher.local:

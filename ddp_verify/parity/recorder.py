@@ -48,6 +48,7 @@ __all__ = [
     "ENV_DTYPE",
     "ENV_LAYOUT",
     "ENV_PERTURB",
+    "ENV_PIECES",
     "ENV_STEPS",
     "Recorder",
     "normalized",
@@ -65,6 +66,10 @@ ENV_LAYOUT = "DDP_VERIFY_LAYOUT"
 # (signs drawn from this seed) before the first forward. Where a script forces its own
 # precision, how far this lands from the plain run bounds what rounding alone can do.
 ENV_PERTURB = "DDP_VERIFY_PERTURB"
+# The context-parallel degrees of the layouts a run (the reference) is held against ("2,4"):
+# each forward's samples are also fingerprinted as the pieces of their sequences the ranks of
+# such a group hold, which is all a context-parallel rank's forward sees of them.
+ENV_PIECES = "DDP_VERIFY_PIECES"
 
 # The most gradient elements whose local contributions are kept per backward (a model larger
 # than this is compared without them), and in all (later backwards are then not kept: the
@@ -199,6 +204,7 @@ class Recorder:
         self._stage_of: dict[int, int] = {}
         self._in_loss = False
         self._in_draw = False
+        self._pieces = [int(d) for d in os.environ.get(ENV_PIECES, "").split(",") if d.strip()]
         self._step = self._fresh()
 
     @classmethod
@@ -225,6 +231,9 @@ class Recorder:
             "losses": [],
             "batches": [],
             "tokens": [],
+            # Per split ("2": in order, "2z": load-balanced), per forward, the fingerprints of
+            # its samples' pieces (see ENV_PIECES and pieces()).
+            "pieces": {},
             "cleared": [],
             "local": [],
             "drawn": {},
@@ -497,6 +506,8 @@ class Recorder:
             rows, tokens = fingerprints(args, kwargs)
             self._step["batches"].append(rows)
             self._step["tokens"].append(tokens)
+            for split, cut in self._cut(args, kwargs).items():
+                self._step["pieces"].setdefault(split, []).append(cut)
         # A pipeline stage's module is the model's part itself, whatever it holds (one layer,
         # held whole by the block inside it): no wrapper, whose inner names would be taken.
         self._outer = 0 if id(module) in self._stage_of else self._size(module)
@@ -542,8 +553,22 @@ class Recorder:
         rows, tokens = fingerprints(args, kwargs)
         if rows:
             self._step["batches"][-1] = rows
+            for split, cut in self._cut(args, kwargs).items():
+                if self._step["pieces"].get(split):
+                    self._step["pieces"][split][-1] = cut
         if tokens:
             self._step["tokens"][-1] = tokens
+
+    def _cut(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, list[str]]:
+        """The forward's samples as the pieces each context-parallel degree asked for cuts
+        them into, in order and load-balanced, where their sequences cut evenly."""
+        found = {}
+        for degree in self._pieces:
+            for balanced in (False, True):
+                cut = pieces(args, kwargs, degree, balanced=balanced)
+                if cut is not None:
+                    found[f"{degree}{'z' if balanced else ''}"] = cut
+        return found
 
     def _counting(self, loss_fn: Callable[..., Any]) -> Callable[..., Any]:
         """``loss_fn`` (a class-index loss) that first records the targets that count."""
@@ -818,6 +843,58 @@ def fingerprints(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[st
             tokens = [int((t[i] != -100).sum()) for i in range(batch)]
             break
     return rows, tokens
+
+
+def pieces(
+    args: tuple[Any, ...], kwargs: dict[str, Any], degree: int, *, balanced: bool = False
+) -> list[str] | None:
+    """The fingerprints of a forward's samples as the ranks of a context-parallel group of
+    ``degree`` hold them: every input along the sequence (the length of the first input of
+    two dimensions or more, in its second) cut into ``degree`` pieces, in order or
+    ``balanced`` (``2 x degree`` chunks, piece ``i`` the ``i``-th and the ``i``-th from the
+    end, as load-balanced context parallelism gives each rank early and late positions
+    alike); one row per sample and piece, piece by piece. None where the sequence does not
+    cut evenly.
+
+    Example::
+
+        >>> ids = torch.arange(8).reshape(2, 4)
+        >>> cut = pieces((ids,), {}, 2)
+        >>> cut[2:] == fingerprints((ids[:, 2:],), {})[0]  # the second piece of each row
+        True
+        >>> pieces((ids,), {}, 3) is None
+        True
+    """
+    along = [t for _, t in [*_tensors("", args), *_tensors("", kwargs)] if t.dim() >= 2]
+    if not along:
+        return None
+    batch, length = along[0].shape[0], along[0].shape[1]
+    chunks = 2 * degree if balanced else degree
+    if length % chunks or length < chunks:
+        return None
+
+    def piece(value: Any, index: int, depth: int = 0) -> Any:
+        if isinstance(value, torch.Tensor):
+            if value.dim() < 2 or value.shape[0] != batch or value.shape[1] != length:
+                return value
+            parts = value.chunk(chunks, dim=1)
+            if not balanced:
+                return parts[index]
+            return torch.cat([parts[index], parts[chunks - 1 - index]], dim=1)
+        if depth >= 3:
+            return value
+        if isinstance(value, (list, tuple)):
+            return type(value)(piece(v, index, depth + 1) for v in value)
+        if isinstance(value, dict):
+            return {k: piece(v, index, depth + 1) for k, v in value.items()}
+        return value
+
+    rows: list[str] = []
+    for index in range(degree):
+        cut_args = tuple(piece(a, index) for a in args)
+        cut_kwargs = {k: piece(v, index) for k, v in kwargs.items()}
+        rows += fingerprints(cut_args, cut_kwargs)[0]
+    return rows
 
 
 # What tells a packed row's sequences apart, and is never part of one (a sequence's index in

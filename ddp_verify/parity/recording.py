@@ -25,7 +25,7 @@ from ..world.naming import public
 from .layouts import Layout, LayoutError, parse_layout
 from .recorder import recording_path
 
-__all__ = ["Pads", "Recording", "RecordingError", "canonical", "pads_between"]
+__all__ = ["Pads", "Recording", "RecordingError", "as_seen_by", "canonical", "pads_between"]
 
 # Per input (a forward's argument position or keyword), the digest of the value that pads
 # its rows; an input not named is not padded.
@@ -100,6 +100,31 @@ def pads_between(reference: Recording, other: Recording, steps: int) -> Pads:
                 best = {**best, key: value}
                 score = agreeing(best)
     return best
+
+
+def as_seen_by(reference: Recording, other: Recording, steps: int) -> Recording | None:
+    """The reference's samples as ``other``'s ranks see them: the reference itself, or where
+    ``other`` is context parallel, its samples cut into the pieces that degree's ranks hold,
+    in order or load-balanced, whichever trains the same samples at the most steps (evidence,
+    not a guess of the script's cut). None where the reference recorded no such pieces.
+
+    Example::
+
+        seen = as_seen_by(reference, other, steps=3)  # reference, or its cut "2" or "2z"
+    """
+    degree = other.layout.cp
+    if degree == 1:
+        return reference
+    cuts = [c for c in (reference.cut(f"{degree}"), reference.cut(f"{degree}z")) if c]
+    if not cuts:
+        return None
+
+    def agreeing(cut: Recording) -> int:
+        pads = pads_between(cut, other, steps)
+        return sum(cut.samples(s, pads) == other.samples(s, pads) for s in range(steps))
+
+    # The first (in order) wins a tie: where nothing tells them apart, either is as good.
+    return max(cuts, key=agreeing)
 
 
 @public
@@ -186,10 +211,26 @@ class Recording:
 
     @property
     def replicas(self) -> int:
-        """How many data ranks train each sample: the ranks of one tensor-parallel (or
-        context-parallel) group all forward the same micro-batches."""
-        layout = self.layout
-        return layout.tp * layout.cp
+        """How many data ranks forward each sample alike: the ranks of one tensor-parallel
+        group all forward the same micro-batches (a context-parallel group's each its own
+        piece of them: see :meth:`cut`)."""
+        return self.layout.tp
+
+    def cut(self, split: str) -> Recording | None:
+        """This recording as a context-parallel layout's ranks see its samples: each
+        forward's samples as the pieces ``split`` names (``"2"``: two in order, ``"2z"``:
+        load-balanced; recorded where the run was told, see ``recorder.ENV_PIECES``). None
+        where they were not recorded."""
+        ranks = []
+        for rank in self.ranks:
+            steps = []
+            for record in rank["steps"]:
+                cut = record.get("pieces", {}).get(split)
+                if cut is None or len(cut) != len(record["batches"]):
+                    return None
+                steps.append({**record, "batches": cut})
+            ranks.append({**rank, "steps": steps})
+        return Recording(f"{self.label} cut {split}", ranks, self.directory)
 
     @property
     def meta(self) -> dict[str, Any]:
@@ -234,7 +275,12 @@ class Recording:
     def exchanged(self) -> list[str]:
         """Where any rank sent other ranks a tensor computed from the model (features for a
         loss that couples samples across ranks): ``"all_gather at train.py:42"``, in the
-        order first seen."""
+        order first seen. Not at a layout that splits each sample over ranks (context or
+        tensor parallel): what its ranks send each other (a piece's keys and values, a
+        shard's activations) is the layout's own work on one sample, no coupling of
+        samples."""
+        if self.layout.cp > 1 or self.layout.tp > 1:
+            return []
         found: list[str] = []
         for rank in self.ranks:
             found += [w for w in rank["meta"].get("exchanged", ()) if w not in found]

@@ -203,7 +203,10 @@ def run_parity(
                 continue
             if progress is not None:
                 progress(f"layout {layout}: running {steps} step(s)")
-            run = run_at(layout, directory=work / str(layout))
+            # The reference records its samples as the context-parallel layouts' ranks see
+            # them too: each its pieces of the sequences.
+            cut = sorted({a.cp for a in asked if a.cp > 1}) if layout == reference else []
+            run = run_at(layout, directory=work / str(layout), pieces=cut)
             runs[layout] = run
             failed = _failed(run, target, started)
             if failed is not None:

@@ -138,6 +138,14 @@ RANKS_WORLD = _finding(
     "gradients averaged over ranks by the world size, not weighted by each rank's {unit}s",
 )
 RANKS_SUM = _finding("ranks:sum", "gradient", "gradients summed across ranks but not divided")
+RANKS_PIECE_MEAN = _finding(
+    "ranks:piece-mean",
+    "gradient",
+    "each context-parallel rank's loss averaged over the {unit}s of its own piece of the "
+    "sequences and the pieces weighted alike, where the reference layout takes one mean over "
+    "the step's {unit}s{numbers}: divide each rank's summed loss by the step's {unit} count "
+    "(all-reduced over the ranks), not by its piece's",
+)
 RANKS_OWN = _finding(
     "ranks:own",
     "gradient",
@@ -750,6 +758,7 @@ SCRIPT_FINDINGS = (
     MICRO_CLEARED,
     MICRO_OWN_MEAN,
     MICRO_WEIGHTS,
+    RANKS_PIECE_MEAN,
     GRAD_DIFFERS,
     PRECISION_LOWER,
     LOG_DIFFERS,

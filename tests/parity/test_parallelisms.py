@@ -24,7 +24,7 @@ SCRIPT = Path(__file__).resolve().parents[2] / "fixtures" / "scripts" / "titan_p
 COMMAND = [
     "python", str(SCRIPT), "--batch-size", "{micro_batch}", "--grad-accum", "{grad_accum}",
     "--tp", "{tp}", "--pp", "{pp}", "--dp-shard", "{dp_shard}", "--dp-replicate",
-    "{dp_replicate}",
+    "{dp_replicate}", "--cp", "{cp}",
 ]  # fmt: skip
 
 
@@ -76,13 +76,21 @@ def test_each_degree_reaches_the_command_through_its_placeholder():
 @pytest.mark.parametrize(
     ("variant", "layouts", "differs", "first"),
     [
-        ("correct", "tp2,dp_shard2,pp2.a2", set(), None),
+        ("correct", "tp2,dp_shard2,pp2.a2,cp2", set(), None),
         # Summed over the sharded ranks: exactly the data-parallel degree, 2, named as such.
         (
             "fsdp-sum",
             "dp_shard2,pp2.a2",
             {"dp_shard2"},
             ("summed across ranks", "2 is the layout's dp_shard (FSDP2's shard degree)"),
+        ),
+        # Each context-parallel rank its own piece's token mean: the prompt that does not
+        # count lies in the first piece, so the pieces' counts differ.
+        (
+            "cp-local-mean",
+            "cp2,a2",
+            {"cp2"},
+            ("its own piece of the sequences", "the layout's cp is 2"),
         ),
         # The MLP's output reduced over the tensor-parallel ranks twice.
         ("tp-double-reduce", "tp2,pp2.a2", {"tp2"}, None),
@@ -130,7 +138,9 @@ def test_an_interleaved_schedule_two_stages_a_rank_trains_what_one_process_train
 
 @pytest.mark.slow
 def test_four_rank_layouts_of_two_axes_train_what_one_process_trains(tmp_path):
-    layouts = "dp2.pp2.a2,dp_replicate2.dp_shard2,dp2.tp2,dp_shard2.tp2"
+    layouts = (
+        "dp2.pp2.a2,dp_replicate2.dp_shard2,dp2.tp2,dp_shard2.tp2,dp2.cp2,cp2.tp2,dp_shard2.cp2"
+    )
     result = run_parity(COMMAND, layouts=parse_layouts(layouts), steps=2, global_batch=8,
                         keep=tmp_path)  # fmt: skip
     assert result.exit_code == 0, result.report
