@@ -28,6 +28,7 @@ FOUND_BY: dict[str, str] = {
     f.MICRO_OWN_MEAN.code: "each micro-batch's share of the step, fitted",
     f.RANKS_PIECE_MEAN.code: "the ranks' losses weighted by their pieces' tokens, against the "
     "reference's",
+    f.TP_MODULE.code: "each module's output at the first forward, against the reference's",
     f.MICRO_WEIGHTS.code: "each micro-batch's share of the step, fitted",
     f.GRAD_DIFFERS.code: "the gradient against the reference's, no multiple of it",
     f.PRECISION_LOWER.code: "the gradient against the reference's, a factor of 1",

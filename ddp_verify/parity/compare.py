@@ -134,6 +134,10 @@ def compare_layouts(
             _in_coupled_terms(_with_documented(cause, reference, other), reference, other)
             for cause in _gradient_causes(reference, other, expected, got, tolerance)
         ]
+        departs = _module_departs(reference, other)
+        if departs is not None:
+            # Where the forward itself departs: the place, before what the gradient reads.
+            causes.insert(0, departs)
         if not causes:
             causes.append(
                 f.UNEXPLAINED.cause(
@@ -552,6 +556,57 @@ def _gradient_causes(
 
 # Readings of the factor that the fitted weights cannot better (a count ratio; rounding).
 _SETTLED = {f.SCALE.code, f.PRECISION_LOWER.code}
+
+
+def _module_departs(reference: Recording, other: Recording) -> Cause | None:
+    """Where a tensor-parallel layout's first forward departs from the reference's, by module:
+    the modules whose output (held whole by the rank) differs, and of those the first whose
+    inner modules all agree, so that the difference is made in its own forward (a reduction
+    over the tensor-parallel ranks missing, or doubled). Only where rank 0's first
+    micro-batch is the reference's (one micro-batch a step, every sample on every rank), so
+    that the outputs are of the same inputs and the same parameters."""
+    layout = other.layout
+    if layout.tp == 1 or other.pipelined or not (reference.steps and other.steps):
+        return None
+    if other.step(0, 0)["batches"][:1] != reference.step(0, 0)["batches"][:1]:
+        return None
+    want = {o[0]: o for o in reference.meta.get("outputs") or ()}
+    close = 1e-9 if other.float64 else 1e-3
+    departed: list[tuple[str, float]] = []
+    for rank in range(other.world_size):
+        for name, shape, total, norm in other.ranks[rank]["meta"].get("outputs") or ():
+            mine = want.get(name)
+            if mine is None or list(mine[1]) != list(shape) or name in dict(departed):
+                continue
+            scale = max(abs(mine[3]), 1e-300)
+            if abs(norm - mine[3]) > close * scale or abs(total - mine[2]) > close * scale:
+                departed.append((name, norm / scale))
+    if not departed:
+        return None
+    names = [n for n, _ in departed]
+    # The first (in the order outputs returned: inner first) whose inner modules all agree.
+    origin, ratio = next(
+        (n, r) for n, r in departed if not any(o.startswith(n + ".") for o in names if o != n)
+    )
+    inside = any(o.startswith(origin + ".") for o in want) if origin != "(the model)" else True
+    # The collectives the script's own code calls in that module's forward (or inside it).
+    calls = [
+        call
+        for r in other.ranks
+        for module, call in r["meta"].get("forward_collectives", ())
+        if module == origin or module.startswith(origin + ".")
+    ]
+    where = f"; its forward calls {', '.join(dict.fromkeys(calls))}" if calls else ""
+    return f.TP_MODULE.cause(
+        module=origin,
+        own="while every module inside it agrees" if inside else "(a module with none inside)",
+        tp=layout.tp,
+        evidence=(
+            f"layout {other.label}, its first forward on the reference's first micro-batch: "
+            f"{origin}'s output has {ratio:.4g} x the norm of the reference's; departing: "
+            f"{', '.join(names[:6])}{where}"
+        ),
+    )
 
 
 def _piece_means(reference: Recording, other: Recording, step: int) -> Cause | None:

@@ -93,6 +93,15 @@ WRAPPER_PARTS = frozenset(
 # The collectives that send a rank's tensors to other ranks whole (gathers, exchanges): what
 # gathers features for a loss that couples samples across ranks. Reductions are left out:
 # they add, as a gradient's synchronisation and a logged loss's mean do.
+# The collectives noted where a module's forward calls them (see _watch_in_forward).
+IN_FORWARD = (
+    "all_reduce",
+    "all_gather",
+    "all_gather_into_tensor",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "broadcast",
+)
 EXCHANGES = (
     "all_gather",
     "all_gather_into_tensor",
@@ -179,6 +188,12 @@ class Recorder:
             # This rank's pipeline stages, as torch.distributed.pipelining made them:
             # [stage_index, num_stages] each (empty: not pipelined).
             "stages": [],
+            # At the first training forward, each module's output as it returned (inner
+            # modules first): [name, shape, sum, norm] (see _output_summary).
+            "outputs": [],
+            # Collectives the script's own code calls inside a module's forward, in that
+            # first forward: [module, "all_reduce at train.py:42"] (see _watch_in_forward).
+            "forward_collectives": [],
         }
         self._known_modules: set[int] = set()
         # Whether a forward with autograd on (one that trains) has run.
@@ -205,6 +220,10 @@ class Recorder:
         self._in_loss = False
         self._in_draw = False
         self._pieces = [int(d) for d in os.environ.get(ENV_PIECES, "").split(",") if d.strip()]
+        # The model's modules by id, named, while the first training forward runs (then None),
+        # and the names of those running now, outermost first.
+        self._module_names: dict[int, str] | None = None
+        self._running: list[str] = []
         self._step = self._fresh()
 
     @classmethod
@@ -272,10 +291,23 @@ class Recorder:
                     recorder.meta["autocast"] = _autocast()
                 recorder._inner_forward(module, args, kwargs)
             recorder._depth += 1
+            named = recorder._module_names
+            name = named.get(id(module)) if named is not None else None
+            if name is not None:
+                recorder._running.append(name)
             try:
-                return module_call(module, *args, **kwargs)
+                result = module_call(module, *args, **kwargs)
+                if name is not None:
+                    summary = _output_summary(result)
+                    if summary is not None:
+                        recorder.meta["outputs"].append([name, *summary])
+                return result
             finally:
                 recorder._depth -= 1
+                if name is not None:
+                    recorder._running.pop()
+                if recorder._depth == 0 and recorder._module_names is not None and forward:
+                    recorder._module_names = None  # the first forward is over
 
         torch.nn.Module.__call__ = call
         tensor_backward = torch.Tensor.backward
@@ -315,6 +347,7 @@ class Recorder:
         for name in ("cross_entropy", "nll_loss"):
             setattr(torch.nn.functional, name, self._counting(getattr(torch.nn.functional, name)))
         self._watch_exchanges()
+        self._watch_in_forward()
         self._watch_draws()
         # torch.distributed.pipelining costs seconds to import: watched once the script does.
         _after_import("torch.distributed.pipelining.stage", self._watch_stages)
@@ -354,6 +387,39 @@ class Recorder:
 
         for name in EXCHANGES:
             collective = getattr(distributed_c10d, name, None)
+            if collective is None:
+                continue
+            wrapped = watched(name, collective)
+            for module in (dist, distributed_c10d):
+                if getattr(module, name, None) is collective:
+                    setattr(module, name, wrapped)
+
+    def _watch_in_forward(self) -> None:
+        """Note each collective called inside a module's forward during the first training
+        forward, with the innermost module running: a reduction the script writes by hand
+        in a forward (on top of a tensor-parallel plan's own, which DTensor makes without
+        these functions)."""
+        import torch.distributed as dist
+
+        if not dist.is_available():
+            return
+        from torch.distributed import distributed_c10d
+
+        recorder = self
+
+        def watched(name: str, collective: Callable[..., Any]) -> Callable[..., Any]:
+            @functools.wraps(collective)
+            def called(*args: Any, **kwargs: Any) -> Any:
+                if recorder._module_names is not None and recorder._running:
+                    said = [recorder._running[-1], f"{name} at {_caller()}"]
+                    if said not in recorder.meta["forward_collectives"]:
+                        recorder.meta["forward_collectives"].append(said)
+                return collective(*args, **kwargs)
+
+            return called
+
+        for name in IN_FORWARD:
+            collective = getattr(dist, name, None)
             if collective is None:
                 continue
             wrapped = watched(name, collective)
@@ -465,6 +531,11 @@ class Recorder:
             if not self._known_modules:
                 self.meta["generators"] = _generator_digests()
                 self.meta["start"] = _weights_digest(module)
+                if torch.is_grad_enabled() and not self._stage_of:
+                    # Where a layout's forward first departs from the reference's, by module.
+                    self._module_names = {
+                        id(m): normalized(n) or "(the model)" for n, m in module.named_modules()
+                    }
             if self.perturb is not None and not self._known_modules:
                 _perturbed(module, self.perturb, self.perturb_dtype)
             self._known_modules.add(id(module))
@@ -966,6 +1037,25 @@ def _tensors(key: str, value: Any, depth: int = 0) -> list[tuple[str, torch.Tens
             for t in _tensors(f"{key}.{k}", v, depth + 1)
         ]
     return []
+
+
+def _output_summary(result: Any) -> tuple[list[int], float, float] | None:
+    """A module's output as the comparison reads it: its (first) tensor's shape, sum and
+    norm, in float64; None where it holds no floating tensor, or a DTensor that no rank holds
+    whole (a shard: the rank's piece says nothing of the whole)."""
+    found = _tensors("", result)
+    if not found:
+        return None
+    tensor = found[0][1]
+    if _distributed(tensor):
+        placements = getattr(tensor, "placements", ())
+        if not all(type(p).__name__ == "Replicate" for p in placements):
+            return None
+        tensor = tensor.to_local()
+    if not tensor.is_floating_point():
+        return None
+    value = tensor.detach().double()
+    return list(value.shape), float(value.sum()), float(value.norm())
 
 
 def _digest(row: torch.Tensor) -> str:

@@ -138,6 +138,13 @@ RANKS_WORLD = _finding(
     "gradients averaged over ranks by the world size, not weighted by each rank's {unit}s",
 )
 RANKS_SUM = _finding("ranks:sum", "gradient", "gradients summed across ranks but not divided")
+TP_MODULE = _finding(
+    "tp:module",
+    "gradient",
+    "the forward departs from the reference's at {module}: its output differs {own}, so the "
+    "difference is made in its own forward, across the {tp} tensor-parallel ranks (a "
+    "reduction of a sharded output missing, or done twice)",
+)
 RANKS_PIECE_MEAN = _finding(
     "ranks:piece-mean",
     "gradient",
@@ -759,6 +766,7 @@ SCRIPT_FINDINGS = (
     MICRO_OWN_MEAN,
     MICRO_WEIGHTS,
     RANKS_PIECE_MEAN,
+    TP_MODULE,
     GRAD_DIFFERS,
     PRECISION_LOWER,
     LOG_DIFFERS,

@@ -92,8 +92,27 @@ def test_each_degree_reaches_the_command_through_its_placeholder():
             {"cp2"},
             ("its own piece of the sequences", "the layout's cp is 2"),
         ),
-        # The MLP's output reduced over the tensor-parallel ranks twice.
-        ("tp-double-reduce", "tp2,pp2.a2", {"tp2"}, None),
+        # The MLP's output reduced over the tensor-parallel ranks twice: the block whose own
+        # forward departs, every module inside it agreeing, and the reduction's line.
+        (
+            "tp-double-reduce",
+            "tp2,pp2.a2",
+            {"tp2"},
+            (
+                "departs from the reference's at layers.0: its output differs while every",
+                "all_reduce at ",
+            ),
+        ),
+        # The row-wise projection's partial sums never reduced: that projection named.
+        (
+            "tp-no-reduce",
+            "tp2",
+            {"tp2"},
+            (
+                "at layers.0.feed_forward.w2: its output differs (a module with none inside)",
+                "departing: layers.0.feed_forward.w2, layers.0.feed_forward, layers.0",
+            ),
+        ),
         # A mean of micro-batch means (the schedule's scale_grads): off on uneven tokens,
         # read on the last stage's contributions.
         (
