@@ -26,6 +26,31 @@ SCHEDULES = {
     "interleaved_1f1b": ("ScheduleInterleaved1F1B", 2),
 }
 WIDTH, CLASSES = 3, 4
+# What passes between stages: one tensor, or two (a hidden state and a second stream, as a
+# residual or a position embedding is carried along), the last stage using both or only
+# the first (a stage input that takes no part in its output: its gradient is none).
+CARRIES = ("one", "two", "two_last_ignores")
+
+
+class _Pair(torch.nn.Module):
+    """A layer of a chain that carries two tensors: ``(h, s) -> (tanh(A h) + s, B s)``; the
+    last, ``(h, s) -> C h + D s`` (or ``C h``, ignoring ``s``)."""
+
+    def __init__(self, last: bool, ignores: bool, generator: torch.Generator) -> None:
+        super().__init__()
+        out = CLASSES if last else WIDTH
+        self.last, self.ignores = last, ignores
+        self.a = torch.nn.Linear(WIDTH, out, dtype=torch.float64)
+        self.b = None if last and ignores else torch.nn.Linear(WIDTH, out, dtype=torch.float64)
+        with torch.no_grad():
+            for p in self.parameters():
+                p.copy_(torch.randn(p.shape, generator=generator, dtype=torch.float64))
+
+    def forward(self, h: torch.Tensor, s: torch.Tensor) -> Any:
+        if self.last:
+            return self.a(h) if self.b is None else self.a(h) + self.b(s)
+        assert self.b is not None
+        return torch.tanh(self.a(h)) + s, self.b(s)
 
 
 def layers(case: dict[str, Any], count: int) -> list[torch.nn.Module]:
@@ -33,6 +58,10 @@ def layers(case: dict[str, Any], count: int) -> list[torch.nn.Module]:
     a linear map and a tanh, the last a linear map to the classes."""
     generator = torch.Generator().manual_seed(case["seed"])
     made: list[torch.nn.Module] = []
+    carry = case.get("carry", "one")
+    if carry != "one":
+        ignores = carry == "two_last_ignores"
+        return [_Pair(i == count - 1, ignores, generator) for i in range(count)]
     for index in range(count):
         out = CLASSES if index == count - 1 else WIDTH
         linear = torch.nn.Linear(WIDTH, out, dtype=torch.float64)
@@ -44,11 +73,15 @@ def layers(case: dict[str, Any], count: int) -> list[torch.nn.Module]:
 
 
 def batch(case: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
-    """The step's inputs and labels: -100 where a sample does not count (so micro-batches
-    hold uneven counts), never a whole micro-batch of them."""
+    """The step's inputs (one tensor, or two where the chain carries two) and labels: -100
+    where a sample does not count (so micro-batches hold uneven counts), never a whole
+    micro-batch of them."""
     generator = torch.Generator().manual_seed(case["seed"] + 1)
     rows = case["micro_batches"] * case["micro_batch_size"]
     inputs = torch.randn(rows, WIDTH, generator=generator, dtype=torch.float64)
+    if case.get("carry", "one") != "one":
+        second = torch.randn(rows, WIDTH, generator=generator, dtype=torch.float64)
+        inputs = torch.stack([inputs, second], dim=1)  # split into (h, s) by the chain
     labels = torch.randint(0, CLASSES, (rows,), generator=generator)
     for row in case["ignored"]:
         labels[row] = -100
@@ -70,22 +103,36 @@ def loss_fn(case: dict[str, Any]) -> Any:
     return loss
 
 
+def _split(case: dict[str, Any], inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The first stage's positional inputs: the one tensor, or the two the chain carries."""
+    if case.get("carry", "one") == "one":
+        return (inputs,)
+    return inputs[:, 0], inputs[:, 1]
+
+
+def _run(chain: list[torch.nn.Module], inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    out: Any = inputs
+    for layer in chain:
+        out = layer(*out) if isinstance(out, tuple) else layer(out)
+    return out
+
+
 def one_process(case: dict[str, Any], stages: int) -> dict[str, Any]:
     """The oracle: the whole chain on one process, each micro-batch's loss backpropagated in
     turn, the gradients divided by the micro-batches where the schedule scales them."""
-    chain = torch.nn.Sequential(*layers(case, stages))
+    chain = torch.nn.ModuleList(layers(case, stages))
     inputs, labels = batch(case)
     loss = loss_fn(case)
     losses = []
     n = case["micro_batches"]
     for x, y in zip(torch.tensor_split(inputs, n), torch.tensor_split(labels, n), strict=True):
-        value = loss(chain(x), y)
+        value = loss(_run(list(chain), _split(case, x)), y)
         value.backward()
         losses.append(value.detach())
     if case["scale_grads"]:
         for p in chain.parameters():
-            assert p.grad is not None
-            p.grad.div_(n)
+            if p.grad is not None:  # None: no loss reaches it
+                p.grad.div_(n)
     grads = {i: [p.grad for p in chain[i].parameters()] for i in range(stages)}
     return {"grads": grads, "losses": losses}
 
@@ -113,7 +160,7 @@ def pipelined(case: dict[str, Any]) -> dict[str, Any]:
     inputs, labels = batch(case)
     losses: list[torch.Tensor] = []
     first, last = 0 in mine, stages - 1 in mine
-    args = (inputs,) if first else ()
+    args = _split(case, inputs) if first else ()
     kwargs: dict[str, Any] = {"target": labels, "losses": losses} if last else {}
     schedule.step(*args, **kwargs)
     grads = {i: [p.grad for p in chain[i].parameters()] for i in mine}

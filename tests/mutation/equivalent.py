@@ -235,8 +235,19 @@ _SPEC_EQUALS = (
     "(test_an_operation_whose_inputs_fit_communicates_nothing counts no collective)"
 )
 
+_PP_BACKWARD = "torch.distributed.pipelining._backward"
+_PP_PAIRED = (
+    "the inputs that require a gradient and their positions are listed in another order, "
+    "together: autograd.grad returns each input's gradient in the order it is given them, "
+    "and each is written back at its own position, so every input gets its own gradient"
+)
+
 # (module, qualname, operator, change) -> why the contract cannot tell it from torch.
 EQUIVALENT: dict[tuple[str, str, str, str], str] = {
+    (_PP_BACKWARD, "_autograd_grad_for_inputs", "reversed-iteration",
+     "for ... in enumerate(inputs) -> reversed(list(...))"): _PP_PAIRED,
+    (_PP_BACKWARD, "_autograd_grad_for_inputs", "reversed-iteration",
+     "for ... in zip(grad_indices, grads, strict=True) -> reversed(list(...))"): _PP_PAIRED,
     (_POWER, "powerSGD_hook", "reversed-iteration",
      "for ... in tensors_to_compress -> reversed(list(...))"): _DRAWS,
     (_POWER, "_orthogonalize", "off-by-one",
