@@ -390,6 +390,24 @@ def differentiable_collective(
     return [y.tolist() for y in outputs], x.grad.tolist()
 
 
+def differentiable_all_gather_used_transposed(
+    inputs: list[list[list[float]]], weights: list[list[list[float]]]
+) -> list[list[float]]:
+    """Rank r's matrix ``inputs[r]`` all-gathered over the world by
+    ``torch.distributed.nn.functional.all_gather``, the pieces stacked by rows and used
+    transposed, as attention uses keys (``sum(stacked.T * weights[r])``), so that the
+    gradient reaching the gather is strided; returns the matrix's gradient."""
+    from torch.distributed.nn import functional as differentiable
+
+    rank, device = dist.get_rank(), rank_device()
+    x = torch.tensor(inputs[rank], dtype=torch.float64, device=device, requires_grad=True)
+    stacked = torch.cat(list(differentiable.all_gather(x)), dim=0)
+    w = torch.tensor(weights[rank], dtype=torch.float64, device=device)
+    (stacked.t() * w).sum().backward()
+    assert x.grad is not None
+    return x.grad.tolist()
+
+
 def python_reducer_gradients(hook: str | None, compiled: bool) -> list[list[float]]:
     """DDP with dynamo's Python reducer (``optimize_ddp="python_reducer"``): a ``Linear(3, 1)``
     (its comm ``hook`` from ``default_hooks``, None for none), forward and backward on two

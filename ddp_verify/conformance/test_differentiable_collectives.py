@@ -258,6 +258,56 @@ def _over_subgroups(world, prove, kind: str) -> None:
 
 
 @known_torch_issue(
+    "torch.distributed.nn.functional.all_gather's backward on gloo gives a wrong gradient "
+    "where the gradient reaching it is strided (the gathered tensor used transposed, as "
+    "attention uses keys): _AlltoAll scatters into buffers shaped like the strided gradient, "
+    "and gloo's scatter writes a non-contiguous output as if it were contiguous",
+    raises=AssertionError,
+    match=r"used transposed: rank \d+'s input gradient",
+    url="https://github.com/pytorch/pytorch/issues/192920",
+    repro="findings/differentiable_all_gather_strided_gloo.py",
+    backends=("gloo",),
+)
+def test_differentiable_all_gather_of_a_tensor_used_transposed(world, prove):
+    # Context parallelism gathers each rank's keys and values so; a gradient that arrives
+    # strided must reach each rank's own piece as a contiguous one does.
+    if world.size < 2:
+        pytest.skip("a world of 1 gathers nothing from another rank")
+    size = world.size
+
+    @st.composite
+    def matrices(draw):
+        rows, cols = draw(st.integers(2, 3)), draw(st.integers(2, 3))
+
+        def matrix(m, n):
+            return draw(st.lists(st.lists(VALUES, min_size=n, max_size=n), min_size=m,
+                                 max_size=m))  # fmt: skip
+
+        return ([matrix(rows, cols) for _ in range(size)],
+                [matrix(cols, size * rows) for _ in range(size)])  # fmt: skip
+
+    def check(case):
+        inputs, weights = case
+        rows = len(inputs[0])
+        got = world.run(jobs.differentiable_all_gather_used_transposed, inputs, weights)
+        for rank, grad in enumerate(got):
+            # d/dx_r of sum_k sum(stacked.T * W_k): every rank's weights, transposed, at
+            # rank r's rows.
+            want = [
+                [sum(weights[k][j][rank * rows + i] for k in range(size))
+                 for j in range(len(inputs[0][0]))]
+                for i in range(rows)
+            ]  # fmt: skip
+            assert all(_close(g, w) for g, w in zip(grad, want, strict=True)), (
+                f"torch.distributed.nn.functional.all_gather of {rows}-row matrices, stacked "
+                f"and used transposed: rank {rank}'s input gradient is {grad}; the gradient "
+                f"of the sum of every rank's loss is {want}"
+            )
+
+    prove(matrices(), check)
+
+
+@known_torch_issue(
     "torch.distributed.nn.functional.reduce_scatter and reduce with op=ReduceOp.AVG: the "
     "backward ignores the op and passes the gradient on undivided, W times the derivative of "
     "an average",
