@@ -298,9 +298,10 @@ class Recorder:
             try:
                 result = module_call(module, *args, **kwargs)
                 if name is not None:
-                    summary = _output_summary(result)
-                    if summary is not None:
-                        recorder.meta["outputs"].append([name, *summary])
+                    with contextlib.suppress(Exception):  # recording never breaks the script
+                        summary = _output_summary(result)
+                        if summary is not None:
+                            recorder.meta["outputs"].append([name, *summary])
                 return result
             finally:
                 recorder._depth -= 1
