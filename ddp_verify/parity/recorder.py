@@ -90,9 +90,6 @@ WRAPPER_PARTS = frozenset(
 )
 
 
-# The collectives that send a rank's tensors to other ranks whole (gathers, exchanges): what
-# gathers features for a loss that couples samples across ranks. Reductions are left out:
-# they add, as a gradient's synchronisation and a logged loss's mean do.
 # The collectives noted where a module's forward calls them (see _watch_in_forward).
 IN_FORWARD = (
     "all_reduce",
@@ -102,6 +99,9 @@ IN_FORWARD = (
     "reduce_scatter_tensor",
     "broadcast",
 )
+# The collectives that send a rank's tensors to other ranks whole (gathers, exchanges): what
+# gathers features for a loss that couples samples across ranks. Reductions are left out:
+# they add, as a gradient's synchronisation and a logged loss's mean do.
 EXCHANGES = (
     "all_gather",
     "all_gather_into_tensor",
@@ -637,9 +637,10 @@ class Recorder:
         found = {}
         for degree in self._pieces:
             for balanced in (False, True):
-                cut = pieces(args, kwargs, degree, balanced=balanced)
-                if cut is not None:
-                    found[f"{degree}{'z' if balanced else ''}"] = cut
+                with contextlib.suppress(Exception):  # recording never breaks the script
+                    cut = pieces(args, kwargs, degree, balanced=balanced)
+                    if cut is not None:
+                        found[f"{degree}{'z' if balanced else ''}"] = cut
         return found
 
     def _counting(self, loss_fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -956,7 +957,7 @@ def pieces(
         if depth >= 3:
             return value
         if isinstance(value, (list, tuple)):
-            return type(value)(piece(v, index, depth + 1) for v in value)
+            return [piece(v, index, depth + 1) for v in value]  # a list fingerprints alike
         if isinstance(value, dict):
             return {k: piece(v, index, depth + 1) for k, v in value.items()}
         return value
