@@ -6,8 +6,11 @@ execute."""
 from __future__ import annotations
 
 import ast
+import importlib
+import inspect
 import json
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -144,7 +147,9 @@ def test_the_modules_and_lines_are_those_real_trainings_execute():
                    "torch.amp.grad_scaler", "torch.nn.modules.batchnorm",
                    "torch.distributed.distributed_c10d", "torch.nn.parallel.distributed",
                    "torch.distributed.checkpoint.state_dict",
-                   "torch.distributed.fsdp._fully_shard._fsdp_collectives"):  # fmt: skip
+                   "torch.distributed.fsdp._fully_shard._fsdp_collectives",
+                   "torch.distributed.pipelining.schedules", "torch.distributed.pipelining.stage",
+                   "torch.distributed.tensor.parallel.style"):  # fmt: skip
         assert reached.get(module), f"{module}: not reached"
     # What every program runs is out of scope; a module only imported is not reached (its
     # def lines run at import, none of its functions do).
@@ -318,6 +323,14 @@ def test_the_functions_drawn_from_are_the_modules_own_decorated_or_not():
     assert not {"AllGatherResult._make", "AllGatherResult.__repr__"} & fsdp, fsdp
     c10d = {name for name, _, _ in functions("torch.distributed.distributed_c10d")}
     assert {"all_reduce", "broadcast"} <= c10d
+    # A method whose source has a line at the margin (a bracketed expression's, in
+    # pipelining's schedules) is parsed, its lines counted in the module's file.
+    schedules = "torch.distributed.pipelining.schedules"
+    found = {name: (tree, first) for name, tree, first in functions(schedules)}
+    tree, first = found["Schedule1F1B.__init__"]
+    text = Path(inspect.getsourcefile(importlib.import_module(schedules)) or "").read_text()
+    last = text.splitlines()[first + tree.body[-1].lineno - 2].strip()
+    assert last.startswith(ast.unparse(tree.body[-1]).splitlines()[0][:20]), last
 
 
 def test_a_survivor_is_judged_again_at_the_next_world_size(monkeypatch, tmp_path):
