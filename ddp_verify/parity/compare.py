@@ -684,9 +684,17 @@ def _weights(other: Recording, expected: Any, got: Any, step: int) -> Cause | No
     # Sequences with a token that counts: the unit of a sequence-level objective's mean.
     answered: list[int] = []
     by_rank: list[int] = []
+    staged = False  # contributions kept of some of a rank's stages only
     for rank in ranks:
         record = other.step(rank, step)
         local = record.get("local") or []
+        last = {n - 1 for _, n in other.stages(rank)}
+        tagged = record.get("local_stages") or []
+        if last and len(tagged) == len(local) and any(t not in last for t in tagged):
+            # A rank of several stages (interleaved): its last stage's backwards are the
+            # micro-batches the loss was computed on.
+            local = [c for c, t in zip(local, tagged, strict=True) if t in last]
+            staged = True
         if other.ranks[rank]["meta"].get("local_names") != names:
             return None
         if len(local) != len(record["batches"]) or not local:
@@ -708,12 +716,18 @@ def _weights(other: Recording, expected: Any, got: Any, step: int) -> Cause | No
         return None
     matrix = torch.stack(columns, dim=1)
     target = torch.cat([reference[n].reshape(-1) for n in names])
+    combined = torch.cat([mine[n].reshape(-1) for n in names])
+    if matrix.shape[0] == target.numel() and staged:
+        # The last stage's backwards touch its parameters only: the rank's other stages'
+        # entries are no part of what they weigh.
+        touched = matrix.abs().sum(dim=1) > 0
+        matrix, target, combined = matrix[touched], target[touched], combined[touched]
     if matrix.shape[0] <= 2 * matrix.shape[1] or matrix.shape[0] != target.numel():
         return None  # too few entries for the weights to be determined
     close = 1e-6 if other.float64 else 1e-2
     weights, residual = _fit(matrix, target)
     # How the layout combined them (1/W each under DDP's average, 1 on one process).
-    applied, applied_residual = _fit(matrix, torch.cat([mine[n].reshape(-1) for n in names]))
+    applied, applied_residual = _fit(matrix, combined)
     if residual > close or applied_residual > close:
         return None
     relative = [

@@ -215,8 +215,12 @@ class Recorder:
         self._again = False
         # Inside a call that is not training (a pipeline stage's shape inference).
         self._aside_depth = 0
-        # Each pipeline stage's module on this rank, by id: its stage index.
+        # Each pipeline stage's module on this rank, by id: its stage index; and the stage
+        # whose backward runs now (None outside a stage's backward).
         self._stage_of: dict[int, int] = {}
+        self._backward_stage: int | None = None
+        # Which of the step's micro-batches a pipeline schedule computes the loss of now.
+        self._loss_of: int | None = None
         self._in_loss = False
         self._in_draw = False
         self._pieces = [int(d) for d in os.environ.get(ENV_PIECES, "").split(",") if d.strip()]
@@ -255,6 +259,8 @@ class Recorder:
             "pieces": {},
             "cleared": [],
             "local": [],
+            # Per entry of "local", the pipeline stage whose backward it was (None: no stage).
+            "local_stages": [],
             "drawn": {},
             # What a pipeline schedule divided this rank's gradients by after the step's
             # backwards (its scale_grads: the micro-batches); 1 where nothing did.
@@ -352,6 +358,7 @@ class Recorder:
         self._watch_draws()
         # torch.distributed.pipelining costs seconds to import: watched once the script does.
         _after_import("torch.distributed.pipelining.stage", self._watch_stages)
+        _after_import("torch.distributed.pipelining.schedules", self._watch_schedules)
         register_optimizer_step_pre_hook(self._before_step)
         register_optimizer_step_post_hook(self._after_step)
         # What the script logs, read as it goes by.
@@ -452,6 +459,12 @@ class Recorder:
             recorder._step["grad_scale"] = grad_scale_factor
 
         base.__init__, base.scale_grads = made, scaled
+        # Which stage each backward is (a rank of an interleaved schedule runs several): the
+        # loss's micro-batches are read from the last stage's.
+        for name in ("backward_one_chunk", "backward_weight_one_chunk"):
+            method = vars(base).get(name)
+            if callable(method):
+                setattr(base, name, self._in_stage_backward(method))
         # A stage infers its shapes by a forward (and a backward) of its own before the first
         # step: neither trains, and neither is recorded.
         for cls in vars(module).values():
@@ -461,6 +474,41 @@ class Recorder:
                 method = vars(cls).get(name)
                 if callable(method):
                     setattr(cls, name, self._aside(method))
+
+    def _watch_schedules(self, module: types.ModuleType) -> None:
+        """Note which micro-batch of the step each loss a pipeline schedule computes is (the
+        schedule computes them in the micro-batches' order)."""
+        base = getattr(module, "_PipelineSchedule", None)
+        compute = vars(base).get("_compute_loss") if base is not None else None
+        if not callable(compute):
+            return
+        recorder = self
+
+        @functools.wraps(compute)
+        def computed(schedule: Any, *args: Any, **kwargs: Any) -> Any:
+            index = recorder._step.get("pipeline_losses", 0)
+            recorder._step["pipeline_losses"] = index + 1
+            recorder._loss_of = index
+            try:
+                return compute(schedule, *args, **kwargs)
+            finally:
+                recorder._loss_of = None
+
+        base._compute_loss = computed  # type: ignore[union-attr]
+
+    def _in_stage_backward(self, method: Callable[..., Any]) -> Callable[..., Any]:
+        """``method`` (a stage's backward) noting its stage while it runs."""
+        recorder = self
+
+        @functools.wraps(method)
+        def backward(stage: Any, *args: Any, **kwargs: Any) -> Any:
+            before, recorder._backward_stage = recorder._backward_stage, int(stage.stage_index)
+            try:
+                return method(stage, *args, **kwargs)
+            finally:
+                recorder._backward_stage = before
+
+        return backward
 
     def _aside(self, method: Callable[..., Any]) -> Callable[..., Any]:
         """``method`` with the recorder looking away while it runs."""
@@ -674,6 +722,10 @@ class Recorder:
         if target.is_floating_point() or target.dim() == 0:
             return  # soft targets, or one class: no token to count
         index = len(batches) - 1
+        if self._loss_of is not None and self._loss_of < len(batches):
+            # A schedule's loss is its micro-batches' in turn, whatever forwards ran between
+            # (an interleaved schedule forwards several micro-batches before their losses).
+            index = self._loss_of
         filled = self._step.setdefault("tokens_from_loss", [])
         if batches[index] and index not in filled:
             return  # the model saw the labels: counted there
@@ -740,6 +792,7 @@ class Recorder:
             self._keep_local = False
             return
         self._step["local"].append(torch.cat(flat))
+        self._step["local_stages"].append(self._backward_stage)
 
     def _before_step(
         self, optimizer: torch.optim.Optimizer, args: tuple[Any, ...], kwargs: dict[str, Any]

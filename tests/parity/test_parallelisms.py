@@ -153,6 +153,11 @@ def test_an_interleaved_schedule_two_stages_a_rank_trains_what_one_process_train
     mistaken = run_parity([*command, "--variant", "micro-mean"], layouts=parse_layouts("pp2.a2"),
                           steps=2, global_batch=4, keep=tmp_path / "micro-mean")  # fmt: skip
     assert mistaken.exit_code == 1, mistaken.report
+    # Read on the last stage's backwards alone (the rank runs stage 1's too), each loss's
+    # tokens its own micro-batch's though both were forwarded before either loss.
+    cause = mistaken.verdict.causes[0]
+    assert "averaged over its own tokens" in cause.text, mistaken.report
+    assert "scale_grads" in cause.evidence, mistaken.report
 
 
 @pytest.mark.slow
