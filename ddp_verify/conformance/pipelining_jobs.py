@@ -24,6 +24,8 @@ SCHEDULES = {
     "1f1b": ("Schedule1F1B", 1),
     "looped_bfs": ("ScheduleLoopedBFS", 2),
     "interleaved_1f1b": ("ScheduleInterleaved1F1B", 2),
+    # Zero bubble: each backward split into the inputs' gradients, then the weights' later.
+    "interleaved_zero_bubble": ("ScheduleInterleavedZeroBubble", 2),
 }
 WIDTH, CLASSES = 3, 4
 # What passes between stages: one tensor, or two (a hidden state and a second stream, as a

@@ -145,6 +145,7 @@ APIS: dict[str, str] = {
     "torch.distributed.pipelining.Schedule1F1B": "init",
     "torch.distributed.pipelining.ScheduleLoopedBFS": "init",
     "torch.distributed.pipelining.ScheduleInterleaved1F1B": "init",
+    "torch.distributed.pipelining.ScheduleInterleavedZeroBubble": "init",
     "torch.distributed.tensor.parallel.parallelize_module": "call",
     "torch.distributed.tensor.parallel.ColwiseParallel": "init",
     "torch.distributed.tensor.parallel.RowwiseParallel": "init",
@@ -162,7 +163,13 @@ _PP = "torch.distributed.pipelining."
 _PP_TEST = "test_pipelining::test_a_pipeline_schedule_trains_what_one_process_trains"
 _TP = "torch.distributed.tensor.parallel."
 _TP_TEST = "test_tensor_parallel::test_a_tensor_parallel_plan_computes_what_one_process_computes"
-_SCHEDULES = ("ScheduleGPipe", "Schedule1F1B", "ScheduleLoopedBFS", "ScheduleInterleaved1F1B")
+_SCHEDULES = (
+    "ScheduleGPipe",
+    "Schedule1F1B",
+    "ScheduleLoopedBFS",
+    "ScheduleInterleaved1F1B",
+    "ScheduleInterleavedZeroBubble",
+)
 _DT = "torch.distributed.tensor."
 _DT_WHOLE = "test_dtensor::test_dtensor_is_the_whole_tensor_it_stands_for"
 _DT_FORMS = "test_dtensor::test_dtensor_keyword_forms_do_what_they_document"
@@ -1359,7 +1366,8 @@ ENTRIES: tuple[Entry, ...] = (
     ),
     *(
         _gap(_PP + schedule, arg, why)
-        for schedule in ("ScheduleLoopedBFS", "ScheduleInterleaved1F1B")
+        for schedule in ("ScheduleLoopedBFS", "ScheduleInterleaved1F1B",
+                         "ScheduleInterleavedZeroBubble")  # fmt: skip
         for arg, why in (
             ("backward_requires_autograd", "a backward without autograd: not drawn"),
             ("defer_pp_recv", "receives deferred: not drawn"),

@@ -1,7 +1,9 @@
 """Pipeline parallelism (``torch.distributed.pipelining``) against one process: a chain of
 layers cut into stages, one a rank (GPipe, 1F1B) or several a rank in a loop (looped BFS,
-interleaved 1F1B), run over the batch's micro-batches, must leave each stage's gradients what
-one process leaves backpropagating every micro-batch's loss in turn, divided by the
+interleaved 1F1B, interleaved zero bubble: each backward split into the inputs' gradients and
+the weights' later), run over the batch's micro-batches, each stage passing on one tensor or
+two, must leave each stage's gradients what one process leaves backpropagating every
+micro-batch's loss in turn, divided by the
 micro-batches where the schedule scales them (``scale_grads=True``, the default, for a loss
 that is each micro-batch's mean) and not where it does not (a loss already normalised by the
 step's count); and return the last stage's losses, one a micro-batch, as one process computes
@@ -125,6 +127,18 @@ def test_a_pipeline_schedule_trains_what_one_process_trains(world, prove):
                 "micro_batches": size,
                 "micro_batch_size": 2,
                 "ignored": [1],
+                "loss": "mean",
+                "scale_grads": True,
+                "carry": "two",
+            },
+            # Zero bubble: the weights' gradients computed after the inputs', from the graph
+            # the inputs' backward must keep.
+            {
+                "seed": 5,
+                "schedule": "interleaved_zero_bubble",
+                "micro_batches": 2 * size,
+                "micro_batch_size": 2,
+                "ignored": [2],
                 "loss": "mean",
                 "scale_grads": True,
                 "carry": "two",
