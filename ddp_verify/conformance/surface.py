@@ -170,6 +170,8 @@ _SCHEDULES = (
     "ScheduleInterleaved1F1B",
     "ScheduleInterleavedZeroBubble",
 )
+# The schedules of several stages a rank, looped over the ranks.
+_LOOPED = ("ScheduleLoopedBFS", "ScheduleInterleaved1F1B", "ScheduleInterleavedZeroBubble")
 _DT = "torch.distributed.tensor."
 _DT_WHOLE = "test_dtensor::test_dtensor_is_the_whole_tensor_it_stands_for"
 _DT_FORMS = "test_dtensor::test_dtensor_keyword_forms_do_what_they_document"
@@ -1366,8 +1368,7 @@ ENTRIES: tuple[Entry, ...] = (
     ),
     *(
         _gap(_PP + schedule, arg, why)
-        for schedule in ("ScheduleLoopedBFS", "ScheduleInterleaved1F1B",
-                         "ScheduleInterleavedZeroBubble")  # fmt: skip
+        for schedule in _LOOPED
         for arg, why in (
             ("backward_requires_autograd", "a backward without autograd: not drawn"),
             ("defer_pp_recv", "receives deferred: not drawn"),
