@@ -248,6 +248,12 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
      "for ... in enumerate(inputs) -> reversed(list(...))"): _PP_PAIRED,
     (_PP_BACKWARD, "_autograd_grad_for_inputs", "reversed-iteration",
      "for ... in zip(grad_indices, grads, strict=True) -> reversed(list(...))"): _PP_PAIRED,
+    (_PP_BACKWARD, "stage_backward", "reversed-iteration",
+     "for ... in zip(output_val, grad_val) -> reversed(list(...))"): (
+        "a stage's outputs and their gradients walked in another order, in pairs: each output "
+        "is appended with its own gradient to two lists that stay aligned, and "
+        "torch.autograd.backward takes the pairs in any order"
+    ),
     (_POWER, "powerSGD_hook", "reversed-iteration",
      "for ... in tensors_to_compress -> reversed(list(...))"): _DRAWS,
     (_POWER, "_orthogonalize", "off-by-one",
