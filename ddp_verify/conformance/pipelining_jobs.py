@@ -12,6 +12,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
@@ -164,6 +165,10 @@ def pipelined(case: dict[str, Any]) -> dict[str, Any]:
     first, last = 0 in mine, stages - 1 in mine
     args = _split(case, inputs) if first else ()
     kwargs: dict[str, Any] = {"target": labels, "losses": losses} if last else {}
-    schedule.step(*args, **kwargs)
+    # Where the training made another device the default (torch.set_default_device): the
+    # stage's buffers must still be made on its own device ("meta" holds no data).
+    default = case.get("default_device")
+    with torch.device(default) if default else contextlib.nullcontext():
+        schedule.step(*args, **kwargs)
     grads = {i: [p.grad for p in chain[i].parameters()] for i in mine}
     return {"grads": grads, "losses": [value.detach() for value in losses]}

@@ -9,7 +9,8 @@ that is each micro-batch's mean) and not where it does not (a loss already norma
 step's count); and return the last stage's losses, one a micro-batch, as one process computes
 them. Micro-batches hold uneven counts of the labels that count, so a mean of micro-batch
 means and the step's token mean differ: each schedule must compute the loss it is given, no
-other. The oracle is plain autograd on one process, nothing of pipelining."""
+other, whatever device the training made the default. The oracle is plain autograd on one
+process, nothing of pipelining."""
 
 from __future__ import annotations
 
@@ -50,6 +51,7 @@ def cases(draw: st.DrawFn, world_size: int) -> dict[str, Any]:
         # Each loss with the scaling it goes with, and the other way round.
         "scale_grads": draw(st.booleans()),
         "carry": draw(st.sampled_from(pipelining_jobs.CARRIES)),
+        "default_device": draw(st.sampled_from([None, "meta"])),
     }
 
 
@@ -59,6 +61,7 @@ def _said(case: dict[str, Any]) -> str:
         f"{case['micro_batches']}, scale_grads={case['scale_grads']}) over micro-batches of "
         f"{case['micro_batch_size']}, labels ignored at {case['ignored']}, loss "
         f"{case['loss']}, stages carrying {case['carry'].replace('_', ' ')}"
+        + (f", the default device {case['default_device']!r}" if case.get("default_device") else "")
     )
 
 
@@ -142,6 +145,8 @@ def test_a_pipeline_schedule_trains_what_one_process_trains(world, prove):
                 "loss": "mean",
                 "scale_grads": True,
                 "carry": "two",
+                # Another device the default: every buffer a stage makes, on its own.
+                "default_device": "meta",
             },
             {
                 "seed": 4,

@@ -248,6 +248,17 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
      "for ... in enumerate(inputs) -> reversed(list(...))"): _PP_PAIRED,
     (_PP_BACKWARD, "_autograd_grad_for_inputs", "reversed-iteration",
      "for ... in zip(grad_indices, grads, strict=True) -> reversed(list(...))"): _PP_PAIRED,
+    ("torch.distributed.pipelining._utils", "flatten_args", "ignored-argument",
+     "argument detach ignored for its default False"): (
+        "only flatten_args_detach, a deprecated alias nothing in torch calls, asks to detach; "
+        "the stage and the schedules call flatten_args without it, and get the flat list "
+        "either way"
+    ),
+    ("torch.distributed.pipelining._utils", "_StageMeta.has_dtensors", "reversed-iteration",
+     "for ... in [self.inputs, self.outputs] -> reversed(list(...))"): (
+        "whether the inputs or the outputs hold a DTensor, asked of the outputs first: "
+        "True where either does, the same answer"
+    ),
     (_PP_BACKWARD, "stage_backward", "reversed-iteration",
      "for ... in zip(output_val, grad_val) -> reversed(list(...))"): (
         "a stage's outputs and their gradients walked in another order, in pairs: each output "
