@@ -120,6 +120,31 @@ def _run(chain: list[torch.nn.Module], inputs: tuple[torch.Tensor, ...]) -> torc
     return out
 
 
+def _given(case: dict[str, Any], chain: list[torch.nn.Module], index: int) -> dict[str, Any]:
+    """What stage ``index`` is told of its tensors where the case gives them (``metadata``
+    "given": a micro-batch's inputs and outputs of the stage, and for the first stage input
+    gradients of none, as the data takes none), instead of inferring them by a forward of its
+    own; nothing where it infers them."""
+    if case.get("metadata", "inferred") != "given":
+        return {}
+    inputs, _ = batch(case)
+    out: Any = _split(case, torch.tensor_split(inputs, case["micro_batches"])[0])
+    with torch.no_grad():
+        for layer in chain[:index]:
+            out = layer(*out) if isinstance(out, tuple) else layer(out)
+        given = out if isinstance(out, tuple) else (out,)
+        made = chain[index](*given)
+    # An activation a later stage receives takes a gradient; the data the first takes, none.
+    given = tuple(t.detach().requires_grad_(index > 0) for t in given)
+    outputs = made if isinstance(made, tuple) else (made,)
+    told: dict[str, Any] = {"input_args": given, "output_args": made}
+    # The gradients' shapes as the tensors'; none for the data the first stage takes.
+    told["input_grads"] = tuple(None if index == 0 else torch.zeros_like(t) for t in given)
+    if index < len(chain) - 1:
+        told["output_grads"] = tuple(torch.zeros_like(t) for t in outputs)
+    return told
+
+
 def one_process(case: dict[str, Any], stages: int) -> dict[str, Any]:
     """The oracle: the whole chain on one process, each micro-batch's loss backpropagated in
     turn, the gradients divided by the micro-batches where the schedule scales them."""
@@ -152,7 +177,10 @@ def pipelined(case: dict[str, Any]) -> dict[str, Any]:
     chain = layers(case, stages)
     # Looped schedules place stage i on rank i % world.
     mine = [i for i in range(stages) if i % world == rank]
-    made = [pipelining.PipelineStage(chain[i], i, stages, torch.device("cpu")) for i in mine]
+    made = [
+        pipelining.PipelineStage(chain[i], i, stages, torch.device("cpu"), **_given(case, chain, i))
+        for i in mine
+    ]
     kind = getattr(pipelining, name)
     schedule = kind(
         made[0] if per_rank == 1 else made,

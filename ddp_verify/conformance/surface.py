@@ -1297,16 +1297,23 @@ ENTRIES: tuple[Entry, ...] = (
         _e(_PP + "PipelineStage", arg, COVERED, _PP_TEST, why=why)
         for arg, why in (
             ("submodule", "each stage a layer of a chain (a linear map and tanh, the last to "
-                          "the classes)"),
+                          "the classes) passing on one tensor, or two (the last stage using "
+                          "both, or one)"),
             ("stage_index", "one stage a rank, and two a rank looped over the ranks"),
             ("num_stages", "the world size, and twice it"),
             ("device", "CPU"),
         )
     ),
     *(
-        _gap(_PP + "PipelineStage", arg, "shapes given up front instead of inferred at the "
-             "first step: not drawn")
-        for arg in ("input_args", "output_args", "output_grads", "input_grads")
+        _e(_PP + "PipelineStage", arg, COVERED, _PP_TEST, why=why)
+        for arg, why in (
+            ("input_args", "drawn: a micro-batch's inputs of the stage (activations taking "
+                           "a gradient), or none (inferred by a forward of its own)"),
+            ("output_args", "drawn with input_args: the stage's outputs on them"),
+            ("output_grads", "drawn with input_args: shaped as the outputs (none on the last)"),
+            ("input_grads", "drawn with input_args: shaped as the inputs; none for the "
+                            "first stage's data"),
+        )
     ),
     _gap(_PP + "PipelineStage", "group", "the default group only: a pipeline beside other "
          "dimensions of a mesh is not drawn"),

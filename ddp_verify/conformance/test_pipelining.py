@@ -9,7 +9,8 @@ that is each micro-batch's mean) and not where it does not (a loss already norma
 step's count); and return the last stage's losses, one a micro-batch, as one process computes
 them. Micro-batches hold uneven counts of the labels that count, so a mean of micro-batch
 means and the step's token mean differ: each schedule must compute the loss it is given, no
-other, whatever device the training made the default. The oracle is plain autograd on one
+other, whatever device the training made the default, and whether each stage infers its
+tensors' shapes or is told them. The oracle is plain autograd on one
 process, nothing of pipelining."""
 
 from __future__ import annotations
@@ -52,6 +53,8 @@ def cases(draw: st.DrawFn, world_size: int) -> dict[str, Any]:
         "scale_grads": draw(st.booleans()),
         "carry": draw(st.sampled_from(pipelining_jobs.CARRIES)),
         "default_device": draw(st.sampled_from([None, "meta"])),
+        # Each stage infers its tensors' shapes by a forward of its own, or is told them.
+        "metadata": draw(st.sampled_from(["inferred", "given"])),
     }
 
 
@@ -62,6 +65,7 @@ def _said(case: dict[str, Any]) -> str:
         f"{case['micro_batch_size']}, labels ignored at {case['ignored']}, loss "
         f"{case['loss']}, stages carrying {case['carry'].replace('_', ' ')}"
         + (f", the default device {case['default_device']!r}" if case.get("default_device") else "")
+        + (", each stage told its tensors" if case.get("metadata") == "given" else "")
     )
 
 
@@ -117,7 +121,7 @@ def test_a_pipeline_schedule_trains_what_one_process_trains(world, prove):
                 "schedule": "interleaved_1f1b",
                 "micro_batches": 2 * size,
                 "micro_batch_size": 2,
-                "ignored": [1, 4],
+                "ignored": [1, 3],
                 "loss": "step count",
                 "scale_grads": False,
                 "carry": "one",
@@ -147,6 +151,19 @@ def test_a_pipeline_schedule_trains_what_one_process_trains(world, prove):
                 "carry": "two",
                 # Another device the default: every buffer a stage makes, on its own.
                 "default_device": "meta",
+            },
+            # Each stage told its inputs, outputs and their gradients (none for the data):
+            # no forward of its own to infer them.
+            {
+                "seed": 6,
+                "schedule": "1f1b",
+                "micro_batches": size + 1,
+                "micro_batch_size": 1,
+                "ignored": [],
+                "loss": "step count",
+                "scale_grads": False,
+                "carry": "two_last_ignores",
+                "metadata": "given",
             },
             {
                 "seed": 4,
