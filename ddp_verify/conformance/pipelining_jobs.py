@@ -27,8 +27,12 @@ SCHEDULES = {
     "interleaved_1f1b": ("ScheduleInterleaved1F1B", 2),
     # Zero bubble: each backward split into the inputs' gradients, then the weights' later.
     "interleaved_zero_bubble": ("ScheduleInterleavedZeroBubble", 2),
+    # V-shaped: rank r holds stages r and 2W - 1 - r (the first and the last on rank 0).
+    "zbv_zero_bubble": ("ScheduleZBVZeroBubble", 2),
 }
+V_SHAPED = {"zbv_zero_bubble"}
 WIDTH, CLASSES = 3, 4
+SECOND = 2  # the width of the second tensor a chain that carries two passes on
 # What passes between stages: one tensor, or two (a hidden state and a second stream, as a
 # residual or a position embedding is carried along), the last stage using both or only
 # the first (a stage input that takes no part in its output: its gradient is none).
@@ -36,24 +40,25 @@ CARRIES = ("one", "two", "two_last_ignores")
 
 
 class _Pair(torch.nn.Module):
-    """A layer of a chain that carries two tensors: ``(h, s) -> (tanh(A h) + s, B s)``; the
-    last, ``(h, s) -> C h + D s`` (or ``C h``, ignoring ``s``)."""
+    """A layer of a chain that carries two tensors of other widths: ``(h, s) -> (tanh(A h) +
+    P s, Q s)``; the last, ``(h, s) -> C h + D s`` (or ``C h``, ignoring ``s``)."""
 
     def __init__(self, last: bool, ignores: bool, generator: torch.Generator) -> None:
         super().__init__()
         out = CLASSES if last else WIDTH
-        self.last, self.ignores = last, ignores
+        self.last = last
         self.a = torch.nn.Linear(WIDTH, out, dtype=torch.float64)
-        self.b = None if last and ignores else torch.nn.Linear(WIDTH, out, dtype=torch.float64)
+        self.p = None if last and ignores else torch.nn.Linear(SECOND, out, dtype=torch.float64)
+        self.q = None if last else torch.nn.Linear(SECOND, SECOND, dtype=torch.float64)
         with torch.no_grad():
             for p in self.parameters():
                 p.copy_(torch.randn(p.shape, generator=generator, dtype=torch.float64))
 
     def forward(self, h: torch.Tensor, s: torch.Tensor) -> Any:
         if self.last:
-            return self.a(h) if self.b is None else self.a(h) + self.b(s)
-        assert self.b is not None
-        return torch.tanh(self.a(h)) + s, self.b(s)
+            return self.a(h) if self.p is None else self.a(h) + self.p(s)
+        assert self.p is not None and self.q is not None
+        return torch.tanh(self.a(h)) + self.p(s), self.q(s)
 
 
 def layers(case: dict[str, Any], count: int) -> list[torch.nn.Module]:
@@ -83,8 +88,8 @@ def batch(case: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
     rows = case["micro_batches"] * case["micro_batch_size"]
     inputs = torch.randn(rows, WIDTH, generator=generator, dtype=torch.float64)
     if case.get("carry", "one") != "one":
-        second = torch.randn(rows, WIDTH, generator=generator, dtype=torch.float64)
-        inputs = torch.stack([inputs, second], dim=1)  # split into (h, s) by the chain
+        second = torch.randn(rows, SECOND, generator=generator, dtype=torch.float64)
+        inputs = torch.cat([inputs, second], dim=1)  # split into (h, s) by the chain
     labels = torch.randint(0, CLASSES, (rows,), generator=generator)
     for row in case["ignored"]:
         labels[row] = -100
@@ -110,7 +115,7 @@ def _split(case: dict[str, Any], inputs: torch.Tensor) -> tuple[torch.Tensor, ..
     """The first stage's positional inputs: the one tensor, or the two the chain carries."""
     if case.get("carry", "one") == "one":
         return (inputs,)
-    return inputs[:, 0], inputs[:, 1]
+    return inputs[:, :WIDTH], inputs[:, WIDTH:]
 
 
 def _run(chain: list[torch.nn.Module], inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
@@ -175,8 +180,11 @@ def pipelined(case: dict[str, Any]) -> dict[str, Any]:
     name, per_rank = SCHEDULES[case["schedule"]]
     stages = world * per_rank
     chain = layers(case, stages)
-    # Looped schedules place stage i on rank i % world.
-    mine = [i for i in range(stages) if i % world == rank]
+    # Looped schedules place stage i on rank i % world; V-shaped ones, ranks 0..W-1 then back.
+    if case["schedule"] in V_SHAPED:
+        mine = [rank, stages - 1 - rank]
+    else:
+        mine = [i for i in range(stages) if i % world == rank]
     made = [
         pipelining.PipelineStage(chain[i], i, stages, torch.device("cpu"), **_given(case, chain, i))
         for i in mine

@@ -146,6 +146,7 @@ APIS: dict[str, str] = {
     "torch.distributed.pipelining.ScheduleLoopedBFS": "init",
     "torch.distributed.pipelining.ScheduleInterleaved1F1B": "init",
     "torch.distributed.pipelining.ScheduleInterleavedZeroBubble": "init",
+    "torch.distributed.pipelining.ScheduleZBVZeroBubble": "init",
     "torch.distributed.tensor.parallel.parallelize_module": "call",
     "torch.distributed.tensor.parallel.ColwiseParallel": "init",
     "torch.distributed.tensor.parallel.RowwiseParallel": "init",
@@ -169,9 +170,15 @@ _SCHEDULES = (
     "ScheduleLoopedBFS",
     "ScheduleInterleaved1F1B",
     "ScheduleInterleavedZeroBubble",
+    "ScheduleZBVZeroBubble",
 )
 # The schedules of several stages a rank, looped over the ranks.
-_LOOPED = ("ScheduleLoopedBFS", "ScheduleInterleaved1F1B", "ScheduleInterleavedZeroBubble")
+_LOOPED = (
+    "ScheduleLoopedBFS",
+    "ScheduleInterleaved1F1B",
+    "ScheduleInterleavedZeroBubble",
+    "ScheduleZBVZeroBubble",
+)
 _DT = "torch.distributed.tensor."
 _DT_WHOLE = "test_dtensor::test_dtensor_is_the_whole_tensor_it_stands_for"
 _DT_FORMS = "test_dtensor::test_dtensor_keyword_forms_do_what_they_document"

@@ -1,17 +1,17 @@
 """Pipeline parallelism (``torch.distributed.pipelining``) against one process: a chain of
 layers cut into stages, one a rank (GPipe, 1F1B) or several a rank in a loop (looped BFS,
 interleaved 1F1B, interleaved zero bubble: each backward split into the inputs' gradients and
-the weights' later), run over the batch's micro-batches, each stage passing on one tensor or
-two, must leave each stage's gradients what one process leaves backpropagating every
-micro-batch's loss in turn, divided by the
-micro-batches where the schedule scales them (``scale_grads=True``, the default, for a loss
-that is each micro-batch's mean) and not where it does not (a loss already normalised by the
-step's count); and return the last stage's losses, one a micro-batch, as one process computes
-them. Micro-batches hold uneven counts of the labels that count, so a mean of micro-batch
-means and the step's token mean differ: each schedule must compute the loss it is given, no
-other, whatever device the training made the default, and whether each stage infers its
-tensors' shapes or is told them. The oracle is plain autograd on one
-process, nothing of pipelining."""
+the weights' later; zero bubble V-shaped, the first and the last stage on one rank), run over
+the batch's micro-batches, each stage passing on one tensor or two, must leave each stage's
+gradients what one process leaves backpropagating every micro-batch's loss in turn, divided
+by the micro-batches where the schedule scales them (``scale_grads=True``, the default, for a
+loss that is each micro-batch's mean) and not where it does not (a loss already normalised by
+the step's count); and return the last stage's losses, one a micro-batch, as one process
+computes them. Micro-batches hold uneven counts of the labels that count, so a mean of
+micro-batch means and the step's token mean differ: each schedule must compute the loss it is
+given, no other, whatever device the training made the default, and whether each stage infers
+its tensors' shapes or is told them. The oracle is plain autograd on one process, nothing of
+pipelining."""
 
 from __future__ import annotations
 
@@ -151,6 +151,18 @@ def test_a_pipeline_schedule_trains_what_one_process_trains(world, prove):
                 "carry": "two",
                 # Another device the default: every buffer a stage makes, on its own.
                 "default_device": "meta",
+            },
+            # V-shaped: the first and the last stage on one rank.
+            {
+                "seed": 7,
+                "schedule": "zbv_zero_bubble",
+                "micro_batches": 2 * size,
+                "micro_batch_size": 2,
+                "ignored": [0],
+                "loss": "mean",
+                "scale_grads": True,
+                "carry": "two",
+                "metadata": "given",
             },
             # Each stage told its inputs, outputs and their gradients (none for the data):
             # no forward of its own to infer them.
