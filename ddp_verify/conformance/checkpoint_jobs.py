@@ -479,12 +479,17 @@ def saved_alone_without_collectives() -> bool:
     import torch.distributed.checkpoint as dcp
 
     saved = False
-    with shared_directory() as directory:
-        if dist.get_rank() == 0:
+    if dist.get_rank() == 0:
+        # Its own directory, removed as soon as the save returns: the known issue leaves the
+        # ranks out of step at the barrier below, and a rank ended there runs no cleanup.
+        directory = tempfile.mkdtemp(prefix="ddp_verify-dcp-")
+        try:
             dcp.save({"w": torch.ones(2)}, checkpoint_id=f"{directory}/solo",
                      use_collectives=False)  # fmt: skip
             saved = True
-        dist.barrier()
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
+    dist.barrier()
     return saved
 
 
