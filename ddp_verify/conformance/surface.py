@@ -1353,7 +1353,7 @@ ENTRIES: tuple[Entry, ...] = (
         _e(_PP + schedule, arg, COVERED, _PP_TEST, why=why)
         for schedule in _SCHEDULES
         for arg, why in (
-            ("stages" if "Looped" in schedule or "Interleaved" in schedule else "stage",
+            ("stages" if schedule in _LOOPED else "stage",
              "the rank's stages"),
             ("n_microbatches", "the stages a rank runs and more (a whole number of rounds for "
                                "the interleaved schedule)"),
