@@ -37,7 +37,7 @@ import os
 import re
 import sys
 import types
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -374,66 +374,30 @@ class Recorder:
         loss couples samples across ranks, and accumulation then changes what it computes.
         Parameters (leaves: FSDP's shards, DDP's broadcasts) and detached values are not
         features, and not noted."""
-        import torch.distributed as dist
-
-        if not dist.is_available():
-            return
-        from torch.distributed import distributed_c10d
-
         recorder = self
 
-        def watched(name: str, collective: Callable[..., Any]) -> Callable[..., Any]:
-            @functools.wraps(collective)
-            def exchange(*args: Any, **kwargs: Any) -> Any:
-                if any(_carries_gradient(t) for t in _sent(args, kwargs)):
-                    said = f"{name} at {_caller()}"
-                    if said not in recorder.meta["exchanged"]:
-                        recorder.meta["exchanged"].append(said)
-                return collective(*args, **kwargs)
+        def note(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            if any(_carries_gradient(t) for t in _sent(args, kwargs)):
+                said = f"{name} at {_caller()}"
+                if said not in recorder.meta["exchanged"]:
+                    recorder.meta["exchanged"].append(said)
 
-            return exchange
-
-        for name in EXCHANGES:
-            collective = getattr(distributed_c10d, name, None)
-            if collective is None:
-                continue
-            wrapped = watched(name, collective)
-            for module in (dist, distributed_c10d):
-                if getattr(module, name, None) is collective:
-                    setattr(module, name, wrapped)
+        _watch_collectives(EXCHANGES, note)
 
     def _watch_in_forward(self) -> None:
         """Note each collective called inside a module's forward during the first training
         forward, with the innermost module running: a reduction the script writes by hand
         in a forward (on top of a tensor-parallel plan's own, which DTensor makes without
         these functions)."""
-        import torch.distributed as dist
-
-        if not dist.is_available():
-            return
-        from torch.distributed import distributed_c10d
-
         recorder = self
 
-        def watched(name: str, collective: Callable[..., Any]) -> Callable[..., Any]:
-            @functools.wraps(collective)
-            def called(*args: Any, **kwargs: Any) -> Any:
-                if recorder._module_names is not None and recorder._running:
-                    said = [recorder._running[-1], f"{name} at {_caller()}"]
-                    if said not in recorder.meta["forward_collectives"]:
-                        recorder.meta["forward_collectives"].append(said)
-                return collective(*args, **kwargs)
+        def note(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            if recorder._module_names is not None and recorder._running:
+                said = [recorder._running[-1], f"{name} at {_caller()}"]
+                if said not in recorder.meta["forward_collectives"]:
+                    recorder.meta["forward_collectives"].append(said)
 
-            return called
-
-        for name in IN_FORWARD:
-            collective = getattr(dist, name, None)
-            if collective is None:
-                continue
-            wrapped = watched(name, collective)
-            for module in (dist, distributed_c10d):
-                if getattr(module, name, None) is collective:
-                    setattr(module, name, wrapped)
+        _watch_collectives(IN_FORWARD, note)
 
     def _watch_stages(self, module: types.ModuleType) -> None:
         """Note each pipeline stage this rank builds (its index of how many: which of its
@@ -1092,6 +1056,36 @@ def _tensors(key: str, value: Any, depth: int = 0) -> list[tuple[str, torch.Tens
             for t in _tensors(f"{key}.{k}", v, depth + 1)
         ]
     return []
+
+
+def _watch_collectives(
+    names: Sequence[str], note: Callable[[str, tuple[Any, ...], dict[str, Any]], None]
+) -> None:
+    """Each of c10d's collectives ``names``, wherever the script reaches it
+    (``torch.distributed`` or ``distributed_c10d``), calling ``note(name, args, kwargs)``
+    before it runs; nothing where torch has no distributed package."""
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        return
+    from torch.distributed import distributed_c10d
+
+    def watched(name: str, collective: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(collective)
+        def called(*args: Any, **kwargs: Any) -> Any:
+            note(name, args, kwargs)
+            return collective(*args, **kwargs)
+
+        return called
+
+    for name in names:
+        collective = getattr(dist, name, None)
+        if collective is None:
+            continue
+        wrapped = watched(name, collective)
+        for module in (dist, distributed_c10d):
+            if getattr(module, name, None) is collective:
+                setattr(module, name, wrapped)
 
 
 def _output_summary(result: Any) -> tuple[list[int], float, float] | None:
