@@ -1397,8 +1397,9 @@ ENTRIES: tuple[Entry, ...] = (
     _e(_TP + "parallelize_module", "parallelize_plan", COVERED, _TP_TEST,
        why="Megatron's column-wise up and row-wise down; the up projection gathered whole; "
            "sequence parallel; the input gathered first"),
-    _gap(_TP + "parallelize_module", "src_data_rank", "the default (rank 0's weights "
-         "scattered) only; every rank starts from the same weights here"),
+    _e(_TP + "parallelize_module", "src_data_rank", COVERED, _TP_TEST,
+       why="drawn: the default with every rank's weights alike, or any rank, each rank's "
+           "sharded weights its own (the source's distributed)"),
     *(
         _e(_TP + style, arg, COVERED, _TP_TEST, why=why)
         for style, arg, why in (

@@ -32,15 +32,28 @@ class Block(torch.nn.Module):
         return self.down(torch.tanh(self.up(self.norm(x))))
 
 
-def block(case: dict[str, Any]) -> Block:
-    """The block, the same on every rank and in the oracle."""
+def block(case: dict[str, Any], rank: int = 0) -> Block:
+    """The block, the same on every rank and in the oracle; where the case draws a source
+    rank for ``parallelize_module`` (``src_data_rank``), the linear maps the plan shards
+    differ from rank to rank (rank ``rank``'s here): the source's are the ones distributed."""
     torch.manual_seed(case["seed"])
     made = Block(case["hidden"])
     with torch.no_grad():
         # A norm that is not the identity: its gradient shows where its input came from.
         made.norm.weight.uniform_(0.5, 1.5)
         made.norm.bias.uniform_(-0.5, 0.5)
+        if case.get("src_data_rank") is not None:
+            generator = torch.Generator().manual_seed(case["seed"] * 31 + rank)
+            for name in _sharded(case["plan"]):
+                for p in getattr(made, name).parameters():
+                    p.add_(torch.randn(p.shape, generator=generator, dtype=p.dtype))
     return made
+
+
+def _sharded(plan: str) -> tuple[str, ...]:
+    """The linear maps ``plan`` shards (column- or row-wise), which it distributes from the
+    source rank."""
+    return ("up",) if plan == "colwise_gathered" else ("up", "down")
 
 
 def inputs(case: dict[str, Any], world_size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -53,8 +66,9 @@ def inputs(case: dict[str, Any], world_size: int) -> tuple[torch.Tensor, torch.T
 
 
 def one_process(case: dict[str, Any], world_size: int) -> dict[str, Any]:
-    """The oracle: the block on the whole input, the loss ``sum(output * weights)``."""
-    model = block(case)
+    """The oracle: the block on the whole input (the source rank's, where one is drawn), the
+    loss ``sum(output * weights)``."""
+    model = block(case, case.get("src_data_rank") or 0)
     x, weights = inputs(case, world_size)
     out = model(x)
     (out * weights).sum().backward()
@@ -104,9 +118,13 @@ def parallelised(case: dict[str, Any]) -> dict[str, Any]:
 
     world, rank = dist.get_world_size(), dist.get_rank()
     mesh = init_device_mesh("cpu", (world,))
-    model = block(case)
+    model = block(case, rank)
     plan, pieces = _plan(case["plan"])
-    parallelize_module(model, mesh, plan)
+    source = case.get("src_data_rank")
+    if source is None:
+        parallelize_module(model, mesh, plan)
+    else:
+        parallelize_module(model, mesh, plan, src_data_rank=source)
     x, weights = inputs(case, world)
     if pieces:
         x, weights = x.chunk(world, dim=1)[rank], weights.chunk(world, dim=1)[rank]
