@@ -259,6 +259,17 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "whether the inputs or the outputs hold a DTensor, asked of the outputs first: "
         "True where either does, the same answer"
     ),
+    ("torch.distributed.tensor.parallel.api", "parallelize_module", "reversed-iteration",
+     "for ... in parallelize_plan.items() -> reversed(list(...))"): (
+        "the plan's entries applied in another order: each entry parallelises the submodules "
+        "its path names, their own parameters and hooks, whatever the others did (two entries "
+        "naming one module, a wildcard and its exact path, are no plan the docs show)"
+    ),
+    ("torch.distributed.tensor.parallel.api", "parallelize_module", "reversed-iteration",
+     "for ... in matched_children -> reversed(list(...))"): (
+        "the children a path's wildcard matches parallelised in another order: each with the "
+        "same style, its own parameters and hooks, none reading another's"
+    ),
     (_PP_BACKWARD, "stage_backward", "reversed-iteration",
      "for ... in zip(output_val, grad_val) -> reversed(list(...))"): (
         "a stage's outputs and their gradients walked in another order, in pairs: each output "
