@@ -236,6 +236,13 @@ _SPEC_EQUALS = (
 )
 
 _PP_BACKWARD = "torch.distributed.pipelining._backward"
+_PP_MAPPING = (
+    "the stage-to-rank map a schedule starts with, made otherwise (looped for a V-shaped "
+    "schedule, or filled in reverse): every multi-stage schedule sets it again at its start "
+    "from its own actions (_validate_and_set_stage_mapping, on the schedule and each stage), "
+    "and the communication reads that one; the V-shaped schedule's gradients are exact with "
+    "the mapping made looped, at 2 and 4 ranks"
+)
 _PP_PAIRED = (
     "the inputs that require a gradient and their positions are listed in another order, "
     "together: autograd.grad returns each input's gradient in the order it is given them, "
@@ -248,6 +255,15 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
      "for ... in enumerate(inputs) -> reversed(list(...))"): _PP_PAIRED,
     (_PP_BACKWARD, "_autograd_grad_for_inputs", "reversed-iteration",
      "for ... in zip(grad_indices, grads, strict=True) -> reversed(list(...))"): _PP_PAIRED,
+    ("torch.distributed.pipelining._utils", "generate_stage_to_rank_mapping",
+     "ignored-argument", "argument style ignored for its default 'loop'"): _PP_MAPPING,
+    ("torch.distributed.pipelining._utils", "generate_stage_to_rank_mapping",
+     "reversed-iteration", "for ... in range(num_stages) -> reversed(list(...))"): _PP_MAPPING,
+    ("torch.distributed.pipelining._utils", "validate_and_normalize_to_tuple",
+     "reversed-iteration", "for ... in enumerate(args) -> reversed(list(...))"): (
+        "a stage's arguments checked in another order: each must be a tensor (or none, where "
+        "allowed) either way; only which of several bad ones the error names first changes"
+    ),
     ("torch.distributed.pipelining._utils", "flatten_args", "ignored-argument",
      "argument detach ignored for its default False"): (
         "only flatten_args_detach, a deprecated alias nothing in torch calls, asks to detach; "
