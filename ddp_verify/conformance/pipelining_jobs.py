@@ -158,8 +158,11 @@ def one_process(case: dict[str, Any], stages: int) -> dict[str, Any]:
     loss = loss_fn(case)
     losses = []
     n = case["micro_batches"]
+    outputs = []
     for x, y in zip(torch.tensor_split(inputs, n), torch.tensor_split(labels, n), strict=True):
-        value = loss(_run(list(chain), _split(case, x)), y)
+        out = _run(list(chain), _split(case, x))
+        outputs.append(out.detach())
+        value = loss(out, y)
         value.backward()
         losses.append(value.detach())
     if case["scale_grads"]:
@@ -167,7 +170,7 @@ def one_process(case: dict[str, Any], stages: int) -> dict[str, Any]:
             if p.grad is not None:  # None: no loss reaches it
                 p.grad.div_(n)
     grads = {i: [p.grad for p in chain[i].parameters()] for i in range(stages)}
-    return {"grads": grads, "losses": losses}
+    return {"grads": grads, "losses": losses, "output": torch.cat(outputs)}
 
 
 def pipelined(case: dict[str, Any]) -> dict[str, Any]:
@@ -205,6 +208,8 @@ def pipelined(case: dict[str, Any]) -> dict[str, Any]:
     # stage's buffers must still be made on its own device ("meta" holds no data).
     default = case.get("default_device")
     with torch.device(default) if default else contextlib.nullcontext():
-        schedule.step(*args, **kwargs)
+        merged = schedule.step(*args, **kwargs)
     grads = {i: [p.grad for p in chain[i].parameters()] for i in mine}
-    return {"grads": grads, "losses": [value.detach() for value in losses]}
+    # The last stage's outputs, merged back into the batch's order (what step returns there).
+    output = merged.detach() if isinstance(merged, torch.Tensor) and last else None
+    return {"grads": grads, "losses": [value.detach() for value in losses], "output": output}

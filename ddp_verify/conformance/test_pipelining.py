@@ -7,11 +7,11 @@ gradients what one process leaves backpropagating every micro-batch's loss in tu
 by the micro-batches where the schedule scales them (``scale_grads=True``, the default, for a
 loss that is each micro-batch's mean) and not where it does not (a loss already normalised by
 the step's count); and return the last stage's losses, one a micro-batch, as one process
-computes them. Micro-batches hold uneven counts of the labels that count, so a mean of
-micro-batch means and the step's token mean differ: each schedule must compute the loss it is
-given, no other, whatever device the training made the default, and whether each stage infers
-its tensors' shapes or is told them. The oracle is plain autograd on one process, nothing of
-pipelining."""
+computes them, and its outputs merged in the batch's order. Micro-batches hold uneven counts
+of the labels that count, so a mean of micro-batch means and the step's token mean differ:
+each schedule must compute the loss it is given, no other, whatever device the training made
+the default, and whether each stage infers its tensors' shapes or is told them. The oracle is
+plain autograd on one process, nothing of pipelining."""
 
 from __future__ import annotations
 
@@ -97,6 +97,12 @@ def test_a_pipeline_schedule_trains_what_one_process_trains(world, prove):
                     atol=1e-12, msg=lambda m, r=rank: f"{said}: losses on rank {r}: {m}",
                 )  # fmt: skip
         assert held == set(range(stages)), f"{said}: stages run {sorted(held)} of {stages}"
+        merged = [got["output"] for got in results if got["output"] is not None]
+        assert merged, f"{said}: step() returned no output on the last stage's rank"
+        torch.testing.assert_close(
+            merged[0], want["output"], rtol=1e-10, atol=1e-12,
+            msg=lambda m: f"{said}: the output step() returns, merged from the micro-batches: {m}",
+        )  # fmt: skip
         assert any(got["losses"] for got in results), f"{said}: no rank returned the losses"
 
     size = world.size
