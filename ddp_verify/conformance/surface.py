@@ -1365,7 +1365,7 @@ ENTRIES: tuple[Entry, ...] = (
     *(
         _e(_PP + schedule, "step()", COVERED, _PP_TEST,
            why="one step: the inputs on the first stage, the target and the losses list on "
-               "the last")
+               "the last, where it returns the outputs merged in the batch's order")
         for schedule in _SCHEDULES
     ),
     *(
