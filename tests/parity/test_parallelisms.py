@@ -169,3 +169,39 @@ def test_four_rank_layouts_of_two_axes_train_what_one_process_trains(tmp_path):
                         keep=tmp_path)  # fmt: skip
     assert result.exit_code == 0, result.report
     assert {row["layout"] for row in result.layouts} == set(layouts.split(","))
+
+
+def test_a_context_parallel_layouts_pieces_are_held_to_the_reference_cut_as_its_ranks_cut():
+    # Two ranks of a cp group each see a piece of every sequence: in order, or load-balanced
+    # (the first and last quarters on rank 0). Held to the reference's rows cut the same way,
+    # whichever cut the layout's ranks show; nothing to hold them to where no cut was recorded.
+    import torch
+
+    from ddp_verify.parity.recorder import fingerprints, pieces
+    from ddp_verify.parity.recording import Recording, as_seen_by
+
+    ids = torch.arange(16).reshape(2, 8)
+
+    def step(rows, cut=None):
+        return {"batches": [rows], "tokens": [[]], "pieces": cut or {}}
+
+    reference = Recording("1x1", [{"meta": {"layout": "1x1"}, "steps": [step(
+        fingerprints((ids,), {})[0],
+        {"2": [pieces((ids,), {}, 2)], "2z": [pieces((ids,), {}, 2, balanced=True)]},
+    )]}])  # fmt: skip
+    quarters = ids.chunk(4, dim=1)
+    balanced = [torch.cat([quarters[0], quarters[3]], 1), torch.cat([quarters[1], quarters[2]], 1)]
+    for held in (list(ids.chunk(2, dim=1)), balanced):
+        ranks = [{"meta": {"layout": "cp2"}, "steps": [step(fingerprints((h,), {})[0])]}
+                 for h in held]  # fmt: skip
+        layout = Recording("cp2", ranks)
+        seen = as_seen_by(reference, layout, steps=1)
+        assert seen is not None and seen.samples(0) == layout.samples(0)
+    # A cut of the wrong pieces (rank 0 holding the last half twice) trains other samples.
+    last = fingerprints((ids[:, 4:],), {})[0]
+    wrong = Recording("cp2", [{"meta": {"layout": "cp2"}, "steps": [step(last)]}] * 2)
+    seen = as_seen_by(reference, wrong, steps=1)
+    assert seen is not None and seen.samples(0) != wrong.samples(0)
+    # Recorded without pieces (a reference run told of no cp layout): not held at all.
+    bare = Recording("1x1", [{"meta": {"layout": "1x1"}, "steps": [step(["x"])]}])
+    assert as_seen_by(bare, layout, steps=1) is None
